@@ -1,0 +1,31 @@
+use thiserror::Error;
+
+/// What memcached answers to input it cannot accept. Each variant is the
+/// whole reply line, byte-for-byte as memcached 1.6 sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorReply {
+    /// `ERROR\r\n`: unknown command (also empty line).
+    Error,
+    /// `CLIENT_ERROR <msg>\r\n`
+    Client(&'static str),
+    /// `SERVER_ERROR <msg>\r\n`
+    Server(&'static str),
+}
+
+impl ErrorReply {
+    /// The full reply line including the trailing `\r\n`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            ErrorReply::Error => b"ERROR\r\n".to_vec(),
+            ErrorReply::Client(m) => format!("CLIENT_ERROR {m}\r\n").into_bytes(),
+            ErrorReply::Server(m) => format!("SERVER_ERROR {m}\r\n").into_bytes(),
+        }
+    }
+}
+
+/// Errors of the protocol crate (malformed backend replies and the like).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ProtocolError {
+    #[error("malformed reply from server: {0}")]
+    BadReply(&'static str),
+}

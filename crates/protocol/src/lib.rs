@@ -1,0 +1,21 @@
+//! memroute-protocol: the memcached text and meta protocols, sans-I/O.
+//!
+//! Two directions, both framing-only (no sockets, no tokio):
+//!
+//! ```text
+//!   client bytes --parse_request--> Request { command, frame, keys, ... }
+//!   backend bytes --parse_reply(kind)--> length of one complete reply
+//! ```
+//!
+//! Parsers never consume input until a whole frame parses; `Incomplete` is a
+//! normal outcome. Limits (key length, line length, value size) are enforced
+//! while scanning so a hostile client cannot make us buffer unbounded input.
+#![forbid(unsafe_code)]
+
+mod error;
+mod reply;
+mod request;
+
+pub use error::{ErrorReply, ProtocolError};
+pub use reply::{parse_reply, quiet_suppresses, value_blocks, ReplyKind, ReplyParse, ValueBlock};
+pub use request::{parse_request, Command, Limits, Parse, Request};
