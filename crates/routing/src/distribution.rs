@@ -1,27 +1,408 @@
 //! Key distributions over one pool's servers.
-use memroute_config::PoolConfig;
+//!
+//! ```text
+//!   key --hash_tag--> part --HashFn--> u32 --+-- ketama / ring: first point >= hash on a sorted
+//!                                            |                  Vec<(point, server)>, wrapping
+//!                                            +-- modula: slots[hash % slots.len()]
+//!   key --hash_tag--> part --xxh3_64--> u64 --- jump: Lamping-Veach jump hash
+//!   (nothing) --------------------------------- random: a uniformly random server
+//! ```
+//!
+//! `ketama`, `modula` and `random` follow nutcracker 0.5.0 (`src/hashkit/nc_ketama.c`,
+//! `nc_modula.c`, `nc_random.c`) with every server live (memroute does not eject servers
+//! from the ring, i.e. twemproxy's `auto_eject_hosts: false`). Everything is computed once
+//! in [`Placement::new`]; [`Placement::server_for`] never allocates.
+use memroute_config::{DistributionName, PoolConfig, ServerConfig};
+use rand::Rng;
+
+use crate::hash::{hash_key_part, HashFn};
+
+/// twemproxy's ketama: 160 points per server at equal weights, 4 per MD5 digest.
+const KETAMA_POINTS_PER_SERVER: f32 = 160.0;
+const KETAMA_POINTS_PER_HASH: u32 = 4;
+/// memcached's default port: twemproxy leaves it out of a server's ketama identity, for
+/// compatibility with libmemcached.
+const KETAMA_DEFAULT_PORT: u16 = 11211;
 
 /// What a server is hashed as by ketama: twemproxy uses the server's `name` when given,
 /// else `host` when the port is 11211, else `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerIdentity(pub String);
 
+impl ServerIdentity {
+    /// The identity twemproxy would give this server.
+    pub fn of(server: &ServerConfig) -> ServerIdentity {
+        if let Some(name) = &server.name {
+            return ServerIdentity(name.clone());
+        }
+        // twemproxy compares the parsed port number, so "h:11211" is "h".
+        match server.address.rsplit_once(':') {
+            Some((host, port)) if port.parse::<u16>() == Ok(KETAMA_DEFAULT_PORT) => {
+                ServerIdentity(host.to_string())
+            }
+            _ => ServerIdentity(server.address.clone()),
+        }
+    }
+}
+
 /// A pool's placement: key -> index into the pool's `servers` (config order).
 #[derive(Debug, Clone)]
-pub struct Placement {}
+pub struct Placement {
+    hash: HashFn,
+    hash_tag: Option<[u8; 2]>,
+    servers: usize,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    /// ketama and ring: (point, server index), sorted by point; ties keep insertion order.
+    Continuum(Vec<(u32, u32)>),
+    /// modula: each server repeated `weight` times, in config order.
+    Slots(Vec<u32>),
+    /// random: a uniformly random server (twemproxy 0.5.0 ignores weights here).
+    Random,
+    /// jump consistent hash over xxh3_64 of the key; weights ignored.
+    Jump,
+}
 
 impl Placement {
     /// Builds the placement for all of the pool's servers.
+    ///
+    /// An empty pool gives a placement whose `server_count()` is 0; callers must not ask
+    /// it for a server (`RouteTable::build` rejects empty pools).
     pub fn new(pool: &PoolConfig) -> Placement {
-        let _ = pool;
-        todo!("routing helper implements")
+        let kind = match pool.distribution {
+            DistributionName::Ketama => Kind::Continuum(ketama_continuum(&pool.servers)),
+            DistributionName::Ring => Kind::Continuum(ring_continuum(&pool.servers, pool.vnodes)),
+            DistributionName::Modula => Kind::Slots(modula_slots(&pool.servers)),
+            DistributionName::Random => Kind::Random,
+            DistributionName::Jump => Kind::Jump,
+        };
+        Placement { hash: HashFn(pool.hash), hash_tag: pool.hash_tag, servers: pool.servers.len(), kind }
     }
+
     /// Index of the server (in config order) that owns `key` (hash_tag applied here).
+    #[inline]
     pub fn server_for(&self, key: &[u8]) -> usize {
-        let _ = key;
-        todo!("routing helper implements")
+        // twemproxy skips hashing altogether for a single server; so do we (and an empty
+        // pool answers 0 rather than panicking on a modulo by zero).
+        if self.servers <= 1 {
+            return 0;
+        }
+        let part = hash_key_part(key, self.hash_tag);
+        match &self.kind {
+            Kind::Continuum(points) => {
+                let h = self.key_hash(part);
+                // First point >= h; past the last point wraps to the first.
+                let i = points.partition_point(|&(p, _)| p < h);
+                let (_, server) = if i == points.len() { points[0] } else { points[i] };
+                server as usize
+            }
+            Kind::Slots(slots) => slots[(self.key_hash(part) as usize) % slots.len()] as usize,
+            Kind::Random => rand::thread_rng().gen_range(0..self.servers),
+            Kind::Jump => jump_hash(xxhash_rust::xxh3::xxh3_64(part), self.servers),
+        }
     }
+
     pub fn server_count(&self) -> usize {
-        todo!("routing helper implements")
+        self.servers
+    }
+
+    /// The key's hash as the distribution sees it; twemproxy hashes an empty key to 0.
+    #[inline]
+    fn key_hash(&self, part: &[u8]) -> u32 {
+        if part.is_empty() {
+            0
+        } else {
+            self.hash.hash(part)
+        }
+    }
+}
+
+/// Points twemproxy gives one server, computed in 32-bit float exactly as nc_ketama.c:
+/// `floorf((float)(pct * 160 / 4 * (float)n + 1e-10)) * 4` where `pct` is a float
+/// `weight / total_weight` and the `1e-10` addition happens in double.
+///
+/// The float rounding is load-bearing: at 25 equal servers `0.04f * 160 / 4 * 25` is just
+/// under 40, so each server gets 156 points, not 160, and we must do the same.
+pub fn ketama_points(weight: u32, total_weight: u32, live_servers: u32) -> u32 {
+    let pct = weight as f32 / total_weight as f32;
+    let per_server: f32 = pct * KETAMA_POINTS_PER_SERVER / 4.0 * live_servers as f32;
+    let nudged = (f64::from(per_server) + 0.000_000_000_1) as f32;
+    (nudged.floor() * 4.0) as u32
+}
+
+/// twemproxy's ketama continuum: for server `s` with identity `id`, for k in
+/// 0..points/4, the MD5 digest of `id-k` gives 4 little-endian u32 points.
+fn ketama_continuum(servers: &[ServerConfig]) -> Vec<(u32, u32)> {
+    let total_weight: u32 = servers.iter().map(|s| s.weight).sum();
+    if total_weight == 0 {
+        return Vec::new();
+    }
+    let live = servers.len() as u32;
+    let mut points = Vec::with_capacity(servers.len() * 160);
+    let mut label = String::new();
+    for (index, server) in servers.iter().enumerate() {
+        let identity = ServerIdentity::of(server);
+        let digests = ketama_points(server.weight, total_weight, live) / KETAMA_POINTS_PER_HASH;
+        for k in 0..digests {
+            label.clear();
+            label.push_str(&identity.0);
+            label.push('-');
+            label.push_str(&k.to_string());
+            let digest = md5_digest(label.as_bytes());
+            for chunk in digest.chunks_exact(4) {
+                let point = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+                points.push((point, index as u32));
+            }
+        }
+    }
+    // twemproxy sorts with glibc qsort, which is a stable merge sort for arrays this size;
+    // equal points therefore keep server order, and lookup (first point >= hash) picks
+    // the lowest-indexed server among equals. A stable sort by point does the same.
+    points.sort_by_key(|&(point, _)| point);
+    points
+}
+
+fn md5_digest(bytes: &[u8]) -> [u8; 16] {
+    use md5::{Digest, Md5};
+    Md5::digest(bytes).into()
+}
+
+/// memroute's `ring`: `vnodes * weight` points per server, each the low 32 bits of
+/// xxh3_64(`identity-i`). The identity is the same as ketama's, so renumbering servers or
+/// reordering the list does not move keys.
+fn ring_continuum(servers: &[ServerConfig], vnodes: u32) -> Vec<(u32, u32)> {
+    let vnodes = vnodes.max(1);
+    let mut points = Vec::new();
+    let mut label = String::new();
+    for (index, server) in servers.iter().enumerate() {
+        let identity = ServerIdentity::of(server);
+        let count = vnodes.saturating_mul(server.weight.max(1));
+        for i in 0..count {
+            label.clear();
+            label.push_str(&identity.0);
+            label.push('-');
+            label.push_str(&i.to_string());
+            let point = xxhash_rust::xxh3::xxh3_64(label.as_bytes()) as u32;
+            points.push((point, index as u32));
+        }
+    }
+    points.sort_by_key(|&(point, _)| point);
+    points
+}
+
+/// twemproxy's modula continuum: every server repeated `weight` times, in config order.
+fn modula_slots(servers: &[ServerConfig]) -> Vec<u32> {
+    let mut slots = Vec::new();
+    for (index, server) in servers.iter().enumerate() {
+        for _ in 0..server.weight {
+            slots.push(index as u32);
+        }
+    }
+    slots
+}
+
+/// Lamping & Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm" (2014).
+/// Moves only ~1/n of keys when the n-th server is appended; servers cannot be removed
+/// from the middle without renumbering, and weights are not supported.
+fn jump_hash(mut key: u64, buckets: usize) -> usize {
+    let buckets = buckets as i64;
+    let mut b: i64 = -1;
+    let mut j: i64 = 0;
+    while j < buckets {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memroute_config::HashName;
+    use std::time::Duration;
+
+    fn pool(n: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
+        PoolConfig {
+            servers: (0..n)
+                .map(|i| ServerConfig { address: format!("10.0.0.{}:{}", i + 1, 11300 + i), weight: 1, name: None })
+                .collect(),
+            distribution,
+            hash,
+            hash_tag: None,
+            vnodes: 256,
+            connections: 1,
+            timeout: Duration::from_millis(250),
+            connect_timeout: Duration::from_millis(250),
+            max_keys_per_request: 100,
+        }
+    }
+
+    fn keys(n: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| format!("key:{i}:{}", i * 7919).into_bytes()).collect()
+    }
+
+    #[test]
+    fn identity_follows_twemproxys_rule() {
+        let s = |address: &str, name: Option<&str>| ServerConfig {
+            address: address.to_string(),
+            weight: 1,
+            name: name.map(str::to_string),
+        };
+        assert_eq!(ServerIdentity::of(&s("10.0.0.1:11211", None)).0, "10.0.0.1");
+        assert_eq!(ServerIdentity::of(&s("10.0.0.1:11212", None)).0, "10.0.0.1:11212");
+        assert_eq!(ServerIdentity::of(&s("10.0.0.1:11211", Some("mc-1"))).0, "mc-1");
+    }
+
+    #[test]
+    fn ketama_point_counts_use_float32_arithmetic() {
+        // Equal weights: 160 points, except where f32 rounding lands just under 40.
+        assert_eq!(ketama_points(1, 1, 1), 160);
+        assert_eq!(ketama_points(1, 3, 3), 160);
+        assert_eq!(ketama_points(1, 10, 10), 160);
+        assert_eq!(ketama_points(1, 25, 25), 156);
+        let p = pool(25, DistributionName::Ketama, HashName::Fnv1a_64);
+        match Placement::new(&p).kind {
+            Kind::Continuum(points) => assert_eq!(points.len(), 25 * 156),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ketama_continuum_is_sorted_and_lookup_wraps() {
+        let p = pool(3, DistributionName::Ketama, HashName::Md5);
+        let placement = Placement::new(&p);
+        let Kind::Continuum(points) = &placement.kind else { panic!("not a continuum") };
+        assert!(points.windows(2).all(|w| w[0].0 <= w[1].0));
+        // A hash above the last point goes to the first point's server.
+        let last = points[points.len() - 1].0;
+        assert!(last < u32::MAX);
+        let i = points.partition_point(|&(pt, _)| pt < u32::MAX);
+        assert_eq!(i, points.len());
+    }
+
+    #[test]
+    fn single_server_pool_always_answers_zero() {
+        for d in DistributionName::ALL {
+            let placement = Placement::new(&pool(1, d, HashName::Fnv1a_64));
+            for k in keys(50) {
+                assert_eq!(placement.server_for(&k), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn every_distribution_stays_in_range() {
+        for d in DistributionName::ALL {
+            for n in [2, 3, 7] {
+                let placement = Placement::new(&pool(n, d, HashName::Fnv1a_64));
+                assert_eq!(placement.server_count(), n);
+                for k in keys(200) {
+                    assert!(placement.server_for(&k) < n, "{d:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn modula_repeats_servers_by_weight() {
+        let mut p = pool(2, DistributionName::Modula, HashName::Crc32a);
+        p.servers[1].weight = 3;
+        let placement = Placement::new(&p);
+        for k in keys(200) {
+            let expected = [0, 1, 1, 1][(crate::hash::crc32a(&k) % 4) as usize];
+            assert_eq!(placement.server_for(&k), expected);
+        }
+    }
+
+    #[test]
+    fn hash_tag_keeps_tagged_keys_together() {
+        for d in [DistributionName::Ketama, DistributionName::Ring, DistributionName::Jump, DistributionName::Modula] {
+            let mut p = pool(10, d, HashName::Fnv1a_64);
+            p.hash_tag = Some(*b"{}");
+            let placement = Placement::new(&p);
+            let home = placement.server_for(b"user:{1234}:profile");
+            for k in ["{1234}", "x{1234}y", "session:{1234}", "{1234}{other}"] {
+                assert_eq!(placement.server_for(k.as_bytes()), home, "{d:?} {k}");
+            }
+        }
+    }
+
+    fn spread(placement: &Placement, n: usize, keys: &[Vec<u8>]) -> Vec<usize> {
+        let mut counts = vec![0usize; n];
+        for k in keys {
+            counts[placement.server_for(k)] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn ring_and_jump_balance_keys() {
+        let ks = keys(100_000);
+        for d in [DistributionName::Ring, DistributionName::Jump] {
+            let n = 10;
+            let placement = Placement::new(&pool(n, d, HashName::Xxh3));
+            let counts = spread(&placement, n, &ks);
+            let mean = ks.len() / n;
+            for c in counts {
+                // 256 vnodes give a few percent of spread; allow 15%.
+                assert!(c.abs_diff(mean) * 100 < mean * 15, "{d:?}: {c} vs {mean}");
+            }
+        }
+    }
+
+    #[test]
+    fn adding_a_server_moves_about_one_nth_of_keys() {
+        let ks = keys(50_000);
+        for d in [DistributionName::Ring, DistributionName::Jump, DistributionName::Ketama] {
+            let before = Placement::new(&pool(9, d, HashName::Xxh3));
+            let after = Placement::new(&pool(10, d, HashName::Xxh3));
+            let mut moved = 0usize;
+            for k in &ks {
+                let (a, b) = (before.server_for(k), after.server_for(k));
+                if a != b {
+                    moved += 1;
+                    // Keys only move to the new server.
+                    assert_eq!(b, 9, "{d:?}");
+                }
+            }
+            // Ideal is 1/10 of keys; allow 7%..13%. (Ketama's point counts are fixed by
+            // float arithmetic, so it lands near the ideal too.)
+            let pct = moved * 100 / ks.len();
+            assert!((7..=13).contains(&pct), "{d:?} moved {pct}%");
+        }
+    }
+
+    #[test]
+    fn ring_weights_scale_the_share() {
+        let mut p = pool(2, DistributionName::Ring, HashName::Xxh3);
+        p.servers[1].weight = 3;
+        let placement = Placement::new(&p);
+        let counts = spread(&placement, 2, &keys(40_000));
+        // Expected 25% / 75%.
+        assert!((8_000..12_000).contains(&counts[0]), "{counts:?}");
+    }
+
+    #[test]
+    fn jump_matches_published_vectors() {
+        // Test vectors of the widely used Go port (dgryski/go-jump) of the paper's code.
+        assert_eq!(jump_hash(1, 1), 0);
+        assert_eq!(jump_hash(42, 57), 43);
+        assert_eq!(jump_hash(0xDEAD_10CC, 1), 0);
+        assert_eq!(jump_hash(0xDEAD_10CC, 666), 361);
+        assert_eq!(jump_hash(256, 1024), 520);
+    }
+
+    #[test]
+    fn random_uses_every_server() {
+        let placement = Placement::new(&pool(4, DistributionName::Random, HashName::Md5));
+        let mut seen = [false; 4];
+        for _ in 0..1000 {
+            seen[placement.server_for(b"same-key")] = true;
+        }
+        assert_eq!(seen, [true; 4]);
     }
 }
