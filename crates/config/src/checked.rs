@@ -118,8 +118,13 @@ pub enum DistributionName {
 }
 
 impl DistributionName {
-    pub const ALL: [DistributionName; 5] =
-        [DistributionName::Ketama, DistributionName::Modula, DistributionName::Random, DistributionName::Ring, DistributionName::Jump];
+    pub const ALL: [DistributionName; 5] = [
+        DistributionName::Ketama,
+        DistributionName::Modula,
+        DistributionName::Random,
+        DistributionName::Ring,
+        DistributionName::Jump,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             DistributionName::Ketama => "ketama",

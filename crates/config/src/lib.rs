@@ -24,7 +24,11 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
 
 /// Reads, parses and validates a config file.
 pub fn load(path: &std::path::Path) -> Result<Config, ConfigErrors> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigErrors::single(ConfigError::new("", format!("cannot read {}: {e}", path.display()))))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors::single(ConfigError::new(
+            "",
+            format!("cannot read {}: {e}", path.display()),
+        ))
+    })?;
     parse(&text)
 }

@@ -1,15 +1,1032 @@
-//! Raw serde types, exactly as written in the TOML file.
-use crate::{Config, ConfigErrors};
+//! The raw config, exactly as written in the TOML file, and the walk that turns it
+//! into the checked [`Config`].
+//!
+//! ```text
+//!   text --toml--> RawConfig (a toml::Table) --validate()--> Config | ConfigErrors
+//! ```
+//!
+//! Why a walk over `toml::Table` and not `#[derive(Deserialize)]` structs with
+//! `deny_unknown_fields`: serde stops at the first problem and reports it by byte
+//! span, not key path. Operators fixing a config want *every* problem at once, each
+//! named by its key path (`pools.main.servers[1].weight: must be > 0`), including
+//! unknown keys and wrong types. So the syntax is checked by `toml` (its message and
+//! line/column are kept), and everything else is checked here, in one pass that
+//! collects errors instead of returning on the first.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
 
+use toml::{Table, Value};
+
+use crate::checked::{
+    AdminConfig, Config, DistributionName, HashName, ListenAddress, PoolConfig, ProxyConfig,
+    RouteConfig, ServerConfig,
+};
+use crate::{ConfigError, ConfigErrors};
+
+/// Defaults, in one place so docs/configuration.md and the code agree.
+pub mod defaults {
+    /// Listen address when `proxy.listen` is absent: local only, memcached's port.
+    pub const LISTEN: &str = "127.0.0.1:11211";
+    pub const BACKLOG: u32 = 65535;
+    pub const MAX_VALUE_SIZE: usize = 1024 * 1024;
+    pub const MAX_LINE_SIZE: usize = 64 * 1024;
+    /// Smallest accepted `max_line_size`: a `set` line with a 250-byte key must fit.
+    pub const MIN_LINE_SIZE: usize = 1024;
+    pub const MAX_CLIENT_PENDING: usize = 1024;
+    pub const MAX_CONNECTIONS: usize = 0;
+    pub const VNODES: u32 = 256;
+    pub const CONNECTIONS: usize = 1;
+    pub const TIMEOUT_MS: u64 = 250;
+    pub const MAX_KEYS_PER_REQUEST: usize = 100;
+    pub const WEIGHT: u32 = 1;
+}
+
+const PROXY_KEYS: &[&str] = &[
+    "listen",
+    "workers",
+    "backlog",
+    "route",
+    "max_value_size",
+    "max_line_size",
+    "max_client_pending",
+    "max_connections",
+];
+const ADMIN_KEYS: &[&str] = &["listen"];
+const POOL_KEYS: &[&str] = &[
+    "servers",
+    "distribution",
+    "hash",
+    "hash_tag",
+    "vnodes",
+    "connections",
+    "timeout",
+    "connect_timeout",
+    "max_keys_per_request",
+];
+const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
+const ROUTE_TYPES: &[&str] = &["prefix"];
+const PREFIX_ROUTE_KEYS: &[&str] = &["type", "prefixes", "default"];
+const TOP_KEYS: &[&str] = &["proxy", "admin", "pools", "routes"];
+
+/// The config as written: a TOML table that has passed the syntax check only.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
-pub struct RawConfig {}
+#[serde(transparent)]
+pub struct RawConfig {
+    pub table: Table,
+}
 
 impl RawConfig {
+    /// Checks TOML syntax only. A syntax error is reported with its line and column
+    /// (toml can only report the first one; nothing after it can be trusted).
     pub fn from_toml(text: &str) -> Result<RawConfig, ConfigErrors> {
-        let _ = text;
-        todo!("config helper implements")
+        match text.parse::<Table>() {
+            Ok(table) => Ok(RawConfig { table }),
+            Err(e) => {
+                let path = match e.span() {
+                    Some(span) => {
+                        let (line, col) = line_col(text, span.start);
+                        format!("line {line}, column {col}")
+                    }
+                    None => "toml".to_string(),
+                };
+                Err(ConfigErrors::single(ConfigError::new(
+                    path,
+                    e.message().trim_end(),
+                )))
+            }
+        }
     }
+
+    /// Checks every key and value, applies defaults, and returns the checked config or
+    /// every problem found.
     pub fn validate(self) -> Result<Config, ConfigErrors> {
-        todo!("config helper implements")
+        let mut errs = Errors::default();
+        let config = check_config(&self.table, &mut errs);
+        if errs.0.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(errs.0))
+        }
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+#[derive(Debug, Default)]
+struct Errors(Vec<ConfigError>);
+
+impl Errors {
+    fn push(&mut self, path: &str, message: impl Into<String>) {
+        self.0.push(ConfigError::new(path, message));
+    }
+}
+
+/// Appends a key to a path, quoting keys that are not bare TOML keys so the path
+/// reads back unambiguously (`routes.r.prefixes."user:"`).
+pub(crate) fn join(parent: &str, key: &str) -> String {
+    let key = toml_key(key);
+    if parent.is_empty() {
+        key
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+/// A key as TOML would need it written: bare when possible, else a quoted string.
+pub(crate) fn toml_key(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if bare {
+        key.to_string()
+    } else {
+        Value::String(key.to_string()).to_string()
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "a string",
+        Value::Integer(_) => "an integer",
+        Value::Float(_) => "a float",
+        Value::Boolean(_) => "a boolean",
+        Value::Datetime(_) => "a datetime",
+        Value::Array(_) => "an array",
+        Value::Table(_) => "a table",
+    }
+}
+
+fn wrong_type(errs: &mut Errors, path: &str, expected: &str, found: &Value) {
+    errs.push(
+        path,
+        format!("expected {expected}, found {}", type_name(found)),
+    );
+}
+
+/// Reports every key of `table` not in `allowed`.
+fn check_keys(table: &Table, path: &str, allowed: &[&str], errs: &mut Errors) {
+    for key in table.keys() {
+        if !allowed.contains(&key.as_str()) {
+            errs.push(
+                &join(path, key),
+                format!("unknown key (expected one of: {})", allowed.join(", ")),
+            );
+        }
+    }
+}
+
+/// A sub-table, or None (with an error when present but not a table).
+fn get_table<'a>(table: &'a Table, key: &str, path: &str, errs: &mut Errors) -> Option<&'a Table> {
+    match table.get(key)? {
+        Value::Table(t) => Some(t),
+        other => {
+            wrong_type(errs, &join(path, key), "a table", other);
+            None
+        }
+    }
+}
+
+fn get_str<'a>(table: &'a Table, key: &str, path: &str, errs: &mut Errors) -> Option<&'a str> {
+    match table.get(key)? {
+        Value::String(s) => Some(s),
+        other => {
+            wrong_type(errs, &join(path, key), "a string", other);
+            None
+        }
+    }
+}
+
+/// An integer key within `min..=max`, or the default when absent. On error the
+/// default is returned too, so checking continues and finds more problems.
+fn get_int<T>(
+    table: &Table,
+    key: &str,
+    path: &str,
+    min: i64,
+    max: u64,
+    default: T,
+    errs: &mut Errors,
+) -> T
+where
+    T: TryFrom<i64> + Copy,
+{
+    let Some(v) = table.get(key) else {
+        return default;
+    };
+    let p = join(path, key);
+    let Value::Integer(n) = v else {
+        wrong_type(errs, &p, "an integer", v);
+        return default;
+    };
+    check_range(*n, min, max, &p, default, errs)
+}
+
+fn check_range<T>(n: i64, min: i64, max: u64, path: &str, default: T, errs: &mut Errors) -> T
+where
+    T: TryFrom<i64> + Copy,
+{
+    if n < min {
+        let msg = match min {
+            0 => "must be >= 0".to_string(),
+            1 => "must be > 0".to_string(),
+            _ => format!("must be at least {min}"),
+        };
+        errs.push(path, msg);
+        return default;
+    }
+    if u64::try_from(n).map_or(true, |u| u > max) {
+        errs.push(path, format!("must be at most {max}"));
+        return default;
+    }
+    match T::try_from(n) {
+        Ok(v) => v,
+        Err(_) => {
+            errs.push(path, format!("must be at most {max}"));
+            default
+        }
+    }
+}
+
+fn usize_max() -> u64 {
+    u64::try_from(usize::MAX).unwrap_or(u64::MAX)
+}
+
+/// Parses a duration: an integer number of milliseconds, or a string `<int><unit>`
+/// with unit `us`, `ms`, `s`, `m` or `h` (`"250ms"`, `"1s"`, `"2m"`).
+pub fn parse_duration(v: &Value) -> Result<Duration, String> {
+    let expected = "expected a duration such as \"250ms\", \"1s\", \"2m\" or an integer number of milliseconds";
+    match v {
+        Value::Integer(n) => u64::try_from(*n)
+            .map(Duration::from_millis)
+            .map_err(|_| "must be >= 0".to_string()),
+        Value::String(s) => {
+            let s = s.trim();
+            let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            let (digits, unit) = s.split_at(split);
+            let n: u64 = digits
+                .parse()
+                .map_err(|_| format!("invalid duration \"{s}\" ({expected})"))?;
+            let d = match unit.trim() {
+                "us" => Some(Duration::from_micros(n)),
+                "ms" => Some(Duration::from_millis(n)),
+                "s" => Some(Duration::from_secs(n)),
+                "m" => n.checked_mul(60).map(Duration::from_secs),
+                "h" => n.checked_mul(3600).map(Duration::from_secs),
+                _ => return Err(format!("invalid duration \"{s}\" ({expected})")),
+            };
+            d.ok_or_else(|| format!("duration \"{s}\" is too large"))
+        }
+        other => Err(format!("{expected}, found {}", type_name(other))),
+    }
+}
+
+/// Parses a byte size: an integer number of bytes, or a string `<int><unit>` with unit
+/// `B`, `KiB`, `MiB`, `GiB` (powers of 1024) or `KB`, `MB`, `GB` (powers of 1000).
+pub fn parse_size(v: &Value) -> Result<u64, String> {
+    let expected = "expected a size such as \"1MiB\", \"512KiB\" or an integer number of bytes";
+    match v {
+        Value::Integer(n) => u64::try_from(*n).map_err(|_| "must be >= 0".to_string()),
+        Value::String(s) => {
+            let s = s.trim();
+            let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            let (digits, unit) = s.split_at(split);
+            let n: u64 = digits
+                .parse()
+                .map_err(|_| format!("invalid size \"{s}\" ({expected})"))?;
+            let mult: u64 = match unit.trim() {
+                "" | "B" => 1,
+                "KiB" => 1 << 10,
+                "MiB" => 1 << 20,
+                "GiB" => 1 << 30,
+                "KB" => 1_000,
+                "MB" => 1_000_000,
+                "GB" => 1_000_000_000,
+                _ => return Err(format!("invalid size \"{s}\" ({expected})")),
+            };
+            n.checked_mul(mult)
+                .ok_or_else(|| format!("size \"{s}\" is too large"))
+        }
+        other => Err(format!("{expected}, found {}", type_name(other))),
+    }
+}
+
+/// Checks `host:port` (or `[v6]:port`) with a numeric, non-zero port. Host names are
+/// allowed: they are resolved when connecting, not here.
+pub fn check_host_port(s: &str) -> Result<(), String> {
+    let bad = || format!("invalid address \"{s}\" (expected host:port with a numeric port)");
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, p) = rest.split_once("]:").ok_or_else(bad)?;
+        (h, p)
+    } else {
+        let (h, p) = s.rsplit_once(':').ok_or_else(bad)?;
+        if h.contains(':') {
+            return Err(format!(
+                "invalid address \"{s}\" (write IPv6 addresses as [addr]:port)"
+            ));
+        }
+        (h, p)
+    };
+    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c == '/') {
+        return Err(bad());
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err(bad()),
+        Ok(_) => Ok(()),
+    }
+}
+
+fn check_config(top: &Table, errs: &mut Errors) -> Config {
+    check_keys(top, "", TOP_KEYS, errs);
+    let empty = Table::new();
+    let proxy_table = get_table(top, "proxy", "", errs).unwrap_or(&empty);
+    let mut proxy = check_proxy(proxy_table, errs);
+    let admin = get_table(top, "admin", "", errs).map(|t| check_admin(t, errs));
+
+    let mut pools = BTreeMap::new();
+    match top.get("pools") {
+        None => errs.push("pools", "at least one pool is required"),
+        Some(Value::Table(t)) => {
+            if t.is_empty() {
+                errs.push("pools", "at least one pool is required");
+            }
+            for (name, v) in t {
+                let path = join("pools", name);
+                match v {
+                    Value::Table(pt) => {
+                        if let Some(pool) = check_pool(pt, &path, errs) {
+                            pools.insert(name.clone(), pool);
+                        }
+                    }
+                    other => wrong_type(errs, &path, "a table", other),
+                }
+            }
+        }
+        Some(other) => wrong_type(errs, "pools", "a table", other),
+    }
+
+    let mut routes = BTreeMap::new();
+    if let Some(t) = get_table(top, "routes", "", errs) {
+        for (name, v) in t {
+            let path = join("routes", name);
+            match v {
+                Value::Table(rt) => {
+                    if let Some(route) = check_route(rt, &path, errs) {
+                        routes.insert(name.clone(), route);
+                    }
+                }
+                other => wrong_type(errs, &path, "a table", other),
+            }
+        }
+    }
+
+    // Names are looked up in one namespace, so a name used by both is ambiguous.
+    // Check against the raw tables so a pool with other errors still counts.
+    let pool_names: BTreeSet<&String> = match top.get("pools") {
+        Some(Value::Table(t)) => t.keys().collect(),
+        _ => BTreeSet::new(),
+    };
+    let route_names: BTreeSet<&String> = match top.get("routes") {
+        Some(Value::Table(t)) => t.keys().collect(),
+        _ => BTreeSet::new(),
+    };
+    for name in route_names.intersection(&pool_names) {
+        errs.push(
+            &join("routes", name),
+            format!("\"{name}\" is also a pool name; a target name must be unique"),
+        );
+    }
+    let known =
+        |t: &str| pool_names.contains(&t.to_string()) || route_names.contains(&t.to_string());
+
+    // The root route: defaults to the only pool.
+    match proxy_table.get("route") {
+        Some(Value::String(r)) => {
+            if !known(r) {
+                errs.push(
+                    "proxy.route",
+                    format!("unknown target \"{r}\" (no pool or route has that name)"),
+                );
+            }
+        }
+        Some(_) => {} // wrong type, reported by check_proxy
+        None => {
+            if pool_names.len() == 1 {
+                if let Some(only) = pool_names.iter().next() {
+                    proxy.route = (*only).clone();
+                }
+            } else if pool_names.len() > 1 {
+                errs.push("proxy.route", "required when there is more than one pool (name the pool or route to send requests to)");
+            }
+        }
+    }
+
+    for (name, route) in &routes {
+        let path = join("routes", name);
+        for (key_path, target) in route_edges(&path, route) {
+            if !known(&target) {
+                errs.push(
+                    &key_path,
+                    format!("unknown target \"{target}\" (no pool or route has that name)"),
+                );
+            }
+        }
+    }
+    check_cycles(&routes, errs);
+
+    Config {
+        proxy,
+        admin,
+        pools,
+        routes,
+    }
+}
+
+/// The targets a route refers to, each with the key path that names it.
+fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, String)> {
+    match route {
+        RouteConfig::Prefix { prefixes, default } => {
+            let mut edges: Vec<(String, String)> = prefixes
+                .iter()
+                .map(|(p, t)| (join(&join(path, "prefixes"), p), t.clone()))
+                .collect();
+            edges.push((join(path, "default"), default.clone()));
+            edges
+        }
+    }
+}
+
+/// Reports each route cycle once, at the key of its first route (in name order) that
+/// leads into it: `routes.a.default: route cycle a -> b -> a`.
+fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        OnStack,
+        Done,
+    }
+    /// A route being visited: its name, its (key path, target) edges, the next edge to follow.
+    type Frame<'a> = (&'a str, Vec<(String, String)>, usize);
+    let mut marks: BTreeMap<&str, Mark> = routes.keys().map(|k| (k.as_str(), Mark::New)).collect();
+
+    // Iterative DFS; each stack entry is (route name, its edges, next edge index).
+    for start in routes.keys() {
+        if marks.get(start.as_str()) != Some(&Mark::New) {
+            continue;
+        }
+        let mut stack: Vec<Frame<'_>> = Vec::new();
+        let edges_of = |name: &str| {
+            routes
+                .get(name)
+                .map(|r| route_edges(&join("routes", name), r))
+                .unwrap_or_default()
+        };
+        marks.insert(start, Mark::OnStack);
+        stack.push((start, edges_of(start), 0));
+        while let Some(top) = stack.last_mut() {
+            let (name, edges, idx) = (top.0, &top.1, top.2);
+            if idx >= edges.len() {
+                marks.insert(name, Mark::Done);
+                stack.pop();
+                continue;
+            }
+            top.2 += 1;
+            let target = edges[idx].1.clone();
+            let Some((target_name, _)) = routes.get_key_value(&target) else {
+                continue;
+            }; // a pool (or unknown)
+            match marks
+                .get(target_name.as_str())
+                .copied()
+                .unwrap_or(Mark::Done)
+            {
+                Mark::New => {
+                    marks.insert(target_name, Mark::OnStack);
+                    stack.push((target_name, edges_of(target_name), 0));
+                }
+                Mark::OnStack => {
+                    // The cycle is the stack from `target` to the top, then back to `target`.
+                    let from = stack
+                        .iter()
+                        .position(|(n, _, _)| *n == target_name)
+                        .unwrap_or(0);
+                    let mut names: Vec<&str> = stack[from..].iter().map(|(n, _, _)| *n).collect();
+                    names.push(target_name);
+                    // The edge out of the cycle's first route is the one just taken from it.
+                    let (_, first_edges, first_idx) = &stack[from];
+                    let key_path = first_edges
+                        .get(first_idx.saturating_sub(1))
+                        .map(|(p, _)| p.clone())
+                        .unwrap_or_else(|| join("routes", target_name));
+                    errs.push(&key_path, format!("route cycle {}", names.join(" -> ")));
+                }
+                Mark::Done => {}
+            }
+        }
+    }
+}
+
+fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
+    let path = "proxy";
+    check_keys(t, path, PROXY_KEYS, errs);
+
+    let mut listen = Vec::new();
+    match t.get("listen") {
+        None => listen.push(ListenAddress::Tcp(defaults::LISTEN.to_string())),
+        Some(Value::String(s)) => {
+            if let Some(a) = check_listen(s, "proxy.listen", errs) {
+                listen.push(a);
+            }
+        }
+        Some(Value::Array(items)) => {
+            if items.is_empty() {
+                errs.push("proxy.listen", "needs at least one address");
+            }
+            for (i, item) in items.iter().enumerate() {
+                let p = format!("proxy.listen[{i}]");
+                match item {
+                    Value::String(s) => {
+                        if let Some(a) = check_listen(s, &p, errs) {
+                            if listen.contains(&a) {
+                                errs.push(&p, format!("duplicate listen address \"{s}\""));
+                            }
+                            listen.push(a);
+                        }
+                    }
+                    other => wrong_type(errs, &p, "a string", other),
+                }
+            }
+        }
+        Some(other) => wrong_type(errs, "proxy.listen", "an array of addresses", other),
+    }
+
+    let workers: usize = get_int(t, "workers", path, 0, usize_max(), 0, errs);
+    let workers = if workers == 0 {
+        // 0 means one per core; fall back to 1 if the core count is unknowable.
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        workers
+    };
+    let backlog: u32 = get_int(
+        t,
+        "backlog",
+        path,
+        1,
+        u64::from(u32::MAX),
+        defaults::BACKLOG,
+        errs,
+    );
+    let route = get_str(t, "route", path, errs)
+        .unwrap_or_default()
+        .to_string();
+    let max_value_size = get_size(t, "max_value_size", path, 1, defaults::MAX_VALUE_SIZE, errs);
+    let max_line_size = get_size(
+        t,
+        "max_line_size",
+        path,
+        defaults::MIN_LINE_SIZE,
+        defaults::MAX_LINE_SIZE,
+        errs,
+    );
+    let max_client_pending: usize = get_int(
+        t,
+        "max_client_pending",
+        path,
+        1,
+        usize_max(),
+        defaults::MAX_CLIENT_PENDING,
+        errs,
+    );
+    let max_connections: usize = get_int(
+        t,
+        "max_connections",
+        path,
+        0,
+        usize_max(),
+        defaults::MAX_CONNECTIONS,
+        errs,
+    );
+
+    ProxyConfig {
+        listen,
+        workers,
+        backlog,
+        route,
+        max_value_size,
+        max_line_size,
+        max_client_pending,
+        max_connections,
+    }
+}
+
+fn get_size(
+    t: &Table,
+    key: &str,
+    path: &str,
+    min: usize,
+    default: usize,
+    errs: &mut Errors,
+) -> usize {
+    let Some(v) = t.get(key) else { return default };
+    let p = join(path, key);
+    match parse_size(v) {
+        Ok(n) => match usize::try_from(n) {
+            Ok(n) if n >= min => n,
+            Ok(_) if min == 1 => {
+                errs.push(&p, "must be > 0");
+                default
+            }
+            Ok(_) => {
+                errs.push(&p, format!("must be at least {min} bytes"));
+                default
+            }
+            Err(_) => {
+                errs.push(&p, "is too large");
+                default
+            }
+        },
+        Err(m) => {
+            errs.push(&p, m);
+            default
+        }
+    }
+}
+
+fn check_listen(s: &str, path: &str, errs: &mut Errors) -> Option<ListenAddress> {
+    if let Some(p) = s.strip_prefix("unix:") {
+        if !p.starts_with('/') {
+            errs.push(
+                path,
+                format!("invalid unix socket address \"{s}\" (expected unix:/absolute/path)"),
+            );
+            return None;
+        }
+        return Some(ListenAddress::Unix(PathBuf::from(p)));
+    }
+    match check_host_port(s) {
+        Ok(()) => Some(ListenAddress::Tcp(s.to_string())),
+        Err(m) => {
+            errs.push(path, format!("{m}, or unix:/path"));
+            None
+        }
+    }
+}
+
+fn check_admin(t: &Table, errs: &mut Errors) -> AdminConfig {
+    check_keys(t, "admin", ADMIN_KEYS, errs);
+    let listen = match get_str(t, "listen", "admin", errs) {
+        Some(s) => {
+            if let Err(m) = check_host_port(s) {
+                errs.push("admin.listen", m);
+            }
+            s.to_string()
+        }
+        None => {
+            if !t.contains_key("listen") {
+                errs.push("admin.listen", "required when [admin] is present");
+            }
+            String::new()
+        }
+    };
+    AdminConfig { listen }
+}
+
+fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
+    let before = errs.0.len();
+    check_keys(t, path, POOL_KEYS, errs);
+
+    let servers = check_servers(t.get("servers"), &join(path, "servers"), errs);
+
+    let distribution = match get_str(t, "distribution", path, errs) {
+        None => DistributionName::Ketama,
+        Some(s) => DistributionName::parse(s).unwrap_or_else(|| {
+            let all: Vec<&str> = DistributionName::ALL.iter().map(|d| d.as_str()).collect();
+            errs.push(
+                &join(path, "distribution"),
+                format!(
+                    "unknown distribution \"{s}\" (expected one of: {})",
+                    all.join(", ")
+                ),
+            );
+            DistributionName::Ketama
+        }),
+    };
+    let hash = match get_str(t, "hash", path, errs) {
+        None => HashName::Fnv1a_64,
+        Some(s) => HashName::parse(s).unwrap_or_else(|| {
+            let all: Vec<&str> = HashName::ALL.iter().map(|h| h.as_str()).collect();
+            errs.push(
+                &join(path, "hash"),
+                format!("unknown hash \"{s}\" (expected one of: {})", all.join(", ")),
+            );
+            HashName::Fnv1a_64
+        }),
+    };
+    let hash_tag = get_str(t, "hash_tag", path, errs).and_then(|s| match s.as_bytes() {
+        [a, b] => Some([*a, *b]),
+        _ => {
+            errs.push(
+                &join(path, "hash_tag"),
+                format!("must be exactly two bytes, e.g. \"{{}}\" (found \"{s}\")"),
+            );
+            None
+        }
+    });
+    let vnodes: u32 = get_int(
+        t,
+        "vnodes",
+        path,
+        1,
+        u64::from(u32::MAX),
+        defaults::VNODES,
+        errs,
+    );
+    let connections: usize = get_int(t, "connections", path, 1, 1024, defaults::CONNECTIONS, errs);
+    let max_keys_per_request: usize = get_int(
+        t,
+        "max_keys_per_request",
+        path,
+        1,
+        usize_max(),
+        defaults::MAX_KEYS_PER_REQUEST,
+        errs,
+    );
+    let default_timeout = Duration::from_millis(defaults::TIMEOUT_MS);
+    let timeout = get_duration(t, "timeout", path, default_timeout, errs);
+    let connect_timeout = get_duration(t, "connect_timeout", path, timeout, errs);
+
+    (errs.0.len() == before).then_some(PoolConfig {
+        servers,
+        distribution,
+        hash,
+        hash_tag,
+        vnodes,
+        connections,
+        timeout,
+        connect_timeout,
+        max_keys_per_request,
+    })
+}
+
+fn get_duration(
+    t: &Table,
+    key: &str,
+    path: &str,
+    default: Duration,
+    errs: &mut Errors,
+) -> Duration {
+    let Some(v) = t.get(key) else { return default };
+    let p = join(path, key);
+    match parse_duration(v) {
+        Ok(d) if d.is_zero() => {
+            errs.push(&p, "must be > 0");
+            default
+        }
+        Ok(d) => d,
+        Err(m) => {
+            errs.push(&p, m);
+            default
+        }
+    }
+}
+
+fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<ServerConfig> {
+    let items = match v {
+        None => {
+            errs.push(path, "a pool needs at least one server");
+            return Vec::new();
+        }
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            wrong_type(errs, path, "an array of servers", other);
+            return Vec::new();
+        }
+    };
+    if items.is_empty() {
+        errs.push(path, "a pool needs at least one server");
+    }
+    let mut servers: Vec<ServerConfig> = Vec::new();
+    // Where each address and name was first seen, to name the duplicate's twin.
+    let mut seen_addr: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seen_name: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        let Some(server) = check_server(item, &p, errs) else {
+            continue;
+        };
+        if let Some(first) = seen_addr.get(&server.address) {
+            errs.push(
+                &format!("{p}.address"),
+                format!(
+                    "duplicate address \"{}\" (also servers[{first}])",
+                    server.address
+                ),
+            );
+        } else {
+            seen_addr.insert(server.address.clone(), i);
+        }
+        if let Some(name) = &server.name {
+            if let Some(first) = seen_name.get(name) {
+                errs.push(
+                    &format!("{p}.name"),
+                    format!("duplicate name \"{name}\" (also servers[{first}])"),
+                );
+            } else {
+                seen_name.insert(name.clone(), i);
+            }
+        }
+        servers.push(server);
+    }
+    servers
+}
+
+/// One server: `"host:port"`, `"host:port:weight"`, `"host:port:weight name"` (twemproxy's
+/// form) or `{ address, weight, name }`. Both forms report problems at the same
+/// sub-paths (`servers[1].weight`), so messages read the same whichever form is used.
+fn check_server(v: &Value, path: &str, errs: &mut Errors) -> Option<ServerConfig> {
+    let before = errs.0.len();
+    let (address, weight, name) = match v {
+        Value::String(s) => {
+            let mut words = s.split_whitespace();
+            let spec = words.next().unwrap_or("");
+            let name = words.next().map(str::to_string);
+            if words.next().is_some() {
+                errs.push(
+                    path,
+                    format!("invalid server \"{s}\" (expected \"host:port[:weight] [name]\")"),
+                );
+                return None;
+            }
+            let (address, weight) = split_weight(spec);
+            let weight = match weight {
+                None => defaults::WEIGHT,
+                Some(w) => match w.parse::<i64>() {
+                    Ok(n) => check_range(
+                        n,
+                        1,
+                        u64::from(u32::MAX),
+                        &format!("{path}.weight"),
+                        1,
+                        errs,
+                    ),
+                    Err(_) => {
+                        errs.push(
+                            &format!("{path}.weight"),
+                            format!("expected an integer, found \"{w}\""),
+                        );
+                        1
+                    }
+                },
+            };
+            (address.to_string(), weight, name)
+        }
+        Value::Table(t) => {
+            check_keys(t, path, SERVER_KEYS, errs);
+            let address = match get_str(t, "address", path, errs) {
+                Some(a) => a.to_string(),
+                None => {
+                    if !t.contains_key("address") {
+                        errs.push(&format!("{path}.address"), "required");
+                    }
+                    return None;
+                }
+            };
+            let weight: u32 = get_int(
+                t,
+                "weight",
+                path,
+                1,
+                u64::from(u32::MAX),
+                defaults::WEIGHT,
+                errs,
+            );
+            let name = get_str(t, "name", path, errs).map(str::to_string);
+            (address, weight, name)
+        }
+        other => {
+            wrong_type(
+                errs,
+                path,
+                "a server string \"host:port[:weight] [name]\" or a table",
+                other,
+            );
+            return None;
+        }
+    };
+    if let Err(m) = check_host_port(&address) {
+        errs.push(&format!("{path}.address"), m);
+    }
+    if let Some(n) = &name {
+        if n.is_empty() || n.chars().any(char::is_whitespace) {
+            errs.push(
+                &format!("{path}.name"),
+                "must be non-empty and contain no whitespace",
+            );
+        }
+    }
+    (errs.0.len() == before).then_some(ServerConfig {
+        address,
+        weight,
+        name,
+    })
+}
+
+/// Splits `host:port:weight` into (`host:port`, Some(weight)); `host:port` and
+/// `[v6]:port` are left whole.
+fn split_weight(spec: &str) -> (&str, Option<&str>) {
+    let colons = if spec.starts_with('[') {
+        // Only colons after the closing bracket separate fields.
+        spec.find(']')
+            .map_or(0, |end| spec[end..].matches(':').count())
+    } else {
+        spec.matches(':').count()
+    };
+    if colons >= 2 {
+        match spec.rsplit_once(':') {
+            Some((addr, w)) => (addr, Some(w)),
+            None => (spec, None),
+        }
+    } else {
+        (spec, None)
+    }
+}
+
+fn check_route(t: &Table, path: &str, errs: &mut Errors) -> Option<RouteConfig> {
+    let before = errs.0.len();
+    let kind = match t.get("type") {
+        None => {
+            errs.push(
+                &join(path, "type"),
+                format!("required (one of: {})", ROUTE_TYPES.join(", ")),
+            );
+            return None;
+        }
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => {
+            wrong_type(errs, &join(path, "type"), "a string", other);
+            return None;
+        }
+    };
+    match kind {
+        "prefix" => {
+            check_keys(t, path, PREFIX_ROUTE_KEYS, errs);
+            let ppath = join(path, "prefixes");
+            let mut prefixes = Vec::new();
+            match t.get("prefixes") {
+                None => errs.push(&ppath, "a prefix route needs at least one prefix"),
+                Some(Value::Table(pt)) => {
+                    if pt.is_empty() {
+                        errs.push(&ppath, "a prefix route needs at least one prefix");
+                    }
+                    for (prefix, target) in pt {
+                        let kp = join(&ppath, prefix);
+                        if prefix.is_empty() {
+                            errs.push(
+                                &kp,
+                                "a prefix must not be empty (use `default` for other keys)",
+                            );
+                        }
+                        match target {
+                            Value::String(s) => prefixes.push((prefix.clone(), s.clone())),
+                            other => wrong_type(errs, &kp, "a target name (string)", other),
+                        }
+                    }
+                }
+                Some(other) => wrong_type(errs, &ppath, "a table of prefix = target", other),
+            }
+            // Longest prefix first, so the first match is the most specific one;
+            // ties (impossible for distinct keys of equal length to both match) by name.
+            prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+            let default = match get_str(t, "default", path, errs) {
+                Some(d) => d.to_string(),
+                None => {
+                    if !t.contains_key("default") {
+                        errs.push(
+                            &join(path, "default"),
+                            "required (the target for keys no prefix matches)",
+                        );
+                    }
+                    String::new()
+                }
+            };
+            (errs.0.len() == before).then_some(RouteConfig::Prefix { prefixes, default })
+        }
+        other => {
+            errs.push(
+                &join(path, "type"),
+                format!(
+                    "unknown route type \"{other}\" (expected one of: {})",
+                    ROUTE_TYPES.join(", ")
+                ),
+            );
+            None
+        }
     }
 }

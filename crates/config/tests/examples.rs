@@ -1,0 +1,362 @@
+//! Every example in config/ parses, and each class of bad config is reported with
+//! its exact key path and message, all errors at once.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use memroute_config::{parse, ConfigError, DistributionName, HashName, ListenAddress, RouteConfig};
+
+fn config_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config")
+}
+
+/// The errors of a config that must fail, as "path: message" strings.
+fn errors(text: &str) -> Vec<String> {
+    match parse(text) {
+        Ok(c) => panic!("config should fail but parsed: {c:?}"),
+        Err(e) => e.0.iter().map(ConfigError::to_string).collect(),
+    }
+}
+
+#[test]
+fn every_example_config_parses() {
+    let mut count = 0;
+    let entries = std::fs::read_dir(config_dir()).expect("config/ exists");
+    for entry in entries {
+        let path = entry.expect("readable dir entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        count += 1;
+        if let Err(e) = memroute_config::load(&path) {
+            panic!("{} does not parse:\n{e}", path.display());
+        }
+    }
+    assert!(
+        count >= 5,
+        "expected the five example configs, found {count}"
+    );
+}
+
+#[test]
+fn bundled_default_is_what_the_demo_expects() {
+    let c = memroute_config::load(&config_dir().join("memroute.toml")).expect("parses");
+    assert_eq!(
+        c.proxy.listen,
+        vec![ListenAddress::Tcp("127.0.0.1:11311".into())]
+    );
+    assert_eq!(c.proxy.route, "main");
+    let main = &c.pools["main"];
+    let addrs: Vec<&str> = main.servers.iter().map(|s| s.address.as_str()).collect();
+    assert_eq!(addrs, ["127.0.0.1:21211", "127.0.0.1:21212"]);
+    assert_eq!(main.distribution, DistributionName::Ketama);
+    assert_eq!(main.hash, HashName::Fnv1a_64);
+}
+
+#[test]
+fn minimal_config_gets_documented_defaults() {
+    let c = parse("[pools.only]\nservers = [\"10.0.0.1:11211\"]\n").expect("parses");
+    assert_eq!(
+        c.proxy.listen,
+        vec![ListenAddress::Tcp("127.0.0.1:11211".into())]
+    );
+    assert!(c.proxy.workers >= 1, "0 resolves to the core count");
+    assert_eq!(c.proxy.backlog, 65535);
+    assert_eq!(c.proxy.route, "only", "a single pool is the default route");
+    assert_eq!(c.proxy.max_value_size, 1024 * 1024);
+    assert_eq!(c.proxy.max_line_size, 64 * 1024);
+    assert_eq!(c.proxy.max_client_pending, 1024);
+    assert_eq!(c.proxy.max_connections, 0);
+    assert_eq!(c.admin, None);
+    let p = &c.pools["only"];
+    assert_eq!(p.distribution, DistributionName::Ketama);
+    assert_eq!(p.hash, HashName::Fnv1a_64);
+    assert_eq!(p.hash_tag, None);
+    assert_eq!(p.vnodes, 256);
+    assert_eq!(p.connections, 1);
+    assert_eq!(p.timeout, Duration::from_millis(250));
+    assert_eq!(p.connect_timeout, Duration::from_millis(250));
+    assert_eq!(p.max_keys_per_request, 100);
+    assert_eq!(p.servers[0].weight, 1);
+    assert_eq!(p.servers[0].name, None);
+}
+
+#[test]
+fn server_forms_sizes_durations_and_prefix_order() {
+    let c = parse(
+        r#"
+[proxy]
+listen = ["0.0.0.0:11211", "unix:/run/memroute.sock", "[::1]:11211"]
+workers = 3
+max_value_size = "512KiB"
+max_line_size = 2048
+route = "r"
+
+[pools.a]
+servers = [
+  "10.0.0.1:11211",
+  "10.0.0.2:11211:3",
+  "10.0.0.3:11211:2 mc-3",
+  { address = "10.0.0.4:11211", weight = 5, name = "mc-4" },
+  { address = "[fe80::1]:11211" },
+]
+hash_tag = "{}"
+timeout = "1s"
+connect_timeout = 40
+
+[pools.b]
+servers = ["b.example.com:11211"]
+timeout = "2m"
+
+[routes.r]
+type = "prefix"
+prefixes = { "a:" = "a", "a:long:" = "b", "z" = "b" }
+default = "a"
+"#,
+    )
+    .expect("parses");
+    assert_eq!(c.proxy.workers, 3);
+    assert_eq!(c.proxy.max_value_size, 512 * 1024);
+    assert_eq!(c.proxy.max_line_size, 2048);
+    assert_eq!(
+        c.proxy.listen[1],
+        ListenAddress::Unix("/run/memroute.sock".into())
+    );
+    let a = &c.pools["a"];
+    let got: Vec<(&str, u32, Option<&str>)> = a
+        .servers
+        .iter()
+        .map(|s| (s.address.as_str(), s.weight, s.name.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("10.0.0.1:11211", 1, None),
+            ("10.0.0.2:11211", 3, None),
+            ("10.0.0.3:11211", 2, Some("mc-3")),
+            ("10.0.0.4:11211", 5, Some("mc-4")),
+            ("[fe80::1]:11211", 1, None),
+        ]
+    );
+    assert_eq!(a.hash_tag, Some(*b"{}"));
+    assert_eq!(a.timeout, Duration::from_secs(1));
+    assert_eq!(a.connect_timeout, Duration::from_millis(40));
+    assert_eq!(c.pools["b"].timeout, Duration::from_secs(120));
+    assert_eq!(
+        c.pools["b"].connect_timeout,
+        Duration::from_secs(120),
+        "defaults to timeout"
+    );
+    let RouteConfig::Prefix { prefixes, default } = &c.routes["r"];
+    let order: Vec<&str> = prefixes.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(order, ["a:long:", "a:", "z"], "longest prefix first");
+    assert_eq!(default, "a");
+}
+
+#[test]
+fn syntax_error_names_line_and_column() {
+    let e = errors("[proxy]\nlisten = [\"a:1\"\nworkers = 2\n");
+    assert_eq!(e.len(), 1);
+    assert!(e[0].starts_with("line 3, column 1: "), "{e:?}");
+}
+
+#[test]
+fn unknown_keys_are_errors_with_their_path() {
+    let e = errors(
+        r#"
+[proxy]
+listne = ["127.0.0.1:1"]
+[pools.main]
+servers = [{ address = "10.0.0.1:11211", wieght = 2 }]
+hashh = "md5"
+[extra]
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "extra: unknown key (expected one of: proxy, admin, pools, routes)",
+            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections)",
+            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, connections, timeout, connect_timeout, max_keys_per_request)",
+            "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
+        ]
+    );
+}
+
+#[test]
+fn bad_servers_are_all_reported() {
+    let e = errors(
+        r#"
+[pools.main]
+servers = [
+  "10.0.0.1:11211",
+  { address = "10.0.0.2:11211", weight = 0 },
+  "10.0.0.3:x",
+  "10.0.0.1:11211:2",
+  "10.0.0.5:11211:abc",
+  "10.0.0.6:11211:1 a",
+  "10.0.0.7:11211:1 a",
+  "nohost",
+]
+[pools.empty]
+servers = []
+[pools.none]
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "pools.empty.servers: a pool needs at least one server",
+            "pools.main.servers[1].weight: must be > 0",
+            "pools.main.servers[2].address: invalid address \"10.0.0.3:x\" (expected host:port with a numeric port)",
+            "pools.main.servers[3].address: duplicate address \"10.0.0.1:11211\" (also servers[0])",
+            "pools.main.servers[4].weight: expected an integer, found \"abc\"",
+            "pools.main.servers[6].name: duplicate name \"a\" (also servers[5])",
+            "pools.main.servers[7].address: invalid address \"nohost\" (expected host:port with a numeric port)",
+            "pools.none.servers: a pool needs at least one server",
+            "proxy.route: required when there is more than one pool (name the pool or route to send requests to)",
+        ]
+    );
+}
+
+#[test]
+fn bad_pool_values_are_all_reported() {
+    let e = errors(
+        r#"
+[pools.main]
+servers = ["10.0.0.1:11211"]
+hash = "foo"
+distribution = "consistent"
+hash_tag = "{"
+connections = 0
+vnodes = -1
+timeout = "fast"
+connect_timeout = 0
+max_keys_per_request = "10"
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "pools.main.distribution: unknown distribution \"consistent\" (expected one of: ketama, modula, random, ring, jump)",
+            "pools.main.hash: unknown hash \"foo\" (expected one of: one_at_a_time, md5, crc16, crc32, crc32a, fnv1_64, fnv1a_64, fnv1_32, fnv1a_32, hsieh, murmur, jenkins, xxh3)",
+            "pools.main.hash_tag: must be exactly two bytes, e.g. \"{}\" (found \"{\")",
+            "pools.main.vnodes: must be > 0",
+            "pools.main.connections: must be > 0",
+            "pools.main.max_keys_per_request: expected an integer, found a string",
+            "pools.main.timeout: invalid duration \"fast\" (expected a duration such as \"250ms\", \"1s\", \"2m\" or an integer number of milliseconds)",
+            "pools.main.connect_timeout: must be > 0",
+        ]
+    );
+}
+
+#[test]
+fn bad_proxy_values_are_all_reported() {
+    let e = errors(
+        r#"
+[proxy]
+listen = ["0.0.0.0", "unix:relative.sock", 5]
+workers = -1
+backlog = 0
+max_value_size = "1 PiB"
+max_line_size = 10
+max_client_pending = 0
+[admin]
+listen = "localhost"
+[pools.main]
+servers = ["10.0.0.1:11211"]
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "proxy.listen[0]: invalid address \"0.0.0.0\" (expected host:port with a numeric port), or unix:/path",
+            "proxy.listen[1]: invalid unix socket address \"unix:relative.sock\" (expected unix:/absolute/path)",
+            "proxy.listen[2]: expected a string, found an integer",
+            "proxy.workers: must be >= 0",
+            "proxy.backlog: must be > 0",
+            "proxy.max_value_size: invalid size \"1 PiB\" (expected a size such as \"1MiB\", \"512KiB\" or an integer number of bytes)",
+            "proxy.max_line_size: must be at least 1024 bytes",
+            "proxy.max_client_pending: must be > 0",
+            "admin.listen: invalid address \"localhost\" (expected host:port with a numeric port)",
+        ]
+    );
+}
+
+#[test]
+fn unknown_targets_are_reported() {
+    let e = errors(
+        r#"
+[proxy]
+route = "x"
+[pools.main]
+servers = ["10.0.0.1:11211"]
+[routes.r]
+type = "prefix"
+prefixes = { "user:" = "users" }
+default = "y"
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "proxy.route: unknown target \"x\" (no pool or route has that name)",
+            "routes.r.prefixes.\"user:\": unknown target \"users\" (no pool or route has that name)",
+            "routes.r.default: unknown target \"y\" (no pool or route has that name)",
+        ]
+    );
+}
+
+#[test]
+fn route_cycles_and_bad_routes_are_reported() {
+    let e = errors(
+        r#"
+[proxy]
+route = "a"
+[pools.main]
+servers = ["10.0.0.1:11211"]
+[routes.a]
+type = "prefix"
+prefixes = { "x:" = "main" }
+default = "b"
+[routes.b]
+type = "prefix"
+prefixes = { "y:" = "a" }
+default = "main"
+[routes.self]
+type = "prefix"
+prefixes = { "s:" = "main" }
+default = "self"
+[routes.main]
+type = "prefix"
+prefixes = { "" = "a" }
+default = "main"
+[routes.odd]
+type = "shadow"
+[routes.untyped]
+default = "main"
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "routes.main.prefixes.\"\": a prefix must not be empty (use `default` for other keys)",
+            "routes.odd.type: unknown route type \"shadow\" (expected one of: prefix)",
+            "routes.untyped.type: required (one of: prefix)",
+            "routes.main: \"main\" is also a pool name; a target name must be unique",
+            "routes.a.default: route cycle a -> b -> a",
+            "routes.self.default: route cycle self -> self",
+        ]
+    );
+}
+
+#[test]
+fn no_pools_is_an_error() {
+    assert_eq!(
+        errors("[proxy]\nworkers = 1\n"),
+        ["pools: at least one pool is required"]
+    );
+    assert_eq!(
+        errors("pools = 3\n"),
+        ["pools: expected a table, found an integer"]
+    );
+}
