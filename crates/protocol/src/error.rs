@@ -10,6 +10,10 @@ pub enum ErrorReply {
     Client(&'static str),
     /// `SERVER_ERROR <msg>\r\n`
     Server(&'static str),
+    /// Nothing at all: memcached rejects the request but sends no reply, either
+    /// because the client asked for `noreply` (text protocol errors are
+    /// suppressed too) or because it closes the connection without a word.
+    Silent,
 }
 
 impl ErrorReply {
@@ -19,6 +23,7 @@ impl ErrorReply {
             ErrorReply::Error => b"ERROR\r\n".to_vec(),
             ErrorReply::Client(m) => format!("CLIENT_ERROR {m}\r\n").into_bytes(),
             ErrorReply::Server(m) => format!("SERVER_ERROR {m}\r\n").into_bytes(),
+            ErrorReply::Silent => Vec::new(),
         }
     }
 }

@@ -177,11 +177,562 @@ pub enum Parse {
     Invalid { reply: ErrorReply, swallow: usize, close: bool },
 }
 
+/// memcached's tokenizer keeps at most 23 words plus a terminal token; the
+/// arity checks below are written against its `ntokens` so that over-long
+/// lines get the same answer (`ERROR`) as memcached gives them.
+const MAX_WORDS: usize = 23;
+
+/// memcached closes a connection that sent this many bytes without a newline,
+/// unless the line is a (possibly huge) `get`/`gets`.
+const NO_NEWLINE_CLOSE: usize = 2048;
+
+/// Meta commands with this many words or more are rejected (memcached's
+/// MFLAG_MAX_OPT_LENGTH compared against ntokens).
+const META_MAX_WORDS: usize = 20;
+
+/// The space-separated words of one command line, as memcached splits them
+/// (only ' ' separates; tabs and other control bytes are part of a word).
+struct Words {
+    /// `(start, end)` of each word, relative to the start of the line.
+    w: [(usize, usize); MAX_WORDS],
+    /// Number of words stored in `w`.
+    n: usize,
+    /// memcached's token count: words kept (at most 23) plus the terminal token.
+    ntokens: usize,
+}
+
+impl Words {
+    fn split(line: &[u8]) -> Words {
+        let mut w = [(0usize, 0usize); MAX_WORDS];
+        let mut n = 0;
+        let mut i = 0;
+        while i < line.len() {
+            if line[i] == b' ' {
+                i += 1;
+                continue;
+            }
+            if n == MAX_WORDS {
+                // memcached stops here too; its ntokens saturates at 24.
+                break;
+            }
+            let end = match memchr::memchr(b' ', &line[i..]) {
+                Some(off) => i + off,
+                None => line.len(),
+            };
+            w[n] = (i, end);
+            n += 1;
+            i = end;
+        }
+        Words { w, n, ntokens: n + 1 }
+    }
+    fn get<'a>(&self, line: &'a [u8], i: usize) -> &'a [u8] {
+        let (s, e) = self.w[i];
+        &line[s..e]
+    }
+    fn last<'a>(&self, line: &'a [u8]) -> &'a [u8] {
+        if self.n == 0 {
+            return &[];
+        }
+        self.get(line, self.n - 1)
+    }
+}
+
+/// C's isspace() in the "C" locale.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// Sign and magnitude the way strtol/strtoul read a word: leading whitespace,
+/// optional sign, at least one digit, then the end of the word or whitespace
+/// (memcached's safe_strto* accept a number followed by whitespace).
+/// `None` when there are no digits, trailing junk, or the magnitude overflows u64.
+fn c_number(t: &[u8]) -> Option<(bool, u64)> {
+    let mut i = 0;
+    while i < t.len() && is_c_space(t[i]) {
+        i += 1;
+    }
+    let mut neg = false;
+    if i < t.len() && (t[i] == b'+' || t[i] == b'-') {
+        neg = t[i] == b'-';
+        i += 1;
+    }
+    let digits_start = i;
+    let mut v: u64 = 0;
+    while i < t.len() && t[i].is_ascii_digit() {
+        v = v.checked_mul(10)?.checked_add(u64::from(t[i] - b'0'))?;
+        i += 1;
+    }
+    if i == digits_start {
+        return None;
+    }
+    if i < t.len() && !is_c_space(t[i]) {
+        return None;
+    }
+    Some((neg, v))
+}
+
+/// memcached's safe_strtoull: strtoull, refusing results that look negative
+/// because of a '-' sign.
+fn strtoull(t: &[u8]) -> Option<u64> {
+    let (neg, mag) = c_number(t)?;
+    let v = if neg { mag.wrapping_neg() } else { mag };
+    if (v as i64) < 0 && t.contains(&b'-') {
+        return None;
+    }
+    Some(v)
+}
+
+/// memcached's safe_strtoul into a uint32_t: parsed as a 64-bit unsigned long,
+/// then truncated (memcached 1.6.18 stores `4294967297` as 1; we must agree on
+/// data lengths with the backend, so we truncate the same way).
+fn strtoul32(t: &[u8]) -> Option<u32> {
+    strtoull(t).map(|v| v as u32)
+}
+
+/// memcached's safe_strtol into an int32_t: a 64-bit long (ERANGE refused),
+/// then truncated to 32 bits.
+fn strtol32(t: &[u8]) -> Option<i32> {
+    let (neg, mag) = c_number(t)?;
+    let v: i64 = if neg {
+        if mag > (i64::MAX as u64) + 1 {
+            return None;
+        }
+        (mag as i64).wrapping_neg()
+    } else {
+        i64::try_from(mag).ok()?
+    };
+    Some(v as i32)
+}
+
+const BAD_FORMAT: ErrorReply = ErrorReply::Client("bad command line format");
+const TOO_LARGE: ErrorReply = ErrorReply::Server("object too large for cache");
+const BAD_CHUNK: ErrorReply = ErrorReply::Client("bad data chunk");
+
+/// Removes `consume` bytes (the rejected line, or line plus data block) and
+/// reports the error. Text-protocol errors are suppressed under `noreply`
+/// exactly as memcached's out_string() does.
+fn reject(buf: &mut BytesMut, consume: usize, reply: ErrorReply, swallow: usize, noreply: bool) -> Parse {
+    let _ = buf.split_to(consume);
+    let reply = if noreply { ErrorReply::Silent } else { reply };
+    Parse::Invalid { reply, swallow, close: false }
+}
+
+/// Rejects a storage command's line and its data block, which memcached
+/// swallows. What is already buffered is removed now; the rest is `swallow`.
+fn reject_with_data(buf: &mut BytesMut, line_total: usize, data_total: usize, reply: ErrorReply, noreply: bool) -> Parse {
+    let have = buf.len() - line_total;
+    let now = have.min(data_total);
+    reject(buf, line_total + now, reply, data_total - now, noreply)
+}
+
+fn close(buf: &mut BytesMut, reply: ErrorReply) -> Parse {
+    // The stream cannot be framed any more; drop what we have.
+    buf.clear();
+    Parse::Invalid { reply, swallow: 0, close: true }
+}
+
+/// Everything a request needs besides its frame, gathered while scanning the line.
+struct Head {
+    command: Command,
+    keys: SmallVec<[Range<usize>; 2]>,
+    noreply: bool,
+    quiet_token: Option<Range<usize>>,
+    base64_key: bool,
+    arg: Option<u64>,
+    stats_arg: Range<usize>,
+}
+
+impl Head {
+    fn new(command: Command) -> Head {
+        Head {
+            command,
+            keys: SmallVec::new(),
+            noreply: false,
+            quiet_token: None,
+            base64_key: false,
+            arg: None,
+            stats_arg: 0..0,
+        }
+    }
+}
+
+fn finish(buf: &mut BytesMut, total: usize, line_len: usize, h: Head) -> Parse {
+    let frame = buf.split_to(total).freeze();
+    Parse::Request(Request {
+        command: h.command,
+        frame,
+        line_len,
+        keys: h.keys,
+        noreply: h.noreply,
+        quiet_token: h.quiet_token,
+        base64_key: h.base64_key,
+        arg: h.arg,
+        stats_arg: h.stats_arg,
+    })
+}
+
+/// Range of word `i` together with the space before it (words are separated by
+/// at least one space, so `start - 1` is a space).
+fn with_space(words: &Words, i: usize) -> Range<usize> {
+    let (s, e) = words.w[i];
+    s.saturating_sub(1)..e
+}
+
 /// Frames one request from the front of `buf`.
 ///
 /// On `Parse::Request` and `Parse::Invalid`, the consumed bytes are removed from
 /// `buf`; on `Parse::Incomplete` the buffer is untouched.
 pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Parse {
-    let _ = (buf, limits, ErrorReply::Error);
-    todo!("protocol helper implements")
+    let nl = match memchr::memchr(b'\n', buf) {
+        Some(nl) => nl,
+        None => return no_newline(buf, limits),
+    };
+    let line_total = nl + 1;
+    if line_total > limits.max_line_len {
+        return close(buf, ErrorReply::Client("line too long"));
+    }
+    // memcached strips one '\r' before the '\n'; a lone "\r\n" is an empty line.
+    let line_end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    let line = &buf[..line_end];
+    let words = Words::split(line);
+    // No valid command is shorter than two bytes.
+    if words.n == 0 || words.w[0].1 - words.w[0].0 < 2 {
+        return reject(buf, line_total, ErrorReply::Error, 0, false);
+    }
+    let name = words.get(line, 0);
+    let command = match name {
+        b"get" | b"bget" => Command::Get,
+        b"gets" => Command::Gets,
+        b"gat" => Command::Gat,
+        b"gats" => Command::Gats,
+        b"set" => Command::Set,
+        b"add" => Command::Add,
+        b"replace" => Command::Replace,
+        b"append" => Command::Append,
+        b"prepend" => Command::Prepend,
+        b"cas" => Command::Cas,
+        b"delete" => Command::Delete,
+        b"incr" => Command::Incr,
+        b"decr" => Command::Decr,
+        b"touch" => Command::Touch,
+        b"flush_all" => Command::FlushAll,
+        b"version" => Command::Version,
+        b"verbosity" => Command::Verbosity,
+        b"stats" => Command::Stats,
+        b"quit" => Command::Quit,
+        b"shutdown" => Command::Shutdown,
+        b"mg" => Command::MetaGet,
+        b"ms" => Command::MetaSet,
+        b"md" => Command::MetaDelete,
+        b"ma" => Command::MetaArithmetic,
+        b"mn" => Command::MetaNoop,
+        b"me" => Command::MetaDebug,
+        // Everything else, including memcached's admin commands memroute does
+        // not proxy (slabs, lru, watch, ...).
+        _ => return reject(buf, line_total, ErrorReply::Error, 0, false),
+    };
+    match command {
+        Command::Get | Command::Gets | Command::Gat | Command::Gats => {
+            parse_retrieval(buf, limits, command, &words, line_end, line_total)
+        }
+        Command::Set | Command::Add | Command::Replace | Command::Append | Command::Prepend | Command::Cas => {
+            parse_storage(buf, limits, command, &words, line_total)
+        }
+        Command::MetaSet => parse_meta_set(buf, limits, &words, line_total),
+        Command::MetaGet | Command::MetaDelete | Command::MetaArithmetic | Command::MetaDebug => {
+            parse_meta_keyed(buf, limits, command, &words, line_total)
+        }
+        Command::MetaNoop | Command::Version | Command::Quit | Command::Shutdown => {
+            finish(buf, line_total, line_total, Head::new(command))
+        }
+        Command::Stats => {
+            let mut h = Head::new(command);
+            if words.n > 1 {
+                h.stats_arg = words.w[1].0..line_end;
+            }
+            finish(buf, line_total, line_total, h)
+        }
+        _ => parse_simple(buf, limits, command, &words, line_total),
+    }
+}
+
+/// No newline in the buffer yet: wait, or give up the way memcached does.
+fn no_newline(buf: &mut BytesMut, limits: &Limits) -> Parse {
+    if buf.len() > limits.max_line_len {
+        return close(buf, ErrorReply::Client("line too long"));
+    }
+    if buf.len() > NO_NEWLINE_CLOSE {
+        // memcached tolerates an unterminated line this long only for a
+        // multi-get (after at most 100 leading spaces); anything else is junk
+        // and it closes the connection without a reply.
+        let lead = buf.iter().take_while(|&&b| b == b' ').count();
+        let rest = &buf[lead..];
+        if lead > 100 || !(rest.starts_with(b"get ") || rest.starts_with(b"gets ")) {
+            return close(buf, ErrorReply::Silent);
+        }
+    }
+    Parse::Incomplete
+}
+
+/// get/gets `<key>+`, gat/gats `<exptime> <key>+`.
+fn parse_retrieval(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_end: usize, line_total: usize) -> Parse {
+    if words.n < 2 {
+        return reject(buf, line_total, ErrorReply::Error, 0, false);
+    }
+    let mut h = Head::new(command);
+    let mut pos = words.w[1].0;
+    if matches!(command, Command::Gat | Command::Gats) {
+        let line = &buf[..line_end];
+        if strtol32(words.get(line, 1)).is_none() {
+            return reject(buf, line_total, ErrorReply::Client("invalid exptime argument"), 0, false);
+        }
+        // `gat <exptime>` with no key is valid: memcached answers END.
+        pos = words.w[1].1;
+    }
+    // Keys are scanned directly rather than through `Words`: a multi-get may
+    // have any number of keys.
+    let line = &buf[..line_end];
+    while pos < line.len() {
+        if line[pos] == b' ' {
+            pos += 1;
+            continue;
+        }
+        let end = match memchr::memchr(b' ', &line[pos..]) {
+            Some(off) => pos + off,
+            None => line.len(),
+        };
+        if end - pos > limits.max_key_len {
+            return reject(buf, line_total, BAD_FORMAT, 0, false);
+        }
+        h.keys.push(pos..end);
+        pos = end;
+    }
+    finish(buf, line_total, line_total, h)
+}
+
+/// set/add/replace/append/prepend `<key> <flags> <exptime> <bytes> [noreply]`,
+/// cas `<key> <flags> <exptime> <bytes> <cas> [noreply]`, then the data block.
+fn parse_storage(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_total: usize) -> Parse {
+    let is_cas = command == Command::Cas;
+    let (min, max) = if is_cas { (7, 8) } else { (6, 7) };
+    if words.ntokens != min && words.ntokens != max {
+        return reject(buf, line_total, ErrorReply::Error, 0, false);
+    }
+    let line = &buf[..line_total];
+    let mut h = Head::new(command);
+    // memcached looks only at the last word for noreply.
+    if words.last(line) == b"noreply" {
+        h.noreply = true;
+        if words.ntokens == max {
+            h.quiet_token = Some(with_space(words, words.n - 1));
+        }
+    }
+    let noreply = h.noreply;
+    if words.w[1].1 - words.w[1].0 > limits.max_key_len {
+        return reject(buf, line_total, BAD_FORMAT, 0, noreply);
+    }
+    let nums_ok = strtoul32(words.get(line, 2)).is_some() && strtol32(words.get(line, 3)).is_some();
+    let vlen = strtol32(words.get(line, 4));
+    let (true, Some(vlen)) = (nums_ok, vlen) else {
+        return reject(buf, line_total, BAD_FORMAT, 0, noreply);
+    };
+    if is_cas && strtoull(words.get(line, 5)).is_none() {
+        return reject(buf, line_total, BAD_FORMAT, 0, noreply);
+    }
+    let Ok(vlen) = usize::try_from(vlen) else {
+        return reject(buf, line_total, BAD_FORMAT, 0, noreply);
+    };
+    h.keys.push(words.w[1].0..words.w[1].1);
+    data_block(buf, limits, h, line_total, vlen, noreply)
+}
+
+/// Frames the data block after a storage line: too large is rejected before it
+/// arrives (and swallowed), a bad terminator is rejected once it has.
+fn data_block(buf: &mut BytesMut, limits: &Limits, h: Head, line_total: usize, vlen: usize, quiet_errors: bool) -> Parse {
+    let data_total = vlen + 2;
+    if vlen > limits.max_value_len {
+        return reject_with_data(buf, line_total, data_total, TOO_LARGE, quiet_errors);
+    }
+    let total = line_total + data_total;
+    if buf.len() < total {
+        return Parse::Incomplete;
+    }
+    if &buf[total - 2..total] != b"\r\n" {
+        // memcached reads exactly <bytes>+2 bytes, then resumes parsing after them.
+        return reject(buf, total, BAD_CHUNK, 0, quiet_errors);
+    }
+    finish(buf, total, line_total, h)
+}
+
+/// The meta flags after the key (or after ms's length): find `q` and `b`.
+/// Returns an error text when `q` appears twice, because stripping one of them
+/// would leave the backend a `q` and a reply we would wait for forever; the
+/// error is the one memcached gives for that line.
+fn meta_flags(line: &[u8], words: &Words, first: usize, h: &mut Head) -> Result<(), &'static str> {
+    let mut q_count = 0;
+    for i in first..words.n {
+        match words.get(line, i).first() {
+            Some(b'q') => {
+                q_count += 1;
+                h.noreply = true;
+                h.quiet_token = Some(with_space(words, i));
+            }
+            Some(b'b') => h.base64_key = true,
+            _ => {}
+        }
+    }
+    if q_count < 2 {
+        return Ok(());
+    }
+    // Replay memcached's flag pre-parse to find which error it reports first.
+    let mut seen = [false; 128];
+    for i in first..words.n {
+        let c = words.get(line, i).first().copied().unwrap_or(0);
+        if c >= 127 || seen[usize::from(c)] {
+            return Err("duplicate flag");
+        }
+        seen[usize::from(c)] = true;
+        if !b"bNTRlOPLkstcfvhuqFCMJDI".contains(&c) {
+            return Err("invalid flag");
+        }
+    }
+    Err("duplicate flag")
+}
+
+/// mg/md/ma/me `<key> <flag>*`.
+fn parse_meta_keyed(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_total: usize) -> Parse {
+    if words.ntokens < 3 {
+        // me checks its arity itself; the others through WANT_TOKENS_MIN.
+        let reply = if command == Command::MetaDebug { BAD_FORMAT } else { ErrorReply::Error };
+        return reject(buf, line_total, reply, 0, false);
+    }
+    if words.w[1].1 - words.w[1].0 > limits.max_key_len {
+        return reject(buf, line_total, BAD_FORMAT, 0, false);
+    }
+    let mut h = Head::new(command);
+    h.keys.push(words.w[1].0..words.w[1].1);
+    if command == Command::MetaDebug {
+        // me takes only an optional `b`, as its second word.
+        if words.n >= 3 && words.get(&buf[..line_total], 2) == b"b" {
+            h.base64_key = true;
+        }
+        return finish(buf, line_total, line_total, h);
+    }
+    if words.ntokens > META_MAX_WORDS {
+        let msg = if command == Command::MetaGet { "options flags are too long" } else { "options flags too long" };
+        return reject(buf, line_total, ErrorReply::Client(msg), 0, false);
+    }
+    if let Err(msg) = meta_flags(&buf[..line_total], words, 2, &mut h) {
+        let msg = if command == Command::MetaGet { msg } else { "invalid or duplicate flag" };
+        return reject(buf, line_total, ErrorReply::Client(msg), 0, false);
+    }
+    finish(buf, line_total, line_total, h)
+}
+
+/// ms `<key> <datalen> <flag>*`, then the data block.
+fn parse_meta_set(buf: &mut BytesMut, limits: &Limits, words: &Words, line_total: usize) -> Parse {
+    if words.ntokens < 3 {
+        return reject(buf, line_total, ErrorReply::Error, 0, false);
+    }
+    // Errors before the length is known do not swallow the data block.
+    if words.w[1].1 - words.w[1].0 > limits.max_key_len || words.ntokens == 3 {
+        return reject(buf, line_total, BAD_FORMAT, 0, false);
+    }
+    if words.ntokens > META_MAX_WORDS {
+        return reject(buf, line_total, ErrorReply::Client("options flags too long"), 0, false);
+    }
+    let line = &buf[..line_total];
+    let Some(vlen) = strtol32(words.get(line, 2)).and_then(|v| usize::try_from(v).ok()) else {
+        return reject(buf, line_total, BAD_FORMAT, 0, false);
+    };
+    let mut h = Head::new(Command::MetaSet);
+    h.keys.push(words.w[1].0..words.w[1].1);
+    if let Err(msg) = meta_flags(line, words, 3, &mut h) {
+        // Flag errors come after the length is known: memcached swallows the data.
+        return reject_with_data(buf, line_total, vlen + 2, ErrorReply::Client(msg), false);
+    }
+    // Meta errors are never suppressed by `q`.
+    data_block(buf, limits, h, line_total, vlen, false)
+}
+
+/// delete, incr, decr, touch, flush_all, verbosity: one line, fixed arity.
+fn parse_simple(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_total: usize) -> Parse {
+    let nt = words.ntokens;
+    let arity_ok = match command {
+        Command::Delete => (3..=5).contains(&nt),
+        Command::Incr | Command::Decr | Command::Touch => nt == 4 || nt == 5,
+        Command::FlushAll => (2..=4).contains(&nt),
+        Command::Verbosity => nt == 3 || nt == 4,
+        _ => false,
+    };
+    if !arity_ok {
+        return reject(buf, line_total, ErrorReply::Error, 0, false);
+    }
+    let line = &buf[..line_total];
+    let mut h = Head::new(command);
+    // memcached's set_noreply_maybe: the last word, whatever the arity; but
+    // `delete <key>` never looks for it (`delete noreply` deletes "noreply").
+    if words.last(line) == b"noreply" && !(command == Command::Delete && nt == 3) {
+        h.noreply = true;
+        h.quiet_token = Some(with_space(words, words.n - 1));
+    }
+    let noreply = h.noreply;
+    let key_too_long = || words.w[1].1 - words.w[1].0 > limits.max_key_len;
+    match command {
+        Command::Delete => {
+            if nt > 3 {
+                let hold_is_zero = words.get(line, 2) == b"0";
+                let valid = (nt == 4 && (hold_is_zero || noreply)) || (nt == 5 && hold_is_zero && noreply);
+                if !valid {
+                    let reply = ErrorReply::Client("bad command line format.  Usage: delete <key> [noreply]");
+                    return reject(buf, line_total, reply, 0, noreply);
+                }
+            }
+            if key_too_long() {
+                return reject(buf, line_total, BAD_FORMAT, 0, noreply);
+            }
+            h.keys.push(words.w[1].0..words.w[1].1);
+        }
+        Command::Incr | Command::Decr => {
+            if key_too_long() {
+                return reject(buf, line_total, BAD_FORMAT, 0, noreply);
+            }
+            if strtoull(words.get(line, 2)).is_none() {
+                let reply = ErrorReply::Client("invalid numeric delta argument");
+                return reject(buf, line_total, reply, 0, noreply);
+            }
+            h.keys.push(words.w[1].0..words.w[1].1);
+        }
+        Command::Touch => {
+            if key_too_long() {
+                return reject(buf, line_total, BAD_FORMAT, 0, noreply);
+            }
+            if strtol32(words.get(line, 2)).is_none() {
+                let reply = ErrorReply::Client("invalid exptime argument");
+                return reject(buf, line_total, reply, 0, noreply);
+            }
+            h.keys.push(words.w[1].0..words.w[1].1);
+        }
+        Command::FlushAll => {
+            let plain = if noreply { 3 } else { 2 };
+            let mut delay = 0;
+            if nt != plain {
+                match strtol32(words.get(line, 1)) {
+                    Some(d) => delay = d,
+                    None => {
+                        let reply = ErrorReply::Client("invalid exptime argument");
+                        return reject(buf, line_total, reply, 0, noreply);
+                    }
+                }
+            }
+            // A negative delay means "now", like 0.
+            h.arg = Some(u64::try_from(delay).unwrap_or(0));
+        }
+        Command::Verbosity => match strtoul32(words.get(line, 1)) {
+            Some(level) => h.arg = Some(u64::from(level)),
+            None => return reject(buf, line_total, BAD_FORMAT, 0, noreply),
+        },
+        _ => {}
+    }
+    finish(buf, line_total, line_total, h)
 }
