@@ -1,1 +1,639 @@
-//! test support
+//! Test support for memroute's end-to-end tests: real processes and a tiny blocking client.
+//!
+//! ```text
+//!   test ──Conn──> Memroute (the built binary) ──> Memcached (real, on a free port)
+//!        ──Conn──> Nutcracker (real twemproxy) ──> same Memcached
+//!        ──Conn──> Memcached (direct, the reference for differential tests)
+//! ```
+//!
+//! Every process is killed on Drop, so a panicking test leaves nothing behind. Readiness is
+//! decided by the process itself (its port accepts, or memroute prints `memroute ready`), never
+//! by sleeping; every wait has a deadline and every socket read a timeout.
+#![allow(clippy::unwrap_used)] // test support: a failed unwrap is a failed test, with its message
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub mod scripts;
+
+/// How long any process gets to become ready.
+pub const START_DEADLINE: Duration = Duration::from_secs(10);
+/// Socket read/write timeout: a reply that takes longer than this is a failure, not a wait.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between readiness polls. This is a poll interval, not synchronisation: readiness is
+/// decided by the connect succeeding, and the loop gives up at its deadline.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A TCP port that was free a moment ago on 127.0.0.1. Ports handed out by this process are
+/// never handed out twice, so tests running in parallel threads cannot collide with each other.
+pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().unwrap().port();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// A loopback address 127.0.0.X (X >= 2) on which `port` is free, for pools whose servers all
+/// listen on the same port (twemproxy's port-11211 identity rule). Each X is handed out once.
+pub fn free_loopback_host(port: u16) -> String {
+    static NEXT: AtomicU8 = AtomicU8::new(2);
+    loop {
+        let x = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(x < 255, "ran out of 127.0.0.X addresses");
+        let ip = Ipv4Addr::new(127, 0, 0, x);
+        if TcpListener::bind((ip, port)).is_ok() {
+            return ip.to_string();
+        }
+    }
+}
+
+/// A scratch directory removed on Drop (configs, logs).
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst);
+        let path = std::env::temp_dir().join(format!("memroute-tests-{}-{tag}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir { path }
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let file = self.path.join(name);
+        std::fs::write(&file, contents).unwrap();
+        file
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Fails with a clear message when a program the tests need is not installed.
+fn require_program(name: &str) {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(found, "`{name}` is not installed: run scripts/test (it installs memcached and nutcracker) or `apt-get install -y memcached nutcracker`");
+}
+
+/// Waits until `addr` accepts a TCP connection; panics (with the log) if the child exits first
+/// or the deadline passes.
+fn wait_accepting(child: &mut Child, addr: &str, what: &str, log: Option<&Path>) {
+    let sock: SocketAddr = addr.parse().unwrap();
+    let deadline = Instant::now() + START_DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let log = log.map(|p| std::fs::read_to_string(p).unwrap_or_default()).unwrap_or_default();
+            panic!("{what} exited before accepting on {addr}: {status}\n{log}");
+        }
+        if TcpStream::connect_timeout(&sock, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} did not accept on {addr} within {START_DEADLINE:?}");
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Kills and reaps a child; used by every Drop so nothing outlives a test.
+fn kill_child(child: &mut Child) {
+    if child.try_wait().ok().flatten().is_none() {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
+
+/// Waits for a child to exit by itself, with a deadline.
+fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// A real memcached process.
+#[derive(Debug)]
+pub struct Memcached {
+    child: Option<Child>,
+    pub host: String,
+    pub port: u16,
+    memory_mb: u32,
+    dir: TempDir,
+}
+
+impl Memcached {
+    /// memcached on 127.0.0.1 and a free port, 64 MB.
+    pub fn start() -> Memcached {
+        Memcached::start_on("127.0.0.1", free_port(), 64)
+    }
+
+    /// memcached on a given host and port with `memory_mb` of cache (small pools of many
+    /// servers use 8 to stay light).
+    pub fn start_on(host: &str, port: u16, memory_mb: u32) -> Memcached {
+        require_program("memcached");
+        let mut mc = Memcached { child: None, host: host.to_string(), port, memory_mb, dir: TempDir::new("memcached") };
+        mc.spawn();
+        mc
+    }
+
+    fn spawn(&mut self) {
+        let log = self.dir.path().join("memcached.log");
+        let child = Command::new("memcached")
+            .args(["-l", &self.host, "-p", &self.port.to_string(), "-U", "0", "-t", "1"])
+            .args(["-m", &self.memory_mb.to_string()])
+            // memcached refuses to run as root without -u; it ignores -u when not root.
+            .args(["-u", "root"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn memcached");
+        let addr = self.addr();
+        self.child = Some(child);
+        wait_accepting(self.child.as_mut().unwrap(), &addr, "memcached", Some(&log));
+    }
+
+    /// `host:port`.
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
+    /// Kills the server (a backend failure); `restart` brings it back on the same address.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_child(&mut child);
+        }
+    }
+
+    /// Starts the server again on the same address (empty cache).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// A direct connection, bypassing any proxy.
+    pub fn connect(&self) -> Conn {
+        Conn::connect(&self.addr())
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A real twemproxy (nutcracker) process.
+#[derive(Debug)]
+pub struct Nutcracker {
+    child: Child,
+    /// The pool's listen address, read from the YAML's first `listen:` line.
+    pub listen: String,
+    _dir: TempDir,
+}
+
+impl Nutcracker {
+    /// Starts nutcracker on `yaml`; its first `listen:` address is what readiness waits for.
+    pub fn start(yaml: &str) -> Nutcracker {
+        require_program("nutcracker");
+        let listen = yaml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("listen:"))
+            .map(|s| s.trim().to_string())
+            .expect("nutcracker yaml needs a `listen:` line");
+        let dir = TempDir::new("nutcracker");
+        let conf = dir.write("nutcracker.yml", yaml);
+        let log = dir.path().join("nutcracker.log");
+        let child = Command::new("nutcracker")
+            .arg("-c")
+            .arg(&conf)
+            .args(["-s", &free_port().to_string(), "-a", "127.0.0.1"])
+            .arg("-o")
+            .arg(&log)
+            .arg("-p")
+            .arg(dir.path().join("nutcracker.pid"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nutcracker");
+        // Wrap the child before waiting, so a readiness panic still kills it (Drop).
+        let mut nc = Nutcracker { child, listen, _dir: dir };
+        wait_accepting(&mut nc.child, &nc.listen, "nutcracker", Some(&log));
+        nc
+    }
+
+    pub fn connect(&self) -> Conn {
+        Conn::connect(&self.listen)
+    }
+}
+
+impl Drop for Nutcracker {
+    fn drop(&mut self) {
+        kill_child(&mut self.child);
+    }
+}
+
+/// The memroute binary built by `cargo build -p memroute`.
+pub fn memroute_binary() -> PathBuf {
+    // Integration tests run as target/<profile>/deps/<test>-<hash>; the binary is target/<profile>/memroute.
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(Path::parent).unwrap().join("memroute");
+    assert!(bin.exists(), "{} is missing: run `cargo build -p memroute` first", bin.display());
+    bin
+}
+
+/// A running memroute.
+#[derive(Debug)]
+pub struct Memroute {
+    child: Child,
+    /// The first listen address (`127.0.0.1:PORT`).
+    pub listen: String,
+    /// Every stderr line so far (drained by a thread, so the pipe never fills).
+    log: Arc<Mutex<Vec<String>>>,
+    _dir: TempDir,
+}
+
+/// `[proxy]` + one ketama pool `main` over `servers`, listening on a free port.
+/// Servers are twemproxy-style strings ("host:port" or "host:port:weight name").
+pub fn simple_config(listen: &str, servers: &[String], extra_pool_lines: &str) -> String {
+    let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
+    format!(
+        "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\n\n\
+         [pools.main]\nservers = [{}]\ndistribution = \"ketama\"\nhash = \"fnv1a_64\"\n{extra_pool_lines}\n",
+        servers.join(", ")
+    )
+}
+
+impl Memroute {
+    /// memroute with one ketama/fnv1a_64 pool over `servers` on a free port.
+    pub fn start_pool(servers: &[String]) -> Memroute {
+        Memroute::start_pool_with(servers, "")
+    }
+
+    /// Same, with extra lines for `[pools.main]` (e.g. `max_keys_per_request = 3`).
+    pub fn start_pool_with(servers: &[String], extra_pool_lines: &str) -> Memroute {
+        let listen = format!("127.0.0.1:{}", free_port());
+        Memroute::start(&simple_config(&listen, servers, extra_pool_lines))
+    }
+
+    /// Runs memroute on `toml` and waits for its `memroute ready` line on stderr. The first
+    /// `listen` address of `[proxy]` is what tests connect to.
+    pub fn start(toml: &str) -> Memroute {
+        let bin = memroute_binary();
+        let listen = toml
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("listen = [\""))
+            .and_then(|s| s.split('"').next())
+            .expect("config needs `listen = [\"host:port\", ...]` in [proxy]")
+            .to_string();
+        let dir = TempDir::new("memroute");
+        let conf = dir.write("memroute.toml", toml);
+        let mut child = Command::new(bin)
+            .arg("--config")
+            .arg(&conf)
+            // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it.
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn memroute");
+
+        // Drain stderr for the life of the process: a full pipe would block memroute's logging.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let thread_log = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("memroute ready") {
+                    let _ = ready_tx.send(());
+                }
+                thread_log.lock().unwrap().push(line);
+            }
+        });
+        let mut mr = Memroute { child, listen, log, _dir: dir };
+        match ready_rx.recv_timeout(START_DEADLINE) {
+            Ok(()) => mr,
+            Err(_) => {
+                let status = mr.child.try_wait().unwrap();
+                panic!(
+                    "memroute did not log `memroute ready` within {START_DEADLINE:?} (exit: {status:?})\nconfig:\n{toml}\nstderr:\n{}",
+                    mr.log_text()
+                );
+            }
+        }
+    }
+
+    pub fn connect(&self) -> Conn {
+        Conn::connect(&self.listen)
+    }
+
+    /// Everything memroute wrote to stderr so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// The process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`) with the `kill` command (no unsafe libc call).
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{name} {} failed", self.child.id());
+    }
+
+    /// Waits (bounded) for memroute to exit; panics with its log if it does not.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        match wait_child(&mut self.child, timeout) {
+            Some(status) => status,
+            None => panic!("memroute did not exit within {timeout:?}\nstderr:\n{}", self.log_text()),
+        }
+    }
+}
+
+impl Drop for Memroute {
+    fn drop(&mut self) {
+        kill_child(&mut self.child);
+    }
+}
+
+/// A tiny blocking, byte-oriented memcached client. Reads time out after [`IO_TIMEOUT`].
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    /// Bytes read from the socket but not yet returned.
+    buf: Vec<u8>,
+    addr: String,
+}
+
+impl Conn {
+    pub fn connect(addr: &str) -> Conn {
+        let sock: SocketAddr = addr.parse().unwrap();
+        let stream = TcpStream::connect_timeout(&sock, IO_TIMEOUT).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Conn { stream, buf: Vec::new(), addr: addr.to_string() }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap_or_else(|e| panic!("write to {}: {e}", self.addr));
+    }
+
+    /// Like `send`, but a write error (the peer closed) is returned instead of panicking.
+    pub fn try_send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// Reads more bytes into the buffer. Ok(0) is EOF; a timeout is an Err.
+    fn fill(&mut self) -> std::io::Result<usize> {
+        let mut chunk = [0u8; 64 * 1024];
+        let n = self.stream.read(&mut chunk)?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+
+    /// Reads until `done(buffered bytes)` returns the length of a complete reply, then returns
+    /// those bytes. On EOF or timeout returns Err with what was read so far.
+    pub fn read_until_with(&mut self, done: impl Fn(&[u8]) -> Option<usize>) -> Result<Vec<u8>, ReadError> {
+        loop {
+            if let Some(n) = done(&self.buf) {
+                return Ok(self.buf.drain(..n).collect());
+            }
+            match self.fill() {
+                Ok(0) => return Err(ReadError { partial: std::mem::take(&mut self.buf), eof: true }),
+                Ok(_) => {}
+                Err(_) => return Err(ReadError { partial: std::mem::take(&mut self.buf), eof: false }),
+            }
+        }
+    }
+
+    /// Reads up to and including the first occurrence of `terminator`.
+    pub fn read_until(&mut self, terminator: &[u8]) -> Vec<u8> {
+        let t = terminator.to_vec();
+        self.read_until_with(move |b| find(b, &t).map(|i| i + t.len()))
+            .unwrap_or_else(|e| panic!("{}: waiting for {:?}: {e}", self.addr, show(terminator)))
+    }
+
+    /// One line including its `\r\n`.
+    pub fn read_line(&mut self) -> Vec<u8> {
+        self.read_until(b"\r\n")
+    }
+
+    /// Exactly `n` bytes.
+    pub fn read_for(&mut self, n: usize) -> Vec<u8> {
+        self.read_until_with(|b| (b.len() >= n).then_some(n))
+            .unwrap_or_else(|e| panic!("{}: waiting for {n} bytes: {e}", self.addr))
+    }
+
+    /// A whole retrieval reply (`VALUE ...` blocks then `END\r\n`), or one line if the server
+    /// answered with something else (an error).
+    pub fn read_get_reply(&mut self) -> Vec<u8> {
+        self.read_until_with(complete_get_reply)
+            .unwrap_or_else(|e| panic!("{}: waiting for a get reply: {e}", self.addr))
+    }
+
+    /// Sends `request` and reads one line.
+    pub fn roundtrip_line(&mut self, request: &[u8]) -> Vec<u8> {
+        self.send(request);
+        self.read_line()
+    }
+
+    /// Sends `request` and reads `n` lines.
+    pub fn roundtrip_lines(&mut self, request: &[u8], n: usize) -> Vec<u8> {
+        self.send(request);
+        (0..n).flat_map(|_| self.read_line()).collect()
+    }
+
+    /// Sends `request` and then `mn\r\n`, and reads everything up to the `MN\r\n` that ends the
+    /// reply. meta no-op is answered in order after everything before it, so this frames the
+    /// reply to any request, even ones that answer nothing (noreply, quiet meta) or several lines.
+    pub fn roundtrip_fenced(&mut self, request: &[u8]) -> Result<Vec<u8>, ReadError> {
+        let mut bytes = request.to_vec();
+        bytes.extend_from_slice(b"mn\r\n");
+        if let Err(e) = self.try_send(&bytes) {
+            return Err(ReadError { partial: format!("<write failed: {e}>").into_bytes(), eof: true });
+        }
+        let mut reply = self.read_until_with(ends_with_mn)?;
+        reply.truncate(reply.len() - 4);
+        Ok(reply)
+    }
+
+    /// Waits for the peer to close the connection (bounded by the read timeout). Returns false
+    /// if it sent bytes instead or the read timed out.
+    pub fn expect_eof(&mut self) -> bool {
+        matches!(self.fill(), Ok(0)) && self.buf.is_empty()
+    }
+
+    /// The `STAT name value` lines of a `stats` reply, as (name, value).
+    pub fn stats(&mut self) -> Vec<(String, String)> {
+        self.send(b"stats\r\n");
+        let reply = self.read_until(b"END\r\n");
+        String::from_utf8_lossy(&reply)
+            .lines()
+            .filter_map(|l| l.strip_prefix("STAT "))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// set `key` to `value`; panics unless STORED.
+    pub fn set(&mut self, key: &str, value: &[u8]) {
+        let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+        req.extend_from_slice(value);
+        req.extend_from_slice(b"\r\n");
+        let reply = self.roundtrip_line(&req);
+        assert!(reply == b"STORED\r\n", "set {key} via {}: {}", self.addr, show(&reply));
+    }
+
+    /// get `key`: Some(value) on a hit, None on a miss; panics on any other reply.
+    pub fn get(&mut self, key: &str) -> Option<Vec<u8>> {
+        self.send(format!("get {key}\r\n").as_bytes());
+        let reply = self.read_get_reply();
+        parse_values(&reply).unwrap_or_else(|| panic!("get {key} via {}: {}", self.addr, show(&reply))).into_iter().next().map(|v| v.2)
+    }
+}
+
+/// A read that ended before the expected reply was complete.
+#[derive(Debug)]
+pub struct ReadError {
+    pub partial: Vec<u8>,
+    /// true: the peer closed; false: the read timed out.
+    pub eof: bool,
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.eof { "connection closed" } else { "read timed out" };
+        write!(f, "{how} after {:?}", show(&self.partial))
+    }
+}
+
+/// Position of `needle` in `hay`.
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Bytes as a readable string (escapes for control and non-UTF-8 bytes), for messages.
+pub fn show(bytes: &[u8]) -> String {
+    let shown: String = bytes.iter().flat_map(|&b| std::ascii::escape_default(b)).map(char::from).collect();
+    // Keep line ends readable.
+    shown.replace("\\r\\n", "\\r\\n\n")
+}
+
+/// `Some(len)` when `buf` holds a complete reply ending in `MN\r\n` at a line start.
+fn ends_with_mn(buf: &[u8]) -> Option<usize> {
+    let mut start = 0;
+    // Walk line by line so an `MN` inside a line is not mistaken for the fence.
+    while let Some(i) = find(&buf[start..], b"\r\n") {
+        let line = &buf[start..start + i];
+        let next = start + i + 2;
+        if line == b"MN" {
+            return Some(next);
+        }
+        // Skip value data blocks so their contents cannot look like the fence.
+        if let Some(len) = data_len(line) {
+            if buf.len() < next + len + 2 {
+                return None;
+            }
+            start = next + len + 2;
+        } else {
+            start = next;
+        }
+    }
+    None
+}
+
+/// For a `VALUE key flags bytes [cas]` or meta `VA bytes ...` line, the data block length.
+fn data_len(line: &[u8]) -> Option<usize> {
+    let text = std::str::from_utf8(line).ok()?;
+    let mut t = text.split(' ');
+    match t.next()? {
+        "VALUE" => t.nth(2)?.parse().ok(),
+        "VA" => t.next()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// `Some(len)` when `buf` holds a complete get reply (VALUE blocks + END, or a single other line).
+pub fn complete_get_reply(buf: &[u8]) -> Option<usize> {
+    let mut start = 0;
+    loop {
+        let i = find(&buf[start..], b"\r\n")?;
+        let line = &buf[start..start + i];
+        let next = start + i + 2;
+        if line.starts_with(b"VALUE ") {
+            let len = data_len(line)?;
+            if buf.len() < next + len + 2 {
+                return None;
+            }
+            start = next + len + 2;
+        } else {
+            // END, or an error line that replaces the whole reply.
+            return Some(next);
+        }
+    }
+}
+
+/// Parses a complete get reply into (key, flags, data); None if it is not VALUE*/END.
+pub fn parse_values(reply: &[u8]) -> Option<Vec<(String, u32, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut rest = reply;
+    loop {
+        let i = find(rest, b"\r\n")?;
+        let line = std::str::from_utf8(&rest[..i]).ok()?;
+        if line == "END" {
+            return (i + 2 == rest.len()).then_some(out);
+        }
+        let mut t = line.split(' ');
+        if t.next()? != "VALUE" {
+            return None;
+        }
+        let key = t.next()?.to_string();
+        let flags = t.next()?.parse().ok()?;
+        let len: usize = t.next()?.parse().ok()?;
+        let data = rest.get(i + 2..i + 2 + len)?.to_vec();
+        out.push((key, flags, data));
+        rest = rest.get(i + 2 + len + 2..)?;
+    }
+}
