@@ -38,13 +38,6 @@ pub enum ReplyParse {
     Incomplete,
 }
 
-/// Frames one reply of the given kind at the front of `buf`.
-/// Errors mean the backend stream can no longer be trusted (close that connection).
-pub fn parse_reply(buf: &[u8], kind: ReplyKind, limits: &Limits) -> Result<ReplyParse, ProtocolError> {
-    let _ = (buf, kind, limits);
-    todo!("protocol helper implements")
-}
-
 /// One `VALUE ...` block inside a complete retrieval reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValueBlock {
@@ -54,20 +47,226 @@ pub struct ValueBlock {
     pub block: Range<usize>,
 }
 
+/// The next `\r\n`-terminated line starting at `pos`: returns the end of the
+/// line content (before `\r\n`) or `None` when it has not fully arrived.
+/// A bare `\n`, or no newline within the line limit, means the stream is garbage.
+fn line_at(buf: &[u8], pos: usize, limits: &Limits) -> Result<Option<usize>, ProtocolError> {
+    let rest = &buf[pos..];
+    match memchr::memchr(b'\n', rest) {
+        Some(nl) => {
+            if nl == 0 || rest[nl - 1] != b'\r' {
+                return Err(ProtocolError::BadReply("line not terminated by \\r\\n"));
+            }
+            if nl + 1 > limits.max_line_len {
+                return Err(ProtocolError::BadReply("line too long"));
+            }
+            Ok(Some(pos + nl - 1))
+        }
+        None if rest.len() > limits.max_line_len => Err(ProtocolError::BadReply("line too long")),
+        None => Ok(None),
+    }
+}
+
+/// A single-line reply memcached may send in place of a multi-line one.
+fn is_error_line(line: &[u8]) -> bool {
+    line == b"ERROR" || line.starts_with(b"ERROR ") || line.starts_with(b"CLIENT_ERROR ") || line.starts_with(b"SERVER_ERROR ")
+}
+
+/// The `n`-th (0-based) space-separated word of a line.
+fn word(line: &[u8], n: usize) -> Option<&[u8]> {
+    line.split(|&b| b == b' ').filter(|w| !w.is_empty()).nth(n)
+}
+
+/// A data length in a reply header: plain decimal, within the value limit.
+fn data_len(w: Option<&[u8]>, limits: &Limits) -> Result<usize, ProtocolError> {
+    let w = w.ok_or(ProtocolError::BadReply("missing data length"))?;
+    if w.is_empty() || w.len() > 19 || !w.iter().all(u8::is_ascii_digit) {
+        return Err(ProtocolError::BadReply("bad data length"));
+    }
+    let mut v: usize = 0;
+    for &d in w {
+        v = v * 10 + usize::from(d - b'0');
+    }
+    if v > limits.max_value_len {
+        return Err(ProtocolError::BadReply("value larger than max_value_len"));
+    }
+    Ok(v)
+}
+
+/// After a header line ending at `line_end` (content end), a data block of
+/// `len` bytes plus `\r\n`: the offset just past it, or `None` if incomplete.
+fn data_after(buf: &[u8], line_end: usize, len: usize) -> Result<Option<usize>, ProtocolError> {
+    let start = line_end + 2;
+    let end = start + len + 2;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    if &buf[end - 2..end] != b"\r\n" {
+        return Err(ProtocolError::BadReply("data block not terminated by \\r\\n"));
+    }
+    Ok(Some(end))
+}
+
+/// Frames one reply of the given kind at the front of `buf`.
+/// Errors mean the backend stream can no longer be trusted (close that connection).
+pub fn parse_reply(buf: &[u8], kind: ReplyKind, limits: &Limits) -> Result<ReplyParse, ProtocolError> {
+    let first_end = match line_at(buf, 0, limits)? {
+        Some(e) => e,
+        None => return Ok(ReplyParse::Incomplete),
+    };
+    let first = &buf[..first_end];
+    match kind {
+        ReplyKind::Line => {
+            // Every memcached reply line starts with an upper-case word or a
+            // number (incr/decr); anything else means we lost the framing.
+            match first.first() {
+                Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => Ok(ReplyParse::Complete(first_end + 2)),
+                _ => Err(ProtocolError::BadReply("unexpected reply line")),
+            }
+        }
+        ReplyKind::MetaGet => {
+            if first.starts_with(b"VA ") {
+                let len = data_len(word(first, 1), limits)?;
+                return Ok(match data_after(buf, first_end, len)? {
+                    Some(end) => ReplyParse::Complete(end),
+                    None => ReplyParse::Incomplete,
+                });
+            }
+            match first.first() {
+                Some(c) if c.is_ascii_uppercase() => Ok(ReplyParse::Complete(first_end + 2)),
+                _ => Err(ProtocolError::BadReply("unexpected meta reply")),
+            }
+        }
+        ReplyKind::Retrieval => {
+            if is_error_line(first) {
+                return Ok(ReplyParse::Complete(first_end + 2));
+            }
+            let mut pos = 0;
+            let mut line_end = first_end;
+            loop {
+                let line = &buf[pos..line_end];
+                if line == b"END" {
+                    return Ok(ReplyParse::Complete(line_end + 2));
+                }
+                if !line.starts_with(b"VALUE ") {
+                    return Err(ProtocolError::BadReply("expected VALUE or END"));
+                }
+                let len = data_len(word(line, 3), limits)?;
+                pos = match data_after(buf, line_end, len)? {
+                    Some(end) => end,
+                    None => return Ok(ReplyParse::Incomplete),
+                };
+                line_end = match line_at(buf, pos, limits)? {
+                    Some(e) => e,
+                    None => return Ok(ReplyParse::Incomplete),
+                };
+            }
+        }
+        ReplyKind::Stats => {
+            // Sub-commands that answer with one line instead of a listing.
+            if is_error_line(first) || first == b"RESET" || first == b"OK" {
+                return Ok(ReplyParse::Complete(first_end + 2));
+            }
+            let mut pos = 0;
+            let mut line_end = first_end;
+            loop {
+                let line = &buf[pos..line_end];
+                if line == b"END" {
+                    return Ok(ReplyParse::Complete(line_end + 2));
+                }
+                // STAT for stats listings, ITEM for cachedump, PREFIX for detail dump.
+                if !(line.starts_with(b"STAT ") || line.starts_with(b"ITEM ") || line.starts_with(b"PREFIX ")) {
+                    return Err(ProtocolError::BadReply("expected STAT or END"));
+                }
+                pos = line_end + 2;
+                line_end = match line_at(buf, pos, limits)? {
+                    Some(e) => e,
+                    None => return Ok(ReplyParse::Incomplete),
+                };
+            }
+        }
+    }
+}
+
 /// The VALUE blocks of a complete retrieval reply (as framed by `parse_reply`), in order.
 /// A reply that is a single error line (e.g. `SERVER_ERROR ...`) yields `Err` with that line's range.
+///
+/// The reply is trusted to be framed already; anything unexpected ends the
+/// iteration as if it were the `END` line.
 pub fn value_blocks(reply: &[u8]) -> Result<Vec<ValueBlock>, Range<usize>> {
-    let _ = reply;
-    todo!("protocol helper implements")
+    let mut blocks = Vec::new();
+    let mut pos = 0;
+    loop {
+        let Some(nl) = memchr::memchr(b'\n', &reply[pos..]) else {
+            return Ok(blocks);
+        };
+        let line_end = pos + nl.saturating_sub(1);
+        let line = &reply[pos..line_end];
+        if !line.starts_with(b"VALUE ") {
+            if pos == 0 && is_error_line(line) {
+                return Err(0..line_end + 2);
+            }
+            return Ok(blocks);
+        }
+        // "VALUE " is 6 bytes; the key runs to the next space.
+        let key_start = pos + 6;
+        let key_end = match memchr::memchr(b' ', &reply[key_start..line_end]) {
+            Some(off) => key_start + off,
+            None => return Ok(blocks),
+        };
+        let unlimited = Limits { max_value_len: usize::MAX, ..Limits::default() };
+        let Ok(len) = data_len(word(line, 3), &unlimited) else {
+            return Ok(blocks);
+        };
+        let end = line_end + 2 + len + 2;
+        if end > reply.len() {
+            return Ok(blocks);
+        }
+        blocks.push(ValueBlock { key: key_start..key_end, block: pos..end });
+        pos = end;
+    }
+}
+
+/// The first space-separated word of a reply line.
+fn first_word(line: &[u8]) -> &[u8] {
+    match memchr::memchr(b' ', line) {
+        Some(i) => &line[..i],
+        None => line,
+    }
 }
 
 /// For a reply to a request sent with `noreply`/`q` stripped: whether memcached would
 /// have suppressed this reply. `first_line` is the reply's first line without `\r\n`.
 ///
-/// Text noreply: memcached suppresses every normal reply (STORED, NOT_STORED, EXISTS,
-/// NOT_FOUND, DELETED, TOUCHED, OK, numbers) and also ERROR/CLIENT_ERROR for most cases.
-/// Meta `q`: mg hides EN; ms hides HD; md hides HD and NF; ma hides HD and NF.
+/// Text noreply: memcached 1.6.18 suppresses every reply that goes through its
+/// out_string(), which is every reply of a storage, delete, incr/decr, touch,
+/// flush_all and verbosity command, errors included (`set k 0 0 -1 noreply`,
+/// `incr k x noreply` and a bad data chunk answer nothing). Only arity errors
+/// (`ERROR`) are sent, and those are caught by `parse_request` before a request
+/// is ever forwarded. So for text commands this returns true for every line.
+///
+/// Meta `q` (verified against memcached 1.6.18, which differs from
+/// doc/protocol.txt for md and ma): mg hides `EN`; ms, md and ma hide `HD`
+/// only (`NF` from md/ma is still sent). Errors are never hidden.
 pub fn quiet_suppresses(command: Command, first_line: &[u8]) -> bool {
-    let _ = (command, first_line);
-    todo!("protocol helper implements")
+    let code = first_word(first_line);
+    match command {
+        Command::MetaGet => code == b"EN",
+        Command::MetaSet | Command::MetaDelete | Command::MetaArithmetic => code == b"HD",
+        Command::MetaNoop | Command::MetaDebug => false,
+        Command::Set
+        | Command::Add
+        | Command::Replace
+        | Command::Append
+        | Command::Prepend
+        | Command::Cas
+        | Command::Delete
+        | Command::Incr
+        | Command::Decr
+        | Command::Touch
+        | Command::FlushAll
+        | Command::Verbosity => true,
+        // No noreply for these in memcached.
+        Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::Version | Command::Stats | Command::Quit | Command::Shutdown => false,
+    }
 }
