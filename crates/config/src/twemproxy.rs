@@ -1,8 +1,773 @@
 //! `memroute import-twemproxy nutcracker.yml`: translate a twemproxy config to memroute TOML.
-use crate::ConfigErrors;
+//!
+//! ```text
+//!   nutcracker YAML --serde_yaml--> pools in file order --render--> TOML text --parse()--> checked
+//! ```
+//!
+//! Every twemproxy key is either carried over or named in a `# NOTE:` comment that says
+//! what memroute does instead: nothing is dropped silently. The generated text is run
+//! through [`crate::parse`] before it is returned, so what the user gets always loads.
+//!
+//! twemproxy listens on one address per pool; memroute has one listener list and one
+//! root route. The first memcached pool becomes `proxy.route` and gets its listener;
+//! the other pools are emitted too, with a comment explaining how to serve them.
+//! Redis pools (`redis: true`) are emitted as comments only: memroute speaks memcached.
+use serde_yaml::{Mapping, Value};
+
+use crate::raw::{check_host_port, toml_key};
+use crate::{ConfigError, ConfigErrors, DistributionName, HashName};
+
+/// Pool keys twemproxy 0.5.0 accepts (plus `reuseport` from later releases).
+const TWEMPROXY_KEYS: &[&str] = &[
+    "listen",
+    "hash",
+    "hash_tag",
+    "distribution",
+    "timeout",
+    "backlog",
+    "client_connections",
+    "redis",
+    "redis_auth",
+    "redis_db",
+    "tcpkeepalive",
+    "reuseport",
+    "preconnect",
+    "auto_eject_hosts",
+    "server_connections",
+    "server_retry_timeout",
+    "server_failure_limit",
+    "servers",
+];
+
+/// One twemproxy pool, with what could be read of it.
+#[derive(Debug, Default)]
+struct Pool {
+    name: String,
+    /// memroute's spelling: `host:port` or `unix:/path`.
+    listen: Option<String>,
+    redis: bool,
+    backlog: Option<i64>,
+    client_connections: Option<i64>,
+    /// `key = value` lines for the `[pools.NAME]` table, already rendered.
+    lines: Vec<String>,
+    /// `# NOTE:` comments for the pool table.
+    notes: Vec<String>,
+    servers: Vec<String>,
+}
 
 /// Returns the equivalent memroute TOML for a nutcracker YAML config.
 pub fn import(yaml: &str) -> Result<String, ConfigErrors> {
-    let _ = yaml;
-    todo!("config helper implements")
+    let doc: Value = serde_yaml::from_str(yaml).map_err(|e| {
+        let path = match e.location() {
+            Some(l) => format!("line {}, column {}", l.line(), l.column()),
+            None => "yaml".to_string(),
+        };
+        ConfigErrors::single(ConfigError::new(path, e.to_string()))
+    })?;
+    let Value::Mapping(top) = doc else {
+        return Err(ConfigErrors::single(ConfigError::new(
+            "",
+            "expected a mapping of pool names to pools (a nutcracker.yml)",
+        )));
+    };
+    if top.is_empty() {
+        return Err(ConfigErrors::single(ConfigError::new("", "no pools found")));
+    }
+
+    let mut errs = Vec::new();
+    let mut pools = Vec::new();
+    for (k, v) in &top {
+        let Some(name) = scalar_string(k) else {
+            errs.push(ConfigError::new(
+                "",
+                format!("a pool name must be a string, found {k:?}"),
+            ));
+            continue;
+        };
+        match v {
+            Value::Mapping(m) => pools.push(read_pool(&name, m, &mut errs)),
+            _ => errs.push(ConfigError::new(
+                name.clone(),
+                "expected a mapping of pool settings",
+            )),
+        }
+    }
+    let Some(first) = pools.iter().find(|p| !p.redis) else {
+        errs.push(ConfigError::new(
+            "",
+            "no memcached pools to import: every pool has `redis: true`, and memroute speaks memcached only",
+        ));
+        return Err(ConfigErrors(errs));
+    };
+    if !errs.is_empty() {
+        return Err(ConfigErrors(errs));
+    }
+
+    let text = render(&pools, first);
+    // The output must load; if it does not, that is a bug here or a value the checks
+    // above let through (a bad address, say): report it rather than print a bad file.
+    match crate::parse(&text) {
+        Ok(_) => Ok(text),
+        Err(ConfigErrors(es)) => Err(ConfigErrors(
+            es.into_iter()
+                .map(|e| {
+                    ConfigError::new(e.path, format!("{} (in the imported config)", e.message))
+                })
+                .collect(),
+        )),
+    }
+}
+
+/// A YAML scalar as text (twemproxy reads every value as a string).
+fn scalar_string(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn read_int(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Option<i64> {
+    match scalar_string(v).and_then(|s| s.trim().parse::<i64>().ok()) {
+        Some(n) if n >= 0 => Some(n),
+        _ => {
+            errs.push(ConfigError::new(
+                path,
+                format!("expected a non-negative integer, found {}", show(v)),
+            ));
+            None
+        }
+    }
+}
+
+fn read_bool(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Option<bool> {
+    match scalar_string(v).as_deref() {
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        _ => {
+            errs.push(ConfigError::new(
+                path,
+                format!("expected true or false, found {}", show(v)),
+            ));
+            None
+        }
+    }
+}
+
+fn read_str(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Option<String> {
+    let s = scalar_string(v);
+    if s.is_none() {
+        errs.push(ConfigError::new(
+            path,
+            format!("expected a string, found {}", show(v)),
+        ));
+    }
+    s
+}
+
+fn show(v: &Value) -> String {
+    match scalar_string(v) {
+        Some(s) => format!("\"{s}\""),
+        None => "a list or mapping".to_string(),
+    }
+}
+
+/// A TOML string literal.
+fn quote(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn read_pool(name: &str, m: &Mapping, errs: &mut Vec<ConfigError>) -> Pool {
+    let mut pool = Pool {
+        name: name.to_string(),
+        ..Pool::default()
+    };
+    let path = |key: &str| format!("{name}.{key}");
+    // Values kept until all keys are read, so notes can combine related keys.
+    let mut auto_eject = None;
+    let mut retry_timeout = None;
+    let mut failure_limit = None;
+
+    for (k, v) in m {
+        let Some(key) = scalar_string(k) else {
+            errs.push(ConfigError::new(
+                name,
+                format!("a key must be a string, found {k:?}"),
+            ));
+            continue;
+        };
+        let p = path(&key);
+        match key.as_str() {
+            "listen" => {
+                if let Some(s) = read_str(&p, v, errs) {
+                    pool.listen = Some(convert_listen(&p, &s, &mut pool.notes, errs));
+                }
+            }
+            "hash" => {
+                if let Some(s) = read_str(&p, v, errs) {
+                    if HashName::parse(&s).is_none() {
+                        errs.push(ConfigError::new(p, format!("unknown hash \"{s}\"")));
+                    }
+                    pool.lines.push(format!("hash = {}", quote(&s)));
+                }
+            }
+            "hash_tag" => {
+                if let Some(s) = read_str(&p, v, errs) {
+                    pool.lines.push(format!("hash_tag = {}", quote(&s)));
+                }
+            }
+            "distribution" => {
+                if let Some(s) = read_str(&p, v, errs) {
+                    if DistributionName::parse(&s).is_none() {
+                        errs.push(ConfigError::new(p, format!("unknown distribution \"{s}\"")));
+                    }
+                    pool.lines.push(format!("distribution = {}", quote(&s)));
+                }
+            }
+            "timeout" => {
+                if let Some(ms) = read_int(&p, v, errs) {
+                    if ms == 0 {
+                        pool.notes.push(
+                            "twemproxy timeout: 0 -> memroute needs a timeout; left at the default 250ms".to_string(),
+                        );
+                    } else {
+                        pool.lines.push(format!("timeout = \"{ms}ms\""));
+                    }
+                }
+            }
+            "backlog" => pool.backlog = read_int(&p, v, errs),
+            "client_connections" => pool.client_connections = read_int(&p, v, errs),
+            "server_connections" => {
+                if let Some(n) = read_int(&p, v, errs) {
+                    if n == 0 {
+                        errs.push(ConfigError::new(p, "must be > 0"));
+                    } else {
+                        pool.lines.push(format!("connections = {n}"));
+                        pool.notes.push(format!(
+                            "twemproxy server_connections: {n} -> connections = {n}, which memroute opens \
+                             per worker thread (workers x {n} per server in all)"
+                        ));
+                    }
+                }
+            }
+            "redis" => pool.redis = read_bool(&p, v, errs).unwrap_or(false),
+            "redis_auth" | "redis_db" => {
+                pool.notes.push(format!(
+                    "twemproxy {key} -> not carried over: memroute speaks memcached only"
+                ));
+            }
+            "preconnect" => {
+                if let Some(b) = read_bool(&p, v, errs) {
+                    pool.notes.push(format!(
+                        "twemproxy preconnect: {b} -> not needed: memroute always connects to every server at start"
+                    ));
+                }
+            }
+            "tcpkeepalive" => {
+                if let Some(b) = read_bool(&p, v, errs) {
+                    pool.notes.push(format!(
+                        "twemproxy tcpkeepalive: {b} -> not carried over: memroute has no keepalive setting; \
+                         its connections are long-lived and reopened with backoff when they fail"
+                    ));
+                }
+            }
+            "reuseport" => {
+                if let Some(b) = read_bool(&p, v, errs) {
+                    pool.notes.push(format!(
+                        "twemproxy reuseport: {b} -> not needed: memroute always listens with SO_REUSEPORT, \
+                         one socket per worker"
+                    ));
+                }
+            }
+            "auto_eject_hosts" => auto_eject = read_bool(&p, v, errs),
+            "server_retry_timeout" => retry_timeout = read_int(&p, v, errs),
+            "server_failure_limit" => failure_limit = read_int(&p, v, errs),
+            "servers" => pool.servers = read_servers(&p, v, errs),
+            _ => errs.push(ConfigError::new(
+                p,
+                format!(
+                    "unknown twemproxy key (expected one of: {})",
+                    TWEMPROXY_KEYS.join(", ")
+                ),
+            )),
+        }
+    }
+
+    if !m.contains_key("timeout") {
+        pool.notes.push(
+            "twemproxy had no timeout here (it waits forever) -> memroute uses its default, 250ms; \
+             set `timeout` if replies can take longer"
+                .to_string(),
+        );
+    }
+    if auto_eject.is_some() || retry_timeout.is_some() || failure_limit.is_some() {
+        let mut said = Vec::new();
+        if let Some(b) = auto_eject {
+            said.push(format!("auto_eject_hosts: {b}"));
+        }
+        if let Some(n) = retry_timeout {
+            said.push(format!("server_retry_timeout: {n}"));
+        }
+        if let Some(n) = failure_limit {
+            said.push(format!("server_failure_limit: {n}"));
+        }
+        let what = if auto_eject == Some(true) {
+            "not carried over: this version of memroute does not eject failed servers from the ring (keys are \
+             never rehashed to other servers); requests for a failed server get SERVER_ERROR \
+             promptly while memroute reconnects with backoff"
+        } else {
+            "not carried over: memroute does not eject servers, which matches auto_eject_hosts: false"
+        };
+        pool.notes
+            .push(format!("twemproxy {} -> {what}", said.join(", ")));
+    }
+    if !m.contains_key("servers") {
+        errs.push(ConfigError::new(
+            path("servers"),
+            "a pool needs at least one server",
+        ));
+    }
+    pool
+}
+
+/// twemproxy listen: `host:port`, or `/path/to.sock [mode]` for a unix socket.
+fn convert_listen(
+    path: &str,
+    s: &str,
+    notes: &mut Vec<String>,
+    errs: &mut Vec<ConfigError>,
+) -> String {
+    let mut words = s.split_whitespace();
+    let addr = words.next().unwrap_or("");
+    let mode = words.next();
+    if addr.starts_with('/') {
+        if let Some(mode) = mode {
+            notes.push(format!(
+                "twemproxy listen mode {mode} for {addr} -> not carried over: memroute creates the socket \
+                 with the process umask; set permissions on its directory"
+            ));
+        }
+        format!("unix:{addr}")
+    } else {
+        if let Err(m) = check_host_port(addr) {
+            errs.push(ConfigError::new(path, m));
+        }
+        addr.to_string()
+    }
+}
+
+/// Servers are kept in twemproxy's own `host:port:weight [name]` form, which memroute
+/// reads as it is; only the whitespace is normalised.
+fn read_servers(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Vec<String> {
+    let Value::Sequence(items) = v else {
+        errs.push(ConfigError::new(
+            path,
+            "expected a list of \"host:port:weight [name]\"",
+        ));
+        return Vec::new();
+    };
+    let mut servers = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let p = format!("{path}[{i}]");
+        let Some(s) = read_str(&p, item, errs) else {
+            continue;
+        };
+        let words: Vec<&str> = s.split_whitespace().collect();
+        if words.first().is_some_and(|w| w.starts_with('/')) {
+            errs.push(ConfigError::new(
+                p,
+                format!(
+                    "unix socket servers are not supported by memroute (\"{s}\"); use host:port"
+                ),
+            ));
+            continue;
+        }
+        servers.push(words.join(" "));
+    }
+    servers
+}
+
+fn render(pools: &[Pool], first: &Pool) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "# Generated by `memroute import-twemproxy` from a nutcracker (twemproxy) config.\n",
+    );
+    out.push_str("# Lines marked NOTE say what twemproxy did that this file does differently.\n");
+    out.push_str("# Keys are placed on the same servers as twemproxy placed them: same servers,\n");
+    out.push_str("# weights, names, hash, hash_tag and distribution.\n");
+
+    let others: Vec<&Pool> = pools
+        .iter()
+        .filter(|p| !p.redis && p.name != first.name)
+        .collect();
+    if !others.is_empty() {
+        out.push_str("#\n");
+        out.push_str(
+            "# NOTE: twemproxy served each pool on its own listen address. memroute has one\n",
+        );
+        out.push_str(
+            "# listener list and one root route (proxy.route), so this file serves only pool\n",
+        );
+        out.push_str(&format!(
+            "# {} on its address. These pools are defined below but receive NO traffic\n",
+            quote(&first.name)
+        ));
+        out.push_str("# from this memroute:\n");
+        for p in &others {
+            let at = p.listen.as_deref().unwrap_or("(no listen address)");
+            out.push_str(&format!(
+                "#   pool {} (twemproxy listened on {at})\n",
+                quote(&p.name)
+            ));
+        }
+        out.push_str("# To serve them, run one memroute per pool (a copy of this file with\n");
+        out.push_str(
+            "# proxy.listen and proxy.route set to that pool's), or put the pools behind a\n",
+        );
+        out.push_str(
+            "# [routes.NAME] prefix route on one listener (clients' keys then need prefixes).\n",
+        );
+    }
+
+    out.push_str("\n[proxy]\n");
+    match &first.listen {
+        Some(l) => out.push_str(&format!("listen = [{}]\n", quote(l))),
+        None => out.push_str("# NOTE: twemproxy pool had no listen address; memroute's default 127.0.0.1:11211 applies.\n"),
+    }
+    out.push_str(
+        "# twemproxy is single-threaded; memroute runs one worker per core (0 = all cores).\n",
+    );
+    out.push_str("workers = 0\n");
+    match first.backlog {
+        Some(b) if b > 0 => out.push_str(&format!("backlog = {b}\n")),
+        _ => out.push_str(
+            "# twemproxy's default backlog is 512; memroute's default, 65535, is kept (capped by somaxconn).\n",
+        ),
+    }
+    if let Some(n) = first.client_connections {
+        out.push_str(&format!(
+            "# twemproxy client_connections: {n} (per pool) -> max_connections (whole process; 0 = unlimited).\n"
+        ));
+        out.push_str(&format!("max_connections = {n}\n"));
+    }
+    out.push_str(&format!("route = {}\n", quote(&first.name)));
+
+    for p in pools {
+        out.push('\n');
+        if p.redis {
+            render_redis_pool(&mut out, p);
+            continue;
+        }
+        if p.name != first.name {
+            if let Some(l) = &p.listen {
+                out.push_str(&format!(
+                    "# NOTE: twemproxy listened on {l} for this pool (see the top of the file).\n"
+                ));
+            }
+            if let Some(b) = p.backlog {
+                out.push_str(&format!("# NOTE: twemproxy backlog: {b} for this pool -> memroute has one backlog, in [proxy].\n"));
+            }
+            if let Some(n) = p.client_connections {
+                out.push_str(&format!(
+                    "# NOTE: twemproxy client_connections: {n} for this pool -> memroute has one limit, proxy.max_connections.\n"
+                ));
+            }
+        }
+        out.push_str(&format!("[pools.{}]\n", toml_key(&p.name)));
+        render_servers(&mut out, &p.servers);
+        for line in &p.lines {
+            out.push_str(line);
+            out.push('\n');
+        }
+        for note in &p.notes {
+            push_note(&mut out, note);
+        }
+    }
+    out
+}
+
+/// Appends `# NOTE: ...` wrapped at about 90 columns, continuation lines indented.
+fn push_note(out: &mut String, note: &str) {
+    let mut line = String::from("# NOTE:");
+    for word in note.split_whitespace() {
+        if line.len() + 1 + word.len() > 90 && line.len() > "#   ".len() {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("#  ");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
+fn render_servers(out: &mut String, servers: &[String]) {
+    out.push_str("servers = [\n");
+    for s in servers {
+        out.push_str(&format!("  {},\n", quote(s)));
+    }
+    out.push_str("]\n");
+}
+
+/// A redis pool, commented out in full so the user sees it was read and why it is inactive.
+fn render_redis_pool(out: &mut String, p: &Pool) {
+    out.push_str(&format!(
+        "# NOTE: twemproxy pool {} is a redis pool (redis: true). memroute speaks memcached only,\n",
+        quote(&p.name)
+    ));
+    out.push_str("# so it is not imported. For reference, as memroute would write it:\n");
+    let mut body = String::new();
+    body.push_str(&format!("[pools.{}]\n", toml_key(&p.name)));
+    render_servers(&mut body, &p.servers);
+    for line in &p.lines {
+        body.push_str(line);
+        body.push('\n');
+    }
+    for line in body.lines() {
+        out.push_str(&format!("# {line}\n"));
+    }
+    for note in &p.notes {
+        push_note(out, note);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// twemproxy's own conf/nutcracker.yml (0.5.0), as shipped in Debian's examples.
+    const NUTCRACKER_YML: &str = r#"alpha:
+  listen: 127.0.0.1:22121
+  hash: fnv1a_64
+  distribution: ketama
+  auto_eject_hosts: true
+  redis: true
+  server_retry_timeout: 2000
+  server_failure_limit: 1
+  servers:
+   - 127.0.0.1:6379:1
+
+beta:
+  listen: 127.0.0.1:22122
+  hash: fnv1a_64
+  hash_tag: "{}"
+  distribution: ketama
+  auto_eject_hosts: false
+  timeout: 400
+  redis: true
+  servers:
+   - 127.0.0.1:6380:1 server1
+   - 127.0.0.1:6381:1 server2
+   - 127.0.0.1:6382:1 server3
+   - 127.0.0.1:6383:1 server4
+
+gamma:
+  listen: 127.0.0.1:22123
+  hash: fnv1a_64
+  distribution: ketama
+  timeout: 400
+  backlog: 1024
+  preconnect: true
+  auto_eject_hosts: true
+  server_retry_timeout: 2000
+  server_failure_limit: 3
+  servers:
+   - 127.0.0.1:11212:1
+   - 127.0.0.1:11213:1
+
+delta:
+  listen: 127.0.0.1:22124
+  hash: fnv1a_64
+  distribution: ketama
+  timeout: 100
+  auto_eject_hosts: true
+  server_retry_timeout: 2000
+  server_failure_limit: 1
+  servers:
+   - 127.0.0.1:11214:1
+   - 127.0.0.1:11215:1
+   - 127.0.0.1:11216:1
+   - 127.0.0.1:11217:1
+   - 127.0.0.1:11218:1
+   - 127.0.0.1:11219:1
+   - 127.0.0.1:11220:1
+   - 127.0.0.1:11221:1
+   - 127.0.0.1:11222:1
+   - 127.0.0.1:11223:1
+
+omega:
+  listen: /tmp/gamma 0666
+  hash: hsieh
+  distribution: ketama
+  auto_eject_hosts: false
+  servers:
+   - 127.0.0.1:11214:100000
+   - 127.0.0.1:11215:1
+"#;
+
+    fn expected_pool(toml_pool: &str) -> crate::PoolConfig {
+        let text = format!("[pools.p]\n{toml_pool}");
+        crate::parse(&text)
+            .map(|c| c.pools["p"].clone())
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn nutcracker_example_round_trips_with_equal_pools() {
+        let out = import(NUTCRACKER_YML).unwrap_or_else(|e| panic!("{e}"));
+        let c = crate::parse(&out).unwrap_or_else(|e| panic!("{e}\n{out}"));
+
+        // Redis pools are not imported; the first memcached pool is the root.
+        let names: Vec<&str> = c.pools.keys().map(String::as_str).collect();
+        assert_eq!(names, ["delta", "gamma", "omega"], "{out}");
+        assert_eq!(c.proxy.route, "gamma");
+        assert_eq!(
+            c.proxy.listen,
+            vec![crate::ListenAddress::Tcp("127.0.0.1:22123".into())]
+        );
+        assert_eq!(c.proxy.backlog, 1024);
+
+        assert_eq!(
+            c.pools["gamma"],
+            expected_pool(
+                "servers = [\"127.0.0.1:11212:1\", \"127.0.0.1:11213:1\"]\n\
+                 hash = \"fnv1a_64\"\ndistribution = \"ketama\"\ntimeout = \"400ms\"\n"
+            )
+        );
+        let delta = &c.pools["delta"];
+        assert_eq!(delta.servers.len(), 10);
+        assert_eq!(delta.servers[9].address, "127.0.0.1:11223");
+        assert_eq!(delta.timeout, Duration::from_millis(100));
+        let omega = &c.pools["omega"];
+        assert_eq!(omega.hash, HashName::Hsieh);
+        assert_eq!(omega.servers[0].weight, 100000);
+        assert_eq!(
+            omega.timeout,
+            Duration::from_millis(250),
+            "no twemproxy timeout -> memroute default"
+        );
+
+        // Nothing silently dropped: each non-carried key is explained.
+        for needle in [
+            "pool \"delta\" (twemproxy listened on 127.0.0.1:22124)",
+            "pool \"omega\" (twemproxy listened on unix:/tmp/gamma)",
+            "listen mode 0666",
+            "twemproxy pool \"alpha\" is a redis pool",
+            "twemproxy pool \"beta\" is a redis pool",
+            "#   \"127.0.0.1:6380:1 server1\",",
+            "preconnect: true",
+            "server_failure_limit: 3",
+            "twemproxy had no timeout here",
+        ] {
+            assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+        }
+    }
+
+    #[test]
+    fn single_pool_with_names_weights_and_all_keys() {
+        let yaml = r#"
+web:
+  listen: 0.0.0.0:22121
+  hash: md5
+  hash_tag: "{}"
+  distribution: modula
+  timeout: 400
+  backlog: 2048
+  client_connections: 4096
+  preconnect: false
+  tcpkeepalive: true
+  server_connections: 2
+  auto_eject_hosts: false
+  servers:
+   - 10.0.0.1:11211:2 mc-1
+   - 10.0.0.2:11211:1   mc-2
+   - 10.0.0.3:11212:3
+"#;
+        let out = import(yaml).unwrap_or_else(|e| panic!("{e}"));
+        let c = crate::parse(&out).unwrap_or_else(|e| panic!("{e}\n{out}"));
+        assert_eq!(c.proxy.route, "web");
+        assert_eq!(c.proxy.backlog, 2048);
+        assert_eq!(c.proxy.max_connections, 4096);
+        assert_eq!(
+            c.pools["web"],
+            expected_pool(
+                r#"servers = [
+  { address = "10.0.0.1:11211", weight = 2, name = "mc-1" },
+  { address = "10.0.0.2:11211", weight = 1, name = "mc-2" },
+  { address = "10.0.0.3:11212", weight = 3 },
+]
+hash = "md5"
+hash_tag = "{}"
+distribution = "modula"
+timeout = "400ms"
+connections = 2
+"#
+            )
+        );
+        assert!(
+            !out.contains("receive NO traffic"),
+            "one pool: no multi-pool note\n{out}"
+        );
+        for needle in [
+            "tcpkeepalive: true",
+            "server_connections: 2",
+            "auto_eject_hosts: false",
+        ] {
+            assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+        }
+    }
+
+    #[test]
+    fn bad_twemproxy_configs_report_every_error() {
+        let yaml = r#"
+a:
+  listen: 127.0.0.1:22121
+  hash: sha1
+  distribution: weird
+  timeout: soon
+  colour: blue
+  servers:
+   - /tmp/mc.sock:1
+b:
+  listen: nowhere
+"#;
+        let e = import(yaml).expect_err("bad config");
+        let got: Vec<String> = e.0.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "a.hash: unknown hash \"sha1\"",
+                "a.distribution: unknown distribution \"weird\"",
+                "a.timeout: expected a non-negative integer, found \"soon\"",
+                "a.colour: unknown twemproxy key (expected one of: listen, hash, hash_tag, distribution, timeout, backlog, client_connections, redis, redis_auth, redis_db, tcpkeepalive, reuseport, preconnect, auto_eject_hosts, server_connections, server_retry_timeout, server_failure_limit, servers)",
+                "a.servers[0]: unix socket servers are not supported by memroute (\"/tmp/mc.sock:1\"); use host:port",
+                "b.listen: invalid address \"nowhere\" (expected host:port with a numeric port)",
+                "b.servers: a pool needs at least one server",
+            ]
+        );
+    }
+
+    #[test]
+    fn only_redis_pools_is_an_error_and_yaml_syntax_has_a_position() {
+        let e = import("r:\n  redis: true\n  servers:\n   - 127.0.0.1:6379:1\n")
+            .expect_err("redis only");
+        assert!(
+            e.to_string().contains("no memcached pools to import"),
+            "{e}"
+        );
+        let e = import("a:\n  listen: [\n").expect_err("syntax");
+        assert!(e.0[0].path.starts_with("line "), "{e}");
+    }
+
+    #[test]
+    fn awkward_pool_names_are_quoted() {
+        let out = import("my pool.v2:\n  listen: 127.0.0.1:1\n  servers:\n   - 10.0.0.1:11211:1\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.contains("[pools.\"my pool.v2\"]"), "{out}");
+        let c = crate::parse(&out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.proxy.route, "my pool.v2");
+    }
 }
