@@ -1,1 +1,141 @@
-fn main() {}
+//! memroute: a memcached routing proxy. The binary is thin: CLI, logging, signals.
+//!
+//! ```text
+//!   memroute --config FILE            run in the foreground
+//!   memroute --check --config FILE    validate, print what was understood, exit
+//!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
+//! ```
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use memroute_config::{Config, RouteConfig};
+
+#[derive(Debug, Parser)]
+#[command(name = "memroute", version, about = "A memcached routing proxy")]
+struct Cli {
+    /// The TOML config file.
+    #[arg(short, long, global = true)]
+    config: Option<PathBuf>,
+    /// Validate the config, print the pools and routes it defines, and exit.
+    #[arg(long)]
+    check: bool,
+    /// Log filter (tracing env-filter syntax); RUST_LOG overrides it.
+    #[arg(long, default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the memroute TOML equivalent of a twemproxy (nutcracker) YAML config.
+    ImportTwemproxy {
+        /// Path to nutcracker.yml.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("memroute: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::ImportTwemproxy { file }) = cli.command {
+        let yaml = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
+        let toml = memroute_config::twemproxy::import(&yaml).map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+        print!("{toml}");
+        return Ok(());
+    }
+    let Some(path) = cli.config else {
+        anyhow::bail!("--config FILE is required (see --help)");
+    };
+    let config = memroute_config::load(&path).map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
+    if cli.check {
+        print!("{}", describe(&config));
+        println!("config {} is valid", path.display());
+        return Ok(());
+    }
+    serve(config)
+}
+
+fn serve(config: Config) -> anyhow::Result<()> {
+    let workers = config.proxy.workers;
+    let pools = config.pools.len();
+    let handle = memroute_proxy::start(config).context("cannot start")?;
+    tracing::info!(listen = ?handle.local_addresses, workers, pools, "memroute ready");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("signal runtime")?;
+    runtime.block_on(async {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+        }
+        Ok::<(), std::io::Error>(())
+    })?;
+    handle.shutdown();
+    handle.join();
+    tracing::info!("memroute stopped");
+    Ok(())
+}
+
+/// What `--check` prints: the pools and routes as memroute understood them.
+fn describe(config: &Config) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let listen: Vec<String> = config
+        .proxy
+        .listen
+        .iter()
+        .map(|l| match l {
+            memroute_config::ListenAddress::Tcp(a) => a.clone(),
+            memroute_config::ListenAddress::Unix(p) => format!("unix:{}", p.display()),
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "proxy: listen {} workers {} backlog {} route {}",
+        listen.join(", "),
+        config.proxy.workers,
+        config.proxy.backlog,
+        config.proxy.route
+    );
+    for (name, pool) in &config.pools {
+        let _ = writeln!(
+            out,
+            "pool {name}: {} servers, distribution {}, hash {}, timeout {:?}, connections {}",
+            pool.servers.len(),
+            pool.distribution.as_str(),
+            pool.hash.as_str(),
+            pool.timeout,
+            pool.connections
+        );
+        for server in &pool.servers {
+            let name = server.name.as_deref().map(|n| format!(" name {n}")).unwrap_or_default();
+            let _ = writeln!(out, "  server {} weight {}{name}", server.address, server.weight);
+        }
+    }
+    for (name, route) in &config.routes {
+        match route {
+            RouteConfig::Prefix { prefixes, default } => {
+                let _ = writeln!(out, "route {name}: prefix, default {default}");
+                for (prefix, target) in prefixes {
+                    let _ = writeln!(out, "  {prefix:?} -> {target}");
+                }
+            }
+        }
+    }
+    out
+}

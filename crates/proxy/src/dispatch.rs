@@ -1,0 +1,358 @@
+//! From a parsed request to a pending reply: route single keys, split multi-gets per
+//! server (and into batches of `max_keys_per_request`), fan flush_all out to a pool,
+//! and answer what memroute answers itself. `finish` turns a completed entry into bytes.
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::BackendError;
+use memroute_protocol::{quiet_suppresses, value_blocks, Command, ReplyKind, Request};
+use tokio::sync::oneshot;
+
+use crate::worker::WorkerContext;
+
+type Reply = Result<Bytes, BackendError>;
+
+/// Whether the session goes on after this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    Close,
+}
+
+/// One backend sub-request and, once it arrived, its reply.
+#[derive(Debug)]
+pub(crate) struct Leg {
+    receiver: oneshot::Receiver<Reply>,
+    reply: Option<Reply>,
+    pool: u32,
+    server: u32,
+}
+
+impl Leg {
+    fn new(receiver: oneshot::Receiver<Reply>, pool: usize, server: usize) -> Leg {
+        Leg { receiver, reply: None, pool: pool as u32, server: server as u32 }
+    }
+
+    fn try_complete(&mut self) -> bool {
+        if self.reply.is_some() {
+            return true;
+        }
+        match self.receiver.try_recv() {
+            Ok(reply) => self.reply = Some(reply),
+            Err(oneshot::error::TryRecvError::Empty) => return false,
+            Err(oneshot::error::TryRecvError::Closed) => self.reply = Some(Err(connection_gone())),
+        }
+        true
+    }
+
+    async fn wait(&mut self) {
+        if self.reply.is_none() {
+            self.reply = Some((&mut self.receiver).await.unwrap_or_else(|_| Err(connection_gone())));
+        }
+    }
+
+    /// The reply, counting a failure against its server.
+    fn take(&mut self, context: &WorkerContext) -> Reply {
+        let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
+        if let Err(error) = &reply {
+            if let Some(server) = context.shared.servers.get(self.pool as usize).and_then(|p| p.get(self.server as usize)) {
+                let counter = if error.is_timeout() { &server.timeouts } else { &server.errors };
+                counter.fetch_add(1, Relaxed);
+            }
+        }
+        reply
+    }
+}
+
+fn connection_gone() -> BackendError {
+    BackendError::Closed { server: Arc::from("(worker stopping)") }
+}
+
+/// A multi-key retrieval split over servers.
+#[derive(Debug)]
+pub(crate) struct MultiGet {
+    request: Request,
+    legs: Vec<Leg>,
+    /// For each of the request's keys, the leg that carries it.
+    key_leg: Vec<u32>,
+}
+
+/// The same request sent to every server of a pool (flush_all).
+#[derive(Debug)]
+pub(crate) struct Fanout {
+    legs: Vec<Leg>,
+    noreply: bool,
+}
+
+/// One entry of a session's reply FIFO.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// Answered by memroute itself (or an error reply).
+    Ready(Bytes),
+    /// Close the connection once everything before it is written (quit, unframeable input).
+    Close,
+    Single { leg: Leg, command: Command, noreply: bool },
+    MultiGet(Box<MultiGet>),
+    Fanout(Box<Fanout>),
+}
+
+impl Pending {
+    /// Collects whatever replies have arrived, without waiting. True when complete.
+    pub(crate) fn try_complete(&mut self) -> bool {
+        match self {
+            Pending::Ready(_) | Pending::Close => true,
+            Pending::Single { leg, .. } => leg.try_complete(),
+            Pending::MultiGet(multi) => multi.legs.iter_mut().all(Leg::try_complete),
+            Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
+        }
+    }
+
+    /// Waits until complete.
+    pub(crate) async fn wait(&mut self) {
+        match self {
+            Pending::Ready(_) | Pending::Close => {}
+            Pending::Single { leg, .. } => leg.wait().await,
+            Pending::MultiGet(multi) => {
+                for leg in &mut multi.legs {
+                    leg.wait().await;
+                }
+            }
+            Pending::Fanout(fanout) => {
+                for leg in &mut fanout.legs {
+                    leg.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Writes the client's reply for a completed entry.
+    pub(crate) fn finish(self, context: &WorkerContext, out: &mut BytesMut) -> Flow {
+        match self {
+            Pending::Ready(bytes) => out.extend_from_slice(&bytes),
+            Pending::Close => return Flow::Close,
+            Pending::Single { mut leg, command, noreply } => finish_single(context, leg.take(context), command, noreply, out),
+            Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
+            Pending::Fanout(fanout) => finish_fanout(context, *fanout, out),
+        }
+        Flow::Continue
+    }
+}
+
+/// Routes one request and appends its pending reply.
+pub(crate) fn dispatch(context: &WorkerContext, request: Request, pending: &mut std::collections::VecDeque<Pending>) -> Flow {
+    let stats = context.stats();
+    let command = request.command;
+    match command {
+        Command::Get | Command::Gets | Command::Gat | Command::Gats => {
+            stats.cmd_get.fetch_add(request.keys.len() as u64, Relaxed);
+            if matches!(command, Command::Gat | Command::Gats) {
+                stats.cmd_touch.fetch_add(request.keys.len() as u64, Relaxed);
+            }
+            if request.keys.len() == 1 {
+                pending.push_back(send_single(context, request));
+            } else {
+                pending.push_back(split_multi_get(context, request));
+            }
+        }
+        Command::MetaGet => {
+            stats.cmd_get.fetch_add(1, Relaxed);
+            pending.push_back(send_single(context, request));
+        }
+        Command::Set | Command::Add | Command::Replace | Command::Append | Command::Prepend | Command::Cas | Command::MetaSet => {
+            stats.cmd_set.fetch_add(1, Relaxed);
+            pending.push_back(send_single(context, request));
+        }
+        Command::Touch => {
+            stats.cmd_touch.fetch_add(1, Relaxed);
+            pending.push_back(send_single(context, request));
+        }
+        Command::Delete | Command::Incr | Command::Decr | Command::MetaDelete | Command::MetaArithmetic | Command::MetaDebug => {
+            pending.push_back(send_single(context, request));
+        }
+        Command::FlushAll => {
+            stats.cmd_flush.fetch_add(1, Relaxed);
+            pending.push_back(fan_out_flush(context, request));
+        }
+        Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!("VERSION memroute-{}\r\n", crate::VERSION)))),
+        Command::Verbosity => {
+            // memroute's own log level is set at start; the command is accepted like memcached does.
+            if !request.noreply {
+                pending.push_back(Pending::Ready(Bytes::from_static(b"OK\r\n")));
+            }
+        }
+        Command::Stats => pending.push_back(stats_reply(context, &request)),
+        Command::MetaNoop => pending.push_back(Pending::Ready(Bytes::from_static(b"MN\r\n"))),
+        Command::Shutdown => {
+            // A client must never be able to stop the proxy; memcached without -A says the same.
+            pending.push_back(Pending::Ready(Bytes::from_static(b"ERROR: shutdown not enabled\r\n")))
+        }
+        Command::Quit => {
+            pending.push_back(Pending::Close);
+            return Flow::Close;
+        }
+    }
+    Flow::Continue
+}
+
+fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
+    let argument = &request.frame[request.stats_arg.clone()];
+    if argument.is_empty() {
+        return Pending::Ready(Bytes::from(context.shared.render()));
+    }
+    // memroute keeps no slabs or items of its own; sub-statistics belong to the servers.
+    Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
+}
+
+fn send_single(context: &WorkerContext, request: Request) -> Pending {
+    let key = request.key(0);
+    let pool = context.routes.pool_for(key);
+    let server = context.routes.placements[pool].server_for(key);
+    let connection = context.pools[pool].servers[server].pick();
+    let receiver = connection.send(request.forward_parts(), ReplyKind::for_command(request.command));
+    Pending::Single { leg: Leg::new(receiver, pool, server), command: request.command, noreply: request.noreply }
+}
+
+fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
+    // Group key indexes by (pool, server), in first-seen order so batches keep client order.
+    let mut groups: Vec<(usize, usize, Vec<u32>)> = Vec::new();
+    for (i, key) in request.keys().enumerate() {
+        let pool = context.routes.pool_for(key);
+        let server = context.routes.placements[pool].server_for(key);
+        match groups.iter_mut().find(|(p, s, _)| *p == pool && *s == server) {
+            Some((_, _, keys)) => keys.push(i as u32),
+            None => groups.push((pool, server, vec![i as u32])),
+        }
+    }
+    let head = request.multi_key_head();
+    let mut legs = Vec::new();
+    let mut key_leg = vec![0u32; request.keys.len()];
+    for (pool, server, keys) in groups {
+        let batch_size = context.pools[pool].max_keys_per_request;
+        for batch in keys.chunks(batch_size) {
+            let mut frame = BytesMut::with_capacity(head.len() + batch.len() * 16 + 2);
+            frame.put_slice(head);
+            for (n, &i) in batch.iter().enumerate() {
+                if n > 0 {
+                    frame.put_u8(b' ');
+                }
+                frame.put_slice(request.key(i as usize));
+                key_leg[i as usize] = legs.len() as u32;
+            }
+            frame.put_slice(b"\r\n");
+            let connection = context.pools[pool].servers[server].pick();
+            let receiver = connection.send((frame.freeze(), None), ReplyKind::Retrieval);
+            legs.push(Leg::new(receiver, pool, server));
+        }
+    }
+    Pending::MultiGet(Box::new(MultiGet { request, legs, key_leg }))
+}
+
+fn fan_out_flush(context: &WorkerContext, request: Request) -> Pending {
+    let pool = context.routes.default_pool();
+    let parts = request.forward_parts();
+    let legs = context.pools[pool]
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(server, connections)| Leg::new(connections.pick().send(parts.clone(), ReplyKind::Line), pool, server))
+        .collect();
+    Pending::Fanout(Box::new(Fanout { legs, noreply: request.noreply }))
+}
+
+fn server_error(out: &mut BytesMut, error: &BackendError) {
+    out.extend_from_slice(b"SERVER_ERROR ");
+    out.extend_from_slice(error.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn first_line(reply: &[u8]) -> &[u8] {
+    let end = reply.iter().position(|&b| b == b'\r' || b == b'\n').unwrap_or(reply.len());
+    &reply[..end]
+}
+
+fn finish_single(context: &WorkerContext, reply: Reply, command: Command, noreply: bool, out: &mut BytesMut) {
+    let is_meta = matches!(
+        command,
+        Command::MetaGet | Command::MetaSet | Command::MetaDelete | Command::MetaArithmetic | Command::MetaDebug
+    );
+    match reply {
+        Ok(bytes) => {
+            if matches!(command, Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet) {
+                let hit = bytes.starts_with(b"VALUE ") || bytes.starts_with(b"VA ") || bytes.starts_with(b"HD");
+                let counter = if hit { &context.stats().get_hits } else { &context.stats().get_misses };
+                counter.fetch_add(1, Relaxed);
+            }
+            if noreply && quiet_suppresses(command, first_line(&bytes)) {
+                return;
+            }
+            out.extend_from_slice(&bytes);
+        }
+        // A text-protocol noreply client reads no replies at all: an error line would
+        // be taken as the reply to its next request. Meta quiet mode does show errors.
+        Err(_) if noreply && !is_meta => {}
+        Err(error) => server_error(out, &error),
+    }
+}
+
+fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut BytesMut) {
+    let mut replies = Vec::with_capacity(multi.legs.len());
+    for leg in &mut multi.legs {
+        match leg.take(context) {
+            Ok(bytes) => replies.push(bytes),
+            // One failed server fails the whole reply: a partial answer would look like misses.
+            Err(error) => return server_error(out, &error),
+        }
+    }
+    let mut blocks = Vec::with_capacity(replies.len());
+    for reply in &replies {
+        match value_blocks(reply) {
+            Ok(found) => blocks.push(found),
+            Err(line) => {
+                out.extend_from_slice(&reply[line]);
+                return;
+            }
+        }
+    }
+    // Servers answer in the order they were asked, skipping misses: walk the client's keys
+    // and take each leg's next block when it is for this key.
+    let mut cursor = vec![0usize; replies.len()];
+    let (mut hits, mut misses) = (0u64, 0u64);
+    for (i, key) in multi.request.keys().enumerate() {
+        let leg = multi.key_leg[i] as usize;
+        let next = blocks[leg].get(cursor[leg]);
+        match next {
+            Some(block) if &replies[leg][block.key.clone()] == key => {
+                out.extend_from_slice(&replies[leg][block.block.clone()]);
+                cursor[leg] += 1;
+                hits += 1;
+            }
+            _ => misses += 1,
+        }
+    }
+    out.extend_from_slice(b"END\r\n");
+    context.stats().get_hits.fetch_add(hits, Relaxed);
+    context.stats().get_misses.fetch_add(misses, Relaxed);
+}
+
+fn finish_fanout(context: &WorkerContext, mut fanout: Fanout, out: &mut BytesMut) {
+    let mut answer: Option<Vec<u8>> = None;
+    for leg in &mut fanout.legs {
+        match leg.take(context) {
+            Ok(bytes) if first_line(&bytes) == b"OK" => {}
+            Ok(bytes) => {
+                answer.get_or_insert_with(|| bytes.to_vec());
+            }
+            Err(error) => {
+                answer.get_or_insert_with(|| format!("SERVER_ERROR {error}\r\n").into_bytes());
+            }
+        }
+    }
+    if fanout.noreply {
+        return;
+    }
+    match answer {
+        None => out.extend_from_slice(b"OK\r\n"),
+        Some(bytes) => out.extend_from_slice(&bytes),
+    }
+}

@@ -1,0 +1,12 @@
+use thiserror::Error;
+
+/// Why the proxy could not start.
+#[derive(Debug, Error)]
+pub enum ProxyError {
+    #[error("cannot listen on {address}: {source}")]
+    Listen { address: String, source: std::io::Error },
+    #[error("routing: {0}")]
+    Routing(#[from] memroute_routing::RoutingError),
+    #[error("cannot start a worker thread: {0}")]
+    Thread(std::io::Error),
+}

@@ -1,0 +1,110 @@
+//! One client connection: frame requests, dispatch them, write replies in request order.
+//!
+//! ```text
+//!   read -> parse_request -> dispatch -> pending FIFO (one entry per request)
+//!                                            | head completes (backend reply, merge, local answer)
+//!   write <- one flush per batch of completed replies
+//! ```
+//!
+//! At most `max_client_pending` requests are outstanding per client: past that we stop
+//! reading, so a client that pipelines without reading its replies cannot grow our memory.
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use bytes::{Buf, Bytes, BytesMut};
+use memroute_protocol::{parse_request, Parse};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::dispatch::{dispatch, Flow, Pending};
+use crate::worker::WorkerContext;
+
+const READ_CHUNK: usize = 16 * 1024;
+
+pub(crate) async fn run<R, W>(context: Rc<WorkerContext>, mut reader: R, mut writer: W, mut shutdown: watch::Receiver<bool>)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut input = BytesMut::with_capacity(READ_CHUNK);
+    let mut output = BytesMut::with_capacity(READ_CHUNK);
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    // Bytes of a rejected data block still to be discarded as they arrive.
+    let mut swallow = 0usize;
+    let mut reading = !*shutdown.borrow();
+    loop {
+        while reading && pending.len() < context.max_client_pending {
+            if swallow > 0 {
+                let skip = swallow.min(input.len());
+                input.advance(skip);
+                swallow -= skip;
+                if swallow > 0 {
+                    break;
+                }
+            }
+            match parse_request(&mut input, &context.limits) {
+                Parse::Request(request) => {
+                    if dispatch(&context, request, &mut pending) == Flow::Close {
+                        reading = false;
+                    }
+                }
+                Parse::Incomplete => break,
+                Parse::Invalid { reply, swallow: rest, close } => {
+                    context.stats().client_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
+                    swallow = rest;
+                    if close {
+                        pending.push_back(Pending::Close);
+                        reading = false;
+                    }
+                }
+            }
+        }
+
+        // Every reply already complete goes out now, in order, in one write.
+        let mut closing = false;
+        while let Some(head) = pending.front_mut() {
+            if !head.try_complete() {
+                break;
+            }
+            let Some(head) = pending.pop_front() else { break };
+            if head.finish(&context, &mut output) == Flow::Close {
+                closing = true;
+                break;
+            }
+        }
+        if !output.is_empty() {
+            if writer.write_all(&output).await.is_err() {
+                return;
+            }
+            output.clear();
+            if output.capacity() > 4 * READ_CHUNK {
+                // A huge multi-get reply should not pin its buffer for the connection's life.
+                output = BytesMut::with_capacity(READ_CHUNK);
+            }
+        }
+        if closing || (!reading && pending.is_empty()) {
+            let _ = writer.shutdown().await;
+            return;
+        }
+
+        let can_read = reading && pending.len() < context.max_client_pending;
+        if can_read && input.capacity() - input.len() < READ_CHUNK / 4 {
+            input.reserve(READ_CHUNK);
+        }
+        tokio::select! {
+            _ = wait_head(&mut pending), if !pending.is_empty() => {}
+            read = reader.read_buf(&mut input), if can_read => match read {
+                Ok(0) | Err(_) => reading = false,
+                Ok(_) => {}
+            },
+            _ = shutdown.changed(), if reading => reading = false,
+        }
+    }
+}
+
+async fn wait_head(pending: &mut VecDeque<Pending>) {
+    if let Some(head) = pending.front_mut() {
+        head.wait().await;
+    }
+}
