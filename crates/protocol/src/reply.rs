@@ -246,13 +246,15 @@ fn first_word(line: &[u8]) -> &[u8] {
 /// is ever forwarded. So for text commands this returns true for every line.
 ///
 /// Meta `q` (verified against memcached 1.6.18, which differs from
-/// doc/protocol.txt for md and ma): mg hides `EN`; ms, md and ma hide `HD`
-/// only (`NF` from md/ma is still sent). Errors are never hidden.
+/// doc/protocol.txt for md and ma): mg hides `EN`; ms and md hide `HD` only
+/// (`NF` from md is still sent); ma hides every success, `HD` and also `VA`
+/// with the `v` flag, but still sends `NF`. Errors are never hidden.
 pub fn quiet_suppresses(command: Command, first_line: &[u8]) -> bool {
     let code = first_word(first_line);
     match command {
         Command::MetaGet => code == b"EN",
-        Command::MetaSet | Command::MetaDelete | Command::MetaArithmetic => code == b"HD",
+        Command::MetaSet | Command::MetaDelete => code == b"HD",
+        Command::MetaArithmetic => code == b"HD" || code == b"VA",
         Command::MetaNoop | Command::MetaDebug => false,
         Command::Set
         | Command::Add

@@ -1,0 +1,450 @@
+//! parse_request against the replies memcached 1.6.18 gives for the same bytes.
+//! Every expected error below was checked with a socket against a real
+//! memcached 1.6.18 (`memcached -p 23456 -U 0`).
+use bytes::BytesMut;
+use memroute_protocol::{parse_request, Command, ErrorReply, Limits, Parse, Request};
+
+fn limits() -> Limits {
+    Limits::default()
+}
+
+/// Parses one request from `input`; returns the outcome and the bytes left.
+fn parse(input: &[u8]) -> (Parse, Vec<u8>) {
+    let mut buf = BytesMut::from(input);
+    let p = parse_request(&mut buf, &limits());
+    (p, buf.to_vec())
+}
+
+fn req(input: &[u8]) -> Request {
+    match parse(input).0 {
+        Parse::Request(r) => r,
+        other => panic!("expected a request for {:?}, got {other:?}", String::from_utf8_lossy(input)),
+    }
+}
+
+/// The reply bytes memroute must send, whether the stream survives, and the swallow count.
+fn err(input: &[u8]) -> (Vec<u8>, usize, bool) {
+    match parse(input).0 {
+        Parse::Invalid { reply, swallow, close } => (reply.to_bytes(), swallow, close),
+        other => panic!("expected Invalid for {:?}, got {other:?}", String::from_utf8_lossy(input)),
+    }
+}
+
+fn err_reply(input: &[u8]) -> Vec<u8> {
+    err(input).0
+}
+
+const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
+
+#[test]
+fn get_single_and_multi_keys() {
+    let r = req(b"get foo\r\n");
+    assert_eq!(r.command, Command::Get);
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"foo"[..]]);
+    assert_eq!(r.line_len, 9);
+    assert_eq!(&r.frame[..], b"get foo\r\n");
+
+    let r = req(b"gets a  b a\n");
+    assert_eq!(r.command, Command::Gets);
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"a"[..], b"b", b"a"]);
+    assert_eq!(r.multi_key_head(), b"gets ");
+    assert!(!r.noreply);
+}
+
+#[test]
+fn get_with_many_keys_beyond_tokenizer_limit() {
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let line = format!("get {}\r\n", keys.join(" "));
+    let r = req(line.as_bytes());
+    assert_eq!(r.keys.len(), 100);
+    assert_eq!(r.key(99), b"k99");
+}
+
+#[test]
+fn gat_and_gats() {
+    let r = req(b"gat 300 a b\r\n");
+    assert_eq!(r.command, Command::Gat);
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"a"[..], b"b"]);
+    assert_eq!(r.multi_key_head(), b"gat 300 ");
+    let r = req(b"gats -1 a\r\n");
+    assert_eq!(r.command, Command::Gats);
+    // memcached answers END to a gat without keys.
+    let r = req(b"gat 10\r\n");
+    assert!(r.keys.is_empty());
+    assert_eq!(err_reply(b"gat x a\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+    assert_eq!(err_reply(b"gat\r\n"), b"ERROR\r\n");
+}
+
+#[test]
+fn unknown_empty_and_short_commands_are_error() {
+    for input in [&b"foo\r\n"[..], b"\r\n", b"\n", b"get\r\n", b"m\r\n", b"mz\r\n", b"GET a\r\n", b"x\r\n", b"slabs reassign 1 2\r\n"] {
+        let (reply, swallow, close) = err(input);
+        assert_eq!(reply, b"ERROR\r\n", "{:?}", String::from_utf8_lossy(input));
+        assert_eq!((swallow, close), (0, false));
+    }
+}
+
+#[test]
+fn storage_commands_frame_line_and_data() {
+    for (cmd, c) in [
+        ("set", Command::Set),
+        ("add", Command::Add),
+        ("replace", Command::Replace),
+        ("append", Command::Append),
+        ("prepend", Command::Prepend),
+    ] {
+        let input = format!("{cmd} k 5 0 3\r\nabc\r\nget k\r\n");
+        let (p, rest) = parse(input.as_bytes());
+        let Parse::Request(r) = p else { panic!("{p:?}") };
+        assert_eq!(r.command, c);
+        assert_eq!(r.key(0), b"k");
+        assert_eq!(r.line_len, cmd.len() + 10);
+        assert_eq!(&r.frame[r.line_len..], b"abc\r\n");
+        assert_eq!(rest, b"get k\r\n");
+    }
+    let r = req(b"cas k 0 0 1 99\r\nx\r\n");
+    assert_eq!(r.command, Command::Cas);
+    assert_eq!(r.frame.len(), 19);
+    // memcached accepts "\n" line endings and tolerates words after the
+    // length when the last is not `noreply`.
+    let r = req(b"set k 0 0 1 foo\nx\r\n");
+    assert!(!r.noreply);
+    assert_eq!(r.line_len, 16);
+}
+
+#[test]
+fn noreply_is_flagged_with_its_range() {
+    let r = req(b"set k 0 0 1 noreply\r\nx\r\n");
+    assert!(r.noreply);
+    let q = r.quiet_token.clone().expect("quiet token");
+    assert_eq!(&r.frame[q], b" noreply");
+    let (a, b) = r.forward_parts();
+    let mut fwd = a.to_vec();
+    fwd.extend_from_slice(&b.expect("second part"));
+    assert_eq!(fwd, b"set k 0 0 1\r\nx\r\n");
+
+    for input in [&b"delete k noreply\r\n"[..], b"delete k 0 noreply\r\n", b"incr k 1 noreply\r\n", b"decr k 1 noreply\r\n", b"touch k 1 noreply\r\n", b"flush_all noreply\r\n", b"flush_all 10 noreply\r\n", b"verbosity 1 noreply\r\n", b"cas k 0 0 1 5 noreply\r\nx\r\n"] {
+        let r = req(input);
+        assert!(r.noreply, "{:?}", String::from_utf8_lossy(input));
+        let q = r.quiet_token.clone().expect("quiet token");
+        assert_eq!(&r.frame[q], b" noreply");
+    }
+    // `delete noreply` deletes the key "noreply".
+    let r = req(b"delete noreply\r\n");
+    assert!(!r.noreply);
+    assert_eq!(r.key(0), b"noreply");
+}
+
+#[test]
+fn storage_errors_match_memcached() {
+    // Too few words: ERROR, and the data line is then parsed as a command.
+    let (p, rest) = parse(b"set a 0 0\r\nx\r\n");
+    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Error, swallow: 0, close: false });
+    assert_eq!(rest, b"x\r\n");
+    assert_eq!(err_reply(b"set a 0 0 1 noreply extra\r\n"), b"ERROR\r\n");
+    // Bad numbers: CLIENT_ERROR, data block not swallowed.
+    for input in [&b"set a 0 0 -1\r\n"[..], b"set a 0 0 abc\r\n", b"set a abc 0 1\r\n", b"set a 0 x 1\r\n", b"set a -1 0 1\r\n", b"cas a 0 0 1 x\r\n", b"cas a 0 0 1 -1\r\n", b"set a 0 0 \t\r\n"] {
+        let (p, rest) = parse(&[input, b"x\r\n"].concat());
+        assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("bad command line format"), swallow: 0, close: false }, "{:?}", String::from_utf8_lossy(input));
+        assert_eq!(rest, b"x\r\n");
+    }
+    // Key too long: same, memcached answers bad command line format.
+    let long = "k".repeat(251);
+    assert_eq!(err_reply(format!("set {long} 0 0 1\r\nx\r\n").as_bytes()), BAD_FORMAT);
+    let ok = "k".repeat(250);
+    assert_eq!(req(format!("set {ok} 0 0 1\r\nx\r\n").as_bytes()).key(0).len(), 250);
+    // Under noreply memcached sends nothing for these errors.
+    assert_eq!(err(b"set a 0 0 -1 noreply\r\n"), (vec![], 0, false));
+    assert_eq!(err(b"set a 0 0 noreply\r\n"), (vec![], 0, false));
+}
+
+#[test]
+fn numbers_parse_like_c_strtol() {
+    // memcached 1.6.18 truncates to 32 bits and accepts signs: these store.
+    let r = req(b"set a 0 0 4294967297\r\nx\r\n");
+    assert_eq!(&r.frame[r.line_len..], b"x\r\n");
+    req(b"set a 4294967296 0 1\r\nx\r\n");
+    req(b"set a -0 +0 +1\r\nx\r\n");
+    req(b"set a 0 0 1\tq\r\nx\r\n");
+    req(b"set a 0 0 \t1\r\nx\r\n");
+    req(b"touch a 99999999999\r\n");
+    assert_eq!(err_reply(b"touch a 9999999999999999999999\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+    assert_eq!(err_reply(b"touch a +\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+    assert_eq!(err_reply(b"incr a -1\r\n"), b"CLIENT_ERROR invalid numeric delta argument\r\n");
+    assert_eq!(err_reply(b"incr a 18446744073709551616\r\n"), b"CLIENT_ERROR invalid numeric delta argument\r\n");
+    req(b"incr a 18446744073709551615\r\n");
+}
+
+#[test]
+fn bad_data_chunk_consumes_exactly_bytes_plus_two() {
+    // memcached: CLIENT_ERROR bad data chunk, then "\r\n" is an empty line (ERROR).
+    let (p, rest) = parse(b"set a 0 0 1\r\nxyz\r\n");
+    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("bad data chunk"), swallow: 0, close: false });
+    assert_eq!(rest, b"\r\n");
+    let (_, rest) = parse(b"set a 0 0 1\r\nx\nget a\r\n");
+    assert_eq!(rest, b"et a\r\n");
+    // Under noreply the error is silent.
+    assert_eq!(err(b"set a 0 0 1 noreply\r\nxy\r\n"), (vec![], 0, false));
+    // ms: never silent.
+    assert_eq!(err_reply(b"ms a 1 q\r\nxy\r\n"), b"CLIENT_ERROR bad data chunk\r\n");
+}
+
+#[test]
+fn too_large_value_is_swallowed() {
+    let lim = Limits { max_value_len: 10, ..Limits::default() };
+    // Nothing of the data has arrived: all of it (and \r\n) is to be swallowed.
+    let mut buf = BytesMut::from(&b"set a 0 0 20\r\n"[..]);
+    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Server("object too large for cache"), swallow: 22, close: false });
+    assert!(buf.is_empty());
+    // Part of it has arrived: removed now, the rest swallowed.
+    let mut buf = BytesMut::from(&b"set a 0 0 20\r\n0123456789"[..]);
+    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Server("object too large for cache"), swallow: 12, close: false });
+    assert!(buf.is_empty());
+    // All of it and more: the next command stays.
+    let mut buf = BytesMut::from(&b"set a 0 0 20 noreply\r\n01234567890123456789\r\nmn\r\n"[..]);
+    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Silent, swallow: 0, close: false });
+    assert_eq!(&buf[..], b"mn\r\n");
+    // ms under q still gets the error.
+    let mut buf = BytesMut::from(&b"ms a 20 q\r\n"[..]);
+    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Server("object too large for cache"), swallow: 22, close: false });
+    // Default limit: 1 MiB is fine, 2000000 is not (memcached says the same).
+    let mut buf = BytesMut::from(&b"set a 0 0 2000000\r\n"[..]);
+    assert!(matches!(parse_request(&mut buf, &limits()), Parse::Invalid { swallow: 2000002, .. }));
+}
+
+#[test]
+fn delete_forms() {
+    let r = req(b"delete a\r\n");
+    assert_eq!((r.command, r.key(0)), (Command::Delete, &b"a"[..]));
+    assert!(!req(b"delete a 0\r\n").noreply);
+    let usage = b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n";
+    assert_eq!(err_reply(b"delete a 1\r\n"), usage);
+    assert_eq!(err_reply(b"delete a x y\r\n"), usage);
+    assert_eq!(err_reply(b"delete a b c d\r\n"), b"ERROR\r\n");
+    assert_eq!(err_reply(b"delete\r\n"), b"ERROR\r\n");
+}
+
+#[test]
+fn arithmetic_touch_flush_verbosity() {
+    let r = req(b"incr a 5\r\n");
+    assert_eq!((r.command, r.key(0)), (Command::Incr, &b"a"[..]));
+    assert_eq!(req(b"decr a 5\r\n").command, Command::Decr);
+    assert_eq!(err_reply(b"incr a\r\n"), b"ERROR\r\n");
+    assert_eq!(err_reply(b"incr a x\r\n"), b"CLIENT_ERROR invalid numeric delta argument\r\n");
+    assert_eq!(err(b"incr a x noreply\r\n").0, b"");
+    assert_eq!(req(b"touch a 10\r\n").command, Command::Touch);
+    assert_eq!(err_reply(b"touch a x\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+
+    let r = req(b"flush_all\r\n");
+    assert_eq!((r.command, r.arg), (Command::FlushAll, Some(0)));
+    assert_eq!(req(b"flush_all 30\r\n").arg, Some(30));
+    assert_eq!(req(b"flush_all 0 0\r\n").arg, Some(0));
+    assert_eq!(req(b"flush_all -5\r\n").arg, Some(0));
+    assert_eq!(err_reply(b"flush_all x\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+    assert_eq!(err_reply(b"flush_all 1 2 3\r\n"), b"ERROR\r\n");
+
+    let r = req(b"verbosity 1\r\n");
+    assert_eq!((r.command, r.arg), (Command::Verbosity, Some(1)));
+    assert_eq!(req(b"verbosity 1 2\r\n").arg, Some(1));
+    assert_eq!(err_reply(b"verbosity\r\n"), b"ERROR\r\n");
+    assert_eq!(err_reply(b"verbosity x\r\n"), BAD_FORMAT);
+}
+
+#[test]
+fn keyless_commands() {
+    assert_eq!(req(b"version\r\n").command, Command::Version);
+    assert_eq!(req(b"version x\r\n").command, Command::Version);
+    assert_eq!(req(b"quit\r\n").command, Command::Quit);
+    assert_eq!(req(b"shutdown\r\n").command, Command::Shutdown);
+    assert_eq!(req(b"mn\r\n").command, Command::MetaNoop);
+    let r = req(b"stats\r\n");
+    assert_eq!((r.command, r.stats_arg.clone()), (Command::Stats, 0..0));
+    let r = req(b"stats  slabs x\r\n");
+    assert_eq!(&r.frame[r.stats_arg.clone()], b"slabs x");
+    assert!(r.keys.is_empty());
+}
+
+#[test]
+fn meta_commands() {
+    let r = req(b"mg foo v c Oabc k\r\n");
+    assert_eq!((r.command, r.key(0)), (Command::MetaGet, &b"foo"[..]));
+    assert!(!r.noreply && !r.base64_key);
+    let r = req(b"mg Zm9v b q v\r\n");
+    assert!(r.noreply && r.base64_key);
+    assert_eq!(&r.frame[r.quiet_token.clone().expect("q")], b" q");
+    let (a, b) = r.forward_parts();
+    assert_eq!([&a[..], &b.expect("rest")[..]].concat(), b"mg Zm9v b v\r\n");
+
+    let r = req(b"ms foo 3 T10 F5 q\r\nbar\r\nmn\r\n");
+    assert_eq!((r.command, r.key(0), r.line_len), (Command::MetaSet, &b"foo"[..], 19));
+    assert_eq!(&r.frame[r.line_len..], b"bar\r\n");
+    assert!(r.noreply);
+    assert_eq!(req(b"ms foo 0\r\n\r\n").frame.len(), 12);
+    assert_eq!(req(b"md foo q\r\n").command, Command::MetaDelete);
+    assert_eq!(req(b"ma foo D5 MI\r\n").command, Command::MetaArithmetic);
+    let r = req(b"me foo\r\n");
+    assert_eq!((r.command, r.key(0)), (Command::MetaDebug, &b"foo"[..]));
+    // Flag errors other than a repeated q are left to the backend.
+    assert_eq!(req(b"mg a zz\r\n").command, Command::MetaGet);
+}
+
+#[test]
+fn meta_errors_match_memcached() {
+    assert_eq!(err_reply(b"mg\r\n"), b"ERROR\r\n");
+    assert_eq!(err_reply(b"md\r\n"), b"ERROR\r\n");
+    assert_eq!(err_reply(b"ma\r\n"), b"ERROR\r\n");
+    assert_eq!(err_reply(b"ms\r\n"), b"ERROR\r\n");
+    assert_eq!(err_reply(b"me\r\n"), BAD_FORMAT);
+    assert_eq!(err_reply(b"ms a\r\n"), BAD_FORMAT);
+    assert_eq!(err_reply(b"ms a x\r\n"), BAD_FORMAT);
+    assert_eq!(err_reply(b"ms a -1\r\n"), BAD_FORMAT);
+    let long = "k".repeat(251);
+    assert_eq!(err_reply(format!("mg {long} v\r\n").as_bytes()), BAD_FORMAT);
+    // q is never silent for meta errors.
+    assert_eq!(err_reply(b"ms a x q\r\n"), BAD_FORMAT);
+    // A repeated q: memcached's own answers, and ms swallows its data block.
+    let (p, rest) = parse(b"ms a 1 q q\r\nx\r\nmn\r\n");
+    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("duplicate flag"), swallow: 0, close: false });
+    assert_eq!(rest, b"mn\r\n");
+    assert_eq!(err_reply(b"mg a q q\r\n"), b"CLIENT_ERROR duplicate flag\r\n");
+    assert_eq!(err_reply(b"mg a zz q q\r\n"), b"CLIENT_ERROR invalid flag\r\n");
+    assert_eq!(err_reply(b"md a q q\r\n"), b"CLIENT_ERROR invalid or duplicate flag\r\n");
+    // Too many flags.
+    let flags = " v".repeat(18);
+    assert_eq!(err_reply(format!("mg a{flags}\r\n").as_bytes()), b"CLIENT_ERROR options flags are too long\r\n");
+    assert_eq!(err_reply(format!("md a{flags}\r\n").as_bytes()), b"CLIENT_ERROR options flags too long\r\n");
+    let flags17 = " v".repeat(17);
+    req(format!("mg a{flags17}\r\n").as_bytes());
+}
+
+#[test]
+fn key_too_long_in_get() {
+    let long = "k".repeat(251);
+    let (p, rest) = parse(format!("get a {long} b\r\nmn\r\n").as_bytes());
+    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("bad command line format"), swallow: 0, close: false });
+    assert_eq!(rest, b"mn\r\n");
+}
+
+#[test]
+fn keys_with_control_bytes_are_accepted_like_memcached() {
+    // memcached splits on ' ' only; "a\rb" is one key (it answers END).
+    assert_eq!(req(b"get a\rb\r\n").key(0), b"a\rb");
+    assert_eq!(req(b"get a\tb\r\n").key(0), b"a\tb");
+}
+
+#[test]
+fn long_lines_without_newline() {
+    // memcached closes silently on >2048 bytes without a newline...
+    let junk = vec![b'a'; 3000];
+    assert_eq!(err(&junk), (vec![], 0, true));
+    // ...except for a multi-get, which may be long.
+    let mut get = b"get ".to_vec();
+    get.extend(std::iter::repeat(b'a').take(3000));
+    assert_eq!(parse(&get).0, Parse::Incomplete);
+    // Beyond memroute's own line limit: closed with an error line.
+    let lim = Limits { max_line_len: 100, ..Limits::default() };
+    let mut buf = BytesMut::from(&get[..]);
+    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Client("line too long"), swallow: 0, close: true });
+}
+
+#[test]
+fn pipelined_frames_come_out_one_by_one() {
+    let input = b"get a b\r\nset k 0 0 2\r\nhi\r\nbogus\r\nmg k v\r\nms k 1\r\nx\r\ndelete k\r\nmn\r\n";
+    let mut buf = BytesMut::from(&input[..]);
+    let mut seen = Vec::new();
+    loop {
+        match parse_request(&mut buf, &limits()) {
+            Parse::Request(r) => seen.push(r.command.name().to_string()),
+            Parse::Invalid { reply, .. } => seen.push(String::from_utf8_lossy(&reply.to_bytes()).trim().to_string()),
+            Parse::Incomplete => break,
+        }
+    }
+    assert_eq!(seen, ["get", "set", "ERROR", "mg", "ms", "delete", "mn"]);
+    assert!(buf.is_empty());
+}
+
+#[test]
+fn every_split_point_is_incomplete_then_whole() {
+    let frames: [&[u8]; 6] = [
+        b"delete k 0 noreply\n",
+        b"get foo bar\r\n",
+        b"set k 1 2 5 noreply\r\nhello\r\n",
+        b"cas k 1 2 3 77\r\nabc\r\n",
+        b"ms k 3 T0 q\r\nabc\r\n",
+        b"mg k v c k O1\r\n",
+    ];
+    for frame in frames {
+        let whole = parse(frame);
+        for cut in 0..frame.len() {
+            let mut buf = BytesMut::from(&frame[..cut]);
+            assert_eq!(parse_request(&mut buf, &limits()), Parse::Incomplete, "cut {cut} of {:?}", String::from_utf8_lossy(frame));
+            assert_eq!(&buf[..], &frame[..cut], "consumed on Incomplete");
+            buf.extend_from_slice(&frame[cut..]);
+            assert_eq!(parse_request(&mut buf, &limits()), whole.0);
+            assert_eq!(buf.to_vec(), whole.1);
+        }
+    }
+}
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[test]
+fn random_input_never_panics_and_never_consumes_on_incomplete() {
+    let pieces: [&[u8]; 24] = [
+        b"get", b"gets", b"gat", b"set", b"cas", b"delete", b"incr", b"touch", b"flush_all", b"verbosity", b"mg", b"ms",
+        b"md", b"ma", b"me", b"mn", b" ", b"noreply", b"q", b"\r\n", b"\n", b"5", b"-1", b"k",
+    ];
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let lim = Limits { max_key_len: 250, max_line_len: 4096, max_value_len: 64 };
+    for _ in 0..20_000 {
+        let mut input = Vec::new();
+        for _ in 0..rng.below(30) {
+            if rng.below(8) == 0 {
+                input.push(rng.next() as u8);
+            } else {
+                input.extend_from_slice(pieces[rng.below(pieces.len())]);
+            }
+        }
+        let mut buf = BytesMut::from(&input[..]);
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            assert!(rounds < 1000, "no progress on {input:?}");
+            let before = buf.to_vec();
+            match parse_request(&mut buf, &lim) {
+                Parse::Incomplete => {
+                    assert_eq!(buf.to_vec(), before, "consumed on Incomplete");
+                    break;
+                }
+                Parse::Request(r) => {
+                    assert!(!r.frame.is_empty() && r.line_len <= r.frame.len());
+                    assert_eq!(&before[..r.frame.len()], &r.frame[..]);
+                    for k in &r.keys {
+                        assert!(k.end <= r.line_len && k.len() <= lim.max_key_len);
+                    }
+                    if let Some(q) = &r.quiet_token {
+                        assert!(q.end <= r.line_len);
+                    }
+                }
+                Parse::Invalid { close, .. } => {
+                    assert!(buf.len() < before.len() || close);
+                    if close {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
