@@ -12,6 +12,12 @@
 //! `nc_modula.c`, `nc_random.c`) with every server live (memroute does not eject servers
 //! from the ring, i.e. twemproxy's `auto_eject_hosts: false`). Everything is computed once
 //! in [`Placement::new`]; [`Placement::server_for`] never allocates.
+//!
+//! A twemproxy quirk that decides modula placement: while checking for duplicates,
+//! nutcracker sorts each pool's servers by identity (shorter identity first, then
+//! bytewise) and builds its continuum in that order, so modula slot `i` is the `i`-th
+//! server in *that* order, not in config order. [`twemproxy_order`] reproduces it; the
+//! index we return is still the config-order index.
 use memroute_config::{DistributionName, PoolConfig, ServerConfig};
 use rand::Rng;
 
@@ -58,7 +64,7 @@ pub struct Placement {
 enum Kind {
     /// ketama and ring: (point, server index), sorted by point; ties keep insertion order.
     Continuum(Vec<(u32, u32)>),
-    /// modula: each server repeated `weight` times, in config order.
+    /// modula: each server repeated `weight` times, in twemproxy's server order.
     Slots(Vec<u32>),
     /// random: a uniformly random server (twemproxy 0.5.0 ignores weights here).
     Random,
@@ -133,6 +139,16 @@ pub fn ketama_points(weight: u32, total_weight: u32, live_servers: u32) -> u32 {
     (nudged.floor() * 4.0) as u32
 }
 
+/// Config-order indices and identities of `servers`, in the order nutcracker keeps them:
+/// sorted by identity length, then bytes (its `string_compare`). Stable, so duplicate
+/// identities (which nutcracker would reject) keep config order.
+fn twemproxy_order(servers: &[ServerConfig]) -> Vec<(usize, ServerIdentity)> {
+    let mut order: Vec<(usize, ServerIdentity)> =
+        servers.iter().enumerate().map(|(i, s)| (i, ServerIdentity::of(s))).collect();
+    order.sort_by(|(_, a), (_, b)| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
+    order
+}
+
 /// twemproxy's ketama continuum: for server `s` with identity `id`, for k in
 /// 0..points/4, the MD5 digest of `id-k` gives 4 little-endian u32 points.
 fn ketama_continuum(servers: &[ServerConfig]) -> Vec<(u32, u32)> {
@@ -143,8 +159,9 @@ fn ketama_continuum(servers: &[ServerConfig]) -> Vec<(u32, u32)> {
     let live = servers.len() as u32;
     let mut points = Vec::with_capacity(servers.len() * 160);
     let mut label = String::new();
-    for (index, server) in servers.iter().enumerate() {
-        let identity = ServerIdentity::of(server);
+    // Insertion order only matters for equal points (see the sort below).
+    for (index, identity) in twemproxy_order(servers) {
+        let server = &servers[index];
         let digests = ketama_points(server.weight, total_weight, live) / KETAMA_POINTS_PER_HASH;
         for k in 0..digests {
             label.clear();
@@ -159,8 +176,8 @@ fn ketama_continuum(servers: &[ServerConfig]) -> Vec<(u32, u32)> {
         }
     }
     // twemproxy sorts with glibc qsort, which is a stable merge sort for arrays this size;
-    // equal points therefore keep server order, and lookup (first point >= hash) picks
-    // the lowest-indexed server among equals. A stable sort by point does the same.
+    // equal points therefore keep insertion (twemproxy server) order, and lookup (first
+    // point >= hash) picks the first of them. A stable sort by point does the same.
     points.sort_by_key(|&(point, _)| point);
     points
 }
@@ -193,11 +210,12 @@ fn ring_continuum(servers: &[ServerConfig], vnodes: u32) -> Vec<(u32, u32)> {
     points
 }
 
-/// twemproxy's modula continuum: every server repeated `weight` times, in config order.
+/// twemproxy's modula continuum: every server repeated `weight` times, in twemproxy's
+/// server order (see [`twemproxy_order`]).
 fn modula_slots(servers: &[ServerConfig]) -> Vec<u32> {
     let mut slots = Vec::new();
-    for (index, server) in servers.iter().enumerate() {
-        for _ in 0..server.weight {
+    for (index, _) in twemproxy_order(servers) {
+        for _ in 0..servers[index].weight {
             slots.push(index as u32);
         }
     }

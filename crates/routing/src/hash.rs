@@ -13,7 +13,7 @@
 //!   32 bits); `fnv1_64` keeps a 64-bit state and returns its low 32 bits.
 //! - `crc32` is libmemcached's: the real CRC-32 shifted right 16 and masked to 15 bits.
 //!   `crc32a` is the standard CRC-32.
-//! - `crc16` is the reflected CRC-16/ARC (polynomial 0xA001, init 0).
+//! - `crc16` steps CRC-16/XMODEM but keeps an unmasked 32-bit accumulator (see [`crc16`]).
 //! - `md5` is the first 4 digest bytes as a little-endian u32.
 //!
 //! `xxh3` (memroute's own) is the low 32 bits of XXH3-64 with seed 0.
@@ -96,15 +96,16 @@ pub fn md5(key: &[u8]) -> u32 {
     u32::from_le_bytes([digest[0], digest[1], digest[2], digest[3]])
 }
 
-/// Table for the reflected CRC-16 with polynomial 0xA001 (CRC-16/ARC), built at compile time.
+/// Table for the MSB-first CRC-16 with polynomial 0x1021 (CRC-16/XMODEM), built at
+/// compile time.
 const CRC16_TABLE: [u16; 256] = {
     let mut table = [0u16; 256];
     let mut i = 0;
     while i < 256 {
-        let mut crc = i as u16;
+        let mut crc = (i as u16) << 8;
         let mut bit = 0;
         while bit < 8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xA001 } else { crc >> 1 };
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
             bit += 1;
         }
         table[i] = crc;
@@ -113,13 +114,16 @@ const CRC16_TABLE: [u16; 256] = {
     table
 };
 
-/// CRC-16/ARC (init 0, no final xor).
+/// nutcracker 0.5.0's crc16: CRC-16/XMODEM table steps, but the running value is a 32-bit
+/// integer that is never masked to 16 bits, so bits shifted past bit 15 stay in the result.
+/// Only the low 16 bits are a real CRC-16; the golden data confirms the whole u32.
 pub fn crc16(key: &[u8]) -> u32 {
-    let mut crc: u16 = 0;
+    let mut crc: u32 = 0;
     for &b in key {
-        crc = (crc >> 8) ^ CRC16_TABLE[((crc ^ b as u16) & 0xff) as usize];
+        let index = ((crc >> 8) ^ u32::from(b)) & 0xff;
+        crc = (crc << 8) ^ u32::from(CRC16_TABLE[index as usize]);
     }
-    crc as u32
+    crc
 }
 
 /// Table for the reflected CRC-32 (polynomial 0xEDB88320), built at compile time.
@@ -400,7 +404,8 @@ mod tests {
     fn standard_vectors() {
         // Published check values for the standard algorithms.
         assert_eq!(crc32a(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc16(b"123456789"), 0xBB3D);
+        // The low 16 bits are CRC-16/XMODEM's check value.
+        assert_eq!(crc16(b"123456789") & 0xffff, 0x31C3);
         assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
         assert_eq!(fnv1_32(b"a"), 0x050c_5d7e);
         assert_eq!(fnv1a_32(b""), FNV_32_INIT);
