@@ -1,0 +1,630 @@
+//! memroute-load: a closed-loop memcached load generator for the end-to-end bench.
+//!
+//! It drives the *same* load against direct memcached, twemproxy and memroute so
+//! that `scripts/bench` can compare them in one run. Shape of a run:
+//!
+//! ```text
+//!   populate (set every key once) -> warmup (not recorded) -> measured window -> JSON line on stdout
+//!                                           |                         |
+//!                                  "# measure start"          "# measure end"   (stderr markers)
+//! ```
+//!
+//! Each of `--connections` connections is an independent closed loop: it writes
+//! `--pipeline` requests in one write, then reads exactly that many replies, and
+//! repeats. Latency of a request is the time from that write to the end of its
+//! reply. A multi-get of N keys is one op (keys/s is reported separately).
+//!
+//! By default everything runs on ONE OS thread (a current-thread tokio runtime),
+//! mirroring "one load-generator thread" in the issue; `--threads N` changes it.
+//!
+//! `--cpu NAME=PID` samples utime+stime of that process from /proc exactly at the
+//! window boundaries, so CPU per op covers the measured window only (not the
+//! populate or warmup phases).
+#![forbid(unsafe_code)]
+
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use memroute_benches::hist::Histogram;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Debug, Parser)]
+#[command(name = "memroute-load", about = "closed-loop memcached load generator (text protocol)")]
+struct Args {
+    /// Target address (memcached, twemproxy or memroute). Loopback only by design.
+    #[arg(long, default_value = "127.0.0.1:11211")]
+    addr: String,
+    /// Number of client connections.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Length of the measured window, e.g. 10s, 500ms.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Warmup before the measured window (load runs, nothing is recorded).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Size of every value in bytes.
+    #[arg(long, default_value_t = 64)]
+    value_size: usize,
+    /// Fraction of ops that are gets (the rest are sets).
+    #[arg(long, default_value_t = 0.9)]
+    get_ratio: f64,
+    /// Keyspace size; every key is set once before the warmup so gets hit.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// Keys per get: 1 sends `get k`, N sends `get k1 .. kN` (one op).
+    #[arg(long, default_value_t = 1)]
+    multiget: usize,
+    /// Requests written back to back per connection before reading the replies.
+    #[arg(long, default_value_t = 1)]
+    pipeline: usize,
+    /// OS threads for the load generator (1 = current-thread runtime).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Skip the populate phase (keys already set).
+    #[arg(long)]
+    no_populate: bool,
+    /// Give up on a reply after this long (a hung target must not hang the bench).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    reply_timeout: Duration,
+    /// Sample CPU of a process during the window: NAME=PID (repeatable).
+    #[arg(long = "cpu", value_parser = parse_cpu_target)]
+    cpu: Vec<(String, u32)>,
+    /// Clock ticks per second of /proc/PID/stat (getconf CLK_TCK).
+    #[arg(long, default_value_t = 100)]
+    clk_tck: u64,
+    /// Label copied into the JSON summary.
+    #[arg(long, default_value = "")]
+    label: String,
+    /// No per-second progress lines on stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "s" => n,
+        "ms" => n / 1e3,
+        "us" => n / 1e6,
+        "m" => n * 60.0,
+        _ => return Err(format!("bad duration unit in {s:?} (use s, ms, us, m)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_cpu_target(s: &str) -> Result<(String, u32), String> {
+    let (name, pid) = s.split_once('=').ok_or_else(|| format!("expected NAME=PID, got {s:?}"))?;
+    let pid: u32 = pid.parse().map_err(|_| format!("bad pid in {s:?}"))?;
+    Ok((name.to_string(), pid))
+}
+
+/// Counters shared by all connections; relaxed atomics are enough (they are only summed).
+#[derive(Debug, Default)]
+struct Shared {
+    /// Ops completed since start (any phase), for progress lines.
+    ops_total: AtomicU64,
+    errors_total: AtomicU64,
+    /// Set when the measured window is over: connections stop after their current batch.
+    stop: AtomicBool,
+}
+
+/// What one connection measured inside the window.
+#[derive(Debug, Default)]
+struct ConnStats {
+    ops: u64,
+    gets: u64,
+    sets: u64,
+    keys_requested: u64,
+    hits: u64,
+    misses: u64,
+    stored: u64,
+    /// `SERVER_ERROR ...` replies.
+    server_errors: u64,
+    /// `CLIENT_ERROR ...` replies.
+    client_errors: u64,
+    /// `ERROR` and anything else unexpected.
+    other_errors: u64,
+    hist: Histogram,
+}
+
+impl ConnStats {
+    fn merge(&mut self, o: &ConnStats) {
+        self.ops += o.ops;
+        self.gets += o.gets;
+        self.sets += o.sets;
+        self.keys_requested += o.keys_requested;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.stored += o.stored;
+        self.server_errors += o.server_errors;
+        self.client_errors += o.client_errors;
+        self.other_errors += o.other_errors;
+        self.hist.merge(&o.hist);
+    }
+    fn errors(&self) -> u64 {
+        self.server_errors + self.client_errors + self.other_errors
+    }
+}
+
+/// Small, fast, deterministic PRNG (xorshift64*): the load must not depend on a crate's RNG speed.
+#[derive(Debug)]
+struct Rng(Cell<u64>);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(Cell::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1))
+    }
+    fn next(&self) -> u64 {
+        let mut x = self.0.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&self, n: u64) -> u64 {
+        // Multiply-shift: unbiased enough for a keyspace and free of division.
+        ((self.next() >> 32) * n) >> 32
+    }
+    fn unit(&self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn key(buf: &mut Vec<u8>, i: u64) {
+    // Fixed-width keys so every request of a kind has the same size.
+    let _ = write!(VecWriter(buf), "bench:{i:08}");
+}
+
+/// `fmt::Write` adapter so keys are formatted straight into the output buffer.
+struct VecWriter<'a>(&'a mut Vec<u8>);
+impl std::fmt::Write for VecWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Get,
+    Set,
+}
+
+/// Outcome of parsing one reply from the front of the buffer.
+#[derive(Debug)]
+enum Reply {
+    /// Not enough bytes yet.
+    Incomplete,
+    /// A complete reply `consumed` bytes long.
+    Done { consumed: usize, outcome: Outcome },
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Values(u64),
+    Stored,
+    ServerError,
+    ClientError,
+    Other,
+}
+
+fn find_crlf(buf: &[u8], from: usize) -> Option<usize> {
+    buf.get(from..)?.windows(2).position(|w| w == b"\r\n").map(|p| from + p)
+}
+
+/// Parses one reply to `kind`. Never panics on malformed input: anything
+/// unexpected that is still line-framed counts as an error; a stream that cannot
+/// be framed any more is returned as Err so the run stops with a clear message.
+fn parse_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
+    let mut pos = 0;
+    let mut values = 0u64;
+    loop {
+        let Some(eol) = find_crlf(buf, pos) else {
+            if buf.len() - pos > 64 * 1024 {
+                return Err("reply line longer than 64 KiB without CRLF".into());
+            }
+            return Ok(Reply::Incomplete);
+        };
+        let line = &buf[pos..eol];
+        let next = eol + 2;
+        // Error lines replace the whole reply, whatever the command was.
+        let error = if line.starts_with(b"SERVER_ERROR") {
+            Some(Outcome::ServerError)
+        } else if line.starts_with(b"CLIENT_ERROR") {
+            Some(Outcome::ClientError)
+        } else if line == b"ERROR" {
+            Some(Outcome::Other)
+        } else {
+            None
+        };
+        if let Some(outcome) = error {
+            return Ok(Reply::Done { consumed: next, outcome });
+        }
+        match kind {
+            Kind::Set => {
+                let outcome = if line == b"STORED" { Outcome::Stored } else { Outcome::Other };
+                return Ok(Reply::Done { consumed: next, outcome });
+            }
+            Kind::Get => {
+                if line == b"END" {
+                    return Ok(Reply::Done { consumed: next, outcome: Outcome::Values(values) });
+                }
+                if !line.starts_with(b"VALUE ") {
+                    return Err(format!("unexpected line in get reply: {:?}", String::from_utf8_lossy(line)));
+                }
+                // VALUE <key> <flags> <bytes> [<cas>]
+                let bytes = line
+                    .split(|&b| b == b' ')
+                    .nth(3)
+                    .and_then(|f| std::str::from_utf8(f).ok())
+                    .and_then(|f| f.parse::<usize>().ok())
+                    .ok_or_else(|| format!("malformed VALUE line: {:?}", String::from_utf8_lossy(line)))?;
+                let end = next + bytes + 2;
+                if buf.len() < end {
+                    return Ok(Reply::Incomplete);
+                }
+                if &buf[end - 2..end] != b"\r\n" {
+                    return Err("value block not terminated by CRLF".into());
+                }
+                values += 1;
+                pos = end;
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    addr: String,
+    value: Vec<u8>,
+    get_ratio: f64,
+    keys: u64,
+    multiget: usize,
+    pipeline: usize,
+    reply_timeout: Duration,
+    warmup_end: Instant,
+    end: Instant,
+}
+
+async fn connect(addr: &str) -> Result<TcpStream, String> {
+    let s = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    // Small requests: without NODELAY Nagle would add delay to every pipelined batch.
+    s.set_nodelay(true).map_err(|e| format!("set_nodelay: {e}"))?;
+    Ok(s)
+}
+
+/// Reads until `buf[start..]` holds at least one more byte; errors on EOF or timeout.
+async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> Result<(), String> {
+    if buf.capacity() - buf.len() < 16 * 1024 {
+        buf.reserve(64 * 1024);
+    }
+    let n = tokio::time::timeout(timeout, stream.read_buf(buf))
+        .await
+        .map_err(|_| format!("no reply within {timeout:?}"))?
+        .map_err(|e| format!("read: {e}"))?;
+    if n == 0 {
+        return Err("connection closed by the target".into());
+    }
+    Ok(())
+}
+
+/// Sets keys `[from, to)` on one connection, pipelined in batches of 100.
+async fn populate_range(addr: String, value: Vec<u8>, from: u64, to: u64, timeout: Duration) -> Result<u64, String> {
+    let mut s = connect(&addr).await?;
+    let mut out = Vec::with_capacity(64 * 1024);
+    let mut inbuf = Vec::with_capacity(64 * 1024);
+    let mut errors = 0;
+    let mut i = from;
+    while i < to {
+        let batch_end = (i + 100).min(to);
+        out.clear();
+        for k in i..batch_end {
+            out.extend_from_slice(b"set ");
+            key(&mut out, k);
+            let _ = write!(VecWriter(&mut out), " 0 0 {}\r\n", value.len());
+            out.extend_from_slice(&value);
+            out.extend_from_slice(b"\r\n");
+        }
+        s.write_all(&out).await.map_err(|e| format!("write: {e}"))?;
+        let mut replies = 0;
+        while replies < batch_end - i {
+            match parse_reply(&inbuf, Kind::Set)? {
+                Reply::Incomplete => fill(&mut s, &mut inbuf, timeout).await?,
+                Reply::Done { consumed, outcome } => {
+                    if !matches!(outcome, Outcome::Stored) {
+                        errors += 1;
+                    }
+                    inbuf.drain(..consumed);
+                    replies += 1;
+                }
+            }
+        }
+        i = batch_end;
+    }
+    Ok(errors)
+}
+
+/// One closed-loop connection. Returns what it measured inside the window.
+async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<ConnStats, String> {
+    let mut s = connect(&plan.addr).await?;
+    let rng = Rng::new(id as u64 + 1);
+    let mut stats = ConnStats::default();
+    let mut out = Vec::with_capacity(16 * 1024);
+    let mut inbuf = Vec::with_capacity(64 * 1024);
+    let mut kinds = Vec::with_capacity(plan.pipeline);
+    loop {
+        if shared.stop.load(Ordering::Relaxed) {
+            return Ok(stats);
+        }
+        out.clear();
+        kinds.clear();
+        for _ in 0..plan.pipeline {
+            if rng.unit() < plan.get_ratio {
+                out.extend_from_slice(b"get");
+                for _ in 0..plan.multiget {
+                    out.push(b' ');
+                    key(&mut out, rng.below(plan.keys));
+                }
+                out.extend_from_slice(b"\r\n");
+                kinds.push(Kind::Get);
+            } else {
+                out.extend_from_slice(b"set ");
+                key(&mut out, rng.below(plan.keys));
+                let _ = write!(VecWriter(&mut out), " 0 0 {}\r\n", plan.value.len());
+                out.extend_from_slice(&plan.value);
+                out.extend_from_slice(b"\r\n");
+                kinds.push(Kind::Set);
+            }
+        }
+        let sent = Instant::now();
+        s.write_all(&out).await.map_err(|e| format!("write: {e}"))?;
+        let mut done = 0;
+        while done < kinds.len() {
+            let kind = kinds[done];
+            let (consumed, outcome) = loop {
+                match parse_reply(&inbuf, kind)? {
+                    Reply::Incomplete => fill(&mut s, &mut inbuf, plan.reply_timeout).await?,
+                    Reply::Done { consumed, outcome } => break (consumed, outcome),
+                }
+            };
+            inbuf.drain(..consumed);
+            done += 1;
+            let now = Instant::now();
+            shared.ops_total.fetch_add(1, Ordering::Relaxed);
+            let is_error = matches!(outcome, Outcome::ServerError | Outcome::ClientError | Outcome::Other);
+            if is_error {
+                shared.errors_total.fetch_add(1, Ordering::Relaxed);
+            }
+            // Only ops that *complete* inside the window count; warmup and tail are ignored.
+            if now < plan.warmup_end || now >= plan.end {
+                continue;
+            }
+            stats.ops += 1;
+            stats.hist.record(now.duration_since(sent).as_nanos() as u64);
+            match kind {
+                Kind::Get => {
+                    stats.gets += 1;
+                    stats.keys_requested += plan.multiget as u64;
+                }
+                Kind::Set => stats.sets += 1,
+            }
+            match outcome {
+                Outcome::Values(n) => {
+                    stats.hits += n;
+                    stats.misses += (plan.multiget as u64).saturating_sub(n);
+                }
+                Outcome::Stored => stats.stored += 1,
+                Outcome::ServerError => stats.server_errors += 1,
+                Outcome::ClientError => stats.client_errors += 1,
+                Outcome::Other => stats.other_errors += 1,
+            }
+        }
+    }
+}
+
+/// utime + stime of a process in seconds, from /proc/PID/stat (fields 14 and 15).
+fn proc_cpu_secs(pid: u32, clk_tck: u64) -> Result<f64, String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
+    // The command name (field 2) may contain spaces: split after its closing ')'.
+    let rest = text.rsplit_once(')').map(|(_, r)| r).ok_or("malformed /proc stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state), so utime (14) is index 11 and stime (15) index 12.
+    let utime: u64 = fields.get(11).and_then(|f| f.parse().ok()).ok_or("no utime in /proc stat")?;
+    let stime: u64 = fields.get(12).and_then(|f| f.parse().ok()).ok_or("no stime in /proc stat")?;
+    Ok((utime + stime) as f64 / clk_tck as f64)
+}
+
+fn sample_cpu(targets: &[(String, u32)], clk_tck: u64) -> Result<Vec<f64>, String> {
+    targets.iter().map(|(_, pid)| proc_cpu_secs(*pid, clk_tck)).collect()
+}
+
+async fn run(args: Args) -> Result<String, String> {
+    let value: Vec<u8> = (0..args.value_size).map(|i| b'a' + (i % 26) as u8).collect();
+    if args.keys == 0 || args.connections == 0 || args.pipeline == 0 || args.multiget == 0 {
+        return Err("--keys, --connections, --pipeline and --multiget must be > 0".into());
+    }
+
+    if !args.no_populate {
+        // Populate over a few connections in parallel; it is not measured.
+        let started = Instant::now();
+        let parts = args.connections.min(8) as u64;
+        let mut tasks = Vec::new();
+        for p in 0..parts {
+            let from = args.keys * p / parts;
+            let to = args.keys * (p + 1) / parts;
+            tasks.push(tokio::spawn(populate_range(args.addr.clone(), value.clone(), from, to, args.reply_timeout)));
+        }
+        let mut errors = 0;
+        for t in tasks {
+            errors += t.await.map_err(|e| format!("populate task: {e}"))??;
+        }
+        if errors > 0 {
+            return Err(format!("populate: {errors} sets were not STORED"));
+        }
+        if !args.quiet {
+            eprintln!("# populated {} keys in {:.2}s", args.keys, started.elapsed().as_secs_f64());
+        }
+    }
+
+    let start = Instant::now();
+    let plan = Arc::new(Plan {
+        addr: args.addr.clone(),
+        value,
+        get_ratio: args.get_ratio,
+        keys: args.keys,
+        multiget: args.multiget,
+        pipeline: args.pipeline,
+        reply_timeout: args.reply_timeout,
+        warmup_end: start + args.warmup,
+        end: start + args.warmup + args.duration,
+    });
+    let shared = Arc::new(Shared::default());
+    let mut conns = Vec::new();
+    for id in 0..args.connections {
+        conns.push(tokio::spawn(run_conn(id, plan.clone(), shared.clone())));
+    }
+
+    // Progress each second, CPU samples at the window boundaries, then stop.
+    let mut cpu_before = Vec::new();
+    let mut measuring = false;
+    let mut last_ops = 0;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::from_std(start + Duration::from_secs(1)), Duration::from_secs(1));
+    let warmup_sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.warmup_end));
+    let end_sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.end));
+    tokio::pin!(warmup_sleep, end_sleep);
+    let mut warmup_done = args.warmup.is_zero();
+    if warmup_done {
+        cpu_before = sample_cpu(&args.cpu, args.clk_tck)?;
+        measuring = true;
+        if !args.quiet {
+            eprintln!("# measure start");
+        }
+    }
+    let cpu_after = loop {
+        tokio::select! {
+            _ = &mut warmup_sleep, if !warmup_done => {
+                warmup_done = true;
+                cpu_before = sample_cpu(&args.cpu, args.clk_tck)?;
+                measuring = true;
+                if !args.quiet { eprintln!("# measure start"); }
+            }
+            _ = &mut end_sleep => {
+                let cpu_after = sample_cpu(&args.cpu, args.clk_tck)?;
+                shared.stop.store(true, Ordering::Relaxed);
+                if !args.quiet { eprintln!("# measure end"); }
+                break cpu_after;
+            }
+            _ = tick.tick() => {
+                let ops = shared.ops_total.load(Ordering::Relaxed);
+                if !args.quiet {
+                    eprintln!(
+                        "# t={:>5.1}s {} ops/s={} errors={}",
+                        start.elapsed().as_secs_f64(),
+                        if measuring { "measure" } else { "warmup " },
+                        ops - last_ops,
+                        shared.errors_total.load(Ordering::Relaxed),
+                    );
+                }
+                last_ops = ops;
+            }
+        }
+    };
+
+    let mut total = ConnStats::default();
+    for c in conns {
+        let stats = c.await.map_err(|e| format!("connection task: {e}"))??;
+        total.merge(&stats);
+    }
+
+    let secs = args.duration.as_secs_f64();
+    let ops_per_sec = total.ops as f64 / secs;
+    let q = |p: f64| total.hist.quantile(p) as f64 / 1000.0;
+    let mut j = String::new();
+    let _ = write!(
+        j,
+        "{{\"label\":{:?},\"addr\":{:?},\"connections\":{},\"threads\":{},\"duration_s\":{},\"warmup_s\":{},\
+\"value_size\":{},\"get_ratio\":{},\"keys\":{},\"multiget\":{},\"pipeline\":{},\
+\"ops\":{},\"ops_per_sec\":{:.1},\"keys_per_sec\":{:.1},\"gets\":{},\"sets\":{},\"hits\":{},\"misses\":{},\
+\"errors\":{},\"server_errors\":{},\"client_errors\":{},\"other_errors\":{},\
+\"lat_us\":{{\"mean\":{:.1},\"p50\":{:.1},\"p90\":{:.1},\"p99\":{:.1},\"p999\":{:.1},\"max\":{:.1}}},\"cpu\":{{",
+        args.label,
+        args.addr,
+        args.connections,
+        args.threads,
+        secs,
+        args.warmup.as_secs_f64(),
+        args.value_size,
+        args.get_ratio,
+        args.keys,
+        args.multiget,
+        args.pipeline,
+        total.ops,
+        ops_per_sec,
+        (total.keys_requested + total.sets) as f64 / secs,
+        total.gets,
+        total.sets,
+        total.hits,
+        total.misses,
+        total.errors(),
+        total.server_errors,
+        total.client_errors,
+        total.other_errors,
+        total.hist.mean() / 1000.0,
+        q(0.50),
+        q(0.90),
+        q(0.99),
+        q(0.999),
+        total.hist.max() as f64 / 1000.0,
+    );
+    for (i, (name, pid)) in args.cpu.iter().enumerate() {
+        let used = cpu_after.get(i).copied().unwrap_or(0.0) - cpu_before.get(i).copied().unwrap_or(0.0);
+        let per_op = if total.ops > 0 { used * 1e6 / total.ops as f64 } else { 0.0 };
+        let _ = write!(
+            j,
+            "{}{:?}:{{\"pid\":{},\"cpu_s\":{:.3},\"cpu_util\":{:.3},\"us_per_op\":{:.3}}}",
+            if i > 0 { "," } else { "" },
+            name,
+            pid,
+            used,
+            used / secs,
+            per_op
+        );
+    }
+    j.push_str("}}");
+    Ok(j)
+}
+
+fn main() {
+    let args = Args::parse();
+    let runtime = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads).enable_all().build()
+    };
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("memroute-load: cannot start runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(json) => println!("{json}"),
+        Err(e) => {
+            eprintln!("memroute-load: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
