@@ -284,13 +284,18 @@ pub struct Memroute {
     _dir: TempDir,
 }
 
-/// `[proxy]` + one ketama pool `main` over `servers`, listening on a free port.
+/// `[proxy]` + one ketama/fnv1a_64 pool `main` over `servers`.
 /// Servers are twemproxy-style strings ("host:port" or "host:port:weight name").
 pub fn simple_config(listen: &str, servers: &[String], extra_pool_lines: &str) -> String {
+    pool_config(listen, servers, "ketama", "fnv1a_64", extra_pool_lines)
+}
+
+/// `[proxy]` (one worker, route = "main") + pool `main` with the given distribution and hash.
+pub fn pool_config(listen: &str, servers: &[String], distribution: &str, hash: &str, extra_pool_lines: &str) -> String {
     let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
     format!(
         "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\n\n\
-         [pools.main]\nservers = [{}]\ndistribution = \"ketama\"\nhash = \"fnv1a_64\"\n{extra_pool_lines}\n",
+         [pools.main]\nservers = [{}]\ndistribution = \"{distribution}\"\nhash = \"{hash}\"\n{extra_pool_lines}\n",
         servers.join(", ")
     )
 }
