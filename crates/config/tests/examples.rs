@@ -360,3 +360,28 @@ fn no_pools_is_an_error() {
         ["pools: expected a table, found an integer"]
     );
 }
+
+/// The nutcracker.yml quoted in config/twemproxy-compatible.toml imports to the same
+/// proxy settings and pool as the example itself (checked with `nutcracker -t`).
+#[test]
+fn twemproxy_compatible_example_matches_its_import() {
+    let yaml = "main:
+  listen: 0.0.0.0:22121
+  hash: fnv1a_64
+  hash_tag: \"{}\"
+  distribution: ketama
+  timeout: 400
+  backlog: 1024
+  server_connections: 1
+  servers:
+   - 10.0.0.1:11211:1
+   - 10.0.0.2:11211:1
+   - 10.0.0.3:11212:1
+";
+    let imported = memroute_config::twemproxy::import(yaml).unwrap_or_else(|e| panic!("{e}"));
+    let imported = parse(&imported).unwrap_or_else(|e| panic!("{e}"));
+    let example =
+        memroute_config::load(&config_dir().join("twemproxy-compatible.toml")).expect("parses");
+    assert_eq!(imported.pools, example.pools);
+    assert_eq!(imported.proxy, example.proxy);
+}
