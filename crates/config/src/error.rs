@@ -1,3 +1,4 @@
+//! Config errors: one problem at a key path, and the list of all problems in a file.
 use std::fmt;
 use thiserror::Error;
 
