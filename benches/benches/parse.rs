@@ -30,7 +30,11 @@ fn requests(c: &mut Criterion) {
     set.extend_from_slice(&[b'v'; 64]);
     set.extend_from_slice(b"\r\n");
     bench_request(c, "parse_request/set_64b", &set);
-    bench_request(c, "parse_request/mg_flags", b"mg user:12345:profile v c f t k O123456 q\r\n");
+    bench_request(
+        c,
+        "parse_request/mg_flags",
+        b"mg user:12345:profile v c f t k O123456 q\r\n",
+    );
 }
 
 fn replies(c: &mut Criterion) {
@@ -38,7 +42,9 @@ fn replies(c: &mut Criterion) {
     let mut hit = b"VALUE user:12345:profile 0 64\r\n".to_vec();
     hit.extend_from_slice(&[b'v'; 64]);
     hit.extend_from_slice(b"\r\nEND\r\n");
-    c.bench_function("parse_reply/get_hit", |b| b.iter(|| parse_reply(black_box(&hit), ReplyKind::Retrieval, &limits)));
+    c.bench_function("parse_reply/get_hit", |b| {
+        b.iter(|| parse_reply(black_box(&hit), ReplyKind::Retrieval, &limits))
+    });
 
     let mut multi = Vec::new();
     for i in 0..20 {
@@ -47,7 +53,9 @@ fn replies(c: &mut Criterion) {
         multi.extend_from_slice(b"\r\n");
     }
     multi.extend_from_slice(b"END\r\n");
-    c.bench_function("parse_reply/get_20_values", |b| b.iter(|| parse_reply(black_box(&multi), ReplyKind::Retrieval, &limits)));
+    c.bench_function("parse_reply/get_20_values", |b| {
+        b.iter(|| parse_reply(black_box(&multi), ReplyKind::Retrieval, &limits))
+    });
 }
 
 criterion_group!(benches, requests, replies);

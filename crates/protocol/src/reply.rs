@@ -69,7 +69,10 @@ fn line_at(buf: &[u8], pos: usize, limits: &Limits) -> Result<Option<usize>, Pro
 
 /// A single-line reply memcached may send in place of a multi-line one.
 fn is_error_line(line: &[u8]) -> bool {
-    line == b"ERROR" || line.starts_with(b"ERROR ") || line.starts_with(b"CLIENT_ERROR ") || line.starts_with(b"SERVER_ERROR ")
+    line == b"ERROR"
+        || line.starts_with(b"ERROR ")
+        || line.starts_with(b"CLIENT_ERROR ")
+        || line.starts_with(b"SERVER_ERROR ")
 }
 
 /// The `n`-th (0-based) space-separated word of a line.
@@ -102,14 +105,20 @@ fn data_after(buf: &[u8], line_end: usize, len: usize) -> Result<Option<usize>, 
         return Ok(None);
     }
     if &buf[end - 2..end] != b"\r\n" {
-        return Err(ProtocolError::BadReply("data block not terminated by \\r\\n"));
+        return Err(ProtocolError::BadReply(
+            "data block not terminated by \\r\\n",
+        ));
     }
     Ok(Some(end))
 }
 
 /// Frames one reply of the given kind at the front of `buf`.
 /// Errors mean the backend stream can no longer be trusted (close that connection).
-pub fn parse_reply(buf: &[u8], kind: ReplyKind, limits: &Limits) -> Result<ReplyParse, ProtocolError> {
+pub fn parse_reply(
+    buf: &[u8],
+    kind: ReplyKind,
+    limits: &Limits,
+) -> Result<ReplyParse, ProtocolError> {
     let first_end = match line_at(buf, 0, limits)? {
         Some(e) => e,
         None => return Ok(ReplyParse::Incomplete),
@@ -120,7 +129,9 @@ pub fn parse_reply(buf: &[u8], kind: ReplyKind, limits: &Limits) -> Result<Reply
             // Every memcached reply line starts with an upper-case word or a
             // number (incr/decr); anything else means we lost the framing.
             match first.first() {
-                Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => Ok(ReplyParse::Complete(first_end + 2)),
+                Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => {
+                    Ok(ReplyParse::Complete(first_end + 2))
+                }
                 _ => Err(ProtocolError::BadReply("unexpected reply line")),
             }
         }
@@ -175,7 +186,10 @@ pub fn parse_reply(buf: &[u8], kind: ReplyKind, limits: &Limits) -> Result<Reply
                     return Ok(ReplyParse::Complete(line_end + 2));
                 }
                 // STAT for stats listings, ITEM for cachedump, PREFIX for detail dump.
-                if !(line.starts_with(b"STAT ") || line.starts_with(b"ITEM ") || line.starts_with(b"PREFIX ")) {
+                if !(line.starts_with(b"STAT ")
+                    || line.starts_with(b"ITEM ")
+                    || line.starts_with(b"PREFIX "))
+                {
                     return Err(ProtocolError::BadReply("expected STAT or END"));
                 }
                 pos = line_end + 2;
@@ -214,7 +228,10 @@ pub fn value_blocks(reply: &[u8]) -> Result<Vec<ValueBlock>, Range<usize>> {
             Some(off) => key_start + off,
             None => return Ok(blocks),
         };
-        let unlimited = Limits { max_value_len: usize::MAX, ..Limits::default() };
+        let unlimited = Limits {
+            max_value_len: usize::MAX,
+            ..Limits::default()
+        };
         let Ok(len) = data_len(word(line, 3), &unlimited) else {
             return Ok(blocks);
         };
@@ -222,7 +239,10 @@ pub fn value_blocks(reply: &[u8]) -> Result<Vec<ValueBlock>, Range<usize>> {
         if end > reply.len() {
             return Ok(blocks);
         }
-        blocks.push(ValueBlock { key: key_start..key_end, block: pos..end });
+        blocks.push(ValueBlock {
+            key: key_start..key_end,
+            block: pos..end,
+        });
         pos = end;
     }
 }
@@ -269,6 +289,13 @@ pub fn quiet_suppresses(command: Command, first_line: &[u8]) -> bool {
         | Command::FlushAll
         | Command::Verbosity => true,
         // No noreply for these in memcached.
-        Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::Version | Command::Stats | Command::Quit | Command::Shutdown => false,
+        Command::Get
+        | Command::Gets
+        | Command::Gat
+        | Command::Gats
+        | Command::Version
+        | Command::Stats
+        | Command::Quit
+        | Command::Shutdown => false,
     }
 }

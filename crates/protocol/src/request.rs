@@ -19,7 +19,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_key_len: 250, max_line_len: 64 * 1024, max_value_len: 1024 * 1024 }
+        Limits {
+            max_key_len: 250,
+            max_line_len: 64 * 1024,
+            max_value_len: 1024 * 1024,
+        }
     }
 }
 
@@ -58,20 +62,35 @@ pub enum Command {
 impl Command {
     /// get, gets, gat, gats: commands that take one or more keys.
     pub fn is_multi_key(self) -> bool {
-        matches!(self, Command::Get | Command::Gets | Command::Gat | Command::Gats)
+        matches!(
+            self,
+            Command::Get | Command::Gets | Command::Gat | Command::Gats
+        )
     }
     /// Commands that carry a data block after the command line.
     pub fn has_data(self) -> bool {
         matches!(
             self,
-            Command::Set | Command::Add | Command::Replace | Command::Append | Command::Prepend | Command::Cas | Command::MetaSet
+            Command::Set
+                | Command::Add
+                | Command::Replace
+                | Command::Append
+                | Command::Prepend
+                | Command::Cas
+                | Command::MetaSet
         )
     }
     /// Commands that go to a backend chosen by key.
     pub fn is_keyed(self) -> bool {
         !matches!(
             self,
-            Command::FlushAll | Command::Version | Command::Verbosity | Command::Stats | Command::Quit | Command::Shutdown | Command::MetaNoop
+            Command::FlushAll
+                | Command::Version
+                | Command::Verbosity
+                | Command::Stats
+                | Command::Quit
+                | Command::Shutdown
+                | Command::MetaNoop
         )
     }
     /// Name as counted in stats (`cmd_get` etc. use these buckets).
@@ -174,7 +193,11 @@ pub enum Parse {
     /// that has not fully arrived yet, or arrived partially and was removed) must be
     /// discarded from the stream before parsing resumes. When `close` is set the stream
     /// can no longer be framed and the connection must be closed after the reply.
-    Invalid { reply: ErrorReply, swallow: usize, close: bool },
+    Invalid {
+        reply: ErrorReply,
+        swallow: usize,
+        close: bool,
+    },
 }
 
 /// memcached's tokenizer keeps at most 23 words plus a terminal token; the
@@ -223,7 +246,11 @@ impl Words {
             n += 1;
             i = end;
         }
-        Words { w, n, ntokens: n + 1 }
+        Words {
+            w,
+            n,
+            ntokens: n + 1,
+        }
     }
     fn get<'a>(&self, line: &'a [u8], i: usize) -> &'a [u8] {
         let (s, e) = self.w[i];
@@ -311,15 +338,31 @@ const BAD_CHUNK: ErrorReply = ErrorReply::Client("bad data chunk");
 /// Removes `consume` bytes (the rejected line, or line plus data block) and
 /// reports the error. Text-protocol errors are suppressed under `noreply`
 /// exactly as memcached's out_string() does.
-fn reject(buf: &mut BytesMut, consume: usize, reply: ErrorReply, swallow: usize, noreply: bool) -> Parse {
+fn reject(
+    buf: &mut BytesMut,
+    consume: usize,
+    reply: ErrorReply,
+    swallow: usize,
+    noreply: bool,
+) -> Parse {
     let _ = buf.split_to(consume);
     let reply = if noreply { ErrorReply::Silent } else { reply };
-    Parse::Invalid { reply, swallow, close: false }
+    Parse::Invalid {
+        reply,
+        swallow,
+        close: false,
+    }
 }
 
 /// Rejects a storage command's line and its data block, which memcached
 /// swallows. What is already buffered is removed now; the rest is `swallow`.
-fn reject_with_data(buf: &mut BytesMut, line_total: usize, data_total: usize, reply: ErrorReply, noreply: bool) -> Parse {
+fn reject_with_data(
+    buf: &mut BytesMut,
+    line_total: usize,
+    data_total: usize,
+    reply: ErrorReply,
+    noreply: bool,
+) -> Parse {
     let have = buf.len() - line_total;
     let now = have.min(data_total);
     reject(buf, line_total + now, reply, data_total - now, noreply)
@@ -328,7 +371,11 @@ fn reject_with_data(buf: &mut BytesMut, line_total: usize, data_total: usize, re
 fn close(buf: &mut BytesMut, reply: ErrorReply) -> Parse {
     // The stream cannot be framed any more; drop what we have.
     buf.clear();
-    Parse::Invalid { reply, swallow: 0, close: true }
+    Parse::Invalid {
+        reply,
+        swallow: 0,
+        close: true,
+    }
 }
 
 /// Everything a request needs besides its frame, gathered while scanning the line.
@@ -392,7 +439,11 @@ pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Parse {
         return close(buf, ErrorReply::Client("line too long"));
     }
     // memcached strips one '\r' before the '\n'; a lone "\r\n" is an empty line.
-    let line_end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    let line_end = if nl > 0 && buf[nl - 1] == b'\r' {
+        nl - 1
+    } else {
+        nl
+    };
     let line = &buf[..line_end];
     let words = Words::split(line);
     // No valid command is shorter than two bytes.
@@ -435,9 +486,12 @@ pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Parse {
         Command::Get | Command::Gets | Command::Gat | Command::Gats => {
             parse_retrieval(buf, limits, command, &words, line_end, line_total)
         }
-        Command::Set | Command::Add | Command::Replace | Command::Append | Command::Prepend | Command::Cas => {
-            parse_storage(buf, limits, command, &words, line_total)
-        }
+        Command::Set
+        | Command::Add
+        | Command::Replace
+        | Command::Append
+        | Command::Prepend
+        | Command::Cas => parse_storage(buf, limits, command, &words, line_total),
         Command::MetaSet => parse_meta_set(buf, limits, &words, line_total),
         Command::MetaGet | Command::MetaDelete | Command::MetaArithmetic | Command::MetaDebug => {
             parse_meta_keyed(buf, limits, command, &words, line_total)
@@ -475,7 +529,14 @@ fn no_newline(buf: &mut BytesMut, limits: &Limits) -> Parse {
 }
 
 /// get/gets `<key>+`, gat/gats `<exptime> <key>+`.
-fn parse_retrieval(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_end: usize, line_total: usize) -> Parse {
+fn parse_retrieval(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    command: Command,
+    words: &Words,
+    line_end: usize,
+    line_total: usize,
+) -> Parse {
     if words.n < 2 {
         return reject(buf, line_total, ErrorReply::Error, 0, false);
     }
@@ -484,7 +545,13 @@ fn parse_retrieval(buf: &mut BytesMut, limits: &Limits, command: Command, words:
     if matches!(command, Command::Gat | Command::Gats) {
         let line = &buf[..line_end];
         if strtol32(words.get(line, 1)).is_none() {
-            return reject(buf, line_total, ErrorReply::Client("invalid exptime argument"), 0, false);
+            return reject(
+                buf,
+                line_total,
+                ErrorReply::Client("invalid exptime argument"),
+                0,
+                false,
+            );
         }
         // `gat <exptime>` with no key is valid: memcached answers END.
         pos = words.w[1].1;
@@ -512,7 +579,13 @@ fn parse_retrieval(buf: &mut BytesMut, limits: &Limits, command: Command, words:
 
 /// set/add/replace/append/prepend `<key> <flags> <exptime> <bytes> [noreply]`,
 /// cas `<key> <flags> <exptime> <bytes> <cas> [noreply]`, then the data block.
-fn parse_storage(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_total: usize) -> Parse {
+fn parse_storage(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    command: Command,
+    words: &Words,
+    line_total: usize,
+) -> Parse {
     let is_cas = command == Command::Cas;
     let (min, max) = if is_cas { (7, 8) } else { (6, 7) };
     if words.ntokens != min && words.ntokens != max {
@@ -548,7 +621,14 @@ fn parse_storage(buf: &mut BytesMut, limits: &Limits, command: Command, words: &
 
 /// Frames the data block after a storage line: too large is rejected before it
 /// arrives (and swallowed), a bad terminator is rejected once it has.
-fn data_block(buf: &mut BytesMut, limits: &Limits, h: Head, line_total: usize, vlen: usize, quiet_errors: bool) -> Parse {
+fn data_block(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    h: Head,
+    line_total: usize,
+    vlen: usize,
+    quiet_errors: bool,
+) -> Parse {
     let data_total = vlen + 2;
     if vlen > limits.max_value_len {
         return reject_with_data(buf, line_total, data_total, TOO_LARGE, quiet_errors);
@@ -600,10 +680,20 @@ fn meta_flags(line: &[u8], words: &Words, first: usize, h: &mut Head) -> Result<
 }
 
 /// mg/md/ma/me `<key> <flag>*`.
-fn parse_meta_keyed(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_total: usize) -> Parse {
+fn parse_meta_keyed(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    command: Command,
+    words: &Words,
+    line_total: usize,
+) -> Parse {
     if words.ntokens < 3 {
         // me checks its arity itself; the others through WANT_TOKENS_MIN.
-        let reply = if command == Command::MetaDebug { BAD_FORMAT } else { ErrorReply::Error };
+        let reply = if command == Command::MetaDebug {
+            BAD_FORMAT
+        } else {
+            ErrorReply::Error
+        };
         return reject(buf, line_total, reply, 0, false);
     }
     if words.w[1].1 - words.w[1].0 > limits.max_key_len {
@@ -619,11 +709,19 @@ fn parse_meta_keyed(buf: &mut BytesMut, limits: &Limits, command: Command, words
         return finish(buf, line_total, line_total, h);
     }
     if words.ntokens > META_MAX_WORDS {
-        let msg = if command == Command::MetaGet { "options flags are too long" } else { "options flags too long" };
+        let msg = if command == Command::MetaGet {
+            "options flags are too long"
+        } else {
+            "options flags too long"
+        };
         return reject(buf, line_total, ErrorReply::Client(msg), 0, false);
     }
     if let Err(msg) = meta_flags(&buf[..line_total], words, 2, &mut h) {
-        let msg = if command == Command::MetaGet { msg } else { "invalid or duplicate flag" };
+        let msg = if command == Command::MetaGet {
+            msg
+        } else {
+            "invalid or duplicate flag"
+        };
         return reject(buf, line_total, ErrorReply::Client(msg), 0, false);
     }
     finish(buf, line_total, line_total, h)
@@ -639,7 +737,13 @@ fn parse_meta_set(buf: &mut BytesMut, limits: &Limits, words: &Words, line_total
         return reject(buf, line_total, BAD_FORMAT, 0, false);
     }
     if words.ntokens > META_MAX_WORDS {
-        return reject(buf, line_total, ErrorReply::Client("options flags too long"), 0, false);
+        return reject(
+            buf,
+            line_total,
+            ErrorReply::Client("options flags too long"),
+            0,
+            false,
+        );
     }
     let line = &buf[..line_total];
     let Some(vlen) = strtol32(words.get(line, 2)).and_then(|v| usize::try_from(v).ok()) else {
@@ -656,7 +760,13 @@ fn parse_meta_set(buf: &mut BytesMut, limits: &Limits, words: &Words, line_total
 }
 
 /// delete, incr, decr, touch, flush_all, verbosity: one line, fixed arity.
-fn parse_simple(buf: &mut BytesMut, limits: &Limits, command: Command, words: &Words, line_total: usize) -> Parse {
+fn parse_simple(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    command: Command,
+    words: &Words,
+    line_total: usize,
+) -> Parse {
     let nt = words.ntokens;
     let arity_ok = match command {
         Command::Delete => (3..=5).contains(&nt),
@@ -682,9 +792,12 @@ fn parse_simple(buf: &mut BytesMut, limits: &Limits, command: Command, words: &W
         Command::Delete => {
             if nt > 3 {
                 let hold_is_zero = words.get(line, 2) == b"0";
-                let valid = (nt == 4 && (hold_is_zero || noreply)) || (nt == 5 && hold_is_zero && noreply);
+                let valid =
+                    (nt == 4 && (hold_is_zero || noreply)) || (nt == 5 && hold_is_zero && noreply);
                 if !valid {
-                    let reply = ErrorReply::Client("bad command line format.  Usage: delete <key> [noreply]");
+                    let reply = ErrorReply::Client(
+                        "bad command line format.  Usage: delete <key> [noreply]",
+                    );
                     return reject(buf, line_total, reply, 0, noreply);
                 }
             }

@@ -1,5 +1,8 @@
 //! parse_reply, value_blocks and quiet_suppresses.
-use memroute_protocol::{parse_reply, quiet_suppresses, value_blocks, Command, Limits, ProtocolError, ReplyKind, ReplyParse};
+use memroute_protocol::{
+    parse_reply, quiet_suppresses, value_blocks, Command, Limits, ProtocolError, ReplyKind,
+    ReplyParse,
+};
 
 fn frame(buf: &[u8], kind: ReplyKind) -> Result<ReplyParse, ProtocolError> {
     parse_reply(buf, kind, &Limits::default())
@@ -9,7 +12,12 @@ fn frame(buf: &[u8], kind: ReplyKind) -> Result<ReplyParse, ProtocolError> {
 /// cut, and ignore whatever follows it.
 fn check_whole(reply: &[u8], kind: ReplyKind) {
     for cut in 0..reply.len() {
-        assert_eq!(frame(&reply[..cut], kind), Ok(ReplyParse::Incomplete), "cut {cut} of {:?}", String::from_utf8_lossy(reply));
+        assert_eq!(
+            frame(&reply[..cut], kind),
+            Ok(ReplyParse::Incomplete),
+            "cut {cut} of {:?}",
+            String::from_utf8_lossy(reply)
+        );
     }
     assert_eq!(frame(reply, kind), Ok(ReplyParse::Complete(reply.len())));
     let mut more = reply.to_vec();
@@ -21,9 +29,18 @@ fn check_whole(reply: &[u8], kind: ReplyKind) {
 fn retrieval_replies() {
     check_whole(b"END\r\n", ReplyKind::Retrieval);
     check_whole(b"VALUE a 0 1\r\nx\r\nEND\r\n", ReplyKind::Retrieval);
-    check_whole(b"VALUE a 5 3 99\r\na\r\n\r\nVALUE b 0 0\r\n\r\nEND\r\n", ReplyKind::Retrieval);
-    check_whole(b"SERVER_ERROR out of memory writing get response\r\n", ReplyKind::Retrieval);
-    check_whole(b"CLIENT_ERROR bad command line format\r\n", ReplyKind::Retrieval);
+    check_whole(
+        b"VALUE a 5 3 99\r\na\r\n\r\nVALUE b 0 0\r\n\r\nEND\r\n",
+        ReplyKind::Retrieval,
+    );
+    check_whole(
+        b"SERVER_ERROR out of memory writing get response\r\n",
+        ReplyKind::Retrieval,
+    );
+    check_whole(
+        b"CLIENT_ERROR bad command line format\r\n",
+        ReplyKind::Retrieval,
+    );
     check_whole(b"ERROR\r\n", ReplyKind::Retrieval);
 }
 
@@ -34,9 +51,15 @@ fn retrieval_garbage_is_an_error() {
     assert!(frame(b"VALUE a 0 1\r\nxyz\r\n", ReplyKind::Retrieval).is_err());
     assert!(frame(b"VALUE a 0 1\r\nx\r\nbogus\r\n", ReplyKind::Retrieval).is_err());
     assert!(frame(b"END\n", ReplyKind::Retrieval).is_err());
-    let small = Limits { max_value_len: 4, ..Limits::default() };
+    let small = Limits {
+        max_value_len: 4,
+        ..Limits::default()
+    };
     assert!(parse_reply(b"VALUE a 0 5\r\n", ReplyKind::Retrieval, &small).is_err());
-    let short = Limits { max_line_len: 8, ..Limits::default() };
+    let short = Limits {
+        max_line_len: 8,
+        ..Limits::default()
+    };
     assert!(parse_reply(b"VALUE aaaaaaaaaaa", ReplyKind::Retrieval, &short).is_err());
 }
 
@@ -64,7 +87,16 @@ fn meta_get_replies() {
 
 #[test]
 fn line_replies() {
-    for r in [&b"STORED\r\n"[..], b"NOT_FOUND\r\n", b"42\r\n", b"VERSION 1.6.18\r\n", b"HD\r\n", b"MN\r\n", b"ME a exp=-1\r\n", b"OK\r\n"] {
+    for r in [
+        &b"STORED\r\n"[..],
+        b"NOT_FOUND\r\n",
+        b"42\r\n",
+        b"VERSION 1.6.18\r\n",
+        b"HD\r\n",
+        b"MN\r\n",
+        b"ME a exp=-1\r\n",
+        b"OK\r\n",
+    ] {
         check_whole(r, ReplyKind::Line);
     }
     assert!(frame(b"\r\n", ReplyKind::Line).is_err());
@@ -79,20 +111,32 @@ fn value_blocks_in_order() {
     assert_eq!(&reply[blocks[0].key.clone()], b"a");
     assert_eq!(&reply[blocks[0].block.clone()], b"VALUE a 0 1\r\nx\r\n");
     assert_eq!(&reply[blocks[1].key.clone()], b"bb");
-    assert_eq!(&reply[blocks[1].block.clone()], b"VALUE bb 7 2 12\r\nyz\r\n");
+    assert_eq!(
+        &reply[blocks[1].block.clone()],
+        b"VALUE bb 7 2 12\r\nyz\r\n"
+    );
     assert_eq!(value_blocks(b"END\r\n"), Ok(vec![]));
     let err = b"SERVER_ERROR out of memory\r\n";
     assert_eq!(value_blocks(err), Err(0..err.len()));
     // A data block containing "\r\nEND\r\n" is data, not the end.
     let tricky = b"VALUE a 0 7\r\n\r\nEND\r\n\r\nEND\r\n";
-    assert_eq!(frame(tricky, ReplyKind::Retrieval), Ok(ReplyParse::Complete(tricky.len())));
+    assert_eq!(
+        frame(tricky, ReplyKind::Retrieval),
+        Ok(ReplyParse::Complete(tricky.len()))
+    );
     assert_eq!(value_blocks(tricky).expect("blocks").len(), 1);
 }
 
 #[test]
 fn quiet_suppression_matches_memcached_1_6_18() {
     // Text noreply: memcached sends nothing at all, errors included.
-    for line in [&b"STORED"[..], b"NOT_STORED", b"EXISTS", b"NOT_FOUND", b"CLIENT_ERROR bad data chunk"] {
+    for line in [
+        &b"STORED"[..],
+        b"NOT_STORED",
+        b"EXISTS",
+        b"NOT_FOUND",
+        b"CLIENT_ERROR bad data chunk",
+    ] {
         assert!(quiet_suppresses(Command::Set, line));
     }
     assert!(quiet_suppresses(Command::Delete, b"DELETED"));
@@ -106,7 +150,10 @@ fn quiet_suppression_matches_memcached_1_6_18() {
     assert!(!quiet_suppresses(Command::MetaGet, b"HD"));
     assert!(quiet_suppresses(Command::MetaSet, b"HD c7"));
     assert!(!quiet_suppresses(Command::MetaSet, b"NS"));
-    assert!(!quiet_suppresses(Command::MetaSet, b"CLIENT_ERROR bad data chunk"));
+    assert!(!quiet_suppresses(
+        Command::MetaSet,
+        b"CLIENT_ERROR bad data chunk"
+    ));
     assert!(quiet_suppresses(Command::MetaDelete, b"HD"));
     assert!(!quiet_suppresses(Command::MetaDelete, b"NF"));
     assert!(quiet_suppresses(Command::MetaArithmetic, b"HD"));

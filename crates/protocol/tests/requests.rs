@@ -18,15 +18,25 @@ fn parse(input: &[u8]) -> (Parse, Vec<u8>) {
 fn req(input: &[u8]) -> Request {
     match parse(input).0 {
         Parse::Request(r) => r,
-        other => panic!("expected a request for {:?}, got {other:?}", String::from_utf8_lossy(input)),
+        other => panic!(
+            "expected a request for {:?}, got {other:?}",
+            String::from_utf8_lossy(input)
+        ),
     }
 }
 
 /// The reply bytes memroute must send, whether the stream survives, and the swallow count.
 fn err(input: &[u8]) -> (Vec<u8>, usize, bool) {
     match parse(input).0 {
-        Parse::Invalid { reply, swallow, close } => (reply.to_bytes(), swallow, close),
-        other => panic!("expected Invalid for {:?}, got {other:?}", String::from_utf8_lossy(input)),
+        Parse::Invalid {
+            reply,
+            swallow,
+            close,
+        } => (reply.to_bytes(), swallow, close),
+        other => panic!(
+            "expected Invalid for {:?}, got {other:?}",
+            String::from_utf8_lossy(input)
+        ),
     }
 }
 
@@ -71,13 +81,26 @@ fn gat_and_gats() {
     // memcached answers END to a gat without keys.
     let r = req(b"gat 10\r\n");
     assert!(r.keys.is_empty());
-    assert_eq!(err_reply(b"gat x a\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+    assert_eq!(
+        err_reply(b"gat x a\r\n"),
+        b"CLIENT_ERROR invalid exptime argument\r\n"
+    );
     assert_eq!(err_reply(b"gat\r\n"), b"ERROR\r\n");
 }
 
 #[test]
 fn unknown_empty_and_short_commands_are_error() {
-    for input in [&b"foo\r\n"[..], b"\r\n", b"\n", b"get\r\n", b"m\r\n", b"mz\r\n", b"GET a\r\n", b"x\r\n", b"slabs reassign 1 2\r\n"] {
+    for input in [
+        &b"foo\r\n"[..],
+        b"\r\n",
+        b"\n",
+        b"get\r\n",
+        b"m\r\n",
+        b"mz\r\n",
+        b"GET a\r\n",
+        b"x\r\n",
+        b"slabs reassign 1 2\r\n",
+    ] {
         let (reply, swallow, close) = err(input);
         assert_eq!(reply, b"ERROR\r\n", "{:?}", String::from_utf8_lossy(input));
         assert_eq!((swallow, close), (0, false));
@@ -95,7 +118,9 @@ fn storage_commands_frame_line_and_data() {
     ] {
         let input = format!("{cmd} k 5 0 3\r\nabc\r\nget k\r\n");
         let (p, rest) = parse(input.as_bytes());
-        let Parse::Request(r) = p else { panic!("{p:?}") };
+        let Parse::Request(r) = p else {
+            panic!("{p:?}")
+        };
         assert_eq!(r.command, c);
         assert_eq!(r.key(0), b"k");
         assert_eq!(r.line_len, cmd.len() + 10);
@@ -123,7 +148,17 @@ fn noreply_is_flagged_with_its_range() {
     fwd.extend_from_slice(&b.expect("second part"));
     assert_eq!(fwd, b"set k 0 0 1\r\nx\r\n");
 
-    for input in [&b"delete k noreply\r\n"[..], b"delete k 0 noreply\r\n", b"incr k 1 noreply\r\n", b"decr k 1 noreply\r\n", b"touch k 1 noreply\r\n", b"flush_all noreply\r\n", b"flush_all 10 noreply\r\n", b"verbosity 1 noreply\r\n", b"cas k 0 0 1 5 noreply\r\nx\r\n"] {
+    for input in [
+        &b"delete k noreply\r\n"[..],
+        b"delete k 0 noreply\r\n",
+        b"incr k 1 noreply\r\n",
+        b"decr k 1 noreply\r\n",
+        b"touch k 1 noreply\r\n",
+        b"flush_all noreply\r\n",
+        b"flush_all 10 noreply\r\n",
+        b"verbosity 1 noreply\r\n",
+        b"cas k 0 0 1 5 noreply\r\nx\r\n",
+    ] {
         let r = req(input);
         assert!(r.noreply, "{:?}", String::from_utf8_lossy(input));
         let q = r.quiet_token.clone().expect("quiet token");
@@ -139,20 +174,53 @@ fn noreply_is_flagged_with_its_range() {
 fn storage_errors_match_memcached() {
     // Too few words: ERROR, and the data line is then parsed as a command.
     let (p, rest) = parse(b"set a 0 0\r\nx\r\n");
-    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Error, swallow: 0, close: false });
+    assert_eq!(
+        p,
+        Parse::Invalid {
+            reply: ErrorReply::Error,
+            swallow: 0,
+            close: false
+        }
+    );
     assert_eq!(rest, b"x\r\n");
     assert_eq!(err_reply(b"set a 0 0 1 noreply extra\r\n"), b"ERROR\r\n");
     // Bad numbers: CLIENT_ERROR, data block not swallowed.
-    for input in [&b"set a 0 0 -1\r\n"[..], b"set a 0 0 abc\r\n", b"set a abc 0 1\r\n", b"set a 0 x 1\r\n", b"set a -1 0 1\r\n", b"cas a 0 0 1 x\r\n", b"cas a 0 0 1 -1\r\n", b"set a 0 0 \t\r\n"] {
+    for input in [
+        &b"set a 0 0 -1\r\n"[..],
+        b"set a 0 0 abc\r\n",
+        b"set a abc 0 1\r\n",
+        b"set a 0 x 1\r\n",
+        b"set a -1 0 1\r\n",
+        b"cas a 0 0 1 x\r\n",
+        b"cas a 0 0 1 -1\r\n",
+        b"set a 0 0 \t\r\n",
+    ] {
         let (p, rest) = parse(&[input, b"x\r\n"].concat());
-        assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("bad command line format"), swallow: 0, close: false }, "{:?}", String::from_utf8_lossy(input));
+        assert_eq!(
+            p,
+            Parse::Invalid {
+                reply: ErrorReply::Client("bad command line format"),
+                swallow: 0,
+                close: false
+            },
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
         assert_eq!(rest, b"x\r\n");
     }
     // Key too long: same, memcached answers bad command line format.
     let long = "k".repeat(251);
-    assert_eq!(err_reply(format!("set {long} 0 0 1\r\nx\r\n").as_bytes()), BAD_FORMAT);
+    assert_eq!(
+        err_reply(format!("set {long} 0 0 1\r\nx\r\n").as_bytes()),
+        BAD_FORMAT
+    );
     let ok = "k".repeat(250);
-    assert_eq!(req(format!("set {ok} 0 0 1\r\nx\r\n").as_bytes()).key(0).len(), 250);
+    assert_eq!(
+        req(format!("set {ok} 0 0 1\r\nx\r\n").as_bytes())
+            .key(0)
+            .len(),
+        250
+    );
     // Under noreply memcached sends nothing for these errors.
     assert_eq!(err(b"set a 0 0 -1 noreply\r\n"), (vec![], 0, false));
     assert_eq!(err(b"set a 0 0 noreply\r\n"), (vec![], 0, false));
@@ -168,10 +236,22 @@ fn numbers_parse_like_c_strtol() {
     req(b"set a 0 0 1\tq\r\nx\r\n");
     req(b"set a 0 0 \t1\r\nx\r\n");
     req(b"touch a 99999999999\r\n");
-    assert_eq!(err_reply(b"touch a 9999999999999999999999\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
-    assert_eq!(err_reply(b"touch a +\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
-    assert_eq!(err_reply(b"incr a -1\r\n"), b"CLIENT_ERROR invalid numeric delta argument\r\n");
-    assert_eq!(err_reply(b"incr a 18446744073709551616\r\n"), b"CLIENT_ERROR invalid numeric delta argument\r\n");
+    assert_eq!(
+        err_reply(b"touch a 9999999999999999999999\r\n"),
+        b"CLIENT_ERROR invalid exptime argument\r\n"
+    );
+    assert_eq!(
+        err_reply(b"touch a +\r\n"),
+        b"CLIENT_ERROR invalid exptime argument\r\n"
+    );
+    assert_eq!(
+        err_reply(b"incr a -1\r\n"),
+        b"CLIENT_ERROR invalid numeric delta argument\r\n"
+    );
+    assert_eq!(
+        err_reply(b"incr a 18446744073709551616\r\n"),
+        b"CLIENT_ERROR invalid numeric delta argument\r\n"
+    );
     req(b"incr a 18446744073709551615\r\n");
 }
 
@@ -179,37 +259,84 @@ fn numbers_parse_like_c_strtol() {
 fn bad_data_chunk_consumes_exactly_bytes_plus_two() {
     // memcached: CLIENT_ERROR bad data chunk, then "\r\n" is an empty line (ERROR).
     let (p, rest) = parse(b"set a 0 0 1\r\nxyz\r\n");
-    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("bad data chunk"), swallow: 0, close: false });
+    assert_eq!(
+        p,
+        Parse::Invalid {
+            reply: ErrorReply::Client("bad data chunk"),
+            swallow: 0,
+            close: false
+        }
+    );
     assert_eq!(rest, b"\r\n");
     let (_, rest) = parse(b"set a 0 0 1\r\nx\nget a\r\n");
     assert_eq!(rest, b"et a\r\n");
     // Under noreply the error is silent.
     assert_eq!(err(b"set a 0 0 1 noreply\r\nxy\r\n"), (vec![], 0, false));
     // ms: never silent.
-    assert_eq!(err_reply(b"ms a 1 q\r\nxy\r\n"), b"CLIENT_ERROR bad data chunk\r\n");
+    assert_eq!(
+        err_reply(b"ms a 1 q\r\nxy\r\n"),
+        b"CLIENT_ERROR bad data chunk\r\n"
+    );
 }
 
 #[test]
 fn too_large_value_is_swallowed() {
-    let lim = Limits { max_value_len: 10, ..Limits::default() };
+    let lim = Limits {
+        max_value_len: 10,
+        ..Limits::default()
+    };
     // Nothing of the data has arrived: all of it (and \r\n) is to be swallowed.
     let mut buf = BytesMut::from(&b"set a 0 0 20\r\n"[..]);
-    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Server("object too large for cache"), swallow: 22, close: false });
+    assert_eq!(
+        parse_request(&mut buf, &lim),
+        Parse::Invalid {
+            reply: ErrorReply::Server("object too large for cache"),
+            swallow: 22,
+            close: false
+        }
+    );
     assert!(buf.is_empty());
     // Part of it has arrived: removed now, the rest swallowed.
     let mut buf = BytesMut::from(&b"set a 0 0 20\r\n0123456789"[..]);
-    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Server("object too large for cache"), swallow: 12, close: false });
+    assert_eq!(
+        parse_request(&mut buf, &lim),
+        Parse::Invalid {
+            reply: ErrorReply::Server("object too large for cache"),
+            swallow: 12,
+            close: false
+        }
+    );
     assert!(buf.is_empty());
     // All of it and more: the next command stays.
     let mut buf = BytesMut::from(&b"set a 0 0 20 noreply\r\n01234567890123456789\r\nmn\r\n"[..]);
-    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Silent, swallow: 0, close: false });
+    assert_eq!(
+        parse_request(&mut buf, &lim),
+        Parse::Invalid {
+            reply: ErrorReply::Silent,
+            swallow: 0,
+            close: false
+        }
+    );
     assert_eq!(&buf[..], b"mn\r\n");
     // ms under q still gets the error.
     let mut buf = BytesMut::from(&b"ms a 20 q\r\n"[..]);
-    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Server("object too large for cache"), swallow: 22, close: false });
+    assert_eq!(
+        parse_request(&mut buf, &lim),
+        Parse::Invalid {
+            reply: ErrorReply::Server("object too large for cache"),
+            swallow: 22,
+            close: false
+        }
+    );
     // Default limit: 1 MiB is fine, 2000000 is not (memcached says the same).
     let mut buf = BytesMut::from(&b"set a 0 0 2000000\r\n"[..]);
-    assert!(matches!(parse_request(&mut buf, &limits()), Parse::Invalid { swallow: 2000002, .. }));
+    assert!(matches!(
+        parse_request(&mut buf, &limits()),
+        Parse::Invalid {
+            swallow: 2000002,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -230,17 +357,26 @@ fn arithmetic_touch_flush_verbosity() {
     assert_eq!((r.command, r.key(0)), (Command::Incr, &b"a"[..]));
     assert_eq!(req(b"decr a 5\r\n").command, Command::Decr);
     assert_eq!(err_reply(b"incr a\r\n"), b"ERROR\r\n");
-    assert_eq!(err_reply(b"incr a x\r\n"), b"CLIENT_ERROR invalid numeric delta argument\r\n");
+    assert_eq!(
+        err_reply(b"incr a x\r\n"),
+        b"CLIENT_ERROR invalid numeric delta argument\r\n"
+    );
     assert_eq!(err(b"incr a x noreply\r\n").0, b"");
     assert_eq!(req(b"touch a 10\r\n").command, Command::Touch);
-    assert_eq!(err_reply(b"touch a x\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+    assert_eq!(
+        err_reply(b"touch a x\r\n"),
+        b"CLIENT_ERROR invalid exptime argument\r\n"
+    );
 
     let r = req(b"flush_all\r\n");
     assert_eq!((r.command, r.arg), (Command::FlushAll, Some(0)));
     assert_eq!(req(b"flush_all 30\r\n").arg, Some(30));
     assert_eq!(req(b"flush_all 0 0\r\n").arg, Some(0));
     assert_eq!(req(b"flush_all -5\r\n").arg, Some(0));
-    assert_eq!(err_reply(b"flush_all x\r\n"), b"CLIENT_ERROR invalid exptime argument\r\n");
+    assert_eq!(
+        err_reply(b"flush_all x\r\n"),
+        b"CLIENT_ERROR invalid exptime argument\r\n"
+    );
     assert_eq!(err_reply(b"flush_all 1 2 3\r\n"), b"ERROR\r\n");
 
     let r = req(b"verbosity 1\r\n");
@@ -276,7 +412,10 @@ fn meta_commands() {
     assert_eq!([&a[..], &b.expect("rest")[..]].concat(), b"mg Zm9v b v\r\n");
 
     let r = req(b"ms foo 3 T10 F5 q\r\nbar\r\nmn\r\n");
-    assert_eq!((r.command, r.key(0), r.line_len), (Command::MetaSet, &b"foo"[..], 19));
+    assert_eq!(
+        (r.command, r.key(0), r.line_len),
+        (Command::MetaSet, &b"foo"[..], 19)
+    );
     assert_eq!(&r.frame[r.line_len..], b"bar\r\n");
     assert!(r.noreply);
     assert_eq!(req(b"ms foo 0\r\n\r\n").frame.len(), 12);
@@ -304,15 +443,37 @@ fn meta_errors_match_memcached() {
     assert_eq!(err_reply(b"ms a x q\r\n"), BAD_FORMAT);
     // A repeated q: memcached's own answers, and ms swallows its data block.
     let (p, rest) = parse(b"ms a 1 q q\r\nx\r\nmn\r\n");
-    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("duplicate flag"), swallow: 0, close: false });
+    assert_eq!(
+        p,
+        Parse::Invalid {
+            reply: ErrorReply::Client("duplicate flag"),
+            swallow: 0,
+            close: false
+        }
+    );
     assert_eq!(rest, b"mn\r\n");
-    assert_eq!(err_reply(b"mg a q q\r\n"), b"CLIENT_ERROR duplicate flag\r\n");
-    assert_eq!(err_reply(b"mg a zz q q\r\n"), b"CLIENT_ERROR invalid flag\r\n");
-    assert_eq!(err_reply(b"md a q q\r\n"), b"CLIENT_ERROR invalid or duplicate flag\r\n");
+    assert_eq!(
+        err_reply(b"mg a q q\r\n"),
+        b"CLIENT_ERROR duplicate flag\r\n"
+    );
+    assert_eq!(
+        err_reply(b"mg a zz q q\r\n"),
+        b"CLIENT_ERROR invalid flag\r\n"
+    );
+    assert_eq!(
+        err_reply(b"md a q q\r\n"),
+        b"CLIENT_ERROR invalid or duplicate flag\r\n"
+    );
     // Too many flags.
     let flags = " v".repeat(18);
-    assert_eq!(err_reply(format!("mg a{flags}\r\n").as_bytes()), b"CLIENT_ERROR options flags are too long\r\n");
-    assert_eq!(err_reply(format!("md a{flags}\r\n").as_bytes()), b"CLIENT_ERROR options flags too long\r\n");
+    assert_eq!(
+        err_reply(format!("mg a{flags}\r\n").as_bytes()),
+        b"CLIENT_ERROR options flags are too long\r\n"
+    );
+    assert_eq!(
+        err_reply(format!("md a{flags}\r\n").as_bytes()),
+        b"CLIENT_ERROR options flags too long\r\n"
+    );
     let flags17 = " v".repeat(17);
     req(format!("mg a{flags17}\r\n").as_bytes());
 }
@@ -321,7 +482,14 @@ fn meta_errors_match_memcached() {
 fn key_too_long_in_get() {
     let long = "k".repeat(251);
     let (p, rest) = parse(format!("get a {long} b\r\nmn\r\n").as_bytes());
-    assert_eq!(p, Parse::Invalid { reply: ErrorReply::Client("bad command line format"), swallow: 0, close: false });
+    assert_eq!(
+        p,
+        Parse::Invalid {
+            reply: ErrorReply::Client("bad command line format"),
+            swallow: 0,
+            close: false
+        }
+    );
     assert_eq!(rest, b"mn\r\n");
 }
 
@@ -339,23 +507,38 @@ fn long_lines_without_newline() {
     assert_eq!(err(&junk), (vec![], 0, true));
     // ...except for a multi-get, which may be long.
     let mut get = b"get ".to_vec();
-    get.extend(std::iter::repeat(b'a').take(3000));
+    get.resize(get.len() + 3000, b'a');
     assert_eq!(parse(&get).0, Parse::Incomplete);
     // Beyond memroute's own line limit: closed with an error line.
-    let lim = Limits { max_line_len: 100, ..Limits::default() };
+    let lim = Limits {
+        max_line_len: 100,
+        ..Limits::default()
+    };
     let mut buf = BytesMut::from(&get[..]);
-    assert_eq!(parse_request(&mut buf, &lim), Parse::Invalid { reply: ErrorReply::Client("line too long"), swallow: 0, close: true });
+    assert_eq!(
+        parse_request(&mut buf, &lim),
+        Parse::Invalid {
+            reply: ErrorReply::Client("line too long"),
+            swallow: 0,
+            close: true
+        }
+    );
 }
 
 #[test]
 fn pipelined_frames_come_out_one_by_one() {
-    let input = b"get a b\r\nset k 0 0 2\r\nhi\r\nbogus\r\nmg k v\r\nms k 1\r\nx\r\ndelete k\r\nmn\r\n";
+    let input =
+        b"get a b\r\nset k 0 0 2\r\nhi\r\nbogus\r\nmg k v\r\nms k 1\r\nx\r\ndelete k\r\nmn\r\n";
     let mut buf = BytesMut::from(&input[..]);
     let mut seen = Vec::new();
     loop {
         match parse_request(&mut buf, &limits()) {
             Parse::Request(r) => seen.push(r.command.name().to_string()),
-            Parse::Invalid { reply, .. } => seen.push(String::from_utf8_lossy(&reply.to_bytes()).trim().to_string()),
+            Parse::Invalid { reply, .. } => seen.push(
+                String::from_utf8_lossy(&reply.to_bytes())
+                    .trim()
+                    .to_string(),
+            ),
             Parse::Incomplete => break,
         }
     }
@@ -377,7 +560,12 @@ fn every_split_point_is_incomplete_then_whole() {
         let whole = parse(frame);
         for cut in 0..frame.len() {
             let mut buf = BytesMut::from(&frame[..cut]);
-            assert_eq!(parse_request(&mut buf, &limits()), Parse::Incomplete, "cut {cut} of {:?}", String::from_utf8_lossy(frame));
+            assert_eq!(
+                parse_request(&mut buf, &limits()),
+                Parse::Incomplete,
+                "cut {cut} of {:?}",
+                String::from_utf8_lossy(frame)
+            );
             assert_eq!(&buf[..], &frame[..cut], "consumed on Incomplete");
             buf.extend_from_slice(&frame[cut..]);
             assert_eq!(parse_request(&mut buf, &limits()), whole.0);
@@ -403,11 +591,37 @@ impl Rng {
 #[test]
 fn random_input_never_panics_and_never_consumes_on_incomplete() {
     let pieces: [&[u8]; 24] = [
-        b"get", b"gets", b"gat", b"set", b"cas", b"delete", b"incr", b"touch", b"flush_all", b"verbosity", b"mg", b"ms",
-        b"md", b"ma", b"me", b"mn", b" ", b"noreply", b"q", b"\r\n", b"\n", b"5", b"-1", b"k",
+        b"get",
+        b"gets",
+        b"gat",
+        b"set",
+        b"cas",
+        b"delete",
+        b"incr",
+        b"touch",
+        b"flush_all",
+        b"verbosity",
+        b"mg",
+        b"ms",
+        b"md",
+        b"ma",
+        b"me",
+        b"mn",
+        b" ",
+        b"noreply",
+        b"q",
+        b"\r\n",
+        b"\n",
+        b"5",
+        b"-1",
+        b"k",
     ];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let lim = Limits { max_key_len: 250, max_line_len: 4096, max_value_len: 64 };
+    let lim = Limits {
+        max_key_len: 250,
+        max_line_len: 4096,
+        max_value_len: 64,
+    };
     for _ in 0..20_000 {
         let mut input = Vec::new();
         for _ in 0..rng.below(30) {
