@@ -75,7 +75,7 @@ fn serve(config: Config) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
     let handle = memroute_proxy::start(config).context("cannot start")?;
-    tracing::info!(listen = ?handle.local_addresses, workers, pools, "memroute ready");
+    tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("signal runtime")?;
     runtime.block_on(async {
         let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -13,6 +13,7 @@
 //! is an `Arc` snapshot, counters are per-worker atomics summed when `stats` asks.
 #![forbid(unsafe_code)]
 
+mod admin;
 mod dispatch;
 mod error;
 mod listener;
@@ -40,6 +41,8 @@ pub struct ProxyHandle {
     workers: Vec<JoinHandle<()>>,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
+    /// The admin endpoint's address, when `[admin]` is configured.
+    pub admin_address: Option<String>,
 }
 
 impl ProxyHandle {
@@ -81,6 +84,10 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
     let shared = Arc::new(stats::SharedStats::new(&config, workers));
+    let admin_address = match &config.admin {
+        Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
+        None => None,
+    };
     let config = Arc::new(config);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut threads = Vec::with_capacity(workers);
@@ -99,5 +106,5 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             .map_err(ProxyError::Thread)?;
         threads.push(thread);
     }
-    Ok(ProxyHandle { shutdown, workers: threads, local_addresses })
+    Ok(ProxyHandle { shutdown, workers: threads, local_addresses, admin_address })
 }
