@@ -69,7 +69,8 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::SeqCst);
-        let path = std::env::temp_dir().join(format!("memroute-tests-{}-{tag}-{n}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("memroute-tests-{}-{tag}-{n}", std::process::id()));
         std::fs::create_dir_all(&path).unwrap();
         TempDir { path }
     }
@@ -108,13 +109,18 @@ fn wait_accepting(child: &mut Child, addr: &str, what: &str, log: Option<&Path>)
     let deadline = Instant::now() + START_DEADLINE;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            let log = log.map(|p| std::fs::read_to_string(p).unwrap_or_default()).unwrap_or_default();
+            let log = log
+                .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+                .unwrap_or_default();
             panic!("{what} exited before accepting on {addr}: {status}\n{log}");
         }
         if TcpStream::connect_timeout(&sock, Duration::from_millis(200)).is_ok() {
             return;
         }
-        assert!(Instant::now() < deadline, "{what} did not accept on {addr} within {START_DEADLINE:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not accept on {addr} within {START_DEADLINE:?}"
+        );
         std::thread::sleep(POLL_INTERVAL);
     }
 }
@@ -161,7 +167,13 @@ impl Memcached {
     /// servers use 8 to stay light).
     pub fn start_on(host: &str, port: u16, memory_mb: u32) -> Memcached {
         require_program("memcached");
-        let mut mc = Memcached { child: None, host: host.to_string(), port, memory_mb, dir: TempDir::new("memcached") };
+        let mut mc = Memcached {
+            child: None,
+            host: host.to_string(),
+            port,
+            memory_mb,
+            dir: TempDir::new("memcached"),
+        };
         mc.spawn();
         mc
     }
@@ -169,7 +181,16 @@ impl Memcached {
     fn spawn(&mut self) {
         let log = self.dir.path().join("memcached.log");
         let child = Command::new("memcached")
-            .args(["-l", &self.host, "-p", &self.port.to_string(), "-U", "0", "-t", "1"])
+            .args([
+                "-l",
+                &self.host,
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "0",
+                "-t",
+                "1",
+            ])
             .args(["-m", &self.memory_mb.to_string()])
             // memcached refuses to run as root without -u; it ignores -u when not root.
             .args(["-u", "root"])
@@ -248,7 +269,11 @@ impl Nutcracker {
             .spawn()
             .expect("spawn nutcracker");
         // Wrap the child before waiting, so a readiness panic still kills it (Drop).
-        let mut nc = Nutcracker { child, listen, _dir: dir };
+        let mut nc = Nutcracker {
+            child,
+            listen,
+            _dir: dir,
+        };
         wait_accepting(&mut nc.child, &nc.listen, "nutcracker", Some(&log));
         nc
     }
@@ -268,8 +293,16 @@ impl Drop for Nutcracker {
 pub fn memroute_binary() -> PathBuf {
     // Integration tests run as target/<profile>/deps/<test>-<hash>; the binary is target/<profile>/memroute.
     let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(Path::parent).unwrap().join("memroute");
-    assert!(bin.exists(), "{} is missing: run `cargo build -p memroute` first", bin.display());
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("memroute");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p memroute` first",
+        bin.display()
+    );
     bin
 }
 
@@ -291,7 +324,13 @@ pub fn simple_config(listen: &str, servers: &[String], extra_pool_lines: &str) -
 }
 
 /// `[proxy]` (one worker, route = "main") + pool `main` with the given distribution and hash.
-pub fn pool_config(listen: &str, servers: &[String], distribution: &str, hash: &str, extra_pool_lines: &str) -> String {
+pub fn pool_config(
+    listen: &str,
+    servers: &[String],
+    distribution: &str,
+    hash: &str,
+    extra_pool_lines: &str,
+) -> String {
     let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
     format!(
         "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\n\n\
@@ -349,7 +388,12 @@ impl Memroute {
                 thread_log.lock().unwrap().push(line);
             }
         });
-        let mut mr = Memroute { child, listen, log, _dir: dir };
+        let mut mr = Memroute {
+            child,
+            listen,
+            log,
+            _dir: dir,
+        };
         match ready_rx.recv_timeout(START_DEADLINE) {
             Ok(()) => mr,
             Err(_) => {
@@ -391,7 +435,10 @@ impl Memroute {
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         match wait_child(&mut self.child, timeout) {
             Some(status) => status,
-            None => panic!("memroute did not exit within {timeout:?}\nstderr:\n{}", self.log_text()),
+            None => panic!(
+                "memroute did not exit within {timeout:?}\nstderr:\n{}",
+                self.log_text()
+            ),
         }
     }
 }
@@ -414,15 +461,22 @@ pub struct Conn {
 impl Conn {
     pub fn connect(addr: &str) -> Conn {
         let sock: SocketAddr = addr.parse().unwrap();
-        let stream = TcpStream::connect_timeout(&sock, IO_TIMEOUT).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        let stream = TcpStream::connect_timeout(&sock, IO_TIMEOUT)
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
         stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_nodelay(true).unwrap();
-        Conn { stream, buf: Vec::new(), addr: addr.to_string() }
+        Conn {
+            stream,
+            buf: Vec::new(),
+            addr: addr.to_string(),
+        }
     }
 
     pub fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).unwrap_or_else(|e| panic!("write to {}: {e}", self.addr));
+        self.stream
+            .write_all(bytes)
+            .unwrap_or_else(|e| panic!("write to {}: {e}", self.addr));
     }
 
     /// Like `send`, but a write error (the peer closed) is returned instead of panicking.
@@ -440,15 +494,28 @@ impl Conn {
 
     /// Reads until `done(buffered bytes)` returns the length of a complete reply, then returns
     /// those bytes. On EOF or timeout returns Err with what was read so far.
-    pub fn read_until_with(&mut self, done: impl Fn(&[u8]) -> Option<usize>) -> Result<Vec<u8>, ReadError> {
+    pub fn read_until_with(
+        &mut self,
+        done: impl Fn(&[u8]) -> Option<usize>,
+    ) -> Result<Vec<u8>, ReadError> {
         loop {
             if let Some(n) = done(&self.buf) {
                 return Ok(self.buf.drain(..n).collect());
             }
             match self.fill() {
-                Ok(0) => return Err(ReadError { partial: std::mem::take(&mut self.buf), eof: true }),
+                Ok(0) => {
+                    return Err(ReadError {
+                        partial: std::mem::take(&mut self.buf),
+                        eof: true,
+                    })
+                }
                 Ok(_) => {}
-                Err(_) => return Err(ReadError { partial: std::mem::take(&mut self.buf), eof: false }),
+                Err(_) => {
+                    return Err(ReadError {
+                        partial: std::mem::take(&mut self.buf),
+                        eof: false,
+                    })
+                }
             }
         }
     }
@@ -497,7 +564,10 @@ impl Conn {
         let mut bytes = request.to_vec();
         bytes.extend_from_slice(b"mn\r\n");
         if let Err(e) = self.try_send(&bytes) {
-            return Err(ReadError { partial: format!("<write failed: {e}>").into_bytes(), eof: true });
+            return Err(ReadError {
+                partial: format!("<write failed: {e}>").into_bytes(),
+                eof: true,
+            });
         }
         let mut reply = self.read_until_with(ends_with_mn)?;
         reply.truncate(reply.len() - 4);
@@ -528,14 +598,23 @@ impl Conn {
         req.extend_from_slice(value);
         req.extend_from_slice(b"\r\n");
         let reply = self.roundtrip_line(&req);
-        assert!(reply == b"STORED\r\n", "set {key} via {}: {}", self.addr, show(&reply));
+        assert!(
+            reply == b"STORED\r\n",
+            "set {key} via {}: {}",
+            self.addr,
+            show(&reply)
+        );
     }
 
     /// get `key`: Some(value) on a hit, None on a miss; panics on any other reply.
     pub fn get(&mut self, key: &str) -> Option<Vec<u8>> {
         self.send(format!("get {key}\r\n").as_bytes());
         let reply = self.read_get_reply();
-        parse_values(&reply).unwrap_or_else(|| panic!("get {key} via {}: {}", self.addr, show(&reply))).into_iter().next().map(|v| v.2)
+        parse_values(&reply)
+            .unwrap_or_else(|| panic!("get {key} via {}: {}", self.addr, show(&reply)))
+            .into_iter()
+            .next()
+            .map(|v| v.2)
     }
 }
 
@@ -549,7 +628,11 @@ pub struct ReadError {
 
 impl std::fmt::Display for ReadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let how = if self.eof { "connection closed" } else { "read timed out" };
+        let how = if self.eof {
+            "connection closed"
+        } else {
+            "read timed out"
+        };
         write!(f, "{how} after {:?}", show(&self.partial))
     }
 }
@@ -561,7 +644,11 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// Bytes as a readable string (escapes for control and non-UTF-8 bytes), for messages.
 pub fn show(bytes: &[u8]) -> String {
-    let shown: String = bytes.iter().flat_map(|&b| std::ascii::escape_default(b)).map(char::from).collect();
+    let shown: String = bytes
+        .iter()
+        .flat_map(|&b| std::ascii::escape_default(b))
+        .map(char::from)
+        .collect();
     // Keep line ends readable.
     shown.replace("\\r\\n", "\\r\\n\n")
 }

@@ -16,7 +16,10 @@ pub struct Script {
 }
 
 fn script(name: &'static str, steps: &[&[u8]]) -> Script {
-    Script { name, steps: steps.iter().map(|s| s.to_vec()).collect() }
+    Script {
+        name,
+        steps: steps.iter().map(|s| s.to_vec()).collect(),
+    }
 }
 
 fn cat(parts: &[&[u8]]) -> Vec<u8> {
@@ -153,7 +156,10 @@ pub fn text_scripts() -> Vec<Script> {
             ],
         ),
     ];
-    scripts.push(Script { name: "large value (500 KiB)", steps: vec![set_big, b"get big\r\n".to_vec(), b"delete big\r\n".to_vec()] });
+    scripts.push(Script {
+        name: "large value (500 KiB)",
+        steps: vec![set_big, b"get big\r\n".to_vec(), b"delete big\r\n".to_vec()],
+    });
     scripts
 }
 
@@ -254,9 +260,29 @@ pub fn bad_input_scripts() -> Vec<Script> {
     let mut scripts = vec![
         script("unknown command", &[b"foo\r\n", b"foo bar baz\r\n", after]),
         script("empty line", &[b"\r\n", after]),
-        script("bad command line format", &[b"set k 0 0\r\n", b"set k abc 0 5\r\nhello\r\n", b"get\r\n", b"set k 0 0 -1\r\n", after]),
-        script("bad data chunk", &[b"set k 0 0 3\r\nhello\r\n", b"get k\r\n", after]),
-        script("incr on non-numeric", &[b"set s 0 0 3\r\nabc\r\n", b"incr s 1\r\n", b"decr s 1\r\n", after]),
+        script(
+            "bad command line format",
+            &[
+                b"set k 0 0\r\n",
+                b"set k abc 0 5\r\nhello\r\n",
+                b"get\r\n",
+                b"set k 0 0 -1\r\n",
+                after,
+            ],
+        ),
+        script(
+            "bad data chunk",
+            &[b"set k 0 0 3\r\nhello\r\n", b"get k\r\n", after],
+        ),
+        script(
+            "incr on non-numeric",
+            &[
+                b"set s 0 0 3\r\nabc\r\n",
+                b"incr s 1\r\n",
+                b"decr s 1\r\n",
+                after,
+            ],
+        ),
         script("overlong line", &[&cat(&[&[b'x'; 3000], b"\r\n"]), after]),
     ];
     scripts.push(Script {
@@ -274,7 +300,11 @@ pub fn bad_input_scripts() -> Vec<Script> {
     });
     scripts.push(Script {
         name: "value over the size limit",
-        steps: vec![cat(&[b"set big 0 0 2000000\r\n", &over_limit, b"\r\n"]), b"get big\r\n".to_vec(), after.to_vec()],
+        steps: vec![
+            cat(&[b"set big 0 0 2000000\r\n", &over_limit, b"\r\n"]),
+            b"get big\r\n".to_vec(),
+            after.to_vec(),
+        ],
     });
     scripts
 }
@@ -306,7 +336,10 @@ pub struct Side {
 
 impl Side {
     pub fn new(conn: Conn) -> Side {
-        Side { conn, last_cas: "0".into() }
+        Side {
+            conn,
+            last_cas: "0".into(),
+        }
     }
 
     fn step(&mut self, step: &[u8]) -> Outcome {
@@ -319,7 +352,10 @@ impl Side {
                 Outcome::Reply(reply)
             }
             Err(ReadError { partial, eof: true }) => Outcome::Closed(partial),
-            Err(ReadError { partial, eof: false }) => Outcome::TimedOut(partial),
+            Err(ReadError {
+                partial,
+                eof: false,
+            }) => Outcome::TimedOut(partial),
         }
     }
 }
@@ -331,7 +367,11 @@ pub fn compare(script: &Script, reference: &mut Side, target: &mut Side) -> Resu
         let want = reference.step(step);
         let got = target.step(step);
         if want != got {
-            let sent = if step.len() > 300 { format!("{}... ({} bytes)", show(&step[..300]), step.len()) } else { show(step) };
+            let sent = if step.len() > 300 {
+                format!("{}... ({} bytes)", show(&step[..300]), step.len())
+            } else {
+                show(step)
+            };
             return Err(format!(
                 "script `{}` step {i}:\n--- sent:\n{sent}\n--- memcached answered:\n{}\n--- target answered:\n{}",
                 script.name,
@@ -340,7 +380,11 @@ pub fn compare(script: &Script, reference: &mut Side, target: &mut Side) -> Resu
             ));
         }
         if !matches!(want, Outcome::Reply(_)) {
-            return Err(format!("script `{}` step {i}: both sides {}; the script is wrong", script.name, want.describe()));
+            return Err(format!(
+                "script `{}` step {i}: both sides {}; the script is wrong",
+                script.name,
+                want.describe()
+            ));
         }
     }
     Ok(())

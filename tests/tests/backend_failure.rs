@@ -7,7 +7,9 @@ use memroute_tests::*;
 
 /// Index of the server holding `key`, found by asking each one directly.
 fn holder(servers: &[Memcached], key: &str) -> usize {
-    let found: Vec<usize> = (0..servers.len()).filter(|&i| servers[i].connect().get(key).is_some()).collect();
+    let found: Vec<usize> = (0..servers.len())
+        .filter(|&i| servers[i].connect().get(key).is_some())
+        .collect();
     assert_eq!(found.len(), 1, "{key} is on servers {found:?}");
     found[0]
 }
@@ -23,7 +25,8 @@ fn killed_backend_fails_fast_and_recovers_after_restart() {
         c.set(k, b"v");
     }
     let victim = holder(&servers, &keys[0]);
-    let (dead_keys, live_keys): (Vec<&String>, Vec<&String>) = keys.iter().partition(|k| holder(&servers, k) == victim);
+    let (dead_keys, live_keys): (Vec<&String>, Vec<&String>) =
+        keys.iter().partition(|k| holder(&servers, k) == victim);
     assert!(!live_keys.is_empty(), "all keys landed on one server");
 
     servers[victim].kill();
@@ -31,16 +34,32 @@ fn killed_backend_fails_fast_and_recovers_after_restart() {
     // Every request for a dead key gets SERVER_ERROR (read_line panics if nothing comes within
     // the read timeout), and the connection stays usable for the live keys in between.
     for (dead, live) in dead_keys.iter().zip(live_keys.iter().cycle()) {
-        for request in [format!("get {dead}\r\n"), format!("set {dead} 0 0 1\r\nx\r\n")] {
+        for request in [
+            format!("get {dead}\r\n"),
+            format!("set {dead} 0 0 1\r\nx\r\n"),
+        ] {
             let reply = c.roundtrip_line(request.as_bytes());
-            assert!(reply.starts_with(b"SERVER_ERROR "), "{} for a dead server's key got {}", show(request.as_bytes()), show(&reply));
+            assert!(
+                reply.starts_with(b"SERVER_ERROR "),
+                "{} for a dead server's key got {}",
+                show(request.as_bytes()),
+                show(&reply)
+            );
         }
-        assert_eq!(c.get(live).as_deref(), Some(&b"v"[..]), "live key {live} while a server is down");
+        assert_eq!(
+            c.get(live).as_deref(),
+            Some(&b"v"[..]),
+            "live key {live} while a server is down"
+        );
     }
     // A multi-get touching the dead server answers (an error or the live values), never hangs.
     c.send(format!("get {} {}\r\n", live_keys[0], dead_keys[0]).as_bytes());
     let reply = c.read_get_reply();
-    assert!(reply.ends_with(b"\r\n"), "multi-get across a dead server: {}", show(&reply));
+    assert!(
+        reply.ends_with(b"\r\n"),
+        "multi-get across a dead server: {}",
+        show(&reply)
+    );
     assert_eq!(c.get(live_keys[0]).as_deref(), Some(&b"v"[..]));
 
     servers[victim].restart();
@@ -53,13 +72,25 @@ fn killed_backend_fails_fast_and_recovers_after_restart() {
         if reply == b"STORED\r\n" {
             break;
         }
-        assert!(reply.starts_with(b"SERVER_ERROR "), "while reconnecting: {}", show(&reply));
-        assert!(Instant::now() < deadline, "memroute did not use the restarted server within 10s\n{}", proxy.log_text());
+        assert!(
+            reply.starts_with(b"SERVER_ERROR "),
+            "while reconnecting: {}",
+            show(&reply)
+        );
+        assert!(
+            Instant::now() < deadline,
+            "memroute did not use the restarted server within 10s\n{}",
+            proxy.log_text()
+        );
         // Poll interval between retries; success is decided by the reply, bounded by the deadline.
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(c.get(key).as_deref(), Some(&b"again"[..]));
-    assert_eq!(servers[victim].connect().get(key).as_deref(), Some(&b"again"[..]), "the key went back to its own server");
+    assert_eq!(
+        servers[victim].connect().get(key).as_deref(),
+        Some(&b"again"[..]),
+        "the key went back to its own server"
+    );
     for k in &dead_keys[1..] {
         assert_eq!(c.get(k), None, "{k}: the restarted server is empty");
     }
@@ -73,8 +104,15 @@ fn sigterm_exits_zero() {
     c.set("k", b"v");
     proxy.signal("TERM");
     let status = proxy.wait_exit(Duration::from_secs(10));
-    assert!(status.success(), "memroute exited with {status} on SIGTERM\n{}", proxy.log_text());
-    assert!(std::net::TcpStream::connect(&proxy.listen).is_err(), "memroute still accepts after exiting");
+    assert!(
+        status.success(),
+        "memroute exited with {status} on SIGTERM\n{}",
+        proxy.log_text()
+    );
+    assert!(
+        std::net::TcpStream::connect(&proxy.listen).is_err(),
+        "memroute still accepts after exiting"
+    );
 }
 
 #[test]
@@ -83,5 +121,9 @@ fn sigint_exits_zero() {
     let mut proxy = Memroute::start_pool(&[backend.addr()]);
     proxy.signal("INT");
     let status = proxy.wait_exit(Duration::from_secs(10));
-    assert!(status.success(), "memroute exited with {status} on SIGINT\n{}", proxy.log_text());
+    assert!(
+        status.success(),
+        "memroute exited with {status} on SIGINT\n{}",
+        proxy.log_text()
+    );
 }

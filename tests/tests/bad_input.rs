@@ -10,13 +10,22 @@ fn abuse_then_check(proxy: &mut Memroute, what: &str, bytes: &[u8], half_close: 
         let _ = c.try_send(bytes);
         if !half_close {
             // Drain what memroute says (or its close) so the abuse is fully processed.
-            let _ = c.read_until_with(|b| (!b.is_empty() && b.ends_with(b"\r\n")).then_some(b.len()));
+            let _ =
+                c.read_until_with(|b| (!b.is_empty() && b.ends_with(b"\r\n")).then_some(b.len()));
         }
     }
-    assert!(proxy.is_running(), "memroute died after {what}\n{}", proxy.log_text());
+    assert!(
+        proxy.is_running(),
+        "memroute died after {what}\n{}",
+        proxy.log_text()
+    );
     let mut c = proxy.connect();
     c.set("alive", what.as_bytes());
-    assert_eq!(c.get("alive").as_deref(), Some(what.as_bytes()), "after {what}");
+    assert_eq!(
+        c.get("alive").as_deref(),
+        Some(what.as_bytes()),
+        "after {what}"
+    );
 }
 
 #[test]
@@ -36,13 +45,37 @@ fn garbage_and_half_requests_do_not_crash() {
         .collect();
     let cases: Vec<(&str, Vec<u8>, bool)> = vec![
         ("binary junk", junk.clone(), false),
-        ("binary protocol magic", [0x80u8, 0x00, 0x00, 0x05, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0].repeat(4), false),
-        ("garbage lines", b"\x00\x01\x02\r\n\xff\xfe\r\n   \r\n\t\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), false),
+        (
+            "binary protocol magic",
+            [
+                0x80u8, 0x00, 0x00, 0x05, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                0,
+            ]
+            .repeat(4),
+            false,
+        ),
+        (
+            "garbage lines",
+            b"\x00\x01\x02\r\n\xff\xfe\r\n   \r\n\t\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            false,
+        ),
         ("a 2 MiB line without newline", vec![b'a'; 2 << 20], false),
-        ("a 2 MiB get line", [b"get ".as_slice(), &b"k ".repeat(1 << 20), b"\r\n"].concat(), false),
-        ("a huge length", b"set k 0 0 99999999999999999999\r\n".to_vec(), false),
+        (
+            "a 2 MiB get line",
+            [b"get ".as_slice(), &b"k ".repeat(1 << 20), b"\r\n"].concat(),
+            false,
+        ),
+        (
+            "a huge length",
+            b"set k 0 0 99999999999999999999\r\n".to_vec(),
+            false,
+        ),
         ("half a command line", b"get half".to_vec(), true),
-        ("half a data block", b"set k 0 0 100\r\nonly-some".to_vec(), true),
+        (
+            "half a data block",
+            b"set k 0 0 100\r\nonly-some".to_vec(),
+            true,
+        ),
         ("half a meta set", b"ms k 10 T0\r\nabc".to_vec(), true),
         ("junk then close", junk[..1000].to_vec(), true),
         ("many pipelined errors", b"bogus\r\n".repeat(10_000), false),

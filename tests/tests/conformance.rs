@@ -18,7 +18,13 @@ fn run(scripts: Vec<Script>) {
             failures.push(e);
         }
     }
-    assert!(failures.is_empty(), "{} of {} scripts differ:\n\n{}", failures.len(), scripts.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} scripts differ:\n\n{}",
+        failures.len(),
+        scripts.len(),
+        failures.join("\n\n")
+    );
 }
 
 #[test]
@@ -48,25 +54,47 @@ fn version_verbosity_stats_are_answered_by_memroute() {
     let (_backend, proxy) = single();
     let mut c = proxy.connect();
     let version = c.roundtrip_line(b"version\r\n");
-    assert!(version.starts_with(b"VERSION ") && version.ends_with(b"\r\n"), "version: {}", show(&version));
+    assert!(
+        version.starts_with(b"VERSION ") && version.ends_with(b"\r\n"),
+        "version: {}",
+        show(&version)
+    );
     assert_eq!(show(&c.roundtrip_line(b"verbosity 1\r\n")), show(b"OK\r\n"));
     assert_eq!(show(&c.roundtrip_line(b"verbosity 0\r\n")), show(b"OK\r\n"));
     // noreply: nothing comes back, so the next reply is the fence's.
-    assert_eq!(show(&c.roundtrip_fenced(b"verbosity 1 noreply\r\n").unwrap()), "");
+    assert_eq!(
+        show(
+            &c.roundtrip_fenced(b"verbosity 1 noreply\r\n")
+                .expect("verbosity noreply")
+        ),
+        ""
+    );
 
     // Counters move with traffic: one hit and one miss.
     c.set("s", b"1");
     c.get("s");
     c.get("nope");
     let stats = c.stats();
-    let stat = |name: &str| stats.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let stat = |name: &str| {
+        stats
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
     for name in ["uptime", "curr_connections", "cmd_get", "get_hits"] {
         assert!(stat(name).is_some(), "stats lacks STAT {name}: {stats:?}");
     }
-    let num = |name: &str| stat(name).and_then(|v| v.parse::<u64>().ok()).unwrap_or_else(|| panic!("STAT {name} not a number: {stats:?}"));
+    let num = |name: &str| {
+        stat(name)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("STAT {name} not a number: {stats:?}"))
+    };
     assert!(num("cmd_get") >= 2, "cmd_get after two gets: {stats:?}");
     assert!(num("get_hits") >= 1, "get_hits after a hit: {stats:?}");
-    assert!(num("curr_connections") >= 1, "curr_connections with one client: {stats:?}");
+    assert!(
+        num("curr_connections") >= 1,
+        "curr_connections with one client: {stats:?}"
+    );
     // The connection is still framed after stats (stats() read up to END).
     assert_eq!(c.get("s").as_deref(), Some(&b"1"[..]));
 }
@@ -98,8 +126,14 @@ fn pipelined_requests_are_answered_in_order() {
         };
         batch.extend_from_slice(cmd.as_bytes());
     }
-    let want = reference.connect().roundtrip_fenced(&batch).unwrap();
-    let got = proxy.connect().roundtrip_fenced(&batch).unwrap_or_else(|e| panic!("pipelined batch through memroute: {e}"));
+    let want = reference
+        .connect()
+        .roundtrip_fenced(&batch)
+        .expect("batch to memcached");
+    let got = proxy
+        .connect()
+        .roundtrip_fenced(&batch)
+        .unwrap_or_else(|e| panic!("pipelined batch through memroute: {e}"));
     assert_eq!(show(&got), show(&want));
 }
 
@@ -109,13 +143,18 @@ fn byte_at_a_time_requests() {
     let reference = Memcached::start();
     let (_backend, proxy) = single();
     let requests: &[u8] = b"set slow 0 0 5\r\nhello\r\nget slow nope slow\r\nmg slow v k\r\nincr slow 1\r\ndelete slow\r\nmn\r\n";
-    let want = reference.connect().roundtrip_fenced(requests).unwrap();
+    let want = reference
+        .connect()
+        .roundtrip_fenced(requests)
+        .expect("requests to memcached");
     let mut c = proxy.connect();
     for b in requests {
         c.send(std::slice::from_ref(b));
     }
     // The fence comes after the script's own trailing mn.
-    let got = c.roundtrip_fenced(b"").unwrap_or_else(|e| panic!("byte-at-a-time through memroute: {e}"));
+    let got = c
+        .roundtrip_fenced(b"")
+        .unwrap_or_else(|e| panic!("byte-at-a-time through memroute: {e}"));
     assert_eq!(show(&got), show(&want));
 }
 
@@ -134,10 +173,21 @@ fn connection_stays_usable_after_recoverable_errors() {
         b"mg\r\n",
     ];
     for (i, bad) in errors.iter().enumerate() {
-        let reply = c.roundtrip_fenced(bad).unwrap_or_else(|e| panic!("error case {i} {}: {e}", show(bad)));
-        assert!(!reply.is_empty(), "error case {i} {} got no reply", show(bad));
+        let reply = c
+            .roundtrip_fenced(bad)
+            .unwrap_or_else(|e| panic!("error case {i} {}: {e}", show(bad)));
+        assert!(
+            !reply.is_empty(),
+            "error case {i} {} got no reply",
+            show(bad)
+        );
         let value = format!("after{i}");
         c.set("alive", value.as_bytes());
-        assert_eq!(c.get("alive"), Some(value.into_bytes()), "connection unusable after {}", show(bad));
+        assert_eq!(
+            c.get("alive"),
+            Some(value.into_bytes()),
+            "connection unusable after {}",
+            show(bad)
+        );
     }
 }

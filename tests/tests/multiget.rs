@@ -15,7 +15,13 @@ fn addrs(servers: &[Memcached]) -> Vec<String> {
 /// md5 spreads them, and this test is about splitting and merging, not the hash.)
 fn proxy_over(servers: &[Memcached], extra_pool_lines: &str) -> Memroute {
     let listen = format!("127.0.0.1:{}", free_port());
-    Memroute::start(&pool_config(&listen, &addrs(servers), "ketama", "md5", extra_pool_lines))
+    Memroute::start(&pool_config(
+        &listen,
+        &addrs(servers),
+        "ketama",
+        "md5",
+        extra_pool_lines,
+    ))
 }
 
 fn value_of(i: usize) -> String {
@@ -75,14 +81,22 @@ fn keys_spread_over_all_servers_and_multiget_merges_in_order() {
     // Every key is on exactly one server, and every server holds some.
     let mut per_server = vec![0; servers.len()];
     for k in &keys {
-        let holders: Vec<usize> = (0..servers.len()).filter(|&s| servers[s].connect().get(k).is_some()).collect();
+        let holders: Vec<usize> = (0..servers.len())
+            .filter(|&s| servers[s].connect().get(k).is_some())
+            .collect();
         assert_eq!(holders.len(), 1, "{k} is on servers {holders:?}");
         per_server[holders[0]] += 1;
     }
-    assert!(per_server.iter().all(|&n| n > 0), "keys per server: {per_server:?}");
+    assert!(
+        per_server.iter().all(|&n| n > 0),
+        "keys per server: {per_server:?}"
+    );
 
     let keys = mixed_keys();
-    assert_eq!(show(&multi_get(&proxy, &keys)), show(&expected_reply(&keys)));
+    assert_eq!(
+        show(&multi_get(&proxy, &keys)),
+        show(&expected_reply(&keys))
+    );
 }
 
 #[test]
@@ -91,13 +105,20 @@ fn capped_batches_give_the_same_answer() {
     let proxy = proxy_over(&servers, "max_keys_per_request = 3");
     set_200(&proxy);
     let keys = mixed_keys();
-    assert_eq!(show(&multi_get(&proxy, &keys)), show(&expected_reply(&keys)));
+    assert_eq!(
+        show(&multi_get(&proxy, &keys)),
+        show(&expected_reply(&keys))
+    );
     // gets with the cap too: same VALUE lines (with cas) as asking each key alone.
     let mut c = proxy.connect();
     c.send(format!("gets {}\r\n", keys.join(" ")).as_bytes());
     let values = parse_values(&c.read_get_reply()).expect("gets reply");
     let got: Vec<&str> = values.iter().map(|(k, _, _)| k.as_str()).collect();
-    let want: Vec<&str> = keys.iter().map(String::as_str).filter(|k| k.starts_with("key")).collect();
+    let want: Vec<&str> = keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| k.starts_with("key"))
+        .collect();
     assert_eq!(got, want);
 }
 
@@ -111,7 +132,11 @@ fn flush_all_empties_every_server() {
     for (s, server) in servers.iter().enumerate() {
         let mut direct = server.connect();
         direct.send(format!("get {}\r\n", keys.join(" ")).as_bytes());
-        assert_eq!(show(&direct.read_get_reply()), "END\\r\\n\n", "server {s} still holds keys after flush_all");
+        assert_eq!(
+            show(&direct.read_get_reply()),
+            "END\\r\\n\n",
+            "server {s} still holds keys after flush_all"
+        );
     }
     assert_eq!(show(&multi_get(&proxy, &keys[..50])), "END\\r\\n\n");
 }

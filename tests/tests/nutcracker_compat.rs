@@ -14,7 +14,9 @@ struct Pool {
 
 /// `n` memcached on 127.0.0.1 with weight 1 and no name.
 fn plain(n: usize) -> Pool {
-    let servers: Vec<Memcached> = (0..n).map(|_| Memcached::start_on("127.0.0.1", free_port(), 8)).collect();
+    let servers: Vec<Memcached> = (0..n)
+        .map(|_| Memcached::start_on("127.0.0.1", free_port(), 8))
+        .collect();
     let specs = servers.iter().map(|m| format!("{}:1", m.addr())).collect();
     Pool { servers, specs }
 }
@@ -61,7 +63,11 @@ fn misses(reader: &mut Conn, keys: &[String]) -> Vec<String> {
 
 /// Which servers hold `key` (for the failure message).
 fn holders(pool: &Pool, key: &str) -> Vec<String> {
-    pool.servers.iter().filter(|m| m.connect().get(key).is_some()).map(Memcached::addr).collect()
+    pool.servers
+        .iter()
+        .filter(|m| m.connect().get(key).is_some())
+        .map(Memcached::addr)
+        .collect()
 }
 
 fn check(name: &str, pool: &Pool, distribution: &str, hash: &str) {
@@ -72,19 +78,53 @@ fn check(name: &str, pool: &Pool, distribution: &str, hash: &str) {
          auto_eject_hosts: false\n  servers:\n{servers_yaml}"
     ));
     let mr_listen = format!("127.0.0.1:{}", free_port());
-    let memroute = Memroute::start(&pool_config(&mr_listen, &pool.specs, distribution, hash, ""));
+    let memroute = Memroute::start(&pool_config(
+        &mr_listen,
+        &pool.specs,
+        distribution,
+        hash,
+        "",
+    ));
 
     let mut failures = Vec::new();
-    for (writer, reader, w, r, prefix) in [(&nutcracker.listen, &memroute.listen, "nutcracker", "memroute", "n"), (&memroute.listen, &nutcracker.listen, "memroute", "nutcracker", "m")] {
+    for (writer, reader, w, r, prefix) in [
+        (
+            &nutcracker.listen,
+            &memroute.listen,
+            "nutcracker",
+            "memroute",
+            "n",
+        ),
+        (
+            &memroute.listen,
+            &nutcracker.listen,
+            "memroute",
+            "nutcracker",
+            "m",
+        ),
+    ] {
         let keys = keys(prefix);
         write_all(&mut Conn::connect(writer), &keys);
         let missed = misses(&mut Conn::connect(reader), &keys);
         if !missed.is_empty() {
-            let examples: Vec<String> = missed.iter().take(5).map(|k| format!("{k:?} is on {:?}", holders(pool, k))).collect();
-            failures.push(format!("{} of {KEYS} keys written via {w} miss via {r}; e.g. {}", missed.len(), examples.join("; ")));
+            let examples: Vec<String> = missed
+                .iter()
+                .take(5)
+                .map(|k| format!("{k:?} is on {:?}", holders(pool, k)))
+                .collect();
+            failures.push(format!(
+                "{} of {KEYS} keys written via {w} miss via {r}; e.g. {}",
+                missed.len(),
+                examples.join("; ")
+            ));
         }
     }
-    assert!(failures.is_empty(), "{name} ({distribution}/{hash}, servers {:?}):\n{}", pool.specs, failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{name} ({distribution}/{hash}, servers {:?}):\n{}",
+        pool.specs,
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -114,28 +154,65 @@ fn ketama_fnv1a_64_50_servers() {
 #[test]
 fn ketama_weighted_and_named() {
     let weights = [1, 2, 3, 1, 5];
-    let servers: Vec<Memcached> = weights.iter().map(|_| Memcached::start_on("127.0.0.1", free_port(), 8)).collect();
+    let servers: Vec<Memcached> = weights
+        .iter()
+        .map(|_| Memcached::start_on("127.0.0.1", free_port(), 8))
+        .collect();
     let named = Pool {
-        specs: servers.iter().zip(weights).enumerate().map(|(i, (m, w))| format!("{}:{w} cache-{i}", m.addr())).collect(),
+        specs: servers
+            .iter()
+            .zip(weights)
+            .enumerate()
+            .map(|(i, (m, w))| format!("{}:{w} cache-{i}", m.addr()))
+            .collect(),
         servers,
     };
     check("weighted + named", &named, "ketama", "fnv1a_64");
 
-    let servers: Vec<Memcached> = weights.iter().map(|_| Memcached::start_on("127.0.0.1", free_port(), 8)).collect();
-    let weighted = Pool { specs: servers.iter().zip(weights).map(|(m, w)| format!("{}:{w}", m.addr())).collect(), servers };
+    let servers: Vec<Memcached> = weights
+        .iter()
+        .map(|_| Memcached::start_on("127.0.0.1", free_port(), 8))
+        .collect();
+    let weighted = Pool {
+        specs: servers
+            .iter()
+            .zip(weights)
+            .map(|(m, w)| format!("{}:{w}", m.addr()))
+            .collect(),
+        servers,
+    };
     check("weighted, unnamed", &weighted, "ketama", "fnv1a_64");
 }
 
 /// Servers on port 11211 are identified by host alone in twemproxy's ketama.
 #[test]
 fn ketama_port_11211_servers() {
-    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start_on(&free_loopback_host(11211), 11211, 8)).collect();
+    let servers: Vec<Memcached> = (0..4)
+        .map(|_| Memcached::start_on(&free_loopback_host(11211), 11211, 8))
+        .collect();
     let specs = servers.iter().map(|m| format!("{}:1", m.addr())).collect();
-    check("port 11211 on distinct addresses", &Pool { servers, specs }, "ketama", "fnv1a_64");
+    check(
+        "port 11211 on distinct addresses",
+        &Pool { servers, specs },
+        "ketama",
+        "fnv1a_64",
+    );
 }
 
-const HASHES: [&str; 12] =
-    ["one_at_a_time", "md5", "crc16", "crc32", "crc32a", "fnv1_64", "fnv1a_64", "fnv1_32", "fnv1a_32", "hsieh", "murmur", "jenkins"];
+const HASHES: [&str; 12] = [
+    "one_at_a_time",
+    "md5",
+    "crc16",
+    "crc32",
+    "crc32a",
+    "fnv1_64",
+    "fnv1a_64",
+    "fnv1_32",
+    "fnv1a_32",
+    "hsieh",
+    "murmur",
+    "jenkins",
+];
 
 #[test]
 fn ketama_every_twemproxy_hash() {
