@@ -1,1 +1,73 @@
-fn main() {}
+//! Criterion benchmarks for key hashing and server lookup (memroute-routing).
+//!
+//! `cargo bench -p memroute-benches --bench hash`
+//!
+//! - `hash/<name>`: every hash function on one 20-byte key.
+//! - `server_for/<distribution>/<servers>`: the whole per-key placement step
+//!   (hash_tag check, hash, lookup) over a rotating set of keys, so the ring lookup
+//!   is not served from one hot cache line.
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use memroute_config::{DistributionName, HashName, PoolConfig, ServerConfig};
+use memroute_routing::{HashFn, Placement};
+
+const KEY: &[u8; 20] = b"user:1234567:profile";
+
+fn bench_hashes(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hash");
+    group.throughput(Throughput::Bytes(KEY.len() as u64));
+    for name in HashName::ALL {
+        let f = HashFn(name);
+        group.bench_function(name.as_str(), |b| b.iter(|| f.hash(black_box(KEY))));
+    }
+    group.finish();
+}
+
+fn pool(servers: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
+    PoolConfig {
+        servers: (0..servers)
+            .map(|i| ServerConfig { address: format!("10.0.{}.{}:11211", i / 250, i % 250 + 1), weight: 1, name: None })
+            .collect(),
+        distribution,
+        hash,
+        hash_tag: None,
+        vnodes: 256,
+        connections: 1,
+        timeout: Duration::from_millis(250),
+        connect_timeout: Duration::from_millis(250),
+        max_keys_per_request: 100,
+    }
+}
+
+fn bench_server_for(c: &mut Criterion) {
+    // 1024 distinct 20-byte keys, cycled through.
+    let keys: Vec<Vec<u8>> = (0..1024).map(|i| format!("user:{i:07}:profile").into_bytes()).collect();
+    let cases = [
+        (DistributionName::Ketama, HashName::Fnv1a_64, 10),
+        (DistributionName::Ketama, HashName::Fnv1a_64, 50),
+        (DistributionName::Ketama, HashName::Md5, 50),
+        (DistributionName::Ring, HashName::Xxh3, 10),
+        (DistributionName::Ring, HashName::Xxh3, 50),
+        (DistributionName::Jump, HashName::Xxh3, 10),
+        (DistributionName::Jump, HashName::Xxh3, 50),
+        (DistributionName::Modula, HashName::Fnv1a_64, 10),
+    ];
+    let mut group = c.benchmark_group("server_for");
+    for (distribution, hash, servers) in cases {
+        let placement = Placement::new(&pool(servers, distribution, hash));
+        let id = format!("{}-{}/{servers}", distribution.as_str(), hash.as_str());
+        group.bench_function(id, |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                i = (i + 1) & 1023;
+                placement.server_for(black_box(&keys[i]))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_hashes, bench_server_for);
+criterion_main!(benches);

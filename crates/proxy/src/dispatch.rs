@@ -205,7 +205,10 @@ fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
 }
 
 fn send_single(context: &WorkerContext, request: Request) -> Pending {
-    let key = request.key(0);
+    let Some(key) = request.keys().next() else {
+        // The parser never yields a keyed command without a key; answer as memcached would if it did.
+        return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
+    };
     let pool = context.routes.pool_for(key);
     let server = context.routes.placements[pool].server_for(key);
     let connection = context.pools[pool].servers[server].pick();
