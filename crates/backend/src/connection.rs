@@ -93,7 +93,7 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
                     None => return,
                     Some(error) => {
                         tracing::warn!(server = %settings.address, %error, "backend connection lost");
-                        Arc::from(error.to_string())
+                        error.reason()
                     }
                 }
             }

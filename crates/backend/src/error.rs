@@ -21,6 +21,16 @@ pub enum BackendError {
 }
 
 impl BackendError {
+    /// The cause without the server's address, for messages that name the server already.
+    pub fn reason(&self) -> Arc<str> {
+        match self {
+            BackendError::Unavailable { reason, .. } => reason.clone(),
+            BackendError::Timeout { .. } => Arc::from("timed out"),
+            BackendError::BadReply { .. } => Arc::from("sent a malformed reply"),
+            BackendError::Closed { .. } => Arc::from("connection closed by proxy"),
+        }
+    }
+
     /// True for timeouts (counted separately in stats).
     pub fn is_timeout(&self) -> bool {
         matches!(self, BackendError::Timeout { .. })

@@ -74,17 +74,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn serve(config: Config) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("signal runtime")?;
+    // Signal handlers exist before anyone is told we are ready: a SIGTERM right after
+    // the ready line must mean a graceful stop, not the default action.
+    let (mut interrupt, mut terminate) = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok::<_, std::io::Error>((signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?))
+    })?;
     let handle = memroute_proxy::start(config).context("cannot start")?;
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("signal runtime")?;
     runtime.block_on(async {
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
             _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
         }
-        Ok::<(), std::io::Error>(())
-    })?;
+    });
     handle.shutdown();
     handle.join();
     tracing::info!("memroute stopped");
