@@ -28,7 +28,11 @@ fn bench_hashes(c: &mut Criterion) {
 fn pool(servers: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
     PoolConfig {
         servers: (0..servers)
-            .map(|i| ServerConfig { address: format!("10.0.{}.{}:11211", i / 250, i % 250 + 1), weight: 1, name: None })
+            .map(|i| ServerConfig {
+                address: format!("10.0.{}.{}:11211", i / 250, i % 250 + 1),
+                weight: 1,
+                name: None,
+            })
             .collect(),
         distribution,
         hash,
@@ -43,7 +47,9 @@ fn pool(servers: usize, distribution: DistributionName, hash: HashName) -> PoolC
 
 fn bench_server_for(c: &mut Criterion) {
     // 1024 distinct 20-byte keys, cycled through.
-    let keys: Vec<Vec<u8>> = (0..1024).map(|i| format!("user:{i:07}:profile").into_bytes()).collect();
+    let keys: Vec<Vec<u8>> = (0..1024)
+        .map(|i| format!("user:{i:07}:profile").into_bytes())
+        .collect();
     let cases = [
         (DistributionName::Ketama, HashName::Fnv1a_64, 10),
         (DistributionName::Ketama, HashName::Fnv1a_64, 50),

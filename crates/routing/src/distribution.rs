@@ -85,7 +85,12 @@ impl Placement {
             DistributionName::Random => Kind::Random,
             DistributionName::Jump => Kind::Jump,
         };
-        Placement { hash: HashFn(pool.hash), hash_tag: pool.hash_tag, servers: pool.servers.len(), kind }
+        Placement {
+            hash: HashFn(pool.hash),
+            hash_tag: pool.hash_tag,
+            servers: pool.servers.len(),
+            kind,
+        }
     }
 
     /// Index of the server (in config order) that owns `key` (hash_tag applied here).
@@ -102,7 +107,11 @@ impl Placement {
                 let h = self.key_hash(part);
                 // First point >= h; past the last point wraps to the first.
                 let i = points.partition_point(|&(p, _)| p < h);
-                let (_, server) = if i == points.len() { points[0] } else { points[i] };
+                let (_, server) = if i == points.len() {
+                    points[0]
+                } else {
+                    points[i]
+                };
                 server as usize
             }
             Kind::Slots(slots) => slots[(self.key_hash(part) as usize) % slots.len()] as usize,
@@ -143,9 +152,16 @@ pub fn ketama_points(weight: u32, total_weight: u32, live_servers: u32) -> u32 {
 /// sorted by identity length, then bytes (its `string_compare`). Stable, so duplicate
 /// identities (which nutcracker would reject) keep config order.
 fn twemproxy_order(servers: &[ServerConfig]) -> Vec<(usize, ServerIdentity)> {
-    let mut order: Vec<(usize, ServerIdentity)> =
-        servers.iter().enumerate().map(|(i, s)| (i, ServerIdentity::of(s))).collect();
-    order.sort_by(|(_, a), (_, b)| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
+    let mut order: Vec<(usize, ServerIdentity)> = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i, ServerIdentity::of(s)))
+        .collect();
+    order.sort_by(|(_, a), (_, b)| {
+        a.0.len()
+            .cmp(&b.0.len())
+            .then_with(|| a.0.as_bytes().cmp(b.0.as_bytes()))
+    });
     order
 }
 
@@ -246,7 +262,11 @@ mod tests {
     fn pool(n: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
         PoolConfig {
             servers: (0..n)
-                .map(|i| ServerConfig { address: format!("10.0.0.{}:{}", i + 1, 11300 + i), weight: 1, name: None })
+                .map(|i| ServerConfig {
+                    address: format!("10.0.0.{}:{}", i + 1, 11300 + i),
+                    weight: 1,
+                    name: None,
+                })
                 .collect(),
             distribution,
             hash,
@@ -260,7 +280,9 @@ mod tests {
     }
 
     fn keys(n: usize) -> Vec<Vec<u8>> {
-        (0..n).map(|i| format!("key:{i}:{}", i * 7919).into_bytes()).collect()
+        (0..n)
+            .map(|i| format!("key:{i}:{}", i * 7919).into_bytes())
+            .collect()
     }
 
     #[test]
@@ -271,8 +293,14 @@ mod tests {
             name: name.map(str::to_string),
         };
         assert_eq!(ServerIdentity::of(&s("10.0.0.1:11211", None)).0, "10.0.0.1");
-        assert_eq!(ServerIdentity::of(&s("10.0.0.1:11212", None)).0, "10.0.0.1:11212");
-        assert_eq!(ServerIdentity::of(&s("10.0.0.1:11211", Some("mc-1"))).0, "mc-1");
+        assert_eq!(
+            ServerIdentity::of(&s("10.0.0.1:11212", None)).0,
+            "10.0.0.1:11212"
+        );
+        assert_eq!(
+            ServerIdentity::of(&s("10.0.0.1:11211", Some("mc-1"))).0,
+            "mc-1"
+        );
     }
 
     #[test]
@@ -293,7 +321,9 @@ mod tests {
     fn ketama_continuum_is_sorted_and_lookup_wraps() {
         let p = pool(3, DistributionName::Ketama, HashName::Md5);
         let placement = Placement::new(&p);
-        let Kind::Continuum(points) = &placement.kind else { panic!("not a continuum") };
+        let Kind::Continuum(points) = &placement.kind else {
+            panic!("not a continuum")
+        };
         assert!(points.windows(2).all(|w| w[0].0 <= w[1].0));
         // A hash above the last point goes to the first point's server.
         let last = points[points.len() - 1].0;
@@ -337,8 +367,43 @@ mod tests {
     }
 
     #[test]
+    fn twemproxy_orders_servers_by_identity_length_then_bytes() {
+        let s = |address: &str, name: Option<&str>| ServerConfig {
+            address: address.to_string(),
+            weight: 1,
+            name: name.map(str::to_string),
+        };
+        let servers = [
+            s("10.0.0.1:11212", None),
+            s("10.0.0.9:11211", None),
+            s("10.0.0.2:11211", Some("zz")),
+            s("10.0.0.3:11211", Some("b-long-name")),
+            s("10.0.0.10:11211", None),
+        ];
+        let order: Vec<usize> = twemproxy_order(&servers)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        // "zz" (2) < "10.0.0.9" (8) < "10.0.0.10" (9) < "b-long-name" (11) < "10.0.0.1:11212" (14)
+        assert_eq!(order, [2, 1, 4, 3, 0]);
+        // modula slot i is the i-th server in that order.
+        let mut p = pool(5, DistributionName::Modula, HashName::Crc32a);
+        p.servers = servers.to_vec();
+        let placement = Placement::new(&p);
+        for k in keys(100) {
+            let slot = (crate::hash::crc32a(&k) % 5) as usize;
+            assert_eq!(placement.server_for(&k), order[slot]);
+        }
+    }
+
+    #[test]
     fn hash_tag_keeps_tagged_keys_together() {
-        for d in [DistributionName::Ketama, DistributionName::Ring, DistributionName::Jump, DistributionName::Modula] {
+        for d in [
+            DistributionName::Ketama,
+            DistributionName::Ring,
+            DistributionName::Jump,
+            DistributionName::Modula,
+        ] {
             let mut p = pool(10, d, HashName::Fnv1a_64);
             p.hash_tag = Some(*b"{}");
             let placement = Placement::new(&p);
@@ -375,7 +440,11 @@ mod tests {
     #[test]
     fn adding_a_server_moves_about_one_nth_of_keys() {
         let ks = keys(50_000);
-        for d in [DistributionName::Ring, DistributionName::Jump, DistributionName::Ketama] {
+        for d in [
+            DistributionName::Ring,
+            DistributionName::Jump,
+            DistributionName::Ketama,
+        ] {
             let before = Placement::new(&pool(9, d, HashName::Xxh3));
             let after = Placement::new(&pool(10, d, HashName::Xxh3));
             let mut moved = 0usize;

@@ -4,11 +4,11 @@
 //! included, because that value picks the server and a different value means a cache miss
 //! after migrating from twemproxy:
 //!
-//! - Several C functions read the key through a signed `char` and widen it, so a byte
-//!   >= 0x80 is sign-extended (0xE9 becomes 0xFFFF_FFE9) before it is mixed in:
-//!   one_at_a_time, fnv1_64, fnv1a_64, fnv1_32, fnv1a_32 and the 3-byte tail of hsieh.
-//!   Here that is [`widen_signed`]. crc32 also widens signed bytes but masks back to
-//!   8 bits, so it is unaffected.
+//! - Several C functions read the key through a signed `char` and widen it, so a high
+//!   byte (0x80 and up) is sign-extended (0xE9 becomes 0xFFFF_FFE9) before it is mixed
+//!   in: one_at_a_time, fnv1_64, fnv1a_64, fnv1_32, fnv1a_32 and the 3-byte tail of
+//!   hsieh. Here that is `widen_signed`. crc32 also widens signed bytes but masks back
+//!   to 8 bits, so it is unaffected.
 //! - `fnv1a_64` keeps only a 32-bit state (64-bit offset basis and prime truncated to
 //!   32 bits); `fnv1_64` keeps a 64-bit state and returns its low 32 bits.
 //! - `crc32` is libmemcached's: the real CRC-32 shifted right 16 and masked to 15 bits.
@@ -105,7 +105,11 @@ const CRC16_TABLE: [u16; 256] = {
         let mut crc = (i as u16) << 8;
         let mut bit = 0;
         while bit < 8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
             bit += 1;
         }
         table[i] = crc;
@@ -134,7 +138,11 @@ const CRC32_TABLE: [u32; 256] = {
         let mut crc = i as u32;
         let mut bit = 0;
         while bit < 8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
             bit += 1;
         }
         table[i] = crc;
@@ -290,7 +298,9 @@ pub fn murmur(key: &[u8]) -> u32 {
 /// Bob Jenkins' lookup3 `hashlittle` with initval 13. The C code has three read paths
 /// (by pointer alignment) that agree on little-endian machines; this is the bytewise one.
 pub fn jenkins(key: &[u8]) -> u32 {
-    let init = 0xdead_beef_u32.wrapping_add(key.len() as u32).wrapping_add(13);
+    let init = 0xdead_beef_u32
+        .wrapping_add(key.len() as u32)
+        .wrapping_add(13);
     let (mut a, mut b, mut c) = (init, init, init);
     let mut rest = key;
     while rest.len() > 12 {
@@ -413,6 +423,38 @@ mod tests {
         assert_eq!(one_at_a_time(b"a"), 0xca2e_9442);
         // lookup3 hashlittle("", 0) with initval 13 is the untouched state.
         assert_eq!(jenkins(b""), 0xdead_beef_u32.wrapping_add(13));
+    }
+
+    #[test]
+    fn pinned_vectors_for_every_hash() {
+        // Produced by this implementation after it matched every nutcracker golden case
+        // (tests/golden.rs); pinned here so a regression names the hash that broke.
+        // Keys: plain, 20 bytes (the bench key), and bytes >= 0x80.
+        let keys: [&[u8]; 3] = [
+            b"key:0",
+            b"user:1234567:profile",
+            &[0x61, 0xe9, 0x80, 0xff, 0x7a],
+        ];
+        let expected: [(HashName, [u32; 3]); 13] = [
+            (HashName::OneAtATime, [0xc0d4cec1, 0x50fd26d2, 0x0dac151c]),
+            (HashName::Md5, [0x82ab86df, 0xd4108e71, 0xaa026c83]),
+            (HashName::Crc16, [0x70128a20, 0xd4d1345f, 0x97142368]),
+            (HashName::Crc32, [0x00007c68, 0x00006ad9, 0x00000bc6]),
+            (HashName::Crc32a, [0x7c680b7a, 0x6ad9cbbd, 0x0bc6d982]),
+            (HashName::Fnv1_64, [0xfdc93304, 0x06c9fdb3, 0x380e23c6]),
+            (HashName::Fnv1a_64, [0x962f5916, 0x9005e59b, 0xe4dca5c4]),
+            (HashName::Fnv1_32, [0x8964f7a4, 0x49129d93, 0xb20e4606]),
+            (HashName::Fnv1a_32, [0x57140e16, 0xbd19783b, 0x7e5f9fa4]),
+            (HashName::Hsieh, [0xc3c83853, 0x38e8f6ef, 0x9f58c287]),
+            (HashName::Murmur, [0x70f6b624, 0x99965ed4, 0x2451d84a]),
+            (HashName::Jenkins, [0x0dd56618, 0x3a4fa239, 0xb28bde93]),
+            (HashName::Xxh3, [0x63344e80, 0x2d131c98, 0xe05bf796]),
+        ];
+        for (name, values) in expected {
+            for (key, value) in keys.iter().zip(values) {
+                assert_eq!(HashFn(name).hash(key), value, "{name:?} of {key:?}");
+            }
+        }
     }
 
     #[test]

@@ -29,7 +29,10 @@ pub struct RouteTable {
 enum Node {
     Pool(usize),
     /// Prefixes sorted longest first, so the first match is the longest match.
-    Prefix { prefixes: Vec<(Vec<u8>, Node)>, default: Box<Node> },
+    Prefix {
+        prefixes: Vec<(Vec<u8>, Node)>,
+        default: Box<Node>,
+    },
 }
 
 impl RouteTable {
@@ -43,9 +46,17 @@ impl RouteTable {
             pool_names.push(name.clone());
             placements.push(Placement::new(pool));
         }
-        let mut resolver = Resolver { config, pool_names: &pool_names, path: Vec::new() };
+        let mut resolver = Resolver {
+            config,
+            pool_names: &pool_names,
+            path: Vec::new(),
+        };
         let root = resolver.resolve(&config.proxy.route)?;
-        Ok(RouteTable { pool_names, placements, root })
+        Ok(RouteTable {
+            pool_names,
+            placements,
+            root,
+        })
     }
 
     /// The pool id that serves `key`.
@@ -79,7 +90,9 @@ impl RouteTable {
 
     /// The id of the pool called `name`, if there is one.
     pub fn pool_index(&self, name: &str) -> Option<usize> {
-        self.pool_names.binary_search_by(|n| n.as_str().cmp(name)).ok()
+        self.pool_names
+            .binary_search_by(|n| n.as_str().cmp(name))
+            .ok()
     }
 
     /// Pool id and server index (in the pool's config order) that own `key`.
@@ -121,7 +134,10 @@ impl<'a> Resolver<'a> {
                 // Longest first (stable, so equal lengths keep config order; equal lengths
                 // cannot both match a key unless they are the same prefix).
                 resolved.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
-                Node::Prefix { prefixes: resolved, default: Box::new(self.resolve(default)?) }
+                Node::Prefix {
+                    prefixes: resolved,
+                    default: Box::new(self.resolve(default)?),
+                }
             }
         };
         self.path.pop();
@@ -138,7 +154,11 @@ mod tests {
 
     fn pool(port: u16) -> PoolConfig {
         PoolConfig {
-            servers: vec![ServerConfig { address: format!("127.0.0.1:{port}"), weight: 1, name: None }],
+            servers: vec![ServerConfig {
+                address: format!("127.0.0.1:{port}"),
+                weight: 1,
+                name: None,
+            }],
             distribution: DistributionName::Ketama,
             hash: HashName::Fnv1a_64,
             hash_tag: None,
@@ -152,14 +172,19 @@ mod tests {
 
     fn prefix(prefixes: &[(&str, &str)], default: &str) -> RouteConfig {
         RouteConfig::Prefix {
-            prefixes: prefixes.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect(),
+            prefixes: prefixes
+                .iter()
+                .map(|(p, t)| (p.to_string(), t.to_string()))
+                .collect(),
             default: default.to_string(),
         }
     }
 
     fn config(root: &str, routes: Vec<(&str, RouteConfig)>) -> Config {
-        let pools: BTreeMap<String, PoolConfig> =
-            [("main", 1), ("sessions", 2), ("feed", 3)].iter().map(|(n, p)| (n.to_string(), pool(*p))).collect();
+        let pools: BTreeMap<String, PoolConfig> = [("main", 1), ("sessions", 2), ("feed", 3)]
+            .iter()
+            .map(|(n, p)| (n.to_string(), pool(*p)))
+            .collect();
         Config {
             proxy: ProxyConfig {
                 listen: Vec::new(),
@@ -173,7 +198,10 @@ mod tests {
             },
             admin: None,
             pools,
-            routes: routes.into_iter().map(|(n, r)| (n.to_string(), r)).collect(),
+            routes: routes
+                .into_iter()
+                .map(|(n, r)| (n.to_string(), r))
+                .collect(),
         }
     }
 
@@ -191,7 +219,13 @@ mod tests {
     fn longest_prefix_wins_and_default_catches_the_rest() {
         let cfg = config(
             "root",
-            vec![("root", prefix(&[("s", "feed"), ("session:", "sessions"), ("sess", "main")], "main"))],
+            vec![(
+                "root",
+                prefix(
+                    &[("s", "feed"), ("session:", "sessions"), ("sess", "main")],
+                    "main",
+                ),
+            )],
         );
         let table = RouteTable::build(&cfg).expect("valid");
         let id = |n: &str| table.pool_index(n).expect("pool");
@@ -224,17 +258,32 @@ mod tests {
     #[test]
     fn unknown_targets_and_cycles_are_errors() {
         let unknown = config("root", vec![("root", prefix(&[("a:", "missing")], "main"))]);
-        assert_eq!(RouteTable::build(&unknown).err(), Some(RoutingError::UnknownTarget("missing".into())));
+        assert_eq!(
+            RouteTable::build(&unknown).err(),
+            Some(RoutingError::UnknownTarget("missing".into()))
+        );
         assert_eq!(
             RouteTable::build(&config("nowhere", vec![])).err(),
             Some(RoutingError::UnknownTarget("nowhere".into()))
         );
-        let cycle = config("a", vec![("a", prefix(&[("x", "b")], "main")), ("b", prefix(&[], "a"))]);
-        assert_eq!(RouteTable::build(&cycle).err(), Some(RoutingError::Cycle("a".into())));
+        let cycle = config(
+            "a",
+            vec![
+                ("a", prefix(&[("x", "b")], "main")),
+                ("b", prefix(&[], "a")),
+            ],
+        );
+        assert_eq!(
+            RouteTable::build(&cycle).err(),
+            Some(RoutingError::Cycle("a".into()))
+        );
         // The same route used twice without a cycle is fine.
         let diamond = config(
             "a",
-            vec![("a", prefix(&[("x", "b"), ("y", "b")], "b")), ("b", prefix(&[], "main"))],
+            vec![
+                ("a", prefix(&[("x", "b"), ("y", "b")], "b")),
+                ("b", prefix(&[], "main")),
+            ],
         );
         assert!(RouteTable::build(&diamond).is_ok());
     }
@@ -245,6 +294,9 @@ mod tests {
         if let Some(p) = cfg.pools.get_mut("feed") {
             p.servers.clear();
         }
-        assert_eq!(RouteTable::build(&cfg).err(), Some(RoutingError::EmptyPool("feed".into())));
+        assert_eq!(
+            RouteTable::build(&cfg).err(),
+            Some(RoutingError::EmptyPool("feed".into()))
+        );
     }
 }

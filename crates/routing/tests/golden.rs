@@ -14,7 +14,8 @@ const CASES: &str = include_str!("golden/cases.tsv");
 const PLACEMENTS: &str = include_str!("golden/placements.tsv");
 
 fn data_lines(text: &str) -> impl Iterator<Item = &str> {
-    text.lines().filter(|l| !l.is_empty() && !l.starts_with('#'))
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
 }
 
 /// One nutcracker server entry: `host:port:weight` or `host:port:weight name`.
@@ -24,7 +25,11 @@ fn parse_server(entry: &str) -> ServerConfig {
         None => (entry, None),
     };
     let (address, weight) = spec.rsplit_once(':').expect("host:port:weight");
-    ServerConfig { address: address.to_string(), weight: weight.parse().expect("weight"), name }
+    ServerConfig {
+        address: address.to_string(),
+        weight: weight.parse().expect("weight"),
+        name,
+    }
 }
 
 fn parse_case(line: &str) -> (String, PoolConfig) {
@@ -77,34 +82,52 @@ fn placement_matches_nutcracker() {
         .map(parse_case)
         .map(|(id, pool)| (id, Placement::new(&pool)))
         .collect();
-    assert!(cases.len() >= 100, "expected the full case list, got {}", cases.len());
+    assert!(
+        cases.len() >= 100,
+        "expected the full case list, got {}",
+        cases.len()
+    );
 
     let mut checked: BTreeMap<&str, usize> = BTreeMap::new();
     let mut mismatches: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for line in data_lines(PLACEMENTS) {
         let mut fields = line.split('\t');
-        let (Some(case), Some(key), Some(server), None) = (fields.next(), fields.next(), fields.next(), fields.next())
+        let (Some(case), Some(key), Some(server), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
         else {
             panic!("bad placement line: {line}");
         };
-        let placement = cases.get(case).unwrap_or_else(|| panic!("unknown case {case}"));
+        let placement = cases
+            .get(case)
+            .unwrap_or_else(|| panic!("unknown case {case}"));
         let expected: usize = server.parse().expect("server index");
         let got = placement.server_for(&unescape(key));
         *checked.entry(case).or_default() += 1;
         if got != expected {
-            mismatches.entry(case).or_default().push(format!("{key}: nutcracker {expected}, memroute {got}"));
+            mismatches
+                .entry(case)
+                .or_default()
+                .push(format!("{key}: nutcracker {expected}, memroute {got}"));
         }
     }
 
     // Every case must have been replayed, with its full key list.
     for id in cases.keys() {
-        assert_eq!(checked.get(id.as_str()), Some(&300), "case {id} has no or partial data");
+        assert_eq!(
+            checked.get(id.as_str()),
+            Some(&300),
+            "case {id} has no or partial data"
+        );
     }
     if !mismatches.is_empty() {
         let report: Vec<String> = mismatches
             .iter()
             .map(|(case, keys)| format!("{case}: {} of 300 differ, e.g. {}", keys.len(), keys[0]))
             .collect();
-        panic!("placement differs from nutcracker in {} cases:\n{}", report.len(), report.join("\n"));
+        panic!(
+            "placement differs from nutcracker in {} cases:\n{}",
+            report.len(),
+            report.join("\n")
+        );
     }
 }
