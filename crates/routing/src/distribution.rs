@@ -68,7 +68,8 @@ enum Kind {
     Slots(Vec<u32>),
     /// random: a uniformly random server (twemproxy 0.5.0 ignores weights here).
     Random,
-    /// jump consistent hash over xxh3_64 of the key; weights ignored.
+    /// jump consistent hash over xxh3_64 of the key; the pool's `hash` and the servers'
+    /// weights are not used (jump needs a 64-bit key and has no notion of weight).
     Jump,
 }
 
@@ -167,6 +168,10 @@ fn twemproxy_order(servers: &[ServerConfig]) -> Vec<(usize, ServerIdentity)> {
 
 /// twemproxy's ketama continuum: for server `s` with identity `id`, for k in
 /// 0..points/4, the MD5 digest of `id-k` gives 4 little-endian u32 points.
+///
+/// Known difference: nutcracker formats `id-k` into an 86-byte buffer but hashes the
+/// untruncated length, reading past the buffer for identities longer than about 80
+/// bytes; that undefined behaviour is not reproduced (we hash the whole label).
 fn ketama_continuum(servers: &[ServerConfig]) -> Vec<(u32, u32)> {
     let total_weight: u32 = servers.iter().map(|s| s.weight).sum();
     if total_weight == 0 {
@@ -206,6 +211,8 @@ fn md5_digest(bytes: &[u8]) -> [u8; 16] {
 /// memroute's `ring`: `vnodes * weight` points per server, each the low 32 bits of
 /// xxh3_64(`identity-i`). The identity is the same as ketama's, so renumbering servers or
 /// reordering the list does not move keys.
+/// Keys are hashed with the pool's `hash` (use `xxh3` for the intended ring), and looked
+/// up exactly like ketama: first point >= hash, wrapping.
 fn ring_continuum(servers: &[ServerConfig], vnodes: u32) -> Vec<(u32, u32)> {
     let vnodes = vnodes.max(1);
     let mut points = Vec::new();
