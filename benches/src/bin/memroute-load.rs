@@ -450,7 +450,15 @@ fn sample_cpu(targets: &[(String, u32)], clk_tck: u64) -> Result<Vec<f64>, Strin
     targets.iter().map(|(_, pid)| proc_cpu_secs(*pid, clk_tck)).collect()
 }
 
-async fn run(args: Args) -> Result<String, String> {
+/// The load generator's own CPU is always sampled as "load": in a saturated machine it is part of
+/// what every op costs, and it shows whether the generator itself was the bottleneck.
+fn with_self(mut targets: Vec<(String, u32)>) -> Vec<(String, u32)> {
+    targets.push(("load".to_string(), std::process::id()));
+    targets
+}
+
+async fn run(mut args: Args) -> Result<String, String> {
+    args.cpu = with_self(std::mem::take(&mut args.cpu));
     let value: Vec<u8> = (0..args.value_size).map(|i| b'a' + (i % 26) as u8).collect();
     if args.keys == 0 || args.connections == 0 || args.pipeline == 0 || args.multiget == 0 {
         return Err("--keys, --connections, --pipeline and --multiget must be > 0".into());
