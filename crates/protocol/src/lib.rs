@@ -17,5 +17,5 @@ mod reply;
 mod request;
 
 pub use error::{ErrorReply, ProtocolError};
-pub use reply::{parse_reply, quiet_suppresses, value_blocks, ReplyKind, ReplyParse, ValueBlock};
+pub use reply::{parse_reply, quiet_suppresses, retrieval_error, value_block_at, value_blocks, ReplyKind, ReplyParse, ValueBlock};
 pub use request::{parse_request, Command, Limits, Parse, Request};

@@ -208,43 +208,43 @@ pub fn parse_reply(
 /// The reply is trusted to be framed already; anything unexpected ends the
 /// iteration as if it were the `END` line.
 pub fn value_blocks(reply: &[u8]) -> Result<Vec<ValueBlock>, Range<usize>> {
+    if let Some(line) = retrieval_error(reply) {
+        return Err(line);
+    }
     let mut blocks = Vec::new();
     let mut pos = 0;
-    loop {
-        let Some(nl) = memchr::memchr(b'\n', &reply[pos..]) else {
-            return Ok(blocks);
-        };
-        let line_end = pos + nl.saturating_sub(1);
-        let line = &reply[pos..line_end];
-        if !line.starts_with(b"VALUE ") {
-            if pos == 0 && is_error_line(line) {
-                return Err(0..line_end + 2);
-            }
-            return Ok(blocks);
-        }
-        // "VALUE " is 6 bytes; the key runs to the next space.
-        let key_start = pos + 6;
-        let key_end = match memchr::memchr(b' ', &reply[key_start..line_end]) {
-            Some(off) => key_start + off,
-            None => return Ok(blocks),
-        };
-        let unlimited = Limits {
-            max_value_len: usize::MAX,
-            ..Limits::default()
-        };
-        let Ok(len) = data_len(word(line, 3), &unlimited) else {
-            return Ok(blocks);
-        };
-        let end = line_end + 2 + len + 2;
-        if end > reply.len() {
-            return Ok(blocks);
-        }
-        blocks.push(ValueBlock {
-            key: key_start..key_end,
-            block: pos..end,
-        });
-        pos = end;
+    while let Some(block) = value_block_at(reply, pos) {
+        pos = block.block.end;
+        blocks.push(block);
     }
+    Ok(blocks)
+}
+
+/// When a framed retrieval reply is a single error line instead of VALUE blocks, that line's
+/// range (with its terminator).
+pub fn retrieval_error(reply: &[u8]) -> Option<Range<usize>> {
+    let nl = memchr::memchr(b'\n', reply)?;
+    let line_end = nl.saturating_sub(1);
+    is_error_line(&reply[..line_end]).then_some(0..(nl + 1))
+}
+
+/// The VALUE block that starts at byte `pos` of a framed retrieval reply, or `None` at
+/// `END` (or at anything that is not a whole VALUE block). Lets a caller walk a reply
+/// without collecting its blocks: `pos` of the next block is the returned `block.end`.
+pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
+    let rest = reply.get(pos..)?;
+    if !rest.starts_with(b"VALUE ") {
+        return None;
+    }
+    let line_end = pos + memchr::memchr(b'\n', rest)?.saturating_sub(1);
+    let line = &reply[pos..line_end];
+    // "VALUE " is 6 bytes; the key runs to the next space.
+    let key_start = pos + 6;
+    let key_end = key_start + memchr::memchr(b' ', &reply[key_start..line_end])?;
+    let unlimited = Limits { max_value_len: usize::MAX, ..Limits::default() };
+    let len = data_len(word(line, 3), &unlimited).ok()?;
+    let end = line_end + 2 + len + 2;
+    (end <= reply.len()).then_some(ValueBlock { key: key_start..key_end, block: pos..end })
 }
 
 /// The first space-separated word of a reply line.

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_backend::BackendError;
-use memroute_protocol::{quiet_suppresses, value_blocks, Command, ReplyKind, Request};
+use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_at, Command, ReplyKind, Request};
+use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use crate::worker::WorkerContext;
@@ -73,9 +74,9 @@ fn connection_gone() -> BackendError {
 #[derive(Debug)]
 pub(crate) struct MultiGet {
     request: Request,
-    legs: Vec<Leg>,
+    legs: SmallVec<[Leg; 4]>,
     /// For each of the request's keys, the leg that carries it.
-    key_leg: Vec<u32>,
+    key_leg: SmallVec<[u32; 32]>,
 }
 
 /// The same request sent to every server of a pool (flush_all).
@@ -217,38 +218,59 @@ fn send_single(context: &WorkerContext, request: Request) -> Pending {
 }
 
 fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
-    // Group key indexes by (pool, server), in first-seen order so batches keep client order.
-    let mut groups: Vec<(usize, usize, Vec<u32>)> = Vec::new();
-    for (i, key) in request.keys().enumerate() {
-        let pool = context.routes.pool_for(key);
-        let server = context.routes.placements[pool].server_for(key);
-        match groups.iter_mut().find(|(p, s, _)| *p == pool && *s == server) {
-            Some((_, _, keys)) => keys.push(i as u32),
-            None => groups.push((pool, server, vec![i as u32])),
-        }
-    }
+    let count = request.keys.len();
+    let targets: SmallVec<[(u32, u32); 32]> = request
+        .keys()
+        .map(|key| {
+            let pool = context.routes.pool_for(key);
+            (pool as u32, context.routes.placements[pool].server_for(key) as u32)
+        })
+        .collect();
+    const UNASSIGNED: u32 = u32::MAX;
+    let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![UNASSIGNED; count];
+    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
     let head = request.multi_key_head();
-    let mut legs = Vec::new();
-    let mut key_leg = vec![0u32; request.keys.len()];
-    for (pool, server, keys) in groups {
+    // Each server's keys, in client order, cut into batches of max_keys_per_request;
+    // servers in the order their first key appears.
+    for first in 0..count {
+        if key_leg[first] != UNASSIGNED {
+            continue;
+        }
+        let (pool, server) = (targets[first].0 as usize, targets[first].1 as usize);
         let batch_size = context.pools[pool].max_keys_per_request;
-        for batch in keys.chunks(batch_size) {
-            let mut frame = BytesMut::with_capacity(head.len() + batch.len() * 16 + 2);
-            frame.put_slice(head);
-            for (n, &i) in batch.iter().enumerate() {
-                if n > 0 {
-                    frame.put_u8(b' ');
-                }
-                frame.put_slice(request.key(i as usize));
-                key_leg[i as usize] = legs.len() as u32;
+        let mut frame = BytesMut::new();
+        let mut in_batch = 0;
+        for i in first..count {
+            if targets[i] != targets[first] {
+                continue;
             }
-            frame.put_slice(b"\r\n");
-            let connection = context.pools[pool].servers[server].pick();
-            let receiver = connection.send((frame.freeze(), None), ReplyKind::Retrieval);
-            legs.push(Leg::new(receiver, pool, server));
+            if in_batch == 0 {
+                frame.reserve(head.len() + batch_size.min(count - i) * 16 + 2);
+                frame.put_slice(head);
+            } else {
+                frame.put_u8(b' ');
+            }
+            frame.put_slice(request.key(i));
+            key_leg[i] = legs.len() as u32;
+            in_batch += 1;
+            if in_batch == batch_size {
+                legs.push(send_batch(context, &mut frame, pool, server));
+                in_batch = 0;
+            }
+        }
+        if in_batch > 0 {
+            legs.push(send_batch(context, &mut frame, pool, server));
         }
     }
     Pending::MultiGet(Box::new(MultiGet { request, legs, key_leg }))
+}
+
+/// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
+fn send_batch(context: &WorkerContext, frame: &mut BytesMut, pool: usize, server: usize) -> Leg {
+    frame.put_slice(b"\r\n");
+    let connection = context.pools[pool].servers[server].pick();
+    let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
+    Leg::new(receiver, pool, server)
 }
 
 fn fan_out_flush(context: &WorkerContext, request: Request) -> Pending {
@@ -299,7 +321,7 @@ fn finish_single(context: &WorkerContext, reply: Reply, command: Command, norepl
 }
 
 fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut BytesMut) {
-    let mut replies = Vec::with_capacity(multi.legs.len());
+    let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(multi.legs.len());
     for leg in &mut multi.legs {
         match leg.take(context) {
             Ok(bytes) => replies.push(bytes),
@@ -307,27 +329,23 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
             Err(error) => return server_error(out, &error),
         }
     }
-    let mut blocks = Vec::with_capacity(replies.len());
     for reply in &replies {
-        match value_blocks(reply) {
-            Ok(found) => blocks.push(found),
-            Err(line) => {
-                out.extend_from_slice(&reply[line]);
-                return;
-            }
+        if let Some(line) = retrieval_error(reply) {
+            out.extend_from_slice(&reply[line]);
+            return;
         }
     }
     // Servers answer in the order they were asked, skipping misses: walk the client's keys
     // and take each leg's next block when it is for this key.
-    let mut cursor = vec![0usize; replies.len()];
+    let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
     let (mut hits, mut misses) = (0u64, 0u64);
     for (i, key) in multi.request.keys().enumerate() {
         let leg = multi.key_leg[i] as usize;
-        let next = blocks[leg].get(cursor[leg]);
-        match next {
-            Some(block) if &replies[leg][block.key.clone()] == key => {
-                out.extend_from_slice(&replies[leg][block.block.clone()]);
-                cursor[leg] += 1;
+        let reply = &replies[leg];
+        match value_block_at(reply, cursor[leg]) {
+            Some(block) if &reply[block.key.clone()] == key => {
+                out.extend_from_slice(&reply[block.block.clone()]);
+                cursor[leg] = block.block.end;
                 hits += 1;
             }
             _ => misses += 1,

@@ -32,6 +32,9 @@ where
     // Bytes of a rejected data block still to be discarded as they arrive.
     let mut swallow = 0usize;
     let mut reading = !*shutdown.borrow();
+    // One future for the whole session: re-creating it per loop would register and
+    // unregister a waiter on the shared watch channel for every request.
+    let mut stop = std::pin::pin!(shutdown.changed());
     loop {
         while reading && pending.len() < context.max_client_pending {
             if swallow > 0 {
@@ -98,7 +101,7 @@ where
                 Ok(0) | Err(_) => reading = false,
                 Ok(_) => {}
             },
-            _ = shutdown.changed(), if reading => reading = false,
+            _ = &mut stop, if reading => reading = false,
         }
     }
 }
