@@ -12,10 +12,15 @@
 //! while scanning so a hostile client cannot make us buffer unbounded input.
 #![forbid(unsafe_code)]
 
+mod base64;
 mod error;
 mod reply;
 mod request;
 
+pub use base64::decode_base64;
 pub use error::{ErrorReply, ProtocolError};
-pub use reply::{parse_reply, quiet_suppresses, retrieval_error, value_block_at, value_blocks, ReplyKind, ReplyParse, ValueBlock};
+pub use reply::{
+    parse_reply, quiet_suppresses, retrieval_error, value_block_at, value_blocks, ReplyKind,
+    ReplyParse, ValueBlock,
+};
 pub use request::{parse_request, Command, Limits, Parse, Request};

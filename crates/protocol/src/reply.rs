@@ -241,10 +241,16 @@ pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
     // "VALUE " is 6 bytes; the key runs to the next space.
     let key_start = pos + 6;
     let key_end = key_start + memchr::memchr(b' ', &reply[key_start..line_end])?;
-    let unlimited = Limits { max_value_len: usize::MAX, ..Limits::default() };
+    let unlimited = Limits {
+        max_value_len: usize::MAX,
+        ..Limits::default()
+    };
     let len = data_len(word(line, 3), &unlimited).ok()?;
     let end = line_end + 2 + len + 2;
-    (end <= reply.len()).then_some(ValueBlock { key: key_start..key_end, block: pos..end })
+    (end <= reply.len()).then_some(ValueBlock {
+        key: key_start..key_end,
+        block: pos..end,
+    })
 }
 
 /// The first space-separated word of a reply line.

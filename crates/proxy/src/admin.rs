@@ -14,8 +14,14 @@ use crate::ProxyError;
 
 /// Binds the admin address and serves it on its own thread until the process exits.
 pub(crate) fn start(address: &str, stats: Arc<SharedStats>) -> Result<String, ProxyError> {
-    let listener = TcpListener::bind(address).map_err(|source| ProxyError::Listen { address: address.to_string(), source })?;
-    let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| address.to_string());
+    let listener = TcpListener::bind(address).map_err(|source| ProxyError::Listen {
+        address: address.to_string(),
+        source,
+    })?;
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| address.to_string());
     std::thread::Builder::new()
         .name("memroute-admin".into())
         .spawn(move || {
@@ -44,13 +50,20 @@ fn answer(mut stream: TcpStream, stats: &SharedStats) -> std::io::Result<()> {
             break;
         }
     }
-    let first_line = request[..len].split(|&b| b == b'\n').next().unwrap_or_default();
+    let first_line = request[..len]
+        .split(|&b| b == b'\n')
+        .next()
+        .unwrap_or_default();
     let (status, content_type, body) = if first_line.starts_with(b"GET /metrics") {
         ("200 OK", "text/plain; version=0.0.4", prometheus(stats))
     } else if first_line.starts_with(b"GET /healthz") {
         ("200 OK", "text/plain", "ok\n".to_string())
     } else {
-        ("404 Not Found", "text/plain", "try /metrics or /healthz\n".to_string())
+        (
+            "404 Not Found",
+            "text/plain",
+            "try /metrics or /healthz\n".to_string(),
+        )
     };
     let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
     stream.write_all(head.as_bytes())?;
@@ -60,29 +73,95 @@ fn answer(mut stream: TcpStream, stats: &SharedStats) -> std::io::Result<()> {
 /// Metric names follow `memroute_<component>_<event>_<unit>`.
 pub(crate) fn prometheus(stats: &SharedStats) -> String {
     let mut out = String::with_capacity(4096);
-    let sum = |f: fn(&WorkerStats) -> &std::sync::atomic::AtomicU64| stats.workers.iter().map(|w| f(w).load(Relaxed)).sum::<u64>();
-    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
-        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n");
+    let sum = |f: fn(&WorkerStats) -> &std::sync::atomic::AtomicU64| {
+        stats
+            .workers
+            .iter()
+            .map(|w| f(w).load(Relaxed))
+            .sum::<u64>()
     };
-    metric("memroute_process_uptime_seconds", "gauge", "Seconds since memroute started.", stats.started.elapsed().as_secs());
-    metric("memroute_client_connections_current", "gauge", "Open client connections.", sum(|w| &w.curr_connections));
-    metric("memroute_client_connections_total", "counter", "Client connections accepted.", sum(|w| &w.total_connections));
-    metric("memroute_client_connections_rejected_total", "counter", "Client connections closed at max_connections.", sum(|w| &w.rejected_connections));
-    metric("memroute_client_get_keys_total", "counter", "Keys asked for by retrieval commands.", sum(|w| &w.cmd_get));
-    metric("memroute_client_set_requests_total", "counter", "Storage commands.", sum(|w| &w.cmd_set));
-    metric("memroute_client_get_hits_total", "counter", "Keys found.", sum(|w| &w.get_hits));
-    metric("memroute_client_get_misses_total", "counter", "Keys not found.", sum(|w| &w.get_misses));
-    metric("memroute_client_errors_total", "counter", "Requests rejected as bad input.", sum(|w| &w.client_errors));
+    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        );
+    };
+    metric(
+        "memroute_process_uptime_seconds",
+        "gauge",
+        "Seconds since memroute started.",
+        stats.started.elapsed().as_secs(),
+    );
+    metric(
+        "memroute_client_connections_current",
+        "gauge",
+        "Open client connections.",
+        sum(|w| &w.curr_connections),
+    );
+    metric(
+        "memroute_client_connections_total",
+        "counter",
+        "Client connections accepted.",
+        sum(|w| &w.total_connections),
+    );
+    metric(
+        "memroute_client_connections_rejected_total",
+        "counter",
+        "Client connections closed at max_connections.",
+        sum(|w| &w.rejected_connections),
+    );
+    metric(
+        "memroute_client_get_keys_total",
+        "counter",
+        "Keys asked for by retrieval commands.",
+        sum(|w| &w.cmd_get),
+    );
+    metric(
+        "memroute_client_set_requests_total",
+        "counter",
+        "Storage commands.",
+        sum(|w| &w.cmd_set),
+    );
+    metric(
+        "memroute_client_get_hits_total",
+        "counter",
+        "Keys found.",
+        sum(|w| &w.get_hits),
+    );
+    metric(
+        "memroute_client_get_misses_total",
+        "counter",
+        "Keys not found.",
+        sum(|w| &w.get_misses),
+    );
+    metric(
+        "memroute_client_errors_total",
+        "counter",
+        "Requests rejected as bad input.",
+        sum(|w| &w.client_errors),
+    );
     let _ = write!(
         out,
         "# HELP memroute_backend_errors_total Requests that got no reply from a server.\n# TYPE memroute_backend_errors_total counter\n"
     );
     for server in stats.servers.iter().flatten() {
-        let _ = writeln!(out, "memroute_backend_errors_total{{pool=\"{}\",server=\"{}\"}} {}", server.pool, server.address, server.errors.load(Relaxed));
+        let _ = writeln!(
+            out,
+            "memroute_backend_errors_total{{pool=\"{}\",server=\"{}\"}} {}",
+            server.pool,
+            server.address,
+            server.errors.load(Relaxed)
+        );
     }
     let _ = write!(out, "# HELP memroute_backend_timeouts_total Requests that timed out.\n# TYPE memroute_backend_timeouts_total counter\n");
     for server in stats.servers.iter().flatten() {
-        let _ = writeln!(out, "memroute_backend_timeouts_total{{pool=\"{}\",server=\"{}\"}} {}", server.pool, server.address, server.timeouts.load(Relaxed));
+        let _ = writeln!(
+            out,
+            "memroute_backend_timeouts_total{{pool=\"{}\",server=\"{}\"}} {}",
+            server.pool,
+            server.address,
+            server.timeouts.load(Relaxed)
+        );
     }
     out
 }

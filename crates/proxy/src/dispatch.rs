@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_backend::BackendError;
-use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_at, Command, ReplyKind, Request};
+use memroute_protocol::{
+    decode_base64, quiet_suppresses, retrieval_error, value_block_at, Command, ReplyKind, Request,
+};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
@@ -32,7 +34,12 @@ pub(crate) struct Leg {
 
 impl Leg {
     fn new(receiver: oneshot::Receiver<Reply>, pool: usize, server: usize) -> Leg {
-        Leg { receiver, reply: None, pool: pool as u32, server: server as u32 }
+        Leg {
+            receiver,
+            reply: None,
+            pool: pool as u32,
+            server: server as u32,
+        }
     }
 
     fn try_complete(&mut self) -> bool {
@@ -49,7 +56,11 @@ impl Leg {
 
     async fn wait(&mut self) {
         if self.reply.is_none() {
-            self.reply = Some((&mut self.receiver).await.unwrap_or_else(|_| Err(connection_gone())));
+            self.reply = Some(
+                (&mut self.receiver)
+                    .await
+                    .unwrap_or_else(|_| Err(connection_gone())),
+            );
         }
     }
 
@@ -57,8 +68,17 @@ impl Leg {
     fn take(&mut self, context: &WorkerContext) -> Reply {
         let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
         if let Err(error) = &reply {
-            if let Some(server) = context.shared.servers.get(self.pool as usize).and_then(|p| p.get(self.server as usize)) {
-                let counter = if error.is_timeout() { &server.timeouts } else { &server.errors };
+            if let Some(server) = context
+                .shared
+                .servers
+                .get(self.pool as usize)
+                .and_then(|p| p.get(self.server as usize))
+            {
+                let counter = if error.is_timeout() {
+                    &server.timeouts
+                } else {
+                    &server.errors
+                };
                 counter.fetch_add(1, Relaxed);
             }
         }
@@ -67,7 +87,9 @@ impl Leg {
 }
 
 fn connection_gone() -> BackendError {
-    BackendError::Closed { server: Arc::from("(worker stopping)") }
+    BackendError::Closed {
+        server: Arc::from("(worker stopping)"),
+    }
 }
 
 /// A multi-key retrieval split over servers.
@@ -93,7 +115,11 @@ pub(crate) enum Pending {
     Ready(Bytes),
     /// Close the connection once everything before it is written (quit, unframeable input).
     Close,
-    Single { leg: Leg, command: Command, noreply: bool },
+    Single {
+        leg: Leg,
+        command: Command,
+        noreply: bool,
+    },
     MultiGet(Box<MultiGet>),
     Fanout(Box<Fanout>),
 }
@@ -132,7 +158,11 @@ impl Pending {
         match self {
             Pending::Ready(bytes) => out.extend_from_slice(&bytes),
             Pending::Close => return Flow::Close,
-            Pending::Single { mut leg, command, noreply } => finish_single(context, leg.take(context), command, noreply, out),
+            Pending::Single {
+                mut leg,
+                command,
+                noreply,
+            } => finish_single(context, leg.take(context), command, noreply, out),
             Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
             Pending::Fanout(fanout) => finish_fanout(context, *fanout, out),
         }
@@ -141,14 +171,20 @@ impl Pending {
 }
 
 /// Routes one request and appends its pending reply.
-pub(crate) fn dispatch(context: &WorkerContext, request: Request, pending: &mut std::collections::VecDeque<Pending>) -> Flow {
+pub(crate) fn dispatch(
+    context: &WorkerContext,
+    request: Request,
+    pending: &mut std::collections::VecDeque<Pending>,
+) -> Flow {
     let stats = context.stats();
     let command = request.command;
     match command {
         Command::Get | Command::Gets | Command::Gat | Command::Gats => {
             stats.cmd_get.fetch_add(request.keys.len() as u64, Relaxed);
             if matches!(command, Command::Gat | Command::Gats) {
-                stats.cmd_touch.fetch_add(request.keys.len() as u64, Relaxed);
+                stats
+                    .cmd_touch
+                    .fetch_add(request.keys.len() as u64, Relaxed);
             }
             if request.keys.len() == 1 {
                 pending.push_back(send_single(context, request));
@@ -160,7 +196,13 @@ pub(crate) fn dispatch(context: &WorkerContext, request: Request, pending: &mut 
             stats.cmd_get.fetch_add(1, Relaxed);
             pending.push_back(send_single(context, request));
         }
-        Command::Set | Command::Add | Command::Replace | Command::Append | Command::Prepend | Command::Cas | Command::MetaSet => {
+        Command::Set
+        | Command::Add
+        | Command::Replace
+        | Command::Append
+        | Command::Prepend
+        | Command::Cas
+        | Command::MetaSet => {
             stats.cmd_set.fetch_add(1, Relaxed);
             pending.push_back(send_single(context, request));
         }
@@ -168,14 +210,22 @@ pub(crate) fn dispatch(context: &WorkerContext, request: Request, pending: &mut 
             stats.cmd_touch.fetch_add(1, Relaxed);
             pending.push_back(send_single(context, request));
         }
-        Command::Delete | Command::Incr | Command::Decr | Command::MetaDelete | Command::MetaArithmetic | Command::MetaDebug => {
+        Command::Delete
+        | Command::Incr
+        | Command::Decr
+        | Command::MetaDelete
+        | Command::MetaArithmetic
+        | Command::MetaDebug => {
             pending.push_back(send_single(context, request));
         }
         Command::FlushAll => {
             stats.cmd_flush.fetch_add(1, Relaxed);
             pending.push_back(fan_out_flush(context, request));
         }
-        Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!("VERSION memroute-{}\r\n", crate::VERSION)))),
+        Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!(
+            "VERSION memroute-{}\r\n",
+            crate::VERSION
+        )))),
         Command::Verbosity => {
             // memroute's own log level is set at start; the command is accepted like memcached does.
             if !request.noreply {
@@ -186,7 +236,9 @@ pub(crate) fn dispatch(context: &WorkerContext, request: Request, pending: &mut 
         Command::MetaNoop => pending.push_back(Pending::Ready(Bytes::from_static(b"MN\r\n"))),
         Command::Shutdown => {
             // A client must never be able to stop the proxy; memcached without -A says the same.
-            pending.push_back(Pending::Ready(Bytes::from_static(b"ERROR: shutdown not enabled\r\n")))
+            pending.push_back(Pending::Ready(Bytes::from_static(
+                b"ERROR: shutdown not enabled\r\n",
+            )))
         }
         Command::Quit => {
             pending.push_back(Pending::Close);
@@ -210,11 +262,24 @@ fn send_single(context: &WorkerContext, request: Request) -> Pending {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
         return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
     };
+    // A base64 key (meta `b` flag) is placed by its decoded bytes, like the same key sent raw.
+    let mut decoded = [0u8; 256];
+    let key = match request.base64_key {
+        true => decode_base64(key, &mut decoded).map_or(key, |len| &decoded[..len]),
+        false => key,
+    };
     let pool = context.routes.pool_for(key);
     let server = context.routes.placements[pool].server_for(key);
     let connection = context.pools[pool].servers[server].pick();
-    let receiver = connection.send(request.forward_parts(), ReplyKind::for_command(request.command));
-    Pending::Single { leg: Leg::new(receiver, pool, server), command: request.command, noreply: request.noreply }
+    let receiver = connection.send(
+        request.forward_parts(),
+        ReplyKind::for_command(request.command),
+    );
+    Pending::Single {
+        leg: Leg::new(receiver, pool, server),
+        command: request.command,
+        noreply: request.noreply,
+    }
 }
 
 fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
@@ -223,7 +288,10 @@ fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
         .keys()
         .map(|key| {
             let pool = context.routes.pool_for(key);
-            (pool as u32, context.routes.placements[pool].server_for(key) as u32)
+            (
+                pool as u32,
+                context.routes.placements[pool].server_for(key) as u32,
+            )
         })
         .collect();
     const UNASSIGNED: u32 = u32::MAX;
@@ -262,7 +330,11 @@ fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
             legs.push(send_batch(context, &mut frame, pool, server));
         }
     }
-    Pending::MultiGet(Box::new(MultiGet { request, legs, key_leg }))
+    Pending::MultiGet(Box::new(MultiGet {
+        request,
+        legs,
+        key_leg,
+    }))
 }
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
@@ -280,9 +352,18 @@ fn fan_out_flush(context: &WorkerContext, request: Request) -> Pending {
         .servers
         .iter()
         .enumerate()
-        .map(|(server, connections)| Leg::new(connections.pick().send(parts.clone(), ReplyKind::Line), pool, server))
+        .map(|(server, connections)| {
+            Leg::new(
+                connections.pick().send(parts.clone(), ReplyKind::Line),
+                pool,
+                server,
+            )
+        })
         .collect();
-    Pending::Fanout(Box::new(Fanout { legs, noreply: request.noreply }))
+    Pending::Fanout(Box::new(Fanout {
+        legs,
+        noreply: request.noreply,
+    }))
 }
 
 fn server_error(out: &mut BytesMut, error: &BackendError) {
@@ -292,20 +373,42 @@ fn server_error(out: &mut BytesMut, error: &BackendError) {
 }
 
 fn first_line(reply: &[u8]) -> &[u8] {
-    let end = reply.iter().position(|&b| b == b'\r' || b == b'\n').unwrap_or(reply.len());
+    let end = reply
+        .iter()
+        .position(|&b| b == b'\r' || b == b'\n')
+        .unwrap_or(reply.len());
     &reply[..end]
 }
 
-fn finish_single(context: &WorkerContext, reply: Reply, command: Command, noreply: bool, out: &mut BytesMut) {
+fn finish_single(
+    context: &WorkerContext,
+    reply: Reply,
+    command: Command,
+    noreply: bool,
+    out: &mut BytesMut,
+) {
     let is_meta = matches!(
         command,
-        Command::MetaGet | Command::MetaSet | Command::MetaDelete | Command::MetaArithmetic | Command::MetaDebug
+        Command::MetaGet
+            | Command::MetaSet
+            | Command::MetaDelete
+            | Command::MetaArithmetic
+            | Command::MetaDebug
     );
     match reply {
         Ok(bytes) => {
-            if matches!(command, Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet) {
-                let hit = bytes.starts_with(b"VALUE ") || bytes.starts_with(b"VA ") || bytes.starts_with(b"HD");
-                let counter = if hit { &context.stats().get_hits } else { &context.stats().get_misses };
+            if matches!(
+                command,
+                Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
+            ) {
+                let hit = bytes.starts_with(b"VALUE ")
+                    || bytes.starts_with(b"VA ")
+                    || bytes.starts_with(b"HD");
+                let counter = if hit {
+                    &context.stats().get_hits
+                } else {
+                    &context.stats().get_misses
+                };
                 counter.fetch_add(1, Relaxed);
             }
             if noreply && quiet_suppresses(command, first_line(&bytes)) {

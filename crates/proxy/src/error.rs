@@ -4,7 +4,10 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ProxyError {
     #[error("cannot listen on {address}: {source}")]
-    Listen { address: String, source: std::io::Error },
+    Listen {
+        address: String,
+        source: std::io::Error,
+    },
     #[error("routing: {0}")]
     Routing(#[from] memroute_routing::RoutingError),
     #[error("cannot start a worker thread: {0}")]

@@ -74,7 +74,9 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let same_ports: Vec<memroute_config::ListenAddress> = first
         .iter()
         .filter_map(|l| match l {
-            listener::BoundListener::Tcp(_) => Some(memroute_config::ListenAddress::Tcp(l.describe())),
+            listener::BoundListener::Tcp(_) => {
+                Some(memroute_config::ListenAddress::Tcp(l.describe()))
+            }
             listener::BoundListener::Unix(_) => None,
         })
         .collect();
@@ -106,5 +108,10 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             .map_err(ProxyError::Thread)?;
         threads.push(thread);
     }
-    Ok(ProxyHandle { shutdown, workers: threads, local_addresses, admin_address })
+    Ok(ProxyHandle {
+        shutdown,
+        workers: threads,
+        local_addresses,
+        admin_address,
+    })
 }

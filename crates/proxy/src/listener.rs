@@ -28,7 +28,9 @@ impl BoundListener {
 /// The kernel silently caps listen(2)'s backlog at net.core.somaxconn: say so, and
 /// return what the kernel will really use.
 pub fn effective_backlog(requested: u32) -> u32 {
-    let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn").ok().and_then(|s| s.trim().parse::<u32>().ok());
+    let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
     match somaxconn {
         Some(cap) if cap < requested => {
             tracing::warn!(
@@ -44,7 +46,11 @@ pub fn effective_backlog(requested: u32) -> u32 {
 
 /// Binds every configured address for one worker. Unix sockets cannot be shared with
 /// SO_REUSEPORT, so only the first worker binds them.
-pub(crate) fn bind_all(addresses: &[ListenAddress], backlog: u32, first_worker: bool) -> Result<Vec<BoundListener>, ProxyError> {
+pub(crate) fn bind_all(
+    addresses: &[ListenAddress],
+    backlog: u32,
+    first_worker: bool,
+) -> Result<Vec<BoundListener>, ProxyError> {
     let mut bound = Vec::new();
     for address in addresses {
         match address {
@@ -53,9 +59,18 @@ pub(crate) fn bind_all(addresses: &[ListenAddress], backlog: u32, first_worker: 
                 let describe = format!("unix:{}", path.display());
                 // A stale socket file from an earlier run would make bind fail.
                 let _ = std::fs::remove_file(path);
-                let listener = std::os::unix::net::UnixListener::bind(path)
-                    .map_err(|source| ProxyError::Listen { address: describe.clone(), source })?;
-                listener.set_nonblocking(true).map_err(|source| ProxyError::Listen { address: describe, source })?;
+                let listener = std::os::unix::net::UnixListener::bind(path).map_err(|source| {
+                    ProxyError::Listen {
+                        address: describe.clone(),
+                        source,
+                    }
+                })?;
+                listener
+                    .set_nonblocking(true)
+                    .map_err(|source| ProxyError::Listen {
+                        address: describe,
+                        source,
+                    })?;
                 bound.push(BoundListener::Unix(listener));
             }
             ListenAddress::Unix(_) => {}
@@ -65,17 +80,32 @@ pub(crate) fn bind_all(addresses: &[ListenAddress], backlog: u32, first_worker: 
 }
 
 fn bind_tcp(text: &str, backlog: u32) -> Result<std::net::TcpListener, ProxyError> {
-    let error = |source| ProxyError::Listen { address: text.to_string(), source };
+    let error = |source| ProxyError::Listen {
+        address: text.to_string(),
+        source,
+    };
     let address = std::net::ToSocketAddrs::to_socket_addrs(text)
         .map_err(error)?
         .next()
-        .ok_or_else(|| error(std::io::Error::new(std::io::ErrorKind::InvalidInput, "address resolves to nothing")))?;
-    let socket = Socket::new(Domain::for_address(address), Type::STREAM, Some(Protocol::TCP)).map_err(error)?;
+        .ok_or_else(|| {
+            error(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "address resolves to nothing",
+            ))
+        })?;
+    let socket = Socket::new(
+        Domain::for_address(address),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )
+    .map_err(error)?;
     socket.set_reuse_address(true).map_err(error)?;
     socket.set_reuse_port(true).map_err(error)?;
     socket.set_nodelay(true).map_err(error)?;
     socket.bind(&address.into()).map_err(error)?;
-    socket.listen(backlog.min(i32::MAX as u32) as i32).map_err(error)?;
+    socket
+        .listen(backlog.min(i32::MAX as u32) as i32)
+        .map_err(error)?;
     socket.set_nonblocking(true).map_err(error)?;
     Ok(socket.into())
 }

@@ -21,8 +21,12 @@ use crate::worker::WorkerContext;
 
 const READ_CHUNK: usize = 16 * 1024;
 
-pub(crate) async fn run<R, W>(context: Rc<WorkerContext>, mut reader: R, mut writer: W, mut shutdown: watch::Receiver<bool>)
-where
+pub(crate) async fn run<R, W>(
+    context: Rc<WorkerContext>,
+    mut reader: R,
+    mut writer: W,
+    mut shutdown: watch::Receiver<bool>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -52,8 +56,15 @@ where
                     }
                 }
                 Parse::Incomplete => break,
-                Parse::Invalid { reply, swallow: rest, close } => {
-                    context.stats().client_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Parse::Invalid {
+                    reply,
+                    swallow: rest,
+                    close,
+                } => {
+                    context
+                        .stats()
+                        .client_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
                     swallow = rest;
                     if close {
@@ -70,7 +81,9 @@ where
             if !head.try_complete() {
                 break;
             }
-            let Some(head) = pending.pop_front() else { break };
+            let Some(head) = pending.pop_front() else {
+                break;
+            };
             if head.finish(&context, &mut output) == Flow::Close {
                 closing = true;
                 break;

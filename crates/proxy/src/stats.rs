@@ -64,8 +64,13 @@ impl SharedStats {
 
     /// The reply to `stats`, in memcached's `STAT name value` format.
     pub(crate) fn render(&self) -> String {
-        let sum = |f: fn(&WorkerStats) -> &AtomicU64| self.workers.iter().map(|w| f(w).load(Relaxed)).sum::<u64>();
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let sum = |f: fn(&WorkerStats) -> &AtomicU64| {
+            self.workers.iter().map(|w| f(w).load(Relaxed)).sum::<u64>()
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         let mut out = String::with_capacity(1024);
         let mut stat = |name: &str, value: &dyn std::fmt::Display| {
             let _ = write!(out, "STAT {name} {value}\r\n");
@@ -86,8 +91,14 @@ impl SharedStats {
         stat("get_misses", &sum(|w| &w.get_misses));
         stat("client_errors", &sum(|w| &w.client_errors));
         for server in self.servers.iter().flatten() {
-            stat(&format!("server:{}:{}:errors", server.pool, server.address), &server.errors.load(Relaxed));
-            stat(&format!("server:{}:{}:timeouts", server.pool, server.address), &server.timeouts.load(Relaxed));
+            stat(
+                &format!("server:{}:{}:errors", server.pool, server.address),
+                &server.errors.load(Relaxed),
+            );
+            stat(
+                &format!("server:{}:{}:timeouts", server.pool, server.address),
+                &server.timeouts.load(Relaxed),
+            );
         }
         out.push_str("END\r\n");
         out

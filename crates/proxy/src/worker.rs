@@ -35,7 +35,11 @@ impl ServerConnections {
     /// Round-robin over this worker's connections to the server.
     pub(crate) fn pick(&self) -> &BackendHandle {
         let i = self.next.get();
-        self.next.set(if i + 1 >= self.connections.len() { 0 } else { i + 1 });
+        self.next.set(if i + 1 >= self.connections.len() {
+            0
+        } else {
+            i + 1
+        });
         &self.connections[i]
     }
 }
@@ -67,7 +71,10 @@ impl WorkerContext {
 
 impl Worker {
     pub(crate) fn run(self) {
-        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
             Ok(runtime) => runtime,
             Err(error) => {
                 tracing::error!(worker = self.index, %error, "cannot build the worker runtime");
@@ -104,7 +111,9 @@ impl Worker {
                             limits,
                         };
                         ServerConnections {
-                            connections: (0..pool.connections.max(1)).map(|_| spawn_connection(settings.clone())).collect(),
+                            connections: (0..pool.connections.max(1))
+                                .map(|_| spawn_connection(settings.clone()))
+                                .collect(),
                             next: Cell::new(0),
                         }
                     })
@@ -128,7 +137,9 @@ impl Worker {
             let context = context.clone();
             let shutdown = self.shutdown.clone();
             let alive = alive.clone();
-            accepts.push(tokio::task::spawn_local(accept_loop(listener, context, shutdown, alive)));
+            accepts.push(tokio::task::spawn_local(accept_loop(
+                listener, context, shutdown, alive,
+            )));
         }
         drop(alive);
         for accept in accepts {
@@ -140,7 +151,12 @@ impl Worker {
     }
 }
 
-async fn accept_loop(listener: BoundListener, context: Rc<WorkerContext>, mut shutdown: watch::Receiver<bool>, alive: mpsc::Sender<()>) {
+async fn accept_loop(
+    listener: BoundListener,
+    context: Rc<WorkerContext>,
+    mut shutdown: watch::Receiver<bool>,
+    alive: mpsc::Sender<()>,
+) {
     let name = listener.describe();
     let result = match listener {
         BoundListener::Tcp(std_listener) => match tokio::net::TcpListener::from_std(std_listener) {
@@ -165,7 +181,8 @@ async fn accept_loop(listener: BoundListener, context: Rc<WorkerContext>, mut sh
             }
             Err(error) => Err(error),
         },
-        BoundListener::Unix(std_listener) => match tokio::net::UnixListener::from_std(std_listener) {
+        BoundListener::Unix(std_listener) => match tokio::net::UnixListener::from_std(std_listener)
+        {
             Ok(listener) => {
                 loop {
                     tokio::select! {
@@ -199,26 +216,47 @@ async fn accept_error(name: &str, error: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-fn spawn_session<F, Fut>(context: &Rc<WorkerContext>, shutdown: &watch::Receiver<bool>, alive: &mpsc::Sender<()>, session: F)
-where
+fn spawn_session<F, Fut>(
+    context: &Rc<WorkerContext>,
+    shutdown: &watch::Receiver<bool>,
+    alive: &mpsc::Sender<()>,
+    session: F,
+) where
     F: FnOnce(Rc<WorkerContext>, watch::Receiver<bool>) -> Fut,
     Fut: std::future::Future<Output = ()> + 'static,
 {
     let stats = context.stats();
-    let open: u64 = context.shared.workers.iter().map(|w| w.curr_connections.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    let open: u64 = context
+        .shared
+        .workers
+        .iter()
+        .map(|w| {
+            w.curr_connections
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
     if context.max_connections > 0 && open >= context.max_connections as u64 {
-        stats.rejected_connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        stats
+            .rejected_connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Dropping the stream (captured in `session`) closes it, as memcached does at its limit.
         return;
     }
-    stats.curr_connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    stats.total_connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    stats
+        .curr_connections
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    stats
+        .total_connections
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let future = session(context.clone(), shutdown.clone());
     let alive = alive.clone();
     let context = context.clone();
     tokio::task::spawn_local(async move {
         future.await;
-        context.stats().curr_connections.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        context
+            .stats()
+            .curr_connections
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         drop(alive);
     });
 }
