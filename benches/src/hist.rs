@@ -21,7 +21,12 @@ pub struct Histogram {
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram { counts: vec![0; BUCKETS], total: 0, sum: 0, max: 0 }
+        Histogram {
+            counts: vec![0; BUCKETS],
+            total: 0,
+            sum: 0,
+            max: 0,
+        }
     }
 }
 
@@ -103,7 +108,18 @@ mod tests {
 
     #[test]
     fn buckets_round_trip_within_precision() {
-        for v in [0u64, 1, 127, 128, 129, 1000, 12_345, 1_000_000, 987_654_321, 1 << 45] {
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            129,
+            1000,
+            12_345,
+            1_000_000,
+            987_654_321,
+            1 << 45,
+        ] {
             let back = value_of(index(v));
             let err = (back as f64 - v as f64).abs() / (v.max(1) as f64);
             assert!(err <= 1.0 / 64.0, "v={v} back={back} err={err}");

@@ -34,7 +34,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Debug, Parser)]
-#[command(name = "memroute-load", about = "closed-loop memcached load generator (text protocol)")]
+#[command(
+    name = "memroute-load",
+    about = "closed-loop memcached load generator (text protocol)"
+)]
 struct Args {
     /// Target address (memcached, twemproxy or memroute). Loopback only by design.
     #[arg(long, default_value = "127.0.0.1:11211")]
@@ -104,7 +107,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_cpu_target(s: &str) -> Result<(String, u32), String> {
-    let (name, pid) = s.split_once('=').ok_or_else(|| format!("expected NAME=PID, got {s:?}"))?;
+    let (name, pid) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=PID, got {s:?}"))?;
     let pid: u32 = pid.parse().map_err(|_| format!("bad pid in {s:?}"))?;
     Ok((name.to_string(), pid))
 }
@@ -221,7 +226,10 @@ enum Outcome {
 }
 
 fn find_crlf(buf: &[u8], from: usize) -> Option<usize> {
-    buf.get(from..)?.windows(2).position(|w| w == b"\r\n").map(|p| from + p)
+    buf.get(from..)?
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map(|p| from + p)
 }
 
 /// Parses one reply to `kind`. Never panics on malformed input: anything
@@ -250,19 +258,35 @@ fn parse_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
             None
         };
         if let Some(outcome) = error {
-            return Ok(Reply::Done { consumed: next, outcome });
+            return Ok(Reply::Done {
+                consumed: next,
+                outcome,
+            });
         }
         match kind {
             Kind::Set => {
-                let outcome = if line == b"STORED" { Outcome::Stored } else { Outcome::Other };
-                return Ok(Reply::Done { consumed: next, outcome });
+                let outcome = if line == b"STORED" {
+                    Outcome::Stored
+                } else {
+                    Outcome::Other
+                };
+                return Ok(Reply::Done {
+                    consumed: next,
+                    outcome,
+                });
             }
             Kind::Get => {
                 if line == b"END" {
-                    return Ok(Reply::Done { consumed: next, outcome: Outcome::Values(values) });
+                    return Ok(Reply::Done {
+                        consumed: next,
+                        outcome: Outcome::Values(values),
+                    });
                 }
                 if !line.starts_with(b"VALUE ") {
-                    return Err(format!("unexpected line in get reply: {:?}", String::from_utf8_lossy(line)));
+                    return Err(format!(
+                        "unexpected line in get reply: {:?}",
+                        String::from_utf8_lossy(line)
+                    ));
                 }
                 // VALUE <key> <flags> <bytes> [<cas>]
                 let bytes = line
@@ -270,7 +294,9 @@ fn parse_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
                     .nth(3)
                     .and_then(|f| std::str::from_utf8(f).ok())
                     .and_then(|f| f.parse::<usize>().ok())
-                    .ok_or_else(|| format!("malformed VALUE line: {:?}", String::from_utf8_lossy(line)))?;
+                    .ok_or_else(|| {
+                        format!("malformed VALUE line: {:?}", String::from_utf8_lossy(line))
+                    })?;
                 let end = next + bytes + 2;
                 if buf.len() < end {
                     return Ok(Reply::Incomplete);
@@ -299,9 +325,12 @@ struct Plan {
 }
 
 async fn connect(addr: &str) -> Result<TcpStream, String> {
-    let s = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
     // Small requests: without NODELAY Nagle would add delay to every pipelined batch.
-    s.set_nodelay(true).map_err(|e| format!("set_nodelay: {e}"))?;
+    s.set_nodelay(true)
+        .map_err(|e| format!("set_nodelay: {e}"))?;
     Ok(s)
 }
 
@@ -321,7 +350,13 @@ async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> R
 }
 
 /// Sets keys `[from, to)` on one connection, pipelined in batches of 100.
-async fn populate_range(addr: String, value: Vec<u8>, from: u64, to: u64, timeout: Duration) -> Result<u64, String> {
+async fn populate_range(
+    addr: String,
+    value: Vec<u8>,
+    from: u64,
+    to: u64,
+    timeout: Duration,
+) -> Result<u64, String> {
     let mut s = connect(&addr).await?;
     let mut out = Vec::with_capacity(64 * 1024);
     let mut inbuf = Vec::with_capacity(64 * 1024);
@@ -403,7 +438,10 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
             done += 1;
             let now = Instant::now();
             shared.ops_total.fetch_add(1, Ordering::Relaxed);
-            let is_error = matches!(outcome, Outcome::ServerError | Outcome::ClientError | Outcome::Other);
+            let is_error = matches!(
+                outcome,
+                Outcome::ServerError | Outcome::ClientError | Outcome::Other
+            );
             if is_error {
                 shared.errors_total.fetch_add(1, Ordering::Relaxed);
             }
@@ -412,7 +450,9 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
                 continue;
             }
             stats.ops += 1;
-            stats.hist.record(now.duration_since(sent).as_nanos() as u64);
+            stats
+                .hist
+                .record(now.duration_since(sent).as_nanos() as u64);
             match kind {
                 Kind::Get => {
                     stats.gets += 1;
@@ -436,18 +476,31 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
 
 /// utime + stime of a process in seconds, from /proc/PID/stat (fields 14 and 15).
 fn proc_cpu_secs(pid: u32, clk_tck: u64) -> Result<f64, String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
     // The command name (field 2) may contain spaces: split after its closing ')'.
-    let rest = text.rsplit_once(')').map(|(_, r)| r).ok_or("malformed /proc stat")?;
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or("malformed /proc stat")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // rest starts at field 3 (state), so utime (14) is index 11 and stime (15) index 12.
-    let utime: u64 = fields.get(11).and_then(|f| f.parse().ok()).ok_or("no utime in /proc stat")?;
-    let stime: u64 = fields.get(12).and_then(|f| f.parse().ok()).ok_or("no stime in /proc stat")?;
+    let utime: u64 = fields
+        .get(11)
+        .and_then(|f| f.parse().ok())
+        .ok_or("no utime in /proc stat")?;
+    let stime: u64 = fields
+        .get(12)
+        .and_then(|f| f.parse().ok())
+        .ok_or("no stime in /proc stat")?;
     Ok((utime + stime) as f64 / clk_tck as f64)
 }
 
 fn sample_cpu(targets: &[(String, u32)], clk_tck: u64) -> Result<Vec<f64>, String> {
-    targets.iter().map(|(_, pid)| proc_cpu_secs(*pid, clk_tck)).collect()
+    targets
+        .iter()
+        .map(|(_, pid)| proc_cpu_secs(*pid, clk_tck))
+        .collect()
 }
 
 /// The load generator's own CPU is always sampled as "load": in a saturated machine it is part of
@@ -459,7 +512,9 @@ fn with_self(mut targets: Vec<(String, u32)>) -> Vec<(String, u32)> {
 
 async fn run(mut args: Args) -> Result<String, String> {
     args.cpu = with_self(std::mem::take(&mut args.cpu));
-    let value: Vec<u8> = (0..args.value_size).map(|i| b'a' + (i % 26) as u8).collect();
+    let value: Vec<u8> = (0..args.value_size)
+        .map(|i| b'a' + (i % 26) as u8)
+        .collect();
     if args.keys == 0 || args.connections == 0 || args.pipeline == 0 || args.multiget == 0 {
         return Err("--keys, --connections, --pipeline and --multiget must be > 0".into());
     }
@@ -472,7 +527,13 @@ async fn run(mut args: Args) -> Result<String, String> {
         for p in 0..parts {
             let from = args.keys * p / parts;
             let to = args.keys * (p + 1) / parts;
-            tasks.push(tokio::spawn(populate_range(args.addr.clone(), value.clone(), from, to, args.reply_timeout)));
+            tasks.push(tokio::spawn(populate_range(
+                args.addr.clone(),
+                value.clone(),
+                from,
+                to,
+                args.reply_timeout,
+            )));
         }
         let mut errors = 0;
         for t in tasks {
@@ -482,7 +543,11 @@ async fn run(mut args: Args) -> Result<String, String> {
             return Err(format!("populate: {errors} sets were not STORED"));
         }
         if !args.quiet {
-            eprintln!("# populated {} keys in {:.2}s", args.keys, started.elapsed().as_secs_f64());
+            eprintln!(
+                "# populated {} keys in {:.2}s",
+                args.keys,
+                started.elapsed().as_secs_f64()
+            );
         }
     }
 
@@ -508,7 +573,10 @@ async fn run(mut args: Args) -> Result<String, String> {
     let mut cpu_before = Vec::new();
     let mut measuring = false;
     let mut last_ops = 0;
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::from_std(start + Duration::from_secs(1)), Duration::from_secs(1));
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::from_std(start + Duration::from_secs(1)),
+        Duration::from_secs(1),
+    );
     let warmup_sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.warmup_end));
     let end_sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.end));
     tokio::pin!(warmup_sleep, end_sleep);
@@ -597,8 +665,13 @@ async fn run(mut args: Args) -> Result<String, String> {
         total.hist.max() as f64 / 1000.0,
     );
     for (i, (name, pid)) in args.cpu.iter().enumerate() {
-        let used = cpu_after.get(i).copied().unwrap_or(0.0) - cpu_before.get(i).copied().unwrap_or(0.0);
-        let per_op = if total.ops > 0 { used * 1e6 / total.ops as f64 } else { 0.0 };
+        let used =
+            cpu_after.get(i).copied().unwrap_or(0.0) - cpu_before.get(i).copied().unwrap_or(0.0);
+        let per_op = if total.ops > 0 {
+            used * 1e6 / total.ops as f64
+        } else {
+            0.0
+        };
         let _ = write!(
             j,
             "{}{:?}:{{\"pid\":{},\"cpu_s\":{:.3},\"cpu_util\":{:.3},\"us_per_op\":{:.3}}}",
@@ -617,9 +690,14 @@ async fn run(mut args: Args) -> Result<String, String> {
 fn main() {
     let args = Args::parse();
     let runtime = if args.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(args.threads).enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
     };
     let runtime = match runtime {
         Ok(r) => r,

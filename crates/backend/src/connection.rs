@@ -57,10 +57,17 @@ pub struct BackendHandle {
 
 impl BackendHandle {
     /// Queues a request; its reply (or the reason there is none) arrives on the receiver.
-    pub fn send(&self, parts: (Bytes, Option<Bytes>), kind: ReplyKind) -> oneshot::Receiver<Result<Bytes, BackendError>> {
+    pub fn send(
+        &self,
+        parts: (Bytes, Option<Bytes>),
+        kind: ReplyKind,
+    ) -> oneshot::Receiver<Result<Bytes, BackendError>> {
         let (reply, receiver) = oneshot::channel();
-        if let Err(mpsc::error::SendError(queued)) = self.queue.send(Queued { parts, kind, reply }) {
-            let _ = queued.reply.send(Err(BackendError::Closed { server: self.address.clone() }));
+        if let Err(mpsc::error::SendError(queued)) = self.queue.send(Queued { parts, kind, reply })
+        {
+            let _ = queued.reply.send(Err(BackendError::Closed {
+                server: self.address.clone(),
+            }));
         }
         receiver
     }
@@ -74,7 +81,10 @@ impl BackendHandle {
 /// The task connects at once and lives until every handle is dropped.
 pub fn spawn_connection(settings: ConnectionSettings) -> BackendHandle {
     let (queue, receiver) = mpsc::unbounded_channel();
-    let handle = BackendHandle { queue, address: settings.address.clone() };
+    let handle = BackendHandle {
+        queue,
+        address: settings.address.clone(),
+    };
     tokio::task::spawn_local(run(settings, receiver));
     handle
 }
@@ -83,7 +93,12 @@ pub fn spawn_connection(settings: ConnectionSettings) -> BackendHandle {
 async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Queued>) {
     let mut backoff = settings.backoff_min;
     loop {
-        let reason: Arc<str> = match tokio::time::timeout(settings.connect_timeout, TcpStream::connect(&*settings.address)).await {
+        let reason: Arc<str> = match tokio::time::timeout(
+            settings.connect_timeout,
+            TcpStream::connect(&*settings.address),
+        )
+        .await
+        {
             Ok(Ok(stream)) => {
                 // Small requests must not wait for Nagle: latency is the product.
                 let _ = stream.set_nodelay(true);
@@ -123,7 +138,11 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
 
 /// Runs one established connection. Returns `None` when every handle is gone (shut down),
 /// or the error that broke the connection; every request in flight gets that error.
-async fn serve(settings: &ConnectionSettings, mut stream: TcpStream, queue: &mut mpsc::UnboundedReceiver<Queued>) -> Option<BackendError> {
+async fn serve(
+    settings: &ConnectionSettings,
+    mut stream: TcpStream,
+    queue: &mut mpsc::UnboundedReceiver<Queued>,
+) -> Option<BackendError> {
     let in_flight = RefCell::new(VecDeque::<InFlight>::new());
     let (read_half, write_half) = stream.split();
     let outcome = tokio::select! {
@@ -131,7 +150,9 @@ async fn serve(settings: &ConnectionSettings, mut stream: TcpStream, queue: &mut
         outcome = read_replies(settings, read_half, &in_flight) => outcome,
     };
     let error = match outcome {
-        Ok(()) => BackendError::Closed { server: settings.address.clone() },
+        Ok(()) => BackendError::Closed {
+            server: settings.address.clone(),
+        },
         Err(error) => error,
     };
     for request in in_flight.take() {
@@ -170,20 +191,32 @@ async fn write_requests(
                 Err(_) => break,
             }
         }
-        socket.write_all(&batch).await.map_err(|e| BackendError::Unavailable {
-            server: settings.address.clone(),
-            reason: Arc::from(e.to_string()),
-        })?;
+        socket
+            .write_all(&batch)
+            .await
+            .map_err(|e| BackendError::Unavailable {
+                server: settings.address.clone(),
+                reason: Arc::from(e.to_string()),
+            })?;
         batch.clear();
     }
 }
 
-fn enqueue(batch: &mut BytesMut, in_flight: &RefCell<VecDeque<InFlight>>, queued: Queued, sent_at: Instant) {
+fn enqueue(
+    batch: &mut BytesMut,
+    in_flight: &RefCell<VecDeque<InFlight>>,
+    queued: Queued,
+    sent_at: Instant,
+) {
     batch.extend_from_slice(&queued.parts.0);
     if let Some(rest) = &queued.parts.1 {
         batch.extend_from_slice(rest);
     }
-    in_flight.borrow_mut().push_back(InFlight { kind: queued.kind, reply: queued.reply, sent_at });
+    in_flight.borrow_mut().push_back(InFlight {
+        kind: queued.kind,
+        reply: queued.reply,
+        sent_at,
+    });
 }
 
 async fn read_replies(
@@ -197,7 +230,9 @@ async fn read_replies(
     let period = (settings.timeout / 4).max(Duration::from_millis(5));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let bad_reply = || BackendError::BadReply { server: settings.address.clone() };
+    let bad_reply = || BackendError::BadReply {
+        server: settings.address.clone(),
+    };
     loop {
         loop {
             let Some(kind) = in_flight.borrow().front().map(|f| f.kind) else {

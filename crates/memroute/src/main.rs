@@ -41,8 +41,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -54,15 +59,18 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::ImportTwemproxy { file }) = cli.command {
-        let yaml = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
-        let toml = memroute_config::twemproxy::import(&yaml).map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+        let yaml = std::fs::read_to_string(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let toml = memroute_config::twemproxy::import(&yaml)
+            .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
         print!("{toml}");
         return Ok(());
     }
     let Some(path) = cli.config else {
         anyhow::bail!("--config FILE is required (see --help)");
     };
-    let config = memroute_config::load(&path).map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
+    let config = memroute_config::load(&path)
+        .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
     if cli.check {
         print!("{}", describe(&config));
         println!("config {} is valid", path.display());
@@ -74,12 +82,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn serve(config: Config) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("signal runtime")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("signal runtime")?;
     // Signal handlers exist before anyone is told we are ready: a SIGTERM right after
     // the ready line must mean a graceful stop, not the default action.
     let (mut interrupt, mut terminate) = runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
-        Ok::<_, std::io::Error>((signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?))
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        ))
     })?;
     let handle = memroute_proxy::start(config).context("cannot start")?;
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
@@ -127,8 +141,16 @@ fn describe(config: &Config) -> String {
             pool.connections
         );
         for server in &pool.servers {
-            let name = server.name.as_deref().map(|n| format!(" name {n}")).unwrap_or_default();
-            let _ = writeln!(out, "  server {} weight {}{name}", server.address, server.weight);
+            let name = server
+                .name
+                .as_deref()
+                .map(|n| format!(" name {n}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  server {} weight {}{name}",
+                server.address, server.weight
+            );
         }
     }
     for (name, route) in &config.routes {
