@@ -4,7 +4,7 @@
 /// Decodes standard base64 (RFC 4648, `+/`, `=` padding) into `out`; returns the decoded
 /// length, or `None` when `encoded` is not valid base64 or does not fit in `out`.
 pub fn decode_base64(encoded: &[u8], out: &mut [u8]) -> Option<usize> {
-    if encoded.len() % 4 != 0 {
+    if !encoded.len().is_multiple_of(4) {
         return None;
     }
     let mut written = 0;
