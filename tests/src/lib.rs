@@ -226,6 +226,48 @@ impl Memcached {
     pub fn connect(&self) -> Conn {
         Conn::connect(&self.addr())
     }
+
+    /// The server's process id, while it runs (for SIGSTOP/SIGCONT stall tests).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Freezes the server with SIGSTOP: it keeps its port (the kernel still accepts
+    /// connections) but answers nothing. The returned guard sends SIGCONT when dropped,
+    /// so a failing test never leaves a stopped process behind.
+    pub fn stop(&self) -> Stopped {
+        let pid = self.pid().expect("memcached is not running");
+        signal_pid(pid, "STOP");
+        Stopped { pid: Some(pid) }
+    }
+}
+
+/// A process frozen with SIGSTOP; SIGCONT on `resume` or on Drop.
+#[derive(Debug)]
+pub struct Stopped {
+    pid: Option<u32>,
+}
+
+impl Stopped {
+    /// Lets the process run again now.
+    pub fn resume(mut self) {
+        if let Some(pid) = self.pid.take() {
+            signal_pid(pid, "CONT");
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.take() {
+            // No panic in Drop (it may run while unwinding): a failed kill is ignored.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(pid.to_string())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }
 
 impl Drop for Memcached {
@@ -286,6 +328,89 @@ impl Nutcracker {
 impl Drop for Nutcracker {
     fn drop(&mut self) {
         kill_child(&mut self.child);
+    }
+}
+
+/// Sends signal `name` (`STOP`, `CONT`, `TERM`, ...) to `pid` with the `kill` command.
+pub fn signal_pid(pid: u32, name: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{name} {pid} failed");
+}
+
+/// Resident memory of a process in KiB (`VmRSS` from /proc/PID/status).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// What a finished command printed.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the memroute binary with `args` (no server: `--check`, `import-twemproxy`), bounded by
+/// `timeout`; the process is killed if it does not finish in time.
+pub fn run_memroute_cli<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> CliOutput {
+    let mut child = Command::new(memroute_binary())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn memroute");
+    // Drain both pipes on threads so a large output cannot block the child.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let status = match wait_child(&mut child, timeout) {
+        Some(status) => status,
+        None => {
+            kill_child(&mut child);
+            panic!(
+                "memroute {:?} did not finish within {timeout:?}",
+                args.iter()
+                    .map(|a| a.as_ref().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+            );
+        }
+    };
+    CliOutput {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
     }
 }
 
@@ -422,13 +547,26 @@ impl Memroute {
 
     /// Sends a signal by name (`TERM`, `INT`) with the `kill` command (no unsafe libc call).
     pub fn signal(&self, name: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{name} {} failed", self.child.id());
+        signal_pid(self.child.id(), name);
+    }
+
+    /// memroute's process id (for /proc/PID/status).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits (bounded) until a stderr line contains `needle`; false if the deadline passes.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.log.lock().unwrap().iter().any(|l| l.contains(needle)) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
     }
 
     /// Waits (bounded) for memroute to exit; panics with its log if it does not.
