@@ -40,12 +40,17 @@ pub(crate) async fn run<R, W>(
     // unregister a waiter on the shared watch channel for every request.
     let mut stop = std::pin::pin!(shutdown.changed());
     loop {
+        // Read more only when what is buffered holds no whole request. Stopping at the
+        // pending cap alone is not enough: the input buffer would keep growing with
+        // requests that are read but not yet parsed.
+        let mut need_input = false;
         while reading && pending.len() < context.max_client_pending {
             if swallow > 0 {
                 let skip = swallow.min(input.len());
                 input.advance(skip);
                 swallow -= skip;
                 if swallow > 0 {
+                    need_input = true;
                     break;
                 }
             }
@@ -55,7 +60,10 @@ pub(crate) async fn run<R, W>(
                         reading = false;
                     }
                 }
-                Parse::Incomplete => break,
+                Parse::Incomplete => {
+                    need_input = true;
+                    break;
+                }
                 Parse::Invalid {
                     reply,
                     swallow: rest,
@@ -103,8 +111,13 @@ pub(crate) async fn run<R, W>(
             let _ = writer.shutdown().await;
             return;
         }
+        if reading && !need_input && pending.len() < context.max_client_pending {
+            // Parsing stopped at the pending cap and replies have drained since: parse the
+            // requests already buffered before waiting for anything.
+            continue;
+        }
 
-        let can_read = reading && pending.len() < context.max_client_pending;
+        let can_read = reading && need_input;
         if can_read && input.capacity() - input.len() < READ_CHUNK / 4 {
             input.reserve(READ_CHUNK);
         }
