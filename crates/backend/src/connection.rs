@@ -1,5 +1,5 @@
 //! One pipelined connection to one memcached server, owned by one worker thread.
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use memroute_protocol::{parse_reply, Limits, ReplyKind, ReplyParse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::BackendError;
@@ -103,8 +103,13 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
                 // Small requests must not wait for Nagle: latency is the product.
                 let _ = stream.set_nodelay(true);
                 tracing::debug!(server = %settings.address, "backend connected");
-                backoff = settings.backoff_min;
-                match serve(&settings, stream, &mut queue).await {
+                let (outcome, answered) = serve(&settings, stream, &mut queue).await;
+                // Only a server that answered is healthy: one that accepts connections but
+                // never replies (stopped, overloaded) keeps backing off.
+                if answered {
+                    backoff = settings.backoff_min;
+                }
+                match outcome {
                     None => return,
                     Some(error) => {
                         tracing::warn!(server = %settings.address, %error, "backend connection lost");
@@ -136,18 +141,31 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
     }
 }
 
+/// What the writer and reader halves of one connection share.
+#[derive(Debug, Default)]
+struct Link {
+    in_flight: RefCell<VecDeque<InFlight>>,
+    /// Wakes an idle reader when the writer sends the first request after a quiet spell,
+    /// so an idle connection needs no timer at all.
+    wake_reader: Notify,
+    /// At least one reply was read on this connection.
+    answered: Cell<bool>,
+}
+
 /// Runs one established connection. Returns `None` when every handle is gone (shut down),
-/// or the error that broke the connection; every request in flight gets that error.
+/// or the error that broke the connection (every request in flight gets that error), and
+/// whether the server answered anything on it.
 async fn serve(
     settings: &ConnectionSettings,
     mut stream: TcpStream,
     queue: &mut mpsc::UnboundedReceiver<Queued>,
-) -> Option<BackendError> {
-    let in_flight = RefCell::new(VecDeque::<InFlight>::new());
+) -> (Option<BackendError>, bool) {
+    let link = Link::default();
+    let in_flight = &link.in_flight;
     let (read_half, write_half) = stream.split();
     let outcome = tokio::select! {
-        outcome = write_requests(settings, write_half, queue, &in_flight) => outcome,
-        outcome = read_replies(settings, read_half, &in_flight) => outcome,
+        outcome = write_requests(settings, write_half, queue, &link) => outcome,
+        outcome = read_replies(settings, read_half, &link) => outcome,
     };
     let error = match outcome {
         Ok(()) => BackendError::Closed {
@@ -158,9 +176,10 @@ async fn serve(
     for request in in_flight.take() {
         let _ = request.reply.send(Err(error.clone()));
     }
+    let answered = link.answered.get();
     match outcome_is_shutdown(&error) {
-        true => None,
-        false => Some(error),
+        true => (None, answered),
+        false => (Some(error), answered),
     }
 }
 
@@ -175,14 +194,18 @@ async fn write_requests(
     settings: &ConnectionSettings,
     mut socket: tokio::net::tcp::WriteHalf<'_>,
     queue: &mut mpsc::UnboundedReceiver<Queued>,
-    in_flight: &RefCell<VecDeque<InFlight>>,
+    link: &Link,
 ) -> Result<(), BackendError> {
+    let in_flight = &link.in_flight;
     let mut batch = BytesMut::with_capacity(16 * 1024);
     loop {
         let Some(first) = queue.recv().await else {
             return Ok(());
         };
         let sent_at = Instant::now();
+        if in_flight.borrow().is_empty() {
+            link.wake_reader.notify_one();
+        }
         enqueue(&mut batch, in_flight, first, sent_at);
         // Everything already queued goes out in the same write: this is the pipelining.
         while batch.len() < MAX_WRITE_BATCH {
@@ -222,14 +245,18 @@ fn enqueue(
 async fn read_replies(
     settings: &ConnectionSettings,
     mut socket: tokio::net::tcp::ReadHalf<'_>,
-    in_flight: &RefCell<VecDeque<InFlight>>,
+    link: &Link,
 ) -> Result<(), BackendError> {
+    let in_flight = &link.in_flight;
     let mut buffer = BytesMut::with_capacity(16 * 1024);
-    // The reader cannot see the writer push a request, so it checks the oldest request's
-    // age on a steady tick rather than arming a timer per request.
+    // While requests are in flight, the oldest one's age is checked on a steady tick
+    // rather than by arming a timer per request. A server that is still sending (a large
+    // reply streaming in) is making progress: the timeout counts from the later of the
+    // request's send and the last bytes read.
     let period = (settings.timeout / 4).max(Duration::from_millis(5));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_progress = Instant::now();
     let bad_reply = || BackendError::BadReply {
         server: settings.address.clone(),
     };
@@ -244,6 +271,7 @@ async fn read_replies(
                     if let Some(request) = in_flight.borrow_mut().pop_front() {
                         let _ = request.reply.send(Ok(reply));
                     }
+                    link.answered.set(true);
                 }
                 Ok(ReplyParse::Incomplete) => break,
                 Err(_) => return Err(bad_reply()),
@@ -256,24 +284,29 @@ async fn read_replies(
         if buffer.capacity() - buffer.len() < 4096 {
             buffer.reserve(16 * 1024);
         }
+        let idle = in_flight.borrow().is_empty();
         tokio::select! {
             read = socket.read_buf(&mut buffer) => match read {
                 Ok(0) => return Err(BackendError::Unavailable {
                     server: settings.address.clone(),
                     reason: Arc::from("connection closed by server"),
                 }),
-                Ok(_) => {}
+                Ok(_) => last_progress = Instant::now(),
                 Err(e) => return Err(BackendError::Unavailable {
                     server: settings.address.clone(),
                     reason: Arc::from(e.to_string()),
                 }),
             },
-            _ = tick.tick() => {
-                let overdue = in_flight.borrow().front().is_some_and(|f| f.sent_at.elapsed() > settings.timeout);
+            _ = tick.tick(), if !idle => {
+                let overdue = in_flight
+                    .borrow()
+                    .front()
+                    .is_some_and(|f| f.sent_at.max(last_progress).elapsed() > settings.timeout);
                 if overdue {
                     return Err(BackendError::Timeout { server: settings.address.clone() });
                 }
             }
+            _ = link.wake_reader.notified(), if idle => {}
         }
     }
 }

@@ -28,10 +28,13 @@ pub struct ProxyConfig {
     /// Longest request line accepted (bytes). Default 64 KiB.
     pub max_line_size: usize,
     /// Requests a single client connection may have outstanding before memroute
-    /// stops reading from it. Default 1024.
+    /// stops reading from it. Default 256.
     pub max_client_pending: usize,
     /// Largest number of client connections across the process (0 = unlimited).
     pub max_connections: usize,
+    /// On SIGINT/SIGTERM, how long client connections may take to finish what they have
+    /// in flight before they are closed anyway (default 10s).
+    pub shutdown_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

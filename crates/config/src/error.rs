@@ -4,7 +4,7 @@ use thiserror::Error;
 
 /// One problem in a config, at a key path (`pools.main.servers[1].weight`).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("{path}: {message}")]
+#[error("{}{message}", if path.is_empty() { String::new() } else { format!("{path}: ") })]
 pub struct ConfigError {
     pub path: String,
     pub message: String,

@@ -33,8 +33,10 @@ pub mod defaults {
     pub const MAX_LINE_SIZE: usize = 64 * 1024;
     /// Smallest accepted `max_line_size`: a `set` line with a 250-byte key must fit.
     pub const MIN_LINE_SIZE: usize = 1024;
-    pub const MAX_CLIENT_PENDING: usize = 1024;
+    /// With 1 MiB values this bounds one client's replies in memory at 256 MiB.
+    pub const MAX_CLIENT_PENDING: usize = 256;
     pub const MAX_CONNECTIONS: usize = 0;
+    pub const SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
     pub const VNODES: u32 = 256;
     pub const CONNECTIONS: usize = 1;
     pub const TIMEOUT_MS: u64 = 250;
@@ -51,6 +53,7 @@ const PROXY_KEYS: &[&str] = &[
     "max_line_size",
     "max_client_pending",
     "max_connections",
+    "shutdown_timeout",
 ];
 const ADMIN_KEYS: &[&str] = &["listen"];
 const POOL_KEYS: &[&str] = &[
@@ -613,6 +616,13 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         defaults::MAX_CONNECTIONS,
         errs,
     );
+    let shutdown_timeout = get_duration(
+        t,
+        "shutdown_timeout",
+        path,
+        Duration::from_millis(defaults::SHUTDOWN_TIMEOUT_MS),
+        errs,
+    );
 
     ProxyConfig {
         listen,
@@ -623,6 +633,7 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         max_line_size,
         max_client_pending,
         max_connections,
+        shutdown_timeout,
     }
 }
 

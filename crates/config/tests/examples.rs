@@ -64,7 +64,8 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!(c.proxy.route, "only", "a single pool is the default route");
     assert_eq!(c.proxy.max_value_size, 1024 * 1024);
     assert_eq!(c.proxy.max_line_size, 64 * 1024);
-    assert_eq!(c.proxy.max_client_pending, 1024);
+    assert_eq!(c.proxy.max_client_pending, 256);
+    assert_eq!(c.proxy.shutdown_timeout, std::time::Duration::from_secs(10));
     assert_eq!(c.proxy.max_connections, 0);
     assert_eq!(c.admin, None);
     let p = &c.pools["only"];
@@ -175,7 +176,7 @@ hashh = "md5"
         e,
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes)",
-            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections)",
+            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout)",
             "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, connections, timeout, connect_timeout, max_keys_per_request)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]

@@ -104,7 +104,19 @@ fn serve(config: Config) -> anyhow::Result<()> {
         }
     });
     handle.shutdown();
-    handle.join();
+    // Workers drain within proxy.shutdown_timeout; a second signal means "now".
+    let forced = runtime.block_on(async {
+        let join = tokio::task::spawn_blocking(move || handle.join());
+        tokio::select! {
+            _ = join => false,
+            _ = interrupt.recv() => true,
+            _ = terminate.recv() => true,
+        }
+    });
+    if forced {
+        tracing::warn!("second signal: exiting without waiting for in-flight requests");
+        std::process::exit(1);
+    }
     tracing::info!("memroute stopped");
     Ok(())
 }

@@ -145,8 +145,14 @@ impl Worker {
         for accept in accepts {
             let _ = accept.await;
         }
-        // Listeners are closed; wait for sessions to finish what they have in flight.
-        let _ = all_done.recv().await;
+        // Listeners are closed; wait for sessions to finish what they have in flight, but
+        // not forever: a client that stopped reading would hold the process hostage.
+        tokio::select! {
+            _ = all_done.recv() => {}
+            _ = tokio::time::sleep(self.config.proxy.shutdown_timeout) => {
+                tracing::warn!(worker = self.index, timeout = ?self.config.proxy.shutdown_timeout, "shutdown_timeout passed; closing connections still in use");
+            }
+        }
         tracing::debug!(worker = self.index, "worker stopped");
     }
 }
