@@ -270,16 +270,73 @@ fn send_single(context: &WorkerContext, request: Request) -> Pending {
     };
     let pool = context.routes.pool_for(key);
     let server = context.routes.placements[pool].server_for(key);
+    let Some(parts) = forwardable(&request) else {
+        return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
+    };
     let connection = context.pools[pool].servers[server].pick();
-    let receiver = connection.send(
-        request.forward_parts(),
-        ReplyKind::for_command(request.command),
-    );
+    let receiver = connection.send(parts, ReplyKind::for_command(request.command));
     Pending::Single {
         leg: Leg::new(receiver, pool, server),
         command: request.command,
         noreply: request.noreply,
     }
+}
+
+/// memcached closes a connection holding more than 2048 bytes of a command line without
+/// its newline, unless the line is a `get`/`gets`. On a pipelined backend connection a long
+/// line can straddle memcached's reads, so every other line memroute sends stays below this.
+const MEMCACHED_LINE_LIMIT: usize = 2048;
+
+fn line_limited(command: Command) -> bool {
+    !matches!(command, Command::Get | Command::Gets)
+}
+
+/// The bytes to forward for a single-key request: the client's frame without its
+/// `noreply`/`q` token, and, when the command line is longer than memcached tolerates on
+/// a shared connection (padding spaces), the line rebuilt with single spaces. `None` when
+/// even the rebuilt line is too long.
+fn forwardable(request: &Request) -> Option<(Bytes, Option<Bytes>)> {
+    if request.line_len < MEMCACHED_LINE_LIMIT || !line_limited(request.command) {
+        return Some(request.forward_parts());
+    }
+    let line = &request.frame[..request.line_len];
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let quiet = request.quiet_token.clone().unwrap_or(0..0);
+    let mut rebuilt = BytesMut::with_capacity(256 + request.frame.len() - request.line_len);
+    let mut start = 0;
+    for token in line.split(|&b| b == b' ') {
+        let range = start..start + token.len();
+        start = range.end + 1;
+        if token.is_empty() || (range.start >= quiet.start && range.end <= quiet.end) {
+            continue;
+        }
+        if !rebuilt.is_empty() {
+            rebuilt.put_u8(b' ');
+        }
+        rebuilt.put_slice(token);
+    }
+    rebuilt.put_slice(b"\r\n");
+    if rebuilt.len() >= MEMCACHED_LINE_LIMIT {
+        return None;
+    }
+    rebuilt.put_slice(&request.frame[request.line_len..]);
+    Some((rebuilt.freeze(), None))
+}
+
+/// The part of a multi-key line before its keys (`gat 300 `), with padding squeezed out
+/// so that a batch line's length is its keys'.
+fn compact_head(request: &Request) -> Bytes {
+    let head = request.multi_key_head();
+    if !head.starts_with(b" ") && !head.windows(2).any(|pair| pair == b"  ") {
+        return request.frame.slice(..head.len());
+    }
+    let mut compact = BytesMut::with_capacity(32);
+    for token in head.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
+        compact.put_slice(token);
+        compact.put_u8(b' ');
+    }
+    compact.freeze()
 }
 
 fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
@@ -297,7 +354,14 @@ fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
     const UNASSIGNED: u32 = u32::MAX;
     let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![UNASSIGNED; count];
     let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
-    let head = request.multi_key_head();
+    let head = compact_head(&request);
+    let head = &head[..];
+    // gat/gats lines must stay under memcached's line limit (get/gets lines may be longer).
+    let byte_cap = if line_limited(request.command) {
+        MEMCACHED_LINE_LIMIT - 2
+    } else {
+        usize::MAX
+    };
     // Each server's keys, in client order, cut into batches of max_keys_per_request;
     // servers in the order their first key appears.
     for first in 0..count {
@@ -311,6 +375,10 @@ fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
         for i in first..count {
             if targets[i] != targets[first] {
                 continue;
+            }
+            if in_batch > 0 && frame.len() + 1 + request.keys[i].len() + 2 > byte_cap {
+                legs.push(send_batch(context, &mut frame, pool, server));
+                in_batch = 0;
             }
             if in_batch == 0 {
                 frame.reserve(head.len() + batch_size.min(count - i) * 16 + 2);
