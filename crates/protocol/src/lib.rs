@@ -21,6 +21,6 @@ pub use base64::decode_base64;
 pub use error::{ErrorReply, ProtocolError};
 pub use reply::{
     parse_reply, quiet_suppresses, retrieval_error, value_block_at, value_blocks, ReplyKind,
-    ReplyParse, ValueBlock,
+    ReplyParse, ValueBlock, MAX_REPLY_VALUE_LEN,
 };
 pub use request::{parse_request, Command, Limits, Parse, Request};

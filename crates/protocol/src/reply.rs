@@ -80,8 +80,14 @@ fn word(line: &[u8], n: usize) -> Option<&[u8]> {
     line.split(|&b| b == b' ').filter(|w| !w.is_empty()).nth(n)
 }
 
-/// A data length in a reply header: plain decimal, within the value limit.
-fn data_len(w: Option<&[u8]>, limits: &Limits) -> Result<usize, ProtocolError> {
+/// The largest value a reply may carry: memcached's hard item size maximum (`-I 1g`).
+/// Replies are framed independently of the client-side `Limits::max_value_len`: a backend
+/// may hold larger values (a bigger `-I`, or values grown with append/prepend), and
+/// refusing to frame them would reset the backend connection on every read of such a key.
+pub const MAX_REPLY_VALUE_LEN: usize = 1024 * 1024 * 1024;
+
+/// A data length in a reply header: plain decimal, at most `MAX_REPLY_VALUE_LEN`.
+fn data_len(w: Option<&[u8]>) -> Result<usize, ProtocolError> {
     let w = w.ok_or(ProtocolError::BadReply("missing data length"))?;
     if w.is_empty() || w.len() > 19 || !w.iter().all(u8::is_ascii_digit) {
         return Err(ProtocolError::BadReply("bad data length"));
@@ -90,8 +96,10 @@ fn data_len(w: Option<&[u8]>, limits: &Limits) -> Result<usize, ProtocolError> {
     for &d in w {
         v = v * 10 + usize::from(d - b'0');
     }
-    if v > limits.max_value_len {
-        return Err(ProtocolError::BadReply("value larger than max_value_len"));
+    if v > MAX_REPLY_VALUE_LEN {
+        return Err(ProtocolError::BadReply(
+            "value larger than memcached's item maximum",
+        ));
     }
     Ok(v)
 }
@@ -137,7 +145,7 @@ pub fn parse_reply(
         }
         ReplyKind::MetaGet => {
             if first.starts_with(b"VA ") {
-                let len = data_len(word(first, 1), limits)?;
+                let len = data_len(word(first, 1))?;
                 return Ok(match data_after(buf, first_end, len)? {
                     Some(end) => ReplyParse::Complete(end),
                     None => ReplyParse::Incomplete,
@@ -162,7 +170,7 @@ pub fn parse_reply(
                 if !line.starts_with(b"VALUE ") {
                     return Err(ProtocolError::BadReply("expected VALUE or END"));
                 }
-                let len = data_len(word(line, 3), limits)?;
+                let len = data_len(word(line, 3))?;
                 pos = match data_after(buf, line_end, len)? {
                     Some(end) => end,
                     None => return Ok(ReplyParse::Incomplete),
@@ -241,11 +249,7 @@ pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
     // "VALUE " is 6 bytes; the key runs to the next space.
     let key_start = pos + 6;
     let key_end = key_start + memchr::memchr(b' ', &reply[key_start..line_end])?;
-    let unlimited = Limits {
-        max_value_len: usize::MAX,
-        ..Limits::default()
-    };
-    let len = data_len(word(line, 3), &unlimited).ok()?;
+    let len = data_len(word(line, 3)).ok()?;
     let end = line_end + 2 + len + 2;
     (end <= reply.len()).then_some(ValueBlock {
         key: key_start..key_end,

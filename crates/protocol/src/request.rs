@@ -14,6 +14,7 @@ pub struct Limits {
     /// Longest command line (without data block) accepted.
     pub max_line_len: usize,
     /// Largest data block accepted for storage commands (memcached's item size max, default 1 MiB).
+    /// Client side only: replies are framed up to `MAX_REPLY_VALUE_LEN` whatever this is.
     pub max_value_len: usize,
 }
 
@@ -444,6 +445,36 @@ pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Parse {
     } else {
         nl
     };
+    // memcached tokenises the line as a C string: nothing after a NUL byte is part of the
+    // command (the line still ends at its '\n'). Only the bytes before the NUL are looked
+    // at, and a request accepted from such a line is forwarded rebuilt without the tail,
+    // so the backend never sees a NUL in a command line.
+    match memchr::memchr(0, &buf[..line_end]) {
+        None => parse_line(buf, limits, line_end, line_total),
+        Some(cut) => match parse_line(buf, limits, cut, line_total) {
+            Parse::Request(request) => Parse::Request(without_nul_tail(request, cut)),
+            other => other,
+        },
+    }
+}
+
+/// A request parsed from the bytes of its line before a NUL at `cut`: the frame rebuilt
+/// as those bytes, `\r\n`, and the data block if any. Every range in the request lies
+/// before `cut`, so only `frame` and `line_len` change.
+fn without_nul_tail(mut request: Request, cut: usize) -> Request {
+    let data = &request.frame[request.line_len..];
+    let mut frame = BytesMut::with_capacity(cut + 2 + data.len());
+    frame.extend_from_slice(&request.frame[..cut]);
+    frame.extend_from_slice(b"\r\n");
+    frame.extend_from_slice(data);
+    request.frame = frame.freeze();
+    request.line_len = cut + 2;
+    request
+}
+
+/// Parses the command line `buf[..line_end]` (its content, without the terminator or
+/// anything after a NUL); `line_total` is where the next line or the data block starts.
+fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: usize) -> Parse {
     let line = &buf[..line_end];
     let words = Words::split(line);
     // No valid command is shorter than two bytes.
@@ -612,11 +643,21 @@ fn parse_storage(
     if is_cas && strtoull(words.get(line, 5)).is_none() {
         return reject(buf, line_total, BAD_FORMAT, 0, noreply);
     }
-    let Ok(vlen) = usize::try_from(vlen) else {
+    let Some(vlen) = storage_len(vlen) else {
         return reject(buf, line_total, BAD_FORMAT, 0, noreply);
     };
     h.keys.push(words.w[1].0..words.w[1].1);
     data_block(buf, limits, h, line_total, vlen, noreply)
+}
+
+/// memcached refuses a data length outside `0..=INT_MAX - 2` (it adds 2 for the `\r\n`)
+/// as a bad command line, before looking at the item size, and swallows nothing.
+/// Lengths inside that range but above the item size are "too large" and swallowed.
+fn storage_len(vlen: i32) -> Option<usize> {
+    if vlen > i32::MAX - 2 {
+        return None;
+    }
+    usize::try_from(vlen).ok()
 }
 
 /// Frames the data block after a storage line: too large is rejected before it
@@ -746,7 +787,7 @@ fn parse_meta_set(buf: &mut BytesMut, limits: &Limits, words: &Words, line_total
         );
     }
     let line = &buf[..line_total];
-    let Some(vlen) = strtol32(words.get(line, 2)).and_then(|v| usize::try_from(v).ok()) else {
+    let Some(vlen) = strtol32(words.get(line, 2)).and_then(storage_len) else {
         return reject(buf, line_total, BAD_FORMAT, 0, false);
     };
     let mut h = Head::new(Command::MetaSet);

@@ -1,7 +1,7 @@
 //! parse_reply, value_blocks and quiet_suppresses.
 use memroute_protocol::{
-    parse_reply, quiet_suppresses, value_blocks, Command, Limits, ProtocolError, ReplyKind,
-    ReplyParse,
+    parse_reply, quiet_suppresses, value_block_at, value_blocks, Command, Limits, ProtocolError,
+    ReplyKind, ReplyParse, MAX_REPLY_VALUE_LEN,
 };
 
 fn frame(buf: &[u8], kind: ReplyKind) -> Result<ReplyParse, ProtocolError> {
@@ -51,11 +51,8 @@ fn retrieval_garbage_is_an_error() {
     assert!(frame(b"VALUE a 0 1\r\nxyz\r\n", ReplyKind::Retrieval).is_err());
     assert!(frame(b"VALUE a 0 1\r\nx\r\nbogus\r\n", ReplyKind::Retrieval).is_err());
     assert!(frame(b"END\n", ReplyKind::Retrieval).is_err());
-    let small = Limits {
-        max_value_len: 4,
-        ..Limits::default()
-    };
-    assert!(parse_reply(b"VALUE a 0 5\r\n", ReplyKind::Retrieval, &small).is_err());
+    assert!(frame(b"VALUE a 0 1073741825\r\n", ReplyKind::Retrieval).is_err());
+    assert!(frame(b"VA 99999999999\r\n", ReplyKind::MetaGet).is_err());
     let short = Limits {
         max_line_len: 8,
         ..Limits::default()
@@ -161,4 +158,63 @@ fn quiet_suppression_matches_memcached_1_6_18() {
     assert!(!quiet_suppresses(Command::MetaArithmetic, b"NF"));
     assert!(!quiet_suppresses(Command::MetaNoop, b"MN"));
     assert!(!quiet_suppresses(Command::Get, b"END"));
+}
+
+/// Values larger than the client-side `max_value_len` (a backend with a bigger `-I`, or a
+/// value grown by append) are still framed: refusing them would reset the backend
+/// connection on every get of such a key.
+#[test]
+fn reply_values_are_framed_beyond_the_client_value_limit() {
+    let small = Limits {
+        max_value_len: 4,
+        ..Limits::default()
+    };
+    let reply = b"VALUE a 0 5\r\nhello\r\nEND\r\n";
+    assert_eq!(
+        parse_reply(reply, ReplyKind::Retrieval, &small),
+        Ok(ReplyParse::Complete(reply.len()))
+    );
+    assert_eq!(
+        parse_reply(&reply[..20], ReplyKind::Retrieval, &small),
+        Ok(ReplyParse::Incomplete)
+    );
+    let va = b"VA 5 f0\r\nhello\r\n";
+    assert_eq!(
+        parse_reply(va, ReplyKind::MetaGet, &small),
+        Ok(ReplyParse::Complete(va.len()))
+    );
+
+    // Default limits (1 MiB) and a 2 MiB value, as from memcached -I 2m.
+    let big = vec![b'x'; 2 * 1024 * 1024];
+    let mut reply = b"VALUE big 0 2097152\r\n".to_vec();
+    reply.extend_from_slice(&big);
+    reply.extend_from_slice(b"\r\nEND\r\n");
+    check_whole_prefixes(&reply, ReplyKind::Retrieval);
+    assert_eq!(value_blocks(&reply).map(|b| b.len()), Ok(1));
+    let block = value_block_at(&reply, 0).expect("value block");
+    assert_eq!(block.block.end, reply.len() - 5);
+
+    // The header alone of a value at the sanity bound waits for its data; one byte more
+    // is garbage.
+    let at_max = format!("VALUE a 0 {MAX_REPLY_VALUE_LEN}\r\n");
+    assert_eq!(
+        frame(at_max.as_bytes(), ReplyKind::Retrieval),
+        Ok(ReplyParse::Incomplete)
+    );
+    let over = format!("VALUE a 0 {}\r\n", MAX_REPLY_VALUE_LEN + 1);
+    assert!(frame(over.as_bytes(), ReplyKind::Retrieval).is_err());
+    let over = format!("VA {} v\r\n", MAX_REPLY_VALUE_LEN + 1);
+    assert!(frame(over.as_bytes(), ReplyKind::MetaGet).is_err());
+}
+
+/// Like `check_whole` but only at a few cuts (the reply is large).
+fn check_whole_prefixes(reply: &[u8], kind: ReplyKind) {
+    for cut in [0, 10, 21, 22, 1000, reply.len() - 6, reply.len() - 1] {
+        assert_eq!(
+            frame(&reply[..cut], kind),
+            Ok(ReplyParse::Incomplete),
+            "cut {cut}"
+        );
+    }
+    assert_eq!(frame(reply, kind), Ok(ReplyParse::Complete(reply.len())));
 }

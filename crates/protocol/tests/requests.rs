@@ -590,7 +590,7 @@ impl Rng {
 
 #[test]
 fn random_input_never_panics_and_never_consumes_on_incomplete() {
-    let pieces: [&[u8]; 24] = [
+    let pieces: [&[u8]; 25] = [
         b"get",
         b"gets",
         b"gat",
@@ -615,6 +615,7 @@ fn random_input_never_panics_and_never_consumes_on_incomplete() {
         b"5",
         b"-1",
         b"k",
+        b"\0",
     ];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let lim = Limits {
@@ -644,7 +645,24 @@ fn random_input_never_panics_and_never_consumes_on_incomplete() {
                 }
                 Parse::Request(r) => {
                     assert!(!r.frame.is_empty() && r.line_len <= r.frame.len());
-                    assert_eq!(&before[..r.frame.len()], &r.frame[..]);
+                    // The forwarded command line never holds a NUL: a line with one is
+                    // rebuilt from the bytes before it, the data block kept as it was.
+                    assert!(!r.frame[..r.line_len].contains(&0), "NUL forwarded");
+                    let consumed = before.len() - buf.len();
+                    let line_total = before
+                        .iter()
+                        .position(|&b| b == b'\n')
+                        .expect("a request has a newline")
+                        + 1;
+                    if before[..line_total].contains(&0) {
+                        assert_eq!(&r.frame[r.line_len..], &before[line_total..consumed]);
+                        assert!(r.frame[..r.line_len].ends_with(b"\r\n"));
+                        let cut = r.line_len - 2;
+                        assert_eq!(&r.frame[..cut], &before[..cut]);
+                        assert_eq!(before[cut], 0);
+                    } else {
+                        assert_eq!(&before[..consumed], &r.frame[..]);
+                    }
                     for k in &r.keys {
                         assert!(k.end <= r.line_len && k.len() <= lim.max_key_len);
                     }
@@ -661,4 +679,225 @@ fn random_input_never_panics_and_never_consumes_on_incomplete() {
             }
         }
     }
+}
+
+/// memcached tokenises a command line as a C string: a NUL byte ends the command (the
+/// line still ends at its `\n`). Verified against memcached 1.6.18:
+/// `set k\0junk 0 0 5\r\nhello\r\n` -> `ERROR\r\nERROR\r\n` (too few args, then `hello`
+/// is a command); `get a\0b` = `get a`; `incr k 1\0 abc` = `incr k 1`; `touch k 10\0` =
+/// `touch k 10`; `delete k\0 0 noreply` = `delete k` (answers DELETED); `mg k\0 v` = `mg k`
+/// (HD, no value); `ms k\0 5` -> bad command line format and the data is a command;
+/// `ms k 5\0 T0` = `ms k 5`; `\0get k` -> ERROR; `mn\0x` = `mn`.
+#[test]
+fn nul_byte_ends_the_command_line() {
+    // Too few arguments once cut: ERROR, the line alone is consumed, the data line
+    // is then parsed as a command (ERROR again).
+    let mut buf = BytesMut::from(&b"set k\0junk 0 0 5\r\nhello\r\nget k\r\n"[..]);
+    let p = parse_request(&mut buf, &limits());
+    assert_eq!(
+        p,
+        Parse::Invalid {
+            reply: ErrorReply::Error,
+            swallow: 0,
+            close: false
+        }
+    );
+    assert_eq!(&buf[..], b"hello\r\nget k\r\n");
+    assert!(matches!(
+        parse_request(&mut buf, &limits()),
+        Parse::Invalid {
+            reply: ErrorReply::Error,
+            swallow: 0,
+            close: false
+        }
+    ));
+    assert_eq!(
+        req_from(&mut buf).keys().collect::<Vec<_>>(),
+        vec![&b"k"[..]]
+    );
+
+    // Valid once cut: forwarded rebuilt, without the NUL and what follows it.
+    let r = req(b"get a\0b\r\n");
+    assert_eq!(&r.frame[..], b"get a\r\n");
+    assert_eq!(r.line_len, 7);
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"a"[..]]);
+
+    let r = req(b"get a b\0 c d\n");
+    assert_eq!(&r.frame[..], b"get a b\r\n");
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"a"[..], b"b"]);
+
+    let r = req(b"incr k 1\0 abc\r\n");
+    assert_eq!(r.command, Command::Incr);
+    assert_eq!(&r.frame[..], b"incr k 1\r\n");
+
+    let r = req(b"touch k 10\0\r\n");
+    assert_eq!(&r.frame[..], b"touch k 10\r\n");
+
+    // noreply after the NUL is not seen: memcached answers DELETED.
+    let r = req(b"delete k\0 0 noreply\r\n");
+    assert_eq!(r.command, Command::Delete);
+    assert!(!r.noreply && r.quiet_token.is_none());
+    assert_eq!(&r.frame[..], b"delete k\r\n");
+
+    // noreply just before the NUL is seen, and still strippable.
+    let r = req(b"delete k noreply\0x\r\n");
+    assert!(r.noreply);
+    let (a, b) = r.forward_parts();
+    assert_eq!(
+        [&a[..], &b.expect("split at noreply")[..]].concat(),
+        b"delete k\r\n"
+    );
+
+    let r = req(b"mg k\0 v\r\n");
+    assert_eq!(r.command, Command::MetaGet);
+    assert_eq!(&r.frame[..], b"mg k\r\n");
+
+    let r = req(b"mn\0x\r\n");
+    assert_eq!(&r.frame[..], b"mn\r\n");
+
+    // A storage line valid once cut keeps its data block.
+    let r = req(b"set k 0 0 5\0junk\r\nhello\r\n");
+    assert_eq!(&r.frame[..], b"set k 0 0 5\r\nhello\r\n");
+    assert_eq!(r.line_len, 13);
+    let r = req(b"ms k 5\0 T0\nhello\r\n");
+    assert_eq!(&r.frame[..], b"ms k 5\r\nhello\r\n");
+    let r = req(b"set k 0 0 1 noreply\0 x\r\nz\r\n");
+    assert!(r.noreply);
+    let (a, b) = r.forward_parts();
+    assert_eq!(
+        [&a[..], &b.expect("split at noreply")[..]].concat(),
+        b"set k 0 0 1\r\nz\r\n"
+    );
+
+    // ms with no length once cut: bad command line format, nothing swallowed.
+    let mut buf = BytesMut::from(&b"ms k\0 5\r\nhello\r\n"[..]);
+    assert_eq!(
+        parse_request(&mut buf, &limits()),
+        Parse::Invalid {
+            reply: ErrorReply::Client("bad command line format"),
+            swallow: 0,
+            close: false
+        }
+    );
+    assert_eq!(&buf[..], b"hello\r\n");
+
+    // Nothing before the NUL: ERROR.
+    assert_eq!(err(b"\0get k\r\n"), (b"ERROR\r\n".to_vec(), 0, false));
+    // A '\r' before the NUL stays in the key, as memcached keeps it.
+    let r = req(b"get a\r\0b\r\n");
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"a\r"[..]]);
+    assert_eq!(&r.frame[..], b"get a\r\r\n");
+    // An incomplete data block after a cut line is Incomplete and consumes nothing.
+    let mut buf = BytesMut::from(&b"set k 0 0 5\0x\r\nhel"[..]);
+    assert_eq!(parse_request(&mut buf, &limits()), Parse::Incomplete);
+    assert_eq!(&buf[..], b"set k 0 0 5\0x\r\nhel");
+}
+
+fn req_from(buf: &mut BytesMut) -> Request {
+    match parse_request(buf, &limits()) {
+        Parse::Request(r) => r,
+        other => panic!("expected a request, got {other:?}"),
+    }
+}
+
+/// memcached 1.6.18 refuses a data length above INT_MAX - 2 (or negative after its 32-bit
+/// truncation) as a bad command line and swallows nothing; lengths up to 2147483645 are
+/// "object too large" and swallowed (`set` and `ms` alike). Verified:
+/// `set k 0 0 2147483647` / `2147483646` / `4294967295` / `4294967294` / `-1` -> bad command
+/// line format, no swallow; `2147483645`, `1048577` -> swallowed (SERVER_ERROR object too
+/// large for cache); `4294967296` is 0 after truncation. `ms k 2147483646 q q` -> bad command
+/// line format (the length is checked before the flags).
+#[test]
+fn data_length_bounds_match_memcached() {
+    for len in [
+        "2147483646",
+        "2147483647",
+        "4294967295",
+        "4294967294",
+        "-1",
+        "-2147483648",
+    ] {
+        for line in [
+            format!("set k 0 0 {len}\r\n"),
+            format!("set k 0 0 {len} noreply\r\n"),
+            format!("cas k 0 0 {len} 1\r\n"),
+            format!("ms k {len}\r\n"),
+            format!("ms k {len} q q\r\n"),
+            format!("ms k {len} T0\r\n"),
+        ] {
+            let mut buf = BytesMut::from(format!("{line}mn\r\n").as_bytes());
+            let p = parse_request(&mut buf, &limits());
+            let silent = line.contains("noreply");
+            let want = if silent {
+                ErrorReply::Silent
+            } else {
+                ErrorReply::Client("bad command line format")
+            };
+            assert_eq!(
+                p,
+                Parse::Invalid {
+                    reply: want,
+                    swallow: 0,
+                    close: false
+                },
+                "{line:?}"
+            );
+            assert_eq!(&buf[..], b"mn\r\n", "{line:?} must swallow nothing");
+        }
+    }
+    // The largest length memcached accepts on the line: too large, swallowed with its \r\n.
+    for line in ["set k 0 0 2147483645\r\n", "ms k 2147483645 T0\r\n"] {
+        assert_eq!(
+            err(line.as_bytes()),
+            (
+                b"SERVER_ERROR object too large for cache\r\n".to_vec(),
+                2147483647,
+                false
+            ),
+            "{line:?}"
+        );
+    }
+    // Flag errors on ms come after the length: swallowed.
+    assert_eq!(
+        err(b"ms k 2147483645 q q\r\n"),
+        (
+            b"CLIENT_ERROR duplicate flag\r\n".to_vec(),
+            2147483647,
+            false
+        )
+    );
+    // Just above the item size: too large, swallowed.
+    assert_eq!(
+        err(b"set k 0 0 1048577\r\n"),
+        (
+            b"SERVER_ERROR object too large for cache\r\n".to_vec(),
+            1048579,
+            false
+        )
+    );
+    // 2^32 truncates to 0: a valid empty value.
+    let r = req(b"set k 0 0 4294967296\r\n\r\n");
+    assert_eq!(r.frame.len(), 24);
+}
+
+/// Only ' ' separates words (tabs and a '\r' inside the line are part of a word), and a
+/// line ends only at '\n': whatever is forwarded is one request for memcached too.
+/// Verified: `set k\t0 0 0 1` stores key "k\t0"; `get\tt\tx` -> ERROR; `set r\rx 0 0 1`
+/// stores key "r\rx"; `get r\rx\rmn` is one get (END); `set n 0 0\t1` -> ERROR;
+/// `set n 0 0 1\t` and `set n 0 0 1\r\r\n` -> STORED (strtol's trailing whitespace);
+/// `touch n\r10` -> ERROR.
+#[test]
+fn tabs_and_inner_carriage_returns_are_word_bytes() {
+    let r = req(b"set k\t0 0 0 1\r\nx\r\n");
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"k\t0"[..]]);
+    assert_eq!(err_reply(b"get\tt\tx\r\n"), b"ERROR\r\n");
+    let r = req(b"get r\rx\rmn\r\n");
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"r\rx\rmn"[..]]);
+    assert_eq!(&r.frame[..], b"get r\rx\rmn\r\n");
+    assert_eq!(err_reply(b"set n 0 0\t1\r\nz\r\n"), b"ERROR\r\n");
+    assert_eq!(req(b"set n 0 0 1\t\r\nz\r\n").frame.len(), 17);
+    assert_eq!(req(b"set n 0 0 1\r\r\nz\r\n").frame.len(), 17);
+    assert_eq!(err_reply(b"touch n\r10\r\n"), b"ERROR\r\n");
+    let r = req(b"mg r\rx v\r\n");
+    assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"r\rx"[..]]);
 }
