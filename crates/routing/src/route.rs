@@ -195,6 +195,7 @@ mod tests {
                 max_line_size: 1 << 16,
                 max_client_pending: 1024,
                 max_connections: 0,
+                shutdown_timeout: std::time::Duration::from_secs(10),
             },
             admin: None,
             pools,
