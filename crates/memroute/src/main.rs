@@ -76,10 +76,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         println!("config {} is valid", path.display());
         return Ok(());
     }
-    serve(config)
+    serve(config, &path)
 }
 
-fn serve(config: Config) -> anyhow::Result<()> {
+/// What the main thread was woken for.
+enum Event {
+    Reload,
+    Stop,
+}
+
+fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -88,21 +94,35 @@ fn serve(config: Config) -> anyhow::Result<()> {
         .context("signal runtime")?;
     // Signal handlers exist before anyone is told we are ready: a SIGTERM right after
     // the ready line must mean a graceful stop, not the default action.
-    let (mut interrupt, mut terminate) = runtime.block_on(async {
+    let (mut interrupt, mut terminate, mut hangup) = runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         Ok::<_, std::io::Error>((
             signal(SignalKind::interrupt())?,
             signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
         ))
     })?;
     let handle = memroute_proxy::start(config).context("cannot start")?;
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
-    runtime.block_on(async {
-        tokio::select! {
-            _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
-            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+    loop {
+        let event = runtime.block_on(async {
+            tokio::select! {
+                _ = interrupt.recv() => {
+                    tracing::info!("SIGINT: shutting down");
+                    Event::Stop
+                }
+                _ = terminate.recv() => {
+                    tracing::info!("SIGTERM: shutting down");
+                    Event::Stop
+                }
+                _ = hangup.recv() => Event::Reload,
+            }
+        });
+        match event {
+            Event::Stop => break,
+            Event::Reload => reload(&handle, path),
         }
-    });
+    }
     handle.shutdown();
     // Workers drain within proxy.shutdown_timeout; a second signal means "now".
     let forced = runtime.block_on(async {
@@ -119,6 +139,34 @@ fn serve(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!("memroute stopped");
     Ok(())
+}
+
+/// SIGHUP: re-reads the config file and hands it to the proxy. A config that does not
+/// validate or cannot be routed is rejected with every reason logged; the running one stays.
+fn reload(handle: &memroute_proxy::ProxyHandle, path: &std::path::Path) {
+    tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
+    let config = match memroute_config::load(path) {
+        Ok(config) => config,
+        Err(errors) => {
+            for error in &errors.0 {
+                tracing::error!(config = %path.display(), "config error: {error}");
+            }
+            tracing::error!(
+                config = %path.display(),
+                errors = errors.0.len(),
+                "config reload rejected: invalid config; keeping the running config"
+            );
+            return;
+        }
+    };
+    let pools = config.pools.len();
+    match handle.reload(config) {
+        Ok(()) => tracing::info!(config = %path.display(), pools, "config reloaded"),
+        Err(error) => tracing::error!(
+            config = %path.display(),
+            "config reload rejected: {error}; keeping the running config"
+        ),
+    }
 }
 
 /// What `--check` prints: the pools and routes as memroute understood them.

@@ -144,7 +144,7 @@ pub(crate) fn prometheus(stats: &SharedStats) -> String {
         out,
         "# HELP memroute_backend_errors_total Requests that got no reply from a server.\n# TYPE memroute_backend_errors_total counter\n"
     );
-    for server in stats.servers.iter().flatten() {
+    for server in stats.servers().iter() {
         let _ = writeln!(
             out,
             "memroute_backend_errors_total{{pool=\"{}\",server=\"{}\"}} {}",
@@ -154,7 +154,7 @@ pub(crate) fn prometheus(stats: &SharedStats) -> String {
         );
     }
     let _ = write!(out, "# HELP memroute_backend_timeouts_total Requests that timed out.\n# TYPE memroute_backend_timeouts_total counter\n");
-    for server in stats.servers.iter().flatten() {
+    for server in stats.servers().iter() {
         let _ = writeln!(
             out,
             "memroute_backend_timeouts_total{{pool=\"{}\",server=\"{}\"}} {}",

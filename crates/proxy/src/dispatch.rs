@@ -1,6 +1,7 @@
 //! From a parsed request to a pending reply: route single keys, split multi-gets per
 //! server (and into batches of `max_keys_per_request`), fan flush_all out to a pool,
 //! and answer what memroute answers itself. `finish` turns a completed entry into bytes.
+use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use memroute_protocol::{
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use crate::worker::WorkerContext;
+use crate::worker::{Routing, WorkerContext};
 
 type Reply = Result<Bytes, BackendError>;
 
@@ -64,15 +65,15 @@ impl Leg {
         }
     }
 
-    /// The reply, counting a failure against its server.
-    fn take(&mut self, context: &WorkerContext) -> Reply {
+    /// The reply, counting a failure against its server (in the routing it was sent with).
+    fn take(&mut self, routing: &Routing) -> Reply {
         let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
         if let Err(error) = &reply {
-            if let Some(server) = context
-                .shared
-                .servers
+            if let Some(server) = routing
+                .pools
                 .get(self.pool as usize)
-                .and_then(|p| p.get(self.server as usize))
+                .and_then(|p| p.servers.get(self.server as usize))
+                .map(|s| &s.stats)
             {
                 let counter = if error.is_timeout() {
                     &server.timeouts
@@ -95,6 +96,7 @@ fn connection_gone() -> BackendError {
 /// A multi-key retrieval split over servers.
 #[derive(Debug)]
 pub(crate) struct MultiGet {
+    routing: Rc<Routing>,
     request: Request,
     legs: SmallVec<[Leg; 4]>,
     /// For each of the request's keys, the leg that carries it.
@@ -104,6 +106,7 @@ pub(crate) struct MultiGet {
 /// The same request sent to every server of a pool (flush_all).
 #[derive(Debug)]
 pub(crate) struct Fanout {
+    routing: Rc<Routing>,
     legs: Vec<Leg>,
     noreply: bool,
 }
@@ -115,7 +118,9 @@ pub(crate) enum Pending {
     Ready(Bytes),
     /// Close the connection once everything before it is written (quit, unframeable input).
     Close,
+    /// Holds the routing it was sent with: its connections stay open until it is answered.
     Single {
+        routing: Rc<Routing>,
         leg: Leg,
         command: Command,
         noreply: bool,
@@ -159,20 +164,22 @@ impl Pending {
             Pending::Ready(bytes) => out.extend_from_slice(&bytes),
             Pending::Close => return Flow::Close,
             Pending::Single {
+                routing,
                 mut leg,
                 command,
                 noreply,
-            } => finish_single(context, leg.take(context), command, noreply, out),
+            } => finish_single(context, leg.take(&routing), command, noreply, out),
             Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
-            Pending::Fanout(fanout) => finish_fanout(context, *fanout, out),
+            Pending::Fanout(fanout) => finish_fanout(*fanout, out),
         }
         Flow::Continue
     }
 }
 
-/// Routes one request and appends its pending reply.
+/// Routes one request with `routing` (the session's snapshot) and appends its pending reply.
 pub(crate) fn dispatch(
     context: &WorkerContext,
+    routing: &Rc<Routing>,
     request: Request,
     pending: &mut std::collections::VecDeque<Pending>,
 ) -> Flow {
@@ -187,14 +194,14 @@ pub(crate) fn dispatch(
                     .fetch_add(request.keys.len() as u64, Relaxed);
             }
             if request.keys.len() == 1 {
-                pending.push_back(send_single(context, request));
+                pending.push_back(send_single(routing, request));
             } else {
-                pending.push_back(split_multi_get(context, request));
+                pending.push_back(split_multi_get(routing, request));
             }
         }
         Command::MetaGet => {
             stats.cmd_get.fetch_add(1, Relaxed);
-            pending.push_back(send_single(context, request));
+            pending.push_back(send_single(routing, request));
         }
         Command::Set
         | Command::Add
@@ -204,11 +211,11 @@ pub(crate) fn dispatch(
         | Command::Cas
         | Command::MetaSet => {
             stats.cmd_set.fetch_add(1, Relaxed);
-            pending.push_back(send_single(context, request));
+            pending.push_back(send_single(routing, request));
         }
         Command::Touch => {
             stats.cmd_touch.fetch_add(1, Relaxed);
-            pending.push_back(send_single(context, request));
+            pending.push_back(send_single(routing, request));
         }
         Command::Delete
         | Command::Incr
@@ -216,11 +223,11 @@ pub(crate) fn dispatch(
         | Command::MetaDelete
         | Command::MetaArithmetic
         | Command::MetaDebug => {
-            pending.push_back(send_single(context, request));
+            pending.push_back(send_single(routing, request));
         }
         Command::FlushAll => {
             stats.cmd_flush.fetch_add(1, Relaxed);
-            pending.push_back(fan_out_flush(context, request));
+            pending.push_back(fan_out_flush(routing, request));
         }
         Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!(
             "VERSION memroute-{}\r\n",
@@ -257,7 +264,7 @@ fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
 }
 
-fn send_single(context: &WorkerContext, request: Request) -> Pending {
+fn send_single(routing: &Rc<Routing>, request: Request) -> Pending {
     let Some(key) = request.keys().next() else {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
         return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
@@ -268,14 +275,15 @@ fn send_single(context: &WorkerContext, request: Request) -> Pending {
         true => decode_base64(key, &mut decoded).map_or(key, |len| &decoded[..len]),
         false => key,
     };
-    let pool = context.routes.pool_for(key);
-    let server = context.routes.placements[pool].server_for(key);
+    let pool = routing.routes.pool_for(key);
+    let server = routing.routes.placements[pool].server_for(key);
     let Some(parts) = forwardable(&request) else {
         return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
     };
-    let connection = context.pools[pool].servers[server].pick();
+    let connection = routing.pools[pool].servers[server].pick();
     let receiver = connection.send(parts, ReplyKind::for_command(request.command));
     Pending::Single {
+        routing: routing.clone(),
         leg: Leg::new(receiver, pool, server),
         command: request.command,
         noreply: request.noreply,
@@ -339,15 +347,16 @@ fn compact_head(request: &Request) -> Bytes {
     compact.freeze()
 }
 
-fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
+fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
+    let context = &**routing;
     let count = request.keys.len();
     let targets: SmallVec<[(u32, u32); 32]> = request
         .keys()
         .map(|key| {
-            let pool = context.routes.pool_for(key);
+            let pool = routing.routes.pool_for(key);
             (
                 pool as u32,
-                context.routes.placements[pool].server_for(key) as u32,
+                routing.routes.placements[pool].server_for(key) as u32,
             )
         })
         .collect();
@@ -399,6 +408,7 @@ fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
         }
     }
     Pending::MultiGet(Box::new(MultiGet {
+        routing: routing.clone(),
         request,
         legs,
         key_leg,
@@ -406,17 +416,17 @@ fn split_multi_get(context: &WorkerContext, request: Request) -> Pending {
 }
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
-fn send_batch(context: &WorkerContext, frame: &mut BytesMut, pool: usize, server: usize) -> Leg {
+fn send_batch(context: &Routing, frame: &mut BytesMut, pool: usize, server: usize) -> Leg {
     frame.put_slice(b"\r\n");
     let connection = context.pools[pool].servers[server].pick();
     let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
     Leg::new(receiver, pool, server)
 }
 
-fn fan_out_flush(context: &WorkerContext, request: Request) -> Pending {
-    let pool = context.routes.default_pool();
+fn fan_out_flush(routing: &Rc<Routing>, request: Request) -> Pending {
+    let pool = routing.routes.default_pool();
     let parts = request.forward_parts();
-    let legs = context.pools[pool]
+    let legs = routing.pools[pool]
         .servers
         .iter()
         .enumerate()
@@ -429,6 +439,7 @@ fn fan_out_flush(context: &WorkerContext, request: Request) -> Pending {
         })
         .collect();
     Pending::Fanout(Box::new(Fanout {
+        routing: routing.clone(),
         legs,
         noreply: request.noreply,
     }))
@@ -494,7 +505,7 @@ fn finish_single(
 fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut BytesMut) {
     let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(multi.legs.len());
     for leg in &mut multi.legs {
-        match leg.take(context) {
+        match leg.take(&multi.routing) {
             Ok(bytes) => replies.push(bytes),
             // One failed server fails the whole reply: a partial answer would look like misses.
             Err(error) => return server_error(out, &error),
@@ -527,10 +538,10 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
     context.stats().get_misses.fetch_add(misses, Relaxed);
 }
 
-fn finish_fanout(context: &WorkerContext, mut fanout: Fanout, out: &mut BytesMut) {
+fn finish_fanout(mut fanout: Fanout, out: &mut BytesMut) {
     let mut answer: Option<Vec<u8>> = None;
     for leg in &mut fanout.legs {
-        match leg.take(context) {
+        match leg.take(&fanout.routing) {
             Ok(bytes) if first_line(&bytes) == b"OK" => {}
             Ok(bytes) => {
                 answer.get_or_insert_with(|| bytes.to_vec());

@@ -11,6 +11,9 @@
 //!
 //! Nothing on the request path takes a lock shared across workers: the route table
 //! is an `Arc` snapshot, counters are per-worker atomics summed when `stats` asks.
+//!
+//! [`ProxyHandle::reload`] builds a new route table off to the side and hands it to every
+//! worker over a watch channel; see `worker` for how a worker swaps it in.
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -21,8 +24,9 @@ mod session;
 mod stats;
 mod worker;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use memroute_config::Config;
 use memroute_routing::RouteTable;
@@ -39,6 +43,10 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub struct ProxyHandle {
     shutdown: watch::Sender<bool>,
     workers: Vec<JoinHandle<()>>,
+    /// The config being served and the channel that hands a new one to the workers.
+    current: Mutex<Arc<Config>>,
+    generation: watch::Sender<Arc<worker::Generation>>,
+    shared: Arc<stats::SharedStats>,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
@@ -51,6 +59,53 @@ impl ProxyHandle {
         let _ = self.shutdown.send(true);
     }
 
+    /// Serves `config` from now on, without dropping a connection or a request: builds its
+    /// route table off to the side (an error leaves the running config in place) and hands
+    /// it to every worker, then waits (bounded) until each worker uses it for new requests.
+    ///
+    /// Settings that need a restart (`proxy.listen`, `proxy.workers`, `proxy.backlog`,
+    /// `admin.listen`) keep their running values; each changed one is logged as a warning.
+    pub fn reload(&self, mut config: Config) -> Result<(), ProxyError> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        for key in restart_only_changes(&current, &config) {
+            tracing::warn!(
+                key,
+                "config reload: this setting needs a restart to change; keeping the running value"
+            );
+        }
+        config.proxy.listen = current.proxy.listen.clone();
+        config.proxy.workers = current.proxy.workers;
+        config.proxy.backlog = current.proxy.backlog;
+        config.admin = current.admin.clone();
+        let routes = Arc::new(RouteTable::build(&config)?);
+        let config = Arc::new(config);
+        let server_stats = self.shared.for_config(&config);
+        let (applied, acks) = std::sync::mpsc::channel();
+        let generation = Arc::new(worker::Generation {
+            config: config.clone(),
+            routes,
+            server_stats,
+            applied,
+        });
+        self.generation.send_replace(generation);
+        *current = config;
+        drop(current);
+        let deadline = Instant::now() + RELOAD_ACK_TIMEOUT;
+        let mut waiting = self.workers.len();
+        while waiting > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if acks.recv_timeout(left).is_err() {
+                tracing::warn!(
+                    workers = waiting,
+                    "config reload: some workers have not switched yet; they will on their next turn"
+                );
+                break;
+            }
+            waiting -= 1;
+        }
+        Ok(())
+    }
+
     /// Waits for every worker thread to exit.
     pub fn join(self) {
         for worker in self.workers {
@@ -59,6 +114,27 @@ impl ProxyHandle {
             }
         }
     }
+}
+
+/// How long `reload` waits for the workers to switch before it returns anyway.
+const RELOAD_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The keys that differ between `old` and `new` but can only change with a restart.
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    if old.proxy.listen != new.proxy.listen {
+        keys.push("proxy.listen");
+    }
+    if old.proxy.workers != new.proxy.workers {
+        keys.push("proxy.workers");
+    }
+    if old.proxy.backlog != new.proxy.backlog {
+        keys.push("proxy.backlog");
+    }
+    if old.admin != new.admin {
+        keys.push("admin.listen");
+    }
+    keys
 }
 
 /// Binds every listener and starts the workers. Errors (an address in use, a pool
@@ -85,19 +161,27 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     for _ in 1..workers {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
-    let shared = Arc::new(stats::SharedStats::new(&config, workers));
+    let shared = Arc::new(stats::SharedStats::new(workers));
     let admin_address = match &config.admin {
         Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
         None => None,
     };
     let config = Arc::new(config);
+    let server_stats = shared.for_config(&config);
+    // Nobody waits for the workers to acknowledge the first generation.
+    let (applied, _) = std::sync::mpsc::channel();
+    let (generation, generation_rx) = watch::channel(Arc::new(worker::Generation {
+        config: config.clone(),
+        routes,
+        server_stats,
+        applied,
+    }));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut threads = Vec::with_capacity(workers);
     for (index, bound) in listeners.into_iter().enumerate() {
         let worker = worker::Worker {
             index,
-            config: config.clone(),
-            routes: routes.clone(),
+            generation: generation_rx.clone(),
             listeners: bound,
             shared: shared.clone(),
             shutdown: shutdown_rx.clone(),
@@ -111,6 +195,9 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     Ok(ProxyHandle {
         shutdown,
         workers: threads,
+        current: Mutex::new(config),
+        generation,
+        shared,
         local_addresses,
         admin_address,
     })

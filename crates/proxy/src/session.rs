@@ -44,7 +44,11 @@ pub(crate) async fn run<R, W>(
         // pending cap alone is not enough: the input buffer would keep growing with
         // requests that are read but not yet parsed.
         let mut need_input = false;
-        while reading && pending.len() < context.max_client_pending {
+        // One routing snapshot per batch of requests parsed: a reload applies from the next
+        // batch. Dropped before any wait, so an idle session keeps no old connections open.
+        let routing = context.routing();
+        let max_pending = routing.max_client_pending;
+        while reading && pending.len() < max_pending {
             if swallow > 0 {
                 let skip = swallow.min(input.len());
                 input.advance(skip);
@@ -54,9 +58,9 @@ pub(crate) async fn run<R, W>(
                     break;
                 }
             }
-            match parse_request(&mut input, &context.limits) {
+            match parse_request(&mut input, &routing.limits) {
                 Parse::Request(request) => {
-                    if dispatch(&context, request, &mut pending) == Flow::Close {
+                    if dispatch(&context, &routing, request, &mut pending) == Flow::Close {
                         reading = false;
                     }
                 }
@@ -82,6 +86,7 @@ pub(crate) async fn run<R, W>(
                 }
             }
         }
+        drop(routing);
 
         // Every reply already complete goes out now, in order, in one write.
         let mut closing = false;
@@ -111,7 +116,7 @@ pub(crate) async fn run<R, W>(
             let _ = writer.shutdown().await;
             return;
         }
-        if reading && !need_input && pending.len() < context.max_client_pending {
+        if reading && !need_input && pending.len() < max_pending {
             // Parsing stopped at the pending cap and replies have drained since: parse the
             // requests already buffered before waiting for anything.
             continue;

@@ -1,7 +1,9 @@
 //! Counters behind the `stats` command. Each worker writes only its own shard
 //! (uncontended atomics); `stats` sums the shards.
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use memroute_config::Config;
@@ -23,7 +25,8 @@ pub(crate) struct WorkerStats {
     pub client_errors: AtomicU64,
 }
 
-/// Errors and timeouts of one server (counted by whichever worker saw them).
+/// Errors and timeouts of one server (counted by whichever worker saw them). Workers
+/// reach these through their routing snapshot, never through the list below.
 #[derive(Debug)]
 pub(crate) struct ServerStats {
     pub pool: String,
@@ -37,31 +40,64 @@ pub(crate) struct ServerStats {
 pub(crate) struct SharedStats {
     pub started: Instant,
     pub workers: Vec<WorkerStats>,
-    /// Indexed [pool id][server index], pool ids in `Config::pools` order.
-    pub servers: Vec<Vec<ServerStats>>,
+    /// Every server of the running config, in `Config::pools` order. Replaced on reload;
+    /// only the renderers and `for_config` lock it (never the request path).
+    servers: Mutex<Vec<Arc<ServerStats>>>,
 }
 
+/// One config's server counters, indexed [pool id][server index].
+pub(crate) type ServerStatsTable = Vec<Vec<Arc<ServerStats>>>;
+
 impl SharedStats {
-    pub(crate) fn new(config: &Config, workers: usize) -> SharedStats {
+    pub(crate) fn new(workers: usize) -> SharedStats {
         SharedStats {
             started: Instant::now(),
             workers: (0..workers).map(|_| WorkerStats::default()).collect(),
-            servers: config
-                .pools
-                .iter()
-                .map(|(pool, p)| {
-                    p.servers
-                        .iter()
-                        .map(|s| ServerStats {
-                            pool: pool.clone(),
-                            address: s.address.clone(),
-                            errors: AtomicU64::new(0),
-                            timeouts: AtomicU64::new(0),
-                        })
-                        .collect()
-                })
-                .collect(),
+            servers: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The counters for `config`'s servers, indexed [pool id][server index]. A server
+    /// (same pool name, same address) already counted keeps its counters; servers no
+    /// longer configured stop being reported. Replaces the list the renderers read.
+    pub(crate) fn for_config(&self, config: &Config) -> ServerStatsTable {
+        let mut current = self.servers();
+        let known: HashMap<(&str, &str), Arc<ServerStats>> = current
+            .iter()
+            .map(|s| ((s.pool.as_str(), s.address.as_str()), s.clone()))
+            .collect();
+        let table: ServerStatsTable = config
+            .pools
+            .iter()
+            .map(|(pool, p)| {
+                p.servers
+                    .iter()
+                    .map(|s| {
+                        known
+                            .get(&(pool.as_str(), s.address.as_str()))
+                            .cloned()
+                            .unwrap_or_else(|| {
+                                Arc::new(ServerStats {
+                                    pool: pool.clone(),
+                                    address: s.address.clone(),
+                                    errors: AtomicU64::new(0),
+                                    timeouts: AtomicU64::new(0),
+                                })
+                            })
+                    })
+                    .collect()
+            })
+            .collect();
+        drop(known);
+        *current = table.iter().flatten().cloned().collect();
+        table
+    }
+
+    /// The running config's server counters (for rendering).
+    pub(crate) fn servers(&self) -> MutexGuard<'_, Vec<Arc<ServerStats>>> {
+        // A panic while holding this lock cannot leave the list half-written in a way
+        // that matters for counters: take it anyway.
+        self.servers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The reply to `stats`, in memcached's `STAT name value` format.
@@ -92,7 +128,7 @@ impl SharedStats {
         stat("get_hits", &sum(|w| &w.get_hits));
         stat("get_misses", &sum(|w| &w.get_misses));
         stat("client_errors", &sum(|w| &w.client_errors));
-        for server in self.servers.iter().flatten() {
+        for server in self.servers().iter() {
             stat(
                 &format!("server:{}:{}:errors", server.pool, server.address),
                 &server.errors.load(Relaxed),
