@@ -439,6 +439,8 @@ pub struct Memroute {
     pub listen: String,
     /// Every stderr line so far (drained by a thread, so the pipe never fills).
     log: Arc<Mutex<Vec<String>>>,
+    /// The config file memroute was started with (rewrite it, then SIGHUP, to reload).
+    config: PathBuf,
     _dir: TempDir,
 }
 
@@ -517,6 +519,7 @@ impl Memroute {
             child,
             listen,
             log,
+            config: conf,
             _dir: dir,
         };
         match ready_rx.recv_timeout(START_DEADLINE) {
@@ -565,6 +568,69 @@ impl Memroute {
             if Instant::now() >= deadline {
                 return false;
             }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// The config file memroute was started with.
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    /// Replaces the config file's contents atomically (write a sibling, rename over it), so a
+    /// reload never reads a half-written file.
+    pub fn rewrite_config(&self, toml: &str) {
+        let staged = self.config.with_extension("toml.new");
+        std::fs::write(&staged, toml).unwrap();
+        std::fs::rename(&staged, &self.config).unwrap();
+    }
+
+    /// How many stderr lines so far contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Waits (bounded) until at least `n` stderr lines contain `needle`; false at the deadline.
+    pub fn wait_log_count(&self, needle: &str, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.log_count(needle) >= n {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+
+    /// Rewrites the config with `toml`, sends SIGHUP and waits (bounded) for the outcome: true
+    /// when memroute logged `config reloaded`, false when it logged `config reload rejected`.
+    pub fn reload(&self, toml: &str) -> bool {
+        let (done, rejected) = (
+            self.log_count("config reloaded"),
+            self.log_count("config reload rejected"),
+        );
+        self.rewrite_config(toml);
+        self.signal("HUP");
+        let deadline = Instant::now() + START_DEADLINE;
+        loop {
+            if self.log_count("config reloaded") > done {
+                return true;
+            }
+            if self.log_count("config reload rejected") > rejected {
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "memroute logged neither `config reloaded` nor `config reload rejected` within {START_DEADLINE:?} of SIGHUP\nstderr:\n{}",
+                self.log_text()
+            );
             std::thread::sleep(POLL_INTERVAL);
         }
     }
