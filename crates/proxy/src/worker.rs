@@ -275,6 +275,37 @@ async fn apply_reloads(
     }
 }
 
+/// A listener attached to this worker's runtime.
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+impl Listener {
+    fn attach(bound: BoundListener) -> std::io::Result<Listener> {
+        Ok(match bound {
+            BoundListener::Tcp(l) => Listener::Tcp(tokio::net::TcpListener::from_std(l)?),
+            BoundListener::Unix(l) => Listener::Unix(tokio::net::UnixListener::from_std(l)?),
+        })
+    }
+
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listener::Tcp(l) => {
+                let (stream, _peer) = l.accept().await?;
+                let _ = stream.set_nodelay(true);
+                Ok(Accepted::Tcp(stream))
+            }
+            Listener::Unix(l) => Ok(Accepted::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
 async fn accept_loop(
     listener: BoundListener,
     context: Rc<WorkerContext>,
@@ -282,54 +313,28 @@ async fn accept_loop(
     alive: mpsc::Sender<()>,
 ) {
     let name = listener.describe();
-    let result = match listener {
-        BoundListener::Tcp(std_listener) => match tokio::net::TcpListener::from_std(std_listener) {
-            Ok(listener) => {
-                loop {
-                    tokio::select! {
-                        accepted = listener.accept() => match accepted {
-                            Ok((stream, _peer)) => {
-                                let _ = stream.set_nodelay(true);
-                                spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                                    let mut stream = stream;
-                                    let (reader, writer) = stream.split();
-                                    crate::session::run(ctx, reader, writer, sd).await;
-                                });
-                            }
-                            Err(error) => accept_error(&name, error).await,
-                        },
-                        _ = shutdown.changed() => break,
-                    }
-                }
-                Ok(())
-            }
-            Err(error) => Err(error),
-        },
-        BoundListener::Unix(std_listener) => match tokio::net::UnixListener::from_std(std_listener)
-        {
-            Ok(listener) => {
-                loop {
-                    tokio::select! {
-                        accepted = listener.accept() => match accepted {
-                            Ok((stream, _peer)) => {
-                                spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                                    let mut stream = stream;
-                                    let (reader, writer) = stream.split();
-                                    crate::session::run(ctx, reader, writer, sd).await;
-                                });
-                            }
-                            Err(error) => accept_error(&name, error).await,
-                        },
-                        _ = shutdown.changed() => break,
-                    }
-                }
-                Ok(())
-            }
-            Err(error) => Err(error),
-        },
+    let listener = match Listener::attach(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(listener = %name, %error, "cannot attach listener to the runtime");
+            return;
+        }
     };
-    if let Err(error) = result {
-        tracing::error!(listener = %name, %error, "cannot attach listener to the runtime");
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(Accepted::Tcp(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
+                    let (reader, writer) = stream.split();
+                    crate::session::run(ctx, reader, writer, sd).await;
+                }),
+                Ok(Accepted::Unix(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
+                    let (reader, writer) = stream.split();
+                    crate::session::run(ctx, reader, writer, sd).await;
+                }),
+                Err(error) => accept_error(&name, error).await,
+            },
+            _ = shutdown.changed() => break,
+        }
     }
 }
 
