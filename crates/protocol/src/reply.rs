@@ -246,9 +246,11 @@ pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
     }
     let line_end = pos + memchr::memchr(b'\n', rest)?.saturating_sub(1);
     let line = &reply[pos..line_end];
-    // "VALUE " is 6 bytes; the key runs to the next space.
+    // "VALUE " is 6 bytes; the key runs to the next space. On unframed input a bare
+    // "VALUE \n" puts line_end before key_start: `get` makes that a None, not a panic
+    // (found by fuzzing; a framed reply always has the `\r`).
     let key_start = pos + 6;
-    let key_end = key_start + memchr::memchr(b' ', &reply[key_start..line_end])?;
+    let key_end = key_start + memchr::memchr(b' ', reply.get(key_start..line_end)?)?;
     let len = data_len(word(line, 3)).ok()?;
     let end = line_end + 2 + len + 2;
     (end <= reply.len()).then_some(ValueBlock {

@@ -421,8 +421,16 @@ fn finish(buf: &mut BytesMut, total: usize, line_len: usize, h: Head) -> Parse {
 
 /// Range of word `i` together with the space before it (words are separated by
 /// at least one space, so `start - 1` is a space).
-fn with_space(words: &Words, i: usize) -> Range<usize> {
+///
+/// Except when the previous word ends in `\r`: removing that space could put the `\r` right
+/// before the line's `\n` (`mg k\r q\n` forwarded as `mg k\r\n`), where memcached strips it
+/// as part of the terminator and so sees another key than the one we placed. Keeping the
+/// space (`mg k\r \n`) is harmless: memcached ignores trailing spaces. Found by fuzzing.
+fn with_space(line: &[u8], words: &Words, i: usize) -> Range<usize> {
     let (s, e) = words.w[i];
+    if s >= 2 && line[s - 2] == b'\r' {
+        return s..e;
+    }
     s.saturating_sub(1)..e
 }
 
@@ -628,7 +636,7 @@ fn parse_storage(
     if words.last(line) == b"noreply" {
         h.noreply = true;
         if words.ntokens == max {
-            h.quiet_token = Some(with_space(words, words.n - 1));
+            h.quiet_token = Some(with_space(line, words, words.n - 1));
         }
     }
     let noreply = h.noreply;
@@ -696,7 +704,7 @@ fn meta_flags(line: &[u8], words: &Words, first: usize, h: &mut Head) -> Result<
             Some(b'q') => {
                 q_count += 1;
                 h.noreply = true;
-                h.quiet_token = Some(with_space(words, i));
+                h.quiet_token = Some(with_space(line, words, i));
             }
             Some(b'b') => h.base64_key = true,
             _ => {}
@@ -825,7 +833,7 @@ fn parse_simple(
     // `delete <key>` never looks for it (`delete noreply` deletes "noreply").
     if words.last(line) == b"noreply" && !(command == Command::Delete && nt == 3) {
         h.noreply = true;
-        h.quiet_token = Some(with_space(words, words.n - 1));
+        h.quiet_token = Some(with_space(line, words, words.n - 1));
     }
     let noreply = h.noreply;
     let key_too_long = || words.w[1].1 - words.w[1].0 > limits.max_key_len;
