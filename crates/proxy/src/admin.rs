@@ -73,13 +73,7 @@ fn answer(mut stream: TcpStream, stats: &SharedStats) -> std::io::Result<()> {
 /// Metric names follow `memroute_<component>_<event>_<unit>`.
 pub(crate) fn prometheus(stats: &SharedStats) -> String {
     let mut out = String::with_capacity(4096);
-    let sum = |f: fn(&WorkerStats) -> &std::sync::atomic::AtomicU64| {
-        stats
-            .workers
-            .iter()
-            .map(|w| f(w).load(Relaxed))
-            .sum::<u64>()
-    };
+    let sum = |f: fn(&WorkerStats) -> &std::sync::atomic::AtomicU64| stats.total(f);
     let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
         let _ = write!(
             out,

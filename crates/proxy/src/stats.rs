@@ -100,11 +100,14 @@ impl SharedStats {
         self.servers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// One counter summed over every worker's shard (`stats` and `/metrics` both use it).
+    pub(crate) fn total(&self, counter: fn(&WorkerStats) -> &AtomicU64) -> u64 {
+        self.workers.iter().map(|w| counter(w).load(Relaxed)).sum()
+    }
+
     /// The reply to `stats`, in memcached's `STAT name value` format.
     pub(crate) fn render(&self) -> String {
-        let sum = |f: fn(&WorkerStats) -> &AtomicU64| {
-            self.workers.iter().map(|w| f(w).load(Relaxed)).sum::<u64>()
-        };
+        let sum = |f: fn(&WorkerStats) -> &AtomicU64| self.total(f);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
