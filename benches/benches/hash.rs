@@ -7,7 +7,6 @@
 //!   (hash_tag check, hash, lookup) over a rotating set of keys, so the ring lookup
 //!   is not served from one hot cache line.
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use memroute_config::{DistributionName, HashName, PoolConfig, ServerConfig};
@@ -36,12 +35,7 @@ fn pool(servers: usize, distribution: DistributionName, hash: HashName) -> PoolC
             .collect(),
         distribution,
         hash,
-        hash_tag: None,
-        vnodes: 256,
-        connections: 1,
-        timeout: Duration::from_millis(250),
-        connect_timeout: Duration::from_millis(250),
-        max_keys_per_request: 100,
+        ..PoolConfig::new(Vec::new())
     }
 }
 

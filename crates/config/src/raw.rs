@@ -42,6 +42,13 @@ pub mod defaults {
     pub const TIMEOUT_MS: u64 = 250;
     pub const MAX_KEYS_PER_REQUEST: usize = 100;
     pub const WEIGHT: u32 = 1;
+    pub const FAILURE_LIMIT: u32 = 3;
+    pub const MAX_EJECTED_FRACTION: f64 = 0.5;
+    pub const PROBE_INTERVAL_MS: u64 = 1_000;
+    pub const PROBE_INTERVAL_MAX_MS: u64 = 30_000;
+    pub const DNS_REFRESH_MS: u64 = 5_000;
+    pub const SHADOW_MAX_IN_FLIGHT: usize = 1000;
+    pub const ERROR_ROUTE_MESSAGE: &str = "error route";
 }
 
 const PROXY_KEYS: &[&str] = &[
@@ -449,6 +456,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
         admin,
         pools,
         routes,
+        discovery: Default::default(),
     }
 }
 
@@ -463,6 +471,8 @@ fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, String)> {
             edges.push((join(path, "default"), default.clone()));
             edges
         }
+        // TODO(issue 3): edges of the other route types (config helper).
+        _ => Vec::new(),
     }
 }
 
@@ -775,6 +785,13 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
 
     (errs.0.len() == before).then_some(PoolConfig {
         servers,
+        // TODO(issue 3): parsed by the config helper.
+        discovery: None,
+        failure_limit: defaults::FAILURE_LIMIT,
+        eject: false,
+        max_ejected_fraction: defaults::MAX_EJECTED_FRACTION,
+        probe_interval: Duration::from_millis(defaults::PROBE_INTERVAL_MS),
+        probe_interval_max: Duration::from_millis(defaults::PROBE_INTERVAL_MAX_MS),
         distribution,
         hash,
         hash_tag,

@@ -147,7 +147,9 @@ default = "a"
         Duration::from_secs(120),
         "defaults to timeout"
     );
-    let RouteConfig::Prefix { prefixes, default } = &c.routes["r"];
+    let RouteConfig::Prefix { prefixes, default } = &c.routes["r"] else {
+        panic!("expected a prefix route")
+    };
     let order: Vec<&str> = prefixes.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(order, ["a:long:", "a:", "z"], "longest prefix first");
     assert_eq!(default, "a");

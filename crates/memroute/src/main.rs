@@ -223,6 +223,9 @@ fn describe(config: &Config) -> String {
                     let _ = writeln!(out, "  {prefix:?} -> {target}");
                 }
             }
+            other => {
+                let _ = writeln!(out, "route {name}: {other:?}");
+            }
         }
     }
     out

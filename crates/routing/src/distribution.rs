@@ -264,7 +264,6 @@ fn jump_hash(mut key: u64, buckets: usize) -> usize {
 mod tests {
     use super::*;
     use memroute_config::HashName;
-    use std::time::Duration;
 
     fn pool(n: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
         PoolConfig {
@@ -277,12 +276,7 @@ mod tests {
                 .collect(),
             distribution,
             hash,
-            hash_tag: None,
-            vnodes: 256,
-            connections: 1,
-            timeout: Duration::from_millis(250),
-            connect_timeout: Duration::from_millis(250),
-            max_keys_per_request: 100,
+            ..PoolConfig::new(Vec::new())
         }
     }
 

@@ -139,6 +139,8 @@ impl<'a> Resolver<'a> {
                     default: Box::new(self.resolve(default)?),
                 }
             }
+            // TODO(issue 3): the other route types (routing helper).
+            _ => return Err(RoutingError::UnknownTarget(name.to_string())),
         };
         self.path.pop();
         Ok(node)
@@ -150,7 +152,6 @@ mod tests {
     use super::*;
     use memroute_config::{DistributionName, HashName, PoolConfig, ProxyConfig, ServerConfig};
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
     fn pool(port: u16) -> PoolConfig {
         PoolConfig {
@@ -161,12 +162,7 @@ mod tests {
             }],
             distribution: DistributionName::Ketama,
             hash: HashName::Fnv1a_64,
-            hash_tag: None,
-            vnodes: 256,
-            connections: 1,
-            timeout: Duration::from_millis(250),
-            connect_timeout: Duration::from_millis(250),
-            max_keys_per_request: 100,
+            ..PoolConfig::new(Vec::new())
         }
     }
 
@@ -198,6 +194,7 @@ mod tests {
                 shutdown_timeout: std::time::Duration::from_secs(10),
             },
             admin: None,
+            discovery: Default::default(),
             pools,
             routes: routes
                 .into_iter()

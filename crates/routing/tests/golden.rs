@@ -53,6 +53,7 @@ fn parse_case(line: &str) -> (String, PoolConfig) {
         timeout: Duration::from_millis(250),
         connect_timeout: Duration::from_millis(250),
         max_keys_per_request: 100,
+        ..PoolConfig::new(Vec::new())
     };
     (fields[0].to_string(), pool)
 }
