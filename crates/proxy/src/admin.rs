@@ -157,5 +157,116 @@ pub(crate) fn prometheus(stats: &SharedStats) -> String {
             server.timeouts.load(Relaxed)
         );
     }
+    policy_metrics(stats, &mut out);
     out
+}
+
+/// Health, policy-route, shadow and discovery metrics: one labelled family each.
+fn policy_metrics(stats: &SharedStats, out: &mut String) {
+    let snapshot = stats.snapshot();
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, u64)>| {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+        for (labels, value) in rows {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    };
+    let server = |h: &memroute_backend::ServerHealth| {
+        format!("pool=\"{}\",server=\"{}\"", h.pool(), h.address())
+    };
+    family(
+        "memroute_pool_servers",
+        "gauge",
+        "Servers in a pool (DNS pools change with discovery).",
+        snapshot
+            .pools
+            .iter()
+            .map(|(pool, n)| (format!("pool=\"{pool}\""), *n as u64))
+            .collect(),
+    );
+    family(
+        "memroute_backend_down",
+        "gauge",
+        "1 while a server is marked down.",
+        snapshot
+            .health
+            .iter()
+            .map(|h| (server(h), u64::from(h.is_down())))
+            .collect(),
+    );
+    family(
+        "memroute_backend_marked_down_total",
+        "counter",
+        "Times a server was marked down.",
+        snapshot
+            .health
+            .iter()
+            .map(|h| (server(h), h.marked_down_total()))
+            .collect(),
+    );
+    family(
+        "memroute_backend_marked_up_total",
+        "counter",
+        "Times a probe brought a server back.",
+        snapshot
+            .health
+            .iter()
+            .map(|h| (server(h), h.marked_up_total()))
+            .collect(),
+    );
+    let route_rows = |f: fn(&crate::execute::RouteStats) -> &std::sync::atomic::AtomicU64| {
+        snapshot
+            .routes
+            .iter()
+            .map(|(route, c)| (format!("route=\"{route}\""), f(c).load(Relaxed)))
+            .collect::<Vec<_>>()
+    };
+    family(
+        "memroute_route_failovers_total",
+        "counter",
+        "Requests moved to the next child of a failover or replicated route.",
+        route_rows(|c| &c.failovers),
+    );
+    family(
+        "memroute_route_write_failures_total",
+        "counter",
+        "Replicated writes whose policy was not met.",
+        route_rows(|c| &c.write_failures),
+    );
+    family(
+        "memroute_route_fills_total",
+        "counter",
+        "Values a warm-up route copied from warm to cold.",
+        route_rows(|c| &c.fills),
+    );
+    let mut shadow_rows = Vec::new();
+    for (route, c) in &snapshot.shadows {
+        for (outcome, counter) in [
+            ("sent", &c.sent),
+            ("completed", &c.completed),
+            ("error", &c.errors),
+            ("dropped", &c.dropped),
+        ] {
+            shadow_rows.push((
+                format!("route=\"{route}\",outcome=\"{outcome}\""),
+                counter.load(Relaxed),
+            ));
+        }
+    }
+    family(
+        "memroute_shadow_requests_total",
+        "counter",
+        "Requests copied to a shadow target, by outcome.",
+        shadow_rows,
+    );
+    let mut lookup_rows = Vec::new();
+    for (pool, (ok, failed)) in &snapshot.lookups {
+        lookup_rows.push((format!("pool=\"{pool}\",outcome=\"ok\""), *ok));
+        lookup_rows.push((format!("pool=\"{pool}\",outcome=\"error\""), *failed));
+    }
+    family(
+        "memroute_discovery_lookups_total",
+        "counter",
+        "DNS lookups of discovered pools, by outcome.",
+        lookup_rows,
+    );
 }

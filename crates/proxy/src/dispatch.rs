@@ -13,7 +13,10 @@ use memroute_protocol::{
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
+use crate::execute::{self, Job};
 use crate::worker::{Routing, WorkerContext};
+use memroute_config::Operation;
+use memroute_routing::{operation_of, Node};
 
 type Reply = Result<Bytes, BackendError>;
 
@@ -66,6 +69,7 @@ impl Leg {
     }
 
     /// The reply, counting a failure against its server (in the routing it was sent with).
+    /// Legs run by the route executor count their own failures.
     fn take(&mut self, routing: &Routing) -> Reply {
         let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
         if let Err(error) = &reply {
@@ -73,21 +77,25 @@ impl Leg {
                 .pools
                 .get(self.pool as usize)
                 .and_then(|p| p.servers.get(self.server as usize))
-                .map(|s| &s.stats)
             {
-                let counter = if error.is_timeout() {
-                    &server.timeouts
-                } else {
-                    &server.errors
-                };
-                counter.fetch_add(1, Relaxed);
+                server.count_failure(error);
             }
         }
         reply
     }
+
+    /// A leg whose reply comes from the route executor (no single server to blame).
+    fn executed(receiver: oneshot::Receiver<Reply>) -> Leg {
+        Leg {
+            receiver,
+            reply: None,
+            pool: u32::MAX,
+            server: u32::MAX,
+        }
+    }
 }
 
-fn connection_gone() -> BackendError {
+pub(crate) fn connection_gone() -> BackendError {
     BackendError::Closed {
         server: Arc::from("(worker stopping)"),
     }
@@ -275,19 +283,45 @@ fn send_single(routing: &Rc<Routing>, request: Request) -> Pending {
         true => decode_base64(key, &mut decoded).map_or(key, |len| &decoded[..len]),
         false => key,
     };
-    let pool = routing.routes.pool_for(key);
-    let server = routing.routes.placements[pool].server_for(key);
+    let operation = operation_of(&request);
     let Some(parts) = forwardable(&request) else {
         return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
     };
-    let connection = routing.pools[pool].servers[server].pick();
-    let receiver = connection.send(parts, ReplyKind::for_command(request.command));
+    let kind = ReplyKind::for_command(request.command);
+    let leg = match routing.routes.simple_pool(operation, key) {
+        // The fast path: a plain pool, straight to its server's connection.
+        Some(pool) => {
+            let Some(server) = routing.server_for(pool, key) else {
+                return no_servers_reply(routing, pool);
+            };
+            let connection = routing.pools[pool].servers[server].pick();
+            Leg::new(connection.send(parts, kind), pool, server)
+        }
+        // A policy route (shadow, replicated, failover, ...) is on the way.
+        None => {
+            let job = Job {
+                operation,
+                command: request.command,
+                key: Bytes::copy_from_slice(key),
+                parts,
+                kind,
+            };
+            Leg::executed(execute::spawn(routing, routing.routes.root(), job))
+        }
+    };
     Pending::Single {
         routing: routing.clone(),
-        leg: Leg::new(receiver, pool, server),
+        leg,
         command: request.command,
         noreply: request.noreply,
     }
+}
+
+fn no_servers_reply(routing: &Routing, pool: usize) -> Pending {
+    Pending::Ready(Bytes::from(format!(
+        "SERVER_ERROR {}\r\n",
+        routing.no_servers(pool)
+    )))
 }
 
 /// memcached closes a connection holding more than 2048 bytes of a command line without
@@ -347,17 +381,28 @@ fn compact_head(request: &Request) -> Bytes {
     compact.freeze()
 }
 
+/// Where one key of a multi-get goes: a server of a plain pool (batched with the other
+/// keys of that server), or the route executor (one leg per key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyTarget {
+    Server(u32, u32),
+    Executor,
+    /// A pool with no servers (DNS discovery found none yet).
+    Nowhere(u32),
+}
+
 fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
     let context = &**routing;
     let count = request.keys.len();
-    let targets: SmallVec<[(u32, u32); 32]> = request
+    let operation = operation_of(&request);
+    let targets: SmallVec<[KeyTarget; 32]> = request
         .keys()
-        .map(|key| {
-            let pool = routing.routes.pool_for(key);
-            (
-                pool as u32,
-                routing.routes.placements[pool].server_for(key) as u32,
-            )
+        .map(|key| match routing.routes.simple_pool(operation, key) {
+            Some(pool) => match routing.server_for(pool, key) {
+                Some(server) => KeyTarget::Server(pool as u32, server as u32),
+                None => KeyTarget::Nowhere(pool as u32),
+            },
+            None => KeyTarget::Executor,
         })
         .collect();
     const UNASSIGNED: u32 = u32::MAX;
@@ -377,7 +422,15 @@ fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
         if key_leg[first] != UNASSIGNED {
             continue;
         }
-        let (pool, server) = (targets[first].0 as usize, targets[first].1 as usize);
+        let (pool, server) = match targets[first] {
+            KeyTarget::Server(pool, server) => (pool as usize, server as usize),
+            KeyTarget::Nowhere(pool) => return no_servers_reply(routing, pool as usize),
+            KeyTarget::Executor => {
+                key_leg[first] = legs.len() as u32;
+                legs.push(execute_one_key(routing, &request, head, operation, first));
+                continue;
+            }
+        };
         let batch_size = context.pools[pool].max_keys_per_request;
         let mut frame = BytesMut::new();
         let mut in_batch = 0;
@@ -415,6 +468,29 @@ fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
     }))
 }
 
+/// One key of a multi-get through the route executor, as a one-key `get` of its own.
+fn execute_one_key(
+    routing: &Rc<Routing>,
+    request: &Request,
+    head: &[u8],
+    operation: Operation,
+    index: usize,
+) -> Leg {
+    let key = request.key(index);
+    let mut frame = BytesMut::with_capacity(head.len() + key.len() + 2);
+    frame.put_slice(head);
+    frame.put_slice(key);
+    frame.put_slice(b"\r\n");
+    let job = Job {
+        operation,
+        command: request.command,
+        key: Bytes::copy_from_slice(key),
+        parts: (frame.freeze(), None),
+        kind: ReplyKind::Retrieval,
+    };
+    Leg::executed(execute::spawn(routing, routing.routes.root(), job))
+}
+
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
 fn send_batch(context: &Routing, frame: &mut BytesMut, pool: usize, server: usize) -> Leg {
     frame.put_slice(b"\r\n");
@@ -424,8 +500,30 @@ fn send_batch(context: &Routing, frame: &mut BytesMut, pool: usize, server: usiz
 }
 
 fn fan_out_flush(routing: &Rc<Routing>, request: Request) -> Pending {
-    let pool = routing.routes.default_pool();
+    let routes = &routing.routes;
     let parts = request.forward_parts();
+    let pool = match routes.node(routes.select(routes.root(), Operation::FlushAll, b"")) {
+        Node::Pool(pool) => *pool,
+        // A policy route decides where flush_all goes (every replica, the failover order, ...).
+        _ => {
+            let job = Job {
+                operation: Operation::FlushAll,
+                command: request.command,
+                key: Bytes::new(),
+                parts,
+                kind: ReplyKind::Line,
+            };
+            return Pending::Single {
+                routing: routing.clone(),
+                leg: Leg::executed(execute::spawn(routing, routes.root(), job)),
+                command: request.command,
+                noreply: request.noreply,
+            };
+        }
+    };
+    if routing.pools[pool].servers.is_empty() {
+        return no_servers_reply(routing, pool);
+    }
     let legs = routing.pools[pool]
         .servers
         .iter()

@@ -17,8 +17,10 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod control;
 mod dispatch;
 mod error;
+mod execute;
 mod listener;
 mod session;
 mod stats;
@@ -29,7 +31,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use memroute_config::Config;
-use memroute_routing::RouteTable;
 use tokio::sync::watch;
 
 pub use error::ProxyError;
@@ -43,10 +44,10 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub struct ProxyHandle {
     shutdown: watch::Sender<bool>,
     workers: Vec<JoinHandle<()>>,
-    /// The config being served and the channel that hands a new one to the workers.
-    current: Mutex<Arc<Config>>,
-    generation: watch::Sender<Arc<worker::Generation>>,
-    shared: Arc<stats::SharedStats>,
+    /// Builds the generations the workers serve (reloads, DNS changes).
+    controller: Arc<control::Controller>,
+    /// Serialises reloads (the restart-only settings are compared against the last one).
+    reloading: Mutex<()>,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
@@ -66,7 +67,8 @@ impl ProxyHandle {
     /// Settings that need a restart (`proxy.listen`, `proxy.workers`, `proxy.backlog`,
     /// `admin.listen`) keep their running values; each changed one is logged as a warning.
     pub fn reload(&self, mut config: Config) -> Result<(), ProxyError> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let _reloading = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.controller.base();
         for key in restart_only_changes(&current, &config) {
             tracing::warn!(
                 key,
@@ -77,19 +79,7 @@ impl ProxyHandle {
         config.proxy.workers = current.proxy.workers;
         config.proxy.backlog = current.proxy.backlog;
         config.admin = current.admin.clone();
-        let routes = Arc::new(RouteTable::build(&config)?);
-        let config = Arc::new(config);
-        let server_stats = self.shared.for_config(&config);
-        let (applied, acks) = std::sync::mpsc::channel();
-        let generation = Arc::new(worker::Generation {
-            config: config.clone(),
-            routes,
-            server_stats,
-            applied,
-        });
-        self.generation.send_replace(generation);
-        *current = config;
-        drop(current);
+        let acks = self.controller.apply(config)?;
         let deadline = Instant::now() + RELOAD_ACK_TIMEOUT;
         let mut waiting = self.workers.len();
         while waiting > 0 {
@@ -140,7 +130,6 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
 /// Binds every listener and starts the workers. Errors (an address in use, a pool
 /// that cannot be routed) are returned before any worker starts serving.
 pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
-    let routes = Arc::new(RouteTable::build(&config)?);
     let workers = config.proxy.workers.max(1);
     let backlog = effective_backlog(config.proxy.backlog);
     let first = listener::bind_all(&config.proxy.listen, backlog, true)?;
@@ -166,24 +155,22 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
         None => None,
     };
-    let config = Arc::new(config);
-    let server_stats = shared.for_config(&config);
-    // Nobody waits for the workers to acknowledge the first generation.
-    let (applied, _) = std::sync::mpsc::channel();
-    let (generation, generation_rx) = watch::channel(Arc::new(worker::Generation {
-        config: config.clone(),
-        routes,
-        server_stats,
-        applied,
-    }));
+    let (controller, generation_rx, inbox) = control::Controller::new(config, shared)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
+    {
+        let (controller, shutdown_rx) = (controller.clone(), shutdown_rx.clone());
+        std::thread::Builder::new()
+            .name("memroute-control".to_string())
+            .spawn(move || control::run(controller, inbox, shutdown_rx))
+            .map_err(ProxyError::Thread)?;
+    }
     let mut threads = Vec::with_capacity(workers);
     for (index, bound) in listeners.into_iter().enumerate() {
         let worker = worker::Worker {
             index,
             generation: generation_rx.clone(),
             listeners: bound,
-            shared: shared.clone(),
+            shared: controller.shared.clone(),
             shutdown: shutdown_rx.clone(),
         };
         let thread = std::thread::Builder::new()
@@ -195,9 +182,8 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     Ok(ProxyHandle {
         shutdown,
         workers: threads,
-        current: Mutex::new(config),
-        generation,
-        shared,
+        controller,
+        reloading: Mutex::new(()),
         local_addresses,
         admin_address,
     })

@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use memroute_backend::ServerHealth;
 use memroute_config::Config;
+
+use crate::execute::{RouteStats, ShadowStats};
 
 /// One worker's counters. Aligned to two cache lines so that neighbouring workers'
 /// shards never share a line (no false sharing on the per-request increments).
@@ -43,6 +46,19 @@ pub(crate) struct SharedStats {
     /// Every server of the running config, in `Config::pools` order. Replaced on reload;
     /// only the renderers and `for_config` lock it (never the request path).
     servers: Mutex<Vec<Arc<ServerStats>>>,
+    /// The running config's pools and how many servers each has (DNS pools change).
+    pools: Mutex<Vec<(String, usize)>>,
+    /// Health of every server of the running config.
+    health: Mutex<Vec<Arc<ServerHealth>>>,
+    /// Policy routes (failover, replicated, warm-up) and shadow routes, by name.
+    routes: Mutex<Vec<(String, Arc<RouteStats>)>>,
+    shadows: Mutex<Vec<(String, Arc<ShadowStats>)>>,
+    /// DNS lookups per pool: (succeeded, failed).
+    lookups: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// One config's server counters, indexed [pool id][server index].
@@ -54,6 +70,44 @@ impl SharedStats {
             started: Instant::now(),
             workers: (0..workers).map(|_| WorkerStats::default()).collect(),
             servers: Mutex::new(Vec::new()),
+            pools: Mutex::new(Vec::new()),
+            health: Mutex::new(Vec::new()),
+            routes: Mutex::new(Vec::new()),
+            shadows: Mutex::new(Vec::new()),
+            lookups: Mutex::new(Default::default()),
+        }
+    }
+
+    pub(crate) fn set_health(&self, health: Vec<Arc<ServerHealth>>) {
+        *lock(&self.health) = health;
+    }
+
+    pub(crate) fn set_policy_stats(
+        &self,
+        routes: Vec<(String, Arc<RouteStats>)>,
+        shadows: Vec<(String, Arc<ShadowStats>)>,
+    ) {
+        *lock(&self.routes) = routes;
+        *lock(&self.shadows) = shadows;
+    }
+
+    pub(crate) fn count_lookup(&self, pool: &str, succeeded: bool) {
+        let mut lookups = lock(&self.lookups);
+        let entry = lookups.entry(pool.to_string()).or_default();
+        match succeeded {
+            true => entry.0 += 1,
+            false => entry.1 += 1,
+        }
+    }
+
+    /// Everything the renderers show beyond the per-worker counters, read in one place.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            pools: lock(&self.pools).clone(),
+            health: lock(&self.health).clone(),
+            routes: lock(&self.routes).clone(),
+            shadows: lock(&self.shadows).clone(),
+            lookups: lock(&self.lookups).clone(),
         }
     }
 
@@ -90,6 +144,11 @@ impl SharedStats {
             .collect();
         drop(known);
         *current = table.iter().flatten().cloned().collect();
+        *lock(&self.pools) = config
+            .pools
+            .iter()
+            .map(|(name, pool)| (name.clone(), pool.servers.len()))
+            .collect();
         table
     }
 
@@ -141,7 +200,45 @@ impl SharedStats {
                 &server.timeouts.load(Relaxed),
             );
         }
+        let snapshot = self.snapshot();
+        for (pool, servers) in &snapshot.pools {
+            stat(&format!("pool:{pool}:servers"), servers);
+        }
+        for health in &snapshot.health {
+            let prefix = format!("server:{}:{}", health.pool(), health.address());
+            stat(&format!("{prefix}:down"), &u8::from(health.is_down()));
+            stat(&format!("{prefix}:marked_down"), &health.marked_down_total());
+            stat(&format!("{prefix}:marked_up"), &health.marked_up_total());
+        }
+        for (route, counters) in &snapshot.routes {
+            stat(&format!("route:{route}:failovers"), &counters.failovers.load(Relaxed));
+            stat(
+                &format!("route:{route}:write_failures"),
+                &counters.write_failures.load(Relaxed),
+            );
+            stat(&format!("route:{route}:fills"), &counters.fills.load(Relaxed));
+        }
+        for (route, counters) in &snapshot.shadows {
+            stat(&format!("shadow:{route}:sent"), &counters.sent.load(Relaxed));
+            stat(&format!("shadow:{route}:completed"), &counters.completed.load(Relaxed));
+            stat(&format!("shadow:{route}:errors"), &counters.errors.load(Relaxed));
+            stat(&format!("shadow:{route}:dropped"), &counters.dropped.load(Relaxed));
+        }
+        for (pool, (ok, failed)) in &snapshot.lookups {
+            stat(&format!("pool:{pool}:dns_lookups"), ok);
+            stat(&format!("pool:{pool}:dns_failures"), failed);
+        }
         out.push_str("END\r\n");
         out
     }
+}
+
+/// The shared, config-dependent parts of the stats, copied out of their locks.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    pub pools: Vec<(String, usize)>,
+    pub health: Vec<Arc<ServerHealth>>,
+    pub routes: Vec<(String, Arc<RouteStats>)>,
+    pub shadows: Vec<(String, Arc<ShadowStats>)>,
+    pub lookups: std::collections::BTreeMap<String, (u64, u64)>,
 }

@@ -13,12 +13,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use memroute_backend::{spawn_connection, BackendHandle, ConnectionSettings};
-use memroute_config::Config;
+use memroute_backend::{
+    spawn_connection, BackendError, BackendHandle, ConnectionSettings, ServerHealth,
+};
+use memroute_config::{Config, PoolConfig};
 use memroute_protocol::Limits;
-use memroute_routing::RouteTable;
+use memroute_routing::{NodeId, Placement, RouteTable};
 use tokio::sync::{mpsc, watch};
 
+use crate::execute::{RouteStats, ShadowState, ShadowStats};
 use crate::listener::BoundListener;
 use crate::stats::{ServerStats, ServerStatsTable, SharedStats};
 
@@ -29,6 +32,15 @@ pub(crate) struct Generation {
     pub routes: Arc<RouteTable>,
     /// Counters for `config`'s servers, indexed [pool id][server index].
     pub server_stats: ServerStatsTable,
+    /// Health of `config`'s servers, indexed [pool id][server index]; shared by every
+    /// worker and kept across reloads for servers that stay.
+    pub health: Vec<Vec<Arc<ServerHealth>>>,
+    /// Per pool id: bumped whenever one of its servers goes down or up.
+    pub pool_epochs: Vec<Arc<std::sync::atomic::AtomicU64>>,
+    /// Per route node id: the counters of policy routes.
+    pub route_stats: Vec<Arc<RouteStats>>,
+    /// Per shadow index: the shadow route's counters.
+    pub shadow_stats: Vec<Arc<ShadowStats>>,
     /// Each worker sends its index once it serves new requests with this generation.
     pub applied: std::sync::mpsc::Sender<usize>,
 }
@@ -45,6 +57,8 @@ pub(crate) struct Worker {
 /// What makes two configs' connections to a server interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ConnectionKey {
+    /// The health object the connections report to (a new one means new connections).
+    health: usize,
     pool: String,
     address: String,
     timeout: Duration,
@@ -60,6 +74,7 @@ pub(crate) struct ServerConnections {
     next: Cell<usize>,
     /// This server's error and timeout counters (touched only when a request fails).
     pub stats: Arc<ServerStats>,
+    pub health: Arc<ServerHealth>,
     key: ConnectionKey,
 }
 
@@ -74,12 +89,37 @@ impl ServerConnections {
         });
         &self.connections[i]
     }
+
+    /// Counts a failed request against this server's error or timeout counter.
+    pub(crate) fn count_failure(&self, error: &BackendError) {
+        let counter = if error.is_timeout() {
+            &self.stats.timeouts
+        } else {
+            &self.stats.errors
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct PoolConnections {
+    pub name: Arc<str>,
     pub servers: Vec<ServerConnections>,
     pub max_keys_per_request: usize,
+    /// Set for pools with `eject = true`: the ring without the down servers.
+    ejection: Option<Ejection>,
+}
+
+/// A pool that takes down servers out of its ring. Each worker keeps its own copy of the
+/// reduced ring and rebuilds it when the pool's epoch moves (a server went down or up), so
+/// the request path costs one relaxed load while nothing changes.
+#[derive(Debug)]
+struct Ejection {
+    config: PoolConfig,
+    epoch: Arc<std::sync::atomic::AtomicU64>,
+    max_ejected: usize,
+    /// (epoch it was built for, the reduced placement or None when nothing is ejected).
+    live: RefCell<(u64, Option<Rc<Placement>>)>,
 }
 
 /// One config as a worker serves it: the route table and this worker's connections.
@@ -92,9 +132,55 @@ pub(crate) struct Routing {
     pub max_client_pending: usize,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
+    /// Per route node id (pools included): policy counters.
+    route_stats: Vec<Arc<RouteStats>>,
+    /// Per shadow index: this worker's copies in flight and the shared counters.
+    pub shadows: Vec<ShadowState>,
 }
 
 impl Routing {
+    /// The server of `pool` that serves `key`, with down servers of an ejecting pool left
+    /// out of the ring. `None` when the pool has no servers (a DNS pool not resolved yet).
+    #[inline]
+    pub(crate) fn server_for(&self, pool: usize, key: &[u8]) -> Option<usize> {
+        let connections = &self.pools[pool];
+        if connections.servers.is_empty() {
+            return None;
+        }
+        let placement = &self.routes.placements[pool];
+        let Some(ejection) = &connections.ejection else {
+            return Some(placement.server_for(key));
+        };
+        let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
+        if ejection.live.borrow().0 != epoch {
+            let reduced = reduced_placement(ejection, &connections.servers);
+            *ejection.live.borrow_mut() = (epoch, reduced);
+        }
+        let live = ejection.live.borrow();
+        Some(match &live.1 {
+            Some(reduced) => reduced.server_for(key),
+            None => placement.server_for(key),
+        })
+    }
+
+    /// The error for a request to a pool without servers.
+    pub(crate) fn no_servers(&self, pool: usize) -> BackendError {
+        let name = &self.pools[pool].name;
+        BackendError::Unavailable {
+            server: name.clone(),
+            reason: Arc::from("pool has no servers (DNS discovery found none yet)"),
+        }
+    }
+
+    /// The counters of route node `node` (a spare set for a node built without any).
+    pub(crate) fn route_stats(&self, node: NodeId) -> &RouteStats {
+        static UNCOUNTED: std::sync::OnceLock<RouteStats> = std::sync::OnceLock::new();
+        self.route_stats
+            .get(node as usize)
+            .map(|s| &**s)
+            .unwrap_or_else(|| UNCOUNTED.get_or_init(RouteStats::default))
+    }
+
     /// Builds the routing for `generation`, reusing `old`'s connections to every server
     /// whose pool, address and connection settings are unchanged.
     fn build(generation: &Generation, old: Option<&Routing>) -> Routing {
@@ -121,7 +207,14 @@ impl Routing {
                     .iter()
                     .enumerate()
                     .map(|(index, server)| {
+                        let health = generation
+                            .health
+                            .get(id)
+                            .and_then(|p| p.get(index))
+                            .cloned()
+                            .unwrap_or_else(|| standalone_health(name, pool, &server.address));
                         let key = ConnectionKey {
+                            health: Arc::as_ptr(&health) as usize,
                             pool: name.clone(),
                             address: server.address.clone(),
                             timeout: pool.timeout,
@@ -143,6 +236,7 @@ impl Routing {
                                     backoff_min: Duration::from_millis(100),
                                     backoff_max: Duration::from_secs(5),
                                     limits,
+                                    health: health.clone(),
                                 };
                                 (0..key.connections)
                                     .map(|_| spawn_connection(settings.clone()))
@@ -166,11 +260,31 @@ impl Routing {
                             connections,
                             next: Cell::new(0),
                             stats,
+                            health,
                             key,
                         }
                     })
                     .collect(),
                 max_keys_per_request: pool.max_keys_per_request.max(1),
+                name: Arc::from(name.as_str()),
+                ejection: (pool.eject && !pool.servers.is_empty()).then(|| Ejection {
+                    config: pool.clone(),
+                    epoch: generation
+                        .pool_epochs
+                        .get(id)
+                        .cloned()
+                        .unwrap_or_default(),
+                    max_ejected: max_ejected(pool),
+                    live: RefCell::new((u64::MAX, None)),
+                }),
+            })
+            .collect();
+        let shadows = generation
+            .shadow_stats
+            .iter()
+            .map(|stats| ShadowState {
+                in_flight: Cell::new(0),
+                stats: stats.clone(),
             })
             .collect();
         Routing {
@@ -180,8 +294,46 @@ impl Routing {
             max_client_pending: config.proxy.max_client_pending.max(1),
             max_connections: config.proxy.max_connections,
             shutdown_timeout: config.proxy.shutdown_timeout,
+            route_stats: generation.route_stats.clone(),
+            shadows,
         }
     }
+}
+
+/// How many of `pool`'s servers may be out of its ring at once.
+pub(crate) fn max_ejected(pool: &PoolConfig) -> usize {
+    let fraction = pool.max_ejected_fraction.clamp(0.0, 1.0);
+    // Never all of them: a pool with every server ejected would have no ring at all.
+    ((pool.servers.len() as f64 * fraction).floor() as usize).min(pool.servers.len().saturating_sub(1))
+}
+
+/// The ring of an ejecting pool without its down servers (at most `max_ejected` of them,
+/// first in config order; the others stay in and fail fast). `None` when none is out.
+fn reduced_placement(ejection: &Ejection, servers: &[ServerConnections]) -> Option<Rc<Placement>> {
+    let mut ejected = 0;
+    let live: Vec<bool> = servers
+        .iter()
+        .map(|s| {
+            if s.health.is_down() && ejected < ejection.max_ejected {
+                ejected += 1;
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    (ejected > 0).then(|| Rc::new(Placement::with_live(&ejection.config, &live)))
+}
+
+/// A health object for a server the generation has none for (never the case for
+/// generations built by the controller; keeps `Routing::build` total).
+fn standalone_health(pool: &str, config: &PoolConfig, address: &str) -> Arc<ServerHealth> {
+    ServerHealth::new(
+        Arc::from(pool),
+        Arc::from(address),
+        crate::control::health_settings(config),
+        Default::default(),
+    )
 }
 
 /// Per-worker state every session of the worker reads.

@@ -1,0 +1,500 @@
+//! The control plane: turns a config into the generation the workers serve, and runs the
+//! background work that is not on any request's path.
+//!
+//! ```text
+//!   start / SIGHUP reload --apply(config)--> Controller --watch--> workers (new Routing)
+//!                                                |
+//!                                                +--events--> control thread (own runtime)
+//!                                                              probers: one per server, `version`
+//!                                                                       probes while it is down
+//!                                                              DNS watchers: one per DNS pool;
+//!                                                                a changed address set calls
+//!                                                                apply() again (connections to
+//!                                                                servers that stay are kept)
+//! ```
+//!
+//! Health objects are shared by every worker and live across reloads for servers that
+//! stay (same pool, address and health settings), so a reload never forgets that a server
+//! is down.
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use memroute_backend::{HealthSettings, ServerHealth};
+use memroute_config::{Config, DnsDiscovery, PoolConfig, ServerConfig};
+use memroute_routing::{Node, RouteTable};
+use tokio::sync::{mpsc, watch};
+
+use crate::execute::{RouteStats, ShadowStats};
+use crate::stats::SharedStats;
+use crate::worker::Generation;
+use crate::ProxyError;
+
+/// The health settings of a pool's servers.
+pub(crate) fn health_settings(pool: &PoolConfig) -> HealthSettings {
+    HealthSettings {
+        failure_limit: pool.failure_limit.max(1),
+        probe_interval: pool.probe_interval,
+        probe_interval_max: pool.probe_interval_max,
+        connect_timeout: pool.connect_timeout,
+        timeout: pool.timeout,
+    }
+}
+
+/// What makes two configs' health objects for a server the same one.
+#[derive(Debug, Clone, PartialEq)]
+struct HealthKey {
+    pool: String,
+    address: String,
+    settings: HealthSettings,
+}
+
+/// The addresses last found for a DNS pool, and the spec they were found with.
+#[derive(Debug, Clone)]
+struct Discovered {
+    spec: DnsDiscovery,
+    addresses: Vec<SocketAddr>,
+}
+
+/// Messages to the control thread.
+#[derive(Debug)]
+enum Event {
+    /// A new generation is being served: reconcile probers and DNS watchers with it.
+    Serving(Arc<Generation>),
+}
+
+/// Builds generations and owns what outlives one: health, discovered addresses, counters.
+#[derive(Debug)]
+pub(crate) struct Controller {
+    /// The config as the operator wrote it (DNS pools without servers).
+    base: Mutex<Arc<Config>>,
+    /// Serialises apply(): a reload and a DNS change never build generations at once.
+    applying: Mutex<()>,
+    discovered: Mutex<BTreeMap<String, Discovered>>,
+    health: Mutex<Vec<(HealthKey, Arc<ServerHealth>)>>,
+    epochs: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    route_stats: Mutex<HashMap<String, Arc<RouteStats>>>,
+    shadow_stats: Mutex<HashMap<String, Arc<ShadowStats>>>,
+    pub shared: Arc<SharedStats>,
+    generation: watch::Sender<Arc<Generation>>,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Nothing here is left half-written by a panic in a way that matters: take it anyway.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The running control thread's receiving end, handed to `run` once.
+#[derive(Debug)]
+pub(crate) struct ControlInbox(mpsc::UnboundedReceiver<Event>);
+
+impl Controller {
+    /// Builds the first generation of `config`. Returns the controller, the receiver the
+    /// workers start from, and the control thread's inbox.
+    pub(crate) fn new(
+        config: Config,
+        shared: Arc<SharedStats>,
+    ) -> Result<
+        (
+            Arc<Controller>,
+            watch::Receiver<Arc<Generation>>,
+            ControlInbox,
+        ),
+        ProxyError,
+    > {
+        let (events, inbox) = mpsc::unbounded_channel();
+        let config = Arc::new(config);
+        let empty = Arc::new(Config {
+            pools: BTreeMap::new(),
+            routes: BTreeMap::new(),
+            ..(*config).clone()
+        });
+        let placeholder = Arc::new(Generation {
+            routes: Arc::new(RouteTable::build(&config)?),
+            config: empty,
+            server_stats: Vec::new(),
+            health: Vec::new(),
+            pool_epochs: Vec::new(),
+            route_stats: Vec::new(),
+            shadow_stats: Vec::new(),
+            applied: std::sync::mpsc::channel().0,
+        });
+        let (generation, receiver) = watch::channel(placeholder);
+        let controller = Arc::new(Controller {
+            base: Mutex::new(config.clone()),
+            applying: Mutex::new(()),
+            discovered: Mutex::new(BTreeMap::new()),
+            health: Mutex::new(Vec::new()),
+            epochs: Mutex::new(HashMap::new()),
+            route_stats: Mutex::new(HashMap::new()),
+            shadow_stats: Mutex::new(HashMap::new()),
+            shared,
+            generation,
+            events,
+        });
+        // Nobody waits for the workers to acknowledge the first generation.
+        controller.apply((*config).clone())?;
+        Ok((controller, receiver, ControlInbox(inbox)))
+    }
+
+    /// The config the operator gave last (DNS pools without servers).
+    pub(crate) fn base(&self) -> Arc<Config> {
+        lock(&self.base).clone()
+    }
+
+    /// Serves `config` from now on: resolves DNS pools not known yet, builds the route table
+    /// and the health table, and hands the generation to the workers. Returns the receiver
+    /// of the workers' acknowledgements.
+    pub(crate) fn apply(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
+        let _applying = lock(&self.applying);
+        let effective = self.with_discovered_servers(&config);
+        let routes = Arc::new(RouteTable::build(&effective)?);
+        let effective = Arc::new(effective);
+        let server_stats = self.shared.for_config(&effective);
+        let (health, pool_epochs) = self.health_for(&routes, &effective);
+        self.shared.set_health(health.iter().flatten().cloned().collect());
+        let (route_stats, shadow_stats) = self.policy_stats(&routes);
+        let (applied, acks) = std::sync::mpsc::channel();
+        let generation = Arc::new(Generation {
+            config: effective,
+            routes,
+            server_stats,
+            health,
+            pool_epochs,
+            route_stats,
+            shadow_stats,
+            applied,
+        });
+        *lock(&self.base) = Arc::new(config);
+        self.generation.send_replace(generation.clone());
+        let _ = self.events.send(Event::Serving(generation));
+        Ok(acks)
+    }
+
+    /// `config` with every DNS pool's servers filled in: the last addresses found for the
+    /// same spec, else a lookup now (a failed one leaves the pool empty until a refresh
+    /// finds servers).
+    fn with_discovered_servers(&self, config: &Config) -> Config {
+        let mut effective = config.clone();
+        let hosts_file = config.discovery.hosts_file.clone();
+        let mut discovered = lock(&self.discovered);
+        discovered.retain(|pool, d| {
+            config
+                .pools
+                .get(pool)
+                .is_some_and(|p| p.discovery.as_ref() == Some(&d.spec))
+        });
+        for (name, pool) in effective.pools.iter_mut() {
+            let Some(spec) = &pool.discovery else {
+                continue;
+            };
+            let addresses = match discovered.get(name) {
+                Some(known) => known.addresses.clone(),
+                None => match resolve_blocking(spec, hosts_file.as_deref()) {
+                    Ok(addresses) => {
+                        tracing::info!(pool = %name, host = %spec.host, servers = ?addresses, "discovered servers");
+                        discovered.insert(
+                            name.clone(),
+                            Discovered {
+                                spec: spec.clone(),
+                                addresses: addresses.clone(),
+                            },
+                        );
+                        addresses
+                    }
+                    Err(reason) => {
+                        tracing::warn!(pool = %name, host = %spec.host, %reason, "discovery lookup failed; the pool has no servers until a lookup succeeds");
+                        Vec::new()
+                    }
+                },
+            };
+            pool.servers = addresses.iter().map(server_of).collect();
+        }
+        effective
+    }
+
+    /// Records a DNS pool's new address set and serves it. Called by the DNS watchers.
+    fn rediscovered(&self, pool: &str, spec: &DnsDiscovery, addresses: Vec<SocketAddr>) {
+        {
+            let mut discovered = lock(&self.discovered);
+            if discovered
+                .get(pool)
+                .is_some_and(|d| &d.spec == spec && d.addresses == addresses)
+            {
+                return;
+            }
+            tracing::info!(pool, host = %spec.host, servers = ?addresses, "discovered servers changed");
+            discovered.insert(
+                pool.to_string(),
+                Discovered {
+                    spec: spec.clone(),
+                    addresses,
+                },
+            );
+        }
+        let base = (*self.base()).clone();
+        if let Err(error) = self.apply(base) {
+            tracing::error!(pool, %error, "cannot serve the discovered servers; keeping the running config");
+        }
+    }
+
+    /// One health object per server, reused for servers that stay with the same settings.
+    fn health_for(
+        &self,
+        routes: &RouteTable,
+        config: &Config,
+    ) -> (Vec<Vec<Arc<ServerHealth>>>, Vec<Arc<AtomicU64>>) {
+        let mut known = lock(&self.health);
+        let mut epochs = lock(&self.epochs);
+        let mut next = Vec::new();
+        let mut table = Vec::with_capacity(routes.pool_names.len());
+        let mut pool_epochs = Vec::with_capacity(routes.pool_names.len());
+        for name in &routes.pool_names {
+            let Some(pool) = config.pools.get(name) else {
+                table.push(Vec::new());
+                pool_epochs.push(Arc::default());
+                continue;
+            };
+            let epoch = epochs.entry(name.clone()).or_default().clone();
+            let settings = health_settings(pool);
+            let servers = pool
+                .servers
+                .iter()
+                .map(|server| {
+                    let key = HealthKey {
+                        pool: name.clone(),
+                        address: server.address.clone(),
+                        settings: settings.clone(),
+                    };
+                    let health = known
+                        .iter()
+                        .find(|(k, _)| *k == key)
+                        .map(|(_, h)| h.clone())
+                        .unwrap_or_else(|| {
+                            ServerHealth::new(
+                                Arc::from(name.as_str()),
+                                Arc::from(server.address.as_str()),
+                                settings.clone(),
+                                epoch.clone(),
+                            )
+                        });
+                    next.push((key, health.clone()));
+                    health
+                })
+                .collect();
+            table.push(servers);
+            pool_epochs.push(epoch);
+        }
+        *known = next;
+        epochs.retain(|name, _| config.pools.contains_key(name));
+        (table, pool_epochs)
+    }
+
+    /// Counters per policy route node and per shadow route, kept across reloads by name.
+    fn policy_stats(&self, routes: &RouteTable) -> (Vec<Arc<RouteStats>>, Vec<Arc<ShadowStats>>) {
+        let mut known = lock(&self.route_stats);
+        let route_stats: Vec<Arc<RouteStats>> = (0..routes.node_count())
+            .map(|id| {
+                let name = routes.node_name(id as memroute_routing::NodeId);
+                known.entry(name.to_string()).or_default().clone()
+            })
+            .collect();
+        let mut shadows = lock(&self.shadow_stats);
+        let shadow_stats = routes
+            .shadow_names
+            .iter()
+            .map(|name| shadows.entry(name.clone()).or_default().clone())
+            .collect();
+        let mut listed: Vec<(String, Arc<RouteStats>)> = Vec::new();
+        for id in 0..route_stats.len() {
+            let node = id as memroute_routing::NodeId;
+            if matches!(
+                routes.node(node),
+                Node::Failover { .. } | Node::Replicated { .. } | Node::WarmUp { .. }
+            ) {
+                listed.push((routes.node_name(node).to_string(), route_stats[id].clone()));
+            }
+        }
+        let shadow_list = routes
+            .shadow_names
+            .iter()
+            .cloned()
+            .zip(shadow_stats.iter().cloned())
+            .collect();
+        self.shared.set_policy_stats(listed, shadow_list);
+        (route_stats, shadow_stats)
+    }
+}
+
+/// `ip:port` as a server of a DNS pool (IPv6 in brackets): the address is also the
+/// server's identity on the ring, so every instance orders and hashes them the same.
+fn server_of(address: &SocketAddr) -> ServerConfig {
+    ServerConfig {
+        address: address.to_string(),
+        weight: 1,
+        name: None,
+    }
+}
+
+/// A blocking lookup for apply() (which runs outside any runtime): the hosts file first,
+/// then the system resolver. Sorted and deduplicated, as the async lookup does.
+fn resolve_blocking(
+    spec: &DnsDiscovery,
+    hosts_file: Option<&std::path::Path>,
+) -> Result<Vec<SocketAddr>, String> {
+    let mut addresses: Vec<SocketAddr> = Vec::new();
+    if let Some(path) = hosts_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        addresses = memroute_backend::hosts_file_addresses(&text, &spec.host)
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, spec.port))
+            .collect();
+    }
+    if addresses.is_empty() {
+        addresses = (spec.host.as_str(), spec.port)
+            .to_socket_addrs()
+            .map_err(|e| e.to_string())?
+            .collect();
+    }
+    sort_addresses(&mut addresses);
+    if addresses.is_empty() {
+        return Err(format!("{} has no addresses", spec.host));
+    }
+    Ok(addresses)
+}
+
+/// IPv4 before IPv6, then by address and port: the order every instance agrees on.
+fn sort_addresses(addresses: &mut Vec<SocketAddr>) {
+    addresses.sort_by_key(|a| (a.is_ipv6(), a.ip(), a.port()));
+    addresses.dedup();
+}
+
+/// Runs the control thread until `shutdown` turns true.
+pub(crate) fn run(controller: Arc<Controller>, inbox: ControlInbox, shutdown: watch::Receiver<bool>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "cannot build the control runtime: no health probes or DNS refresh");
+            return;
+        }
+    };
+    runtime.block_on(serve(controller, inbox, shutdown));
+}
+
+async fn serve(
+    controller: Arc<Controller>,
+    ControlInbox(mut inbox): ControlInbox,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut probers: Vec<(Arc<ServerHealth>, tokio::task::JoinHandle<()>)> = Vec::new();
+    let mut watchers: Vec<((String, DnsDiscovery, Option<std::path::PathBuf>), tokio::task::JoinHandle<()>)> =
+        Vec::new();
+    loop {
+        let event = tokio::select! {
+            event = inbox.recv() => event,
+            _ = shutdown.changed() => None,
+        };
+        let Some(Event::Serving(generation)) = event else {
+            break;
+        };
+        // Probers: one per server of the generation; stop those of servers that left.
+        let current: Vec<&Arc<ServerHealth>> = generation.health.iter().flatten().collect();
+        probers.retain(|(health, task)| {
+            let keep = current.iter().any(|h| Arc::ptr_eq(h, health));
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for health in current {
+            if !probers.iter().any(|(h, _)| Arc::ptr_eq(h, health)) {
+                let task = tokio::spawn(memroute_backend::run_prober(health.clone()));
+                probers.push((health.clone(), task));
+            }
+        }
+        // DNS watchers: one per DNS pool (by name, spec and hosts file).
+        let base = controller.base();
+        let wanted: Vec<(String, DnsDiscovery, Option<std::path::PathBuf>)> = base
+            .pools
+            .iter()
+            .filter_map(|(name, pool)| {
+                pool.discovery
+                    .clone()
+                    .map(|spec| (name.clone(), spec, base.discovery.hosts_file.clone()))
+            })
+            .collect();
+        watchers.retain(|(key, task)| {
+            let keep = wanted.contains(key);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for key in wanted {
+            if !watchers.iter().any(|(k, _)| *k == key) {
+                let task = tokio::spawn(watch_dns(controller.clone(), key.clone()));
+                watchers.push((key, task));
+            }
+        }
+    }
+    for (_, task) in probers {
+        task.abort();
+    }
+    for (_, task) in watchers {
+        task.abort();
+    }
+}
+
+/// Resolves one DNS pool every `refresh`; a changed address set is served at once, a
+/// failed lookup keeps the last good set.
+async fn watch_dns(
+    controller: Arc<Controller>,
+    (pool, spec, hosts_file): (String, DnsDiscovery, Option<std::path::PathBuf>),
+) {
+    let mut interval = tokio::time::interval(spec.refresh.max(Duration::from_millis(10)));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await;
+    loop {
+        interval.tick().await;
+        match memroute_backend::resolve(&spec.host, spec.port, hosts_file.as_deref()).await {
+            Ok(mut addresses) => {
+                sort_addresses(&mut addresses);
+                controller.shared.count_lookup(&pool, true);
+                let controller = controller.clone();
+                let (pool, spec) = (pool.clone(), spec.clone());
+                // apply() builds rings and takes locks: off the control runtime's thread.
+                let _ = tokio::task::spawn_blocking(move || {
+                    controller.rediscovered(&pool, &spec, addresses)
+                })
+                .await;
+            }
+            Err(error) => {
+                controller.shared.count_lookup(&pool, false);
+                tracing::warn!(pool = %pool, host = %spec.host, %error, "discovery lookup failed; keeping the last servers found");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_sort_v4_first_then_by_address() {
+        let mut addresses: Vec<SocketAddr> = ["[::1]:1", "127.0.0.3:1", "127.0.0.2:1", "127.0.0.3:1"]
+            .iter()
+            .filter_map(|a| a.parse().ok())
+            .collect();
+        sort_addresses(&mut addresses);
+        let shown: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
+        assert_eq!(shown, ["127.0.0.2:1", "127.0.0.3:1", "[::1]:1"]);
+    }
+}
