@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::BackendError;
+use crate::{BackendError, ServerHealth};
 
 /// Where the reply to one request goes.
 pub type ReplySlot = oneshot::Sender<Result<Bytes, BackendError>>;
@@ -29,6 +29,10 @@ pub struct ConnectionSettings {
     pub backoff_max: Duration,
     /// Limits used to frame replies (value size).
     pub limits: Limits,
+    /// The server's health, shared with every other connection to it (all workers) and
+    /// its prober: this connection reports failures and successes to it, and fails
+    /// requests fast while it says the server is down.
+    pub health: Arc<ServerHealth>,
 }
 
 /// A request queued for the connection task.
@@ -53,6 +57,7 @@ struct InFlight {
 pub struct BackendHandle {
     queue: mpsc::UnboundedSender<Queued>,
     address: Arc<str>,
+    health: Arc<ServerHealth>,
 }
 
 impl BackendHandle {
@@ -63,6 +68,10 @@ impl BackendHandle {
         kind: ReplyKind,
     ) -> oneshot::Receiver<Result<Bytes, BackendError>> {
         let (reply, receiver) = oneshot::channel();
+        if self.health.is_down() {
+            let _ = reply.send(Err(self.down_error()));
+            return receiver;
+        }
         if let Err(mpsc::error::SendError(queued)) = self.queue.send(Queued { parts, kind, reply })
         {
             let _ = queued.reply.send(Err(BackendError::Closed {
@@ -75,6 +84,21 @@ impl BackendHandle {
     pub fn address(&self) -> &Arc<str> {
         &self.address
     }
+
+    pub fn health(&self) -> &Arc<ServerHealth> {
+        &self.health
+    }
+
+    fn down_error(&self) -> BackendError {
+        down_error(&self.address, &self.health)
+    }
+}
+
+fn down_error(address: &Arc<str>, health: &ServerHealth) -> BackendError {
+    BackendError::Down {
+        server: address.clone(),
+        reason: health.down_reason(),
+    }
 }
 
 /// Starts the connection task on the current `LocalSet` and returns its handle.
@@ -84,6 +108,7 @@ pub fn spawn_connection(settings: ConnectionSettings) -> BackendHandle {
     let handle = BackendHandle {
         queue,
         address: settings.address.clone(),
+        health: settings.health.clone(),
     };
     tokio::task::spawn_local(run(settings, receiver));
     handle
@@ -91,6 +116,7 @@ pub fn spawn_connection(settings: ConnectionSettings) -> BackendHandle {
 
 /// Connect, serve until the connection breaks, fail fast during backoff, repeat.
 async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Queued>) {
+    let health = &settings.health;
     let mut backoff = settings.backoff_min;
     loop {
         let reason: Arc<str> = match tokio::time::timeout(
@@ -117,27 +143,54 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
                     }
                 }
             }
-            Ok(Err(error)) => Arc::from(error.to_string()),
-            Err(_) => Arc::from("connect timed out"),
+            // Nothing listens there: the server is not running, and waiting for more
+            // failures would only fail more requests slowly.
+            Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                let reason: Arc<str> = Arc::from("connection refused");
+                health.mark_down(&reason);
+                reason
+            }
+            Ok(Err(error)) => {
+                let reason: Arc<str> = Arc::from(error.to_string());
+                health.record_failure(&reason);
+                reason
+            }
+            Err(_) => {
+                let reason: Arc<str> = Arc::from("connect timed out");
+                health.record_failure(&reason);
+                reason
+            }
         };
         tracing::debug!(server = %settings.address, %reason, retry_in = ?backoff, "backend down");
-        // Until the next attempt, requests fail at once rather than queue behind a dead server.
+        // Until the next attempt, requests fail at once rather than queue behind a dead
+        // server. A server the prober brings back is reconnected at once, not after the
+        // rest of a backoff that may have grown to seconds.
         let retry_at = Instant::now() + backoff;
-        loop {
+        let recovered = health.wait_recovered();
+        tokio::pin!(recovered);
+        let woke_early = loop {
             tokio::select! {
-                _ = tokio::time::sleep_until(retry_at) => break,
+                _ = tokio::time::sleep_until(retry_at) => break false,
+                _ = &mut recovered => break true,
                 queued = queue.recv() => match queued {
                     Some(queued) => {
-                        let _ = queued.reply.send(Err(BackendError::Unavailable {
-                            server: settings.address.clone(),
-                            reason: reason.clone(),
-                        }));
+                        let error = match health.is_down() {
+                            true => down_error(&settings.address, health),
+                            false => BackendError::NotConnected {
+                                server: settings.address.clone(),
+                                reason: reason.clone(),
+                            },
+                        };
+                        let _ = queued.reply.send(Err(error));
                     }
                     None => return,
                 },
             }
-        }
-        backoff = (backoff * 2).min(settings.backoff_max);
+        };
+        backoff = match woke_early {
+            true => settings.backoff_min,
+            false => (backoff * 2).min(settings.backoff_max),
+        };
     }
 }
 
@@ -173,6 +226,12 @@ async fn serve(
         },
         Err(error) => error,
     };
+    if !outcome_is_shutdown(&error) {
+        // Once per broken connection, however many requests were in flight on it: they
+        // all failed for one reason. Before they are answered, so whoever sees the error
+        // also sees it counted.
+        settings.health.record_failure(&error.reason());
+    }
     for request in in_flight.take() {
         let _ = request.reply.send(Err(error.clone()));
     }
@@ -202,6 +261,15 @@ async fn write_requests(
         let Some(first) = queue.recv().await else {
             return Ok(());
         };
+        if settings.health.is_down() {
+            // Queued before the server was marked down (maybe by another worker): fail
+            // them unsent rather than write them to a server judged dead.
+            fail_down(settings, first);
+            while let Ok(queued) = queue.try_recv() {
+                fail_down(settings, queued);
+            }
+            continue;
+        }
         let sent_at = Instant::now();
         if in_flight.borrow().is_empty() {
             link.wake_reader.notify_one();
@@ -223,6 +291,12 @@ async fn write_requests(
             })?;
         batch.clear();
     }
+}
+
+fn fail_down(settings: &ConnectionSettings, queued: Queued) {
+    let _ = queued
+        .reply
+        .send(Err(down_error(&settings.address, &settings.health)));
 }
 
 fn enqueue(
@@ -272,6 +346,7 @@ async fn read_replies(
                         let _ = request.reply.send(Ok(reply));
                     }
                     link.answered.set(true);
+                    settings.health.record_success();
                 }
                 Ok(ReplyParse::Incomplete) => break,
                 Err(_) => return Err(bad_reply()),
@@ -308,5 +383,210 @@ async fn read_replies(
             }
             _ = link.wake_reader.notified(), if idle => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HealthSettings;
+    use std::sync::atomic::AtomicU64;
+    use tokio::net::TcpListener;
+    use tokio::task::LocalSet;
+
+    fn settings(address: &str, failure_limit: u32) -> ConnectionSettings {
+        let health = ServerHealth::new(
+            Arc::from("main"),
+            Arc::from(address),
+            HealthSettings {
+                failure_limit,
+                probe_interval: Duration::from_millis(10),
+                probe_interval_max: Duration::from_millis(40),
+                connect_timeout: Duration::from_secs(1),
+                timeout: Duration::from_millis(50),
+            },
+            Arc::new(AtomicU64::new(0)),
+        );
+        ConnectionSettings {
+            address: Arc::from(address),
+            timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            // Far longer than any test waits: a reconnect seen in a test came from the
+            // health waking the connection, not from the backoff running out.
+            backoff_min: Duration::from_secs(60),
+            backoff_max: Duration::from_secs(60),
+            limits: Limits::default(),
+            health,
+        }
+    }
+
+    /// A port on loopback that nobody listens on (bound, noted, released).
+    fn refused_address() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("local addr").to_string()
+    }
+
+    /// Bounds every wait in these tests: a hang is a failure, not a stuck CI job.
+    async fn within<F: std::future::Future>(future: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(10), future)
+            .await
+            .expect("timed out waiting")
+    }
+
+    fn get(handle: &BackendHandle) -> oneshot::Receiver<Result<Bytes, BackendError>> {
+        handle.send(
+            (Bytes::from_static(b"get key\r\n"), None),
+            ReplyKind::Retrieval,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_refused_connect_marks_the_server_down_at_once() {
+        LocalSet::new()
+            .run_until(async {
+                let settings = settings(&refused_address(), 3);
+                let health = settings.health.clone();
+                let _handle = spawn_connection(settings);
+                within(health.wait_down()).await;
+                assert_eq!(&*health.down_reason(), "connection refused");
+                assert_eq!(health.marked_down_total(), 1);
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn send_to_a_down_server_fails_at_once_unsent() {
+        LocalSet::new()
+            .run_until(async {
+                let settings = settings(&refused_address(), 3);
+                let health = settings.health.clone();
+                let handle = spawn_connection(settings);
+                health.mark_down("timed out");
+                // No await between send and the check: the error is there at once.
+                let mut reply = get(&handle);
+                let error = match reply.try_recv() {
+                    Ok(Err(error)) => error,
+                    other => panic!("expected an immediate error, got {other:?}"),
+                };
+                assert!(matches!(error, BackendError::Down { .. }), "{error}");
+                assert!(error.never_sent());
+                assert!(error.to_string().ends_with("is marked down: timed out"));
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn requests_during_backoff_fail_unsent() {
+        LocalSet::new()
+            .run_until(async {
+                // Accepts and closes at once: each connection breaks without a reply.
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let address = listener.local_addr().expect("local addr").to_string();
+                tokio::task::spawn_local(async move {
+                    while let Ok((stream, _)) = listener.accept().await {
+                        drop(stream);
+                    }
+                });
+                let settings = settings(&address, 100);
+                let health = settings.health.clone();
+                let handle = spawn_connection(settings);
+                // Whether it was written before the close was seen or not, it fails.
+                let first = within(get(&handle)).await.expect("reply slot");
+                assert!(first.is_err());
+                // The connection is now in its (long) backoff.
+                let error = within(get(&handle))
+                    .await
+                    .expect("reply slot")
+                    .expect_err("no connection");
+                assert!(
+                    matches!(error, BackendError::NotConnected { .. }),
+                    "{error}"
+                );
+                assert!(error.never_sent());
+                assert_eq!(health.consecutive_failures(), 1);
+                assert!(!health.is_down());
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_timeout_counts_once_for_every_request_in_flight() {
+        LocalSet::new()
+            .run_until(async {
+                // Accepts, reads, never answers.
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let address = listener.local_addr().expect("local addr").to_string();
+                tokio::task::spawn_local(async move {
+                    while let Ok((mut stream, _)) = listener.accept().await {
+                        tokio::task::spawn_local(async move {
+                            let mut sink = [0u8; 1024];
+                            while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                        });
+                    }
+                });
+                let settings = settings(&address, 3);
+                let health = settings.health.clone();
+                let handle = spawn_connection(settings);
+                let replies = [get(&handle), get(&handle), get(&handle)];
+                for reply in replies {
+                    let error = within(reply)
+                        .await
+                        .expect("reply slot")
+                        .expect_err("silent server");
+                    assert!(error.is_timeout(), "{error}");
+                    assert!(!error.never_sent());
+                }
+                assert_eq!(health.consecutive_failures(), 1);
+                assert!(!health.is_down());
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_reply_resets_the_failure_count() {
+        LocalSet::new()
+            .run_until(async {
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let address = listener.local_addr().expect("local addr").to_string();
+                tokio::task::spawn_local(async move {
+                    while let Ok((mut stream, _)) = listener.accept().await {
+                        tokio::task::spawn_local(async move {
+                            let mut request = [0u8; 1024];
+                            while matches!(stream.read(&mut request).await, Ok(n) if n > 0) {
+                                let _ = stream.write_all(b"VERSION 1.6.18\r\n").await;
+                            }
+                        });
+                    }
+                });
+                let settings = settings(&address, 3);
+                let health = settings.health.clone();
+                let handle = spawn_connection(settings);
+                health.record_failure("timed out");
+                health.record_failure("timed out");
+                let reply =
+                    handle.send((Bytes::from_static(b"version\r\n"), None), ReplyKind::Line);
+                let reply = within(reply).await.expect("reply slot").expect("reply");
+                assert_eq!(&reply[..], b"VERSION 1.6.18\r\n");
+                assert_eq!(health.consecutive_failures(), 0);
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_server_brought_back_up_is_reconnected_at_once() {
+        LocalSet::new()
+            .run_until(async {
+                let address = refused_address();
+                let settings = settings(&address, 3);
+                let health = settings.health.clone();
+                let _handle = spawn_connection(settings);
+                within(health.wait_down()).await;
+                // The server starts again on the same port; the connection is in a 60 s
+                // backoff, so only the health going up can make it connect now.
+                let listener = TcpListener::bind(&address).await.expect("rebind the port");
+                health.mark_up();
+                within(listener.accept()).await.expect("accept");
+            })
+            .await;
     }
 }

@@ -5,10 +5,18 @@ use thiserror::Error;
 /// failure is reported to every request that was in flight on it.
 #[derive(Debug, Clone, Error)]
 pub enum BackendError {
-    /// The server could not be reached (connect refused/failed, or the connection broke)
-    /// and memroute fails requests fast until a reconnect succeeds.
+    /// The connection broke while the request may already have been written (a write
+    /// failed, or the server closed the connection), so it may have been executed.
     #[error("backend {server} unavailable: {reason}")]
     Unavailable { server: Arc<str>, reason: Arc<str> },
+    /// There was no connection to write the request on (connecting failed, or the
+    /// connection is waiting out its reconnect backoff): failed fast, never written.
+    /// Same text as `Unavailable`: to the client both mean "could not reach the server".
+    #[error("backend {server} unavailable: {reason}")]
+    NotConnected { server: Arc<str>, reason: Arc<str> },
+    /// The server is marked down by health checking: failed fast, never written.
+    #[error("backend {server} is marked down: {reason}")]
+    Down { server: Arc<str>, reason: Arc<str> },
     /// No reply within the pool's timeout.
     #[error("backend {server} timed out")]
     Timeout { server: Arc<str> },
@@ -18,13 +26,19 @@ pub enum BackendError {
     /// memroute itself is stopping this connection.
     #[error("backend {server} connection closed by proxy")]
     Closed { server: Arc<str> },
+    /// A DNS-discovered pool's host name could not be resolved to any address.
+    #[error("cannot resolve {host}: {reason}")]
+    Resolve { host: Arc<str>, reason: Arc<str> },
 }
 
 impl BackendError {
     /// The cause without the server's address, for messages that name the server already.
     pub fn reason(&self) -> Arc<str> {
         match self {
-            BackendError::Unavailable { reason, .. } => reason.clone(),
+            BackendError::Unavailable { reason, .. }
+            | BackendError::NotConnected { reason, .. }
+            | BackendError::Resolve { reason, .. } => reason.clone(),
+            BackendError::Down { reason, .. } => Arc::from(format!("marked down: {reason}")),
             BackendError::Timeout { .. } => Arc::from("timed out"),
             BackendError::BadReply { .. } => Arc::from("sent a malformed reply"),
             BackendError::Closed { .. } => Arc::from("connection closed by proxy"),
@@ -34,5 +48,62 @@ impl BackendError {
     /// True for timeouts (counted separately in stats).
     pub fn is_timeout(&self) -> bool {
         matches!(self, BackendError::Timeout { .. })
+    }
+
+    /// True when the request certainly never reached the server (marked down, or failed
+    /// fast during reconnect backoff, or connect failed before it was written) — safe to
+    /// retry even for non-idempotent commands.
+    pub fn never_sent(&self) -> bool {
+        // Closed is not here: requests in flight when a connection shuts down get it too,
+        // and those were written.
+        matches!(
+            self,
+            BackendError::Down { .. } | BackendError::NotConnected { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_fail_fast_errors_are_never_sent() {
+        let server: Arc<str> = Arc::from("127.0.0.1:1");
+        let reason: Arc<str> = Arc::from("connection refused");
+        let down = BackendError::Down {
+            server: server.clone(),
+            reason: reason.clone(),
+        };
+        assert!(down.never_sent());
+        assert_eq!(&*down.reason(), "marked down: connection refused");
+        assert_eq!(
+            down.to_string(),
+            "backend 127.0.0.1:1 is marked down: connection refused"
+        );
+        let not_connected = BackendError::NotConnected {
+            server: server.clone(),
+            reason: reason.clone(),
+        };
+        assert!(not_connected.never_sent());
+        assert_eq!(
+            not_connected.to_string(),
+            "backend 127.0.0.1:1 unavailable: connection refused"
+        );
+        for sent in [
+            BackendError::Unavailable {
+                server: server.clone(),
+                reason,
+            },
+            BackendError::Timeout {
+                server: server.clone(),
+            },
+            BackendError::BadReply {
+                server: server.clone(),
+            },
+            BackendError::Closed { server },
+        ] {
+            assert!(!sent.never_sent(), "{sent}");
+        }
     }
 }

@@ -1,26 +1,45 @@
-//! memroute-backend: long-lived, pipelined connections to one memcached server.
+//! memroute-backend: long-lived, pipelined connections to memcached servers, their
+//! health, and DNS discovery of a pool's servers.
 //!
-//! Each worker thread owns its own connections (thread-per-core): nothing here is
-//! shared across threads. One connection is one task with two halves joined by a
-//! FIFO of requests in flight:
+//! Each worker thread owns its own connections (thread-per-core). One connection is one
+//! task with two halves joined by a FIFO of requests in flight. What is shared across
+//! threads is one `ServerHealth` per server (atomics on the hot path), read by every
+//! worker's connections to that server and by the server's prober:
 //!
 //! ```text
+//!              is_down()? -> Err(Down) at once, nothing queued
 //!  sessions --mpsc--> writer: batch queued requests into one write()  --> memcached
 //!                        | push InFlight (reply kind, reply slot, sent-at)
 //!                        v
 //!                     in_flight FIFO
 //!                        ^
 //!  sessions <-oneshot- reader: frame replies in FIFO order (protocol::parse_reply) <-- memcached
+//!                        |
+//!       record_success / record_failure (once per broken connection) / mark_down (refused)
+//!                        v
+//!  ServerHealth (per server, shared by all workers: atomics + a watch for transitions)
+//!     | down: bump the pool's epoch, wake the prober       ^ up: bump the epoch, wake
+//!     v                                                    | connections in backoff
+//!  run_prober (control thread): after probe_interval, x1.5 +-20% up to probe_interval_max,
+//!     connect + "version\r\n" -> "VERSION ..." within timeout -> mark_up
 //! ```
 //!
 //! A reply that does not come within the pool's timeout breaks the connection: every
 //! request in flight on it gets a `Timeout` error (the stream cannot be resynchronised
 //! without its reply), and the connection is re-opened with backoff. While a server is
-//! unreachable, requests fail at once with `Unavailable` instead of waiting.
+//! unreachable, requests fail at once (`NotConnected`, or `Down` once health checking has
+//! marked it down) instead of waiting; both are `never_sent()`, so safe to retry
+//! elsewhere. A server is marked down after `failure_limit` consecutive failures
+//! (timeouts, broken connections, failed connects) or at once when its connect is
+//! refused; only a successful probe marks it up again.
 #![forbid(unsafe_code)]
 
 mod connection;
+mod discovery;
 mod error;
+mod health;
 
 pub use connection::{spawn_connection, BackendHandle, ConnectionSettings, ReplySlot};
+pub use discovery::{hosts_file_addresses, resolve};
 pub use error::BackendError;
+pub use health::{run_prober, HealthSettings, ServerHealth};

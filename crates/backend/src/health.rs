@@ -1,0 +1,556 @@
+//! One server's health, shared by every worker thread, and the prober that brings a
+//! down server back.
+//!
+//! The hot path only reads atomics: `is_down()` before a request is queued,
+//! `record_success()` after each reply (a load, and a store only when failures were
+//! counted). Transitions are rare and serialised by the `watch` channel's lock, which
+//! also wakes whoever waits for one (the prober for down, reconnecting connections for up).
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How a pool's servers are judged and probed; built from the pool's config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthSettings {
+    /// Consecutive failures that mark a server down.
+    pub failure_limit: u32,
+    /// First probe this long after the server was marked down.
+    pub probe_interval: Duration,
+    /// Probe intervals grow up to this.
+    pub probe_interval_max: Duration,
+    pub connect_timeout: Duration,
+    /// A probe's `version` must be answered within this.
+    pub timeout: Duration,
+}
+
+/// What changes on a transition; read rarely (reason for an error text, wait_* calls).
+#[derive(Debug, Clone)]
+struct Transition {
+    down: bool,
+    reason: Arc<str>,
+    since: Instant,
+}
+
+/// One server's health, shared by every worker (Send + Sync, atomics on the hot path).
+#[derive(Debug)]
+pub struct ServerHealth {
+    pool: Arc<str>,
+    address: Arc<str>,
+    settings: HealthSettings,
+    pool_epoch: Arc<AtomicU64>,
+    /// Mirrors `state.down` so the hot path needs no lock; written only under the
+    /// `state` lock, so the two never disagree for longer than one transition.
+    down: AtomicBool,
+    failures: AtomicU32,
+    state: watch::Sender<Transition>,
+    marked_down_total: AtomicU64,
+    marked_up_total: AtomicU64,
+}
+
+impl ServerHealth {
+    /// `pool_epoch` is bumped (fetch_add) on every down/up transition of this server, so a
+    /// worker can notice cheaply (one Relaxed load per request) that its pool's live set changed.
+    pub fn new(
+        pool: Arc<str>,
+        address: Arc<str>,
+        settings: HealthSettings,
+        pool_epoch: Arc<AtomicU64>,
+    ) -> Arc<ServerHealth> {
+        let (state, _) = watch::channel(Transition {
+            down: false,
+            reason: Arc::from(""),
+            since: Instant::now(),
+        });
+        Arc::new(ServerHealth {
+            pool,
+            address,
+            settings,
+            pool_epoch,
+            down: AtomicBool::new(false),
+            failures: AtomicU32::new(0),
+            state,
+            marked_down_total: AtomicU64::new(0),
+            marked_up_total: AtomicU64::new(0),
+        })
+    }
+
+    pub fn pool(&self) -> &Arc<str> {
+        &self.pool
+    }
+
+    pub fn address(&self) -> &Arc<str> {
+        &self.address
+    }
+
+    pub fn settings(&self) -> &HealthSettings {
+        &self.settings
+    }
+
+    /// Cheap: one atomic load.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
+    }
+
+    /// Why the server was last marked down (for the SERVER_ERROR text).
+    pub fn down_reason(&self) -> Arc<str> {
+        self.state.borrow().reason.clone()
+    }
+
+    /// Failures counted since the last success (or since the server came back up).
+    pub fn consecutive_failures(&self) -> u32 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Resets the consecutive-failure count. Called for every reply, from every worker:
+    /// it writes only when there is something to reset, so a healthy server's cache line
+    /// stays shared rather than bouncing between cores.
+    pub fn record_success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one failure; reaching `failure_limit` marks the server down.
+    pub fn record_failure(&self, reason: &str) {
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        if failures >= self.settings.failure_limit.max(1) {
+            self.mark_down(reason);
+        }
+    }
+
+    /// Marks the server down and wakes the prober; returns whether it was up before.
+    pub fn mark_down(&self, reason: &str) -> bool {
+        let changed = self.state.send_if_modified(|state| {
+            if state.down {
+                return false;
+            }
+            state.down = true;
+            state.reason = Arc::from(reason);
+            state.since = Instant::now();
+            self.down.store(true, Ordering::Release);
+            true
+        });
+        if changed {
+            self.marked_down_total.fetch_add(1, Ordering::Relaxed);
+            // After the store above: a worker that sees the new epoch sees the server down.
+            self.pool_epoch.fetch_add(1, Ordering::Release);
+            tracing::warn!(pool = %self.pool, server = %self.address, reason, "server marked down");
+        }
+        changed
+    }
+
+    /// Marks the server up and wakes connections waiting to reconnect; returns whether it
+    /// was down before.
+    pub fn mark_up(&self) -> bool {
+        let mut down_for = Duration::ZERO;
+        let changed = self.state.send_if_modified(|state| {
+            if !state.down {
+                return false;
+            }
+            down_for = state.since.elapsed();
+            state.down = false;
+            state.since = Instant::now();
+            // A server just back starts with a clean slate, not one failure from the limit.
+            self.failures.store(0, Ordering::Relaxed);
+            self.down.store(false, Ordering::Release);
+            true
+        });
+        if changed {
+            self.marked_up_total.fetch_add(1, Ordering::Relaxed);
+            self.pool_epoch.fetch_add(1, Ordering::Release);
+            tracing::info!(pool = %self.pool, server = %self.address, down_for = ?down_for, "server back up");
+        }
+        changed
+    }
+
+    /// Returns when the server is down (at once if it already is).
+    pub async fn wait_down(&self) {
+        let mut changes = self.state.subscribe();
+        // Err only when the sender is gone, and `self` owns it.
+        let _ = changes.wait_for(|state| state.down).await;
+    }
+
+    /// Returns when the server is up (at once if it already is).
+    pub async fn wait_up(&self) {
+        let mut changes = self.state.subscribe();
+        let _ = changes.wait_for(|state| !state.down).await;
+    }
+
+    /// Returns at the next time the server comes back up after being down: at once if it
+    /// is down now and comes up, or after a whole down-then-up cycle if it is up now.
+    pub(crate) async fn wait_recovered(&self) {
+        self.wait_down().await;
+        self.wait_up().await;
+    }
+
+    pub fn marked_down_total(&self) -> u64 {
+        self.marked_down_total.load(Ordering::Relaxed)
+    }
+
+    pub fn marked_up_total(&self) -> u64 {
+        self.marked_up_total.load(Ordering::Relaxed)
+    }
+}
+
+/// Each failed probe waits this much longer than the last.
+const PROBE_GROWTH: f64 = 1.5;
+/// ± this fraction of random jitter, so proxies that saw a server go down together do
+/// not probe it in lockstep.
+const PROBE_JITTER: f64 = 0.2;
+
+/// The probe schedule, pure so it can be tested: from the current (unjittered) interval,
+/// returns the next unjittered interval (`current` x1.5, at most `max`) and the wait to
+/// use for it (that, ±20% by `random_unit` in [0, 1), still at most `max`).
+pub(crate) fn next_probe_interval(
+    current: Duration,
+    max: Duration,
+    random_unit: f64,
+) -> (Duration, Duration) {
+    let next = current.mul_f64(PROBE_GROWTH).min(max);
+    let factor = 1.0 - PROBE_JITTER + 2.0 * PROBE_JITTER * random_unit.clamp(0.0, 1.0);
+    (next, next.mul_f64(factor).min(max))
+}
+
+/// Runs until aborted: whenever `health` is down, probes it (connect within
+/// connect_timeout, send "version\r\n", expect a line starting "VERSION " within timeout)
+/// first after probe_interval, then at intervals growing x1.5 with ±20% random jitter up
+/// to probe_interval_max; a successful probe marks it up. Runs on any tokio runtime (the
+/// proxy spawns it on a control thread). Logs each failed probe at debug.
+pub async fn run_prober(health: Arc<ServerHealth>) {
+    let settings = health.settings().clone();
+    let max = settings.probe_interval_max.max(settings.probe_interval);
+    loop {
+        health.wait_down().await;
+        let mut interval = settings.probe_interval;
+        let mut wait = interval;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                // Something else (a reload, an operator) brought it back: stop probing.
+                _ = health.wait_up() => break,
+            }
+            match probe(&health.address, &settings).await {
+                Ok(()) => {
+                    health.mark_up();
+                    break;
+                }
+                Err(reason) => {
+                    tracing::debug!(
+                        pool = %health.pool,
+                        server = %health.address,
+                        %reason,
+                        "probe failed"
+                    );
+                }
+            }
+            if !health.is_down() {
+                break;
+            }
+            (interval, wait) = next_probe_interval(interval, max, rand::random::<f64>());
+        }
+    }
+}
+
+/// A `VERSION ...` line is short; a peer sending more without a newline is not memcached.
+const MAX_PROBE_REPLY: usize = 1024;
+
+/// One probe: a fresh connection, `version`, and a `VERSION ` line back in time.
+async fn probe(address: &str, settings: &HealthSettings) -> Result<(), String> {
+    let mut stream = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(address))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let exchange = async {
+        stream
+            .write_all(b"version\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut reply = Vec::with_capacity(64);
+        loop {
+            if let Some(end) = reply.iter().position(|&b| b == b'\n') {
+                return match reply[..end].starts_with(b"VERSION ") {
+                    true => Ok(()),
+                    false => Err(format!(
+                        "unexpected reply {:?}",
+                        String::from_utf8_lossy(&reply[..end]).trim_end()
+                    )),
+                };
+            }
+            if reply.len() > MAX_PROBE_REPLY {
+                return Err("reply too long".to_string());
+            }
+            let mut chunk = [0u8; 256];
+            match stream.read(&mut chunk).await {
+                Ok(0) => return Err("connection closed by server".to_string()),
+                Ok(n) => reply.extend_from_slice(&chunk[..n]),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    };
+    tokio::time::timeout(settings.timeout, exchange)
+        .await
+        .map_err(|_| "version timed out".to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(failure_limit: u32) -> HealthSettings {
+        HealthSettings {
+            failure_limit,
+            probe_interval: Duration::from_millis(10),
+            probe_interval_max: Duration::from_millis(40),
+            connect_timeout: Duration::from_millis(500),
+            timeout: Duration::from_millis(50),
+        }
+    }
+
+    fn health(address: &str, failure_limit: u32) -> (Arc<ServerHealth>, Arc<AtomicU64>) {
+        let epoch = Arc::new(AtomicU64::new(0));
+        let health = ServerHealth::new(
+            Arc::from("main"),
+            Arc::from(address),
+            settings(failure_limit),
+            epoch.clone(),
+        );
+        (health, epoch)
+    }
+
+    /// Bounds every wait in these tests: a hang is a failure, not a stuck CI job.
+    async fn within<F: std::future::Future>(future: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(10), future)
+            .await
+            .expect("timed out waiting")
+    }
+
+    #[test]
+    fn consecutive_failures_reach_the_limit() {
+        let (health, epoch) = health("127.0.0.1:1", 3);
+        health.record_failure("timed out");
+        health.record_failure("timed out");
+        assert!(!health.is_down());
+        assert_eq!(epoch.load(Ordering::Relaxed), 0);
+        health.record_failure("timed out");
+        assert!(health.is_down());
+        assert_eq!(&*health.down_reason(), "timed out");
+        assert_eq!(health.marked_down_total(), 1);
+        assert_eq!(epoch.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn success_resets_the_count() {
+        let (health, _) = health("127.0.0.1:1", 3);
+        health.record_failure("timed out");
+        health.record_failure("timed out");
+        health.record_success();
+        assert_eq!(health.consecutive_failures(), 0);
+        health.record_failure("timed out");
+        health.record_failure("timed out");
+        assert!(!health.is_down());
+        health.record_failure("timed out");
+        assert!(health.is_down());
+    }
+
+    #[test]
+    fn transitions_count_once_and_bump_the_epoch() {
+        let (health, epoch) = health("127.0.0.1:1", 3);
+        assert!(!health.mark_up(), "already up");
+        assert!(health.mark_down("connection refused"));
+        assert!(!health.mark_down("again"), "already down");
+        assert_eq!(&*health.down_reason(), "connection refused");
+        assert_eq!(health.marked_down_total(), 1);
+        assert_eq!(epoch.load(Ordering::Relaxed), 1);
+        health.record_failure("timed out");
+        assert!(health.mark_up());
+        assert!(!health.mark_up());
+        assert!(!health.is_down());
+        assert_eq!(health.consecutive_failures(), 0, "up starts clean");
+        assert_eq!(health.marked_up_total(), 1);
+        assert_eq!(epoch.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn servers_of_one_pool_share_its_epoch() {
+        let epoch = Arc::new(AtomicU64::new(0));
+        let a = ServerHealth::new(
+            Arc::from("main"),
+            Arc::from("a:1"),
+            settings(1),
+            epoch.clone(),
+        );
+        let b = ServerHealth::new(
+            Arc::from("main"),
+            Arc::from("b:1"),
+            settings(1),
+            epoch.clone(),
+        );
+        a.record_failure("x");
+        b.record_failure("x");
+        a.mark_up();
+        assert_eq!(epoch.load(Ordering::Relaxed), 3);
+    }
+
+    /// Polls `future` once and asserts it is still pending (so it is now waiting).
+    async fn assert_pending<F: std::future::Future + Unpin>(future: &mut F) {
+        tokio::select! {
+            biased;
+            _ = future => panic!("finished early"),
+            _ = std::future::ready(()) => {}
+        }
+    }
+
+    #[tokio::test]
+    async fn waiters_wake_on_transitions() {
+        let (health, _) = health("127.0.0.1:1", 1);
+        within(health.wait_up()).await;
+        let down = health.wait_down();
+        tokio::pin!(down);
+        assert_pending(&mut down).await;
+        health.mark_down("x");
+        within(down).await;
+        within(health.wait_down()).await;
+        // Down now: recovered means the next up.
+        let recovered = health.wait_recovered();
+        tokio::pin!(recovered);
+        assert_pending(&mut recovered).await;
+        health.mark_up();
+        within(recovered).await;
+        // Up now: recovered needs a whole down-then-up cycle.
+        let recovered = health.wait_recovered();
+        tokio::pin!(recovered);
+        assert_pending(&mut recovered).await;
+        health.mark_down("x");
+        assert_pending(&mut recovered).await;
+        health.mark_up();
+        within(recovered).await;
+    }
+
+    #[test]
+    fn probe_intervals_grow_with_bounded_jitter() {
+        let ms = Duration::from_millis;
+        let max = ms(30_000);
+        // Middle of the jitter range: exactly x1.5.
+        assert_eq!(
+            next_probe_interval(ms(1000), max, 0.5),
+            (ms(1500), ms(1500))
+        );
+        // Extremes: -20% and (just under) +20%.
+        assert_eq!(
+            next_probe_interval(ms(1000), max, 0.0),
+            (ms(1500), ms(1200))
+        );
+        let (_, high) = next_probe_interval(ms(1000), max, 0.999_999);
+        assert!(high > ms(1799) && high <= ms(1800), "{high:?}");
+        // Capped at max, before and after jitter.
+        assert_eq!(
+            next_probe_interval(ms(25_000), max, 1.0),
+            (ms(30_000), ms(30_000))
+        );
+        assert_eq!(
+            next_probe_interval(ms(30_000), max, 0.0),
+            (ms(30_000), ms(24_000))
+        );
+        // Out-of-range randomness cannot escape the bounds.
+        assert_eq!(next_probe_interval(ms(1000), max, 7.0).1, ms(1800));
+        // The unjittered interval grows monotonically to max whatever the jitter.
+        let mut current = ms(1000);
+        for step in 0..20 {
+            let (next, wait) = next_probe_interval(current, max, (step % 3) as f64 / 3.0);
+            assert!(next >= current && next <= max);
+            assert!(wait <= max && wait >= next.mul_f64(0.8));
+            current = next;
+        }
+        assert_eq!(current, max);
+    }
+
+    /// A listener that answers every connection's first line with `reply` (None: never
+    /// answers, but holds the connection open). Each accepted connection is reported on
+    /// the returned channel, so tests can count probes instead of sleeping.
+    async fn fake_server(
+        reply: Option<&'static [u8]>,
+    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("local addr").to_string();
+        let (accepted, accepts) = tokio::sync::mpsc::unbounded_channel();
+        // Tasks on the test's runtime: they end with it.
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let _ = accepted.send(());
+                tokio::spawn(async move {
+                    let mut line = [0u8; 64];
+                    let _ = stream.read(&mut line).await;
+                    match reply {
+                        Some(reply) => {
+                            let _ = stream.write_all(reply).await;
+                        }
+                        // Hold the connection open, silent, until the peer closes it.
+                        None => while matches!(stream.read(&mut line).await, Ok(n) if n > 0) {},
+                    }
+                });
+            }
+        });
+        (address, accepts)
+    }
+
+    #[tokio::test]
+    async fn prober_brings_an_answering_server_back() {
+        let (address, _accepts) = fake_server(Some(b"VERSION 1.6.18\r\n")).await;
+        let (health, _) = health(&address, 1);
+        let prober = tokio::spawn(run_prober(health.clone()));
+        health.mark_down("connection refused");
+        within(health.wait_up()).await;
+        assert_eq!(health.marked_up_total(), 1);
+        // It keeps watching: the next down is probed too.
+        health.mark_down("timed out");
+        within(health.wait_up()).await;
+        assert_eq!(health.marked_up_total(), 2);
+        prober.abort();
+    }
+
+    #[tokio::test]
+    async fn prober_keeps_a_silent_server_down() {
+        let (address, mut accepts) = fake_server(None).await;
+        let (health, _) = health(&address, 1);
+        health.mark_down("timed out");
+        let prober = tokio::spawn(run_prober(health.clone()));
+        // Probes run one after another: once the third has connected, the first two have
+        // failed on the 50 ms timeout, and the server must still be down.
+        for _ in 0..3 {
+            within(accepts.recv()).await.expect("listener alive");
+        }
+        assert!(health.is_down());
+        assert_eq!(health.marked_up_total(), 0);
+        prober.abort();
+        let outcome = within(probe(&address, health.settings())).await;
+        assert_eq!(outcome, Err("version timed out".to_string()));
+    }
+
+    #[tokio::test]
+    async fn probe_rejects_a_reply_that_is_not_version() {
+        let (address, _accepts) = fake_server(Some(b"ERROR\r\n")).await;
+        let (health, _) = health(&address, 1);
+        let outcome = within(probe(&address, health.settings())).await;
+        assert_eq!(outcome, Err("unexpected reply \"ERROR\"".to_string()));
+    }
+
+    #[tokio::test]
+    async fn probe_of_a_closed_port_fails() {
+        let address = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("local addr").to_string()
+        };
+        let (health, _) = health(&address, 1);
+        assert!(within(probe(&address, health.settings())).await.is_err());
+    }
+}
