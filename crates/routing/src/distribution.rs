@@ -9,9 +9,15 @@
 //! ```
 //!
 //! `ketama`, `modula` and `random` follow nutcracker 0.5.0 (`src/hashkit/nc_ketama.c`,
-//! `nc_modula.c`, `nc_random.c`) with every server live (memroute does not eject servers
-//! from the ring, i.e. twemproxy's `auto_eject_hosts: false`). Everything is computed once
-//! in [`Placement::new`]; [`Placement::server_for`] never allocates.
+//! `nc_modula.c`, `nc_random.c`). [`Placement::new`] places over every server (twemproxy's
+//! `auto_eject_hosts: false`); [`Placement::with_live`] places over the live subset only,
+//! the way nutcracker rebuilds its continuum from live servers when it ejects one. Either
+//! way the index returned is the server's index in the pool's *config* order, so callers
+//! never translate. Everything is computed once; [`Placement::server_for`] never allocates.
+//!
+//! What losing a server moves, per distribution (the reason `eject` suits some only):
+//! ketama (equal weights) and ring move only the dead server's keys; modula and jump
+//! renumber the survivors and move most keys; random has nothing to move.
 //!
 //! A twemproxy quirk that decides modula placement: while checking for duplicates,
 //! nutcracker sorts each pool's servers by identity (shorter identity first, then
@@ -56,40 +62,72 @@ impl ServerIdentity {
 pub struct Placement {
     hash: HashFn,
     hash_tag: Option<[u8; 2]>,
+    /// Servers placed over (the live ones for [`Placement::with_live`]).
     servers: usize,
+    /// Config index of the first server placed over (0 when there is none): the answer
+    /// whenever there is at most one, which skips hashing as twemproxy does.
+    first: usize,
     kind: Kind,
 }
 
-#[derive(Debug, Clone)]
+/// Every server index stored here is a config-order index, so a placement over a live
+/// subset answers in the same numbering as one over the whole pool.
+#[derive(Debug, Clone, PartialEq)]
 enum Kind {
     /// ketama and ring: (point, server index), sorted by point; ties keep insertion order.
     Continuum(Vec<(u32, u32)>),
     /// modula: each server repeated `weight` times, in twemproxy's server order.
     Slots(Vec<u32>),
-    /// random: a uniformly random server (twemproxy 0.5.0 ignores weights here).
-    Random,
-    /// jump consistent hash over xxh3_64 of the key; the pool's `hash` and the servers'
-    /// weights are not used (jump needs a 64-bit key and has no notion of weight).
-    Jump,
+    /// random: a uniformly random member (twemproxy 0.5.0 ignores weights here).
+    Random(Vec<u32>),
+    /// jump consistent hash over xxh3_64 of the key, bucket `b` being `members[b]`; the
+    /// pool's `hash` and the servers' weights are not used (jump needs a 64-bit key and has
+    /// no notion of weight).
+    Jump(Vec<u32>),
 }
 
 impl Placement {
     /// Builds the placement for all of the pool's servers.
     ///
-    /// An empty pool gives a placement whose `server_count()` is 0; callers must not ask
-    /// it for a server (`RouteTable::build` rejects empty pools).
+    /// An empty pool (a DNS pool before its first lookup) gives a placement whose
+    /// `server_count()` is 0 and whose `server_for` answers 0: callers check the count
+    /// before using the answer as an index.
     pub fn new(pool: &PoolConfig) -> Placement {
+        let members: Vec<usize> = (0..pool.servers.len()).collect();
+        Placement::over(pool, &members)
+    }
+
+    /// Placement over the servers of `pool` whose `live[i]` is true, answering indices in
+    /// the pool's config order. Weights, names and hash are those of the pool; ketama and
+    /// modula are rebuilt from the live servers exactly as nutcracker does on ejection.
+    /// A server without an entry in `live` (a stale vector after the pool grew) counts as
+    /// live: leaving a server in is the safe mistake. With no live server, this behaves like
+    /// an empty pool (see [`Placement::new`]).
+    pub fn with_live(pool: &PoolConfig, live: &[bool]) -> Placement {
+        let members: Vec<usize> = (0..pool.servers.len())
+            .filter(|&i| live.get(i).copied().unwrap_or(true))
+            .collect();
+        Placement::over(pool, &members)
+    }
+
+    /// `members`: config indices of the servers to place over, ascending.
+    fn over(pool: &PoolConfig, members: &[usize]) -> Placement {
+        let servers = &pool.servers;
+        let as_u32 = || members.iter().map(|&i| i as u32).collect::<Vec<u32>>();
         let kind = match pool.distribution {
-            DistributionName::Ketama => Kind::Continuum(ketama_continuum(&pool.servers)),
-            DistributionName::Ring => Kind::Continuum(ring_continuum(&pool.servers, pool.vnodes)),
-            DistributionName::Modula => Kind::Slots(modula_slots(&pool.servers)),
-            DistributionName::Random => Kind::Random,
-            DistributionName::Jump => Kind::Jump,
+            DistributionName::Ketama => Kind::Continuum(ketama_continuum(servers, members)),
+            DistributionName::Ring => {
+                Kind::Continuum(ring_continuum(servers, members, pool.vnodes))
+            }
+            DistributionName::Modula => Kind::Slots(modula_slots(servers, members)),
+            DistributionName::Random => Kind::Random(as_u32()),
+            DistributionName::Jump => Kind::Jump(as_u32()),
         };
         Placement {
             hash: HashFn(pool.hash),
             hash_tag: pool.hash_tag,
-            servers: pool.servers.len(),
+            servers: members.len(),
+            first: members.first().copied().unwrap_or(0),
             kind,
         }
     }
@@ -100,7 +138,7 @@ impl Placement {
         // twemproxy skips hashing altogether for a single server; so do we (and an empty
         // pool answers 0 rather than panicking on a modulo by zero).
         if self.servers <= 1 {
-            return 0;
+            return self.first;
         }
         let part = hash_key_part(key, self.hash_tag);
         match &self.kind {
@@ -116,11 +154,17 @@ impl Placement {
                 server as usize
             }
             Kind::Slots(slots) => slots[(self.key_hash(part) as usize) % slots.len()] as usize,
-            Kind::Random => rand::thread_rng().gen_range(0..self.servers),
-            Kind::Jump => jump_hash(xxhash_rust::xxh3::xxh3_64(part), self.servers),
+            Kind::Random(members) => {
+                members[rand::thread_rng().gen_range(0..members.len())] as usize
+            }
+            Kind::Jump(members) => {
+                members[jump_hash(xxhash_rust::xxh3::xxh3_64(part), members.len())] as usize
+            }
         }
     }
 
+    /// How many servers this placement chooses among: the pool's size for
+    /// [`Placement::new`], the live servers for [`Placement::with_live`].
     pub fn server_count(&self) -> usize {
         self.servers
     }
@@ -149,14 +193,13 @@ pub fn ketama_points(weight: u32, total_weight: u32, live_servers: u32) -> u32 {
     (nudged.floor() * 4.0) as u32
 }
 
-/// Config-order indices and identities of `servers`, in the order nutcracker keeps them:
-/// sorted by identity length, then bytes (its `string_compare`). Stable, so duplicate
-/// identities (which nutcracker would reject) keep config order.
-fn twemproxy_order(servers: &[ServerConfig]) -> Vec<(usize, ServerIdentity)> {
-    let mut order: Vec<(usize, ServerIdentity)> = servers
+/// Config-order indices and identities of the `members` of `servers`, in the order
+/// nutcracker keeps them: sorted by identity length, then bytes (its `string_compare`).
+/// Stable, so duplicate identities (which nutcracker would reject) keep config order.
+fn twemproxy_order(servers: &[ServerConfig], members: &[usize]) -> Vec<(usize, ServerIdentity)> {
+    let mut order: Vec<(usize, ServerIdentity)> = members
         .iter()
-        .enumerate()
-        .map(|(i, s)| (i, ServerIdentity::of(s)))
+        .map(|&i| (i, ServerIdentity::of(&servers[i])))
         .collect();
     order.sort_by(|(_, a), (_, b)| {
         a.0.len()
@@ -172,16 +215,19 @@ fn twemproxy_order(servers: &[ServerConfig]) -> Vec<(usize, ServerIdentity)> {
 /// Known difference: nutcracker formats `id-k` into an 86-byte buffer but hashes the
 /// untruncated length, reading past the buffer for identities longer than about 80
 /// bytes; that undefined behaviour is not reproduced (we hash the whole label).
-fn ketama_continuum(servers: &[ServerConfig]) -> Vec<(u32, u32)> {
-    let total_weight: u32 = servers.iter().map(|s| s.weight).sum();
+///
+/// Only `members` take part, and the point counts use their total weight and number, as
+/// nutcracker's `ketama_update` does with its live servers.
+fn ketama_continuum(servers: &[ServerConfig], members: &[usize]) -> Vec<(u32, u32)> {
+    let total_weight: u32 = members.iter().map(|&i| servers[i].weight).sum();
     if total_weight == 0 {
         return Vec::new();
     }
-    let live = servers.len() as u32;
-    let mut points = Vec::with_capacity(servers.len() * 160);
+    let live = members.len() as u32;
+    let mut points = Vec::with_capacity(members.len() * 160);
     let mut label = String::new();
     // Insertion order only matters for equal points (see the sort below).
-    for (index, identity) in twemproxy_order(servers) {
+    for (index, identity) in twemproxy_order(servers, members) {
         let server = &servers[index];
         let digests = ketama_points(server.weight, total_weight, live) / KETAMA_POINTS_PER_HASH;
         for k in 0..digests {
@@ -213,11 +259,13 @@ fn md5_digest(bytes: &[u8]) -> [u8; 16] {
 /// reordering the list does not move keys.
 /// Keys are hashed with the pool's `hash` (use `xxh3` for the intended ring), and looked
 /// up exactly like ketama: first point >= hash, wrapping.
-fn ring_continuum(servers: &[ServerConfig], vnodes: u32) -> Vec<(u32, u32)> {
+/// A server's points do not depend on the other members, so losing one moves only its keys.
+fn ring_continuum(servers: &[ServerConfig], members: &[usize], vnodes: u32) -> Vec<(u32, u32)> {
     let vnodes = vnodes.max(1);
     let mut points = Vec::new();
     let mut label = String::new();
-    for (index, server) in servers.iter().enumerate() {
+    for &index in members {
+        let server = &servers[index];
         let identity = ServerIdentity::of(server);
         let count = vnodes.saturating_mul(server.weight.max(1));
         for i in 0..count {
@@ -235,9 +283,9 @@ fn ring_continuum(servers: &[ServerConfig], vnodes: u32) -> Vec<(u32, u32)> {
 
 /// twemproxy's modula continuum: every server repeated `weight` times, in twemproxy's
 /// server order (see [`twemproxy_order`]).
-fn modula_slots(servers: &[ServerConfig]) -> Vec<u32> {
+fn modula_slots(servers: &[ServerConfig], members: &[usize]) -> Vec<u32> {
     let mut slots = Vec::new();
-    for (index, _) in twemproxy_order(servers) {
+    for (index, _) in twemproxy_order(servers, members) {
         for _ in 0..servers[index].weight {
             slots.push(index as u32);
         }
@@ -381,7 +429,8 @@ mod tests {
             s("10.0.0.3:11211", Some("b-long-name")),
             s("10.0.0.10:11211", None),
         ];
-        let order: Vec<usize> = twemproxy_order(&servers)
+        let all: Vec<usize> = (0..servers.len()).collect();
+        let order: Vec<usize> = twemproxy_order(&servers, &all)
             .into_iter()
             .map(|(i, _)| i)
             .collect();
@@ -492,5 +541,109 @@ mod tests {
             seen[placement.server_for(b"same-key")] = true;
         }
         assert_eq!(seen, [true; 4]);
+    }
+
+    #[test]
+    fn with_live_over_every_server_equals_new() {
+        let ks = keys(2_000);
+        for d in DistributionName::ALL {
+            for n in [0, 1, 2, 3, 7, 25] {
+                let mut p = pool(n, d, HashName::Fnv1a_64);
+                if n > 2 {
+                    p.servers[2].weight = 3;
+                    p.servers[0].name = Some("named-0".into());
+                }
+                let all = Placement::new(&p);
+                let live = Placement::with_live(&p, &vec![true; n]);
+                assert_eq!(all.kind, live.kind, "{d:?} n={n}");
+                assert_eq!(all.server_count(), live.server_count());
+                assert_eq!(all.first, live.first);
+                if d != DistributionName::Random {
+                    for k in &ks {
+                        assert_eq!(all.server_for(k), live.server_for(k), "{d:?} n={n}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ketama_and_ring_move_only_the_dead_servers_keys() {
+        let ks = keys(20_000);
+        for d in [DistributionName::Ketama, DistributionName::Ring] {
+            let n = 10;
+            let p = pool(n, d, HashName::Fnv1a_64);
+            let all = Placement::new(&p);
+            let dead = 4;
+            let mut live = vec![true; n];
+            live[dead] = false;
+            let without = Placement::with_live(&p, &live);
+            assert_eq!(without.server_count(), n - 1);
+            let mut moved = 0;
+            for k in &ks {
+                let (before, after) = (all.server_for(k), without.server_for(k));
+                assert_ne!(after, dead, "{d:?}: a dead server got a key");
+                if before == dead {
+                    moved += 1;
+                } else {
+                    assert_eq!(before, after, "{d:?}: a live server's key moved");
+                }
+            }
+            // The dead server held about a tenth of the keys; they all went elsewhere.
+            assert!(moved > ks.len() / 20, "{d:?} moved {moved}");
+        }
+    }
+
+    #[test]
+    fn with_live_answers_config_indices_and_never_a_dead_server() {
+        let ks = keys(2_000);
+        for d in DistributionName::ALL {
+            let p = pool(6, d, HashName::Fnv1a_64);
+            let live = [false, true, false, true, true, false];
+            let placement = Placement::with_live(&p, &live);
+            assert_eq!(placement.server_count(), 3);
+            let mut seen = [false; 6];
+            for k in &ks {
+                let s = placement.server_for(k);
+                assert!(live[s], "{d:?} chose dead server {s}");
+                seen[s] = true;
+            }
+            assert_eq!(seen, live, "{d:?} left a live server unused");
+        }
+    }
+
+    #[test]
+    fn with_live_edge_cases() {
+        let p = pool(3, DistributionName::Ketama, HashName::Fnv1a_64);
+        // One live server: it gets everything, whatever its index.
+        let one = Placement::with_live(&p, &[false, false, true]);
+        assert_eq!(one.server_count(), 1);
+        assert_eq!(one.server_for(b"k"), 2);
+        // None live: an empty pool, which answers 0 without panicking.
+        let none = Placement::with_live(&p, &[false, false, false]);
+        assert_eq!(none.server_count(), 0);
+        assert_eq!(none.server_for(b"k"), 0);
+        // A short (stale) vector: servers without an entry count as live.
+        let short = Placement::with_live(&p, &[false]);
+        assert_eq!(short.server_count(), 2);
+        assert_ne!(short.server_for(b"k"), 0);
+        // An empty pool (DNS before its first answer) does not panic either.
+        for d in DistributionName::ALL {
+            let empty = Placement::new(&pool(0, d, HashName::Fnv1a_64));
+            assert_eq!(empty.server_count(), 0);
+            assert_eq!(empty.server_for(b"k"), 0);
+        }
+    }
+
+    #[test]
+    fn ketama_with_live_uses_live_weights_like_nutcracker() {
+        // nutcracker recomputes points from the live servers' total weight and count:
+        // 9 equal live servers get 160 points each, as a pool of 9 would.
+        let p = pool(10, DistributionName::Ketama, HashName::Fnv1a_64);
+        let mut live = vec![true; 10];
+        live[9] = false;
+        let without = Placement::with_live(&p, &live);
+        let nine = Placement::new(&pool(9, DistributionName::Ketama, HashName::Fnv1a_64));
+        assert_eq!(without.kind, nine.kind);
     }
 }

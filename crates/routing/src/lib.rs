@@ -1,8 +1,20 @@
-//! memroute-routing: where does a key go. Sans-I/O.
+//! memroute-routing: where does a request go. Sans-I/O: no sockets, no clocks, no tokio.
 //!
 //! ```text
-//!   key --RouteTable::pool_for(key)--> pool index --Placement::server_for(key)--> server index
-//!                                               (hash_tag -> hash fn -> distribution)
+//!   Request --operation_of--> Operation (meta commands as their classic equivalent)
+//!
+//!   RouteTable (built per config load; an arena of Nodes rooted at proxy.route)
+//!     select(root, operation, key): follow Prefix / Operation nodes
+//!       |-- Pool(id) ................ fast path (simple_pool): one pool, one server
+//!       '-- Shadow / Replicated / Failover / WarmUp / Random / Null / Error
+//!             executed by the proxy, which calls select again from each child it uses,
+//!             helped by KeyRange::contains_key (shadow keys), write_decision (replicated
+//!             writes) and classify_reply (failover, warm-up, replicated reads)
+//!
+//!   pool id --placements[id].server_for(key)--> server index (config order)
+//!              (hash_tag -> hash fn -> distribution)
+//!   Placement::new(pool) over every server; Placement::with_live(pool, live) over the
+//!   live ones when the pool ejects down servers (built by the proxy on health changes)
 //! ```
 //!
 //! Placement for `ketama`, `modula` and `random` is byte-compatible with
@@ -12,9 +24,13 @@
 mod distribution;
 mod error;
 pub mod hash;
+mod operation;
+mod policy;
 mod route;
 
 pub use distribution::{Placement, ServerIdentity};
 pub use error::RoutingError;
 pub use hash::{hash_key_part, HashFn};
-pub use route::RouteTable;
+pub use operation::operation_of;
+pub use policy::{classify_reply, write_decision, ReplyClass, WriteDecision};
+pub use route::{KeyRange, Node, NodeId, RouteTable};

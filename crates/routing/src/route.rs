@@ -1,18 +1,174 @@
-//! The route table: from a key to a pool.
+//! The route tree: from (operation, key) to a pool, or to a route node the proxy executes.
 //!
-//! Routes refer to pools or to other routes by name. At build time every name is resolved
-//! into a small tree of [`Node`]s whose leaves are pool ids, so a lookup is a walk over
-//! a few prefix comparisons with no name lookups and no allocation:
+//! Routes refer to pools or to other routes by name. [`RouteTable::build`] resolves every
+//! name once into an arena of [`Node`]s (a route used from two places is one node, so the
+//! tree is really a DAG), with a node per pool as well. Lookups are walks over node ids:
+//! no name lookups and no allocation.
 //!
 //! ```text
 //!   proxy.route = "by_prefix"
-//!   by_prefix: prefix { "session:" -> Pool(sessions), "feed:" -> prefix{..}, default -> Pool(main) }
+//!   by_prefix: Prefix { "feed:" -> feed_shadowed, default -> by_op }
+//!   by_op:     Operation { delete -> Pool(main), flush_all -> Pool(main), * -> Pool(main_ro) }
+//!   feed_shadowed: Shadow { primary -> Pool(feed), shadow -> Pool(feed_new), keys in [0, 0.1) }
+//!
+//!   select(root, op, key) follows Prefix and Operation nodes and stops at the first other
+//!   node: a Pool (the fast path, see simple_pool) or a policy node the proxy executes,
+//!   calling select again from each child it decides to use.
 //! ```
 //!
-//! Unknown names and cycles are build errors; a config that fails here is never swapped in.
-use memroute_config::{Config, RouteConfig};
+//! Every child is resolved before its parent is pushed, so a child's id is always smaller
+//! than its parent's: walks cannot loop, whatever a future change to `select` does.
+//! Unknown names, cycles and pools without servers are build errors; a config that fails
+//! here is never swapped in.
+use std::collections::HashMap;
+
+use memroute_config::{
+    Config, FailoverOn, Operation, ReadPolicy, RouteConfig, ShadowSelect, WritePolicy,
+};
 
 use crate::{Placement, RoutingError};
+
+/// Index of a [`Node`] in its [`RouteTable`]. Pool `i`'s node is `i`.
+pub type NodeId = u32;
+
+/// One resolved route. Targets are node ids of the same table.
+#[derive(Debug, Clone)]
+pub enum Node {
+    /// A pool, by pool id (index into `RouteTable::pool_names` and `placements`).
+    Pool(usize),
+    /// Prefixes sorted longest first, so the first match is the longest match.
+    Prefix {
+        prefixes: Vec<(Vec<u8>, NodeId)>,
+        default: NodeId,
+    },
+    /// Indexed by [`Operation::index`]; operations the config did not name hold the default.
+    Operation {
+        table: [NodeId; Operation::COUNT],
+    },
+    /// The client is answered by `primary`; keys in `range` are also sent to `shadow`.
+    Shadow {
+        primary: NodeId,
+        shadow: NodeId,
+        range: KeyRange,
+        max_in_flight: usize,
+        /// Index into `RouteTable::shadow_names` (one per shadow route, for metrics and
+        /// per-route in-flight counters).
+        shadow_index: usize,
+    },
+    Replicated {
+        children: Vec<NodeId>,
+        writes: WritePolicy,
+        reads: ReadPolicy,
+    },
+    Failover {
+        children: Vec<NodeId>,
+        on: FailoverOn,
+    },
+    WarmUp {
+        cold: NodeId,
+        warm: NodeId,
+        ttl: u32,
+    },
+    Random {
+        children: Vec<NodeId>,
+    },
+    Null,
+    Error {
+        message: String,
+    },
+}
+
+impl Node {
+    /// The node's direct targets, in config order (allocates: for building and tooling,
+    /// not for the request path).
+    pub fn children(&self) -> Vec<NodeId> {
+        match self {
+            Node::Pool(_) | Node::Null | Node::Error { .. } => Vec::new(),
+            Node::Prefix { prefixes, default } => prefixes
+                .iter()
+                .map(|&(_, target)| target)
+                .chain(std::iter::once(*default))
+                .collect(),
+            Node::Operation { table } => table.to_vec(),
+            Node::Shadow {
+                primary, shadow, ..
+            } => vec![*primary, *shadow],
+            Node::Replicated { children, .. }
+            | Node::Failover { children, .. }
+            | Node::Random { children } => children.clone(),
+            Node::WarmUp { cold, warm, .. } => vec![*cold, *warm],
+        }
+    }
+
+    /// Pool, Prefix and Operation nodes only pick where a request goes; every other kind
+    /// needs the proxy's general executor.
+    fn is_plain(&self) -> bool {
+        matches!(
+            self,
+            Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
+        )
+    }
+}
+
+/// A sub-range of the 64-bit space of `xxh3_64(key)`, chosen by a shadow route.
+///
+/// `start` is inclusive and `end` exclusive, except that `end == u64::MAX` stands for the
+/// end of the space and includes `u64::MAX` itself (so `[0, 1]` selects every key, and
+/// `[0, 0]` none). A config fraction `f` maps to `f * 2^64`, so shares are exact to
+/// about 2^-53.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl KeyRange {
+    /// Every key.
+    pub const ALL: KeyRange = KeyRange {
+        start: 0,
+        end: u64::MAX,
+    };
+
+    /// `Fraction(f)` is `[0, f)`, `KeyRange(a, b)` is `[a, b)`; 1.0 (or more) is the top
+    /// of the space, inclusive. Out-of-range and NaN bounds are clamped (validation rejects
+    /// them; this only keeps the arithmetic total).
+    pub fn from_select(select: ShadowSelect) -> KeyRange {
+        match select {
+            ShadowSelect::Fraction(f) => KeyRange {
+                start: 0,
+                end: point_of(f),
+            },
+            ShadowSelect::KeyRange(a, b) => KeyRange {
+                start: point_of(a),
+                end: point_of(b),
+            },
+        }
+    }
+
+    /// Whether a key hash falls in the range.
+    #[inline]
+    pub fn contains(&self, hash: u64) -> bool {
+        hash >= self.start && (hash < self.end || self.end == u64::MAX)
+    }
+
+    /// Whether `key` (its xxh3_64, independent of any pool's hash) falls in the range.
+    #[inline]
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        self.contains(xxhash_rust::xxh3::xxh3_64(key))
+    }
+}
+
+/// `f` in [0, 1] as a point of the 64-bit space; 1.0 is `u64::MAX` (the inclusive top).
+fn point_of(f: f64) -> u64 {
+    if f.is_nan() || f <= 0.0 {
+        0
+    } else if f >= 1.0 {
+        u64::MAX
+    } else {
+        // Exact: f < 1 has at most 53 significant bits, so f * 2^64 < 2^64 - 2^10.
+        (f * 18_446_744_073_709_551_616.0) as u64
+    }
+}
 
 /// Built once per config (re)load and shared read-only by every worker.
 #[derive(Debug, Clone)]
@@ -20,72 +176,119 @@ pub struct RouteTable {
     /// Pool names, index = pool id. Same order as `Config::pools` (sorted by name).
     pub pool_names: Vec<String>,
     pub placements: Vec<Placement>,
-    /// The resolved route tree, rooted at `proxy.route`.
-    root: Node,
-}
-
-/// A resolved route.
-#[derive(Debug, Clone)]
-enum Node {
-    Pool(usize),
-    /// Prefixes sorted longest first, so the first match is the longest match.
-    Prefix {
-        prefixes: Vec<(Vec<u8>, Node)>,
-        default: Box<Node>,
-    },
+    /// The route name of each shadow node, by its `shadow_index`.
+    pub shadow_names: Vec<String>,
+    /// The arena; pools first (node `i` is pool `i`), then routes, children before parents.
+    nodes: Vec<Node>,
+    /// The pool or route name of each node.
+    node_names: Vec<String>,
+    /// The node of `proxy.route`.
+    root: NodeId,
+    /// No node beyond Pool/Prefix/Operation is reachable from the root.
+    simple: bool,
 }
 
 impl RouteTable {
+    /// Resolves `config.proxy.route` and everything it refers to, and builds every pool's
+    /// placement. A pool without servers is an error unless it is found by DNS (it may
+    /// start empty; its placement then has no servers).
     pub fn build(config: &Config) -> Result<RouteTable, RoutingError> {
         let mut pool_names = Vec::with_capacity(config.pools.len());
         let mut placements = Vec::with_capacity(config.pools.len());
-        for (name, pool) in &config.pools {
-            if pool.servers.is_empty() {
+        let mut nodes = Vec::with_capacity(config.pools.len() + config.routes.len());
+        let mut node_names = Vec::with_capacity(nodes.capacity());
+        for (id, (name, pool)) in config.pools.iter().enumerate() {
+            if pool.servers.is_empty() && pool.discovery.is_none() {
                 return Err(RoutingError::EmptyPool(name.clone()));
             }
             pool_names.push(name.clone());
             placements.push(Placement::new(pool));
+            nodes.push(Node::Pool(id));
+            node_names.push(name.clone());
         }
         let mut resolver = Resolver {
             config,
             pool_names: &pool_names,
+            nodes,
+            node_names,
+            shadow_names: Vec::new(),
+            resolved: HashMap::new(),
             path: Vec::new(),
         };
         let root = resolver.resolve(&config.proxy.route)?;
+        let Resolver {
+            nodes,
+            node_names,
+            shadow_names,
+            ..
+        } = resolver;
+        let simple = only_plain_nodes_reachable(&nodes, root);
         Ok(RouteTable {
             pool_names,
             placements,
+            shadow_names,
+            nodes,
+            node_names,
             root,
+            simple,
         })
     }
 
-    /// The pool id that serves `key`.
+    /// The node of `proxy.route`.
     #[inline]
-    pub fn pool_for(&self, key: &[u8]) -> usize {
-        let mut node = &self.root;
+    pub fn root(&self) -> NodeId {
+        self.root
+    }
+
+    /// The node `id` (an id handed out by this table; others panic).
+    #[inline]
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+
+    /// The pool or route name the node was built from.
+    pub fn node_name(&self, id: NodeId) -> &str {
+        &self.node_names[id as usize]
+    }
+
+    /// How many nodes the table holds (ids are `0..node_count()`).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Follows Prefix and Operation nodes from `from` to the first node of another kind.
+    #[inline]
+    pub fn select(&self, from: NodeId, operation: Operation, key: &[u8]) -> NodeId {
+        let mut id = from;
         loop {
-            match node {
-                Node::Pool(id) => return *id,
+            match &self.nodes[id as usize] {
                 Node::Prefix { prefixes, default } => {
-                    node = prefixes
+                    id = prefixes
                         .iter()
                         .find(|(prefix, _)| key.starts_with(prefix))
-                        .map_or(&**default, |(_, target)| target);
+                        .map_or(*default, |&(_, target)| target);
                 }
+                Node::Operation { table } => id = table[operation.index()],
+                _ => return id,
             }
         }
     }
 
-    /// The pool that keyless commands (flush_all) go to: the root's pool, or the root
-    /// route's default, followed down to a pool.
-    pub fn default_pool(&self) -> usize {
-        let mut node = &self.root;
-        loop {
-            match node {
-                Node::Pool(id) => return *id,
-                Node::Prefix { default, .. } => node = default,
-            }
+    /// The fast path: `Some(pool id)` when the walk from the root for (operation, key)
+    /// reaches a pool through Prefix/Operation nodes only.
+    #[inline]
+    pub fn simple_pool(&self, operation: Operation, key: &[u8]) -> Option<usize> {
+        match self.nodes[self.select(self.root, operation, key) as usize] {
+            Node::Pool(pool) => Some(pool),
+            _ => None,
         }
+    }
+
+    /// True when no node other than Pool/Prefix/Operation is reachable from the root (then
+    /// the proxy never needs the general executor).
+    #[inline]
+    pub fn is_simple(&self) -> bool {
+        self.simple
     }
 
     /// The id of the pool called `name`, if there is one.
@@ -95,28 +298,94 @@ impl RouteTable {
             .ok()
     }
 
-    /// Pool id and server index (in the pool's config order) that own `key`.
-    #[inline]
-    pub fn server_for(&self, key: &[u8]) -> (usize, usize) {
-        let pool = self.pool_for(key);
-        (pool, self.placements[pool].server_for(key))
+    /// Transitional (the proxy before route execution): the pool a `get` of `key` reaches,
+    /// taking the primary path through policy nodes (shadow's primary, the first child,
+    /// warm-up's cold). 0 when that path ends in a Null or Error route. Use `select`.
+    pub fn pool_for(&self, key: &[u8]) -> usize {
+        self.primary_pool(
+            self.select(self.root, Operation::Get, key),
+            Operation::Get,
+            key,
+        )
+        .unwrap_or(0)
+    }
+
+    /// Transitional: the pool keyless commands (flush_all) went to before route execution:
+    /// defaults of prefix routes, the `flush_all` entry of operation routes, then the
+    /// primary path as in [`RouteTable::pool_for`].
+    pub fn default_pool(&self) -> usize {
+        let mut id = self.root;
+        loop {
+            match &self.nodes[id as usize] {
+                Node::Prefix { default, .. } => id = *default,
+                Node::Operation { table } => id = table[Operation::FlushAll.index()],
+                _ => return self.primary_pool(id, Operation::FlushAll, b"").unwrap_or(0),
+            }
+        }
+    }
+
+    /// The pool reached from `from` by always taking a policy node's primary child.
+    fn primary_pool(&self, from: NodeId, operation: Operation, key: &[u8]) -> Option<usize> {
+        let mut id = from;
+        loop {
+            id = match &self.nodes[self.select(id, operation, key) as usize] {
+                Node::Pool(pool) => return Some(*pool),
+                Node::Shadow { primary, .. } => *primary,
+                Node::WarmUp { cold, .. } => *cold,
+                Node::Replicated { children, .. }
+                | Node::Failover { children, .. }
+                | Node::Random { children } => *children.first()?,
+                Node::Null | Node::Error { .. } => return None,
+                // select never stops at these.
+                Node::Prefix { .. } | Node::Operation { .. } => return None,
+            };
+        }
     }
 }
 
+/// Depth-first from `root`; the arena is acyclic, and `seen` keeps shared nodes from
+/// being walked twice.
+fn only_plain_nodes_reachable(nodes: &[Node], root: NodeId) -> bool {
+    let mut seen = vec![false; nodes.len()];
+    let mut stack = vec![root];
+    while let Some(id) = stack.pop() {
+        let Some(node) = nodes.get(id as usize) else {
+            continue;
+        };
+        if std::mem::replace(&mut seen[id as usize], true) {
+            continue;
+        }
+        if !node.is_plain() {
+            return false;
+        }
+        stack.extend(node.children());
+    }
+    true
+}
+
 /// Resolves names into nodes, remembering the chain of routes being resolved so a route
-/// that (directly or not) refers to itself is reported instead of recursing forever.
+/// that (directly or not) refers to itself is reported instead of recursing forever, and
+/// the routes already resolved so a route used twice becomes one node.
 struct Resolver<'a> {
     config: &'a Config,
     pool_names: &'a [String],
+    nodes: Vec<Node>,
+    node_names: Vec<String>,
+    shadow_names: Vec<String>,
+    resolved: HashMap<&'a str, NodeId>,
     path: Vec<&'a str>,
 }
 
 impl<'a> Resolver<'a> {
     /// A name is a pool if a pool has it, else a route; config validation keeps the two
     /// namespaces apart.
-    fn resolve(&mut self, name: &'a str) -> Result<Node, RoutingError> {
-        if let Ok(id) = self.pool_names.binary_search_by(|n| n.as_str().cmp(name)) {
-            return Ok(Node::Pool(id));
+    fn resolve(&mut self, name: &'a str) -> Result<NodeId, RoutingError> {
+        if let Ok(pool) = self.pool_names.binary_search_by(|n| n.as_str().cmp(name)) {
+            // Pool nodes were pushed first, in pool order.
+            return Ok(pool as NodeId);
+        }
+        if let Some(&id) = self.resolved.get(name) {
+            return Ok(id);
         }
         let Some(route) = self.config.routes.get(name) else {
             return Err(RoutingError::UnknownTarget(name.to_string()));
@@ -125,7 +394,33 @@ impl<'a> Resolver<'a> {
             return Err(RoutingError::Cycle(name.to_string()));
         }
         self.path.push(name);
-        let node = match route {
+        let node = self.route_node(name, route)?;
+        self.path.pop();
+        let id = self.nodes.len() as NodeId;
+        self.nodes.push(node);
+        self.node_names.push(name.to_string());
+        self.resolved.insert(name, id);
+        Ok(id)
+    }
+
+    fn resolve_all(&mut self, names: &'a [String]) -> Result<Vec<NodeId>, RoutingError> {
+        names.iter().map(|n| self.resolve(n)).collect()
+    }
+
+    /// Children that must not be empty: a route with none could answer nothing.
+    fn resolve_children(
+        &mut self,
+        route: &str,
+        names: &'a [String],
+    ) -> Result<Vec<NodeId>, RoutingError> {
+        if names.is_empty() {
+            return Err(RoutingError::NoChildren(route.to_string()));
+        }
+        self.resolve_all(names)
+    }
+
+    fn route_node(&mut self, name: &'a str, route: &'a RouteConfig) -> Result<Node, RoutingError> {
+        Ok(match route {
             RouteConfig::Prefix { prefixes, default } => {
                 let mut resolved = Vec::with_capacity(prefixes.len());
                 for (prefix, target) in prefixes {
@@ -136,34 +431,83 @@ impl<'a> Resolver<'a> {
                 resolved.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
                 Node::Prefix {
                     prefixes: resolved,
-                    default: Box::new(self.resolve(default)?),
+                    default: self.resolve(default)?,
                 }
             }
-            // TODO(issue 3): the other route types (routing helper).
-            _ => return Err(RoutingError::UnknownTarget(name.to_string())),
-        };
-        self.path.pop();
-        Ok(node)
+            RouteConfig::Operation {
+                operations,
+                default,
+            } => {
+                let mut table = [self.resolve(default)?; Operation::COUNT];
+                for (operation, target) in operations {
+                    table[operation.index()] = self.resolve(target)?;
+                }
+                Node::Operation { table }
+            }
+            RouteConfig::Shadow {
+                primary,
+                shadow,
+                select,
+                max_in_flight,
+            } => {
+                let primary = self.resolve(primary)?;
+                let shadow = self.resolve(shadow)?;
+                let shadow_index = self.shadow_names.len();
+                self.shadow_names.push(name.to_string());
+                Node::Shadow {
+                    primary,
+                    shadow,
+                    range: KeyRange::from_select(*select),
+                    max_in_flight: *max_in_flight,
+                    shadow_index,
+                }
+            }
+            RouteConfig::Replicated {
+                children,
+                writes,
+                reads,
+            } => Node::Replicated {
+                children: self.resolve_children(name, children)?,
+                writes: *writes,
+                reads: *reads,
+            },
+            RouteConfig::Failover { children, on } => Node::Failover {
+                children: self.resolve_children(name, children)?,
+                on: *on,
+            },
+            RouteConfig::WarmUp { cold, warm, ttl } => Node::WarmUp {
+                cold: self.resolve(cold)?,
+                warm: self.resolve(warm)?,
+                ttl: *ttl,
+            },
+            RouteConfig::Random { children } => Node::Random {
+                children: self.resolve_children(name, children)?,
+            },
+            RouteConfig::Null => Node::Null,
+            RouteConfig::Error { message } => Node::Error {
+                message: message.clone(),
+            },
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memroute_config::{DistributionName, HashName, PoolConfig, ProxyConfig, ServerConfig};
+    use memroute_config::{DnsDiscovery, PoolConfig, ProxyConfig, ServerConfig};
     use std::collections::BTreeMap;
+    use std::time::Duration;
 
     fn pool(port: u16) -> PoolConfig {
-        PoolConfig {
-            servers: vec![ServerConfig {
-                address: format!("127.0.0.1:{port}"),
-                weight: 1,
-                name: None,
-            }],
-            distribution: DistributionName::Ketama,
-            hash: HashName::Fnv1a_64,
-            ..PoolConfig::new(Vec::new())
-        }
+        PoolConfig::new(vec![ServerConfig {
+            address: format!("127.0.0.1:{port}"),
+            weight: 1,
+            name: None,
+        }])
+    }
+
+    fn names(targets: &[&str]) -> Vec<String> {
+        targets.iter().map(|t| t.to_string()).collect()
     }
 
     fn prefix(prefixes: &[(&str, &str)], default: &str) -> RouteConfig {
@@ -176,6 +520,34 @@ mod tests {
         }
     }
 
+    fn by_operation(operations: &[(Operation, &str)], default: &str) -> RouteConfig {
+        RouteConfig::Operation {
+            operations: operations
+                .iter()
+                .map(|(o, t)| (*o, t.to_string()))
+                .collect(),
+            default: default.to_string(),
+        }
+    }
+
+    fn shadow(primary: &str, shadow: &str, fraction: f64) -> RouteConfig {
+        RouteConfig::Shadow {
+            primary: primary.to_string(),
+            shadow: shadow.to_string(),
+            select: ShadowSelect::Fraction(fraction),
+            max_in_flight: 1000,
+        }
+    }
+
+    fn replicated(children: &[&str]) -> RouteConfig {
+        RouteConfig::Replicated {
+            children: names(children),
+            writes: WritePolicy::AllMajority,
+            reads: ReadPolicy::Failover,
+        }
+    }
+
+    /// Pools `feed`, `main`, `sessions` (ids 0, 1, 2) and the given routes.
     fn config(root: &str, routes: Vec<(&str, RouteConfig)>) -> Config {
         let pools: BTreeMap<String, PoolConfig> = [("main", 1), ("sessions", 2), ("feed", 3)]
             .iter()
@@ -191,7 +563,7 @@ mod tests {
                 max_line_size: 1 << 16,
                 max_client_pending: 1024,
                 max_connections: 0,
-                shutdown_timeout: std::time::Duration::from_secs(10),
+                shutdown_timeout: Duration::from_secs(10),
             },
             admin: None,
             discovery: Default::default(),
@@ -203,19 +575,33 @@ mod tests {
         }
     }
 
+    fn build(root: &str, routes: Vec<(&str, RouteConfig)>) -> RouteTable {
+        RouteTable::build(&config(root, routes)).expect("valid config")
+    }
+
+    /// The node id of a pool (pool `i` is node `i`).
+    fn pool_node(table: &RouteTable, name: &str) -> NodeId {
+        table.pool_index(name).expect("pool") as NodeId
+    }
+
     #[test]
     fn pool_ids_follow_sorted_pool_names() {
-        let table = RouteTable::build(&config("main", vec![])).expect("valid");
+        let table = build("main", vec![]);
         assert_eq!(table.pool_names, ["feed", "main", "sessions"]);
         assert_eq!(table.pool_index("main"), Some(1));
         assert_eq!(table.pool_index("nope"), None);
+        assert_eq!(table.root(), 1);
+        assert!(matches!(table.node(table.root()), Node::Pool(1)));
+        assert_eq!(table.node_name(table.root()), "main");
+        assert_eq!(table.simple_pool(Operation::Set, b"anything"), Some(1));
+        assert!(table.is_simple());
         assert_eq!(table.pool_for(b"anything"), 1);
         assert_eq!(table.default_pool(), 1);
     }
 
     #[test]
     fn longest_prefix_wins_and_default_catches_the_rest() {
-        let cfg = config(
+        let table = build(
             "root",
             vec![(
                 "root",
@@ -225,69 +611,367 @@ mod tests {
                 ),
             )],
         );
-        let table = RouteTable::build(&cfg).expect("valid");
-        let id = |n: &str| table.pool_index(n).expect("pool");
-        assert_eq!(table.pool_for(b"session:1"), id("sessions"));
-        assert_eq!(table.pool_for(b"sess1"), id("main"));
-        assert_eq!(table.pool_for(b"s1"), id("feed"));
-        assert_eq!(table.pool_for(b"other"), id("main"));
-        assert_eq!(table.default_pool(), id("main"));
+        let id = |n: &str| table.pool_index(n);
+        let get = |key: &[u8]| table.simple_pool(Operation::Get, key);
+        assert_eq!(get(b"session:1"), id("sessions"));
+        assert_eq!(get(b"sess1"), id("main"));
+        assert_eq!(get(b"s1"), id("feed"));
+        assert_eq!(get(b"other"), id("main"));
+        assert_eq!(table.node_name(table.root()), "root");
+        let Node::Prefix { prefixes, .. } = table.node(table.root()) else {
+            panic!("not a prefix node");
+        };
+        let lengths: Vec<usize> = prefixes.iter().map(|(p, _)| p.len()).collect();
+        assert_eq!(lengths, [8, 4, 1]);
+        assert!(table.is_simple());
     }
 
     #[test]
-    fn routes_nest_and_default_follows_down_to_a_pool() {
-        let cfg = config(
+    fn operation_routes_use_the_default_for_unnamed_operations() {
+        let table = build(
+            "ops",
+            vec![(
+                "ops",
+                by_operation(
+                    &[
+                        (Operation::Delete, "sessions"),
+                        (Operation::FlushAll, "feed"),
+                    ],
+                    "main",
+                ),
+            )],
+        );
+        let Node::Operation { table: ops } = table.node(table.root()) else {
+            panic!("not an operation node");
+        };
+        for operation in Operation::ALL {
+            let expected = match operation {
+                Operation::Delete => pool_node(&table, "sessions"),
+                Operation::FlushAll => pool_node(&table, "feed"),
+                _ => pool_node(&table, "main"),
+            };
+            assert_eq!(ops[operation.index()], expected, "{operation:?}");
+            assert_eq!(
+                table.simple_pool(operation, b"k"),
+                Some(expected as usize),
+                "{operation:?}"
+            );
+        }
+        assert!(table.is_simple());
+        assert_eq!(
+            table.default_pool(),
+            table.pool_index("feed").expect("pool")
+        );
+    }
+
+    #[test]
+    fn select_walks_nested_prefix_and_operation_routes() {
+        let table = build(
             "root",
             vec![
                 ("root", prefix(&[("feed:", "feeds")], "inner")),
                 ("feeds", prefix(&[], "feed")),
-                ("inner", prefix(&[("session:", "sessions")], "main")),
+                ("inner", prefix(&[("session:", "session_ops")], "main")),
+                (
+                    "session_ops",
+                    by_operation(&[(Operation::Get, "sessions")], "by_key"),
+                ),
+                ("by_key", prefix(&[("session:x", "feed")], "main")),
             ],
         );
-        let table = RouteTable::build(&cfg).expect("valid");
-        let id = |n: &str| table.pool_index(n).expect("pool");
-        assert_eq!(table.pool_for(b"feed:9"), id("feed"));
-        assert_eq!(table.pool_for(b"session:9"), id("sessions"));
-        assert_eq!(table.pool_for(b"x"), id("main"));
-        assert_eq!(table.default_pool(), id("main"));
-        assert_eq!(table.server_for(b"feed:9"), (id("feed"), 0));
+        let id = |n: &str| table.pool_index(n);
+        let root = table.root();
+        let pool_of = |node: NodeId| match table.node(node) {
+            Node::Pool(p) => Some(*p),
+            _ => None,
+        };
+        assert_eq!(
+            pool_of(table.select(root, Operation::Get, b"feed:9")),
+            id("feed")
+        );
+        assert_eq!(
+            pool_of(table.select(root, Operation::Get, b"x")),
+            id("main")
+        );
+        assert_eq!(
+            pool_of(table.select(root, Operation::Get, b"session:x1")),
+            id("sessions")
+        );
+        // A set of the same key falls through the operation route to `by_key`.
+        assert_eq!(
+            pool_of(table.select(root, Operation::Set, b"session:x1")),
+            id("feed")
+        );
+        assert_eq!(
+            pool_of(table.select(root, Operation::Set, b"session:y")),
+            id("main")
+        );
+        // select from an inner node works the same, and a pool node selects itself.
+        let main = pool_node(&table, "main");
+        assert_eq!(table.select(main, Operation::Get, b"feed:1"), main);
+        assert!(table.is_simple());
     }
 
     #[test]
-    fn unknown_targets_and_cycles_are_errors() {
-        let unknown = config("root", vec![("root", prefix(&[("a:", "missing")], "main"))]);
+    fn shadow_nodes_are_built_and_stop_the_fast_path() {
+        let table = build(
+            "root",
+            vec![
+                ("root", prefix(&[("feed:", "feed_shadowed")], "main")),
+                ("feed_shadowed", shadow("feed", "sessions", 0.25)),
+            ],
+        );
+        assert!(!table.is_simple());
+        assert_eq!(table.simple_pool(Operation::Get, b"feed:1"), None);
         assert_eq!(
-            RouteTable::build(&unknown).err(),
+            table.simple_pool(Operation::Get, b"other"),
+            table.pool_index("main")
+        );
+        let node = table.select(table.root(), Operation::Get, b"feed:1");
+        assert_eq!(table.node_name(node), "feed_shadowed");
+        let Node::Shadow {
+            primary,
+            shadow,
+            range,
+            max_in_flight,
+            shadow_index,
+        } = table.node(node)
+        else {
+            panic!("not a shadow node");
+        };
+        assert_eq!(*primary, pool_node(&table, "feed"));
+        assert_eq!(*shadow, pool_node(&table, "sessions"));
+        assert_eq!(*range, KeyRange::from_select(ShadowSelect::Fraction(0.25)));
+        assert_eq!(range.end, 1 << 62);
+        assert_eq!(*max_in_flight, 1000);
+        assert_eq!(table.shadow_names[*shadow_index], "feed_shadowed");
+        // Transitional wrappers follow the primary.
+        assert_eq!(
+            table.pool_for(b"feed:1"),
+            table.pool_index("feed").expect("pool")
+        );
+    }
+
+    #[test]
+    fn every_policy_node_is_built_from_its_config() {
+        let table = build(
+            "root",
+            vec![
+                (
+                    "root",
+                    prefix(
+                        &[
+                            ("r:", "rep"),
+                            ("f:", "fail"),
+                            ("w:", "warm"),
+                            ("x:", "rand"),
+                            ("n:", "null"),
+                            ("e:", "err"),
+                        ],
+                        "main",
+                    ),
+                ),
+                ("rep", replicated(&["main", "sessions", "feed"])),
+                (
+                    "fail",
+                    RouteConfig::Failover {
+                        children: names(&["sessions", "rep"]),
+                        on: FailoverOn::ErrorOrMiss,
+                    },
+                ),
+                (
+                    "warm",
+                    RouteConfig::WarmUp {
+                        cold: "sessions".into(),
+                        warm: "main".into(),
+                        ttl: 60,
+                    },
+                ),
+                (
+                    "rand",
+                    RouteConfig::Random {
+                        children: names(&["feed", "main"]),
+                    },
+                ),
+                ("null", RouteConfig::Null),
+                (
+                    "err",
+                    RouteConfig::Error {
+                        message: "gone".into(),
+                    },
+                ),
+            ],
+        );
+        let p = |n: &str| pool_node(&table, n);
+        let at = |key: &[u8]| {
+            let id = table.select(table.root(), Operation::Get, key);
+            (table.node_name(id).to_string(), table.node(id).clone())
+        };
+        let rep_id = table.select(table.root(), Operation::Get, b"r:1");
+
+        let (name, node) = at(b"r:1");
+        assert_eq!(name, "rep");
+        let Node::Replicated {
+            children,
+            writes,
+            reads,
+        } = node
+        else {
+            panic!("not replicated");
+        };
+        assert_eq!(children, [p("main"), p("sessions"), p("feed")]);
+        assert_eq!(
+            (writes, reads),
+            (WritePolicy::AllMajority, ReadPolicy::Failover)
+        );
+
+        let (name, node) = at(b"f:1");
+        assert_eq!(name, "fail");
+        let Node::Failover { children, on } = node else {
+            panic!("not failover");
+        };
+        // A route used twice is one node.
+        assert_eq!(children, [p("sessions"), rep_id]);
+        assert_eq!(on, FailoverOn::ErrorOrMiss);
+
+        let (name, node) = at(b"w:1");
+        assert_eq!(name, "warm");
+        let Node::WarmUp { cold, warm, ttl } = node else {
+            panic!("not warm-up");
+        };
+        assert_eq!((cold, warm, ttl), (p("sessions"), p("main"), 60));
+
+        let (name, node) = at(b"x:1");
+        assert_eq!(name, "rand");
+        let Node::Random { children } = node else {
+            panic!("not random");
+        };
+        assert_eq!(children, [p("feed"), p("main")]);
+
+        assert!(matches!(at(b"n:1"), (name, Node::Null) if name == "null"));
+        assert!(
+            matches!(at(b"e:1"), (name, Node::Error { message }) if name == "err" && message == "gone")
+        );
+
+        for key in [&b"r:1"[..], b"f:1", b"w:1", b"x:1", b"n:1", b"e:1"] {
+            assert_eq!(table.simple_pool(Operation::Set, key), None);
+        }
+        assert!(!table.is_simple());
+        assert!(table.shadow_names.is_empty());
+        // Every child id is smaller than its parent's (the walk-termination invariant).
+        for id in 0..table.node_count() as NodeId {
+            for child in table.node(id).children() {
+                assert!(child < id, "{} -> {}", table.node_name(id), child);
+            }
+        }
+        // Transitional wrappers: primary paths, and 0 when they end in null/error.
+        assert_eq!(
+            table.pool_for(b"w:1"),
+            table.pool_index("sessions").expect("pool")
+        );
+        assert_eq!(
+            table.pool_for(b"f:1"),
+            table.pool_index("sessions").expect("pool")
+        );
+        assert_eq!(table.pool_for(b"n:1"), 0);
+    }
+
+    #[test]
+    fn is_simple_looks_only_at_what_the_root_reaches() {
+        // A shadow route that exists but is not reachable does not matter.
+        let table = build(
+            "root",
+            vec![
+                ("root", prefix(&[("a:", "main")], "sessions")),
+                ("unused", shadow("main", "feed", 1.0)),
+            ],
+        );
+        assert!(table.is_simple());
+        // One reachable only through an operation entry does.
+        let table = build(
+            "root",
+            vec![
+                ("root", by_operation(&[(Operation::Touch, "null")], "main")),
+                ("null", RouteConfig::Null),
+            ],
+        );
+        assert!(!table.is_simple());
+        assert_eq!(
+            table.simple_pool(Operation::Get, b"k"),
+            table.pool_index("main")
+        );
+        assert_eq!(table.simple_pool(Operation::Touch, b"k"), None);
+        // And a policy node as the root.
+        let table = build("rep", vec![("rep", replicated(&["main", "feed"]))]);
+        assert!(!table.is_simple());
+        assert_eq!(table.simple_pool(Operation::Get, b"k"), None);
+    }
+
+    #[test]
+    fn unknown_targets_cycles_and_empty_routes_are_errors() {
+        let err = |root: &str, routes| RouteTable::build(&config(root, routes)).err();
+        assert_eq!(
+            err("root", vec![("root", prefix(&[("a:", "missing")], "main"))]),
             Some(RoutingError::UnknownTarget("missing".into()))
         );
         assert_eq!(
-            RouteTable::build(&config("nowhere", vec![])).err(),
+            err("nowhere", vec![]),
             Some(RoutingError::UnknownTarget("nowhere".into()))
         );
-        let cycle = config(
-            "a",
-            vec![
-                ("a", prefix(&[("x", "b")], "main")),
-                ("b", prefix(&[], "a")),
-            ],
-        );
         assert_eq!(
-            RouteTable::build(&cycle).err(),
+            err(
+                "a",
+                vec![
+                    ("a", prefix(&[("x", "b")], "main")),
+                    ("b", prefix(&[], "a")),
+                ]
+            ),
             Some(RoutingError::Cycle("a".into()))
         );
-        // The same route used twice without a cycle is fine.
-        let diamond = config(
+        // Cycles through every kind of target are found, not recursed into.
+        assert_eq!(
+            err("a", vec![("a", replicated(&["main", "a"]))]),
+            Some(RoutingError::Cycle("a".into()))
+        );
+        assert_eq!(
+            err(
+                "a",
+                vec![
+                    ("a", by_operation(&[(Operation::Get, "b")], "main")),
+                    ("b", shadow("main", "c", 0.5)),
+                    (
+                        "c",
+                        RouteConfig::WarmUp {
+                            cold: "main".into(),
+                            warm: "b".into(),
+                            ttl: 0
+                        }
+                    ),
+                ]
+            ),
+            Some(RoutingError::Cycle("b".into()))
+        );
+        assert_eq!(
+            err("r", vec![("r", RouteConfig::Random { children: vec![] })]),
+            Some(RoutingError::NoChildren("r".into()))
+        );
+        assert_eq!(
+            err("r", vec![("r", replicated(&[]))]),
+            Some(RoutingError::NoChildren("r".into()))
+        );
+        // The same route used twice without a cycle is fine, and is one node.
+        let table = build(
             "a",
             vec![
                 ("a", prefix(&[("x", "b"), ("y", "b")], "b")),
                 ("b", prefix(&[], "main")),
             ],
         );
-        assert!(RouteTable::build(&diamond).is_ok());
+        assert_eq!(table.node_count(), 3 + 2);
     }
 
     #[test]
-    fn empty_pools_are_errors() {
+    fn empty_pools_are_errors_unless_found_by_dns() {
         let mut cfg = config("main", vec![]);
         if let Some(p) = cfg.pools.get_mut("feed") {
             p.servers.clear();
@@ -296,5 +980,108 @@ mod tests {
             RouteTable::build(&cfg).err(),
             Some(RoutingError::EmptyPool("feed".into()))
         );
+        if let Some(p) = cfg.pools.get_mut("feed") {
+            p.discovery = Some(DnsDiscovery {
+                host: "memcached.example".into(),
+                port: 11211,
+                refresh: Duration::from_secs(5),
+            });
+        }
+        cfg.proxy.route = "feed".into();
+        let table = RouteTable::build(&cfg).expect("a DNS pool may start empty");
+        let feed = table.pool_index("feed").expect("pool");
+        assert_eq!(table.placements[feed].server_count(), 0);
+        assert_eq!(table.simple_pool(Operation::Get, b"k"), Some(feed));
+        assert_eq!(table.placements[feed].server_for(b"k"), 0);
+    }
+
+    #[test]
+    fn key_range_fraction_is_accurate() {
+        let keys: Vec<Vec<u8>> = (0..100_000)
+            .map(|i| format!("user:{i}:profile").into_bytes())
+            .collect();
+        let share = |range: KeyRange| {
+            keys.iter().filter(|k| range.contains_key(k)).count() as f64 / keys.len() as f64
+        };
+        let tenth = KeyRange::from_select(ShadowSelect::Fraction(0.1));
+        assert!((share(tenth) - 0.1).abs() < 0.01, "{}", share(tenth));
+        let band = KeyRange::from_select(ShadowSelect::KeyRange(0.3, 0.5));
+        assert!((share(band) - 0.2).abs() < 0.01, "{}", share(band));
+        // Adjacent ranges do not overlap: [0, 0.3) and [0.3, 0.5) share no key.
+        let below = KeyRange::from_select(ShadowSelect::Fraction(0.3));
+        assert!(keys
+            .iter()
+            .all(|k| !(below.contains_key(k) && band.contains_key(k))));
+        assert_eq!(
+            share(KeyRange::from_select(ShadowSelect::KeyRange(0.0, 1.0))),
+            1.0
+        );
+        assert_eq!(
+            share(KeyRange::from_select(ShadowSelect::Fraction(1.0))),
+            1.0
+        );
+        assert_eq!(
+            share(KeyRange::from_select(ShadowSelect::KeyRange(0.0, 0.0))),
+            0.0
+        );
+        assert_eq!(
+            share(KeyRange::from_select(ShadowSelect::Fraction(0.0))),
+            0.0
+        );
+    }
+
+    #[test]
+    fn key_range_edges() {
+        let all = KeyRange::from_select(ShadowSelect::KeyRange(0.0, 1.0));
+        assert_eq!(all, KeyRange::ALL);
+        assert!(all.contains(0) && all.contains(u64::MAX));
+        let none = KeyRange::from_select(ShadowSelect::Fraction(0.0));
+        assert!(!none.contains(0) && !none.contains(u64::MAX));
+        let half = KeyRange::from_select(ShadowSelect::Fraction(0.5));
+        assert_eq!(half.end, 1 << 63);
+        assert!(half.contains((1 << 63) - 1) && !half.contains(1 << 63));
+        let top = KeyRange::from_select(ShadowSelect::KeyRange(0.5, 1.0));
+        assert!(top.contains(1 << 63) && top.contains(u64::MAX) && !top.contains(0));
+        // Nonsense bounds clamp instead of wrapping.
+        let clamped = KeyRange::from_select(ShadowSelect::KeyRange(f64::NAN, 7.0));
+        assert_eq!(clamped, KeyRange::ALL);
+        assert_eq!(KeyRange::from_select(ShadowSelect::Fraction(-1.0)).end, 0);
+    }
+
+    /// A micro check of the fast path (no timing): many keys through a nested tree agree
+    /// with a naive walk that compares every prefix and picks the longest.
+    #[test]
+    fn fast_path_agrees_with_a_naive_walk() {
+        let table = build(
+            "root",
+            vec![
+                (
+                    "root",
+                    prefix(&[("a", "ab"), ("abc", "feed"), ("z", "sessions")], "main"),
+                ),
+                ("ab", by_operation(&[(Operation::Set, "sessions")], "feed")),
+            ],
+        );
+        let naive = |operation: Operation, key: &[u8]| -> &str {
+            let longest = [("abc", "feed"), ("a", "ab"), ("z", "sessions")]
+                .into_iter()
+                .filter(|(p, _)| key.starts_with(p.as_bytes()))
+                .max_by_key(|(p, _)| p.len())
+                .map_or("main", |(_, t)| t);
+            match (longest, operation) {
+                ("ab", Operation::Set) => "sessions",
+                ("ab", _) => "feed",
+                (other, _) => other,
+            }
+        };
+        let alphabet = b"abcz:";
+        for i in 0..100_000usize {
+            let key: Vec<u8> = (0..1 + i % 5)
+                .map(|d| alphabet[(i / 5usize.pow(d as u32)) % alphabet.len()])
+                .collect();
+            let operation = Operation::ALL[i % Operation::COUNT];
+            let pool = table.simple_pool(operation, &key).expect("simple tree");
+            assert_eq!(table.pool_names[pool], naive(operation, &key), "{key:?}");
+        }
     }
 }
