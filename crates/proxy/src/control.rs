@@ -303,7 +303,7 @@ impl Controller {
             })
             .collect();
         let mut shadows = lock(&self.shadow_stats);
-        let shadow_stats = routes
+        let shadow_stats: Vec<Arc<ShadowStats>> = routes
             .shadow_names
             .iter()
             .map(|name| shadows.entry(name.clone()).or_default().clone())
