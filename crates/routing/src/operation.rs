@@ -33,6 +33,9 @@ pub fn operation_of(request: &Request) -> Operation {
         Command::MetaGet | Command::MetaDebug => Operation::Get,
         Command::MetaDelete => Operation::Delete,
         // `ms <key> <datalen> <flags>*`: the flags start after the length.
+        // A compare-and-swap (`C<cas>` flag) counts as `cas` whatever its mode: like `cas`,
+        // it must never be repeated on another server.
+        Command::MetaSet if meta_flag(request, 1, b'C') => Operation::Cas,
         Command::MetaSet => match meta_mode(request, 1) {
             Some(b'E' | b'e') => Operation::Add,
             Some(b'A' | b'a') => Operation::Append,
@@ -55,6 +58,25 @@ pub fn operation_of(request: &Request) -> Operation {
     }
 }
 
+/// Whether a meta command line carries the flag `flag`, skipping `skip` words after the key.
+fn meta_flag(request: &Request, skip: usize, flag: u8) -> bool {
+    meta_words(request, skip).any(|word| word.first() == Some(&flag))
+}
+
+/// The words of a meta command line after its key, skipping `skip` of them.
+fn meta_words(request: &Request, skip: usize) -> impl Iterator<Item = &[u8]> {
+    let line = request
+        .keys
+        .first()
+        .and_then(|key| request.frame.get(key.end..request.line_len))
+        .unwrap_or_default();
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    line.split(|&b| b == b' ')
+        .filter(|word| !word.is_empty())
+        .skip(skip)
+}
+
 /// The byte after `M` in the first mode flag of a meta command line, skipping `skip`
 /// words after the key before the flags begin. `None` without a mode flag.
 fn meta_mode(request: &Request, skip: usize) -> Option<u8> {
@@ -74,6 +96,13 @@ mod tests {
     use super::*;
     use bytes::BytesMut;
     use memroute_protocol::{parse_request, Limits, Parse};
+
+    #[test]
+    fn meta_set_with_a_cas_flag_is_a_cas() {
+        assert_eq!(operation("ms k 2 C99\r\nhi\r\n"), Operation::Cas);
+        assert_eq!(operation("ms k 2 MA C99\r\nhi\r\n"), Operation::Cas);
+        assert_eq!(operation("ms k 2 T0\r\nhi\r\n"), Operation::Set);
+    }
 
     fn operation(line: &str) -> Operation {
         let mut buf = BytesMut::from(line.as_bytes());
