@@ -1035,10 +1035,10 @@ fn get_bool(t: &Table, key: &str, path: &str, default: bool, errs: &mut Errors) 
 
 /// A number in [0, 1]: a float, or the integer 0 or 1.
 fn check_unit_number(v: &Value, path: &str, errs: &mut Errors) -> Option<f64> {
-    let (x, shown) = match v {
-        Value::Float(f) => (*f, f.to_string()),
+    let x = match v {
+        Value::Float(f) => *f,
         // i64 -> f64 is exact for every integer this range check lets through.
-        Value::Integer(n) => (*n as f64, n.to_string()),
+        Value::Integer(n) => *n as f64,
         other => {
             wrong_type(errs, path, "a number between 0 and 1", other);
             return None;
@@ -1048,7 +1048,8 @@ fn check_unit_number(v: &Value, path: &str, errs: &mut Errors) -> Option<f64> {
     if (0.0..=1.0).contains(&x) {
         Some(x)
     } else {
-        errs.push(path, format!("must be between 0 and 1 (found {shown})"));
+        // Shown as written in TOML (`nan`, `inf`), not as Rust prints it.
+        errs.push(path, format!("must be between 0 and 1 (found {v})"));
         None
     }
 }
@@ -1443,13 +1444,7 @@ fn check_key_range(v: &Value, path: &str, errs: &mut Errors) -> Option<(f64, f64
         return None;
     };
     let [a, b] = items.as_slice() else {
-        errs.push(
-            path,
-            format!(
-                "expected two numbers [a, b] (found {} elements)",
-                items.len()
-            ),
-        );
+        errs.push(path, format!("must be two numbers [a, b] (found {})", v));
         return None;
     };
     let a = check_unit_number(a, &format!("{path}[0]"), errs);
