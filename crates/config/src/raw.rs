@@ -19,8 +19,9 @@ use std::time::Duration;
 use toml::{Table, Value};
 
 use crate::checked::{
-    AdminConfig, Config, DistributionName, HashName, ListenAddress, PoolConfig, ProxyConfig,
-    RouteConfig, ServerConfig,
+    AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, FailoverOn, HashName,
+    ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig, ServerConfig,
+    ShadowSelect, WritePolicy,
 };
 use crate::{ConfigError, ConfigErrors};
 
@@ -73,11 +74,61 @@ const POOL_KEYS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "max_keys_per_request",
+    "failure_limit",
+    "eject",
+    "max_ejected_fraction",
+    "probe_interval",
+    "probe_interval_max",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
-const ROUTE_TYPES: &[&str] = &["prefix"];
+const DNS_KEYS: &[&str] = &["dns", "refresh"];
+const DISCOVERY_KEYS: &[&str] = &["hosts_file"];
+const ROUTE_TYPES: &[&str] = &[
+    "prefix",
+    "operation",
+    "shadow",
+    "replicated",
+    "failover",
+    "warm-up",
+    "random",
+    "null",
+    "error",
+];
 const PREFIX_ROUTE_KEYS: &[&str] = &["type", "prefixes", "default"];
-const TOP_KEYS: &[&str] = &["proxy", "admin", "pools", "routes"];
+const SHADOW_ROUTE_KEYS: &[&str] = &[
+    "type",
+    "primary",
+    "shadow",
+    "fraction",
+    "key_range",
+    "max_in_flight",
+];
+const REPLICATED_ROUTE_KEYS: &[&str] = &["type", "children", "writes", "reads"];
+const FAILOVER_ROUTE_KEYS: &[&str] = &["type", "children", "on"];
+const WARM_UP_ROUTE_KEYS: &[&str] = &["type", "cold", "warm", "ttl"];
+const RANDOM_ROUTE_KEYS: &[&str] = &["type", "children"];
+const NULL_ROUTE_KEYS: &[&str] = &["type"];
+const ERROR_ROUTE_KEYS: &[&str] = &["type", "message"];
+const WRITE_POLICIES: &[(&str, WritePolicy)] = &[
+    ("all-sync", WritePolicy::AllSync),
+    ("all-async", WritePolicy::AllAsync),
+    ("all-initial", WritePolicy::AllInitial),
+    ("all-majority", WritePolicy::AllMajority),
+];
+const READ_POLICIES: &[(&str, ReadPolicy)] = &[
+    ("first", ReadPolicy::First),
+    ("failover", ReadPolicy::Failover),
+    ("random", ReadPolicy::Random),
+    ("fastest", ReadPolicy::Fastest),
+];
+const FAILOVER_ON: &[(&str, FailoverOn)] = &[
+    ("error", FailoverOn::Error),
+    ("error-or-miss", FailoverOn::ErrorOrMiss),
+];
+/// memcached reads an exptime above 30 days as an absolute unix time, so a larger
+/// warm-up `ttl` would fill items that are already expired.
+const MAX_RELATIVE_EXPTIME_SECS: u64 = 30 * 24 * 3600;
+const TOP_KEYS: &[&str] = &["proxy", "admin", "pools", "routes", "discovery"];
 
 /// The config as written: a TOML table that has passed the syntax check only.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -359,6 +410,9 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     let proxy_table = get_table(top, "proxy", "", errs).unwrap_or(&empty);
     let mut proxy = check_proxy(proxy_table, errs);
     let admin = get_table(top, "admin", "", errs).map(|t| check_admin(t, errs));
+    let discovery = get_table(top, "discovery", "", errs)
+        .map(|t| check_discovery(t, errs))
+        .unwrap_or_default();
 
     let mut pools = BTreeMap::new();
     match top.get("pools") {
@@ -456,7 +510,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
         admin,
         pools,
         routes,
-        discovery: Default::default(),
+        discovery,
     }
 }
 
@@ -471,8 +525,38 @@ fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, String)> {
             edges.push((join(path, "default"), default.clone()));
             edges
         }
-        // TODO(issue 3): edges of the other route types (config helper).
-        _ => Vec::new(),
+        RouteConfig::Operation {
+            operations,
+            default,
+        } => {
+            let mut edges: Vec<(String, String)> = operations
+                .iter()
+                .map(|(op, t)| (join(path, op.as_str()), t.clone()))
+                .collect();
+            edges.push((join(path, "default"), default.clone()));
+            edges
+        }
+        RouteConfig::Shadow {
+            primary, shadow, ..
+        } => vec![
+            (join(path, "primary"), primary.clone()),
+            (join(path, "shadow"), shadow.clone()),
+        ],
+        RouteConfig::Replicated { children, .. }
+        | RouteConfig::Failover { children, .. }
+        | RouteConfig::Random { children } => {
+            let cpath = join(path, "children");
+            children
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("{cpath}[{i}]"), c.clone()))
+                .collect()
+        }
+        RouteConfig::WarmUp { cold, warm, .. } => vec![
+            (join(path, "cold"), cold.clone()),
+            (join(path, "warm"), warm.clone()),
+        ],
+        RouteConfig::Null | RouteConfig::Error { .. } => Vec::new(),
     }
 }
 
@@ -719,11 +803,29 @@ fn check_admin(t: &Table, errs: &mut Errors) -> AdminConfig {
     AdminConfig { listen }
 }
 
+fn check_discovery(t: &Table, errs: &mut Errors) -> DiscoveryConfig {
+    let path = "discovery";
+    check_keys(t, path, DISCOVERY_KEYS, errs);
+    let hosts_file = get_str(t, "hosts_file", path, errs).and_then(|s| {
+        if s.is_empty() {
+            errs.push(&join(path, "hosts_file"), "must not be empty");
+            None
+        } else {
+            Some(PathBuf::from(s))
+        }
+    });
+    DiscoveryConfig { hosts_file }
+}
+
 fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
     let before = errs.0.len();
     check_keys(t, path, POOL_KEYS, errs);
 
-    let servers = check_servers(t.get("servers"), &join(path, "servers"), errs);
+    let servers_path = join(path, "servers");
+    let (servers, discovery) = match t.get("servers") {
+        Some(Value::Table(dns)) => (Vec::new(), check_dns(dns, &servers_path, errs)),
+        other => (check_servers(other, &servers_path, errs), None),
+    };
 
     let distribution = match get_str(t, "distribution", path, errs) {
         None => DistributionName::Ketama,
@@ -783,15 +885,51 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
     let timeout = get_duration(t, "timeout", path, default_timeout, errs);
     let connect_timeout = get_duration(t, "connect_timeout", path, timeout, errs);
 
+    let failure_limit: u32 = get_int(
+        t,
+        "failure_limit",
+        path,
+        1,
+        u64::from(u32::MAX),
+        defaults::FAILURE_LIMIT,
+        errs,
+    );
+    let eject = get_bool(t, "eject", path, false, errs);
+    let max_ejected_fraction = t
+        .get("max_ejected_fraction")
+        .and_then(|v| check_unit_number(v, &join(path, "max_ejected_fraction"), errs))
+        .unwrap_or(defaults::MAX_EJECTED_FRACTION);
+    let probe_interval = get_duration(
+        t,
+        "probe_interval",
+        path,
+        Duration::from_millis(defaults::PROBE_INTERVAL_MS),
+        errs,
+    );
+    // Unset, the ceiling is 30s or the first interval if that is longer, so raising
+    // only `probe_interval` is never an error.
+    let probe_interval_max = match t.get("probe_interval_max") {
+        None => probe_interval.max(Duration::from_millis(defaults::PROBE_INTERVAL_MAX_MS)),
+        Some(_) => {
+            let max = get_duration(t, "probe_interval_max", path, probe_interval, errs);
+            if max < probe_interval {
+                errs.push(
+                    &join(path, "probe_interval_max"),
+                    format!("must be at least probe_interval (found {max:?} < {probe_interval:?})"),
+                );
+            }
+            max
+        }
+    };
+
     (errs.0.len() == before).then_some(PoolConfig {
         servers,
-        // TODO(issue 3): parsed by the config helper.
-        discovery: None,
-        failure_limit: defaults::FAILURE_LIMIT,
-        eject: false,
-        max_ejected_fraction: defaults::MAX_EJECTED_FRACTION,
-        probe_interval: Duration::from_millis(defaults::PROBE_INTERVAL_MS),
-        probe_interval_max: Duration::from_millis(defaults::PROBE_INTERVAL_MAX_MS),
+        discovery,
+        failure_limit,
+        eject,
+        max_ejected_fraction,
+        probe_interval,
+        probe_interval_max,
         distribution,
         hash,
         hash_tag,
@@ -825,20 +963,116 @@ fn get_duration(
     }
 }
 
+const NO_SERVERS: &str = "a pool needs at least one server (or servers = { dns = ... })";
+
+/// `servers = { dns = "name:port", refresh = "5s" }`.
+fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
+    let before = errs.0.len();
+    check_keys(t, path, DNS_KEYS, errs);
+    let dns_path = join(path, "dns");
+    let host_port = match get_str(t, "dns", path, errs) {
+        Some(spec) => match split_dns_spec(spec) {
+            Ok(hp) => Some(hp),
+            Err(m) => {
+                errs.push(&dns_path, m);
+                None
+            }
+        },
+        None => {
+            if !t.contains_key("dns") {
+                errs.push(
+                    &dns_path,
+                    "required (the name to resolve, as \"name:port\")",
+                );
+            }
+            None
+        }
+    };
+    let refresh = get_duration(
+        t,
+        "refresh",
+        path,
+        Duration::from_millis(defaults::DNS_REFRESH_MS),
+        errs,
+    );
+    let (host, port) = host_port?;
+    (errs.0.len() == before).then_some(DnsDiscovery {
+        host,
+        port,
+        refresh,
+    })
+}
+
+/// Splits `name:port` for DNS discovery: a non-empty name and a port 1-65535.
+fn split_dns_spec(spec: &str) -> Result<(String, u16), String> {
+    let bad = || {
+        format!("invalid DNS name \"{spec}\" (expected \"name:port\", e.g. \"memcached.cache.svc:11211\")")
+    };
+    let (host, port) = spec.rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty()
+        || host
+            .chars()
+            .any(|c| c.is_whitespace() || c == '/' || c == ':' || c == '[' || c == ']')
+    {
+        return Err(bad());
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err(bad()),
+        Ok(port) => Ok((host.to_string(), port)),
+    }
+}
+
+fn get_bool(t: &Table, key: &str, path: &str, default: bool, errs: &mut Errors) -> bool {
+    match t.get(key) {
+        None => default,
+        Some(Value::Boolean(b)) => *b,
+        Some(other) => {
+            wrong_type(errs, &join(path, key), "true or false", other);
+            default
+        }
+    }
+}
+
+/// A number in [0, 1]: a float, or the integer 0 or 1.
+fn check_unit_number(v: &Value, path: &str, errs: &mut Errors) -> Option<f64> {
+    let x = match v {
+        Value::Float(f) => *f,
+        // i64 -> f64 is exact for every integer this range check lets through.
+        Value::Integer(n) => *n as f64,
+        other => {
+            wrong_type(errs, path, "a number between 0 and 1", other);
+            return None;
+        }
+    };
+    // `contains` is false for NaN, which TOML can spell as `nan`.
+    if (0.0..=1.0).contains(&x) {
+        Some(x)
+    } else {
+        // Shown as written in TOML (`nan`, `inf`), not as Rust prints it.
+        errs.push(path, format!("must be between 0 and 1 (found {v})"));
+        None
+    }
+}
+
 fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<ServerConfig> {
     let items = match v {
         None => {
-            errs.push(path, "a pool needs at least one server");
+            errs.push(path, NO_SERVERS);
             return Vec::new();
         }
         Some(Value::Array(items)) => items,
         Some(other) => {
-            wrong_type(errs, path, "an array of servers", other);
+            wrong_type(
+                errs,
+                path,
+                "an array of servers or a table { dns = \"name:port\" }",
+                other,
+            );
             return Vec::new();
         }
     };
     if items.is_empty() {
-        errs.push(path, "a pool needs at least one server");
+        errs.push(path, NO_SERVERS);
     }
     let mut servers: Vec<ServerConfig> = Vec::new();
     // Where each address and name was first seen, to name the duplicate's twin.
@@ -1002,49 +1236,60 @@ fn check_route(t: &Table, path: &str, errs: &mut Errors) -> Option<RouteConfig> 
             return None;
         }
     };
-    match kind {
-        "prefix" => {
-            check_keys(t, path, PREFIX_ROUTE_KEYS, errs);
-            let ppath = join(path, "prefixes");
-            let mut prefixes = Vec::new();
-            match t.get("prefixes") {
-                None => errs.push(&ppath, "a prefix route needs at least one prefix"),
-                Some(Value::Table(pt)) => {
-                    if pt.is_empty() {
-                        errs.push(&ppath, "a prefix route needs at least one prefix");
-                    }
-                    for (prefix, target) in pt {
-                        let kp = join(&ppath, prefix);
-                        if prefix.is_empty() {
-                            errs.push(
-                                &kp,
-                                "a prefix must not be empty (use `default` for other keys)",
-                            );
-                        }
-                        match target {
-                            Value::String(s) => prefixes.push((prefix.clone(), s.clone())),
-                            other => wrong_type(errs, &kp, "a target name (string)", other),
-                        }
-                    }
-                }
-                Some(other) => wrong_type(errs, &ppath, "a table of prefix = target", other),
+    let route = match kind {
+        "prefix" => check_prefix_route(t, path, errs),
+        "operation" => check_operation_route(t, path, errs),
+        "shadow" => check_shadow_route(t, path, errs),
+        "replicated" => {
+            check_keys(t, path, REPLICATED_ROUTE_KEYS, errs);
+            RouteConfig::Replicated {
+                children: get_children(t, path, errs),
+                writes: get_choice(
+                    t,
+                    "writes",
+                    path,
+                    WRITE_POLICIES,
+                    WritePolicy::AllSync,
+                    errs,
+                ),
+                reads: get_choice(t, "reads", path, READ_POLICIES, ReadPolicy::Failover, errs),
             }
-            // Longest prefix first, so the first match is the most specific one;
-            // ties (impossible for distinct keys of equal length to both match) by name.
-            prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-            let default = match get_str(t, "default", path, errs) {
-                Some(d) => d.to_string(),
-                None => {
-                    if !t.contains_key("default") {
+        }
+        "failover" => {
+            check_keys(t, path, FAILOVER_ROUTE_KEYS, errs);
+            RouteConfig::Failover {
+                children: get_children(t, path, errs),
+                on: get_choice(t, "on", path, FAILOVER_ON, FailoverOn::Error, errs),
+            }
+        }
+        "warm-up" => check_warm_up_route(t, path, errs),
+        "random" => {
+            check_keys(t, path, RANDOM_ROUTE_KEYS, errs);
+            RouteConfig::Random {
+                children: get_children(t, path, errs),
+            }
+        }
+        "null" => {
+            check_keys(t, path, NULL_ROUTE_KEYS, errs);
+            RouteConfig::Null
+        }
+        "error" => {
+            check_keys(t, path, ERROR_ROUTE_KEYS, errs);
+            let message = match get_str(t, "message", path, errs) {
+                None => defaults::ERROR_ROUTE_MESSAGE.to_string(),
+                Some(m) => {
+                    // The message is written into a reply line; a line break would
+                    // end the reply early and desynchronise the client.
+                    if m.is_empty() || m.contains(['\r', '\n']) {
                         errs.push(
-                            &join(path, "default"),
-                            "required (the target for keys no prefix matches)",
+                            &join(path, "message"),
+                            "must be non-empty and on one line (no \\r or \\n)",
                         );
                     }
-                    String::new()
+                    m.to_string()
                 }
             };
-            (errs.0.len() == before).then_some(RouteConfig::Prefix { prefixes, default })
+            RouteConfig::Error { message }
         }
         other => {
             errs.push(
@@ -1054,7 +1299,311 @@ fn check_route(t: &Table, path: &str, errs: &mut Errors) -> Option<RouteConfig> 
                     ROUTE_TYPES.join(", ")
                 ),
             );
+            return None;
+        }
+    };
+    (errs.0.len() == before).then_some(route)
+}
+
+fn check_prefix_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
+    check_keys(t, path, PREFIX_ROUTE_KEYS, errs);
+    let ppath = join(path, "prefixes");
+    let mut prefixes = Vec::new();
+    match t.get("prefixes") {
+        None => errs.push(&ppath, "a prefix route needs at least one prefix"),
+        Some(Value::Table(pt)) => {
+            if pt.is_empty() {
+                errs.push(&ppath, "a prefix route needs at least one prefix");
+            }
+            for (prefix, target) in pt {
+                let kp = join(&ppath, prefix);
+                if prefix.is_empty() {
+                    errs.push(
+                        &kp,
+                        "a prefix must not be empty (use `default` for other keys)",
+                    );
+                }
+                match target {
+                    Value::String(s) => prefixes.push((prefix.clone(), s.clone())),
+                    other => wrong_type(errs, &kp, "a target name (string)", other),
+                }
+            }
+        }
+        Some(other) => wrong_type(errs, &ppath, "a table of prefix = target", other),
+    }
+    // Longest prefix first, so the first match is the most specific one;
+    // ties (impossible for distinct keys of equal length to both match) by name.
+    prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+    let default = required_target(
+        t,
+        "default",
+        path,
+        "the target for keys no prefix matches",
+        errs,
+    );
+    RouteConfig::Prefix { prefixes, default }
+}
+
+fn check_operation_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
+    let mut allowed = vec!["type", "default"];
+    allowed.extend(Operation::ALL.iter().map(|o| o.as_str()));
+    check_keys(t, path, &allowed, errs);
+    // In Operation::ALL order, not file order, so equal configs compare equal.
+    let mut operations = Vec::new();
+    for op in Operation::ALL {
+        if let Some(target) = get_str(t, op.as_str(), path, errs) {
+            operations.push((op, target.to_string()));
+        }
+    }
+    let named = Operation::ALL.iter().any(|op| t.contains_key(op.as_str()));
+    if !named {
+        errs.push(
+            path,
+            format!(
+                "an operation route needs at least one operation (one of: {})",
+                allowed[2..].join(", ")
+            ),
+        );
+    }
+    let default = required_target(
+        t,
+        "default",
+        path,
+        "the target for operations not named here",
+        errs,
+    );
+    RouteConfig::Operation {
+        operations,
+        default,
+    }
+}
+
+fn check_shadow_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
+    check_keys(t, path, SHADOW_ROUTE_KEYS, errs);
+    let primary = required_target(t, "primary", path, "the target that answers clients", errs);
+    let shadow = required_target(
+        t,
+        "shadow",
+        path,
+        "the target that gets a copy of the selected requests",
+        errs,
+    );
+    if !primary.is_empty() && primary == shadow {
+        errs.push(
+            &join(path, "shadow"),
+            format!("must differ from primary (both are \"{primary}\")"),
+        );
+    }
+    let fraction = t
+        .get("fraction")
+        .and_then(|v| check_unit_number(v, &join(path, "fraction"), errs));
+    let key_range = t
+        .get("key_range")
+        .and_then(|v| check_key_range(v, &join(path, "key_range"), errs));
+    let select = match (t.contains_key("fraction"), t.contains_key("key_range")) {
+        (true, true) => {
+            errs.push(
+                path,
+                "set either fraction or key_range, not both (they both choose which keys are shadowed)",
+            );
             None
+        }
+        (false, false) => {
+            errs.push(
+                path,
+                "required: fraction = f or key_range = [a, b] (which keys are shadowed)",
+            );
+            None
+        }
+        _ => fraction
+            .map(ShadowSelect::Fraction)
+            .or(key_range.map(|(a, b)| ShadowSelect::KeyRange(a, b))),
+    };
+    let max_in_flight: usize = get_int(
+        t,
+        "max_in_flight",
+        path,
+        1,
+        usize_max(),
+        defaults::SHADOW_MAX_IN_FLIGHT,
+        errs,
+    );
+    RouteConfig::Shadow {
+        primary,
+        shadow,
+        // Only a placeholder when an error was reported, so never used.
+        select: select.unwrap_or(ShadowSelect::Fraction(0.0)),
+        max_in_flight,
+    }
+}
+
+/// `key_range = [a, b]` with 0 <= a <= b <= 1.
+fn check_key_range(v: &Value, path: &str, errs: &mut Errors) -> Option<(f64, f64)> {
+    let Value::Array(items) = v else {
+        wrong_type(errs, path, "an array [a, b] of two numbers", v);
+        return None;
+    };
+    let [a, b] = items.as_slice() else {
+        errs.push(path, format!("must be two numbers [a, b] (found {})", v));
+        return None;
+    };
+    let a = check_unit_number(a, &format!("{path}[0]"), errs);
+    let b = check_unit_number(b, &format!("{path}[1]"), errs);
+    let (a, b) = (a?, b?);
+    if a > b {
+        errs.push(
+            path,
+            format!("the range must not be reversed: need a <= b (found [{a}, {b}])"),
+        );
+        return None;
+    }
+    Some((a, b))
+}
+
+fn check_warm_up_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
+    check_keys(t, path, WARM_UP_ROUTE_KEYS, errs);
+    let cold = required_target(
+        t,
+        "cold",
+        path,
+        "the target that is read first and filled",
+        errs,
+    );
+    let warm = required_target(t, "warm", path, "the target read on a miss in cold", errs);
+    if !cold.is_empty() && cold == warm {
+        errs.push(
+            &join(path, "warm"),
+            format!("must differ from cold (both are \"{cold}\")"),
+        );
+    }
+    let ttl = t
+        .get("ttl")
+        .and_then(|v| check_ttl(v, &join(path, "ttl"), errs))
+        .unwrap_or(0);
+    RouteConfig::WarmUp { cold, warm, ttl }
+}
+
+/// A memcached exptime in whole seconds: an integer number of **seconds** (as memcached
+/// itself takes it) or a duration string; 0 means never expire.
+fn check_ttl(v: &Value, path: &str, errs: &mut Errors) -> Option<u32> {
+    let d = match v {
+        Value::Integer(n) => match u64::try_from(*n) {
+            Ok(secs) => Duration::from_secs(secs),
+            Err(_) => {
+                errs.push(path, "must be >= 0");
+                return None;
+            }
+        },
+        Value::String(_) => match parse_duration(v) {
+            Ok(d) => d,
+            Err(m) => {
+                errs.push(path, m);
+                return None;
+            }
+        },
+        other => {
+            wrong_type(
+                errs,
+                path,
+                "a duration such as \"1h\" or an integer number of seconds",
+                other,
+            );
+            return None;
+        }
+    };
+    if !d.is_zero() && d < Duration::from_secs(1) {
+        errs.push(
+            path,
+            "must be at least 1s (memcached expiry is in whole seconds; 0 = never)",
+        );
+        return None;
+    }
+    let secs = d.as_secs();
+    if secs > MAX_RELATIVE_EXPTIME_SECS {
+        errs.push(
+            path,
+            format!("must be at most 30 days ({MAX_RELATIVE_EXPTIME_SECS}s): memcached reads a larger expiry as a unix timestamp (found {secs}s)"),
+        );
+        return None;
+    }
+    u32::try_from(secs).ok()
+}
+
+/// A target name that must be present; empty (never a valid name) when missing or wrong.
+fn required_target(t: &Table, key: &str, path: &str, what: &str, errs: &mut Errors) -> String {
+    match get_str(t, key, path, errs) {
+        Some(s) => s.to_string(),
+        None => {
+            if !t.contains_key(key) {
+                errs.push(&join(path, key), format!("required ({what})"));
+            }
+            String::new()
+        }
+    }
+}
+
+/// `children = ["a", "b"]`: a non-empty list of distinct target names.
+fn get_children(t: &Table, path: &str, errs: &mut Errors) -> Vec<String> {
+    let cpath = join(path, "children");
+    let items = match t.get("children") {
+        None => {
+            errs.push(&cpath, "required (a non-empty array of target names)");
+            return Vec::new();
+        }
+        Some(Value::Array(items)) => items,
+        Some(other) => {
+            wrong_type(errs, &cpath, "an array of target names", other);
+            return Vec::new();
+        }
+    };
+    if items.is_empty() {
+        errs.push(&cpath, "needs at least one child");
+    }
+    let mut children: Vec<String> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let p = format!("{cpath}[{i}]");
+        match item {
+            Value::String(s) => {
+                // The same child twice would get every write twice and count twice
+                // towards a majority: always a mistake.
+                if let Some(first) = children.iter().position(|c| c == s) {
+                    errs.push(
+                        &p,
+                        format!("duplicate child \"{s}\" (also children[{first}])"),
+                    );
+                }
+                children.push(s.clone());
+            }
+            other => wrong_type(errs, &p, "a target name (string)", other),
+        }
+    }
+    children
+}
+
+/// One of a fixed set of spellings, or `default` when absent.
+fn get_choice<T: Copy>(
+    t: &Table,
+    key: &str,
+    path: &str,
+    choices: &[(&str, T)],
+    default: T,
+    errs: &mut Errors,
+) -> T {
+    let Some(s) = get_str(t, key, path, errs) else {
+        return default;
+    };
+    match choices.iter().find(|(name, _)| *name == s) {
+        Some((_, v)) => *v,
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            errs.push(
+                &join(path, key),
+                format!(
+                    "unknown value \"{s}\" (expected one of: {})",
+                    names.join(", ")
+                ),
+            );
+            default
         }
     }
 }

@@ -177,9 +177,9 @@ hashh = "md5"
     assert_eq!(
         e,
         [
-            "extra: unknown key (expected one of: proxy, admin, pools, routes)",
+            "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
             "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout)",
-            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, connections, timeout, connect_timeout, max_keys_per_request)",
+            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
     );
@@ -208,14 +208,14 @@ servers = []
     assert_eq!(
         e,
         [
-            "pools.empty.servers: a pool needs at least one server",
+            "pools.empty.servers: a pool needs at least one server (or servers = { dns = ... })",
             "pools.main.servers[1].weight: must be > 0",
             "pools.main.servers[2].address: invalid address \"10.0.0.3:x\" (expected host:port with a numeric port)",
             "pools.main.servers[3].address: duplicate address \"10.0.0.1:11211\" (also servers[0])",
             "pools.main.servers[4].weight: expected an integer, found \"abc\"",
             "pools.main.servers[6].name: duplicate name \"a\" (also servers[5])",
             "pools.main.servers[7].address: invalid address \"nohost\" (expected host:port with a numeric port)",
-            "pools.none.servers: a pool needs at least one server",
+            "pools.none.servers: a pool needs at least one server (or servers = { dns = ... })",
             "proxy.route: required when there is more than one pool (name the pool or route to send requests to)",
         ]
     );
@@ -334,7 +334,7 @@ type = "prefix"
 prefixes = { "" = "a" }
 default = "main"
 [routes.odd]
-type = "shadow"
+type = "mirror"
 [routes.untyped]
 default = "main"
 "#,
@@ -343,8 +343,8 @@ default = "main"
         e,
         [
             "routes.main.prefixes.\"\": a prefix must not be empty (use `default` for other keys)",
-            "routes.odd.type: unknown route type \"shadow\" (expected one of: prefix)",
-            "routes.untyped.type: required (one of: prefix)",
+            "routes.odd.type: unknown route type \"mirror\" (expected one of: prefix, operation, shadow, replicated, failover, warm-up, random, null, error)",
+            "routes.untyped.type: required (one of: prefix, operation, shadow, replicated, failover, warm-up, random, null, error)",
             "routes.main: \"main\" is also a pool name; a target name must be unique",
             "routes.a.default: route cycle a -> b -> a",
             "routes.self.default: route cycle self -> self",
