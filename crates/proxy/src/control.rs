@@ -148,14 +148,18 @@ impl Controller {
     /// Serves `config` from now on: resolves DNS pools not known yet, builds the route table
     /// and the health table, and hands the generation to the workers. Returns the receiver
     /// of the workers' acknowledgements.
-    pub(crate) fn apply(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
+    pub(crate) fn apply(
+        &self,
+        config: Config,
+    ) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         let _applying = lock(&self.applying);
         let effective = self.with_discovered_servers(&config);
         let routes = Arc::new(RouteTable::build(&effective)?);
         let effective = Arc::new(effective);
         let server_stats = self.shared.for_config(&effective);
         let (health, pool_epochs) = self.health_for(&routes, &effective);
-        self.shared.set_health(health.iter().flatten().cloned().collect());
+        self.shared
+            .set_health(health.iter().flatten().cloned().collect());
         let (route_stats, shadow_stats) = self.policy_stats(&routes);
         let (applied, acks) = std::sync::mpsc::channel();
         let generation = Arc::new(Generation {
@@ -374,7 +378,11 @@ fn sort_addresses(addresses: &mut Vec<SocketAddr>) {
 }
 
 /// Runs the control thread until `shutdown` turns true.
-pub(crate) fn run(controller: Arc<Controller>, inbox: ControlInbox, shutdown: watch::Receiver<bool>) {
+pub(crate) fn run(
+    controller: Arc<Controller>,
+    inbox: ControlInbox,
+    shutdown: watch::Receiver<bool>,
+) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -394,8 +402,10 @@ async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut probers: Vec<(Arc<ServerHealth>, tokio::task::JoinHandle<()>)> = Vec::new();
-    let mut watchers: Vec<((String, DnsDiscovery, Option<std::path::PathBuf>), tokio::task::JoinHandle<()>)> =
-        Vec::new();
+    let mut watchers: Vec<(
+        (String, DnsDiscovery, Option<std::path::PathBuf>),
+        tokio::task::JoinHandle<()>,
+    )> = Vec::new();
     loop {
         let event = tokio::select! {
             event = inbox.recv() => event,
@@ -489,10 +499,11 @@ mod tests {
 
     #[test]
     fn addresses_sort_v4_first_then_by_address() {
-        let mut addresses: Vec<SocketAddr> = ["[::1]:1", "127.0.0.3:1", "127.0.0.2:1", "127.0.0.3:1"]
-            .iter()
-            .filter_map(|a| a.parse().ok())
-            .collect();
+        let mut addresses: Vec<SocketAddr> =
+            ["[::1]:1", "127.0.0.3:1", "127.0.0.2:1", "127.0.0.3:1"]
+                .iter()
+                .filter_map(|a| a.parse().ok())
+                .collect();
         sort_addresses(&mut addresses);
         let shown: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
         assert_eq!(shown, ["127.0.0.2:1", "127.0.0.3:1", "[::1]:1"]);

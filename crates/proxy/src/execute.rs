@@ -49,11 +49,60 @@ pub(crate) struct Job {
 pub(crate) fn spawn(routing: &Rc<Routing>, node: NodeId, job: Job) -> oneshot::Receiver<Reply> {
     let (sender, receiver) = oneshot::channel();
     let routing = routing.clone();
-    tokio::task::spawn_local(async move {
+    tokio::task::spawn_local(eager(async move {
         let reply = run(routing, node, Rc::new(job)).await;
         let _ = sender.send(reply);
-    });
+    }));
     receiver
+}
+
+/// Polls `future` once, right now, before it becomes a task. A task spawned with
+/// `spawn_local` first runs on the worker's next turn, after the session has dispatched
+/// the client's following requests: a `set` through a replicated route would then reach
+/// the servers after the `get` the client pipelined behind it. Polling once here sends
+/// every request the future can send without waiting, in the client's order; the task
+/// then polls it again with its real waker.
+fn eager<F: Future + 'static>(future: F) -> Eager<F> {
+    let mut future = Box::pin(future);
+    let waker = std::task::Waker::from(Arc::new(NoWake));
+    let mut context = std::task::Context::from_waker(&waker);
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(output) => Eager::Ready(Some(output)),
+        std::task::Poll::Pending => Eager::Pending(future),
+    }
+}
+
+/// The waker of the first, eager poll: the task's own poll replaces it at once.
+struct NoWake;
+
+impl std::task::Wake for NoWake {
+    fn wake(self: Arc<Self>) {}
+}
+
+enum Eager<F: Future> {
+    Ready(Option<F::Output>),
+    Pending(Pin<Box<F>>),
+}
+
+impl<F: Future> Future for Eager<F>
+where
+    F::Output: Unpin,
+{
+    type Output = F::Output;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        context: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        match self.get_mut() {
+            Eager::Ready(output) => match output.take() {
+                Some(output) => std::task::Poll::Ready(output),
+                // Polled again after completing: a bug in the caller, never in tokio's tasks.
+                None => std::task::Poll::Pending,
+            },
+            Eager::Pending(future) => future.as_mut().poll(context),
+        }
+    }
 }
 
 type BoxedReply = Pin<Box<dyn Future<Output = Reply>>>;
@@ -189,7 +238,7 @@ fn shadow_copy(
     state.in_flight.set(state.in_flight.get() + 1);
     state.stats.sent.fetch_add(1, Relaxed);
     let (routing, job) = (routing.clone(), job.clone());
-    tokio::task::spawn_local(async move {
+    tokio::task::spawn_local(eager(async move {
         let reply = run(routing.clone(), shadow, job).await;
         if let Some(state) = routing.shadows.get(index) {
             let counter = match answered(&reply) {
@@ -199,7 +248,7 @@ fn shadow_copy(
             counter.fetch_add(1, Relaxed);
             state.in_flight.set(state.in_flight.get().saturating_sub(1));
         }
-    });
+    }));
 }
 
 /// What `all-async` answers at once: the command's success reply, when that reply carries
@@ -233,7 +282,9 @@ fn start_all(routing: &Rc<Routing>, children: &[NodeId], job: &Rc<Job>) -> JoinS
     let mut set = JoinSet::new();
     for (index, &child) in children.iter().enumerate() {
         let (routing, job) = (routing.clone(), job.clone());
-        set.spawn_local(async move { (index, run(routing, child, job).await) });
+        set.spawn_local(eager(
+            async move { (index, run(routing, child, job).await) },
+        ));
     }
     set
 }
@@ -277,7 +328,10 @@ async fn replicated_write(
             }
             WriteDecision::Fail { failed, total } => {
                 set.detach_all();
-                routing.route_stats(node).write_failures.fetch_add(1, Relaxed);
+                routing
+                    .route_stats(node)
+                    .write_failures
+                    .fetch_add(1, Relaxed);
                 return Ok(Bytes::from(format!(
                     "SERVER_ERROR replicated write failed on {failed} of {total} replicas ({})\r\n",
                     policy_name(policy)
@@ -337,8 +391,8 @@ async fn failover(
         if !try_next || index + 1 == children.len() {
             return reply;
         }
-        let safe_to_repeat = job.operation.is_idempotent()
-            || matches!(&reply, Err(error) if error.never_sent());
+        let safe_to_repeat =
+            job.operation.is_idempotent() || matches!(&reply, Err(error) if error.never_sent());
         if !safe_to_repeat {
             return reply;
         }

@@ -207,22 +207,43 @@ impl SharedStats {
         for health in &snapshot.health {
             let prefix = format!("server:{}:{}", health.pool(), health.address());
             stat(&format!("{prefix}:down"), &u8::from(health.is_down()));
-            stat(&format!("{prefix}:marked_down"), &health.marked_down_total());
+            stat(
+                &format!("{prefix}:marked_down"),
+                &health.marked_down_total(),
+            );
             stat(&format!("{prefix}:marked_up"), &health.marked_up_total());
         }
         for (route, counters) in &snapshot.routes {
-            stat(&format!("route:{route}:failovers"), &counters.failovers.load(Relaxed));
+            stat(
+                &format!("route:{route}:failovers"),
+                &counters.failovers.load(Relaxed),
+            );
             stat(
                 &format!("route:{route}:write_failures"),
                 &counters.write_failures.load(Relaxed),
             );
-            stat(&format!("route:{route}:fills"), &counters.fills.load(Relaxed));
+            stat(
+                &format!("route:{route}:fills"),
+                &counters.fills.load(Relaxed),
+            );
         }
         for (route, counters) in &snapshot.shadows {
-            stat(&format!("shadow:{route}:sent"), &counters.sent.load(Relaxed));
-            stat(&format!("shadow:{route}:completed"), &counters.completed.load(Relaxed));
-            stat(&format!("shadow:{route}:errors"), &counters.errors.load(Relaxed));
-            stat(&format!("shadow:{route}:dropped"), &counters.dropped.load(Relaxed));
+            stat(
+                &format!("shadow:{route}:sent"),
+                &counters.sent.load(Relaxed),
+            );
+            stat(
+                &format!("shadow:{route}:completed"),
+                &counters.completed.load(Relaxed),
+            );
+            stat(
+                &format!("shadow:{route}:errors"),
+                &counters.errors.load(Relaxed),
+            );
+            stat(
+                &format!("shadow:{route}:dropped"),
+                &counters.dropped.load(Relaxed),
+            );
         }
         for (pool, (ok, failed)) in &snapshot.lookups {
             stat(&format!("pool:{pool}:dns_lookups"), ok);

@@ -269,11 +269,7 @@ impl Routing {
                 name: Arc::from(name.as_str()),
                 ejection: (pool.eject && !pool.servers.is_empty()).then(|| Ejection {
                     config: pool.clone(),
-                    epoch: generation
-                        .pool_epochs
-                        .get(id)
-                        .cloned()
-                        .unwrap_or_default(),
+                    epoch: generation.pool_epochs.get(id).cloned().unwrap_or_default(),
                     max_ejected: max_ejected(pool),
                     live: RefCell::new((u64::MAX, None)),
                 }),
@@ -304,7 +300,8 @@ impl Routing {
 pub(crate) fn max_ejected(pool: &PoolConfig) -> usize {
     let fraction = pool.max_ejected_fraction.clamp(0.0, 1.0);
     // Never all of them: a pool with every server ejected would have no ring at all.
-    ((pool.servers.len() as f64 * fraction).floor() as usize).min(pool.servers.len().saturating_sub(1))
+    ((pool.servers.len() as f64 * fraction).floor() as usize)
+        .min(pool.servers.len().saturating_sub(1))
 }
 
 /// The ring of an ejecting pool without its down servers (at most `max_ejected` of them,
