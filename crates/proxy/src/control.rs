@@ -87,6 +87,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What `Controller::new` hands back: the controller, the receiver the workers start
+/// from, and the control thread's inbox.
+pub(crate) type Started = (
+    Arc<Controller>,
+    watch::Receiver<Arc<Generation>>,
+    ControlInbox,
+);
+
+/// A DNS watcher's identity: pool name, DNS spec and hosts file.
+type WatchKey = (String, DnsDiscovery, Option<std::path::PathBuf>);
+
 /// The running control thread's receiving end, handed to `run` once.
 #[derive(Debug)]
 pub(crate) struct ControlInbox(mpsc::UnboundedReceiver<Event>);
@@ -94,17 +105,7 @@ pub(crate) struct ControlInbox(mpsc::UnboundedReceiver<Event>);
 impl Controller {
     /// Builds the first generation of `config`. Returns the controller, the receiver the
     /// workers start from, and the control thread's inbox.
-    pub(crate) fn new(
-        config: Config,
-        shared: Arc<SharedStats>,
-    ) -> Result<
-        (
-            Arc<Controller>,
-            watch::Receiver<Arc<Generation>>,
-            ControlInbox,
-        ),
-        ProxyError,
-    > {
+    pub(crate) fn new(config: Config, shared: Arc<SharedStats>) -> Result<Started, ProxyError> {
         let (events, inbox) = mpsc::unbounded_channel();
         let config = Arc::new(config);
         let empty = Arc::new(Config {
@@ -313,13 +314,13 @@ impl Controller {
             .map(|name| shadows.entry(name.clone()).or_default().clone())
             .collect();
         let mut listed: Vec<(String, Arc<RouteStats>)> = Vec::new();
-        for id in 0..route_stats.len() {
+        for (id, stats) in route_stats.iter().enumerate() {
             let node = id as memroute_routing::NodeId;
             if matches!(
                 routes.node(node),
                 Node::Failover { .. } | Node::Replicated { .. } | Node::WarmUp { .. }
             ) {
-                listed.push((routes.node_name(node).to_string(), route_stats[id].clone()));
+                listed.push((routes.node_name(node).to_string(), stats.clone()));
             }
         }
         let shadow_list = routes
@@ -402,10 +403,7 @@ async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut probers: Vec<(Arc<ServerHealth>, tokio::task::JoinHandle<()>)> = Vec::new();
-    let mut watchers: Vec<(
-        (String, DnsDiscovery, Option<std::path::PathBuf>),
-        tokio::task::JoinHandle<()>,
-    )> = Vec::new();
+    let mut watchers: Vec<(WatchKey, tokio::task::JoinHandle<()>)> = Vec::new();
     loop {
         let event = tokio::select! {
             event = inbox.recv() => event,
@@ -431,7 +429,7 @@ async fn serve(
         }
         // DNS watchers: one per DNS pool (by name, spec and hosts file).
         let base = controller.base();
-        let wanted: Vec<(String, DnsDiscovery, Option<std::path::PathBuf>)> = base
+        let wanted: Vec<WatchKey> = base
             .pools
             .iter()
             .filter_map(|(name, pool)| {
@@ -464,10 +462,7 @@ async fn serve(
 
 /// Resolves one DNS pool every `refresh`; a changed address set is served at once, a
 /// failed lookup keeps the last good set.
-async fn watch_dns(
-    controller: Arc<Controller>,
-    (pool, spec, hosts_file): (String, DnsDiscovery, Option<std::path::PathBuf>),
-) {
+async fn watch_dns(controller: Arc<Controller>, (pool, spec, hosts_file): WatchKey) {
     let mut interval = tokio::time::interval(spec.refresh.max(Duration::from_millis(10)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     interval.tick().await;
