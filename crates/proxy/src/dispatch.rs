@@ -126,6 +126,8 @@ pub(crate) enum Pending {
     Ready(Bytes),
     /// Close the connection once everything before it is written (quit, unframeable input).
     Close,
+    /// `stats`: rendered when its turn comes, so it counts every request before it.
+    Stats,
     /// Holds the routing it was sent with: its connections stay open until it is answered.
     Single {
         routing: Rc<Routing>,
@@ -141,7 +143,7 @@ impl Pending {
     /// Collects whatever replies have arrived, without waiting. True when complete.
     pub(crate) fn try_complete(&mut self) -> bool {
         match self {
-            Pending::Ready(_) | Pending::Close => true,
+            Pending::Ready(_) | Pending::Close | Pending::Stats => true,
             Pending::Single { leg, .. } => leg.try_complete(),
             Pending::MultiGet(multi) => multi.legs.iter_mut().all(Leg::try_complete),
             Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
@@ -151,7 +153,7 @@ impl Pending {
     /// Waits until complete.
     pub(crate) async fn wait(&mut self) {
         match self {
-            Pending::Ready(_) | Pending::Close => {}
+            Pending::Ready(_) | Pending::Close | Pending::Stats => {}
             Pending::Single { leg, .. } => leg.wait().await,
             Pending::MultiGet(multi) => {
                 for leg in &mut multi.legs {
@@ -171,6 +173,7 @@ impl Pending {
         match self {
             Pending::Ready(bytes) => out.extend_from_slice(&bytes),
             Pending::Close => return Flow::Close,
+            Pending::Stats => out.extend_from_slice(context.shared.render().as_bytes()),
             Pending::Single {
                 routing,
                 mut leg,
@@ -247,7 +250,7 @@ pub(crate) fn dispatch(
                 pending.push_back(Pending::Ready(Bytes::from_static(b"OK\r\n")));
             }
         }
-        Command::Stats => pending.push_back(stats_reply(context, &request)),
+        Command::Stats => pending.push_back(stats_reply(&request)),
         Command::MetaNoop => pending.push_back(Pending::Ready(Bytes::from_static(b"MN\r\n"))),
         Command::Shutdown => {
             // A client must never be able to stop the proxy; memcached without -A says the same.
@@ -263,10 +266,10 @@ pub(crate) fn dispatch(
     Flow::Continue
 }
 
-fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
+fn stats_reply(request: &Request) -> Pending {
     let argument = &request.frame[request.stats_arg.clone()];
     if argument.is_empty() {
-        return Pending::Ready(Bytes::from(context.shared.render()));
+        return Pending::Stats;
     }
     // memroute keeps no slabs or items of its own; sub-statistics belong to the servers.
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))

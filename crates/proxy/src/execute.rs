@@ -381,15 +381,22 @@ async fn failover(
     job: &Rc<Job>,
 ) -> Reply {
     let mut last = Err(crate::dispatch::connection_gone());
+    // With `error-or-miss`, a miss from an earlier child beats an error from a later one:
+    // the key is absent where it could be looked up.
+    let mut first_miss: Option<Reply> = None;
     for (index, &child) in children.iter().enumerate() {
         let reply = run(routing.clone(), child, job.clone()).await;
-        let try_next = match class_of(&reply) {
+        let class = class_of(&reply);
+        let try_next = match class {
             ReplyClass::Error => true,
             ReplyClass::Miss => on == FailoverOn::ErrorOrMiss && !job.operation.is_write(),
             ReplyClass::Hit => false,
         };
         if !try_next || index + 1 == children.len() {
-            return reply;
+            return match (class, first_miss) {
+                (ReplyClass::Error, Some(miss)) => miss,
+                _ => reply,
+            };
         }
         let safe_to_repeat =
             job.operation.is_idempotent() || matches!(&reply, Err(error) if error.never_sent());
@@ -397,7 +404,11 @@ async fn failover(
             return reply;
         }
         routing.route_stats(node).failovers.fetch_add(1, Relaxed);
-        last = reply;
+        if class == ReplyClass::Miss && first_miss.is_none() {
+            first_miss = Some(reply);
+        } else {
+            last = reply;
+        }
     }
     last
 }
