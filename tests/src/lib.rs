@@ -933,3 +933,145 @@ pub fn parse_values(reply: &[u8]) -> Option<Vec<(String, u32, Vec<u8>)>> {
         rest = rest.get(i + 2 + len + 2..)?;
     }
 }
+
+// ---- Helpers for route, health and discovery tests (issue 3) ----
+
+/// Pause between polls of a condition (stats, a server's contents). A poll interval, not
+/// synchronisation: every poll loop decides by the condition and gives up at its deadline.
+pub const POLL: Duration = POLL_INTERVAL;
+
+/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
+pub fn poll_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// The numeric value of stat `name` in a `stats` reply, if present.
+pub fn stat_u64(stats: &[(String, String)], name: &str) -> Option<u64> {
+    stats
+        .iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// `[proxy]` with one worker listening on `listen`, root target `route`.
+pub fn proxy_section(listen: &str, route: &str) -> String {
+    format!("[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"{route}\"\n\n")
+}
+
+/// `[pools.NAME]` over `servers` (ketama over md5: short sequential keys spread), with extra
+/// lines (`timeout = "200ms"`, health keys, ...).
+pub fn pool_section(name: &str, servers: &[String], extra_lines: &str) -> String {
+    let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
+    format!(
+        "[pools.{name}]\nservers = [{}]\ndistribution = \"ketama\"\nhash = \"md5\"\n{extra_lines}\n\n",
+        servers.join(", ")
+    )
+}
+
+/// A latency sample summary for printing ("p50 0.21 ms, p99 0.40 ms, max 1.30 ms over 100").
+/// Measurements are printed for the report, never asserted: the machine is noisy.
+pub fn latency_summary(samples: &[Duration]) -> String {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return "no samples".to_string();
+    }
+    let at = |p: f64| {
+        let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+        sorted[i].as_secs_f64() * 1000.0
+    };
+    format!(
+        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {}",
+        at(0.5),
+        at(0.99),
+        at(1.0),
+        sorted.len()
+    )
+}
+
+impl Memcached {
+    /// One numeric stat of this server, asked directly.
+    pub fn stat(&self, name: &str) -> u64 {
+        let stats = self.connect().stats();
+        stat_u64(&stats, name).unwrap_or_else(|| panic!("no {name} in {}'s stats", self.addr()))
+    }
+
+    /// Which of `keys` this server holds, with their values (asked directly, 50 keys a get).
+    pub fn held(&self, keys: &[String]) -> std::collections::HashMap<String, Vec<u8>> {
+        let mut c = self.connect();
+        let mut out = std::collections::HashMap::new();
+        for chunk in keys.chunks(50) {
+            c.send(format!("get {}\r\n", chunk.join(" ")).as_bytes());
+            let reply = c.read_get_reply();
+            let values = parse_values(&reply)
+                .unwrap_or_else(|| panic!("get via {}: {}", self.addr(), show(&reply)));
+            for (k, _, v) in values {
+                out.insert(k, v);
+            }
+        }
+        out
+    }
+}
+
+impl Memroute {
+    /// memroute's own `stats`, on a fresh connection.
+    pub fn stats(&self) -> Vec<(String, String)> {
+        self.connect().stats()
+    }
+
+    /// Polls memroute's `stats` until `done` holds for them (bounded); panics with `what`,
+    /// the last stats and the log otherwise. Returns the stats that satisfied `done`.
+    pub fn wait_stats(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&[(String, String)]) -> bool,
+    ) -> Vec<(String, String)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let stats = self.stats();
+            if done(&stats) {
+                return stats;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not reached within {timeout:?}\nstats: {stats:?}\nlog:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(POLL_INTERVAL);
+        }
+    }
+}
+
+impl Conn {
+    /// Sets every key to `value(key)`, pipelined in batches of 200; panics unless every
+    /// reply is STORED.
+    pub fn set_many(&mut self, keys: &[String], value: impl Fn(&str) -> String) {
+        for chunk in keys.chunks(200) {
+            let mut batch = Vec::new();
+            for k in chunk {
+                let v = value(k);
+                batch.extend_from_slice(format!("set {k} 0 0 {}\r\n{v}\r\n", v.len()).as_bytes());
+            }
+            self.send(&batch);
+            for k in chunk {
+                let reply = self.read_line();
+                assert!(
+                    reply == b"STORED\r\n",
+                    "pipelined set {k} via {}: {}",
+                    self.addr,
+                    show(&reply)
+                );
+            }
+        }
+    }
+}
