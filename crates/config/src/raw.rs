@@ -1345,8 +1345,11 @@ fn check_prefix_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
 }
 
 fn check_operation_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
-    let mut allowed = vec!["type", "default"];
-    allowed.extend(Operation::ALL.iter().map(|o| o.as_str()));
+    let op_names: Vec<&str> = Operation::ALL.iter().map(|o| o.as_str()).collect();
+    let allowed: Vec<&str> = ["type", "default"]
+        .into_iter()
+        .chain(op_names.clone())
+        .collect();
     check_keys(t, path, &allowed, errs);
     // In Operation::ALL order, not file order, so equal configs compare equal.
     let mut operations = Vec::new();
@@ -1361,7 +1364,7 @@ fn check_operation_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfi
             path,
             format!(
                 "an operation route needs at least one operation (one of: {})",
-                allowed[2..].join(", ")
+                op_names.join(", ")
             ),
         );
     }

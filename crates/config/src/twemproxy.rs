@@ -39,6 +39,10 @@ const TWEMPROXY_KEYS: &[&str] = &[
     "servers",
 ];
 
+/// twemproxy's defaults for the keys that only matter with `auto_eject_hosts: true`.
+const TWEMPROXY_FAILURE_LIMIT: i64 = 2;
+const TWEMPROXY_RETRY_TIMEOUT_MS: i64 = 30_000;
+
 /// One twemproxy pool, with what could be read of it.
 #[derive(Debug, Default)]
 struct Pool {
@@ -312,15 +316,44 @@ fn read_pool(name: &str, m: &Mapping, errs: &mut Vec<ConfigError>) -> Pool {
         if let Some(n) = failure_limit {
             said.push(format!("server_failure_limit: {n}"));
         }
-        let what = if auto_eject == Some(true) {
-            "not carried over: this version of memroute does not eject failed servers from the ring (keys are \
-             never rehashed to other servers); requests for a failed server get SERVER_ERROR \
-             promptly while memroute reconnects with backoff"
+        let said = said.join(", ");
+        if auto_eject == Some(true) {
+            // twemproxy counts failures and retries only with auto_eject_hosts; its
+            // defaults then are 2 failures and a 30s retry, at a fixed interval.
+            let limit = failure_limit.unwrap_or(TWEMPROXY_FAILURE_LIMIT);
+            let retry_ms = retry_timeout.unwrap_or(TWEMPROXY_RETRY_TIMEOUT_MS);
+            if limit == 0 {
+                errs.push(ConfigError::new(
+                    path("server_failure_limit"),
+                    "must be > 0",
+                ));
+            }
+            if retry_ms == 0 {
+                errs.push(ConfigError::new(
+                    path("server_retry_timeout"),
+                    "must be > 0",
+                ));
+            }
+            pool.lines.push("eject = true".to_string());
+            pool.lines.push(format!("failure_limit = {limit}"));
+            pool.lines
+                .push(format!("probe_interval = \"{retry_ms}ms\""));
+            pool.lines
+                .push(format!("probe_interval_max = \"{retry_ms}ms\""));
+            pool.notes.push(format!(
+                "twemproxy {said} -> eject = true, failure_limit = {limit}, probe_interval = \
+                 probe_interval_max = \"{retry_ms}ms\" (twemproxy retries at a fixed interval). \
+                 Unlike twemproxy, memroute ejects at most half the pool at once \
+                 (max_ejected_fraction = 0.5); servers down beyond that fail fast with SERVER_ERROR"
+            ));
         } else {
-            "not carried over: memroute does not eject servers, which matches auto_eject_hosts: false"
-        };
-        pool.notes
-            .push(format!("twemproxy {} -> {what}", said.join(", ")));
+            pool.notes.push(format!(
+                "twemproxy {said} -> eject = false (memroute's default): a failed server keeps its \
+                 keys. Unlike twemproxy, memroute still marks a server down after failure_limit \
+                 (3) failed requests and answers its requests SERVER_ERROR at once until a probe \
+                 finds it back"
+            ));
+        }
     }
     if !m.contains_key("servers") {
         errs.push(ConfigError::new(
@@ -634,10 +667,17 @@ omega:
             c.pools["gamma"],
             expected_pool(
                 "servers = [\"127.0.0.1:11212:1\", \"127.0.0.1:11213:1\"]\n\
-                 hash = \"fnv1a_64\"\ndistribution = \"ketama\"\ntimeout = \"400ms\"\n"
+                 hash = \"fnv1a_64\"\ndistribution = \"ketama\"\ntimeout = \"400ms\"\n\
+                 eject = true\nfailure_limit = 3\n\
+                 probe_interval = \"2s\"\nprobe_interval_max = \"2s\"\n"
             )
         );
         let delta = &c.pools["delta"];
+        assert!(delta.eject, "auto_eject_hosts: true");
+        assert_eq!(delta.failure_limit, 1);
+        assert_eq!(delta.probe_interval, Duration::from_secs(2));
+        assert_eq!(delta.probe_interval_max, Duration::from_secs(2));
+        assert!(!c.pools["omega"].eject, "auto_eject_hosts: false");
         assert_eq!(delta.servers.len(), 10);
         assert_eq!(delta.servers[9].address, "127.0.0.1:11223");
         assert_eq!(delta.timeout, Duration::from_millis(100));
@@ -664,6 +704,20 @@ omega:
         ] {
             assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
         }
+    }
+
+    /// twemproxy's own defaults apply when only auto_eject_hosts is given.
+    #[test]
+    fn auto_eject_alone_takes_twemproxys_defaults() {
+        let yaml = "p:\n  listen: 127.0.0.1:22121\n  auto_eject_hosts: true\n  timeout: 100\n  servers:\n   - 10.0.0.1:11211:1\n";
+        let out = import(yaml).unwrap_or_else(|e| panic!("{e}"));
+        let c = crate::parse(&out).unwrap_or_else(|e| panic!("{e}\n{out}"));
+        let p = &c.pools["p"];
+        assert!(p.eject);
+        assert_eq!(p.failure_limit, 2);
+        assert_eq!(p.probe_interval, Duration::from_secs(30));
+        assert_eq!(p.probe_interval_max, Duration::from_secs(30));
+        assert!(out.contains("max_ejected_fraction = 0.5"), "{out}");
     }
 
     #[test]

@@ -32,9 +32,59 @@ fn every_example_config_parses() {
         }
     }
     assert!(
-        count >= 5,
-        "expected the five example configs, found {count}"
+        count >= 13,
+        "expected the thirteen example configs, found {count}"
     );
+}
+
+/// An operator looking for how to write a route type, health settings or DNS
+/// discovery finds a parsed, commented example of each in config/.
+#[test]
+fn examples_show_every_route_type_health_and_dns() {
+    let load = |name: &str| {
+        memroute_config::load(&config_dir().join(name))
+            .unwrap_or_else(|e| panic!("{name} does not parse:\n{e}"))
+    };
+    let mut kinds = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(config_dir()).expect("config/ exists") {
+        let path = entry.expect("readable dir entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let c = memroute_config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        for route in c.routes.values() {
+            kinds.insert(match route {
+                RouteConfig::Prefix { .. } => "prefix",
+                RouteConfig::Operation { .. } => "operation",
+                RouteConfig::Shadow { .. } => "shadow",
+                RouteConfig::Replicated { .. } => "replicated",
+                RouteConfig::Failover { .. } => "failover",
+                RouteConfig::WarmUp { .. } => "warm-up",
+                RouteConfig::Random { .. } => "random",
+                RouteConfig::Null => "null",
+                RouteConfig::Error { .. } => "error",
+            });
+        }
+    }
+    assert_eq!(kinds.len(), 9, "route types shown: {kinds:?}");
+
+    let health = load("health.toml");
+    let sessions = &health.pools["sessions"];
+    assert!(sessions.eject);
+    assert_eq!(sessions.failure_limit, 2);
+    assert_eq!(sessions.probe_interval, Duration::from_millis(500));
+    assert_eq!(sessions.probe_interval_max, Duration::from_secs(10));
+
+    let dns = load("dns.toml");
+    for pool in dns.pools.values() {
+        let d = pool
+            .discovery
+            .as_ref()
+            .expect("every pool in dns.toml uses DNS");
+        assert_eq!(d.port, 11211);
+        assert_eq!(d.refresh, Duration::from_secs(5));
+        assert!(pool.servers.is_empty());
+    }
 }
 
 #[test]
