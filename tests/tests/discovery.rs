@@ -159,7 +159,8 @@ fn pool_follows_the_hosts_file_and_keeps_the_last_good_set_when_lookup_fails() {
         proxy.log_text()
     );
     assert_eq!(stat_u64(&proxy.stats(), "pool:d:servers"), Some(2));
-    for k in spread.iter().chain(&first) {
+    // (Keys set before the change are not checked: adding m2 moved some of them to it.)
+    for k in &spread {
         assert_eq!(
             c.get(k).as_deref(),
             Some(value_of(k).as_bytes()),
@@ -178,7 +179,7 @@ fn pool_follows_the_hosts_file_and_keeps_the_last_good_set_when_lookup_fails() {
         proxy.log_text()
     );
     assert_eq!(stat_u64(&proxy.stats(), "pool:d:servers"), Some(2));
-    for k in &first {
+    for k in &spread {
         assert_eq!(c.get(k).as_deref(), Some(value_of(k).as_bytes()), "{k}");
     }
 }
