@@ -234,3 +234,24 @@ fn resolved_order_does_not_depend_on_record_order() {
     );
     assert_eq!(a, b, "the two instances place keys differently");
 }
+
+#[test]
+fn aaaa_records_are_servers_too() {
+    // The name resolves to an IPv4 and an IPv6 loopback address on the same port.
+    let port = free_port();
+    assert!(
+        std::net::TcpListener::bind(("::1", port)).is_ok(),
+        "[::1]:{port} is taken"
+    );
+    let v4 = Memcached::start_on(&free_loopback_host(port), port, 8);
+    let v6 = Memcached::start_on("[::1]", port, 8);
+    let hosts = Hosts::new(&[entry(&v4), format!("::1 {NAME}")]);
+    let proxy = Memroute::start(&dns_config(port, &hosts, "ketama"));
+    wait_pool_size(&proxy, 2);
+    let keys: Vec<String> = (0..200).map(|i| format!("six{i}")).collect();
+    proxy.connect().set_many(&keys, value_of);
+    let (on_v4, on_v6) = (v4.held(&keys).len(), v6.held(&keys).len());
+    println!("discovery: A + AAAA records: 200 keys spread {on_v4} (IPv4) / {on_v6} (IPv6)");
+    assert_eq!(on_v4 + on_v6, keys.len());
+    assert!(on_v4 > 0 && on_v6 > 0, "keys {on_v4} / {on_v6}");
+}

@@ -47,6 +47,48 @@ fn stat(stats: &[(String, String)], name: &str) -> u64 {
     stat_u64(stats, name).unwrap_or_else(|| panic!("no {name} in memroute's stats: {stats:?}"))
 }
 
+/// set `key` through `c`; a missing reply fails with memroute's log (a lost reply is a bug
+/// worth its context).
+fn set_logged(proxy: &Memroute, c: &mut Conn, key: &str, value: &str) {
+    c.send(format!("set {key} 0 0 {}\r\n{value}\r\n", value.len()).as_bytes());
+    let reply = c
+        .read_until_with(|b| find(b, b"\r\n").map(|i| i + 2))
+        .unwrap_or_else(|e| {
+            panic!(
+                "set {key}: {e}\nstats: {:?}\nlog:\n{}",
+                proxy.stats(),
+                proxy.log_text()
+            )
+        });
+    assert_eq!(show(&reply), show(b"STORED\r\n"), "set {key}");
+}
+
+/// `Conn::set_many` (pipelined, 200 a batch) through `proxy`, failing with memroute's log
+/// if a reply never comes.
+fn set_many_logged(proxy: &Memroute, c: &mut Conn, keys: &[String]) {
+    for chunk in keys.chunks(200) {
+        let mut batch = Vec::new();
+        for k in chunk {
+            let v = value_of(k);
+            batch.extend_from_slice(format!("set {k} 0 0 {}\r\n{v}\r\n", v.len()).as_bytes());
+        }
+        c.send(&batch);
+        for (i, k) in chunk.iter().enumerate() {
+            let reply = c
+                .read_until_with(|b| find(b, b"\r\n").map(|i| i + 2))
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "pipelined set {k} ({i} of a batch of {}): {e}\nstats: {:?}\nlog:\n{}",
+                        chunk.len(),
+                        proxy.stats(),
+                        proxy.log_text()
+                    )
+                });
+            assert_eq!(show(&reply), show(b"STORED\r\n"), "set {k}");
+        }
+    }
+}
+
 /// The reply line to `request` through `proxy`, as text.
 fn line(c: &mut Conn, request: &str) -> String {
     String::from_utf8_lossy(&c.roundtrip_line(request.as_bytes())).into_owned()
@@ -171,7 +213,7 @@ fn shadow_copies_the_configured_fraction_of_keys() {
     let keys = keys("sh", 5000);
     let mut c = proxy.connect();
     let started = Instant::now();
-    c.set_many(&keys, value_of);
+    set_many_logged(&proxy, &mut c, &keys);
     let took = started.elapsed();
 
     let (sent, completed, errors, dropped) = wait_shadow_settled(&proxy, "root");
@@ -264,7 +306,7 @@ fn a_killed_shadow_never_fails_the_client() {
     let mut latencies = Vec::new();
     for k in &keys {
         let started = Instant::now();
-        c.set(k, value_of(k).as_bytes());
+        set_logged(&proxy, &mut c, k, &value_of(k));
         latencies.push(started.elapsed());
         ok += 1;
     }
