@@ -226,10 +226,16 @@ async fn serve(
         },
         Err(error) => error,
     };
-    if !outcome_is_shutdown(&error) {
-        // Once per broken connection, however many requests were in flight on it: they
-        // all failed for one reason. Before they are answered, so whoever sees the error
-        // also sees it counted.
+    // Once per broken connection, however many requests were in flight on it: they all
+    // failed for one reason. Before they are answered, so whoever sees the error also sees
+    // it counted. An idle connection the server (or a NAT, or memcached's idle_timeout)
+    // closed failed no request: it is reconnected, not held against the server.
+    let failed_requests = !in_flight.borrow().is_empty()
+        || matches!(
+            error,
+            BackendError::Timeout { .. } | BackendError::BadReply { .. }
+        );
+    if !outcome_is_shutdown(&error) && failed_requests {
         settings.health.record_failure(&error.reason());
     }
     for request in in_flight.take() {

@@ -186,9 +186,18 @@ impl ServerHealth {
 
     /// Returns at the next time the server comes back up after being down: at once if it
     /// is down now and comes up, or after a whole down-then-up cycle if it is up now.
-    pub(crate) async fn wait_recovered(&self) {
-        self.wait_down().await;
-        self.wait_up().await;
+    ///
+    /// The state is noted when this is called, not when it is first polled: a server
+    /// marked up in between (a quick probe) still counts as recovered.
+    pub(crate) fn wait_recovered(&self) -> impl std::future::Future<Output = ()> + '_ {
+        let mut changes = self.state.subscribe();
+        let down_now = changes.borrow_and_update().down;
+        async move {
+            if !down_now {
+                let _ = changes.wait_for(|state| state.down).await;
+            }
+            let _ = changes.wait_for(|state| !state.down).await;
+        }
     }
 
     pub fn marked_down_total(&self) -> u64 {

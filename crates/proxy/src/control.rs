@@ -154,6 +154,11 @@ impl Controller {
         config: Config,
     ) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         let _applying = lock(&self.applying);
+        self.apply_locked(config)
+    }
+
+    /// apply() for a caller that holds `applying`.
+    fn apply_locked(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         let effective = self.with_discovered_servers(&config);
         let routes = Arc::new(RouteTable::build(&effective)?);
         let effective = Arc::new(effective);
@@ -223,6 +228,9 @@ impl Controller {
 
     /// Records a DNS pool's new address set and serves it. Called by the DNS watchers.
     fn rediscovered(&self, pool: &str, spec: &DnsDiscovery, addresses: Vec<SocketAddr>) {
+        // Held from before the base config is read until the generation is sent: a reload
+        // applied meanwhile would otherwise be undone by this older base.
+        let _applying = lock(&self.applying);
         {
             let mut discovered = lock(&self.discovered);
             if discovered
@@ -241,7 +249,7 @@ impl Controller {
             );
         }
         let base = (*self.base()).clone();
-        if let Err(error) = self.apply(base) {
+        if let Err(error) = self.apply_locked(base) {
             tracing::error!(pool, %error, "cannot serve the discovered servers; keeping the running config");
         }
     }

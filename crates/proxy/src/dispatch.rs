@@ -191,6 +191,7 @@ impl Pending {
 pub(crate) fn dispatch(
     context: &WorkerContext,
     routing: &Rc<Routing>,
+    slot: usize,
     request: Request,
     pending: &mut std::collections::VecDeque<Pending>,
 ) -> Flow {
@@ -205,14 +206,14 @@ pub(crate) fn dispatch(
                     .fetch_add(request.keys.len() as u64, Relaxed);
             }
             if request.keys.len() == 1 {
-                pending.push_back(send_single(routing, request));
+                pending.push_back(send_single(routing, slot, request));
             } else {
-                pending.push_back(split_multi_get(routing, request));
+                pending.push_back(split_multi_get(routing, slot, request));
             }
         }
         Command::MetaGet => {
             stats.cmd_get.fetch_add(1, Relaxed);
-            pending.push_back(send_single(routing, request));
+            pending.push_back(send_single(routing, slot, request));
         }
         Command::Set
         | Command::Add
@@ -222,11 +223,11 @@ pub(crate) fn dispatch(
         | Command::Cas
         | Command::MetaSet => {
             stats.cmd_set.fetch_add(1, Relaxed);
-            pending.push_back(send_single(routing, request));
+            pending.push_back(send_single(routing, slot, request));
         }
         Command::Touch => {
             stats.cmd_touch.fetch_add(1, Relaxed);
-            pending.push_back(send_single(routing, request));
+            pending.push_back(send_single(routing, slot, request));
         }
         Command::Delete
         | Command::Incr
@@ -234,11 +235,11 @@ pub(crate) fn dispatch(
         | Command::MetaDelete
         | Command::MetaArithmetic
         | Command::MetaDebug => {
-            pending.push_back(send_single(routing, request));
+            pending.push_back(send_single(routing, slot, request));
         }
         Command::FlushAll => {
             stats.cmd_flush.fetch_add(1, Relaxed);
-            pending.push_back(fan_out_flush(routing, request));
+            pending.push_back(fan_out_flush(routing, slot, request));
         }
         Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!(
             "VERSION memroute-{}\r\n",
@@ -275,7 +276,7 @@ fn stats_reply(request: &Request) -> Pending {
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
 }
 
-fn send_single(routing: &Rc<Routing>, request: Request) -> Pending {
+fn send_single(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
     let Some(key) = request.keys().next() else {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
         return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
@@ -297,7 +298,7 @@ fn send_single(routing: &Rc<Routing>, request: Request) -> Pending {
             let Some(server) = routing.server_for(pool, key) else {
                 return no_servers_reply(routing, pool);
             };
-            let connection = routing.pools[pool].servers[server].pick();
+            let connection = routing.pools[pool].servers[server].pick(slot);
             Leg::new(connection.send(parts, kind), pool, server)
         }
         // A policy route (shadow, replicated, failover, ...) is on the way.
@@ -308,6 +309,8 @@ fn send_single(routing: &Rc<Routing>, request: Request) -> Pending {
                 key: Bytes::copy_from_slice(key),
                 parts,
                 kind,
+                slot,
+                echo: meta_echo(&request),
             };
             Leg::executed(execute::spawn(routing, routing.routes.root(), job))
         }
@@ -318,6 +321,44 @@ fn send_single(routing: &Rc<Routing>, request: Request) -> Pending {
         command: request.command,
         noreply: request.noreply,
     }
+}
+
+/// The flags memcached echoes on a meta reply that carries no data (`EN`, `NS`, `NF`, `HD`):
+/// the opaque `O...`, the key `k` (as `k<key>`) and base64 `b`. Only routes that answer
+/// without a server (null) need them; `None` for non-meta commands.
+fn meta_echo(request: &Request) -> Option<Bytes> {
+    let is_meta = matches!(
+        request.command,
+        Command::MetaGet
+            | Command::MetaSet
+            | Command::MetaDelete
+            | Command::MetaArithmetic
+            | Command::MetaDebug
+    );
+    let key_range = request.keys.first()?;
+    if !is_meta {
+        return None;
+    }
+    let key = &request.frame[key_range.clone()];
+    let line = request.frame.get(key_range.end..request.line_len)?;
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut echo = BytesMut::new();
+    for flag in line.split(|&b| b == b' ').filter(|w| !w.is_empty()) {
+        match flag.first() {
+            Some(b'O') => {
+                echo.put_u8(b' ');
+                echo.put_slice(flag);
+            }
+            Some(b'k') => {
+                echo.put_slice(b" k");
+                echo.put_slice(key);
+            }
+            Some(b'b') if flag.len() == 1 => echo.put_slice(b" b"),
+            _ => {}
+        }
+    }
+    Some(echo.freeze())
 }
 
 fn no_servers_reply(routing: &Routing, pool: usize) -> Pending {
@@ -394,7 +435,7 @@ enum KeyTarget {
     Nowhere(u32),
 }
 
-fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
+fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
     let context = &**routing;
     let count = request.keys.len();
     let operation = operation_of(&request);
@@ -430,7 +471,9 @@ fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
             KeyTarget::Nowhere(pool) => return no_servers_reply(routing, pool as usize),
             KeyTarget::Executor => {
                 key_leg[first] = legs.len() as u32;
-                legs.push(execute_one_key(routing, &request, head, operation, first));
+                legs.push(execute_one_key(
+                    routing, slot, &request, head, operation, first,
+                ));
                 continue;
             }
         };
@@ -442,7 +485,7 @@ fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
                 continue;
             }
             if in_batch > 0 && frame.len() + 1 + request.keys[i].len() + 2 > byte_cap {
-                legs.push(send_batch(context, &mut frame, pool, server));
+                legs.push(send_batch(context, slot, &mut frame, pool, server));
                 in_batch = 0;
             }
             if in_batch == 0 {
@@ -455,12 +498,12 @@ fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
             key_leg[i] = legs.len() as u32;
             in_batch += 1;
             if in_batch == batch_size {
-                legs.push(send_batch(context, &mut frame, pool, server));
+                legs.push(send_batch(context, slot, &mut frame, pool, server));
                 in_batch = 0;
             }
         }
         if in_batch > 0 {
-            legs.push(send_batch(context, &mut frame, pool, server));
+            legs.push(send_batch(context, slot, &mut frame, pool, server));
         }
     }
     Pending::MultiGet(Box::new(MultiGet {
@@ -474,6 +517,7 @@ fn split_multi_get(routing: &Rc<Routing>, request: Request) -> Pending {
 /// One key of a multi-get through the route executor, as a one-key `get` of its own.
 fn execute_one_key(
     routing: &Rc<Routing>,
+    slot: usize,
     request: &Request,
     head: &[u8],
     operation: Operation,
@@ -490,24 +534,33 @@ fn execute_one_key(
         key: Bytes::copy_from_slice(key),
         parts: (frame.freeze(), None),
         kind: ReplyKind::Retrieval,
+        slot,
+        echo: None,
     };
     Leg::executed(execute::spawn(routing, routing.routes.root(), job))
 }
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
-fn send_batch(context: &Routing, frame: &mut BytesMut, pool: usize, server: usize) -> Leg {
+fn send_batch(
+    context: &Routing,
+    slot: usize,
+    frame: &mut BytesMut,
+    pool: usize,
+    server: usize,
+) -> Leg {
     frame.put_slice(b"\r\n");
-    let connection = context.pools[pool].servers[server].pick();
+    let connection = context.pools[pool].servers[server].pick(slot);
     let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
     Leg::new(receiver, pool, server)
 }
 
-fn fan_out_flush(routing: &Rc<Routing>, request: Request) -> Pending {
+fn fan_out_flush(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
     let routes = &routing.routes;
     let parts = request.forward_parts();
-    let pool = match routes.node(routes.select(routes.root(), Operation::FlushAll, b"")) {
+    let pool = match routes.node(routes.root()) {
         Node::Pool(pool) => *pool,
-        // A policy route decides where flush_all goes (every replica, the failover order, ...).
+        // A route decides where flush_all goes (every target of a prefix route, every
+        // replica, the operation route's flush_all target, ...).
         _ => {
             let job = Job {
                 operation: Operation::FlushAll,
@@ -515,6 +568,8 @@ fn fan_out_flush(routing: &Rc<Routing>, request: Request) -> Pending {
                 key: Bytes::new(),
                 parts,
                 kind: ReplyKind::Line,
+                slot,
+                echo: None,
             };
             return Pending::Single {
                 routing: routing.clone(),
@@ -533,7 +588,7 @@ fn fan_out_flush(routing: &Rc<Routing>, request: Request) -> Pending {
         .enumerate()
         .map(|(server, connections)| {
             Leg::new(
-                connections.pick().send(parts.clone(), ReplyKind::Line),
+                connections.pick(slot).send(parts.clone(), ReplyKind::Line),
                 pool,
                 server,
             )

@@ -43,6 +43,10 @@ pub(crate) struct Job {
     /// The bytes to send to a server (noreply/q already stripped).
     pub parts: (Bytes, Option<Bytes>),
     pub kind: ReplyKind,
+    /// The client session's connection slot (keeps one client's requests on one connection).
+    pub slot: usize,
+    /// For meta commands: the flags a reply without data echoes (` O123 kfoo`).
+    pub echo: Option<Bytes>,
 }
 
 /// Runs `job` from `node` on a task of its own; the reply arrives on the receiver.
@@ -114,6 +118,15 @@ fn run(routing: Rc<Routing>, node: NodeId, job: Rc<Job>) -> BoxedReply {
         let mut node = node;
         loop {
             match routes.node(node) {
+                // flush_all has no key: it goes to every target of a prefix route, so
+                // that the pools behind the other prefixes are flushed too.
+                Node::Prefix { prefixes, default } if job.operation == Operation::FlushAll => {
+                    let mut targets: Vec<NodeId> = prefixes.iter().map(|(_, t)| *t).collect();
+                    targets.push(*default);
+                    targets.sort_unstable();
+                    targets.dedup();
+                    return flush_all_of(&routing, &targets, &job).await;
+                }
                 Node::Prefix { .. } | Node::Operation { .. } => {
                     node = routes.select(node, job.operation, &job.key);
                 }
@@ -148,7 +161,7 @@ fn run(routing: Rc<Routing>, node: NodeId, job: Rc<Job>) -> BoxedReply {
                     return warm_up(&routing, node, *cold, *warm, *ttl, &job).await;
                 }
                 Node::Random { children } => node = pick_random(children),
-                Node::Null => return Ok(Bytes::from_static(null_reply(job.command))),
+                Node::Null => return Ok(null_answer(&job)),
                 Node::Error { message } => {
                     return Ok(Bytes::from(format!("SERVER_ERROR {message}\r\n")));
                 }
@@ -185,7 +198,7 @@ async fn send_to_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
     };
     let connections = &routing.pools[pool].servers[server];
     let reply = connections
-        .pick()
+        .pick(job.slot)
         .send(job.parts.clone(), job.kind)
         .await
         .unwrap_or_else(|_| Err(crate::dispatch::connection_gone()));
@@ -200,7 +213,7 @@ async fn flush_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
     let receivers: Vec<_> = routing.pools[pool]
         .servers
         .iter()
-        .map(|s| s.pick().send(job.parts.clone(), ReplyKind::Line))
+        .map(|s| s.pick(job.slot).send(job.parts.clone(), ReplyKind::Line))
         .collect();
     if receivers.is_empty() {
         return Err(routing.no_servers(pool));
@@ -210,6 +223,23 @@ async fn flush_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
         let reply = receiver
             .await
             .unwrap_or_else(|_| Err(crate::dispatch::connection_gone()));
+        let ok = matches!(&reply, Ok(bytes) if bytes.starts_with(b"OK\r\n"));
+        if !ok && answer.is_none() {
+            answer = Some(reply);
+        }
+    }
+    answer.unwrap_or(Ok(Bytes::from_static(b"OK\r\n")))
+}
+
+/// flush_all through several routes at once: `OK` only if every one said so.
+async fn flush_all_of(routing: &Rc<Routing>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
+    let mut set = start_all(routing, targets, job);
+    let mut answer: Option<Reply> = None;
+    while let Some(joined) = set.join_next().await {
+        let reply = match joined {
+            Ok((_, reply)) => reply,
+            Err(_) => Err(crate::dispatch::connection_gone()),
+        };
         let ok = matches!(&reply, Ok(bytes) if bytes.starts_with(b"OK\r\n"));
         if !ok && answer.is_none() {
             answer = Some(reply);
@@ -440,7 +470,11 @@ async fn warm_up(
         return from_cold;
     }
     if classic {
-        if let Some(fill) = from_warm.as_ref().ok().and_then(|r| fill_job(r, ttl)) {
+        if let Some(fill) = from_warm
+            .as_ref()
+            .ok()
+            .and_then(|r| fill_job(r, ttl, job.slot))
+        {
             routing.route_stats(node).fills.fetch_add(1, Relaxed);
             let (routing, fill) = (routing.clone(), Rc::new(fill));
             tokio::task::spawn_local(async move {
@@ -451,8 +485,10 @@ async fn warm_up(
     from_warm
 }
 
-/// `set <key> <flags> <ttl> <bytes>` built from the first `VALUE` block of a retrieval reply.
-fn fill_job(reply: &Bytes, ttl: u32) -> Option<Job> {
+/// `add <key> <flags> <ttl> <bytes>` built from the first `VALUE` block of a retrieval reply.
+/// `add`, not `set`: a client's write that reached cold while warm was being asked must win
+/// over the older value from warm.
+fn fill_job(reply: &Bytes, ttl: u32, slot: usize) -> Option<Job> {
     let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
     let line = std::str::from_utf8(&reply[..line_end]).ok()?;
     let mut tokens = line.split(' ');
@@ -465,16 +501,34 @@ fn fill_job(reply: &Bytes, ttl: u32) -> Option<Job> {
     let data_start = line_end + 2;
     let data = reply.get(data_start..data_start.checked_add(length)?)?;
     let mut frame = BytesMut::with_capacity(data.len() + key.len() + 48);
-    frame.put_slice(format!("set {key} {flags} {ttl} {length}\r\n").as_bytes());
+    frame.put_slice(format!("add {key} {flags} {ttl} {length}\r\n").as_bytes());
     frame.put_slice(data);
     frame.put_slice(b"\r\n");
     Some(Job {
-        operation: Operation::Set,
-        command: Command::Set,
+        operation: Operation::Add,
+        command: Command::Add,
         key: Bytes::copy_from_slice(key.as_bytes()),
         parts: (frame.freeze(), None),
         kind: ReplyKind::Line,
+        slot,
+        echo: None,
     })
+}
+
+/// A null route's reply, with the flags a meta client asked to have echoed.
+fn null_answer(job: &Job) -> Bytes {
+    let reply = null_reply(job.command);
+    match &job.echo {
+        Some(echo) if !echo.is_empty() => {
+            let line = reply.strip_suffix(b"\r\n").unwrap_or(reply);
+            let mut out = BytesMut::with_capacity(line.len() + echo.len() + 2);
+            out.put_slice(line);
+            out.put_slice(echo);
+            out.put_slice(b"\r\n");
+            out.freeze()
+        }
+        _ => Bytes::from_static(reply),
+    }
 }
 
 /// What a null route answers: the command's "nothing here / nothing done" reply.
@@ -518,7 +572,10 @@ pub(crate) struct ShadowStats {
 /// One worker's view of a shadow route: its copies in flight and the shared counters.
 #[derive(Debug)]
 pub(crate) struct ShadowState {
-    pub in_flight: std::cell::Cell<usize>,
+    pub name: String,
+    /// Shared with the next generation's state of the same route: copies sent before a
+    /// reload still count against `max_in_flight` after it.
+    pub in_flight: Rc<std::cell::Cell<usize>>,
     pub stats: Arc<ShadowStats>,
 }
 
@@ -529,12 +586,12 @@ mod tests {
     #[test]
     fn fill_is_built_from_the_first_value_block() {
         let reply = Bytes::from_static(b"VALUE k 7 5 99\r\nhello\r\nEND\r\n");
-        let job = fill_job(&reply, 3600).expect("fill");
-        assert_eq!(&job.parts.0[..], b"set k 7 3600 5\r\nhello\r\n");
+        let job = fill_job(&reply, 3600, 0).expect("fill");
+        assert_eq!(&job.parts.0[..], b"add k 7 3600 5\r\nhello\r\n");
         assert_eq!(&job.key[..], b"k");
-        assert!(fill_job(&Bytes::from_static(b"END\r\n"), 0).is_none());
+        assert!(fill_job(&Bytes::from_static(b"END\r\n"), 0, 0).is_none());
         // A reply cut short is never filled.
-        assert!(fill_job(&Bytes::from_static(b"VALUE k 0 10\r\nabc"), 0).is_none());
+        assert!(fill_job(&Bytes::from_static(b"VALUE k 0 10\r\nabc"), 0, 0).is_none());
     }
 
     #[test]

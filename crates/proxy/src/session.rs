@@ -30,6 +30,7 @@ pub(crate) async fn run<R, W>(
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let slot = context.session_slot();
     let mut input = BytesMut::with_capacity(READ_CHUNK);
     let mut output = BytesMut::with_capacity(READ_CHUNK);
     let mut pending: VecDeque<Pending> = VecDeque::new();
@@ -60,7 +61,7 @@ pub(crate) async fn run<R, W>(
             }
             match parse_request(&mut input, &routing.limits) {
                 Parse::Request(request) => {
-                    if dispatch(&context, &routing, request, &mut pending) == Flow::Close {
+                    if dispatch(&context, &routing, slot, request, &mut pending) == Flow::Close {
                         reading = false;
                     }
                 }

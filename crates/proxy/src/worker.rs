@@ -71,7 +71,6 @@ struct ConnectionKey {
 #[derive(Debug)]
 pub(crate) struct ServerConnections {
     connections: Vec<BackendHandle>,
-    next: Cell<usize>,
     /// This server's error and timeout counters (touched only when a request fails).
     pub stats: Arc<ServerStats>,
     pub health: Arc<ServerHealth>,
@@ -79,15 +78,13 @@ pub(crate) struct ServerConnections {
 }
 
 impl ServerConnections {
-    /// Round-robin over this worker's connections to the server.
-    pub(crate) fn pick(&self) -> &BackendHandle {
-        let i = self.next.get();
-        self.next.set(if i + 1 >= self.connections.len() {
-            0
-        } else {
-            i + 1
-        });
-        &self.connections[i]
+    /// The connection client session `slot` uses. One session always uses the same
+    /// connection to a server: memcached serves its connections on different threads, so
+    /// a pipelined `set` and the `get` behind it sent on two connections could run in
+    /// either order.
+    #[inline]
+    pub(crate) fn pick(&self, slot: usize) -> &BackendHandle {
+        &self.connections[slot % self.connections.len()]
     }
 
     /// Counts a failed request against this server's error or timeout counter.
@@ -258,7 +255,6 @@ impl Routing {
                             });
                         ServerConnections {
                             connections,
-                            next: Cell::new(0),
                             stats,
                             health,
                             key,
@@ -278,8 +274,13 @@ impl Routing {
         let shadows = generation
             .shadow_stats
             .iter()
-            .map(|stats| ShadowState {
-                in_flight: Cell::new(0),
+            .zip(&generation.routes.shadow_names)
+            .map(|(stats, name)| ShadowState {
+                name: name.clone(),
+                in_flight: old
+                    .and_then(|o| o.shadows.iter().find(|s| &s.name == name))
+                    .map(|s| s.in_flight.clone())
+                    .unwrap_or_default(),
                 stats: stats.clone(),
             })
             .collect();
@@ -339,12 +340,21 @@ pub(crate) struct WorkerContext {
     pub index: usize,
     /// The routing new requests use; replaced (never mutated) on reload.
     routing: RefCell<Rc<Routing>>,
+    /// The slot the next client session gets (which of `connections` it uses).
+    next_slot: Cell<usize>,
     pub shared: Arc<SharedStats>,
 }
 
 impl WorkerContext {
     pub(crate) fn stats(&self) -> &crate::stats::WorkerStats {
         &self.shared.workers[self.index]
+    }
+
+    /// A connection slot for a new client session: sessions take turns.
+    pub(crate) fn session_slot(&self) -> usize {
+        let slot = self.next_slot.get();
+        self.next_slot.set(slot.wrapping_add(1));
+        slot
     }
 
     /// A snapshot of the current routing. Do not hold it across an idle wait: a snapshot
@@ -375,6 +385,7 @@ impl Worker {
         let context = Rc::new(WorkerContext {
             index: self.index,
             routing: RefCell::new(Rc::new(Routing::build(&first, None))),
+            next_slot: Cell::new(0),
             shared: self.shared.clone(),
         });
         drop(first);

@@ -19,7 +19,7 @@ pub enum ReplyClass {
 
 /// Classifies one complete backend reply: `SERVER_ERROR` / `CLIENT_ERROR` / `ERROR` lines
 /// are errors; a classic retrieval reply that is exactly `END\r\n` or a meta `EN\r\n` is a
-/// miss; everything else (`VALUE ..`, `STORED`, `NOT_STORED`, `DELETED`, `NOT_FOUND`,
+/// miss (also with echoed flags, `EN O1 kfoo`); everything else (`VALUE ..`, `STORED`, `NOT_STORED`, `DELETED`, `NOT_FOUND`,
 /// `EXISTS`, `TOUCHED`, numbers, `HD`/`VA`/`NS`/`NF`/`EX`, `OK`, ...) is a hit.
 /// `NOT_FOUND` for a write is not an error: failing over on it would apply the write
 /// elsewhere. An empty slice is no reply at all and counts as an error.
@@ -31,7 +31,8 @@ pub fn classify_reply(reply: &[u8]) -> ReplyClass {
     {
         return ReplyClass::Error;
     }
-    if reply == b"END\r\n" || reply == b"EN\r\n" {
+    // A meta miss echoes the client's opaque and key flags: `EN O123 kfoo`.
+    if reply == b"END\r\n" || reply == b"EN\r\n" || reply.starts_with(b"EN ") {
         return ReplyClass::Miss;
     }
     ReplyClass::Hit
@@ -106,6 +107,12 @@ pub fn write_decision(policy: WritePolicy, outcomes: &[Option<bool>]) -> WriteDe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_meta_miss_with_echoed_flags_is_a_miss() {
+        assert_eq!(classify_reply(b"EN O123 kfoo\r\n"), ReplyClass::Miss);
+        assert_eq!(classify_reply(b"ENX\r\n"), ReplyClass::Hit);
+    }
     use WriteDecision::{Answer, Fail, Wait};
 
     #[test]
