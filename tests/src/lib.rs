@@ -691,7 +691,15 @@ impl Conn {
     /// Reads more bytes into the buffer. Ok(0) is EOF; a timeout is an Err.
     fn fill(&mut self) -> std::io::Result<usize> {
         let mut chunk = [0u8; 64 * 1024];
-        let n = self.stream.read(&mut chunk)?;
+        // A signal delivered to the test process interrupts the read (EINTR): that is
+        // neither a timeout nor an EOF, so read again (seen under load, as a false
+        // "read timed out" a few ms into the read).
+        let n = loop {
+            match self.stream.read(&mut chunk) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        };
         self.buf.extend_from_slice(&chunk[..n]);
         Ok(n)
     }

@@ -66,7 +66,8 @@ fn set_logged(proxy: &Memroute, c: &mut Conn, key: &str, value: &str) {
 /// `Conn::set_many` (pipelined, 200 a batch) through `proxy`, failing with memroute's log
 /// if a reply never comes.
 fn set_many_logged(proxy: &Memroute, c: &mut Conn, keys: &[String]) {
-    for chunk in keys.chunks(200) {
+    for (n, chunk) in keys.chunks(200).enumerate() {
+        let done = n * 200;
         let mut batch = Vec::new();
         for k in chunk {
             let v = value_of(k);
@@ -78,7 +79,7 @@ fn set_many_logged(proxy: &Memroute, c: &mut Conn, keys: &[String]) {
                 .read_until_with(|b| find(b, b"\r\n").map(|i| i + 2))
                 .unwrap_or_else(|e| {
                     panic!(
-                        "pipelined set {k} ({i} of a batch of {}): {e}\nstats: {:?}\nlog:\n{}",
+                        "pipelined set {k} (reply {i} of a batch of {} sets; {done} replies before this batch): {e}\nstats: {:?}\nlog:\n{}",
                         chunk.len(),
                         proxy.stats(),
                         proxy.log_text()
@@ -270,7 +271,7 @@ fn key_range_selects_the_same_keys_as_the_equal_fraction() {
         ],
     );
     let keys = keys("kr", 1000);
-    proxy.connect().set_many(&keys, value_of);
+    set_many_logged(&proxy, &mut proxy.connect(), &keys);
     wait_shadow_settled(&proxy, "root");
     wait_shadow_settled(&proxy, "inner");
     let mut in_s1: Vec<String> = s1.held(&keys).into_keys().collect();
@@ -349,7 +350,7 @@ fn a_stalled_shadow_never_holds_up_the_client_and_sheds_beyond_max_in_flight() {
     let started = Instant::now();
     // One write of 50 sets: all of them reach memroute at once, so more than 10 shadow
     // copies would be in flight together.
-    c.set_many(&keys, value_of);
+    set_many_logged(&proxy, &mut c, &keys);
     let took = started.elapsed();
     let (sent, completed, errors, dropped) = shadow_stats(&proxy, "root");
     println!(
@@ -391,7 +392,7 @@ fn replicated_writes_reach_every_replica_and_reads_fail_over() {
     );
     let keys = keys("r", 200);
     let mut c = proxy.connect();
-    c.set_many(&keys, value_of);
+    set_many_logged(&proxy, &mut c, &keys);
     for (i, server) in servers.iter().enumerate() {
         let held = server.held(&keys);
         assert_eq!(held.len(), keys.len(), "replica {i} misses keys");
@@ -639,7 +640,7 @@ fn random_route_spreads_requests_over_its_children() {
         ],
     );
     let keys = keys("rnd", 1000);
-    proxy.connect().set_many(&keys, value_of);
+    set_many_logged(&proxy, &mut proxy.connect(), &keys);
     let (in_a, in_b) = (a.stat("curr_items"), b.stat("curr_items"));
     println!("random: 1000 sets went {in_a} to a and {in_b} to b");
     assert_eq!(in_a + in_b, 1000);
