@@ -6,11 +6,15 @@
 //! - `server_for/<distribution>/<servers>`: the whole per-key placement step
 //!   (hash_tag check, hash, lookup) over a rotating set of keys, so the ring lookup
 //!   is not served from one hot cache line.
+//! - `route/simple_pool/...`: the route-table walk every request makes before placement
+//!   (a plain pool, and a prefix route nested in an operation route).
+//! - `route/with_live/ketama/50`: rebuilding a 50-server ketama ring without one server
+//!   (what each worker does once when a server of an ejecting pool goes down or up).
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use memroute_config::{DistributionName, HashName, PoolConfig, ServerConfig};
-use memroute_routing::{HashFn, Placement};
+use memroute_config::{DistributionName, HashName, Operation, PoolConfig, ServerConfig};
+use memroute_routing::{HashFn, Placement, RouteTable};
 
 const KEY: &[u8; 20] = b"user:1234567:profile";
 
@@ -69,5 +73,42 @@ fn bench_server_for(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_hashes, bench_server_for);
+fn bench_route(c: &mut Criterion) {
+    let keys: Vec<Vec<u8>> = (0..1024)
+        .map(|i| format!("{}:{i:07}:profile", ["user", "session", "feed"][i % 3]).into_bytes())
+        .collect();
+    let plain = memroute_config::parse(
+        "[pools.main]\nservers = [\"10.0.0.1:11211\", \"10.0.0.2:11211\"]\n",
+    )
+    .expect("valid config");
+    let nested = memroute_config::parse(
+        "[proxy]\nroute = \"ops\"\n\
+         [pools.main]\nservers = [\"10.0.0.1:11211\"]\n\
+         [pools.sessions]\nservers = [\"10.0.0.2:11211\"]\n\
+         [pools.writes]\nservers = [\"10.0.0.3:11211\"]\n\
+         [routes.ops]\ntype = \"operation\"\ndelete = \"writes\"\ndefault = \"by_prefix\"\n\
+         [routes.by_prefix]\ntype = \"prefix\"\nprefixes = { \"session:\" = \"sessions\", \"feed:\" = \"main\" }\ndefault = \"main\"\n",
+    )
+    .expect("valid config");
+    let mut group = c.benchmark_group("route");
+    for (name, config) in [("plain", &plain), ("operation-prefix", &nested)] {
+        let table = RouteTable::build(config).expect("routable");
+        group.bench_function(format!("simple_pool/{name}"), |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                i = (i + 1) & 1023;
+                table.simple_pool(black_box(Operation::Get), black_box(&keys[i]))
+            })
+        });
+    }
+    let pool50 = pool(50, DistributionName::Ketama, HashName::Fnv1a_64);
+    let mut live = vec![true; 50];
+    live[17] = false;
+    group.bench_function("with_live/ketama/50", |b| {
+        b.iter(|| Placement::with_live(black_box(&pool50), black_box(&live)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_hashes, bench_server_for, bench_route);
 criterion_main!(benches);

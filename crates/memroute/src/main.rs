@@ -65,7 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .with_context(|| format!("cannot read {}", file.display()))?;
         let toml = memroute_config::twemproxy::import(&yaml)
             .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
-        print!("{toml}");
+        write_stdout(&toml);
         return Ok(());
     }
     let Some(path) = cli.config else {
@@ -74,8 +74,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let config = memroute_config::load(&path)
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
     if cli.check {
-        print!("{}", describe(&config));
-        println!("config {} is valid", path.display());
+        write_stdout(&describe(&config));
+        write_stdout(&format!("config {} is valid\n", path.display()));
         return Ok(());
     }
     serve(config, &path)
@@ -193,14 +193,23 @@ fn describe(config: &Config) -> String {
         config.proxy.route
     );
     for (name, pool) in &config.pools {
+        if let Some(dns) = &pool.discovery {
+            let _ = writeln!(
+                out,
+                "pool {name}: servers from DNS {}:{} every {:?}",
+                dns.host, dns.port, dns.refresh
+            );
+        }
         let _ = writeln!(
             out,
-            "pool {name}: {} servers, distribution {}, hash {}, timeout {:?}, connections {}",
+            "pool {name}: {} servers, distribution {}, hash {}, timeout {:?}, connections {}, failure_limit {}, eject {}",
             pool.servers.len(),
             pool.distribution.as_str(),
             pool.hash.as_str(),
             pool.timeout,
-            pool.connections
+            pool.connections,
+            pool.failure_limit,
+            pool.eject
         );
         for server in &pool.servers {
             let name = server
@@ -224,9 +233,83 @@ fn describe(config: &Config) -> String {
                 }
             }
             other => {
-                let _ = writeln!(out, "route {name}: {other:?}");
+                let _ = writeln!(out, "route {name}: {}", describe_route(other));
             }
         }
     }
     out
+}
+
+/// One line describing a route that is not a prefix route (for `--check`).
+fn describe_route(route: &RouteConfig) -> String {
+    use memroute_config::{FailoverOn, ReadPolicy, ShadowSelect, WritePolicy};
+    match route {
+        RouteConfig::Prefix { default, .. } => format!("prefix, default {default}"),
+        RouteConfig::Operation {
+            operations,
+            default,
+        } => {
+            let named: Vec<String> = operations
+                .iter()
+                .map(|(op, target)| format!("{} -> {target}", op.as_str()))
+                .collect();
+            format!("operation, {}, default {default}", named.join(", "))
+        }
+        RouteConfig::Shadow {
+            primary,
+            shadow,
+            select,
+            max_in_flight,
+        } => {
+            let selected = match select {
+                ShadowSelect::Fraction(f) => format!("fraction {f}"),
+                ShadowSelect::KeyRange(a, b) => format!("key_range [{a}, {b})"),
+            };
+            format!("shadow, primary {primary}, shadow {shadow} ({selected}, max_in_flight {max_in_flight})")
+        }
+        RouteConfig::Replicated {
+            children,
+            writes,
+            reads,
+        } => {
+            let writes = match writes {
+                WritePolicy::AllSync => "all-sync",
+                WritePolicy::AllAsync => "all-async",
+                WritePolicy::AllInitial => "all-initial",
+                WritePolicy::AllMajority => "all-majority",
+            };
+            let reads = match reads {
+                ReadPolicy::First => "first",
+                ReadPolicy::Failover => "failover",
+                ReadPolicy::Random => "random",
+                ReadPolicy::Fastest => "fastest",
+            };
+            format!(
+                "replicated over {}, writes {writes}, reads {reads}",
+                children.join(", ")
+            )
+        }
+        RouteConfig::Failover { children, on } => {
+            let on = match on {
+                FailoverOn::Error => "error",
+                FailoverOn::ErrorOrMiss => "error-or-miss",
+            };
+            format!("failover over {} on {on}", children.join(", "))
+        }
+        RouteConfig::WarmUp { cold, warm, ttl } => {
+            format!("warm-up, cold {cold}, warm {warm}, ttl {ttl}s")
+        }
+        RouteConfig::Random { children } => format!("random over {}", children.join(", ")),
+        RouteConfig::Null => "null".to_string(),
+        RouteConfig::Error { message } => format!("error, message {message:?}"),
+    }
+}
+
+/// Prints to stdout, ignoring a closed pipe (`memroute --check ... | head`): `print!`
+/// would panic on it.
+fn write_stdout(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
 }
