@@ -13,8 +13,11 @@ fn stale_reads(proxy: &Memroute, rounds: usize, prefix: &str) -> usize {
     for i in 0..rounds {
         let value = format!("v{i}");
         batch.extend_from_slice(
-            format!("set {prefix}{i} 0 0 {}\r\n{value}\r\nget {prefix}{i}\r\n", value.len())
-                .as_bytes(),
+            format!(
+                "set {prefix}{i} 0 0 {}\r\n{value}\r\nget {prefix}{i}\r\n",
+                value.len()
+            )
+            .as_bytes(),
         );
     }
     c.send(&batch);
@@ -22,7 +25,10 @@ fn stale_reads(proxy: &Memroute, rounds: usize, prefix: &str) -> usize {
     for i in 0..rounds {
         assert_eq!(c.read_line(), b"STORED\r\n", "set {prefix}{i}");
         let reply = c.read_get_reply();
-        let expected = format!("VALUE {prefix}{i} 0 {}\r\nv{i}\r\nEND\r\n", format!("v{i}").len());
+        let expected = format!(
+            "VALUE {prefix}{i} 0 {}\r\nv{i}\r\nEND\r\n",
+            format!("v{i}").len()
+        );
         if reply != expected.as_bytes() {
             stale += 1;
         }
@@ -48,6 +54,9 @@ fn pipelined_set_then_get_sees_the_set_with_several_connections_per_server() {
     let plain = stale_reads(&proxy, 400, "k");
     let replicated = stale_reads(&proxy, 200, "r:");
     println!("ordering: stale reads with connections = 4: plain pool {plain}/400, replicated route {replicated}/200");
-    assert_eq!(plain, 0, "gets that ran before the set pipelined ahead of them");
+    assert_eq!(
+        plain, 0,
+        "gets that ran before the set pipelined ahead of them"
+    );
     assert_eq!(replicated, 0, "through a replicated route");
 }
