@@ -963,6 +963,15 @@ pub fn poll_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 }
 
 /// The numeric value of stat `name` in a `stats` reply, if present.
+/// Index of the one server in `servers` holding `key`, found by asking each directly.
+pub fn holder(servers: &[Memcached], key: &str) -> usize {
+    let found: Vec<usize> = (0..servers.len())
+        .filter(|&i| servers[i].connect().get(key).is_some())
+        .collect();
+    assert_eq!(found.len(), 1, "{key} is on servers {found:?}");
+    found[0]
+}
+
 pub fn stat_u64(stats: &[(String, String)], name: &str) -> Option<u64> {
     stats
         .iter()

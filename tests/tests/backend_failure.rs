@@ -5,15 +5,6 @@ use std::time::{Duration, Instant};
 
 use memroute_tests::*;
 
-/// Index of the server holding `key`, found by asking each one directly.
-fn holder(servers: &[Memcached], key: &str) -> usize {
-    let found: Vec<usize> = (0..servers.len())
-        .filter(|&i| servers[i].connect().get(key).is_some())
-        .collect();
-    assert_eq!(found.len(), 1, "{key} is on servers {found:?}");
-    found[0]
-}
-
 #[test]
 fn killed_backend_fails_fast_and_recovers_after_restart() {
     let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();

@@ -21,15 +21,6 @@ const FAST_PROBES: &str = "probe_interval = \"100ms\"\nprobe_interval_max = \"50
 /// How long memroute may take to mark a server down or up before the test fails.
 const HEALTH_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Index of the server holding `key`, found by asking each one directly.
-fn holder(servers: &[Memcached], key: &str) -> usize {
-    let found: Vec<usize> = (0..servers.len())
-        .filter(|&i| servers[i].connect().get(key).is_some())
-        .collect();
-    assert_eq!(found.len(), 1, "{key} is on servers {found:?}");
-    found[0]
-}
-
 struct Setup {
     servers: Vec<Memcached>,
     proxy: Memroute,

@@ -8,15 +8,6 @@ use std::time::{Duration, Instant};
 
 use memroute_tests::*;
 
-/// Index of the server holding `key`, found by asking each one directly.
-fn holder(servers: &[Memcached], key: &str) -> usize {
-    let found: Vec<usize> = (0..servers.len())
-        .filter(|&i| servers[i].connect().get(key).is_some())
-        .collect();
-    assert_eq!(found.len(), 1, "{key} is on servers {found:?}");
-    found[0]
-}
-
 /// Three servers, keys `to{i}` spread over them (md5: short sequential keys reach all three),
 /// and the index of the server holding `to0`.
 struct Setup {
