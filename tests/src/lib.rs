@@ -238,8 +238,31 @@ impl Memcached {
     pub fn stop(&self) -> Stopped {
         let pid = self.pid().expect("memcached is not running");
         signal_pid(pid, "STOP");
+        // `kill` returns once the signal is queued; a memcached thread may still be running
+        // (on the other core) and answer one more request. Wait until every thread is stopped.
+        assert!(
+            poll_until(Duration::from_secs(5), || all_threads_stopped(pid)),
+            "memcached {pid}: not every thread stopped 5 s after SIGSTOP"
+        );
         Stopped { pid: Some(pid) }
     }
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T` in /proc/PID/task/TID/stat).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat"))
+            .ok()
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            .and_then(|stat| {
+                stat.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    })
 }
 
 /// A process frozen with SIGSTOP; SIGCONT on `resume` or on Drop.
