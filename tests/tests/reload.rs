@@ -39,11 +39,17 @@ fn stat(server: &Memcached, name: &str) -> u64 {
         .expect("a numeric stat")
 }
 
-/// Polls (bounded) until `server`'s curr_connections is at most `at_most`.
-fn wait_curr_connections(server: &Memcached, at_most: u64) -> u64 {
+/// `curr_connections` asked over one long-lived direct connection (`probe`): a fresh
+/// connection per question would leave the previous one closing in the count.
+fn curr_connections(probe: &mut Conn) -> u64 {
+    stat_u64(&probe.stats(), "curr_connections").expect("curr_connections in memcached's stats")
+}
+
+/// Polls (bounded) until curr_connections, asked over `probe`, is at most `at_most`.
+fn wait_curr_connections(probe: &mut Conn, at_most: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let now = stat(server, "curr_connections");
+        let now = curr_connections(probe);
         if now <= at_most || Instant::now() >= deadline {
             return now;
         }
@@ -59,9 +65,12 @@ fn sighup_moves_a_pool_to_new_servers_and_open_connections_keep_working() {
     let proxy = Memroute::start(&simple_config(&listen, &[m1.addr()], ""));
     let mut before = proxy.connect();
     before.set("old", b"one");
-    assert_eq!(m1.connect().get("old").as_deref(), Some(&b"one"[..]));
-    // curr_connections counts the asking connection too: memroute's one connection is in it.
-    let m1_connections = stat(&m1, "curr_connections");
+    // Every direct question to m1 goes over this one connection, so m1's curr_connections
+    // changes only with memroute's connections.
+    let mut m1_probe = m1.connect();
+    assert_eq!(m1_probe.get("old").as_deref(), Some(&b"one"[..]));
+    // curr_connections counts the probe too: memroute's one connection is in it.
+    let m1_connections = curr_connections(&mut m1_probe);
 
     assert!(
         proxy.reload(&simple_config(&listen, &[m2.addr()], "")),
@@ -73,7 +82,7 @@ fn sighup_moves_a_pool_to_new_servers_and_open_connections_keep_working() {
     before.set("new", b"two");
     assert_eq!(m2.connect().get("new").as_deref(), Some(&b"two"[..]));
     assert_eq!(
-        m1.connect().get("new"),
+        m1_probe.get("new"),
         None,
         "a set after the reload reached m1"
     );
@@ -87,7 +96,7 @@ fn sighup_moves_a_pool_to_new_servers_and_open_connections_keep_working() {
     assert_eq!(after.get("new").as_deref(), Some(&b"two"[..]));
 
     // m1 left the config: memroute's connection to it closes.
-    let left = wait_curr_connections(&m1, m1_connections - 1);
+    let left = wait_curr_connections(&mut m1_probe, m1_connections - 1);
     assert_eq!(
         left,
         m1_connections - 1,
