@@ -441,6 +441,72 @@ fn replicated_writes_reach_every_replica_and_reads_fail_over() {
 }
 
 #[test]
+fn replicated_reads_random_spread_and_fastest_does_not_wait_for_a_stalled_replica() {
+    let a = Memcached::start();
+    let b = Memcached::start();
+    // A pool timeout far beyond the test client's read timeout (IO_TIMEOUT): a read that waited for the
+    // stalled replica would fail the test by itself, whatever the machine's speed.
+    let patient =
+        |name: &str, server: &Memcached| pool_section(name, &[server.addr()], "timeout = \"60s\"");
+    let proxy = start(
+        "root",
+        &[
+            patient("a", &a),
+            patient("b", &b),
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"f:\" = \"fastest\" }\ndefault = \"random\"\n\n"
+                .to_string(),
+            "[routes.random]\ntype = \"replicated\"\nchildren = [\"a\", \"b\"]\nreads = \"random\"\n\n"
+                .to_string(),
+            "[routes.fastest]\ntype = \"replicated\"\nchildren = [\"a\", \"b\"]\nreads = \"fastest\"\n\n"
+                .to_string(),
+        ],
+    );
+    // Each replica holds its own value, set directly, so a reply says which replica answered.
+    for key in ["k", "f:k"] {
+        a.connect().set(key, b"from-a");
+        b.connect().set(key, b"from-b");
+    }
+    let mut c = proxy.connect();
+
+    let (mut from_a, mut from_b) = (0, 0);
+    for _ in 0..400 {
+        match c.get("k").as_deref() {
+            Some(b"from-a") => from_a += 1,
+            Some(b"from-b") => from_b += 1,
+            other => panic!("reads = random answered {other:?}"),
+        }
+    }
+    println!("replicated reads = random: 400 gets answered {from_a} by a, {from_b} by b");
+    // 200 expected each; 100 is ten standard deviations away.
+    assert!(
+        from_a >= 100 && from_b >= 100,
+        "reads = random is not spread: a {from_a}, b {from_b}"
+    );
+
+    let both = c.get("f:k");
+    assert!(
+        matches!(both.as_deref(), Some(b"from-a") | Some(b"from-b")),
+        "reads = fastest with both replicas up: {both:?}"
+    );
+    let frozen = a.stop();
+    let mut samples = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        assert_eq!(
+            c.get("f:k").as_deref(),
+            Some(&b"from-b"[..]),
+            "reads = fastest with replica a stalled"
+        );
+        samples.push(started.elapsed());
+    }
+    println!(
+        "replicated reads = fastest, replica a SIGSTOPped (pool timeout 60 s): {}",
+        latency_summary(&samples)
+    );
+    frozen.resume();
+}
+
+#[test]
 fn replicated_async_and_initial_writes_reach_every_replica() {
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let proxy = start(
