@@ -554,6 +554,25 @@ fn replicated_async_and_initial_writes_reach_every_replica() {
         "NOT_FOUND\r\n",
         "all-initial answers the first child's reply"
     );
+
+    // all-async answers touch and flush_all at once too, as memcached would on success.
+    assert_eq!(line(&mut c, "set y 0 0 1\r\n3\r\n"), "STORED\r\n");
+    assert!(everywhere("y", Some(b"3")), "all-async set of y");
+    assert_eq!(line(&mut c, "touch y 1000\r\n"), "TOUCHED\r\n");
+    assert!(
+        poll_until(ASYNC_DEADLINE, || servers
+            .iter()
+            .all(|s| meta_get(s, "y").is_some_and(|(ttl, _, _)| ttl > 0))),
+        "all-async touch did not give y a TTL on every replica"
+    );
+    // flush_all reaches both prefix targets, each a replicated route over all three pools.
+    assert_eq!(line(&mut c, "set i:y 0 0 1\r\n4\r\n"), "STORED\r\n");
+    assert!(everywhere("i:y", Some(b"4")), "all-initial set of i:y");
+    assert_eq!(line(&mut c, "flush_all\r\n"), "OK\r\n");
+    assert!(
+        everywhere("y", None) && everywhere("i:y", None),
+        "flush_all through the replicated routes left items behind"
+    );
 }
 
 #[test]
