@@ -433,6 +433,40 @@ mod tests {
     }
 
     /// Bounds every wait in these tests: a hang is a failure, not a stuck CI job.
+    /// How a fake server (for faults a real memcached will not produce on demand) behaves.
+    enum Fake {
+        /// Accepts and closes at once: each connection breaks without a reply.
+        CloseAtOnce,
+        /// Accepts, reads, never answers.
+        Silent,
+        /// Answers every read with this reply.
+        Answer(&'static [u8]),
+    }
+
+    /// Starts a fake server on a free loopback port (on the current LocalSet); its address.
+    async fn fake_server(fake: Fake) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("local addr").to_string();
+        tokio::task::spawn_local(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let reply = match fake {
+                    Fake::CloseAtOnce => continue, // `stream` is dropped: closed
+                    Fake::Silent => None,
+                    Fake::Answer(reply) => Some(reply),
+                };
+                tokio::task::spawn_local(async move {
+                    let mut request = [0u8; 1024];
+                    while matches!(stream.read(&mut request).await, Ok(n) if n > 0) {
+                        if let Some(reply) = reply {
+                            let _ = stream.write_all(reply).await;
+                        }
+                    }
+                });
+            }
+        });
+        address
+    }
+
     async fn within<F: std::future::Future>(future: F) -> F::Output {
         tokio::time::timeout(Duration::from_secs(10), future)
             .await
@@ -485,14 +519,7 @@ mod tests {
     async fn requests_during_backoff_fail_unsent() {
         LocalSet::new()
             .run_until(async {
-                // Accepts and closes at once: each connection breaks without a reply.
-                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                let address = listener.local_addr().expect("local addr").to_string();
-                tokio::task::spawn_local(async move {
-                    while let Ok((stream, _)) = listener.accept().await {
-                        drop(stream);
-                    }
-                });
+                let address = fake_server(Fake::CloseAtOnce).await;
                 let settings = settings(&address, 100);
                 let health = settings.health.clone();
                 let handle = spawn_connection(settings);
@@ -519,17 +546,7 @@ mod tests {
     async fn a_timeout_counts_once_for_every_request_in_flight() {
         LocalSet::new()
             .run_until(async {
-                // Accepts, reads, never answers.
-                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                let address = listener.local_addr().expect("local addr").to_string();
-                tokio::task::spawn_local(async move {
-                    while let Ok((mut stream, _)) = listener.accept().await {
-                        tokio::task::spawn_local(async move {
-                            let mut sink = [0u8; 1024];
-                            while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
-                        });
-                    }
-                });
+                let address = fake_server(Fake::Silent).await;
                 let settings = settings(&address, 3);
                 let health = settings.health.clone();
                 let handle = spawn_connection(settings);
@@ -552,18 +569,7 @@ mod tests {
     async fn a_reply_resets_the_failure_count() {
         LocalSet::new()
             .run_until(async {
-                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                let address = listener.local_addr().expect("local addr").to_string();
-                tokio::task::spawn_local(async move {
-                    while let Ok((mut stream, _)) = listener.accept().await {
-                        tokio::task::spawn_local(async move {
-                            let mut request = [0u8; 1024];
-                            while matches!(stream.read(&mut request).await, Ok(n) if n > 0) {
-                                let _ = stream.write_all(b"VERSION 1.6.18\r\n").await;
-                            }
-                        });
-                    }
-                });
+                let address = fake_server(Fake::Answer(b"VERSION 1.6.18\r\n")).await;
                 let settings = settings(&address, 3);
                 let health = settings.health.clone();
                 let handle = spawn_connection(settings);
