@@ -39,7 +39,10 @@ mod discovery;
 mod error;
 mod health;
 
-pub use connection::{spawn_connection, BackendHandle, ConnectionSettings, ReplySlot};
+pub use connection::{
+    spawn_connection, BackendHandle, ConnectionSettings, ReplySlot, RECONNECT_BACKOFF_MAX,
+    RECONNECT_BACKOFF_MIN,
+};
 pub use discovery::{hosts_file_addresses, resolve};
 pub use error::BackendError;
 pub use health::{run_prober, HealthSettings, ServerHealth};

@@ -179,8 +179,8 @@ pub struct PoolConfig {
     /// At most this fraction of the pool's servers is ejected at once (default 0.5); a
     /// server marked down beyond it fails fast instead.
     pub max_ejected_fraction: f64,
-    /// First probe of a down server after this long (default 1s); each failed probe
-    /// grows the interval by half, with jitter, up to `probe_interval_max` (default 30s).
+    /// First probe of a down server after this long (default 200ms); each failed probe
+    /// grows the interval by half, with jitter, up to `probe_interval_max` (default 500ms).
     pub probe_interval: Duration,
     pub probe_interval_max: Duration,
     pub distribution: DistributionName,

@@ -45,8 +45,13 @@ pub mod defaults {
     pub const WEIGHT: u32 = 1;
     pub const FAILURE_LIMIT: u32 = 3;
     pub const MAX_EJECTED_FRACTION: f64 = 0.5;
-    pub const PROBE_INTERVAL_MS: u64 = 1_000;
-    pub const PROBE_INTERVAL_MAX_MS: u64 = 30_000;
+    /// A down server is probed often enough that it serves again within a second of its
+    /// return (probes are one connect and `version`, from one prober per server for the
+    /// whole process, so at most 5 a second per server).
+    pub const PROBE_INTERVAL_MS: u64 = 200;
+    /// The interval stops growing here, however long the outage: the recovery bound
+    /// (this plus one probe's round trip) does not depend on how long the server was away.
+    pub const PROBE_INTERVAL_MAX_MS: u64 = 500;
     pub const DNS_REFRESH_MS: u64 = 5_000;
     pub const SHADOW_MAX_IN_FLIGHT: usize = 1000;
     pub const ERROR_ROUTE_MESSAGE: &str = "error route";

@@ -230,8 +230,8 @@ impl Routing {
                                     address: Arc::from(server.address.as_str()),
                                     timeout: pool.timeout,
                                     connect_timeout: pool.connect_timeout,
-                                    backoff_min: Duration::from_millis(100),
-                                    backoff_max: Duration::from_secs(5),
+                                    backoff_min: memroute_backend::RECONNECT_BACKOFF_MIN,
+                                    backoff_max: memroute_backend::RECONNECT_BACKOFF_MAX,
                                     limits,
                                     health: health.clone(),
                                 };
