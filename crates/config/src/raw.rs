@@ -38,6 +38,13 @@ pub mod defaults {
     pub const MAX_CLIENT_PENDING: usize = 256;
     pub const MAX_CONNECTIONS: usize = 0;
     pub const SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+    /// Long enough for a load balancer (a Kubernetes Service's endpoints) to stop sending
+    /// new clients after the SIGTERM that marked memroute not ready.
+    pub const DRAIN_DELAY_MS: u64 = 5_000;
+    /// Replies buffered for clients that do not read them, across the whole process.
+    pub const MAX_BUFFERED_REPLIES: usize = 64 * 1024 * 1024;
+    /// How long a client may hold more than its share of that budget before it is closed.
+    pub const SLOW_CLIENT_TIMEOUT_MS: u64 = 10_000;
     pub const VNODES: u32 = 256;
     pub const CONNECTIONS: usize = 1;
     pub const TIMEOUT_MS: u64 = 250;
@@ -67,6 +74,9 @@ const PROXY_KEYS: &[&str] = &[
     "max_client_pending",
     "max_connections",
     "shutdown_timeout",
+    "drain_delay",
+    "max_buffered_replies",
+    "slow_client_timeout",
 ];
 const ADMIN_KEYS: &[&str] = &["listen"];
 const POOL_KEYS: &[&str] = &[
@@ -722,6 +732,30 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         Duration::from_millis(defaults::SHUTDOWN_TIMEOUT_MS),
         errs,
     );
+    // 0 is meaningful here: stop accepting at once, as before drain existed.
+    let drain_delay = match t.get("drain_delay") {
+        None => Duration::from_millis(defaults::DRAIN_DELAY_MS),
+        Some(v) => parse_duration(v).unwrap_or_else(|m| {
+            errs.push(&join(path, "drain_delay"), m);
+            Duration::from_millis(defaults::DRAIN_DELAY_MS)
+        }),
+    };
+    // 0 turns the budget off.
+    let max_buffered_replies = get_size(
+        t,
+        "max_buffered_replies",
+        path,
+        0,
+        defaults::MAX_BUFFERED_REPLIES,
+        errs,
+    );
+    let slow_client_timeout = get_duration(
+        t,
+        "slow_client_timeout",
+        path,
+        Duration::from_millis(defaults::SLOW_CLIENT_TIMEOUT_MS),
+        errs,
+    );
 
     ProxyConfig {
         listen,
@@ -733,6 +767,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         max_client_pending,
         max_connections,
         shutdown_timeout,
+        drain_delay,
+        max_buffered_replies,
+        slow_client_timeout,
     }
 }
 

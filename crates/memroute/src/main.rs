@@ -84,7 +84,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// What the main thread was woken for.
 enum Event {
     Reload,
+    /// SIGINT: stop accepting now (someone at a terminal wants it gone).
     Stop,
+    /// SIGTERM: drain first (an orchestrator is replacing this instance).
+    Drain,
 }
 
 fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
@@ -115,13 +118,31 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
                 }
                 _ = terminate.recv() => {
                     tracing::info!("SIGTERM: shutting down");
-                    Event::Stop
+                    Event::Drain
                 }
                 _ = hangup.recv() => Event::Reload,
             }
         });
         match event {
             Event::Stop => break,
+            Event::Drain => {
+                // Not ready at once, but keep accepting and serving for drain_delay: a
+                // load balancer still sending clients here must not see refused connects.
+                handle.start_draining();
+                let delay = handle.drain_delay();
+                let interrupted = runtime.block_on(async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => false,
+                        _ = interrupt.recv() => true,
+                        _ = terminate.recv() => true,
+                    }
+                });
+                match interrupted {
+                    true => tracing::warn!("second signal: ending the drain delay early"),
+                    false => tracing::info!("drain delay over: no longer accepting; closing connections as they go idle"),
+                }
+                break;
+            }
             Event::Reload => reload(&handle, path),
         }
     }

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,13 @@ use crate::stats::{SharedStats, WorkerStats};
 use crate::ProxyError;
 
 /// Binds the admin address and serves it on its own thread until the process exits.
-pub(crate) fn start(address: &str, stats: Arc<SharedStats>) -> Result<String, ProxyError> {
+/// `/healthz` answers 503 once `draining` is set (SIGTERM), so a load balancer stops
+/// sending new clients while memroute still serves them.
+pub(crate) fn start(
+    address: &str,
+    stats: Arc<SharedStats>,
+    draining: Arc<AtomicBool>,
+) -> Result<String, ProxyError> {
     let listener = TcpListener::bind(address).map_err(|source| ProxyError::Listen {
         address: address.to_string(),
         source,
@@ -26,7 +33,7 @@ pub(crate) fn start(address: &str, stats: Arc<SharedStats>) -> Result<String, Pr
         .name("memroute-admin".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                if let Err(error) = answer(stream, &stats) {
+                if let Err(error) = answer(stream, &stats, &draining) {
                     tracing::debug!(%error, "admin request failed");
                 }
             }
@@ -35,7 +42,11 @@ pub(crate) fn start(address: &str, stats: Arc<SharedStats>) -> Result<String, Pr
     Ok(bound)
 }
 
-fn answer(mut stream: TcpStream, stats: &SharedStats) -> std::io::Result<()> {
+fn answer(
+    mut stream: TcpStream,
+    stats: &SharedStats,
+    draining: &AtomicBool,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut request = [0u8; 2048];
     let mut len = 0;
@@ -57,7 +68,14 @@ fn answer(mut stream: TcpStream, stats: &SharedStats) -> std::io::Result<()> {
     let (status, content_type, body) = if first_line.starts_with(b"GET /metrics") {
         ("200 OK", "text/plain; version=0.0.4", prometheus(stats))
     } else if first_line.starts_with(b"GET /healthz") {
-        ("200 OK", "text/plain", "ok\n".to_string())
+        match draining.load(Relaxed) {
+            true => (
+                "503 Service Unavailable",
+                "text/plain",
+                "draining\n".to_string(),
+            ),
+            false => ("200 OK", "text/plain", "ok\n".to_string()),
+        }
     } else {
         (
             "404 Not Found",

@@ -36,7 +36,10 @@ pub(crate) async fn run<R, W>(
     let mut pending: VecDeque<Pending> = VecDeque::new();
     // Bytes of a rejected data block still to be discarded as they arrive.
     let mut swallow = 0usize;
-    let mut reading = !*shutdown.borrow();
+    let mut reading = true;
+    // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
+    // flight, nothing buffered), so no request the client already sent is lost.
+    let mut draining = *shutdown.borrow();
     // One future for the whole session: re-creating it per loop would register and
     // unregister a waiter on the shared watch channel for every request.
     let mut stop = std::pin::pin!(shutdown.changed());
@@ -113,7 +116,8 @@ pub(crate) async fn run<R, W>(
                 output = BytesMut::with_capacity(READ_CHUNK);
             }
         }
-        if closing || (!reading && pending.is_empty()) {
+        let idle = pending.is_empty() && input.is_empty() && swallow == 0;
+        if closing || (!reading && pending.is_empty()) || (draining && idle) {
             let _ = writer.shutdown().await;
             return;
         }
@@ -133,7 +137,7 @@ pub(crate) async fn run<R, W>(
                 Ok(0) | Err(_) => reading = false,
                 Ok(_) => {}
             },
-            _ = &mut stop, if reading => reading = false,
+            _ = &mut stop, if reading && !draining => draining = true,
         }
     }
 }
