@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod budget;
 mod control;
 mod dispatch;
 mod error;

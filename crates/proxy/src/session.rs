@@ -16,6 +16,7 @@ use memroute_protocol::{parse_request, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use crate::budget::Charge;
 use crate::dispatch::{dispatch, Flow, Pending};
 use crate::worker::WorkerContext;
 
@@ -31,6 +32,9 @@ pub(crate) async fn run<R, W>(
     W: AsyncWrite + Unpin,
 {
     let slot = context.session_slot();
+    // This session's share of the process-wide reply budget, and whether it is paused.
+    let mut charge = Charge::new(context.shared.clone());
+    let mut paused = false;
     let mut input = BytesMut::with_capacity(READ_CHUNK);
     let mut output = BytesMut::with_capacity(READ_CHUNK);
     let mut pending: VecDeque<Pending> = VecDeque::new();
@@ -52,7 +56,11 @@ pub(crate) async fn run<R, W>(
         // batch. Dropped before any wait, so an idle session keeps no old connections open.
         let routing = context.routing();
         let max_pending = routing.max_client_pending;
-        while reading && pending.len() < max_pending {
+        let budget = routing.reply_budget;
+        while reading
+            && pending.len() < max_pending
+            && charge.may_read(&budget, pending.len(), &mut paused)
+        {
             if swallow > 0 {
                 let skip = swallow.min(input.len());
                 input.advance(skip);
@@ -94,6 +102,7 @@ pub(crate) async fn run<R, W>(
 
         // Every reply already complete goes out now, in order, in one write.
         let mut closing = false;
+        let (written_before, mut finished) = (output.len(), 0);
         while let Some(head) = pending.front_mut() {
             if !head.try_complete() {
                 break;
@@ -101,13 +110,16 @@ pub(crate) async fn run<R, W>(
             let Some(head) = pending.pop_front() else {
                 break;
             };
+            finished += 1;
             if head.finish(&context, &mut output) == Flow::Close {
                 closing = true;
                 break;
             }
         }
+        charge.observe(output.len() - written_before, finished);
         if !output.is_empty() {
-            if writer.write_all(&output).await.is_err() {
+            let written = charge.write_all(&mut writer, &output, pending.len(), &budget);
+            if written.await.is_err() {
                 return;
             }
             output.clear();
@@ -121,7 +133,7 @@ pub(crate) async fn run<R, W>(
             let _ = writer.shutdown().await;
             return;
         }
-        if reading && !need_input && pending.len() < max_pending {
+        if reading && !need_input && pending.len() < max_pending && !paused {
             // Parsing stopped at the pending cap and replies have drained since: parse the
             // requests already buffered before waiting for anything.
             continue;

@@ -129,6 +129,7 @@ pub(crate) struct Routing {
     pub max_client_pending: usize,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
+    pub reply_budget: crate::budget::BudgetSettings,
     /// Per route node id (pools included): policy counters.
     route_stats: Vec<Arc<RouteStats>>,
     /// Per shadow index: this worker's copies in flight and the shared counters.
@@ -291,6 +292,10 @@ impl Routing {
             max_client_pending: config.proxy.max_client_pending.max(1),
             max_connections: config.proxy.max_connections,
             shutdown_timeout: config.proxy.shutdown_timeout,
+            reply_budget: crate::budget::BudgetSettings {
+                max_buffered_replies: config.proxy.max_buffered_replies,
+                slow_client_timeout: config.proxy.slow_client_timeout,
+            },
             route_stats: generation.route_stats.clone(),
             shadows,
         }
