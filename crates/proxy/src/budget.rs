@@ -218,7 +218,11 @@ impl Charge {
             if self.held != 0 {
                 self.set(0, outstanding);
             }
-            self.window = self.window.saturating_mul(2).min(MAX_WINDOW);
+            // Grow only while the budget has room: under pressure, new and growing
+            // sessions keep small windows.
+            if self.counters().used() <= settings.max_buffered_replies / 2 {
+                self.window = self.window.saturating_mul(2).min(MAX_WINDOW);
+            }
             return done.map_err(|_| WriteEnd::Io);
         }
         self.window = (self.window / 2).max(INITIAL_WINDOW);

@@ -117,6 +117,10 @@ pub(crate) async fn run<R, W>(
             }
         }
         charge.observe(output.len() - written_before, finished);
+        if finished > 0 {
+            // A pause is decided against the replies outstanding then; some came back.
+            paused = false;
+        }
         if !output.is_empty() {
             let written = charge.write_all(&mut writer, &output, pending.len(), &budget);
             if written.await.is_err() {
