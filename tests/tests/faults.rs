@@ -62,7 +62,10 @@ fn in_own_netns(name: &str) -> bool {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     // libtest prints `test NAME ... ` before the body's output on the same line.
-    for line in stdout.lines().filter_map(|l| l.find("fault:").map(|at| &l[at..])) {
+    for line in stdout
+        .lines()
+        .filter_map(|l| l.find("fault:").map(|at| &l[at..]))
+    {
         println!("{line}");
     }
     assert!(

@@ -122,6 +122,13 @@ fn data_after(buf: &[u8], line_end: usize, len: usize) -> Result<Option<usize>, 
 
 /// Frames one reply of the given kind at the front of `buf`.
 /// Errors mean the backend stream can no longer be trusted (close that connection).
+/// A reply line that is followed by a data block (`VALUE ...`, `VA ...`), or is one cut
+/// short (`VALUE`, `VA`).
+fn announces_data(line: &[u8]) -> bool {
+    let word = line.split(|&b| b == b' ').next().unwrap_or_default();
+    word == b"VALUE" || word == b"VA"
+}
+
 pub fn parse_reply(
     buf: &[u8],
     kind: ReplyKind,
@@ -135,7 +142,14 @@ pub fn parse_reply(
     match kind {
         ReplyKind::Line => {
             // Every memcached reply line starts with an upper-case word or a
-            // number (incr/decr); anything else means we lost the framing.
+            // number (incr/decr); anything else means we lost the framing. A line that
+            // announces a data block (`VALUE`, `VA`) is never a one-line reply either:
+            // passed on, it would tell the client to read a block that is not there.
+            if announces_data(first) {
+                return Err(ProtocolError::BadReply(
+                    "data block where one line was expected",
+                ));
+            }
             match first.first() {
                 Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => {
                     Ok(ReplyParse::Complete(first_end + 2))
@@ -152,6 +166,9 @@ pub fn parse_reply(
                 });
             }
             match first.first() {
+                Some(_) if announces_data(first) => {
+                    Err(ProtocolError::BadReply("unexpected meta reply"))
+                }
                 Some(c) if c.is_ascii_uppercase() => Ok(ReplyParse::Complete(first_end + 2)),
                 _ => Err(ProtocolError::BadReply("unexpected meta reply")),
             }

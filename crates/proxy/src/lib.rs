@@ -22,6 +22,8 @@ mod control;
 mod dispatch;
 mod error;
 mod execute;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod listener;
 mod session;
 mod stats;

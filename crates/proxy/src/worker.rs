@@ -351,6 +351,22 @@ pub(crate) struct WorkerContext {
 }
 
 impl WorkerContext {
+    /// A context serving `generation` from the start, outside a `Worker` (the session
+    /// fuzzing harness builds one per case).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn for_generation(
+        index: usize,
+        generation: &Generation,
+        shared: Arc<SharedStats>,
+    ) -> WorkerContext {
+        WorkerContext {
+            index,
+            routing: RefCell::new(Rc::new(Routing::build(generation, None))),
+            next_slot: Cell::new(0),
+            shared,
+        }
+    }
+
     pub(crate) fn stats(&self) -> &crate::stats::WorkerStats {
         &self.shared.workers[self.index]
     }
