@@ -83,6 +83,19 @@ fn wait_stored(c: &mut Conn, key: &str, proxy: &Memroute) -> Duration {
     }
 }
 
+/// Kills `server` and asks for `key` (held by it) until memroute marks it down: one refused
+/// connect is enough.
+fn kill_and_wait_down(server: &mut Memcached, proxy: &Memroute, c: &mut Conn, key: &str) {
+    server.kill();
+    let reply = c.roundtrip_line(format!("get {key}\r\n").as_bytes());
+    assert!(reply.starts_with(b"SERVER_ERROR "), "{}", show(&reply));
+    assert!(
+        proxy.wait_log("server marked down", DEADLINE),
+        "{}",
+        proxy.log_text()
+    );
+}
+
 /// While the victim is away: its keys fail fast with the marked-down error and the other
 /// server's keys keep working. Runs for `outage`, checking as it goes.
 fn ride_out_outage(c: &mut Conn, victim: &str, victim_key: &str, other_key: &str) {
@@ -112,15 +125,7 @@ fn killed_server_serves_again_within_a_second_of_its_restart() {
     let victim = servers[0].addr();
     let mut c = proxy.connect();
     c.set(&other_key, b"other");
-    servers[0].kill();
-    // One refused connect marks it down.
-    let reply = c.roundtrip_line(format!("get {victim_key}\r\n").as_bytes());
-    assert!(reply.starts_with(b"SERVER_ERROR "), "{}", show(&reply));
-    assert!(
-        proxy.wait_log("server marked down", DEADLINE),
-        "{}",
-        proxy.log_text()
-    );
+    kill_and_wait_down(&mut servers[0], &proxy, &mut c, &victim_key);
     ride_out_outage(&mut c, &victim, &victim_key, &other_key);
 
     // restart() returns once memcached accepts connections: the clock starts there.
@@ -183,15 +188,8 @@ fn stalled_server_serves_again_within_a_second_of_sigcont() {
 fn a_down_server_sees_one_bounded_prober_not_every_connection() {
     let (mut servers, proxy, victim_key, _) = setup(4, 2);
     let port = servers[0].port;
-    servers[0].kill();
     let mut c = proxy.connect();
-    let reply = c.roundtrip_line(format!("get {victim_key}\r\n").as_bytes());
-    assert!(reply.starts_with(b"SERVER_ERROR "), "{}", show(&reply));
-    assert!(
-        proxy.wait_log("server marked down", DEADLINE),
-        "{}",
-        proxy.log_text()
-    );
+    kill_and_wait_down(&mut servers[0], &proxy, &mut c, &victim_key);
     // Something now listens on the dead server's port but is not memcached: it accepts and
     // closes at once, so every probe fails and the server stays down. Count the connects.
     let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind the victim's port");

@@ -84,11 +84,22 @@ fn a_value_line_is_not_a_one_line_reply() {
     use memroute_protocol::{parse_reply, Limits, ReplyKind};
     let limits = Limits::default();
     for line in [&b"VALUE a 01\r\n"[..], b"VALUE\r\n", b"VA 1 t\r\n"] {
-        assert!(parse_reply(line, ReplyKind::Line, &limits).is_err(), "{line:?}");
+        assert!(
+            parse_reply(line, ReplyKind::Line, &limits).is_err(),
+            "{line:?}"
+        );
     }
     assert!(parse_reply(b"VALUE a 0 1\r\n", ReplyKind::MetaGet, &limits).is_err());
     // What a one-line reply may be is unchanged.
-    for line in [&b"STORED\r\n"[..], b"12\r\n", b"SERVER_ERROR x\r\n", b"VERSION 1.6\r\n"] {
-        assert!(parse_reply(line, ReplyKind::Line, &limits).is_ok(), "{line:?}");
+    for line in [
+        &b"STORED\r\n"[..],
+        b"12\r\n",
+        b"SERVER_ERROR x\r\n",
+        b"VERSION 1.6\r\n",
+    ] {
+        assert!(
+            parse_reply(line, ReplyKind::Line, &limits).is_ok(),
+            "{line:?}"
+        );
     }
 }
