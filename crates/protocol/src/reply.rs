@@ -80,6 +80,30 @@ fn word(line: &[u8], n: usize) -> Option<&[u8]> {
     line.split(|&b| b == b' ').filter(|w| !w.is_empty()).nth(n)
 }
 
+/// The data length of `VALUE <key> <flags> <bytes>[ <cas>]` as memcached writes it: single
+/// spaces, numeric flags and cas. The header is passed on to the client as it is, so one
+/// that a client could read differently (two spaces, a flags field that is not a number;
+/// found by session fuzzing with a backend answering garbage) is a bad reply.
+fn value_header_length(line: &[u8]) -> Result<Option<&[u8]>, ProtocolError> {
+    let mut words = line.split(|&b| b == b' ');
+    let (_value, key, flags, bytes, cas) = (
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+    );
+    let number = |w: &[u8]| !w.is_empty() && w.iter().all(u8::is_ascii_digit);
+    let well_formed = key.is_some_and(|k| !k.is_empty())
+        && flags.is_some_and(number)
+        && cas.is_none_or(number)
+        && words.next().is_none();
+    match well_formed {
+        true => Ok(bytes),
+        false => Err(ProtocolError::BadReply("malformed VALUE line")),
+    }
+}
+
 /// The largest value a reply may carry: memcached's hard item size maximum (`-I 1g`).
 /// Replies are framed independently of the client-side `Limits::max_value_len`: a backend
 /// may hold larger values (a bigger `-I`, or values grown with append/prepend), and
@@ -187,7 +211,7 @@ pub fn parse_reply(
                 if !line.starts_with(b"VALUE ") {
                     return Err(ProtocolError::BadReply("expected VALUE or END"));
                 }
-                let len = data_len(word(line, 3))?;
+                let len = data_len(value_header_length(line)?)?;
                 pos = match data_after(buf, line_end, len)? {
                     Some(end) => end,
                     None => return Ok(ReplyParse::Incomplete),

@@ -103,3 +103,33 @@ fn a_value_line_is_not_a_one_line_reply() {
         );
     }
 }
+
+/// Session fuzzing, backend answering garbage: `VALUE a  \x05 1` (two spaces, flags not a
+/// number) was framed and passed on; a client splitting on single spaces or parsing the flags
+/// reads it differently. memcached writes single spaces and numbers only.
+#[test]
+fn a_value_header_memcached_would_not_write_is_a_bad_reply() {
+    use memroute_protocol::{parse_reply, Limits, ReplyKind, ReplyParse};
+    let limits = Limits::default();
+    for reply in [
+        &b"VALUE a  \x05 1\r\nx\r\nEND\r\n"[..],
+        b"VALUE a x 1\r\nx\r\nEND\r\n",
+        b"VALUE a 0  1\r\nx\r\nEND\r\n",
+        b"VALUE a 0 1 c\r\nx\r\nEND\r\n",
+        b"VALUE a 0 1 2 3\r\nx\r\nEND\r\n",
+    ] {
+        assert!(
+            parse_reply(reply, ReplyKind::Retrieval, &limits).is_err(),
+            "{reply:?}"
+        );
+    }
+    for reply in [
+        &b"VALUE a 0 1\r\nx\r\nEND\r\n"[..],
+        b"VALUE a 7 1 99\r\nx\r\nEND\r\n",
+    ] {
+        assert_eq!(
+            parse_reply(reply, ReplyKind::Retrieval, &limits),
+            Ok(ReplyParse::Complete(reply.len()))
+        );
+    }
+}
