@@ -21,6 +21,9 @@ pub struct DiscoveryConfig {
     /// An /etc/hosts-style file consulted before the system resolver (re-read on every
     /// refresh). For tests and for operators who render host lists from another system.
     pub hosts_file: Option<std::path::PathBuf>,
+    /// DNS servers to ask (`[discovery] nameservers = ["10.96.0.10:53"]`); empty means the
+    /// ones in /etc/resolv.conf, read at each lookup.
+    pub nameservers: Vec<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -225,14 +228,28 @@ impl PoolConfig {
     }
 }
 
-/// `servers = { dns = "memcached.cache.svc.cluster.local:11211", refresh = "5s" }`.
+/// `servers = { dns = "memcached.cache.svc.cluster.local:11211", refresh = "5s" }` or
+/// `servers = { srv = "_memcache._tcp.memcached.cache.svc.cluster.local" }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DnsDiscovery {
-    /// Host name to resolve (every A and AAAA record).
+    /// The name to resolve: a host name (every A and AAAA record) or an SRV name.
     pub host: String,
+    /// The servers' port for `dns`; 0 for `srv`, whose records carry the ports.
     pub port: u16,
-    /// How often to resolve again (default 5s).
+    /// Resolve again at least this often (default 5s); sooner when the records' TTL says so.
     pub refresh: Duration,
+    /// Which records name the servers.
+    pub kind: DnsKind,
+}
+
+/// The DNS records a pool's servers come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DnsKind {
+    /// `dns = "name:port"`: every A and AAAA record of the name, each with the given port.
+    Address,
+    /// `srv = "_service._proto.name"`: every SRV record, its target's addresses with the
+    /// record's port (a Kubernetes headless service publishes one per ready pod).
+    Srv,
 }
 
 /// Routes beyond a single pool; semantics follow mcrouter's route handles of the same idea.

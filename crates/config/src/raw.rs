@@ -19,9 +19,9 @@ use std::time::Duration;
 use toml::{Table, Value};
 
 use crate::checked::{
-    AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, FailoverOn, HashName,
-    ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig, ServerConfig,
-    ShadowSelect, WritePolicy,
+    AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind, FailoverOn,
+    HashName, ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig,
+    ServerConfig, ShadowSelect, WritePolicy,
 };
 use crate::{ConfigError, ConfigErrors};
 
@@ -81,8 +81,8 @@ const POOL_KEYS: &[&str] = &[
     "probe_interval_max",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
-const DNS_KEYS: &[&str] = &["dns", "refresh"];
-const DISCOVERY_KEYS: &[&str] = &["hosts_file"];
+const DNS_KEYS: &[&str] = &["dns", "srv", "refresh"];
+const DISCOVERY_KEYS: &[&str] = &["hosts_file", "nameservers"];
 const ROUTE_TYPES: &[&str] = &[
     "prefix",
     "operation",
@@ -814,7 +814,49 @@ fn check_discovery(t: &Table, errs: &mut Errors) -> DiscoveryConfig {
             Some(PathBuf::from(s))
         }
     });
-    DiscoveryConfig { hosts_file }
+    let nameservers = match t.get("nameservers") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| {
+                let item_path = format!("{path}.nameservers[{i}]");
+                match item {
+                    Value::String(text) => match parse_nameserver(text) {
+                        Some(address) => Some(address),
+                        None => {
+                            errs.push(
+                                &item_path,
+                                format!("invalid nameserver \"{text}\" (expected \"ip\" or \"ip:port\", e.g. \"10.96.0.10:53\")"),
+                            );
+                            None
+                        }
+                    },
+                    other => {
+                        wrong_type(errs, &item_path, "a string", other);
+                        None
+                    }
+                }
+            })
+            .collect(),
+        Some(other) => {
+            wrong_type(errs, &join(path, "nameservers"), "an array of \"ip:port\" strings", other);
+            Vec::new()
+        }
+    };
+    DiscoveryConfig {
+        hosts_file,
+        nameservers,
+    }
+}
+
+/// A nameserver address: `ip:port`, `[v6]:port`, or a bare IP meaning port 53.
+fn parse_nameserver(text: &str) -> Option<std::net::SocketAddr> {
+    text.parse().ok().or_else(|| {
+        text.parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| std::net::SocketAddr::new(ip, 53))
+    })
 }
 
 fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
@@ -965,28 +1007,42 @@ fn get_duration(
 
 const NO_SERVERS: &str = "a pool needs at least one server (or servers = { dns = ... })";
 
-/// `servers = { dns = "name:port", refresh = "5s" }`.
+/// `servers = { dns = "name:port", refresh = "5s" }` or `servers = { srv = "_s._tcp.name" }`.
 fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
     let before = errs.0.len();
     check_keys(t, path, DNS_KEYS, errs);
     let dns_path = join(path, "dns");
-    let host_port = match get_str(t, "dns", path, errs) {
-        Some(spec) => match split_dns_spec(spec) {
-            Ok(hp) => Some(hp),
+    let srv_path = join(path, "srv");
+    let target = match (t.contains_key("dns"), t.contains_key("srv")) {
+        (true, true) => {
+            errs.push(path, "give either dns = \"name:port\" or srv = \"_service._proto.name\", not both");
+            None
+        }
+        (false, false) => {
+            errs.push(
+                &dns_path,
+                "required (the name to resolve, as \"name:port\"; or srv = \"_service._proto.name\")",
+            );
+            None
+        }
+        (true, false) => get_str(t, "dns", path, errs).and_then(|spec| match split_dns_spec(spec) {
+            Ok((host, port)) => Some((host, port, DnsKind::Address)),
             Err(m) => {
                 errs.push(&dns_path, m);
                 None
             }
-        },
-        None => {
-            if !t.contains_key("dns") {
+        }),
+        (false, true) => get_str(t, "srv", path, errs).and_then(|name| {
+            if check_srv_name(name) {
+                Some((name.to_string(), 0, DnsKind::Srv))
+            } else {
                 errs.push(
-                    &dns_path,
-                    "required (the name to resolve, as \"name:port\")",
+                    &srv_path,
+                    format!("invalid SRV name \"{name}\" (expected \"_service._proto.name\", e.g. \"_memcache._tcp.memcached.cache.svc.cluster.local\")"),
                 );
+                None
             }
-            None
-        }
+        }),
     };
     let refresh = get_duration(
         t,
@@ -995,12 +1051,29 @@ fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
         Duration::from_millis(defaults::DNS_REFRESH_MS),
         errs,
     );
-    let (host, port) = host_port?;
+    let (host, port, kind) = target?;
     (errs.0.len() == before).then_some(DnsDiscovery {
         host,
         port,
         refresh,
+        kind,
     })
+}
+
+/// An SRV name: `_service._proto.` followed by a non-empty domain, no spaces or ports.
+fn check_srv_name(name: &str) -> bool {
+    let mut labels = name.split('.');
+    let service = labels.next().unwrap_or_default();
+    let proto = labels.next().unwrap_or_default();
+    let rest: Vec<&str> = labels.collect();
+    service.len() > 1
+        && service.starts_with('_')
+        && proto.len() > 1
+        && proto.starts_with('_')
+        && rest.iter().any(|label| !label.is_empty())
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c == '/' || c == ':' || c == '[' || c == ']')
 }
 
 /// Splits `name:port` for DNS discovery: a non-empty name and a port 1-65535.

@@ -194,10 +194,14 @@ fn describe(config: &Config) -> String {
     );
     for (name, pool) in &config.pools {
         if let Some(dns) = &pool.discovery {
+            let source = match dns.kind {
+                memroute_config::DnsKind::Address => format!("DNS {}:{}", dns.host, dns.port),
+                memroute_config::DnsKind::Srv => format!("DNS SRV {}", dns.host),
+            };
             let _ = writeln!(
                 out,
-                "pool {name}: servers from DNS {}:{} every {:?}",
-                dns.host, dns.port, dns.refresh
+                "pool {name}: servers from {source} every {:?} (sooner when the records' TTL is shorter)",
+                dns.refresh
             );
         }
         let _ = writeln!(

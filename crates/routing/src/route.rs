@@ -985,6 +985,7 @@ mod tests {
                 host: "memcached.example".into(),
                 port: 11211,
                 refresh: Duration::from_secs(5),
+                kind: memroute_config::DnsKind::Address,
             });
         }
         cfg.proxy.route = "feed".into();
