@@ -1,4 +1,5 @@
-//! memroute: a memcached routing proxy. The binary is thin: CLI, logging, signals.
+//! memroute: a memcached routing proxy. The binary is thin: CLI, logging, signals, and
+//! the config file watch (see `watch`).
 //!
 //! ```text
 //!   memroute --config FILE            run in the foreground
@@ -6,6 +7,8 @@
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
 //! ```
 #![forbid(unsafe_code)]
+
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +26,9 @@ struct Cli {
     /// Validate the config, print the pools and routes it defines, and exit.
     #[arg(long)]
     check: bool,
+    /// Do not watch the config file's directory (reload on SIGHUP only).
+    #[arg(long)]
+    no_watch: bool,
     /// Log filter (tracing env-filter syntax); RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     log: String,
@@ -71,23 +77,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let Some(path) = cli.config else {
         anyhow::bail!("--config FILE is required (see --help)");
     };
-    let config = memroute_config::load(&path)
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = std::str::from_utf8(&bytes)
+        .with_context(|| format!("invalid config {}: not UTF-8", path.display()))?;
+    let config = memroute_config::parse(text)
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
     if cli.check {
         write_stdout(&describe(&config));
         write_stdout(&format!("config {} is valid\n", path.display()));
         return Ok(());
     }
-    serve(config, &path)
+    serve(config, bytes, &path, !cli.no_watch)
 }
 
 /// What the main thread was woken for.
 enum Event {
-    Reload,
+    Reload(memroute_proxy::ReloadTrigger),
     Stop,
 }
 
-fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
+fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -105,6 +114,22 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
         ))
     })?;
     let handle = memroute_proxy::start(config).context("cannot start")?;
+    handle.loaded_from(read);
+    let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    // Started after the proxy (which needs no watch) and before `ready`, so an edit made
+    // once a test or an orchestrator sees `ready` is never missed. A watch that cannot
+    // start (no inotify instances left) leaves SIGHUP working: a warning, not an exit.
+    let _watch = if watch {
+        match watch::start(path, changed) {
+            Ok(watch) => Some(watch),
+            Err(error) => {
+                tracing::warn!("{error:#}; reload with SIGHUP");
+                None
+            }
+        }
+    } else {
+        None
+    };
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
     loop {
         let event = runtime.block_on(async {
@@ -117,12 +142,15 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
                     tracing::info!("SIGTERM: shutting down");
                     Event::Stop
                 }
-                _ = hangup.recv() => Event::Reload,
+                _ = hangup.recv() => Event::Reload(memroute_proxy::ReloadTrigger::Signal),
+                Some(()) = changes.recv() => Event::Reload(memroute_proxy::ReloadTrigger::FileChanged),
             }
         });
         match event {
             Event::Stop => break,
-            Event::Reload => reload(&handle, path),
+            Event::Reload(trigger) => {
+                handle.reload_file(path, trigger);
+            }
         }
     }
     handle.shutdown();
@@ -141,34 +169,6 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
     }
     tracing::info!("memroute stopped");
     Ok(())
-}
-
-/// SIGHUP: re-reads the config file and hands it to the proxy. A config that does not
-/// validate or cannot be routed is rejected with every reason logged; the running one stays.
-fn reload(handle: &memroute_proxy::ProxyHandle, path: &std::path::Path) {
-    tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
-    let config = match memroute_config::load(path) {
-        Ok(config) => config,
-        Err(errors) => {
-            for error in &errors.0 {
-                tracing::error!(config = %path.display(), "config error: {error}");
-            }
-            tracing::error!(
-                config = %path.display(),
-                errors = errors.0.len(),
-                "config reload rejected: invalid config; keeping the running config"
-            );
-            return;
-        }
-    };
-    let pools = config.pools.len();
-    match handle.reload(config) {
-        Ok(()) => tracing::info!(config = %path.display(), pools, "config reloaded"),
-        Err(error) => tracing::error!(
-            config = %path.display(),
-            "config reload rejected: {error}; keeping the running config"
-        ),
-    }
 }
 
 /// What `--check` prints: the pools and routes as memroute understood them.

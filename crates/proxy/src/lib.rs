@@ -22,6 +22,7 @@ mod dispatch;
 mod error;
 mod execute;
 mod listener;
+mod reload;
 mod session;
 mod stats;
 mod worker;
@@ -35,6 +36,7 @@ use tokio::sync::watch;
 
 pub use error::ProxyError;
 pub use listener::effective_backlog;
+pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -48,6 +50,8 @@ pub struct ProxyHandle {
     controller: Arc<control::Controller>,
     /// Serialises reloads (the restart-only settings are compared against the last one).
     reloading: Mutex<()>,
+    /// Reloads from the config file: the last bytes read, and the ok/failed counters.
+    reload_state: reload::ReloadState,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
@@ -184,6 +188,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         workers: threads,
         controller,
         reloading: Mutex::new(()),
+        reload_state: reload::ReloadState::default(),
         local_addresses,
         admin_address,
     })
