@@ -504,6 +504,11 @@ impl Memroute {
     /// Runs memroute on `toml` and waits for its `memroute ready` line on stderr. The first
     /// `listen` address of `[proxy]` is what tests connect to.
     pub fn start(toml: &str) -> Memroute {
+        Memroute::start_args(toml, &[])
+    }
+
+    /// Same, with extra command-line arguments (`--no-watch`).
+    pub fn start_args(toml: &str, args: &[&str]) -> Memroute {
         let bin = memroute_binary();
         let listen = toml
             .lines()
@@ -516,6 +521,7 @@ impl Memroute {
         let mut child = Command::new(bin)
             .arg("--config")
             .arg(&conf)
+            .args(args)
             // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it.
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
