@@ -509,19 +509,30 @@ impl Memroute {
 
     /// Same, with extra command-line arguments (`--no-watch`).
     pub fn start_args(toml: &str, args: &[&str]) -> Memroute {
-        let bin = memroute_binary();
+        let dir = TempDir::new("memroute");
+        let conf = dir.write("memroute.toml", toml);
+        let mut command = Command::new(memroute_binary());
+        command.arg("--config").arg(&conf).args(args);
+        Memroute::start_command(command, toml, conf, dir)
+    }
+
+    /// Runs `command` (a memroute, however started: another binary, under chroot) whose
+    /// config is `toml`, kept at `config` (for `rewrite_config`) inside `dir` (removed when
+    /// this is dropped), and waits for `memroute ready`.
+    pub fn start_command(
+        mut command: Command,
+        toml: &str,
+        config: PathBuf,
+        dir: TempDir,
+    ) -> Memroute {
         let listen = toml
             .lines()
             .find_map(|l| l.trim().strip_prefix("listen = [\""))
             .and_then(|s| s.split('"').next())
             .expect("config needs `listen = [\"host:port\", ...]` in [proxy]")
             .to_string();
-        let dir = TempDir::new("memroute");
-        let conf = dir.write("memroute.toml", toml);
-        let mut child = Command::new(bin)
-            .arg("--config")
-            .arg(&conf)
-            .args(args)
+        let conf = config;
+        let mut child = command
             // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it.
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
