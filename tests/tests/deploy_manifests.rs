@@ -45,7 +45,7 @@ fn selects(selector: &BTreeMap<String, String>, pod: &BTreeMap<String, String>) 
     !selector.is_empty() && selector.iter().all(|(k, v)| pod.get(k) == Some(v))
 }
 
-fn seq<'a>(value: Option<&'a Value>) -> &'a [Value] {
+fn seq(value: Option<&Value>) -> &[Value] {
     value
         .and_then(Value::as_sequence)
         .map(Vec::as_slice)
