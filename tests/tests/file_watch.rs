@@ -20,25 +20,6 @@ use memroute_tests::*;
 /// A file change must be applied within this.
 const DEADLINE: Duration = Duration::from_secs(15);
 
-/// The log without colour codes.
-fn plain_log(proxy: &Memroute) -> String {
-    let text = proxy.log_text();
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// How the test replaces the config.
 #[derive(Debug, Clone, Copy)]
 enum Write {
@@ -233,7 +214,7 @@ fn fifty_file_reloads_under_pipelined_load_without_errors_or_reconnects() {
         "memroute reconnected to servers that stayed in every config\n{}",
         proxy.log_text()
     );
-    let log = plain_log(&proxy);
+    let log = proxy.log_text();
     assert_eq!(proxy.log_count("config reloaded"), 50, "{log}");
     assert!(log.contains("file change"), "{log}");
     assert_eq!(proxy.log_count("config reload rejected"), 0, "{log}");
@@ -300,7 +281,7 @@ fn a_write_storm_is_debounced_and_a_bad_file_keeps_the_running_config() {
     // Deleted.
     std::fs::remove_file(&path).expect("delete");
     rejected(1);
-    assert!(plain_log(&proxy).contains("cannot read the config file"));
+    assert!(proxy.log_text().contains("cannot read the config file"));
     still_serving(&mut c, "after-delete");
     // Emptied.
     std::fs::write(&path, "").expect("empty");
@@ -316,7 +297,7 @@ fn a_write_storm_is_debounced_and_a_bad_file_keeps_the_running_config() {
     )
     .expect("invalid");
     rejected(3);
-    let log = plain_log(&proxy);
+    let log = proxy.log_text();
     assert!(
         log.contains("pools.main.distribution") && log.contains("pools.main.timeout"),
         "{log}"
@@ -338,7 +319,7 @@ fn sighup_reloads_with_the_watch_off() {
     let proxy = Memroute::start_args(&simple_config(&listen, &[m1.addr()], ""), &["--no-watch"]);
     assert!(!proxy.log_text().contains("watching the config file"));
     assert!(proxy.reload(&simple_config(&listen, &[m1.addr(), m2.addr()], "")));
-    let log = plain_log(&proxy);
+    let log = proxy.log_text();
     assert!(
         log.contains("trigger=SIGHUP") || log.contains("trigger=\"SIGHUP\""),
         "{log}"

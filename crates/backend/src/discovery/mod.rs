@@ -58,10 +58,7 @@ pub async fn lookup(
     spec: &DnsDiscovery,
     settings: &DiscoveryConfig,
 ) -> Result<Found, BackendError> {
-    let error = |reason: String| BackendError::Resolve {
-        host: Arc::from(spec.host.as_str()),
-        reason: Arc::from(reason),
-    };
+    let error = |reason| resolve_error(spec, reason);
     let mut found = match spec.kind {
         DnsKind::Address => {
             let from_file = match &settings.hosts_file {
@@ -101,10 +98,7 @@ pub fn lookup_blocking(
     spec: &DnsDiscovery,
     settings: &DiscoveryConfig,
 ) -> Result<Found, BackendError> {
-    let error = |reason: String| BackendError::Resolve {
-        host: Arc::from(spec.host.as_str()),
-        reason: Arc::from(reason),
-    };
+    let error = |reason| resolve_error(spec, reason);
     std::thread::scope(|scope| {
         let looking = std::thread::Builder::new()
             .name("memroute-dns".to_string())
@@ -120,6 +114,13 @@ pub fn lookup_blocking(
             .join()
             .unwrap_or_else(|_| Err(error("the lookup thread panicked".to_string())))
     })
+}
+
+fn resolve_error(spec: &DnsDiscovery, reason: String) -> BackendError {
+    BackendError::Resolve {
+        host: Arc::from(spec.host.as_str()),
+        reason: Arc::from(reason),
+    }
 }
 
 /// How long to wait before looking `spec` up again: its `refresh`, or sooner when the
