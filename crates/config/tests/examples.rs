@@ -76,12 +76,22 @@ fn examples_show_every_route_type_health_and_dns() {
     assert_eq!(sessions.probe_interval_max, Duration::from_secs(10));
 
     let dns = load("dns.toml");
+    assert!(
+        dns.pools.values().any(|p| p
+            .discovery
+            .as_ref()
+            .is_some_and(|d| d.kind == memroute_config::DnsKind::Srv)),
+        "dns.toml shows an SRV pool"
+    );
     for pool in dns.pools.values() {
         let d = pool
             .discovery
             .as_ref()
             .expect("every pool in dns.toml uses DNS");
-        assert_eq!(d.port, 11211);
+        match d.kind {
+            memroute_config::DnsKind::Address => assert_eq!(d.port, 11211),
+            memroute_config::DnsKind::Srv => assert!(d.host.starts_with("_memcache._tcp.")),
+        }
         assert_eq!(d.refresh, Duration::from_secs(5));
         assert!(pool.servers.is_empty());
     }
