@@ -155,6 +155,8 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
     let shared = Arc::new(stats::SharedStats::new(workers));
+    // Before the admin endpoint, which may render `reload_state.counts`.
+    let reload_state = reload::ReloadState::default();
     let admin_address = match &config.admin {
         Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
         None => None,
@@ -188,7 +190,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         workers: threads,
         controller,
         reloading: Mutex::new(()),
-        reload_state: reload::ReloadState::default(),
+        reload_state,
         local_addresses,
         admin_address,
     })

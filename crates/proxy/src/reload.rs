@@ -151,3 +151,88 @@ impl ProxyHandle {
             .unwrap_or_else(|e| e.into_inner()) = Some(bytes);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config file in a directory of its own, removed when dropped.
+    struct ConfigFile(std::path::PathBuf);
+
+    impl ConfigFile {
+        fn new() -> ConfigFile {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "memroute-proxy-reload-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            ConfigFile(dir.join("memroute.toml"))
+        }
+    }
+
+    impl Drop for ConfigFile {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    /// A port nobody listens on now (the proxy binds it next).
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    }
+
+    fn config_text(port: u16, servers: &str) -> String {
+        format!(
+            "[proxy]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = 1\nroute = \"main\"\n\
+             [pools.main]\nservers = [{servers}]\n"
+        )
+    }
+
+    #[test]
+    fn reloads_are_counted_and_unchanged_bytes_are_skipped() {
+        let file = ConfigFile::new();
+        let port = free_port();
+        let first = config_text(port, "\"127.0.0.1:1\"");
+        std::fs::write(&file.0, &first).expect("write");
+        let config = memroute_config::parse(&first).expect("valid");
+        let handle = crate::start(config).expect("start");
+        handle.loaded_from(first.into_bytes());
+        let counts = handle.reload_counts();
+        let reload = |trigger| handle.reload_file(&file.0, trigger);
+
+        assert_eq!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Unchanged);
+        std::fs::write(
+            &file.0,
+            config_text(port, "\"127.0.0.1:1\", \"127.0.0.1:2\""),
+        )
+        .expect("write");
+        assert_eq!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Applied);
+        assert_eq!(reload(ReloadTrigger::Signal), ReloadOutcome::Unchanged);
+        assert_eq!((counts.ok(), counts.failed()), (1, 0));
+
+        std::fs::write(&file.0, config_text(port, "\"127.0.0.1:1:0\"")).expect("write");
+        assert!(
+            matches!(reload(ReloadTrigger::Admin), ReloadOutcome::Rejected(r) if r.contains("invalid config"))
+        );
+        std::fs::write(&file.0, "").expect("empty");
+        assert!(matches!(
+            reload(ReloadTrigger::FileChanged),
+            ReloadOutcome::Rejected(_)
+        ));
+        std::fs::remove_file(&file.0).expect("delete");
+        assert!(
+            matches!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Rejected(r) if r.contains("cannot read"))
+        );
+        assert_eq!((counts.ok(), counts.failed()), (1, 3));
+
+        handle.shutdown();
+        handle.join();
+    }
+}
