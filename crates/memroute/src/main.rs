@@ -192,6 +192,26 @@ fn describe(config: &Config) -> String {
         config.proxy.backlog,
         config.proxy.route
     );
+    if config.pools.values().any(|p| p.discovery.is_some()) {
+        let nameservers = if config.discovery.nameservers.is_empty() {
+            "from /etc/resolv.conf".to_string()
+        } else {
+            let listed: Vec<String> = config
+                .discovery
+                .nameservers
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            listed.join(", ")
+        };
+        let hosts_file = config
+            .discovery
+            .hosts_file
+            .as_ref()
+            .map(|p| format!(", hosts file {}", p.display()))
+            .unwrap_or_default();
+        let _ = writeln!(out, "discovery: nameservers {nameservers}{hosts_file}");
+    }
     for (name, pool) in &config.pools {
         if let Some(dns) = &pool.discovery {
             let source = match dns.kind {

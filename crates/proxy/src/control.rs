@@ -54,6 +54,10 @@ struct HealthKey {
 struct Discovered {
     spec: DnsDiscovery,
     servers: Vec<FoundServer>,
+    /// When the lookup that found them was made, and the records' TTL: the pool's watcher
+    /// starts by waiting out what is left of it.
+    found_at: std::time::Instant,
+    ttl: Option<std::time::Duration>,
 }
 
 /// Messages to the control thread.
@@ -208,6 +212,8 @@ impl Controller {
                             Discovered {
                                 spec: spec.clone(),
                                 servers: found.servers.clone(),
+                                found_at: std::time::Instant::now(),
+                                ttl: found.ttl,
                             },
                         );
                         found.servers
@@ -223,17 +229,36 @@ impl Controller {
         effective
     }
 
+    /// How long a new watcher of `pool` waits before its first lookup: what is left of the
+    /// last lookup's refresh (or TTL); at most the TTL floor when the pool has no servers
+    /// yet (its lookup at start failed), so an empty pool is retried soon.
+    fn first_wait(&self, pool: &str, spec: &DnsDiscovery) -> std::time::Duration {
+        match lock(&self.discovered).get(pool).filter(|d| &d.spec == spec) {
+            Some(known) => memroute_backend::next_refresh(spec, known.ttl)
+                .saturating_sub(known.found_at.elapsed()),
+            None => spec.refresh.min(memroute_backend::MIN_TTL_REFRESH),
+        }
+    }
+
     /// Records a DNS pool's new server set and serves it. Called by the DNS watchers.
-    fn rediscovered(&self, pool: &str, spec: &DnsDiscovery, servers: Vec<FoundServer>) {
+    fn rediscovered(
+        &self,
+        pool: &str,
+        spec: &DnsDiscovery,
+        servers: Vec<FoundServer>,
+        ttl: Option<std::time::Duration>,
+    ) {
         // Held from before the base config is read until the generation is sent: a reload
         // applied meanwhile would otherwise be undone by this older base.
         let _applying = lock(&self.applying);
         {
             let mut discovered = lock(&self.discovered);
-            if discovered
-                .get(pool)
-                .is_some_and(|d| &d.spec == spec && d.servers == servers)
+            if let Some(same) = discovered
+                .get_mut(pool)
+                .filter(|d| &d.spec == spec && d.servers == servers)
             {
+                same.found_at = std::time::Instant::now();
+                same.ttl = ttl;
                 return;
             }
             tracing::info!(pool, host = %spec.host, servers = ?shown(&servers), "discovered servers changed");
@@ -242,6 +267,8 @@ impl Controller {
                 Discovered {
                     spec: spec.clone(),
                     servers,
+                    found_at: std::time::Instant::now(),
+                    ttl,
                 },
             );
         }
@@ -447,9 +474,8 @@ async fn serve(
 /// is sooner, see `next_refresh`); a changed server set is served at once, a failed lookup
 /// keeps the last good set and is retried after `refresh`.
 async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey) {
-    // The first lookup was made when the generation was built; its TTL is not known here,
-    // so the first wait is the shorter of refresh and the floor a TTL could ask for.
-    let mut wait = memroute_backend::next_refresh(&spec, Some(memroute_backend::MIN_TTL_REFRESH));
+    // The first lookup was made when the generation was built: wait out what it left.
+    let mut wait = controller.first_wait(&pool, &spec);
     loop {
         tokio::time::sleep(wait).await;
         match memroute_backend::lookup(&spec, &settings).await {
@@ -460,7 +486,7 @@ async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey
                 let (pool, spec) = (pool.clone(), spec.clone());
                 // apply() builds rings and takes locks: off the control runtime's thread.
                 let _ = tokio::task::spawn_blocking(move || {
-                    controller.rediscovered(&pool, &spec, found.servers)
+                    controller.rediscovered(&pool, &spec, found.servers, found.ttl)
                 })
                 .await;
             }
