@@ -179,3 +179,32 @@ fn srv_records_give_servers_with_their_ports_named_by_target() {
         dns.log()
     );
 }
+
+#[test]
+fn a_large_srv_answer_is_read_whole() {
+    // 40 pods behind one headless service: the answer (40 SRV records and their addresses)
+    // is far beyond 512 bytes, so it needs EDNS(0) or the retry over TCP after truncation.
+    // Nothing listens on these addresses: the test counts the servers memroute puts in
+    // the pool, not their replies.
+    let port = free_port();
+    let hosts: Vec<String> = (0..40)
+        .map(|i| format!("127.0.1.{} pod-{i}.memcached.test", i + 1))
+        .collect();
+    let srv: Vec<String> = (0..40)
+        .map(|i| format!("_memcache._tcp.memcached.test,pod-{i}.memcached.test,{port}"))
+        .collect();
+    let dns = Dnsmasq::start(&hosts, &srv, 30);
+    let proxy = Memroute::start(&discovery_config(
+        "{ srv = \"_memcache._tcp.memcached.test\", refresh = \"10s\" }",
+        &dns,
+    ));
+    wait_pool_size(&proxy, 40);
+    let stats = proxy.stats();
+    for i in 0..40 {
+        let server = format!("server:d:127.0.1.{}:{port}:errors", i + 1);
+        assert!(
+            stats.iter().any(|(k, _)| *k == server),
+            "{server} missing: {stats:?}"
+        );
+    }
+}

@@ -54,6 +54,9 @@ fn resolver(settings: &DiscoveryConfig) -> Result<TokioResolver, String> {
     let options = builder.options_mut();
     // Every address of the name, v4 and v6: a pool is every server behind it.
     options.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+    // A large headless service's SRV answer (one record and one address per pod) outgrows
+    // 512 bytes: let it come over UDP with EDNS(0) (a truncated answer is retried over TCP).
+    options.edns0 = true;
     options.timeout = QUERY_TIMEOUT;
     options.attempts = QUERY_ATTEMPTS;
     builder.build().map_err(|e| e.to_string())
