@@ -650,17 +650,25 @@ impl Memroute {
     }
 
     /// Rewrites the config with `toml`, sends SIGHUP and waits (bounded) for the outcome: true
-    /// when memroute logged `config reloaded`, false when it logged `config reload rejected`.
+    /// when memroute logged `config reloaded` (or, for a file whose bytes did not change,
+    /// `nothing to do`), false when it logged `config reload rejected`. (memroute also
+    /// watches the file: whichever of the watch and SIGHUP comes first reloads, the other
+    /// finds the bytes unchanged.)
     pub fn reload(&self, toml: &str) -> bool {
-        let (done, rejected) = (
+        let (done, unchanged, rejected) = (
             self.log_count("config reloaded"),
+            self.log_count("nothing to do"),
             self.log_count("config reload rejected"),
         );
+        let same_bytes = std::fs::read(&self.config).is_ok_and(|b| b == toml.as_bytes());
         self.rewrite_config(toml);
         self.signal("HUP");
         let deadline = Instant::now() + START_DEADLINE;
         loop {
             if self.log_count("config reloaded") > done {
+                return true;
+            }
+            if same_bytes && self.log_count("nothing to do") > unchanged {
                 return true;
             }
             if self.log_count("config reload rejected") > rejected {
