@@ -335,3 +335,36 @@ fn sighup_reloads_with_the_watch_off() {
     );
     assert_eq!(proxy.log_count("config reloaded"), reloaded);
 }
+
+#[test]
+fn a_config_symlinked_from_another_directory_is_watched_where_it_lives() {
+    let (m1, m2) = (Memcached::start(), Memcached::start());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let one = simple_config(&listen, &[m1.addr()], "");
+    let two = simple_config(&listen, &[m1.addr(), m2.addr()], "");
+    // The real file lives in `real/`; memroute is given `link/memroute.toml -> real file`.
+    let real = TempDir::new("watch-real");
+    let target = real.write("memroute.toml", &one);
+    let link_dir = TempDir::new("watch-link");
+    let link = link_dir.path().join("memroute.toml");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let mut command = std::process::Command::new(memroute_binary());
+    command.arg("--config").arg(&link);
+    let proxy = Memroute::start_command(command, &one, link, link_dir);
+    assert!(
+        proxy.wait_log("symlink's target directory too", DEADLINE),
+        "{}",
+        proxy.log_text()
+    );
+    // An edit where the file really lives (in place: no event in the link's directory).
+    let before = proxy.log_count("config reloaded");
+    std::fs::write(&target, &two).expect("edit the target");
+    assert!(
+        proxy.wait_log_count("config reloaded", before + 1, DEADLINE),
+        "{}",
+        proxy.log_text()
+    );
+    proxy.wait_stats("pool:main:servers == 2", DEADLINE, |s| {
+        stat_u64(s, "pool:main:servers") == Some(2)
+    });
+}

@@ -77,6 +77,24 @@ pub fn start(
     watcher
         .watch(&directory, RecursiveMode::NonRecursive)
         .with_context(|| format!("cannot watch {}", directory.display()))?;
+    // A config that is a symlink to a file elsewhere (`/etc/memroute.toml ->
+    // /srv/config/memroute.toml`) changes where it really lives: watch that directory too.
+    // Not for a ConfigMap, whose target (`..2024_01_01.../memroute.toml`) sits under the
+    // directory already watched and is replaced, never edited.
+    if let Some(target) = std::fs::canonicalize(config)
+        .ok()
+        .map(|real| directory_of(&real))
+        .filter(|real| !real.starts_with(std::fs::canonicalize(&directory).unwrap_or_default()))
+    {
+        match watcher.watch(&target, RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                tracing::info!(directory = %target.display(), "watching the config symlink's target directory too")
+            }
+            Err(error) => {
+                tracing::warn!(directory = %target.display(), %error, "cannot watch the config symlink's target directory; edits there need SIGHUP")
+            }
+        }
+    }
     std::thread::Builder::new()
         .name("memroute-config-watch".to_string())
         .spawn(move || debounce(bursts, changed))
