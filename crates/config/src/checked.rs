@@ -128,15 +128,24 @@ pub enum DistributionName {
     Ring,
     /// jump consistent hash over xxh3.
     Jump,
+    /// mcrouter's Ch3 (furc over MurmurHash64A of mcrouter's routing key).
+    Ch3,
+    /// mcrouter's WeightedCh3: Ch3 with the pool's `weights` in [0, 1].
+    WeightedCh3,
+    /// mcrouter's Crc32: standard CRC-32 of the routing key, 31 bits, modulo n.
+    Crc32,
 }
 
 impl DistributionName {
-    pub const ALL: [DistributionName; 5] = [
+    pub const ALL: [DistributionName; 8] = [
         DistributionName::Ketama,
         DistributionName::Modula,
         DistributionName::Random,
         DistributionName::Ring,
         DistributionName::Jump,
+        DistributionName::Ch3,
+        DistributionName::WeightedCh3,
+        DistributionName::Crc32,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -145,6 +154,9 @@ impl DistributionName {
             DistributionName::Random => "random",
             DistributionName::Ring => "ring",
             DistributionName::Jump => "jump",
+            DistributionName::Ch3 => "ch3",
+            DistributionName::WeightedCh3 => "wch3",
+            DistributionName::Crc32 => "crc32",
         }
     }
     pub fn parse(s: &str) -> Option<DistributionName> {
@@ -189,6 +201,9 @@ pub struct PoolConfig {
     pub hash_tag: Option<[u8; 2]>,
     /// Virtual nodes per server for `ring` (default 256).
     pub vnodes: u32,
+    /// `wch3` only: one weight in [0, 1] per server, in server order (mcrouter's
+    /// `weights`); a server without one weighs 0.5, as in mcrouter.
+    pub weights: Vec<f64>,
     /// Connections per worker per server (default 1).
     pub connections: usize,
     /// Request timeout (default 250ms).
@@ -217,6 +232,7 @@ impl PoolConfig {
             hash: HashName::Fnv1a_64,
             hash_tag: None,
             vnodes: defaults::VNODES,
+            weights: Vec::new(),
             connections: defaults::CONNECTIONS,
             timeout,
             connect_timeout: timeout,

@@ -70,6 +70,7 @@ const POOL_KEYS: &[&str] = &[
     "hash",
     "hash_tag",
     "vnodes",
+    "weights",
     "connections",
     "timeout",
     "connect_timeout",
@@ -871,6 +872,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         defaults::VNODES,
         errs,
     );
+    let weights = check_weights(t, path, distribution, servers.len(), errs);
     let connections: usize = get_int(t, "connections", path, 1, 1024, defaults::CONNECTIONS, errs);
     let max_keys_per_request: usize = get_int(
         t,
@@ -934,6 +936,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         hash,
         hash_tag,
         vnodes,
+        weights,
         connections,
         timeout,
         connect_timeout,
@@ -1052,6 +1055,49 @@ fn check_unit_number(v: &Value, path: &str, errs: &mut Errors) -> Option<f64> {
         errs.push(path, format!("must be between 0 and 1 (found {v})"));
         None
     }
+}
+
+/// `weights = [1, 0.5, ...]`: mcrouter's per-server weights, for `wch3` only. A list
+/// whose length differs from a static pool's server count is an error here (mcrouter
+/// pads with 0.5 or cuts; `import-mcrouter` writes that out explicitly).
+fn check_weights(
+    t: &Table,
+    path: &str,
+    distribution: DistributionName,
+    servers: usize,
+    errs: &mut Errors,
+) -> Vec<f64> {
+    let weights_path = join(path, "weights");
+    let Some(v) = t.get("weights") else {
+        if distribution == DistributionName::WeightedCh3 {
+            errs.push(&weights_path, "required by distribution \"wch3\"");
+        }
+        return Vec::new();
+    };
+    if distribution != DistributionName::WeightedCh3 {
+        errs.push(&weights_path, "only used by distribution \"wch3\"");
+        return Vec::new();
+    }
+    let Value::Array(items) = v else {
+        wrong_type(
+            errs,
+            &weights_path,
+            "an array of numbers between 0 and 1",
+            v,
+        );
+        return Vec::new();
+    };
+    if servers > 0 && items.len() != servers {
+        errs.push(
+            &weights_path,
+            format!("has {} weights for {servers} servers", items.len()),
+        );
+    }
+    items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| check_unit_number(w, &format!("{weights_path}[{i}]"), errs))
+        .collect()
 }
 
 fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<ServerConfig> {

@@ -24,6 +24,7 @@
 mod distribution;
 mod error;
 pub mod hash;
+pub mod mcrouter_hash;
 mod operation;
 mod policy;
 mod route;
