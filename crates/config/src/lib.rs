@@ -10,8 +10,10 @@
 
 mod checked;
 mod error;
+pub mod import;
 pub mod raw;
-pub mod twemproxy;
+/// Kept at its old path for callers from before importers had their own module.
+pub use import::twemproxy;
 
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};

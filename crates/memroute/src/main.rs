@@ -4,6 +4,7 @@
 //!   memroute --config FILE            run in the foreground
 //!   memroute --check --config FILE    validate, print what was understood, exit
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
+//!   memroute import-mcrouter FILE     print the memroute TOML for an mcrouter JSON config
 //! ```
 #![forbid(unsafe_code)]
 
@@ -37,6 +38,11 @@ enum Command {
         /// Path to nutcracker.yml.
         file: PathBuf,
     },
+    /// Print the memroute TOML equivalent of an mcrouter JSON config.
+    ImportMcrouter {
+        /// Path to the mcrouter config (JSON).
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -60,11 +66,16 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Some(Command::ImportTwemproxy { file }) = cli.command {
-        let yaml = std::fs::read_to_string(&file)
+    if let Some(command) = cli.command {
+        type Importer = fn(&str) -> Result<String, memroute_config::ConfigErrors>;
+        let (file, import): (_, Importer) = match command {
+            Command::ImportTwemproxy { file } => (file, memroute_config::import::twemproxy::import),
+            Command::ImportMcrouter { file } => (file, memroute_config::import::mcrouter::import),
+        };
+        let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
-        let toml = memroute_config::twemproxy::import(&yaml)
-            .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+        let toml =
+            import(&text).map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
         write_stdout(&toml);
         return Ok(());
     }
