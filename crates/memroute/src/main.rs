@@ -115,6 +115,9 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
             signal(SignalKind::hangup())?,
         ))
     })?;
+    memroute_proxy::set_config_file(
+        std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    );
     let handle = memroute_proxy::start(config).context("cannot start")?;
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
     loop {

@@ -22,6 +22,7 @@ mod dispatch;
 mod error;
 mod execute;
 mod listener;
+mod mcrouter_admin;
 mod session;
 mod stats;
 mod worker;
@@ -35,6 +36,7 @@ use tokio::sync::watch;
 
 pub use error::ProxyError;
 pub use listener::effective_backlog;
+pub use mcrouter_admin::set_config_file;
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

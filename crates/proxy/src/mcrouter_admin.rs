@@ -1,0 +1,193 @@
+//! mcrouter's admin queries, answered the way mcrouter answers them, so scripts and
+//! dashboards written for mcrouter keep working against memroute:
+//!
+//! ```text
+//!   get __mcrouter__.version                  VALUE ... memroute-<version>
+//!   get __mcrouter__.config_file              VALUE ... <path of the config file>
+//!   get __mcrouter__.route(OP,KEY)            VALUE ... every server OP KEY may reach, one per line
+//!   get __mcrouter__.route_handles(OP,KEY)    VALUE ... the route tree OP KEY walks, indented
+//!   get __mcrouter__.<anything else>          SERVER_ERROR naming what is not supported
+//! ```
+//!
+//! Only a single-key `get` is looked at; a multi-get containing such a key is routed like
+//! any other. Answering costs one prefix comparison per single-key get.
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use memroute_config::Operation;
+use memroute_routing::{Node, NodeId};
+
+use crate::worker::Routing;
+
+const PREFIX: &[u8] = b"__mcrouter__.";
+
+/// The config file memroute was started with (what `__mcrouter__.config_file` answers).
+static CONFIG_FILE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Records the config file's path for `__mcrouter__.config_file` (once, at start).
+pub fn set_config_file(path: PathBuf) {
+    let _ = CONFIG_FILE.set(path);
+}
+
+/// The reply to `get KEY` when KEY is an mcrouter admin query, else `None`.
+pub(crate) fn answer(routing: &Routing, key: &[u8]) -> Option<Bytes> {
+    let query = key.strip_prefix(PREFIX)?;
+    let text = String::from_utf8_lossy(query);
+    let value = match text.as_ref() {
+        "version" => Ok(format!("memroute-{}", crate::VERSION)),
+        "config_file" => match CONFIG_FILE.get() {
+            Some(path) => Ok(path.display().to_string()),
+            None => Err("no config file".to_string()),
+        },
+        other => match parse_route_query(other) {
+            Some(("route", operation, routed_key)) => {
+                Ok(destinations(routing, operation, routed_key).join("\r\n"))
+            }
+            Some(("route_handles", operation, routed_key)) => {
+                let mut out = String::new();
+                route_handles(routing, routing.routes.root(), operation, routed_key, 0, &mut out);
+                Ok(out.trim_end().to_string())
+            }
+            _ => Err(format!(
+                "memroute does not answer __mcrouter__.{other} (supported: version, config_file, route(op,key), route_handles(op,key))"
+            )),
+        },
+    };
+    Some(match value {
+        Ok(value) => {
+            let mut reply = Vec::with_capacity(key.len() + value.len() + 32);
+            reply.extend_from_slice(b"VALUE ");
+            reply.extend_from_slice(key);
+            reply.extend_from_slice(format!(" 0 {}\r\n", value.len()).as_bytes());
+            reply.extend_from_slice(value.as_bytes());
+            reply.extend_from_slice(b"\r\nEND\r\n");
+            Bytes::from(reply)
+        }
+        Err(message) => Bytes::from(format!("SERVER_ERROR {message}\r\n")),
+    })
+}
+
+/// `route(get,KEY)` -> ("route", Get, KEY). mcrouter spells flush_all `flushall`.
+fn parse_route_query(query: &str) -> Option<(&str, Operation, &[u8])> {
+    let (name, rest) = query.split_once('(')?;
+    let args = rest.strip_suffix(')')?;
+    let (operation, key) = args.split_once(',')?;
+    let operation = match operation {
+        "flushall" => Operation::FlushAll,
+        op => Operation::parse(op)?,
+    };
+    Some((name, operation, key.as_bytes()))
+}
+
+/// Every server the request may be sent to, in route order, without repeats.
+fn destinations(routing: &Routing, operation: Operation, key: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![routing.routes.root()];
+    while let Some(id) = stack.pop() {
+        let id = routing.routes.select(id, operation, key);
+        let mut children = match routing.routes.node(id) {
+            Node::Pool(pool) => {
+                if let Some(server) = routing.server_for(*pool, key) {
+                    let address = routing.pools[*pool].servers[server]
+                        .health
+                        .address()
+                        .to_string();
+                    if !out.contains(&address) {
+                        out.push(address);
+                    }
+                }
+                Vec::new()
+            }
+            Node::Shadow {
+                primary,
+                shadow,
+                range,
+                ..
+            } => {
+                if range.contains_key(key) {
+                    vec![*primary, *shadow]
+                } else {
+                    vec![*primary]
+                }
+            }
+            other => other.children(),
+        };
+        // Stack order: the first child is walked first.
+        children.reverse();
+        stack.extend(children);
+    }
+    out
+}
+
+/// The route tree `operation key` walks, one node per line, children indented by one
+/// space (mcrouter's format), each as `type|name` with the server for pools.
+fn route_handles(
+    routing: &Routing,
+    id: NodeId,
+    operation: Operation,
+    key: &[u8],
+    depth: usize,
+    out: &mut String,
+) {
+    let node = routing.routes.node(id);
+    let name = routing.routes.node_name(id);
+    let indent = " ".repeat(depth);
+    let (kind, next): (&str, Vec<NodeId>) = match node {
+        Node::Pool(pool) => {
+            let server = routing
+                .server_for(*pool, key)
+                .map(|s| routing.pools[*pool].servers[s].health.address().to_string())
+                .unwrap_or_else(|| "(no servers)".to_string());
+            let _ = write!(out, "{indent}pool|{name}\r\n");
+            let _ = write!(out, "{indent} server|{server}\r\n");
+            return;
+        }
+        Node::Prefix { .. } => ("prefix", vec![routing.routes.select(id, operation, key)]),
+        Node::Operation { table } => ("operation", vec![table[operation.index()]]),
+        Node::Shadow {
+            primary,
+            shadow,
+            range,
+            ..
+        } => (
+            "shadow",
+            if range.contains_key(key) {
+                vec![*primary, *shadow]
+            } else {
+                vec![*primary]
+            },
+        ),
+        Node::Replicated { .. } => ("replicated", node.children()),
+        Node::Failover { .. } => ("failover", node.children()),
+        Node::WarmUp { .. } => ("warm-up", node.children()),
+        Node::Random { .. } => ("random", node.children()),
+        Node::Null => ("null", Vec::new()),
+        Node::Error { .. } => ("error", Vec::new()),
+    };
+    let _ = write!(out, "{indent}{kind}|{name}\r\n");
+    for child in next {
+        route_handles(routing, child, operation, key, depth + 1, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_queries_parse() {
+        assert_eq!(
+            parse_route_query("route(get,a:b,c)"),
+            Some(("route", Operation::Get, &b"a:b,c"[..]))
+        );
+        assert_eq!(
+            parse_route_query("route_handles(flushall,k)"),
+            Some(("route_handles", Operation::FlushAll, &b"k"[..]))
+        );
+        assert_eq!(parse_route_query("route(bogus,k)"), None);
+        assert_eq!(parse_route_query("route(get)"), None);
+        assert_eq!(parse_route_query("options"), None);
+    }
+}
