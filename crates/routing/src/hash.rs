@@ -20,8 +20,8 @@
 //!
 //! The golden files under `tests/golden/`, recorded from the real nutcracker, pin all of
 //! this down.
+use crate::spec::HashName;
 use md5::{Digest, Md5};
-use memroute_config::HashName;
 
 /// A key hash function, as named in the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,6 +28,7 @@ pub mod mcrouter_hash;
 mod operation;
 mod policy;
 mod route;
+pub mod spec;
 
 pub use distribution::{Placement, ServerIdentity};
 pub use error::RoutingError;
@@ -35,3 +36,7 @@ pub use hash::{hash_key_part, HashFn};
 pub use operation::operation_of;
 pub use policy::{classify_reply, write_decision, ReplyClass, WriteDecision};
 pub use route::{KeyRange, Node, NodeId, RouteTable};
+pub use spec::{
+    DistributionName, FailoverOn, HashName, Operation, PoolSpec, ReadPolicy, RouteSpec,
+    RoutingSpec, ServerSpec, ShadowSelect, WritePolicy,
+};

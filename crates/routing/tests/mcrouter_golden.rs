@@ -3,9 +3,9 @@
 //! distributions `ch3`, `wch3` and `crc32`, and the inner hashes through
 //! `memroute_routing::mcrouter_hash`. Every row must match: a different index means a
 //! cold cache for whoever moves from mcrouter.
-use memroute_config::{DistributionName, PoolConfig, ServerConfig};
 use memroute_routing::mcrouter_hash::{crc32_index, furc, murmur64a, routing_key, spooky32};
 use memroute_routing::Placement;
+use memroute_routing::{DistributionName, PoolSpec, ServerSpec};
 
 const CH3: &str = include_str!("golden/mcrouter-ch3.tsv");
 const WCH3: &str = include_str!("golden/mcrouter-wch3.tsv");
@@ -51,18 +51,18 @@ fn unescape(field: &str) -> Vec<u8> {
 }
 
 /// A pool of `n` servers: only the count and order matter to mcrouter's distributions.
-fn pool(distribution: DistributionName, n: usize, weights: Vec<f64>) -> PoolConfig {
+fn pool(distribution: DistributionName, n: usize, weights: Vec<f64>) -> PoolSpec {
     let servers = (0..n)
-        .map(|i| ServerConfig {
+        .map(|i| ServerSpec {
             address: format!("10.{}.{}.{}:11211", i >> 16, (i >> 8) & 0xff, i & 0xff),
             weight: 1,
             name: None,
         })
         .collect();
-    PoolConfig {
+    PoolSpec {
         distribution,
         weights,
-        ..PoolConfig::new(servers)
+        ..PoolSpec::new(servers)
     }
 }
 

@@ -5,17 +5,17 @@
 //!
 //! Re-record only on purpose (a deliberate placement change is a breaking change):
 //! `MEMROUTE_RECORD_GOLDEN=1 cargo test -p memroute-routing --test memroute_golden -- --ignored`.
-use memroute_config::{DistributionName, HashName, PoolConfig, ServerConfig};
 use memroute_routing::Placement;
+use memroute_routing::{DistributionName, HashName, PoolSpec, ServerSpec};
 
 const GOLDEN: &str = include_str!("golden/memroute-ring-jump.tsv");
 const HEADER: &str = "distribution\thash\tvnodes\tservers (address:weight[ name];...)\tkey\tindex";
 
 /// The pools recorded: sizes, weights, names, vnodes and the pool hash all vary.
-fn cases() -> Vec<(DistributionName, HashName, u32, Vec<ServerConfig>)> {
-    let servers = |n: usize, weight: &dyn Fn(usize) -> u32, named: bool| -> Vec<ServerConfig> {
+fn cases() -> Vec<(DistributionName, HashName, u32, Vec<ServerSpec>)> {
+    let servers = |n: usize, weight: &dyn Fn(usize) -> u32, named: bool| -> Vec<ServerSpec> {
         (0..n)
-            .map(|i| ServerConfig {
+            .map(|i| ServerSpec {
                 address: format!(
                     "10.1.{}.{}:{}",
                     i / 200,
@@ -102,7 +102,7 @@ fn keys() -> Vec<Vec<u8>> {
     keys
 }
 
-fn servers_field(servers: &[ServerConfig]) -> String {
+fn servers_field(servers: &[ServerSpec]) -> String {
     servers
         .iter()
         .map(|s| match &s.name {
@@ -113,7 +113,7 @@ fn servers_field(servers: &[ServerConfig]) -> String {
         .join(";")
 }
 
-fn parse_servers(field: &str) -> Vec<ServerConfig> {
+fn parse_servers(field: &str) -> Vec<ServerSpec> {
     field
         .split(';')
         .map(|entry| {
@@ -122,7 +122,7 @@ fn parse_servers(field: &str) -> Vec<ServerConfig> {
                 None => (entry, None),
             };
             let (address, weight) = spec.rsplit_once(':').expect("address:weight");
-            ServerConfig {
+            ServerSpec {
                 address: address.to_string(),
                 weight: weight.parse().expect("weight"),
                 name,
@@ -135,13 +135,13 @@ fn pool(
     distribution: DistributionName,
     hash: HashName,
     vnodes: u32,
-    servers: Vec<ServerConfig>,
-) -> PoolConfig {
-    PoolConfig {
+    servers: Vec<ServerSpec>,
+) -> PoolSpec {
+    PoolSpec {
         distribution,
         hash,
         vnodes,
-        ..PoolConfig::new(servers)
+        ..PoolSpec::new(servers)
     }
 }
 

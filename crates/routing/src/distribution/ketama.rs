@@ -1,6 +1,6 @@
 //! twemproxy's ketama (nutcracker 0.5.0 `src/hashkit/nc_ketama.c`), byte-compatible and
 //! pinned by the golden files recorded from nutcracker.
-use memroute_config::ServerConfig;
+use crate::spec::ServerSpec;
 
 use super::continuum::Continuum;
 use super::{twemproxy_key_hash, twemproxy_order, Distribution};
@@ -24,7 +24,7 @@ impl Ketama {
     /// Known difference: nutcracker formats `id-k` into an 86-byte buffer but hashes the
     /// untruncated length, reading past the buffer for identities longer than about 80
     /// bytes; that undefined behaviour is not reproduced (we hash the whole label).
-    pub(crate) fn build(servers: &[&ServerConfig], hash: HashFn) -> Ketama {
+    pub(crate) fn build(servers: &[&ServerSpec], hash: HashFn) -> Ketama {
         let total_weight: u32 = servers.iter().map(|s| s.weight).sum();
         let live = servers.len() as u32;
         let mut points = Vec::with_capacity(servers.len() * 160);

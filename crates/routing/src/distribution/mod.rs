@@ -29,7 +29,7 @@
 //! nutcracker sorts each pool's servers by identity (shorter identity first, then
 //! bytewise) and builds its continuum in that order, so modula slot `i` is the `i`-th
 //! server in *that* order, not in config order. [`twemproxy_order`] reproduces it.
-use memroute_config::{DistributionName, PoolConfig, ServerConfig};
+use crate::spec::{DistributionName, PoolSpec, ServerSpec};
 
 use crate::hash::{hash_key_part, HashFn};
 use crate::mcrouter_hash::routing_key;
@@ -67,7 +67,7 @@ pub struct ServerIdentity(pub String);
 
 impl ServerIdentity {
     /// The identity twemproxy would give this server.
-    pub fn of(server: &ServerConfig) -> ServerIdentity {
+    pub fn of(server: &ServerSpec) -> ServerIdentity {
         if let Some(name) = &server.name {
             return ServerIdentity(name.clone());
         }
@@ -132,7 +132,7 @@ impl Placement {
     /// An empty pool (a DNS pool before its first lookup) gives a placement whose
     /// `server_count()` is 0 and whose `server_for` answers 0: callers check the count
     /// before using the answer as an index.
-    pub fn new(pool: &PoolConfig) -> Placement {
+    pub fn new(pool: &PoolSpec) -> Placement {
         let members: Vec<usize> = (0..pool.servers.len()).collect();
         Placement::over(pool, &members)
     }
@@ -143,7 +143,7 @@ impl Placement {
     /// A server without an entry in `live` (a stale vector after the pool grew) counts as
     /// live: leaving a server in is the safe mistake. With no live server, this behaves like
     /// an empty pool (see [`Placement::new`]).
-    pub fn with_live(pool: &PoolConfig, live: &[bool]) -> Placement {
+    pub fn with_live(pool: &PoolSpec, live: &[bool]) -> Placement {
         let members: Vec<usize> = (0..pool.servers.len())
             .filter(|&i| live.get(i).copied().unwrap_or(true))
             .collect();
@@ -151,8 +151,8 @@ impl Placement {
     }
 
     /// `members`: config indices of the servers to place over, ascending.
-    fn over(pool: &PoolConfig, members: &[usize]) -> Placement {
-        let servers: Vec<&ServerConfig> = members.iter().map(|&i| &pool.servers[i]).collect();
+    fn over(pool: &PoolSpec, members: &[usize]) -> Placement {
+        let servers: Vec<&ServerSpec> = members.iter().map(|&i| &pool.servers[i]).collect();
         let hash = HashFn(pool.hash);
         let kind = match pool.distribution {
             DistributionName::Ketama => Kind::Ketama(ketama::Ketama::build(&servers, hash)),
@@ -215,7 +215,7 @@ fn twemproxy_key_hash(hash: HashFn, part: &[u8]) -> u32 {
 /// Member positions and identities of `servers`, in the order nutcracker keeps them:
 /// sorted by identity length, then bytes (its `string_compare`). Stable, so duplicate
 /// identities (which nutcracker would reject) keep config order.
-fn twemproxy_order(servers: &[&ServerConfig]) -> Vec<(usize, ServerIdentity)> {
+fn twemproxy_order(servers: &[&ServerSpec]) -> Vec<(usize, ServerIdentity)> {
     let mut order: Vec<(usize, ServerIdentity)> = servers
         .iter()
         .enumerate()
@@ -232,12 +232,12 @@ fn twemproxy_order(servers: &[&ServerConfig]) -> Vec<(usize, ServerIdentity)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memroute_config::HashName;
+    use crate::spec::HashName;
 
-    fn pool(n: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
-        PoolConfig {
+    fn pool(n: usize, distribution: DistributionName, hash: HashName) -> PoolSpec {
+        PoolSpec {
             servers: (0..n)
-                .map(|i| ServerConfig {
+                .map(|i| ServerSpec {
                     address: format!("10.0.0.{}:{}", i + 1, 11300 + i),
                     weight: 1,
                     name: None,
@@ -245,7 +245,7 @@ mod tests {
                 .collect(),
             distribution,
             hash,
-            ..PoolConfig::new(Vec::new())
+            ..PoolSpec::new(Vec::new())
         }
     }
 
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn identity_follows_twemproxys_rule() {
-        let s = |address: &str, name: Option<&str>| ServerConfig {
+        let s = |address: &str, name: Option<&str>| ServerSpec {
             address: address.to_string(),
             weight: 1,
             name: name.map(str::to_string),
@@ -339,7 +339,7 @@ mod tests {
 
     #[test]
     fn twemproxy_orders_servers_by_identity_length_then_bytes() {
-        let s = |address: &str, name: Option<&str>| ServerConfig {
+        let s = |address: &str, name: Option<&str>| ServerSpec {
             address: address.to_string(),
             weight: 1,
             name: name.map(str::to_string),
@@ -351,7 +351,7 @@ mod tests {
             s("10.0.0.3:11211", Some("b-long-name")),
             s("10.0.0.10:11211", None),
         ];
-        let refs: Vec<&ServerConfig> = servers.iter().collect();
+        let refs: Vec<&ServerSpec> = servers.iter().collect();
         let order: Vec<usize> = twemproxy_order(&refs).into_iter().map(|(i, _)| i).collect();
         // "zz" (2) < "10.0.0.9" (8) < "10.0.0.10" (9) < "b-long-name" (11) < "10.0.0.1:11212" (14)
         assert_eq!(order, [2, 1, 4, 3, 0]);

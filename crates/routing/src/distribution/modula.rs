@@ -1,6 +1,6 @@
 //! twemproxy's modula (nutcracker 0.5.0 `src/hashkit/nc_modula.c`): `hash % slots`, each
 //! server holding `weight` slots in twemproxy's server order (see `twemproxy_order`).
-use memroute_config::ServerConfig;
+use crate::spec::ServerSpec;
 
 use super::{twemproxy_key_hash, twemproxy_order, Distribution};
 use crate::hash::HashFn;
@@ -13,7 +13,7 @@ pub(crate) struct Modula {
 }
 
 impl Modula {
-    pub(crate) fn build(servers: &[&ServerConfig], hash: HashFn) -> Modula {
+    pub(crate) fn build(servers: &[&ServerSpec], hash: HashFn) -> Modula {
         let mut slots = Vec::new();
         for (member, _) in twemproxy_order(servers) {
             for _ in 0..servers[member].weight {

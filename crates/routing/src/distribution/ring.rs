@@ -1,6 +1,6 @@
 //! memroute's `ring`: a consistent-hash circle of xxh3 points, `vnodes * weight` per
 //! server. Pinned by `tests/golden/memroute-ring-jump.tsv`.
-use memroute_config::ServerConfig;
+use crate::spec::ServerSpec;
 
 use super::continuum::Continuum;
 use super::{twemproxy_key_hash, Distribution, ServerIdentity};
@@ -17,7 +17,7 @@ impl Ring {
     /// ketama's, so renumbering servers or reordering the list does not move keys, and a
     /// server's points do not depend on the others: losing one moves only its keys.
     /// Keys are hashed with the pool's `hash` (use `xxh3` for the intended ring).
-    pub(crate) fn build(servers: &[&ServerConfig], hash: HashFn, vnodes: u32) -> Ring {
+    pub(crate) fn build(servers: &[&ServerSpec], hash: HashFn, vnodes: u32) -> Ring {
         let vnodes = vnodes.max(1);
         let mut points = Vec::new();
         let mut label = String::new();
