@@ -1691,6 +1691,31 @@ mod tests {
         );
     }
 
+    /// Every prefix of a realistic config, and the config with each byte replaced by each
+    /// of a few troublesome ones: import answers (Ok or errors) and never panics.
+    #[test]
+    fn never_panics_on_truncated_or_mangled_configs() {
+        let config = r#"{"macros": {"m": {"type": "macroDef", "params": ["p"], "result": "PoolRoute|%p%"}},
+            "pools": {"A": {"servers": ["h1:1", "[::1]:2"], "weights": [1, 0.5]}, "B": {"servers": ["h3:3"]}},
+            "named_handles": [{"name": "n", "type": "FailoverRoute", "children": ["@m(A)", "Pool|B"]}],
+            "route": {"type": "PrefixSelectorRoute", "policies": {"a": "n", "b": {"type": "WarmUpRoute", "cold": "PoolRoute|B", "warm": "PoolRoute|A", "exptime": 5}},
+                      "wildcard": {"type": "PoolRoute", "pool": "A", "hash": {"hash_func": "WeightedCh3", "weights": [1]},
+                                   "shadows": [{"target": "PoolRoute|B", "key_fraction_range": [0, 0.5]}]}}}"#;
+        assert!(import(config).is_ok(), "{:?}", import(config).err());
+        for end in 0..config.len() {
+            if config.is_char_boundary(end) {
+                let _ = import(&config[..end]);
+            }
+        }
+        for i in 0..config.len() {
+            for b in ["\"", "[", "]", "{", "}", "|", "%", "@", "0", "-", ","] {
+                if config.is_char_boundary(i) && config.is_char_boundary(i + 1) {
+                    let _ = import(&format!("{}{b}{}", &config[..i], &config[i + 1..]));
+                }
+            }
+        }
+    }
+
     #[test]
     fn never_panics_on_odd_shapes() {
         for json in [
