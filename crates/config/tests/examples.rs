@@ -32,8 +32,8 @@ fn every_example_config_parses() {
         }
     }
     assert!(
-        count >= 13,
-        "expected the thirteen example configs, found {count}"
+        count >= 14,
+        "expected the fourteen example configs, found {count}"
     );
 }
 
@@ -437,6 +437,21 @@ fn twemproxy_compatible_example_matches_its_import() {
         memroute_config::load(&config_dir().join("twemproxy-compatible.toml")).expect("parses");
     assert_eq!(imported.pools, example.pools);
     assert_eq!(imported.proxy, example.proxy);
+}
+
+/// config/mcrouter.json (an mcrouter config) imports to the pools and routes of the
+/// commented example config/mcrouter-compatible.toml.
+#[test]
+fn mcrouter_compatible_example_matches_its_import() {
+    let json = std::fs::read_to_string(config_dir().join("mcrouter.json")).expect("readable");
+    let imported =
+        memroute_config::import::mcrouter::import(&json).unwrap_or_else(|e| panic!("{e}"));
+    let imported = parse(&imported).unwrap_or_else(|e| panic!("{e}"));
+    let example =
+        memroute_config::load(&config_dir().join("mcrouter-compatible.toml")).expect("parses");
+    assert_eq!(imported.pools, example.pools);
+    assert_eq!(imported.routes, example.routes);
+    assert_eq!(imported.proxy.route, example.proxy.route);
 }
 
 #[test]

@@ -111,10 +111,12 @@ fn single(path: &str, message: impl Into<String>) -> ConfigErrors {
     ConfigErrors::single(ConfigError::new(path, message))
 }
 
-/// `parent.key`, or `key` at the top.
+/// `parent.key`, or `key` at the top; a key that is not a plain word is quoted
+/// (`route.policies."session:"`), as config errors quote TOML keys.
 fn join(parent: &str, key: &str) -> String {
+    let key = toml_key(key);
     if parent.is_empty() {
-        key.to_string()
+        key
     } else {
         format!("{parent}.{key}")
     }
@@ -196,8 +198,10 @@ impl Importer {
         self.errs.push(ConfigError::new(path, message));
     }
 
-    /// A memroute name not used yet, as close to `wanted` as possible.
-    fn fresh_name(&mut self, wanted: &str) -> String {
+    /// A memroute name not used yet, as close to `wanted` as possible. Pools keep their
+    /// mcrouter name when it is free; routes never take the name of an mcrouter pool, which
+    /// may still become a memroute pool later in the walk.
+    fn fresh_name(&mut self, wanted: &str, for_pool: bool) -> String {
         let base: String = wanted
             .chars()
             .map(|c| {
@@ -208,14 +212,25 @@ impl Importer {
                 }
             })
             .collect();
-        let base = if base.is_empty() {
-            "route".to_string()
-        } else {
-            base
+        // `root_session:` + `_delete` reads better as `root_session_delete`.
+        let mut collapsed = String::with_capacity(base.len());
+        for c in base.chars() {
+            if !(c == '_' && collapsed.ends_with('_')) {
+                collapsed.push(c);
+            }
+        }
+        let base = collapsed.trim_matches('_');
+        let base = if base.is_empty() { "route" } else { base };
+        let taken = |me: &Self, name: &str| {
+            me.used.contains(name) || (!for_pool && me.pools.contains_key(name))
         };
-        let mut name = base.clone();
+        let mut name = if for_pool {
+            wanted.to_string()
+        } else {
+            base.to_string()
+        };
         let mut n = 2;
-        while self.used.contains(&name) || self.pools.contains_key(&name) && name != wanted {
+        while taken(self, &name) {
             name = format!("{base}_{n}");
             n += 1;
         }
@@ -530,7 +545,7 @@ impl Importer {
         } else {
             name.to_string()
         };
-        let out = self.fresh_name(&wanted);
+        let out = self.fresh_name(&wanted, true);
         self.pool_variants.push((key, out.clone()));
         self.out_pools.insert(
             out.clone(),
@@ -578,7 +593,7 @@ impl Importer {
                 out.push(existing.clone());
                 continue;
             }
-            let pool_name = self.fresh_name(&format!("{name}_{i}"));
+            let pool_name = self.fresh_name(&format!("{name}_{i}"), true);
             self.pool_variants.push((key, pool_name.clone()));
             self.out_pools.insert(
                 pool_name.clone(),
@@ -629,7 +644,7 @@ impl Importer {
 
     fn read_root(&mut self, top: &Map<String, Value>) -> Option<String> {
         match (top.get("route"), top.get("routes")) {
-            (Some(route), None) => self.route(route, "route", "main"),
+            (Some(route), None) => self.route(route, "route", "root"),
             (None, Some(Value::Array(routes))) if !routes.is_empty() => {
                 for (i, entry) in routes.iter().enumerate().skip(1) {
                     let aliases = entry.get("aliases").map(compact).unwrap_or_default();
@@ -645,7 +660,7 @@ impl Importer {
                     ));
                 }
                 match first.get("route") {
-                    Some(route) => self.route(route, "routes[0].route", "main"),
+                    Some(route) => self.route(route, "routes[0].route", "root"),
                     None => {
                         self.error("routes[0].route", "required");
                         None
@@ -783,7 +798,7 @@ impl Importer {
     }
 
     fn simple_route(&mut self, hint: &str, kind: &str, mut lines: Vec<String>) -> String {
-        let name = self.fresh_name(hint);
+        let name = self.fresh_name(hint, false);
         lines.insert(0, format!("type = \"{kind}\""));
         self.out_routes.insert(
             name.clone(),
@@ -921,9 +936,7 @@ impl Importer {
                                 self.error(&p, "an empty prefix; use \"wildcard\"");
                                 continue;
                             }
-                            if let Some(t) =
-                                self.route(route, &p, &format!("{hint}_{}", prefixes.len()))
-                            {
+                            if let Some(t) = self.route(route, &p, &format!("{hint}_{prefix}")) {
                                 prefixes.push(format!("{} = {}", quote(prefix), quote(&t)));
                             }
                         }
@@ -1152,7 +1165,7 @@ impl Importer {
                 Some(t)
             }
             None => {
-                let name = self.fresh_name(hint);
+                let name = self.fresh_name(hint, false);
                 self.out_routes
                     .insert(name.clone(), OutRoute { lines, notes });
                 Some(name)
@@ -1245,7 +1258,7 @@ impl Importer {
                 self.error(&join(&p, "target"), "shadows the route to itself");
                 return None;
             }
-            let name = self.fresh_name(&format!("{hint}_shadowed_{i}"));
+            let name = self.fresh_name(&format!("{hint}_shadowed_{i}"), false);
             self.out_routes.insert(
                 name.clone(),
                 OutRoute {
