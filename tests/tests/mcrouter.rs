@@ -323,6 +323,44 @@ fn imported_mcrouter_config_runs_against_memcached() {
         wch3.len()
     );
 
+    // mcrouter's route query lists every server a request may reach: a set of `sample`
+    // goes to both pools (AllSyncRoute), in child order; a key under `null:` reaches none.
+    let ch3_sample = ch3
+        .iter()
+        .find(|(k, _)| k == b"sample")
+        .map(|&(_, i)| i)
+        .expect("sample");
+    let wch3_sample = wch3
+        .iter()
+        .find(|(k, _)| k == b"sample")
+        .map(|&(_, i)| i)
+        .expect("sample");
+    let route = |client: &mut Conn, query: &str| -> Vec<u8> {
+        client.send(format!("get __mcrouter__.{query}\r\n").as_bytes());
+        let reply = client.read_until(b"END\r\n");
+        let values = parse_values(&reply).unwrap_or_else(|| panic!("{query}: {}", show(&reply)));
+        values.into_iter().next().map(|v| v.2).unwrap_or_default()
+    };
+    assert_eq!(
+        show(&route(&mut client, "route(set,sample)")),
+        show(
+            format!(
+                "{}\r\n{}",
+                main[ch3_sample].addr(),
+                weighted[wch3_sample].addr()
+            )
+            .as_bytes()
+        )
+    );
+    assert_eq!(route(&mut client, "route(get,null:x)"), b"");
+    let tree = String::from_utf8(route(&mut client, "route_handles(set,sample)")).expect("utf-8");
+    assert!(
+        tree.starts_with(
+            "prefix|root\r\n operation|root_wildcard\r\n  replicated|both\r\n   pool|main\r\n"
+        ),
+        "{tree}"
+    );
+
     // Reads fail over main -> weighted: with main's server for a key gone, the weighted
     // copy answers.
     let (key, index) = &ch3[0];

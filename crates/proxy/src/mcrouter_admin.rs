@@ -144,7 +144,14 @@ fn route_handles(
             let _ = write!(out, "{indent} server|{server}\r\n");
             return;
         }
-        Node::Prefix { .. } => ("prefix", vec![routing.routes.select(id, operation, key)]),
+        // One step, not `select` (which would skip nested operation nodes from the tree).
+        Node::Prefix { prefixes, default } => (
+            "prefix",
+            vec![prefixes
+                .iter()
+                .find(|(prefix, _)| key.starts_with(prefix))
+                .map_or(*default, |&(_, target)| target)],
+        ),
         Node::Operation { table } => ("operation", vec![table[operation.index()]]),
         Node::Shadow {
             primary,
