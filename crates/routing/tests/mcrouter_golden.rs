@@ -3,6 +3,8 @@
 //! distributions `ch3`, `wch3` and `crc32`, and the inner hashes through
 //! `memroute_routing::mcrouter_hash`. Every row must match: a different index means a
 //! cold cache for whoever moves from mcrouter.
+mod common;
+use common::unescape;
 use memroute_routing::mcrouter_hash::{crc32_index, furc, murmur64a, routing_key, spooky32};
 use memroute_routing::Placement;
 use memroute_routing::{DistributionName, PoolSpec, ServerSpec};
@@ -23,31 +25,6 @@ fn rows(text: &str, columns: usize) -> Vec<Vec<&str>> {
         assert_eq!(row.len(), columns, "bad row {row:?}");
     }
     rows
-}
-
-/// The files' escaping: `\\` is a backslash, `\xNN` a byte, anything else itself.
-fn unescape(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i], bytes.get(i + 1)) {
-            (b'\\', Some(b'\\')) => {
-                out.push(b'\\');
-                i += 2;
-            }
-            (b'\\', Some(b'x')) => {
-                let hex = std::str::from_utf8(&bytes[i + 2..i + 4]).expect("hex");
-                out.push(u8::from_str_radix(hex, 16).expect("hex byte"));
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// A pool of `n` servers: only the count and order matter to mcrouter's distributions.

@@ -5,6 +5,8 @@
 //!
 //! Re-record only on purpose (a deliberate placement change is a breaking change):
 //! `MEMROUTE_RECORD_GOLDEN=1 cargo test -p memroute-routing --test memroute_golden -- --ignored`.
+mod common;
+use common::unescape;
 use memroute_routing::Placement;
 use memroute_routing::{DistributionName, HashName, PoolSpec, ServerSpec};
 
@@ -152,30 +154,6 @@ fn escape(key: &[u8]) -> String {
             b'\\' => out.push_str("\\\\"),
             0x21..=0x7e => out.push(b as char),
             _ => out.push_str(&format!("\\x{b:02x}")),
-        }
-    }
-    out
-}
-
-fn unescape(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i], bytes.get(i + 1)) {
-            (b'\\', Some(b'\\')) => {
-                out.push(b'\\');
-                i += 2;
-            }
-            (b'\\', Some(b'x')) => {
-                let hex = std::str::from_utf8(&bytes[i + 2..i + 4]).expect("hex");
-                out.push(u8::from_str_radix(hex, 16).expect("hex byte"));
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
         }
     }
     out

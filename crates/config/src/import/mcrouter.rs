@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::{Map, Value};
 
+use super::push_note;
 use crate::raw::{check_host_port, toml_key};
 use crate::{ConfigError, ConfigErrors};
 
@@ -162,6 +163,28 @@ struct OutPool {
     hash: Hash,
     timeout_ms: Option<u64>,
     notes: Vec<String>,
+}
+
+/// What a route handle turned into.
+#[derive(Debug)]
+enum Built {
+    /// An existing target (a pool, or a child route): nothing of its own to write.
+    Target(String),
+    /// A new memroute route: its `key = value` lines.
+    Route(Vec<String>),
+}
+
+/// A note for every key of `o` that is not in `known`.
+fn note_unknown_keys(o: &Map<String, Value>, known: &[&str], path: &str, notes: &mut Vec<String>) {
+    for (key, value) in o {
+        if !known.contains(&key.as_str()) {
+            notes.push(format!(
+                "{}: {} is not carried over.",
+                join(path, key),
+                compact(value)
+            ));
+        }
+    }
 }
 
 /// A memroute route to write out: its `key = value` lines and notes.
@@ -862,6 +885,7 @@ impl Importer {
         }
     }
 
+    /// A route handle written as an object, by its `type`.
     fn route_object(
         &mut self,
         kind: &str,
@@ -870,273 +894,46 @@ impl Importer {
         hint: &str,
     ) -> Option<String> {
         let mut notes = Vec::new();
-        let known: &[&str];
-        let mut lines = Vec::new();
-        let target: Option<String> = match kind {
-            "PoolRoute" => {
-                let hash = match o.get("hash") {
-                    Some(h) => Some(self.hash_spec(h, &join(path, "hash"), &mut notes)?),
-                    None => None,
-                };
-                let pool = match o.get("pool") {
-                    Some(Value::String(p)) => self.pool_target(p, hash, &join(path, "pool")),
-                    Some(Value::Object(inline)) => {
-                        let pool_path = join(path, "pool");
-                        let Some(name) = inline.get("name").and_then(Value::as_str) else {
-                            self.error(&pool_path, "an inline pool needs a \"name\"");
-                            return None;
-                        };
-                        let read = self.read_pool(&Value::Object(inline.clone()), &pool_path)?;
-                        self.pools.insert(name.to_string(), read);
-                        self.pool_target(name, hash, &pool_path)
-                    }
-                    _ => {
-                        self.error(&join(path, "pool"), "required (a pool name)");
-                        None
-                    }
-                }?;
-                return self.with_shadows(pool, o, path, hint, notes);
-            }
-            "HashRoute" => {
-                let mut spec = Map::new();
-                for k in ["hash_func", "salt", "weights"] {
-                    if let Some(v) = o.get(k) {
-                        spec.insert(k.to_string(), v.clone());
-                    }
-                }
-                let hash = if spec.is_empty() {
-                    None
-                } else {
-                    Some(self.hash_spec(&Value::Object(spec), path, &mut notes)?)
-                };
-                let pool = match o
-                    .get("children")
-                    .and_then(Value::as_str)
-                    .and_then(|s| s.strip_prefix("Pool|"))
-                {
-                    Some(pool) => self.pool_target(pool, hash, &join(path, "children"))?,
-                    None => {
-                        self.error(
-                            &join(path, "children"),
-                            "memroute hashes over a pool's servers only: expected \"Pool|NAME\" (a HashRoute over other routes has no memroute equivalent)",
-                        );
-                        return None;
-                    }
-                };
-                return self.with_shadows(pool, o, path, hint, notes);
-            }
-            "PrefixSelectorRoute" => {
-                known = &["type", "name", "policies", "wildcard"];
-                let mut prefixes = Vec::new();
-                match o.get("policies") {
-                    Some(Value::Object(policies)) => {
-                        for (prefix, route) in policies {
-                            let p = join(&join(path, "policies"), prefix);
-                            if prefix.is_empty() {
-                                self.error(&p, "an empty prefix; use \"wildcard\"");
-                                continue;
-                            }
-                            if let Some(t) = self.route(route, &p, &format!("{hint}_{prefix}")) {
-                                prefixes.push(format!("{} = {}", quote(prefix), quote(&t)));
-                            }
-                        }
-                    }
-                    None => {}
-                    Some(_) => self.error(
-                        &join(path, "policies"),
-                        "expected an object of prefix -> route",
-                    ),
-                }
-                let default = match o.get("wildcard") {
-                    Some(w) => {
-                        self.route(w, &join(path, "wildcard"), &format!("{hint}_wildcard"))?
-                    }
-                    None => {
-                        notes.push(format!(
-                            "{path}: no \"wildcard\"; keys that match no prefix get an error."
-                        ));
-                        self.simple_route(
-                            &format!("{hint}_no_match"),
-                            "error",
-                            vec!["message = \"no route for this key\"".to_string()],
-                        )
-                    }
-                };
-                if prefixes.is_empty() {
-                    notes.push(format!(
-                        "{path}: no prefix policies; every key takes the wildcard."
-                    ));
-                    Some(default)
-                } else {
-                    lines.push("type = \"prefix\"".to_string());
-                    lines.push(format!("prefixes = {{ {} }}", prefixes.join(", ")));
-                    lines.push(format!("default = {}", quote(&default)));
-                    None
-                }
-            }
-            "OperationSelectorRoute" => {
-                known = &["type", "name", "operation_policies", "default_policy"];
-                lines.push("type = \"operation\"".to_string());
-                if let Some(policies) = o.get("operation_policies") {
-                    let Some(policies) = policies.as_object() else {
-                        self.error(
-                            &join(path, "operation_policies"),
-                            "expected an object of operation -> route",
-                        );
-                        return None;
-                    };
-                    for (op, route) in policies {
-                        let p = join(&join(path, "operation_policies"), op);
-                        match OPERATIONS.iter().find(|(mc, _)| mc == op) {
-                            Some((_, ours)) => {
-                                if let Some(t) = self.route(route, &p, &format!("{hint}_{ours}")) {
-                                    lines.push(format!("{ours} = {}", quote(&t)));
-                                }
-                            }
-                            None => notes.push(format!("{p}: operation \"{op}\" has no memroute equivalent; it takes the default.")),
-                        }
-                    }
-                }
-                let default = match o.get("default_policy") {
-                    Some(d) => {
-                        self.route(d, &join(path, "default_policy"), &format!("{hint}_default"))?
-                    }
-                    None => {
-                        notes.push(format!(
-                            "{path}: no \"default_policy\"; other operations get an error."
-                        ));
-                        self.simple_route(
-                            &format!("{hint}_no_match"),
-                            "error",
-                            vec!["message = \"no route for this operation\"".to_string()],
-                        )
-                    }
-                };
-                if lines.len() == 1 {
-                    Some(default)
-                } else {
-                    lines.push(format!("default = {}", quote(&default)));
-                    None
-                }
-            }
+        let (built, known): (Built, &[&str]) = match kind {
+            // These may wrap their target in shadow routes and note their own keys.
+            "PoolRoute" => return self.pool_route(o, path, hint),
+            "HashRoute" => return self.hash_route(o, path, hint),
+            "ShadowRoute" => return self.shadow_route(o, path, hint),
+            "PrefixSelectorRoute" => (
+                self.prefix_selector(o, path, hint, &mut notes)?,
+                &["type", "name", "policies", "wildcard"],
+            ),
+            "OperationSelectorRoute" => (
+                self.operation_selector(o, path, hint, &mut notes)?,
+                &["type", "name", "operation_policies", "default_policy"],
+            ),
             "AllSyncRoute" | "AllAsyncRoute" | "AllInitialRoute" | "AllMajorityRoute"
-            | "AllFastestRoute" => {
-                known = &["type", "name", "children"];
-                let children = self.children(o, path, hint)?;
-                let (writes, reads, note) = match kind {
-                    "AllSyncRoute" => ("all-sync", "failover", "mcrouter also sent reads to every child and answered with the worst reply; memroute reads from the first child, then the next on an error"),
-                    "AllAsyncRoute" => ("all-async", "failover", "mcrouter answered reads at once as misses; memroute reads from the first child, then the next on an error"),
-                    "AllInitialRoute" => ("all-initial", "first", ""),
-                    "AllMajorityRoute" => ("all-majority", "failover", "mcrouter also sent reads to every child and answered with the majority's reply; memroute reads from the first child, then the next on an error"),
-                    _ => ("all-initial", "fastest", "mcrouter answered writes with the first reply that was not an error; memroute answers with the first child's reply"),
-                };
-                if !note.is_empty() {
-                    notes.push(format!("{path}: {kind}: {note}."));
-                }
-                lines.push("type = \"replicated\"".to_string());
-                lines.push(format!("children = {}", list(&children)));
-                lines.push(format!("writes = \"{writes}\""));
-                lines.push(format!("reads = \"{reads}\""));
-                None
-            }
-            "FailoverRoute" | "MissFailoverRoute" | "FailoverWithExptimeRoute" | "LatestRoute" => {
-                known = &["type", "name", "children"];
-                let children = self.children(o, path, hint)?;
-                match kind {
-                    "LatestRoute" => notes.push(format!("{path}: LatestRoute picked `failover_count` children at random per proxy and failed over among them; memroute fails over among all of them in order.")),
-                    "FailoverWithExptimeRoute" => notes.push(format!("{path}: FailoverWithExptimeRoute's failover exptime is not carried over; failover writes keep the client's exptime.")),
-                    _ => {}
-                }
-                if children.len() == 1 {
-                    Some(children[0].clone())
-                } else {
-                    lines.push("type = \"failover\"".to_string());
-                    lines.push(format!("children = {}", list(&children)));
-                    if kind == "MissFailoverRoute" {
-                        lines.push("on = \"error-or-miss\"".to_string());
-                    }
-                    None
-                }
-            }
-            "RandomRoute" => {
-                known = &["type", "name", "children"];
-                let children = self.children(o, path, hint)?;
-                if children.len() == 1 {
-                    Some(children[0].clone())
-                } else {
-                    lines.push("type = \"random\"".to_string());
-                    lines.push(format!("children = {}", list(&children)));
-                    None
-                }
-            }
-            "WarmUpRoute" => {
-                known = &["type", "name", "cold", "warm", "exptime"];
-                let cold = o
-                    .get("cold")
-                    .map(|c| self.route(c, &join(path, "cold"), &format!("{hint}_cold")));
-                let warm = o
-                    .get("warm")
-                    .map(|w| self.route(w, &join(path, "warm"), &format!("{hint}_warm")));
-                let (Some(Some(cold)), Some(Some(warm))) = (cold, warm) else {
-                    for k in ["cold", "warm"] {
-                        if !o.contains_key(k) {
-                            self.error(&join(path, k), "required");
-                        }
-                    }
-                    return None;
-                };
-                if cold == warm {
-                    self.error(path, "cold and warm are the same target");
-                    return None;
-                }
-                lines.push("type = \"warm-up\"".to_string());
-                lines.push(format!("cold = {}", quote(&cold)));
-                lines.push(format!("warm = {}", quote(&warm)));
-                match o.get("exptime") {
-                    None => {}
-                    Some(v) => match v.as_u64().filter(|&t| t <= 30 * 24 * 3600) {
-                        Some(t) => lines.push(format!("ttl = {t}")),
-                        None => {
-                            self.error(&join(path, "exptime"), "expected seconds, at most 30 days");
-                            return None;
-                        }
-                    },
-                }
-                None
-            }
-            "ShadowRoute" => {
-                let primary = match o.get("default").or_else(|| o.get("children")) {
-                    Some(p) => self.route(
-                        p,
-                        &join(
-                            path,
-                            if o.contains_key("default") {
-                                "default"
-                            } else {
-                                "children"
-                            },
-                        ),
-                        &format!("{hint}_primary"),
-                    )?,
-                    None => {
-                        self.error(&join(path, "children"), "required (the route that answers)");
-                        return None;
-                    }
-                };
-                return self.with_shadows(primary, o, path, hint, notes);
-            }
-            "NullRoute" => {
-                known = &["type", "name"];
-                lines.push("type = \"null\"".to_string());
-                None
-            }
+            | "AllFastestRoute" => (
+                self.all_route(kind, o, path, hint, &mut notes)?,
+                &["type", "name", "children"],
+            ),
+            "FailoverRoute"
+            | "MissFailoverRoute"
+            | "FailoverWithExptimeRoute"
+            | "LatestRoute"
+            | "RandomRoute" => (
+                self.list_route(kind, o, path, hint, &mut notes)?,
+                &["type", "name", "children"],
+            ),
+            "WarmUpRoute" => (
+                self.warm_up_route(o, path, hint)?,
+                &["type", "name", "cold", "warm", "exptime"],
+            ),
+            "NullRoute" => (
+                Built::Route(vec!["type = \"null\"".to_string()]),
+                &["type", "name"],
+            ),
             "ErrorRoute" => {
-                known = &["type", "name", "response"];
-                lines.push("type = \"error\"".to_string());
+                let mut lines = vec!["type = \"error\"".to_string()];
                 if let Some(m) = o.get("response").and_then(Value::as_str) {
                     lines.push(format!("message = {}", quote(&one_line(m))));
                 }
-                None
+                (Built::Route(lines), &["type", "name", "response"])
             }
             other => {
                 let message = if other.ends_with("Route") {
@@ -1148,29 +945,313 @@ impl Importer {
                 return None;
             }
         };
-        for (key, value) in o {
-            if !known.contains(&key.as_str()) {
-                notes.push(format!(
-                    "{}: {} is not carried over.",
-                    join(path, key),
-                    compact(value)
-                ));
-            }
-        }
-        match target {
-            Some(t) => {
-                // The route is just another target (one child, no prefixes): notes go to
-                // the top of the file.
+        note_unknown_keys(o, known, path, &mut notes);
+        match built {
+            Built::Target(target) => {
+                // Nothing of its own to write (one child, no prefixes): its notes go to the
+                // top of the file.
                 self.notes.extend(notes);
-                Some(t)
+                Some(target)
             }
-            None => {
+            Built::Route(lines) => {
                 let name = self.fresh_name(hint, false);
                 self.out_routes
                     .insert(name.clone(), OutRoute { lines, notes });
                 Some(name)
             }
         }
+    }
+
+    /// `PoolRoute`: the pool, hashed as `hash` says (or by the pool's weights, or Ch3).
+    fn pool_route(&mut self, o: &Map<String, Value>, path: &str, hint: &str) -> Option<String> {
+        let mut notes = Vec::new();
+        let hash = match o.get("hash") {
+            Some(h) => Some(self.hash_spec(h, &join(path, "hash"), &mut notes)?),
+            None => None,
+        };
+        let pool_path = join(path, "pool");
+        let pool = match o.get("pool") {
+            Some(Value::String(p)) => self.pool_target(p, hash, &pool_path)?,
+            Some(Value::Object(inline)) => {
+                let Some(name) = inline.get("name").and_then(Value::as_str) else {
+                    self.error(&pool_path, "an inline pool needs a \"name\"");
+                    return None;
+                };
+                let read = self.read_pool(&Value::Object(inline.clone()), &pool_path)?;
+                self.pools.insert(name.to_string(), read);
+                self.pool_target(name, hash, &pool_path)?
+            }
+            _ => {
+                self.error(&pool_path, "required (a pool name)");
+                return None;
+            }
+        };
+        note_unknown_keys(
+            o,
+            &["type", "name", "pool", "hash", "shadows"],
+            path,
+            &mut notes,
+        );
+        self.notes.extend(notes);
+        self.with_shadows(pool, o, path, hint)
+    }
+
+    /// `HashRoute` over `"Pool|NAME"`: the same as a PoolRoute of that pool. memroute hashes
+    /// only over a pool's servers, so a HashRoute over other routes is an error.
+    fn hash_route(&mut self, o: &Map<String, Value>, path: &str, hint: &str) -> Option<String> {
+        let mut notes = Vec::new();
+        let mut spec = Map::new();
+        for k in ["hash_func", "salt", "weights"] {
+            if let Some(v) = o.get(k) {
+                spec.insert(k.to_string(), v.clone());
+            }
+        }
+        let hash = if spec.is_empty() {
+            None
+        } else {
+            Some(self.hash_spec(&Value::Object(spec), path, &mut notes)?)
+        };
+        let children = o.get("children").and_then(Value::as_str);
+        let Some(pool) = children.and_then(|s| s.strip_prefix("Pool|")) else {
+            self.error(
+                &join(path, "children"),
+                "memroute hashes over a pool's servers only: expected \"Pool|NAME\" (a HashRoute over other routes has no memroute equivalent)",
+            );
+            return None;
+        };
+        let pool = self.pool_target(pool, hash, &join(path, "children"))?;
+        let known = [
+            "type",
+            "name",
+            "children",
+            "hash_func",
+            "salt",
+            "weights",
+            "shadows",
+        ];
+        note_unknown_keys(o, &known, path, &mut notes);
+        self.notes.extend(notes);
+        self.with_shadows(pool, o, path, hint)
+    }
+
+    /// `ShadowRoute`: its `children` (or `default`) answer; `shadows` get copies.
+    fn shadow_route(&mut self, o: &Map<String, Value>, path: &str, hint: &str) -> Option<String> {
+        let key = if o.contains_key("default") {
+            "default"
+        } else {
+            "children"
+        };
+        let Some(primary) = o.get(key) else {
+            self.error(&join(path, "children"), "required (the route that answers)");
+            return None;
+        };
+        let primary = self.route(primary, &join(path, key), &format!("{hint}_primary"))?;
+        let mut notes = Vec::new();
+        note_unknown_keys(
+            o,
+            &["type", "name", "children", "default", "shadows"],
+            path,
+            &mut notes,
+        );
+        self.notes.extend(notes);
+        self.with_shadows(primary, o, path, hint)
+    }
+
+    /// `PrefixSelectorRoute` -> `type = "prefix"`.
+    fn prefix_selector(
+        &mut self,
+        o: &Map<String, Value>,
+        path: &str,
+        hint: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<Built> {
+        let mut prefixes = Vec::new();
+        let policies_path = join(path, "policies");
+        match o.get("policies") {
+            Some(Value::Object(policies)) => {
+                for (prefix, route) in policies {
+                    let p = join(&policies_path, prefix);
+                    if prefix.is_empty() {
+                        self.error(&p, "an empty prefix; use \"wildcard\"");
+                        continue;
+                    }
+                    if let Some(t) = self.route(route, &p, &format!("{hint}_{prefix}")) {
+                        prefixes.push(format!("{} = {}", quote(prefix), quote(&t)));
+                    }
+                }
+            }
+            None => {}
+            Some(_) => self.error(&policies_path, "expected an object of prefix -> route"),
+        }
+        let default = self.default_or_error(o, "wildcard", path, hint, "key", notes)?;
+        if prefixes.is_empty() {
+            notes.push(format!(
+                "{path}: no prefix policies; every key takes the wildcard."
+            ));
+            return Some(Built::Target(default));
+        }
+        Some(Built::Route(vec![
+            "type = \"prefix\"".to_string(),
+            format!("prefixes = {{ {} }}", prefixes.join(", ")),
+            format!("default = {}", quote(&default)),
+        ]))
+    }
+
+    /// `OperationSelectorRoute` -> `type = "operation"`.
+    fn operation_selector(
+        &mut self,
+        o: &Map<String, Value>,
+        path: &str,
+        hint: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<Built> {
+        let mut lines = vec!["type = \"operation\"".to_string()];
+        let policies_path = join(path, "operation_policies");
+        match o.get("operation_policies") {
+            None => {}
+            Some(Value::Object(policies)) => {
+                for (op, route) in policies {
+                    let p = join(&policies_path, op);
+                    let Some((_, ours)) = OPERATIONS.iter().find(|(mc, _)| mc == op) else {
+                        notes.push(format!(
+                            "{p}: operation \"{op}\" has no memroute equivalent; it takes the default."
+                        ));
+                        continue;
+                    };
+                    if let Some(t) = self.route(route, &p, &format!("{hint}_{ours}")) {
+                        lines.push(format!("{ours} = {}", quote(&t)));
+                    }
+                }
+            }
+            Some(_) => {
+                self.error(&policies_path, "expected an object of operation -> route");
+                return None;
+            }
+        }
+        let default = self.default_or_error(o, "default_policy", path, hint, "operation", notes)?;
+        if lines.len() == 1 {
+            return Some(Built::Target(default));
+        }
+        lines.push(format!("default = {}", quote(&default)));
+        Some(Built::Route(lines))
+    }
+
+    /// The route under `key` (a selector's default), or, when there is none, an error route
+    /// (with a note): what the request would otherwise get is not known here.
+    fn default_or_error(
+        &mut self,
+        o: &Map<String, Value>,
+        key: &str,
+        path: &str,
+        hint: &str,
+        what: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<String> {
+        match o.get(key) {
+            Some(route) => self.route(route, &join(path, key), &format!("{hint}_{key}")),
+            None => {
+                notes.push(format!(
+                    "{path}: no \"{key}\"; a request whose {what} matches no policy gets an error."
+                ));
+                Some(self.simple_route(
+                    &format!("{hint}_no_match"),
+                    "error",
+                    vec![format!("message = \"no route for this {what}\"")],
+                ))
+            }
+        }
+    }
+
+    /// `AllSyncRoute` ... `AllFastestRoute` -> `type = "replicated"`.
+    fn all_route(
+        &mut self,
+        kind: &str,
+        o: &Map<String, Value>,
+        path: &str,
+        hint: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<Built> {
+        let children = self.children(o, path, hint)?;
+        let (writes, reads, difference) = match kind {
+            "AllSyncRoute" => ("all-sync", "failover", "mcrouter also sent reads to every child and answered with the worst reply; memroute reads from the first child, then the next on an error"),
+            "AllAsyncRoute" => ("all-async", "failover", "mcrouter answered reads at once as misses; memroute reads from the first child, then the next on an error"),
+            "AllInitialRoute" => ("all-initial", "first", ""),
+            "AllMajorityRoute" => ("all-majority", "failover", "mcrouter also sent reads to every child and answered with the majority's reply; memroute reads from the first child, then the next on an error"),
+            _ => ("all-initial", "fastest", "mcrouter answered writes with the first reply that was not an error; memroute answers with the first child's reply"),
+        };
+        if !difference.is_empty() {
+            notes.push(format!("{path}: {kind}: {difference}."));
+        }
+        Some(Built::Route(vec![
+            "type = \"replicated\"".to_string(),
+            format!("children = {}", list(&children)),
+            format!("writes = \"{writes}\""),
+            format!("reads = \"{reads}\""),
+        ]))
+    }
+
+    /// Failover-like handles and `RandomRoute`: a list of children (one child is just that
+    /// child).
+    fn list_route(
+        &mut self,
+        kind: &str,
+        o: &Map<String, Value>,
+        path: &str,
+        hint: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<Built> {
+        let children = self.children(o, path, hint)?;
+        match kind {
+            "LatestRoute" => notes.push(format!("{path}: LatestRoute picked `failover_count` children at random per proxy and failed over among them; memroute fails over among all of them in order.")),
+            "FailoverWithExptimeRoute" => notes.push(format!("{path}: FailoverWithExptimeRoute's failover exptime is not carried over; failover writes keep the client's exptime.")),
+            _ => {}
+        }
+        if let [only] = children.as_slice() {
+            return Some(Built::Target(only.clone()));
+        }
+        let kind_line = if kind == "RandomRoute" {
+            "type = \"random\""
+        } else {
+            "type = \"failover\""
+        };
+        let mut lines = vec![
+            kind_line.to_string(),
+            format!("children = {}", list(&children)),
+        ];
+        if kind == "MissFailoverRoute" {
+            lines.push("on = \"error-or-miss\"".to_string());
+        }
+        Some(Built::Route(lines))
+    }
+
+    /// `WarmUpRoute` -> `type = "warm-up"` (`exptime` is `ttl`).
+    fn warm_up_route(&mut self, o: &Map<String, Value>, path: &str, hint: &str) -> Option<Built> {
+        let side = |me: &mut Self, key: &str| match o.get(key) {
+            Some(r) => me.route(r, &join(path, key), &format!("{hint}_{key}")),
+            None => {
+                me.error(&join(path, key), "required");
+                None
+            }
+        };
+        let (cold, warm) = (side(self, "cold"), side(self, "warm"));
+        let (cold, warm) = (cold?, warm?);
+        if cold == warm {
+            self.error(path, "cold and warm are the same target");
+            return None;
+        }
+        let mut lines = vec![
+            "type = \"warm-up\"".to_string(),
+            format!("cold = {}", quote(&cold)),
+            format!("warm = {}", quote(&warm)),
+        ];
+        if let Some(v) = o.get("exptime") {
+            let Some(ttl) = v.as_u64().filter(|&t| t <= 30 * 24 * 3600) else {
+                self.error(&join(path, "exptime"), "expected seconds, at most 30 days");
+                return None;
+            };
+            lines.push(format!("ttl = {ttl}"));
+        }
+        Some(Built::Route(lines))
     }
 
     /// mcrouter's `shadows` on PoolRoute, HashRoute and ShadowRoute: each becomes a
@@ -1181,30 +1262,7 @@ impl Importer {
         o: &Map<String, Value>,
         path: &str,
         hint: &str,
-        mut notes: Vec<String>,
     ) -> Option<String> {
-        let known = [
-            "type",
-            "name",
-            "pool",
-            "hash",
-            "shadows",
-            "children",
-            "hash_func",
-            "salt",
-            "weights",
-            "default",
-        ];
-        for (key, value) in o {
-            if !known.contains(&key.as_str()) {
-                notes.push(format!(
-                    "{}: {} is not carried over.",
-                    join(path, key),
-                    compact(value)
-                ));
-            }
-        }
-        self.notes.extend(notes);
         let Some(shadows) = o.get("shadows") else {
             return Some(target);
         };
@@ -1501,22 +1559,6 @@ fn list(items: &[String]) -> String {
 /// A weight or fraction as TOML: always with a decimal point or exponent.
 fn number(x: f64) -> String {
     toml::Value::Float(x).to_string()
-}
-
-/// `# NOTE: ...` wrapped at about 90 columns, continuation lines indented.
-fn push_note(out: &mut String, note: &str) {
-    let mut line = String::from("# NOTE:");
-    for word in note.split_whitespace() {
-        if line.len() + word.len() + 1 > 90 && line.len() > 8 {
-            out.push_str(&line);
-            out.push('\n');
-            line = String::from("#  ");
-        }
-        line.push(' ');
-        line.push_str(word);
-    }
-    out.push_str(&line);
-    out.push('\n');
 }
 
 #[cfg(test)]
