@@ -94,6 +94,8 @@ pub struct PoolConfig {
     /// `wch3` only: one weight in [0, 1] per server, in server order (mcrouter's
     /// `weights`); a server without one weighs 0.5, as in mcrouter.
     pub weights: Vec<f64>,
+    /// `ch3`, `wch3`, `crc32` only: mcrouter's hash `salt` (empty: none).
+    pub salt: String,
     /// Connections per worker per server (default 1).
     pub connections: usize,
     /// Request timeout (default 250ms).
@@ -123,6 +125,7 @@ impl PoolConfig {
             hash_tag: None,
             vnodes: defaults::VNODES,
             weights: Vec::new(),
+            salt: String::new(),
             connections: defaults::CONNECTIONS,
             timeout,
             connect_timeout: timeout,

@@ -48,6 +48,7 @@ const POOL_KEYS: &[&str] = &[
     "hash_tag",
     "vnodes",
     "weights",
+    "salt",
     "connections",
     "timeout",
     "connect_timeout",
@@ -850,6 +851,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         errs,
     );
     let weights = check_weights(t, path, distribution, servers.len(), errs);
+    let salt = check_salt(t, path, distribution, errs);
     let connections: usize = get_int(t, "connections", path, 1, 1024, defaults::CONNECTIONS, errs);
     let max_keys_per_request: usize = get_int(
         t,
@@ -914,6 +916,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         hash_tag,
         vnodes,
         weights,
+        salt,
         connections,
         timeout,
         connect_timeout,
@@ -1075,6 +1078,23 @@ fn check_weights(
         .enumerate()
         .filter_map(|(i, w)| check_unit_number(w, &format!("{weights_path}[{i}]"), errs))
         .collect()
+}
+
+/// `salt = "..."`: mcrouter's hash salt, for its distributions only.
+fn check_salt(t: &Table, path: &str, distribution: DistributionName, errs: &mut Errors) -> String {
+    let Some(salt) = get_str(t, "salt", path, errs) else {
+        return String::new();
+    };
+    if !matches!(
+        distribution,
+        DistributionName::Ch3 | DistributionName::WeightedCh3 | DistributionName::Crc32
+    ) {
+        errs.push(
+            &join(path, "salt"),
+            "only used by distributions \"ch3\", \"wch3\" and \"crc32\"",
+        );
+    }
+    salt.to_string()
 }
 
 fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<ServerConfig> {

@@ -29,6 +29,7 @@ impl PoolConfig {
             hash_tag: self.hash_tag,
             vnodes: self.vnodes,
             weights: self.weights.clone(),
+            salt: self.salt.clone(),
             discovered: self.discovery.is_some(),
         }
     }

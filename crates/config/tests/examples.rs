@@ -229,7 +229,7 @@ hashh = "md5"
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
             "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout)",
-            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max)",
+            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
     );
@@ -485,6 +485,9 @@ distribution = "wch3"
 servers = ["10.0.0.1:11211"]
 distribution = "ch3"
 weights = [1]
+[pools.d]
+servers = ["10.0.0.1:11211"]
+salt = "s"
 "#,
     );
     assert_eq!(
@@ -495,6 +498,7 @@ weights = [1]
             "pools.a.weights[1]: expected a number between 0 and 1, found a string",
             "pools.b.weights: required by distribution \"wch3\"",
             "pools.c.weights: only used by distribution \"wch3\"",
+            "pools.d.salt: only used by distributions \"ch3\", \"wch3\" and \"crc32\"",
             "proxy.route: required when there is more than one pool (name the pool or route to send requests to)",
         ]
     );

@@ -142,6 +142,9 @@ pub struct PoolSpec {
     pub vnodes: u32,
     /// `wch3` only: one weight in [0, 1] per server (missing ones weigh 0.5, as in mcrouter).
     pub weights: Vec<f64>,
+    /// `ch3`, `wch3`, `crc32` only: mcrouter's hash `salt`, appended to the routing key
+    /// before hashing (empty: none).
+    pub salt: String,
     /// Servers are found by DNS: an empty server list is not an error.
     pub discovered: bool,
 }
@@ -156,6 +159,7 @@ impl PoolSpec {
             hash_tag: None,
             vnodes: DEFAULT_VNODES,
             weights: Vec::new(),
+            salt: String::new(),
             discovered: false,
         }
     }

@@ -161,6 +161,8 @@ impl Hash {
 struct OutPool {
     servers: Vec<String>,
     hash: Hash,
+    /// mcrouter's hash salt (empty: none).
+    salt: String,
     timeout_ms: Option<u64>,
     notes: Vec<String>,
 }
@@ -208,8 +210,8 @@ struct Importer {
     named_done: HashMap<String, String>,
     /// Named handles being translated (to report loops).
     resolving: Vec<String>,
-    /// (mcrouter pool, hash) -> memroute pool name.
-    pool_variants: Vec<((String, Hash), String)>,
+    /// (mcrouter pool, hash, salt) -> memroute pool name.
+    pool_variants: Vec<((String, Hash, String), String)>,
     out_pools: BTreeMap<String, OutPool>,
     out_routes: BTreeMap<String, OutRoute>,
     /// Every memroute name handed out (pools and routes share one namespace).
@@ -539,18 +541,23 @@ impl Importer {
     /// The memroute pool for mcrouter pool `name` placed by `hash`, created on first use.
     /// mcrouter's pools and memroute's pools are not one-to-one: the same servers hashed
     /// two ways are two memroute pools.
-    fn pool_target(&mut self, name: &str, hash: Option<Hash>, path: &str) -> Option<String> {
+    fn pool_target(
+        &mut self,
+        name: &str,
+        hash: Option<(Hash, String)>,
+        path: &str,
+    ) -> Option<String> {
         let Some(pool) = self.pools.get(name).cloned() else {
             if !self.bad_pools.contains(name) {
                 self.error(path, format!("unknown pool \"{name}\""));
             }
             return None;
         };
-        let hash = match hash {
-            Some(h) => h,
+        let (hash, salt) = match hash {
+            Some(spec) => spec,
             None => match &pool.weights {
-                Some(w) => Hash::WeightedCh3(w.clone()),
-                None => Hash::Ch3,
+                Some(w) => (Hash::WeightedCh3(w.clone()), String::new()),
+                None => (Hash::Ch3, String::new()),
             },
         };
         let hash = match hash {
@@ -559,11 +566,11 @@ impl Importer {
             }
             other => other,
         };
-        let key = (name.to_string(), hash.clone());
+        let key = (name.to_string(), hash.clone(), salt.clone());
         if let Some((_, out)) = self.pool_variants.iter().find(|(k, _)| *k == key) {
             return Some(out.clone());
         }
-        let wanted = if self.pool_variants.iter().any(|((n, _), _)| n == name) {
+        let wanted = if self.pool_variants.iter().any(|((n, _, _), _)| n == name) {
             format!("{name}_{}", hash.distribution())
         } else {
             name.to_string()
@@ -575,6 +582,7 @@ impl Importer {
             OutPool {
                 servers: pool.servers.clone(),
                 hash,
+                salt,
                 timeout_ms: pool.timeout_ms,
                 notes: pool.notes.clone(),
             },
@@ -611,7 +619,7 @@ impl Importer {
         };
         let mut out = Vec::new();
         for (i, server) in pool.servers.iter().enumerate() {
-            let key = (format!("{name}\u{0}{i}"), Hash::Ch3);
+            let key = (format!("{name}\u{0}{i}"), Hash::Ch3, String::new());
             if let Some((_, existing)) = self.pool_variants.iter().find(|(k, _)| *k == key) {
                 out.push(existing.clone());
                 continue;
@@ -623,6 +631,7 @@ impl Importer {
                 OutPool {
                     servers: vec![server.clone()],
                     hash: Hash::Ch3,
+                    salt: String::new(),
                     timeout_ms: pool.timeout_ms,
                     notes: vec![format!("server {i} of mcrouter pool \"{name}\" ({path})")],
                 },
@@ -1335,17 +1344,27 @@ impl Importer {
     }
 
     /// A hash spec: `"Ch3"`, `"WeightedCh3"`, `"Crc32"`, or an object with `hash_func`,
-    /// `weights` and `salt`.
-    fn hash_spec(&mut self, v: &Value, path: &str, notes: &mut Vec<String>) -> Option<Hash> {
+    /// `weights` and `salt`; with the salt (empty: none).
+    fn hash_spec(
+        &mut self,
+        v: &Value,
+        path: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<(Hash, String)> {
+        let mut salt = String::new();
         let (func, weights, func_path) = match v {
             Value::String(s) => (s.as_str(), None, path.to_string()),
             Value::Object(o) => {
-                if let Some(salt) = o.get("salt") {
-                    self.error(
-                        &join(path, "salt"),
-                        format!("salt {} changes where every key lives and memroute has no salt: import would move keys", compact(salt)),
-                    );
-                    return None;
+                match o.get("salt") {
+                    None => {}
+                    Some(Value::String(s)) => salt = s.clone(),
+                    Some(other) => {
+                        self.error(
+                            &join(path, "salt"),
+                            format!("expected a string, found {}", compact(other)),
+                        );
+                        return None;
+                    }
                 }
                 for (k, val) in o {
                     if !matches!(k.as_str(), "hash_func" | "weights" | "salt") {
@@ -1373,7 +1392,7 @@ impl Importer {
                 return None;
             }
         };
-        match func {
+        let hash = match func {
             "Ch3" => Some(Hash::Ch3),
             "Crc32" => Some(Hash::Crc32),
             "WeightedCh3" => match weights {
@@ -1391,7 +1410,8 @@ impl Importer {
                 self.error(&func_path, format!("hash function \"{other}\" has no memroute equivalent (expected Ch3, WeightedCh3 or Crc32)"));
                 None
             }
-        }
+        };
+        hash.map(|h| (h, salt))
     }
 
     // ---- output ---------------------------------------------------------------------
@@ -1430,6 +1450,9 @@ impl Importer {
             if let Hash::WeightedCh3(weights) = &pool.hash {
                 let ws: Vec<String> = weights.iter().map(|w| number(*w)).collect();
                 out.push_str(&format!("weights = [{}]\n", ws.join(", ")));
+            }
+            if !pool.salt.is_empty() {
+                out.push_str(&format!("salt = {}\n", quote(&pool.salt)));
             }
             if let Some(ms) = pool.timeout_ms {
                 out.push_str(&format!("timeout = \"{ms}ms\"\n"));
@@ -1604,6 +1627,16 @@ mod tests {
     }
 
     #[test]
+    fn salt_is_carried_over() {
+        let (_, config) = ok(r#"{
+            "pools": {"A": {"servers": ["h1:1", "h2:2"]}},
+            "route": {"type": "HashRoute", "children": "Pool|A", "hash_func": "Crc32", "salt": "v2"}
+        }"#);
+        assert_eq!(config.pools["A"].salt, "v2");
+        assert_eq!(config.pools["A"].distribution.as_str(), "crc32");
+    }
+
+    #[test]
     fn one_pool_hashed_two_ways_is_two_pools() {
         let (_, config) = ok(r#"{
             "pools": {"A": {"servers": ["h1:1", "h2:2"]}},
@@ -1732,8 +1765,10 @@ mod tests {
             ["route: unknown route handle or named handle \"nothing\""]
         );
         assert_eq!(
-            err(r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": {"type": "PoolRoute", "pool": "A", "hash": {"hash_func": "Ch3", "salt": "s"}}}"#),
-            ["route.hash.salt: salt \"s\" changes where every key lives and memroute has no salt: import would move keys"]
+            err(
+                r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": {"type": "PoolRoute", "pool": "A", "hash": {"hash_func": "Ch3", "salt": 7}}}"#
+            ),
+            ["route.hash.salt: expected a string, found 7"]
         );
         assert_eq!(err("[1]"), ["expected a JSON object (an mcrouter config)"]);
         assert_eq!(

@@ -31,6 +31,8 @@
 //! server in *that* order, not in config order. [`twemproxy_order`] reproduces it.
 use crate::spec::{DistributionName, PoolSpec, ServerSpec};
 
+use smallvec::SmallVec;
+
 use crate::hash::{hash_key_part, HashFn};
 use crate::mcrouter_hash::routing_key;
 
@@ -85,6 +87,8 @@ impl ServerIdentity {
 #[derive(Debug, Clone)]
 pub struct Placement {
     hash_tag: Option<[u8; 2]>,
+    /// mcrouter's hash salt (its distributions only; empty: none).
+    salt: Box<[u8]>,
     /// Config index of each member (the servers placed over, ascending): the live ones
     /// for [`Placement::with_live`].
     members: Vec<u32>,
@@ -172,6 +176,7 @@ impl Placement {
         };
         Placement {
             hash_tag: pool.hash_tag,
+            salt: pool.salt.as_bytes().into(),
             members: members.iter().map(|&i| i as u32).collect(),
             kind,
         }
@@ -185,13 +190,20 @@ impl Placement {
         if self.members.len() <= 1 {
             return self.members.first().map_or(0, |&m| m as usize);
         }
-        let key = if self.kind.uses_mcrouter_routing_key() {
-            routing_key(key)
+        let member = if self.kind.uses_mcrouter_routing_key() {
+            let part = hash_key_part(routing_key(key), self.hash_tag);
+            if self.salt.is_empty() {
+                self.kind.pick(part)
+            } else {
+                // mcrouter hashes `routing key ++ salt` (wch3 appends its retry suffixes
+                // after the salt). Keys are at most 250 bytes: the buffer stays on the stack.
+                let mut salted: SmallVec<[u8; 320]> = SmallVec::from_slice(part);
+                salted.extend_from_slice(&self.salt);
+                self.kind.pick(&salted)
+            }
         } else {
-            key
+            self.kind.pick(hash_key_part(key, self.hash_tag))
         };
-        let part = hash_key_part(key, self.hash_tag);
-        let member = self.kind.pick(part);
         self.members.get(member).map_or(0, |&m| m as usize)
     }
 
@@ -450,6 +462,38 @@ mod tests {
         assert_eq!(jump::jump_hash(0xDEAD_10CC, 1), 0);
         assert_eq!(jump::jump_hash(0xDEAD_10CC, 666), 361);
         assert_eq!(jump::jump_hash(256, 1024), 520);
+    }
+
+    #[test]
+    fn salt_is_hashed_after_the_routing_key() {
+        let weights = vec![1.0, 0.5, 0.25, 1.0, 0.1];
+        for d in [
+            DistributionName::Ch3,
+            DistributionName::WeightedCh3,
+            DistributionName::Crc32,
+        ] {
+            let mut plain = pool(5, d, HashName::Fnv1a_64);
+            plain.weights = weights.clone();
+            let mut salted = plain.clone();
+            salted.salt = "s@lt".into();
+            let (plain, salted) = (Placement::new(&plain), Placement::new(&salted));
+            let mut differ = 0;
+            for k in keys(500) {
+                let mut with_salt = k.clone();
+                with_salt.extend_from_slice(b"s@lt");
+                assert_eq!(salted.server_for(&k), plain.server_for(&with_salt), "{d:?}");
+                // The routing prefix and hash stop apply before the salt.
+                let mut routed = b"/r/c/".to_vec();
+                routed.extend_from_slice(&k);
+                routed.extend_from_slice(b"|#|tail");
+                assert_eq!(salted.server_for(&routed), salted.server_for(&k), "{d:?}");
+                differ += usize::from(salted.server_for(&k) != plain.server_for(&k));
+            }
+            assert!(
+                differ > 100,
+                "{d:?}: the salt moved only {differ} of 500 keys"
+            );
+        }
     }
 
     #[test]
