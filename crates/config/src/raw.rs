@@ -88,22 +88,9 @@ const WARM_UP_ROUTE_KEYS: &[&str] = &["type", "cold", "warm", "ttl"];
 const RANDOM_ROUTE_KEYS: &[&str] = &["type", "children"];
 const NULL_ROUTE_KEYS: &[&str] = &["type"];
 const ERROR_ROUTE_KEYS: &[&str] = &["type", "message"];
-const WRITE_POLICIES: &[(&str, WritePolicy)] = &[
-    ("all-sync", WritePolicy::AllSync),
-    ("all-async", WritePolicy::AllAsync),
-    ("all-initial", WritePolicy::AllInitial),
-    ("all-majority", WritePolicy::AllMajority),
-];
-const READ_POLICIES: &[(&str, ReadPolicy)] = &[
-    ("first", ReadPolicy::First),
-    ("failover", ReadPolicy::Failover),
-    ("random", ReadPolicy::Random),
-    ("fastest", ReadPolicy::Fastest),
-];
-const FAILOVER_ON: &[(&str, FailoverOn)] = &[
-    ("error", FailoverOn::Error),
-    ("error-or-miss", FailoverOn::ErrorOrMiss),
-];
+const WRITE_POLICIES: &[(&str, WritePolicy)] = WritePolicy::NAMES;
+const READ_POLICIES: &[(&str, ReadPolicy)] = ReadPolicy::NAMES;
+const FAILOVER_ON: &[(&str, FailoverOn)] = FailoverOn::NAMES;
 /// memcached reads an exptime above 30 days as an absolute unix time, so a larger
 /// warm-up `ttl` would fill items that are already expired.
 const MAX_RELATIVE_EXPTIME_SECS: u64 = 30 * 24 * 3600;

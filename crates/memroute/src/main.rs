@@ -256,7 +256,7 @@ fn describe(config: &Config) -> String {
 
 /// One line describing a route that is not a prefix route (for `--check`).
 fn describe_route(route: &RouteConfig) -> String {
-    use memroute_config::{FailoverOn, ReadPolicy, ShadowSelect, WritePolicy};
+    use memroute_config::ShadowSelect;
     match route {
         RouteConfig::Prefix { default, .. } => format!("prefix, default {default}"),
         RouteConfig::Operation {
@@ -286,29 +286,15 @@ fn describe_route(route: &RouteConfig) -> String {
             writes,
             reads,
         } => {
-            let writes = match writes {
-                WritePolicy::AllSync => "all-sync",
-                WritePolicy::AllAsync => "all-async",
-                WritePolicy::AllInitial => "all-initial",
-                WritePolicy::AllMajority => "all-majority",
-            };
-            let reads = match reads {
-                ReadPolicy::First => "first",
-                ReadPolicy::Failover => "failover",
-                ReadPolicy::Random => "random",
-                ReadPolicy::Fastest => "fastest",
-            };
             format!(
-                "replicated over {}, writes {writes}, reads {reads}",
-                children.join(", ")
+                "replicated over {}, writes {}, reads {}",
+                children.join(", "),
+                writes.as_str(),
+                reads.as_str()
             )
         }
         RouteConfig::Failover { children, on } => {
-            let on = match on {
-                FailoverOn::Error => "error",
-                FailoverOn::ErrorOrMiss => "error-or-miss",
-            };
-            format!("failover over {} on {on}", children.join(", "))
+            format!("failover over {} on {}", children.join(", "), on.as_str())
         }
         RouteConfig::WarmUp { cold, warm, ttl } => {
             format!("warm-up, cold {cold}, warm {warm}, ttl {ttl}s")

@@ -263,6 +263,41 @@ pub enum FailoverOn {
     ErrorOrMiss,
 }
 
+/// The config spelling of each policy, in one place (the config parser, `--check` and the
+/// proxy's logs all use it).
+macro_rules! spelled {
+    ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        impl $name {
+            /// Every value with its config spelling.
+            pub const NAMES: &'static [(&'static str, $name)] = &[$(($text, $name::$variant)),+];
+
+            /// The config spelling.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+    };
+}
+
+spelled!(WritePolicy {
+    AllSync => "all-sync",
+    AllAsync => "all-async",
+    AllInitial => "all-initial",
+    AllMajority => "all-majority",
+});
+spelled!(ReadPolicy {
+    First => "first",
+    Failover => "failover",
+    Random => "random",
+    Fastest => "fastest",
+});
+spelled!(FailoverOn {
+    Error => "error",
+    ErrorOrMiss => "error-or-miss",
+});
+
 /// What an `operation` route chooses by. Meta commands count as their classic
 /// equivalent: mg/me as get, ms as set (or add/replace/append/prepend by its mode flag),
 /// md as delete, ma as incr (decr by its mode flag).
