@@ -34,24 +34,24 @@ pub fn set_config_file(path: PathBuf) {
 /// The reply to `get KEY` when KEY is an mcrouter admin query, else `None`.
 pub(crate) fn answer(routing: &Routing, key: &[u8]) -> Option<Bytes> {
     let query = key.strip_prefix(PREFIX)?;
-    let text = String::from_utf8_lossy(query);
-    let value = match text.as_ref() {
-        "version" => Ok(format!("memroute-{}", crate::VERSION)),
-        "config_file" => match CONFIG_FILE.get() {
+    let value = match query {
+        b"version" => Ok(format!("memroute-{}", crate::VERSION)),
+        b"config_file" => match CONFIG_FILE.get() {
             Some(path) => Ok(path.display().to_string()),
             None => Err("no config file".to_string()),
         },
         other => match parse_route_query(other) {
-            Some(("route", operation, routed_key)) => {
+            Some((b"route", operation, routed_key)) => {
                 Ok(destinations(routing, operation, routed_key).join("\r\n"))
             }
-            Some(("route_handles", operation, routed_key)) => {
+            Some((b"route_handles", operation, routed_key)) => {
                 let mut out = String::new();
                 route_handles(routing, routing.routes.root(), operation, routed_key, 0, &mut out);
                 Ok(out.trim_end().to_string())
             }
             _ => Err(format!(
-                "memroute does not answer __mcrouter__.{other} (supported: version, config_file, route(op,key), route_handles(op,key))"
+                "memroute does not answer __mcrouter__.{} (supported: version, config_file, route(op,key), route_handles(op,key))",
+                String::from_utf8_lossy(other)
             )),
         },
     };
@@ -69,16 +69,19 @@ pub(crate) fn answer(routing: &Routing, key: &[u8]) -> Option<Bytes> {
     })
 }
 
-/// `route(get,KEY)` -> ("route", Get, KEY). mcrouter spells flush_all `flushall`.
-fn parse_route_query(query: &str) -> Option<(&str, Operation, &[u8])> {
-    let (name, rest) = query.split_once('(')?;
-    let args = rest.strip_suffix(')')?;
-    let (operation, key) = args.split_once(',')?;
+/// `route(get,KEY)` -> ("route", Get, KEY), on bytes: KEY need not be UTF-8. mcrouter
+/// spells flush_all `flushall`.
+fn parse_route_query(query: &[u8]) -> Option<(&[u8], Operation, &[u8])> {
+    let open = query.iter().position(|&b| b == b'(')?;
+    let (name, rest) = (&query[..open], &query[open + 1..]);
+    let args = rest.strip_suffix(b")")?;
+    let comma = args.iter().position(|&b| b == b',')?;
+    let (operation, key) = (&args[..comma], &args[comma + 1..]);
     let operation = match operation {
-        "flushall" => Operation::FlushAll,
-        op => Operation::parse(op)?,
+        b"flushall" => Operation::FlushAll,
+        op => Operation::parse(std::str::from_utf8(op).ok()?)?,
     };
-    Some((name, operation, key.as_bytes()))
+    Some((name, operation, key))
 }
 
 /// Every server the request may be sent to, in route order, without repeats.
@@ -186,15 +189,16 @@ mod tests {
     #[test]
     fn route_queries_parse() {
         assert_eq!(
-            parse_route_query("route(get,a:b,c)"),
-            Some(("route", Operation::Get, &b"a:b,c"[..]))
+            parse_route_query(b"route(get,a:b,c)"),
+            Some((&b"route"[..], Operation::Get, &b"a:b,c"[..]))
         );
         assert_eq!(
-            parse_route_query("route_handles(flushall,k)"),
-            Some(("route_handles", Operation::FlushAll, &b"k"[..]))
+            parse_route_query(b"route_handles(flushall,k\xff)"),
+            Some((&b"route_handles"[..], Operation::FlushAll, &b"k\xff"[..]))
         );
-        assert_eq!(parse_route_query("route(bogus,k)"), None);
-        assert_eq!(parse_route_query("route(get)"), None);
-        assert_eq!(parse_route_query("options"), None);
+        assert_eq!(parse_route_query(b"route(bogus,k)"), None);
+        assert_eq!(parse_route_query(b"route(\xff,k)"), None);
+        assert_eq!(parse_route_query(b"route(get)"), None);
+        assert_eq!(parse_route_query(b"options"), None);
     }
 }
