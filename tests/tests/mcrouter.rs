@@ -2,7 +2,7 @@
 //!
 //! - side by side: keys written through memroute with a `ch3`, `wch3` or `crc32` pool are
 //!   read straight from the server mcrouter's own hashing code puts them on (the golden
-//!   rows in crates/routing/tests/golden/mcrouter-*.tsv), for pool sizes 1 to 100 and the
+//!   rows in crates/routing/tests/golden/mcrouter/mcrouter-*.tsv), for pool sizes 1 to 100 and the
 //!   weighted pools of the golden data;
 //! - an mcrouter JSON config imported with `memroute import-mcrouter` and run;
 //! - mcrouter's admin queries (`get __mcrouter__.*`);
@@ -22,7 +22,7 @@ use memroute_tests::{
 
 const GOLDEN_DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../crates/routing/tests/golden"
+    "/../crates/routing/tests/golden/mcrouter"
 );
 const PROCESSES: usize = 5;
 const LARGEST_POOL: usize = 100;

@@ -3,8 +3,8 @@
 //!
 //! Written from the published descriptions of the algorithms (Austin Appleby's
 //! MurmurHash2 64A, Bob Jenkins' public-domain SpookyHash V2, and the plain-language
-//! description of mcrouter's furc in `tests/golden/MCROUTER.md`), not from mcrouter's
-//! code. The golden vectors in `tests/golden/mcrouter-*.tsv`, generated from mcrouter's
+//! description of mcrouter's furc in `tests/golden/mcrouter/README.md`), not from mcrouter's
+//! code. The golden vectors in `tests/golden/mcrouter/mcrouter-*.tsv`, generated from mcrouter's
 //! own hashing code, pin every value (see `tests/mcrouter_golden.rs`).
 //!
 //! ```text

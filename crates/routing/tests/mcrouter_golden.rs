@@ -1,5 +1,5 @@
 //! Replays the vectors generated from mcrouter's own hashing code
-//! (`golden/mcrouter-*.tsv`, described in `golden/MCROUTER.md`) through `Placement` with
+//! (`golden/mcrouter/mcrouter-*.tsv`, described in `golden/mcrouter/README.md`) through `Placement` with
 //! distributions `ch3`, `wch3` and `crc32`, and the inner hashes through
 //! `memroute_routing::mcrouter_hash`. Every row must match: a different index means a
 //! cold cache for whoever moves from mcrouter.
@@ -9,10 +9,10 @@ use memroute_routing::mcrouter_hash::{crc32_index, furc, murmur64a, routing_key,
 use memroute_routing::Placement;
 use memroute_routing::{DistributionName, PoolSpec, ServerSpec};
 
-const CH3: &str = include_str!("golden/mcrouter-ch3.tsv");
-const WCH3: &str = include_str!("golden/mcrouter-wch3.tsv");
-const CRC32: &str = include_str!("golden/mcrouter-crc32.tsv");
-const SPOOKY32: &str = include_str!("golden/mcrouter-spooky32.tsv");
+const CH3: &str = include_str!("golden/mcrouter/mcrouter-ch3.tsv");
+const WCH3: &str = include_str!("golden/mcrouter/mcrouter-wch3.tsv");
+const CRC32: &str = include_str!("golden/mcrouter/mcrouter-crc32.tsv");
+const SPOOKY32: &str = include_str!("golden/mcrouter/mcrouter-spooky32.tsv");
 
 /// Rows after the header line, split on tabs.
 fn rows(text: &str, columns: usize) -> Vec<Vec<&str>> {

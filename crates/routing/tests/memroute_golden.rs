@@ -1,5 +1,5 @@
 //! Pins memroute's own distributions, `ring` and `jump`, which no other program
-//! implements: `golden/memroute-ring-jump.tsv` was recorded from the implementation as
+//! implements: `golden/memroute/ring-jump.tsv` was recorded from the implementation as
 //! it stood before distributions moved into one file each (commit 11b5558), so any later
 //! change that moves a key fails here instead of silently cold-starting a cache.
 //!
@@ -10,7 +10,7 @@ use common::unescape;
 use memroute_routing::Placement;
 use memroute_routing::{DistributionName, HashName, PoolSpec, ServerSpec};
 
-const GOLDEN: &str = include_str!("golden/memroute-ring-jump.tsv");
+const GOLDEN: &str = include_str!("golden/memroute/ring-jump.tsv");
 const HEADER: &str = "distribution\thash\tvnodes\tservers (address:weight[ name];...)\tkey\tindex";
 
 /// The pools recorded: sizes, weights, names, vnodes and the pool hash all vary.
@@ -183,7 +183,7 @@ fn record() {
     }
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/golden/memroute-ring-jump.tsv"
+        "/tests/golden/memroute/ring-jump.tsv"
     );
     std::fs::write(path, text).expect("write golden file");
 }

@@ -1,7 +1,7 @@
 //! mcrouter's `Ch3`: furc over MurmurHash64A of the routing key (see
 //! [`crate::mcrouter_hash`]). Depends on the server's position in the list, not its name:
 //! mcrouter users keep their servers in the same order to keep their keys in place.
-//! Pinned by `tests/golden/mcrouter-ch3.tsv`.
+//! Pinned by `tests/golden/mcrouter/mcrouter-ch3.tsv`.
 use super::Distribution;
 use crate::mcrouter_hash::furc;
 

@@ -2,7 +2,7 @@
 //! Algorithm", 2014) over xxh3_64 of the key. The pool's `hash` and the servers' weights
 //! are not used: jump needs a 64-bit key and has no notion of weight. Moves only ~1/n of
 //! keys when the n-th server is appended; removing one from the middle renumbers the rest.
-//! Pinned by `tests/golden/memroute-ring-jump.tsv`.
+//! Pinned by `tests/golden/memroute/ring-jump.tsv`.
 use super::Distribution;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

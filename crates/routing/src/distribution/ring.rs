@@ -1,5 +1,5 @@
 //! memroute's `ring`: a consistent-hash circle of xxh3 points, `vnodes * weight` per
-//! server. Pinned by `tests/golden/memroute-ring-jump.tsv`.
+//! server. Pinned by `tests/golden/memroute/ring-jump.tsv`.
 use crate::spec::ServerSpec;
 
 use super::continuum::Continuum;

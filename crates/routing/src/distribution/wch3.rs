@@ -4,7 +4,7 @@
 //! the try number's decimal digits reversed (`0`..`9`, `01`, `11`, ...), up to 32 tries;
 //! after the last, its index stands even if that server's weight is 0.
 //! Lowering one server's weight only moves keys off that server.
-//! Pinned by `tests/golden/mcrouter-wch3.tsv` and `mcrouter-spooky32.tsv`.
+//! Pinned by `tests/golden/mcrouter/mcrouter-wch3.tsv` and `mcrouter-spooky32.tsv`.
 use smallvec::SmallVec;
 
 use super::Distribution;

@@ -1,7 +1,7 @@
 //! Replays placement recorded from the real twemproxy (nutcracker 0.5.0) through
 //! `Placement` and requires the same server for every key of every case.
 //!
-//! The files under `tests/golden/` are written by `scripts/record-golden` (run by hand; it
+//! The files under `tests/golden/nutcracker/` are written by `scripts/record-golden` (run by hand; it
 //! needs memcached and nutcracker). `cases.tsv` describes each pool exactly as nutcracker
 //! was configured; `placements.tsv` lists where nutcracker put each key.
 use std::collections::BTreeMap;
@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use memroute_routing::Placement;
 use memroute_routing::{DistributionName, HashName, PoolSpec, ServerSpec};
 
-const CASES: &str = include_str!("golden/cases.tsv");
-const PLACEMENTS: &str = include_str!("golden/placements.tsv");
+const CASES: &str = include_str!("golden/nutcracker/cases.tsv");
+const PLACEMENTS: &str = include_str!("golden/nutcracker/placements.tsv");
 
 fn data_lines(text: &str) -> impl Iterator<Item = &str> {
     text.lines()
