@@ -272,7 +272,34 @@ fn imported_mcrouter_config_runs_against_memcached() {
     );
 
     let listen = format!("127.0.0.1:{}", free_port());
-    let memroute = Memroute::start(&with_listen(&import.stdout, &listen));
+    let toml = with_listen(&import.stdout, &listen);
+    // `--check` accepts the import and shows the placement it understood.
+    let toml_path = dir.write("memroute.toml", &toml);
+    let checked = run_memroute_cli(
+        &[
+            "--check".as_ref(),
+            "--config".as_ref(),
+            toml_path.as_os_str(),
+        ],
+        CLI_DEADLINE,
+    );
+    assert!(
+        checked.status.success(),
+        "--check failed:\n{}",
+        checked.stderr
+    );
+    assert!(
+        checked
+            .stdout
+            .contains("pool weighted: 3 servers, distribution wch3")
+            && checked.stdout.contains("  weights [1.0, 0.5, 1.0]")
+            && checked
+                .stdout
+                .contains("pool main: 3 servers, distribution ch3"),
+        "{}",
+        checked.stdout
+    );
+    let memroute = Memroute::start(&toml);
     let mut client = memroute.connect();
 
     let ch3 = golden_cases("mcrouter-ch3.tsv")

@@ -225,6 +225,13 @@ fn describe(config: &Config) -> String {
             pool.failure_limit,
             pool.eject
         );
+        // mcrouter's placement settings (wch3, salted pools).
+        if !pool.weights.is_empty() {
+            let _ = writeln!(out, "  weights {:?}", pool.weights);
+        }
+        if !pool.salt.is_empty() {
+            let _ = writeln!(out, "  salt {:?}", pool.salt);
+        }
         for server in &pool.servers {
             let name = server
                 .name
