@@ -22,6 +22,8 @@ use memroute_routing::{Node, NodeId};
 use crate::worker::Routing;
 
 const PREFIX: &[u8] = b"__mcrouter__.";
+/// Largest `route_handles` answer; the tree is cut (with `...`) beyond it.
+const MAX_ROUTE_HANDLES_BYTES: usize = 64 * 1024;
 
 /// The config file memroute was started with (what `__mcrouter__.config_file` answers).
 static CONFIG_FILE: OnceLock<PathBuf> = OnceLock::new();
@@ -87,9 +89,15 @@ fn parse_route_query(query: &[u8]) -> Option<(&[u8], Operation, &[u8])> {
 /// Every server the request may be sent to, in route order, without repeats.
 fn destinations(routing: &Routing, operation: Operation, key: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
+    // Routes are a DAG: a node shared by several parents is walked once (its servers for
+    // this key do not depend on the path), so the walk is linear in the table's size.
+    let mut seen = vec![false; routing.routes.node_count()];
     let mut stack = vec![routing.routes.root()];
     while let Some(id) = stack.pop() {
         let id = routing.routes.select(id, operation, key);
+        if std::mem::replace(&mut seen[id as usize], true) {
+            continue;
+        }
         let mut children = match routing.routes.node(id) {
             Node::Pool(pool) => {
                 if let Some(server) = routing.server_for(*pool, key) {
@@ -178,6 +186,12 @@ fn route_handles(
     };
     let _ = write!(out, "{indent}{kind}|{name}\r\n");
     for child in next {
+        // A tree printed from a DAG can repeat shared parts; past this size the rest is cut
+        // so one query cannot keep a worker busy.
+        if out.len() > MAX_ROUTE_HANDLES_BYTES {
+            let _ = write!(out, "{indent} ...\r\n");
+            return;
+        }
         route_handles(routing, child, operation, key, depth + 1, out);
     }
 }
