@@ -388,19 +388,41 @@ fn imported_mcrouter_config_runs_against_memcached() {
         "{tree}"
     );
 
-    // Reads fail over main -> weighted: with main's server for a key gone, the weighted
-    // copy answers.
-    let (key, index) = &ch3[0];
+    // A get goes to main only (FailoverRoute: the first child with a live server).
     assert_eq!(
-        get_bytes(&mut client, key).as_deref(),
+        show(&route(&mut client, "route(get,sample)")),
+        show(main[ch3_sample].addr().as_bytes())
+    );
+    // Reads fail over main -> weighted: with main's server for `sample` gone, the weighted
+    // copy answers, and the route query follows the routing in effect once memroute has
+    // marked that server down (a refused connect does it at once).
+    assert_eq!(
+        get_bytes(&mut client, b"sample").as_deref(),
         Some(&b"imported"[..])
     );
     let mut main = main;
-    main[*index].kill();
+    main[ch3_sample].kill();
     assert_eq!(
-        get_bytes(&mut client, key).as_deref(),
+        get_bytes(&mut client, b"sample").as_deref(),
         Some(&b"imported"[..])
     );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = route(&mut client, "route(get,sample)");
+        if now == weighted[wch3_sample].addr().as_bytes() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "route(get,sample) still {} after main's server went down",
+            show(&now)
+        );
+        // Each query is itself a round trip through the worker; no sleep needed between.
+        assert_eq!(
+            get_bytes(&mut client, b"sample").as_deref(),
+            Some(&b"imported"[..])
+        );
+    }
 
     // The null and error routes answer without a backend.
     assert_eq!(client.roundtrip_line(b"get null:x\r\n"), b"END\r\n");

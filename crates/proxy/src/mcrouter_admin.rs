@@ -16,12 +16,14 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use bytes::Bytes;
-use memroute_config::Operation;
+use memroute_config::{Operation, ReadPolicy};
 use memroute_routing::{Node, NodeId};
 
 use crate::worker::Routing;
 
 const PREFIX: &[u8] = b"__mcrouter__.";
+/// Route nodes `route(op,key)` visits at most.
+const MAX_WALK_STEPS: usize = 10_000;
 /// Largest `route_handles` answer; the tree is cut (with `...`) beyond it.
 const MAX_ROUTE_HANDLES_BYTES: usize = 64 * 1024;
 
@@ -86,30 +88,54 @@ fn parse_route_query(query: &[u8]) -> Option<(&[u8], Operation, &[u8])> {
     Some((name, operation, key))
 }
 
-/// Every server the request may be sent to, in route order, without repeats.
+/// The servers the request would be sent to now, in route order, without repeats. As in
+/// mcrouter this follows the routing in effect: a failover route (and replicated reads that
+/// fail over) reports the first child that has a server not marked down; writes to a
+/// replicated route report every child; a shadow is reported when the key is in its range;
+/// a random route reports every child it may choose; a warm-up get reports cold then warm.
 fn destinations(routing: &Routing, operation: Operation, key: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
-    // Routes are a DAG: a node shared by several parents is walked once (its servers for
-    // this key do not depend on the path), so the walk is linear in the table's size.
-    let mut seen = vec![false; routing.routes.node_count()];
-    let mut stack = vec![routing.routes.root()];
-    while let Some(id) = stack.pop() {
-        let id = routing.routes.select(id, operation, key);
-        if std::mem::replace(&mut seen[id as usize], true) {
-            continue;
+    let mut walk = Walk {
+        routing,
+        operation,
+        key,
+        // Routes are a DAG: a node shared by several parents is walked once.
+        seen: vec![false; routing.routes.node_count()],
+        // Failover children not taken are un-seen again, so a contrived DAG could make the
+        // walk long: it stops after this many steps rather than hold up the worker.
+        budget: MAX_WALK_STEPS,
+    };
+    walk.collect(routing.routes.root(), &mut out);
+    out
+}
+
+struct Walk<'a> {
+    routing: &'a Routing,
+    operation: Operation,
+    key: &'a [u8],
+    seen: Vec<bool>,
+    budget: usize,
+}
+
+impl Walk<'_> {
+    fn collect(&mut self, from: NodeId, out: &mut Vec<String>) {
+        let Some(budget) = self.budget.checked_sub(1) else {
+            return;
+        };
+        self.budget = budget;
+        let routes = &self.routing.routes;
+        let id = routes.select(from, self.operation, self.key);
+        if std::mem::replace(&mut self.seen[id as usize], true) {
+            return;
         }
-        let mut children = match routing.routes.node(id) {
+        match routes.node(id) {
             Node::Pool(pool) => {
-                if let Some(server) = routing.server_for(*pool, key) {
-                    let address = routing.pools[*pool].servers[server]
-                        .health
-                        .address()
-                        .to_string();
-                    if !out.contains(&address) {
-                        out.push(address);
+                if let Some(server) = self.routing.server_for(*pool, self.key) {
+                    let address = self.routing.pools[*pool].servers[server].health.address();
+                    if !out.iter().any(|a| a.as_str() == &**address) {
+                        out.push(address.to_string());
                     }
                 }
-                Vec::new()
             }
             Node::Shadow {
                 primary,
@@ -117,19 +143,71 @@ fn destinations(routing: &Routing, operation: Operation, key: &[u8]) -> Vec<Stri
                 range,
                 ..
             } => {
-                if range.contains_key(key) {
-                    vec![*primary, *shadow]
-                } else {
-                    vec![*primary]
+                self.collect(*primary, out);
+                if range.contains_key(self.key) {
+                    self.collect(*shadow, out);
                 }
             }
-            other => other.children(),
-        };
-        // Stack order: the first child is walked first.
-        children.reverse();
-        stack.extend(children);
+            Node::Replicated {
+                children, reads, ..
+            } => {
+                if self.operation.is_write()
+                    || *reads == ReadPolicy::Fastest
+                    || *reads == ReadPolicy::Random
+                {
+                    for &child in children {
+                        self.collect(child, out);
+                    }
+                } else if *reads == ReadPolicy::First {
+                    self.collect(children[0], out);
+                } else {
+                    self.first_live(children, out);
+                }
+            }
+            Node::Failover { children, .. } => self.first_live(children, out),
+            Node::WarmUp { cold, warm, .. } => {
+                self.collect(*cold, out);
+                if !self.operation.is_write() {
+                    self.collect(*warm, out);
+                }
+            }
+            Node::Random { children } => {
+                for &child in children {
+                    self.collect(child, out);
+                }
+            }
+            Node::Null | Node::Error { .. } | Node::Prefix { .. } | Node::Operation { .. } => {}
+        }
     }
-    out
+
+    /// The first child that reaches a server not marked down (the last child when none
+    /// does: the request ends there).
+    fn first_live(&mut self, children: &[NodeId], out: &mut Vec<String>) {
+        for (i, &child) in children.iter().enumerate() {
+            let mut found = Vec::new();
+            let seen = self.seen.clone();
+            self.collect(child, &mut found);
+            let live = found.iter().any(|address| !self.is_down(address));
+            if live || i + 1 == children.len() {
+                for address in found {
+                    if !out.contains(&address) {
+                        out.push(address);
+                    }
+                }
+                return;
+            }
+            // Not taken: its nodes may still be reached through another path.
+            self.seen = seen;
+        }
+    }
+
+    fn is_down(&self, address: &str) -> bool {
+        self.routing
+            .pools
+            .iter()
+            .flat_map(|pool| &pool.servers)
+            .any(|server| &**server.health.address() == address && server.health.is_down())
+    }
 }
 
 /// The route tree `operation key` walks, one node per line, children indented by one
