@@ -153,6 +153,8 @@ pub struct Memcached {
     child: Option<Child>,
     pub host: String,
     pub port: u16,
+    /// What `-l` is given: `host`, or several addresses for [`Memcached::start_on_many`].
+    listen: String,
     memory_mb: u32,
     dir: TempDir,
 }
@@ -166,11 +168,19 @@ impl Memcached {
     /// memcached on a given host and port with `memory_mb` of cache (small pools of many
     /// servers use 8 to stay light).
     pub fn start_on(host: &str, port: u16, memory_mb: u32) -> Memcached {
+        Memcached::start_on_many(&[host.to_string()], port, memory_mb)
+    }
+
+    /// One memcached listening on every address of `hosts` (same port): many pool entries
+    /// backed by one process, for placement tests over pools larger than the processes it
+    /// is practical to start. `host` is the first address.
+    pub fn start_on_many(hosts: &[String], port: u16, memory_mb: u32) -> Memcached {
         require_program("memcached");
         let mut mc = Memcached {
             child: None,
-            host: host.to_string(),
+            host: hosts[0].clone(),
             port,
+            listen: hosts.join(","),
             memory_mb,
             dir: TempDir::new("memcached"),
         };
@@ -183,7 +193,7 @@ impl Memcached {
         let child = Command::new("memcached")
             .args([
                 "-l",
-                &self.host,
+                &self.listen,
                 "-p",
                 &self.port.to_string(),
                 "-U",

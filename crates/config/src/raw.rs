@@ -25,32 +25,9 @@ use crate::checked::{
 };
 use crate::{ConfigError, ConfigErrors};
 
-/// Defaults, in one place so docs/configuration.md and the code agree.
-pub mod defaults {
-    /// Listen address when `proxy.listen` is absent: local only, memcached's port.
-    pub const LISTEN: &str = "127.0.0.1:11211";
-    pub const BACKLOG: u32 = 65535;
-    pub const MAX_VALUE_SIZE: usize = 1024 * 1024;
-    pub const MAX_LINE_SIZE: usize = 64 * 1024;
-    /// Smallest accepted `max_line_size`: a `set` line with a 250-byte key must fit.
-    pub const MIN_LINE_SIZE: usize = 1024;
-    /// With 1 MiB values this bounds one client's replies in memory at 256 MiB.
-    pub const MAX_CLIENT_PENDING: usize = 256;
-    pub const MAX_CONNECTIONS: usize = 0;
-    pub const SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
-    pub const VNODES: u32 = 256;
-    pub const CONNECTIONS: usize = 1;
-    pub const TIMEOUT_MS: u64 = 250;
-    pub const MAX_KEYS_PER_REQUEST: usize = 100;
-    pub const WEIGHT: u32 = 1;
-    pub const FAILURE_LIMIT: u32 = 3;
-    pub const MAX_EJECTED_FRACTION: f64 = 0.5;
-    pub const PROBE_INTERVAL_MS: u64 = 1_000;
-    pub const PROBE_INTERVAL_MAX_MS: u64 = 30_000;
-    pub const DNS_REFRESH_MS: u64 = 5_000;
-    pub const SHADOW_MAX_IN_FLIGHT: usize = 1000;
-    pub const ERROR_ROUTE_MESSAGE: &str = "error route";
-}
+/// The defaults live in their own module (checked.rs uses them too); `raw::defaults`
+/// stays a valid path.
+pub use crate::defaults;
 
 const PROXY_KEYS: &[&str] = &[
     "listen",
@@ -70,6 +47,8 @@ const POOL_KEYS: &[&str] = &[
     "hash",
     "hash_tag",
     "vnodes",
+    "weights",
+    "salt",
     "connections",
     "timeout",
     "connect_timeout",
@@ -109,22 +88,9 @@ const WARM_UP_ROUTE_KEYS: &[&str] = &["type", "cold", "warm", "ttl"];
 const RANDOM_ROUTE_KEYS: &[&str] = &["type", "children"];
 const NULL_ROUTE_KEYS: &[&str] = &["type"];
 const ERROR_ROUTE_KEYS: &[&str] = &["type", "message"];
-const WRITE_POLICIES: &[(&str, WritePolicy)] = &[
-    ("all-sync", WritePolicy::AllSync),
-    ("all-async", WritePolicy::AllAsync),
-    ("all-initial", WritePolicy::AllInitial),
-    ("all-majority", WritePolicy::AllMajority),
-];
-const READ_POLICIES: &[(&str, ReadPolicy)] = &[
-    ("first", ReadPolicy::First),
-    ("failover", ReadPolicy::Failover),
-    ("random", ReadPolicy::Random),
-    ("fastest", ReadPolicy::Fastest),
-];
-const FAILOVER_ON: &[(&str, FailoverOn)] = &[
-    ("error", FailoverOn::Error),
-    ("error-or-miss", FailoverOn::ErrorOrMiss),
-];
+const WRITE_POLICIES: &[(&str, WritePolicy)] = WritePolicy::NAMES;
+const READ_POLICIES: &[(&str, ReadPolicy)] = ReadPolicy::NAMES;
+const FAILOVER_ON: &[(&str, FailoverOn)] = FailoverOn::NAMES;
 /// memcached reads an exptime above 30 days as an absolute unix time, so a larger
 /// warm-up `ttl` would fill items that are already expired.
 const MAX_RELATIVE_EXPTIME_SECS: u64 = 30 * 24 * 3600;
@@ -913,6 +879,8 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         defaults::VNODES,
         errs,
     );
+    let weights = check_weights(t, path, distribution, servers.len(), errs);
+    let salt = check_salt(t, path, distribution, errs);
     let connections: usize = get_int(t, "connections", path, 1, 1024, defaults::CONNECTIONS, errs);
     let max_keys_per_request: usize = get_int(
         t,
@@ -976,6 +944,8 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         hash,
         hash_tag,
         vnodes,
+        weights,
+        salt,
         connections,
         timeout,
         connect_timeout,
@@ -1125,6 +1095,66 @@ fn check_unit_number(v: &Value, path: &str, errs: &mut Errors) -> Option<f64> {
         errs.push(path, format!("must be between 0 and 1 (found {v})"));
         None
     }
+}
+
+/// `weights = [1, 0.5, ...]`: mcrouter's per-server weights, for `wch3` only. A list
+/// whose length differs from a static pool's server count is an error here (mcrouter
+/// pads with 0.5 or cuts; `import-mcrouter` writes that out explicitly).
+fn check_weights(
+    t: &Table,
+    path: &str,
+    distribution: DistributionName,
+    servers: usize,
+    errs: &mut Errors,
+) -> Vec<f64> {
+    let weights_path = join(path, "weights");
+    let Some(v) = t.get("weights") else {
+        if distribution == DistributionName::WeightedCh3 {
+            errs.push(&weights_path, "required by distribution \"wch3\"");
+        }
+        return Vec::new();
+    };
+    if distribution != DistributionName::WeightedCh3 {
+        errs.push(&weights_path, "only used by distribution \"wch3\"");
+        return Vec::new();
+    }
+    let Value::Array(items) = v else {
+        wrong_type(
+            errs,
+            &weights_path,
+            "an array of numbers between 0 and 1",
+            v,
+        );
+        return Vec::new();
+    };
+    if servers > 0 && items.len() != servers {
+        errs.push(
+            &weights_path,
+            format!("has {} weights for {servers} servers", items.len()),
+        );
+    }
+    items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| check_unit_number(w, &format!("{weights_path}[{i}]"), errs))
+        .collect()
+}
+
+/// `salt = "..."`: mcrouter's hash salt, for its distributions only.
+fn check_salt(t: &Table, path: &str, distribution: DistributionName, errs: &mut Errors) -> String {
+    let Some(salt) = get_str(t, "salt", path, errs) else {
+        return String::new();
+    };
+    if !matches!(
+        distribution,
+        DistributionName::Ch3 | DistributionName::WeightedCh3 | DistributionName::Crc32
+    ) {
+        errs.push(
+            &join(path, "salt"),
+            "only used by distributions \"ch3\", \"wch3\" and \"crc32\"",
+        );
+    }
+    salt.to_string()
 }
 
 fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<ServerConfig> {

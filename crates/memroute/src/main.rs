@@ -5,6 +5,7 @@
 //!   memroute --config FILE            run in the foreground
 //!   memroute --check --config FILE    validate, print what was understood, exit
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
+//!   memroute import-mcrouter FILE     print the memroute TOML for an mcrouter JSON config
 //! ```
 #![forbid(unsafe_code)]
 
@@ -43,6 +44,11 @@ enum Command {
         /// Path to nutcracker.yml.
         file: PathBuf,
     },
+    /// Print the memroute TOML equivalent of an mcrouter JSON config.
+    ImportMcrouter {
+        /// Path to the mcrouter config (JSON).
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -66,11 +72,16 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Some(Command::ImportTwemproxy { file }) = cli.command {
-        let yaml = std::fs::read_to_string(&file)
+    if let Some(command) = cli.command {
+        type Importer = fn(&str) -> Result<String, memroute_config::ConfigErrors>;
+        let (file, import): (_, Importer) = match command {
+            Command::ImportTwemproxy { file } => (file, memroute_config::import::twemproxy::import),
+            Command::ImportMcrouter { file } => (file, memroute_config::import::mcrouter::import),
+        };
+        let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
-        let toml = memroute_config::twemproxy::import(&yaml)
-            .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+        let toml =
+            import(&text).map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
         write_stdout(&toml);
         return Ok(());
     }
@@ -113,6 +124,9 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
             signal(SignalKind::hangup())?,
         ))
     })?;
+    memroute_proxy::set_config_file(
+        std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    );
     let handle = memroute_proxy::start(config).context("cannot start")?;
     handle.loaded_from(read);
     let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
@@ -235,6 +249,13 @@ fn describe(config: &Config) -> String {
             pool.failure_limit,
             pool.eject
         );
+        // mcrouter's placement settings (wch3, salted pools).
+        if !pool.weights.is_empty() {
+            let _ = writeln!(out, "  weights {:?}", pool.weights);
+        }
+        if !pool.salt.is_empty() {
+            let _ = writeln!(out, "  salt {:?}", pool.salt);
+        }
         for server in &pool.servers {
             let name = server
                 .name
@@ -266,7 +287,7 @@ fn describe(config: &Config) -> String {
 
 /// One line describing a route that is not a prefix route (for `--check`).
 fn describe_route(route: &RouteConfig) -> String {
-    use memroute_config::{FailoverOn, ReadPolicy, ShadowSelect, WritePolicy};
+    use memroute_config::ShadowSelect;
     match route {
         RouteConfig::Prefix { default, .. } => format!("prefix, default {default}"),
         RouteConfig::Operation {
@@ -296,29 +317,15 @@ fn describe_route(route: &RouteConfig) -> String {
             writes,
             reads,
         } => {
-            let writes = match writes {
-                WritePolicy::AllSync => "all-sync",
-                WritePolicy::AllAsync => "all-async",
-                WritePolicy::AllInitial => "all-initial",
-                WritePolicy::AllMajority => "all-majority",
-            };
-            let reads = match reads {
-                ReadPolicy::First => "first",
-                ReadPolicy::Failover => "failover",
-                ReadPolicy::Random => "random",
-                ReadPolicy::Fastest => "fastest",
-            };
             format!(
-                "replicated over {}, writes {writes}, reads {reads}",
-                children.join(", ")
+                "replicated over {}, writes {}, reads {}",
+                children.join(", "),
+                writes.as_str(),
+                reads.as_str()
             )
         }
         RouteConfig::Failover { children, on } => {
-            let on = match on {
-                FailoverOn::Error => "error",
-                FailoverOn::ErrorOrMiss => "error-or-miss",
-            };
-            format!("failover over {} on {on}", children.join(", "))
+            format!("failover over {} on {}", children.join(", "), on.as_str())
         }
         RouteConfig::WarmUp { cold, warm, ttl } => {
             format!("warm-up, cold {cold}, warm {warm}, ttl {ttl}s")

@@ -116,7 +116,7 @@ impl Controller {
             ..(*config).clone()
         });
         let placeholder = Arc::new(Generation {
-            routes: Arc::new(RouteTable::build(&config)?),
+            routes: Arc::new(RouteTable::build(&config.routing_spec())?),
             config: empty,
             server_stats: Vec::new(),
             health: Vec::new(),
@@ -162,7 +162,7 @@ impl Controller {
     /// apply() for a caller that holds `applying`.
     fn apply_locked(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         let effective = self.with_discovered_servers(&config);
-        let routes = Arc::new(RouteTable::build(&effective)?);
+        let routes = Arc::new(RouteTable::build(&effective.routing_spec())?);
         let effective = Arc::new(effective);
         let server_stats = self.shared.for_config(&effective);
         let (health, pool_epochs) = self.health_for(&routes, &effective);

@@ -22,6 +22,7 @@ mod dispatch;
 mod error;
 mod execute;
 mod listener;
+mod mcrouter_admin;
 mod reload;
 mod session;
 mod stats;
@@ -36,6 +37,7 @@ use tokio::sync::watch;
 
 pub use error::ProxyError;
 pub use listener::effective_backlog;
+pub use mcrouter_admin::set_config_file;
 pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
 
 /// memroute's version as reported by `version` and `stats`.
