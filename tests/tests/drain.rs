@@ -3,7 +3,7 @@
 //! connection as it goes idle; a request in flight when the delay ends is still answered.
 //!
 //! ```text
-//!   SIGTERM ─> /healthz 503, still accepting + serving ──drain_delay──> listeners closed
+//!   SIGTERM ─> /ready 503, still accepting + serving ──drain_delay──> listeners closed
 //!          ─> idle connections closed at once, busy ones after their last reply ─> exit 0
 //! ```
 //!
@@ -39,7 +39,7 @@ fn sigterm_drains_serves_new_and_old_clients_then_closes_idle_ones() {
     );
     toml.push_str(&format!("\n[admin]\nlisten = \"{admin}\"\n"));
     let mut proxy = Memroute::start(&toml);
-    assert_eq!(http_status(&admin, "/healthz"), "HTTP/1.1 200 OK");
+    assert_eq!(http_status(&admin, "/ready"), "HTTP/1.1 200 OK");
 
     let mut old = proxy.connect();
     old.set("k", b"v");
@@ -50,11 +50,12 @@ fn sigterm_drains_serves_new_and_old_clients_then_closes_idle_ones() {
         "{}",
         proxy.log_text()
     );
-    // Not ready at once.
+    // Not ready at once, still alive.
     assert_eq!(
-        http_status(&admin, "/healthz"),
+        http_status(&admin, "/ready"),
         "HTTP/1.1 503 Service Unavailable"
     );
+    assert_eq!(http_status(&admin, "/healthz"), "HTTP/1.1 200 OK");
 
     // During the delay, an old client and new clients are served.
     let mut served_new = 0;

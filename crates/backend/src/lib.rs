@@ -43,6 +43,9 @@ pub use connection::{
     spawn_connection, BackendHandle, ConnectionSettings, ReplySlot, RECONNECT_BACKOFF_MAX,
     RECONNECT_BACKOFF_MIN,
 };
-pub use discovery::{hosts_file_addresses, resolve};
+pub use discovery::{
+    hosts_file_addresses, lookup, lookup_blocking, next_refresh, Found, FoundServer,
+    MIN_TTL_REFRESH,
+};
 pub use error::BackendError;
 pub use health::{run_prober, HealthSettings, ServerHealth};

@@ -1,4 +1,5 @@
-//! The admin endpoint: `GET /metrics` (Prometheus text format) and `GET /healthz`.
+//! The admin endpoint: `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
+//! `GET /ready` (not ready while draining).
 //!
 //! Served by one plain thread with blocking sockets: it is scraped a few times a
 //! minute and must never compete with the workers' runtimes.
@@ -14,8 +15,8 @@ use crate::stats::{SharedStats, WorkerStats};
 use crate::ProxyError;
 
 /// Binds the admin address and serves it on its own thread until the process exits.
-/// `/healthz` answers 503 once `draining` is set (SIGTERM), so a load balancer stops
-/// sending new clients while memroute still serves them.
+/// `/ready` answers 503 once `draining` is set (SIGTERM), so a load balancer stops
+/// sending new clients while memroute still serves them; `/healthz` stays 200.
 pub(crate) fn start(
     address: &str,
     stats: Arc<SharedStats>,
@@ -68,19 +69,25 @@ fn answer(
     let (status, content_type, body) = if first_line.starts_with(b"GET /metrics") {
         ("200 OK", "text/plain; version=0.0.4", prometheus(stats))
     } else if first_line.starts_with(b"GET /healthz") {
+        // Alive: the process answers. Draining does not change it (a liveness probe
+        // failing during a drain could restart the pod mid-drain).
+        ("200 OK", "text/plain", "ok\n".to_string())
+    } else if first_line.starts_with(b"GET /ready") {
+        // Minimal readiness: not ready once draining. (The metrics work extends /ready
+        // with pool checks; the draining flag is the hook it keeps.)
         match draining.load(Relaxed) {
             true => (
                 "503 Service Unavailable",
                 "text/plain",
                 "draining\n".to_string(),
             ),
-            false => ("200 OK", "text/plain", "ok\n".to_string()),
+            false => ("200 OK", "text/plain", "ready\n".to_string()),
         }
     } else {
         (
             "404 Not Found",
             "text/plain",
-            "try /metrics or /healthz\n".to_string(),
+            "try /metrics, /healthz or /ready\n".to_string(),
         )
     };
     let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
