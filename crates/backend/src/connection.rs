@@ -398,7 +398,12 @@ async fn read_replies(
                     .borrow()
                     .front()
                     .is_some_and(|f| f.sent_at.max(last_progress).elapsed() > settings.timeout);
-                if overdue {
+                // A worker that was busy elsewhere for longer than the timeout finds the
+                // tick and the socket ready at once, and select! may pick the tick: look at
+                // the socket before blaming the server for bytes it has already sent.
+                if overdue && matches!(socket.try_read_buf(&mut buffer), Ok(n) if n > 0) {
+                    last_progress = Instant::now();
+                } else if overdue {
                     return Err(BackendError::Timeout { server: settings.address.clone() });
                 }
             }

@@ -19,9 +19,10 @@
 //! A reply's size is known only once it arrives, so a new session would otherwise dispatch
 //! `max_client_pending` requests at once whatever their replies weigh. While the budget is
 //! on, a session's window of unanswered requests starts at 32 and doubles each time its
-//! replies are written without waiting (the client reads), up to `max_client_pending`; a
-//! write that has to wait halves it. A client that reads never notices beyond its first
-//! few batches; one that does not read holds a few windows' worth, not the full cap.
+//! replies are written without waiting (the client reads), up to `max_client_pending`. It
+//! never shrinks: a write that waits is normal for a fast pipelining client, and halving on
+//! it cost such clients throughput. A client that reads never notices beyond its first few
+//! batches; one that does not read holds what its window had grown to, not the full cap.
 //!
 //! The request path pays one relaxed load per request while the budget is not exceeded.
 use std::future::Future;
@@ -225,7 +226,6 @@ impl Charge {
             }
             return done.map_err(|_| WriteEnd::Io);
         }
-        self.window = (self.window / 2).max(INITIAL_WINDOW);
         self.set(bytes.len(), outstanding);
         let check = (settings.slow_client_timeout / 4)
             .clamp(Duration::from_millis(10), Duration::from_millis(250));
@@ -382,7 +382,7 @@ mod window_tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_window_grows_while_the_client_reads_and_halves_when_it_does_not() {
+    async fn the_window_grows_while_the_client_reads_and_stays_when_it_does_not() {
         let shared = Arc::new(SharedStats::new(1));
         let mut charge = Charge::new(shared);
         let settings = BudgetSettings {
@@ -397,7 +397,7 @@ mod window_tests {
                 .expect("written");
             assert_eq!(charge.window, expected);
         }
-        // A write that must wait (the reader is behind) halves the window.
+        // A write that must wait (the reader is behind) leaves the window as it is.
         let big = vec![b'x'; 128 * 1024];
         let drain = tokio::spawn(async move {
             let mut sink = Vec::new();
@@ -407,7 +407,7 @@ mod window_tests {
             .write_all(&mut writer, &big, 0, &settings)
             .await
             .expect("written once the reader catches up");
-        assert_eq!(charge.window, 128);
+        assert_eq!(charge.window, 256);
         drop(writer);
         drain.await.expect("reader");
         // Budget off: no window at all.
