@@ -39,7 +39,7 @@ mod discovery;
 mod error;
 mod health;
 
-pub use connection::{spawn_connection, BackendHandle, ConnectionSettings, ReplySlot};
+pub use connection::{spawn_connection, BackendHandle, ConnectionSettings, ReplySlot, RoundTrips};
 pub use discovery::{hosts_file_addresses, resolve};
 pub use error::BackendError;
 pub use health::{run_prober, HealthSettings, ServerHealth};

@@ -11,10 +11,12 @@
 mod checked;
 mod error;
 pub mod raw;
+mod redact;
 pub mod twemproxy;
 
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};
+pub use redact::redacted;
 
 /// Parses and validates a config from TOML text.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {

@@ -4,6 +4,7 @@
 //!   memroute --config FILE            run in the foreground
 //!   memroute --check --config FILE    validate, print what was understood, exit
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
+//!   memroute route --config FILE KEY...   print where each key goes (route path, server)
 //! ```
 #![forbid(unsafe_code)]
 
@@ -36,6 +37,16 @@ enum Command {
     ImportTwemproxy {
         /// Path to nutcracker.yml.
         file: PathBuf,
+    },
+    /// Print where each key goes under --config: the route path, the server and the
+    /// target's role (primary, shadow copy, replica, failover, ...), one line per target.
+    Route {
+        /// The operation to route (get, set, delete, ... as in operation routes).
+        #[arg(long, default_value = "get")]
+        operation: String,
+        /// Keys to look up.
+        #[arg(required = true)]
+        keys: Vec<String>,
     },
 }
 
@@ -71,23 +82,45 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let Some(path) = cli.config else {
         anyhow::bail!("--config FILE is required (see --help)");
     };
-    let config = memroute_config::load(&path)
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let config = memroute_config::parse(&text)
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
+    if let Some(Command::Route { operation, keys }) = cli.command {
+        return route(&config, &operation, &keys);
+    }
     if cli.check {
         write_stdout(&describe(&config));
         write_stdout(&format!("config {} is valid\n", path.display()));
         return Ok(());
     }
-    serve(config, &path)
+    serve(config, &text, &path)
+}
+
+/// `memroute route`: where each key goes under `config`.
+fn route(config: &Config, operation: &str, keys: &[String]) -> anyhow::Result<()> {
+    let Some(operation) = memroute_proxy::operation_named(operation) else {
+        anyhow::bail!("unknown --operation {operation:?} (get, set, delete, incr, ...)");
+    };
+    let mut out = String::new();
+    for key in keys {
+        let targets = memroute_proxy::route_key(config, operation, key.as_bytes())
+            .context("cannot build the routes")?;
+        out.push_str(&memroute_proxy::describe_routes(key, &targets));
+    }
+    write_stdout(&out);
+    Ok(())
 }
 
 /// What the main thread was woken for.
 enum Event {
     Reload,
+    /// `POST /reload` on the admin endpoint: reload, then answer it.
+    AdminReload(memroute_proxy::ReloadRequest),
     Stop,
 }
 
-fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
+fn serve(config: Config, text: &str, path: &std::path::Path) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -105,6 +138,8 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
         ))
     })?;
     let handle = memroute_proxy::start(config).context("cannot start")?;
+    handle.set_config_source(text);
+    let mut admin_reloads = handle.reload_requests();
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
     loop {
         let event = runtime.block_on(async {
@@ -118,13 +153,23 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
                     Event::Stop
                 }
                 _ = hangup.recv() => Event::Reload,
+                Some(request) = admin_reloads.recv() => Event::AdminReload(request),
             }
         });
         match event {
             Event::Stop => break,
-            Event::Reload => reload(&handle, path),
+            Event::Reload => {
+                tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
+                let _ = reload(&handle, path);
+            }
+            Event::AdminReload(request) => {
+                tracing::info!(config = %path.display(), "POST /reload: reloading the config");
+                let _ = request.reply.send(reload(&handle, path));
+            }
         }
     }
+    // Load balancers see /ready fail from now on, while the listeners drain.
+    handle.set_not_ready();
     handle.shutdown();
     // Workers drain within proxy.shutdown_timeout; a second signal means "now".
     let forced = runtime.block_on(async {
@@ -143,13 +188,22 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGHUP: re-reads the config file and hands it to the proxy. A config that does not
-/// validate or cannot be routed is rejected with every reason logged; the running one stays.
-fn reload(handle: &memroute_proxy::ProxyHandle, path: &std::path::Path) {
-    tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
-    let config = match memroute_config::load(path) {
+/// SIGHUP or `POST /reload`: re-reads the config file and hands it to the proxy. A config
+/// that does not validate or cannot be routed is rejected with every reason logged (and
+/// returned); the running one stays.
+fn reload(handle: &memroute_proxy::ProxyHandle, path: &std::path::Path) -> Result<String, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(error) => {
+            handle.reload_rejected();
+            tracing::error!(config = %path.display(), %error, "config reload rejected: cannot read the file; keeping the running config");
+            return Err(format!("cannot read {}: {error}", path.display()));
+        }
+    };
+    let config = match memroute_config::parse(&text) {
         Ok(config) => config,
         Err(errors) => {
+            handle.reload_rejected();
             for error in &errors.0 {
                 tracing::error!(config = %path.display(), "config error: {error}");
             }
@@ -158,16 +212,23 @@ fn reload(handle: &memroute_proxy::ProxyHandle, path: &std::path::Path) {
                 errors = errors.0.len(),
                 "config reload rejected: invalid config; keeping the running config"
             );
-            return;
+            return Err(errors.to_string());
         }
     };
     let pools = config.pools.len();
     match handle.reload(config) {
-        Ok(()) => tracing::info!(config = %path.display(), pools, "config reloaded"),
-        Err(error) => tracing::error!(
-            config = %path.display(),
-            "config reload rejected: {error}; keeping the running config"
-        ),
+        Ok(()) => {
+            handle.set_config_source(&text);
+            tracing::info!(config = %path.display(), pools, "config reloaded");
+            Ok(format!("{pools} pools"))
+        }
+        Err(error) => {
+            tracing::error!(
+                config = %path.display(),
+                "config reload rejected: {error}; keeping the running config"
+            );
+            Err(error.to_string())
+        }
     }
 }
 

@@ -22,6 +22,7 @@ mod dispatch;
 mod error;
 mod execute;
 mod listener;
+mod route_lookup;
 mod session;
 mod stats;
 mod worker;
@@ -33,8 +34,10 @@ use std::time::{Duration, Instant};
 use memroute_config::Config;
 use tokio::sync::watch;
 
+pub use admin::ReloadRequest;
 pub use error::ProxyError;
 pub use listener::effective_backlog;
+pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -48,6 +51,8 @@ pub struct ProxyHandle {
     controller: Arc<control::Controller>,
     /// Serialises reloads (the restart-only settings are compared against the last one).
     reloading: Mutex<()>,
+    /// What the admin endpoint serves (readiness, config, reload requests).
+    admin: Arc<admin::AdminState>,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
@@ -66,7 +71,48 @@ impl ProxyHandle {
     ///
     /// Settings that need a restart (`proxy.listen`, `proxy.workers`, `proxy.backlog`,
     /// `admin.listen`) keep their running values; each changed one is logged as a warning.
-    pub fn reload(&self, mut config: Config) -> Result<(), ProxyError> {
+    pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
+        let result = self.reload_inner(config);
+        self.admin.metrics.count_reload(result.is_ok());
+        result
+    }
+
+    /// Counts a reload the caller rejected before handing it over (a config that did not
+    /// validate), so `memroute_config_reloads_total{outcome="failed"}` sees every failure.
+    pub fn reload_rejected(&self) {
+        self.admin.metrics.count_reload(false);
+    }
+
+    /// Records the text of the config file now running: `GET /config` shows it (secrets
+    /// redacted) with its md5, and `memroute_config_info{hash}` exports the hash.
+    pub fn set_config_source(&self, text: &str) {
+        self.admin.set_source(text);
+    }
+
+    /// Where `POST /reload` requests arrive: the caller reads the config file, reloads,
+    /// and answers each. Without a receiver, `POST /reload` answers 501.
+    pub fn reload_requests(&self) -> tokio::sync::mpsc::UnboundedReceiver<ReloadRequest> {
+        self.admin.reload_requests()
+    }
+
+    /// From now on `/ready` answers 503 (call it when a graceful stop begins, so load
+    /// balancers stop sending new clients before the listeners close).
+    pub fn set_not_ready(&self) {
+        self.admin.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Why `/ready` would answer 503 now; empty when ready.
+    pub fn not_ready_reasons(&self) -> Vec<String> {
+        self.admin.not_ready_reasons()
+    }
+
+    /// Every target `operation` on `key` reaches in the running config.
+    pub fn route(&self, operation: memroute_config::Operation, key: &[u8]) -> Vec<RouteTarget> {
+        let generation = self.controller.current();
+        route_lookup::route_key_in(&generation.config, &generation.routes, operation, key)
+    }
+
+    fn reload_inner(&self, mut config: Config) -> Result<(), ProxyError> {
         let _reloading = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.controller.base();
         for key in restart_only_changes(&current, &config) {
@@ -78,7 +124,12 @@ impl ProxyHandle {
         config.proxy.listen = current.proxy.listen.clone();
         config.proxy.workers = current.proxy.workers;
         config.proxy.backlog = current.proxy.backlog;
+        // Only the admin address needs a restart; its readiness fraction follows the file.
+        let ready_fraction = config.admin.as_ref().map(|a| a.ready_fraction);
         config.admin = current.admin.clone();
+        if let (Some(admin), Some(fraction)) = (config.admin.as_mut(), ready_fraction) {
+            admin.ready_fraction = fraction;
+        }
         let acks = self.controller.apply(config)?;
         let deadline = Instant::now() + RELOAD_ACK_TIMEOUT;
         let mut waiting = self.workers.len();
@@ -121,7 +172,7 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.proxy.backlog != new.proxy.backlog {
         keys.push("proxy.backlog");
     }
-    if old.admin != new.admin {
+    if old.admin.as_ref().map(|a| &a.listen) != new.admin.as_ref().map(|a| &a.listen) {
         keys.push("admin.listen");
     }
     keys
@@ -151,11 +202,13 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
     let shared = Arc::new(stats::SharedStats::new(workers));
-    let admin_address = match &config.admin {
-        Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
+    let admin_listen = config.admin.as_ref().map(|a| a.listen.clone());
+    let (controller, generation_rx, inbox) = control::Controller::new(config, shared.clone())?;
+    let admin = Arc::new(admin::AdminState::new(shared, controller.clone()));
+    let admin_address = match admin_listen {
+        Some(listen) => Some(admin::start(&listen, admin.clone())?),
         None => None,
     };
-    let (controller, generation_rx, inbox) = control::Controller::new(config, shared)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     {
         let (controller, shutdown_rx) = (controller.clone(), shutdown_rx.clone());
@@ -184,6 +237,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         workers: threads,
         controller,
         reloading: Mutex::new(()),
+        admin,
         local_addresses,
         admin_address,
     })
