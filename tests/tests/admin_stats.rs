@@ -36,8 +36,11 @@ fn http_get(addr: &str, path: &str) -> (String, String) {
         .expect("set read timeout");
     s.set_write_timeout(Some(IO_TIMEOUT))
         .expect("set write timeout");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n").as_bytes())
-        .expect("send request");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .expect("send request");
     let mut response = String::new();
     s.read_to_string(&mut response)
         .unwrap_or_else(|e| panic!("GET {path}: {e} after {response:?}"));

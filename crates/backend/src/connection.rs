@@ -373,7 +373,9 @@ async fn read_replies(
                         // No clock read of its own: the batch's write time and the time
                         // the bytes were read are already known.
                         if let Some(round_trips) = &settings.round_trips {
-                            (round_trips.0)(last_progress.saturating_duration_since(request.sent_at));
+                            (round_trips.0)(
+                                last_progress.saturating_duration_since(request.sent_at),
+                            );
                         }
                         let _ = request.reply.send(Ok(reply));
                     }

@@ -309,7 +309,10 @@ fn route(state: &AdminState, query: &str) -> Reply {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let Some(value) = percent_decode(value) else {
-            return text(StatusCode::BAD_REQUEST, "bad percent-encoding in the query\n");
+            return text(
+                StatusCode::BAD_REQUEST,
+                "bad percent-encoding in the query\n",
+            );
         };
         match name {
             "key" => keys.push(value),
@@ -324,7 +327,10 @@ fn route(state: &AdminState, query: &str) -> Reply {
         }
     }
     if keys.is_empty() {
-        return text(StatusCode::BAD_REQUEST, "usage: /route?key=K[&key=K2][&op=set]\n");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "usage: /route?key=K[&key=K2][&op=set]\n",
+        );
     }
     let generation = state.controller.current();
     let mut out = String::new();

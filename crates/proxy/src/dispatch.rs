@@ -599,9 +599,7 @@ fn execute_one_key(
     index: usize,
 ) -> Leg {
     let key = request.key(index);
-    let node = routing
-        .routes
-        .select(routing.routes.root(), operation, key);
+    let node = routing.routes.select(routing.routes.root(), operation, key);
     let mut frame = BytesMut::with_capacity(head.len() + key.len() + 2);
     frame.put_slice(head);
     frame.put_slice(key);

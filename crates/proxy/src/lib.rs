@@ -98,7 +98,9 @@ impl ProxyHandle {
     /// From now on `/ready` answers 503 (call it when a graceful stop begins, so load
     /// balancers stop sending new clients before the listeners close).
     pub fn set_not_ready(&self) {
-        self.admin.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.admin
+            .draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Why `/ready` would answer 503 now; empty when ready.

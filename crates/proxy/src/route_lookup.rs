@@ -26,12 +26,7 @@ pub struct RouteTarget {
 impl std::fmt::Display for RouteTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let server = self.server.as_deref().unwrap_or("-");
-        write!(
-            f,
-            "{} => {server} ({})",
-            self.path.join(" -> "),
-            self.role
-        )
+        write!(f, "{} => {server} ({})", self.path.join(" -> "), self.role)
     }
 }
 
@@ -123,7 +118,8 @@ impl Walk<'_> {
                 ..
             } => {
                 let (primary, shadow) = (*primary, *shadow);
-                let shadowed = self.operation != Operation::FlushAll && range.contains_key(self.key);
+                let shadowed =
+                    self.operation != Operation::FlushAll && range.contains_key(self.key);
                 self.visit(primary, path.clone(), role.clone());
                 if shadowed {
                     self.visit(shadow, path, format!("{role}, shadow copy"));
@@ -162,7 +158,9 @@ impl Walk<'_> {
                     self.visit(child, path.clone(), format!("{role}, random choice"));
                 }
             }
-            Node::Null => self.targets.push(target(path, format!("{role}, null route"))),
+            Node::Null => self
+                .targets
+                .push(target(path, format!("{role}, null route"))),
             Node::Error { message } => {
                 let message = message.clone();
                 self.targets

@@ -29,8 +29,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::local::LocalHistogram;
 use prometheus::proto::{self, MetricFamily, MetricType};
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use tokio::sync::{watch, Notify};
 
@@ -49,8 +48,8 @@ pub(crate) const FLUSH_WAIT: Duration = Duration::from_millis(200);
 /// Latency buckets in seconds: 25 µs .. 2.5 s, a 1-2.5-5 ladder (proxy overhead is tens of
 /// microseconds, a backend timeout hundreds of milliseconds).
 const LATENCY_BUCKETS: &[f64] = &[
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0, 2.5,
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5,
 ];
 
 /// The `route` label of requests memroute answers itself (version, stats, errors, ...).
@@ -1036,10 +1035,7 @@ impl Collector for StateCollector {
             lookup_rows.push((vec![pool.clone(), "error".to_string()], *failed as f64));
         }
         vec![
-            family(
-                0,
-                vec![(vec![], self.started.elapsed().as_secs() as f64)],
-            ),
+            family(0, vec![(vec![], self.started.elapsed().as_secs() as f64)]),
             family(1, vec![(vec![], self.workers as f64)]),
             family(
                 2,
@@ -1121,11 +1117,20 @@ mod tests {
         let stats = metrics.render_stats(&families);
         assert!(stats.contains("STAT cmd_touch 3\r\n"), "{stats}");
         assert!(stats.contains("STAT cmd_flush 1\r\n"), "{stats}");
-        assert!(stats.contains("STAT config_reloads_total:ok 1\r\n"), "{stats}");
+        assert!(
+            stats.contains("STAT config_reloads_total:ok 1\r\n"),
+            "{stats}"
+        );
         assert!(stats.contains("STAT threads 2\r\n"), "{stats}");
         let text = Metrics::encode(&families);
-        assert!(text.contains("memroute_client_touch_keys_total 3\n"), "{text}");
-        assert!(text.contains("memroute_client_flush_requests_total 1\n"), "{text}");
+        assert!(
+            text.contains("memroute_client_touch_keys_total 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memroute_client_flush_requests_total 1\n"),
+            "{text}"
+        );
         assert!(stats.ends_with("END\r\n"));
     }
 
