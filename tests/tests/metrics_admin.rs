@@ -348,6 +348,44 @@ fn metrics_parse_strictly_carry_latency_and_agree_with_stats() {
         );
     }
     assert_eq!(total(&samples, "memroute_proxy_workers", |_| true), 2.0);
+    assert_eq!(
+        total(&samples, "memroute_listener_events_total", |s| {
+            s.label("listener") == Some(listen.as_str()) && s.label("event") == Some("accepted")
+        }),
+        4.0,
+        "{text}"
+    );
+
+    // Every family exported is documented, and the Grafana dashboard uses documented
+    // families only.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let docs = std::fs::read_to_string(root.join("docs/operations.md")).expect("docs");
+    for family in types.keys() {
+        assert!(
+            docs.contains(&format!("| `{family}` |")),
+            "{family} is not in docs/operations.md"
+        );
+    }
+    let dashboard =
+        std::fs::read_to_string(root.join("docker/grafana/memroute.json")).expect("dashboard");
+    let mut used = 0;
+    for (at, _) in dashboard.match_indices("memroute_") {
+        let name: String = dashboard[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|f| docs.contains(&format!("| `{f}` | histogram")))
+            .unwrap_or(&name);
+        assert!(
+            docs.contains(&format!("| `{family}` |")),
+            "dashboard uses {name}, not a memroute metric"
+        );
+        used += 1;
+    }
+    assert!(used > 10, "the dashboard names {used} metrics");
 }
 
 #[test]

@@ -154,6 +154,9 @@ pub(crate) struct Metrics {
     backend_errors: IntCounterVec,
     backend_timeouts: IntCounterVec,
     reloads: IntCounterVec,
+    // Per-listener families: events on one listen address (accepted connections today;
+    // TLS handshakes and client errors per listener belong here too).
+    listener_events: IntCounterVec,
     config_info: IntGaugeVec,
     config_reload_time: IntGauge,
     /// The config-dependent state the collector reads at gather time.
@@ -318,6 +321,12 @@ impl Metrics {
                 "Config reloads by outcome (ok, failed).",
                 &["outcome"],
             ),
+            listener_events: counter_vec(
+                r,
+                "memroute_listener_events_total",
+                "Events per listen address: accepted (client connections accepted there).",
+                &["listener", "event"],
+            ),
             config_info,
             config_reload_time,
             registry,
@@ -358,6 +367,11 @@ impl Metrics {
             errors: self.backend_errors.with_label_values(&labels),
             timeouts: self.backend_timeouts.with_label_values(&labels),
         }
+    }
+
+    /// The counter of `event` on `listener` (resolve once per listener, then `inc()`).
+    pub(crate) fn listener_event(&self, listener: &str, event: &str) -> IntCounter {
+        self.listener_events.with_label_values(&[listener, event])
     }
 
     /// Counts a reload attempt (an applied config or one rejected).

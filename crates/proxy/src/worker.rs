@@ -482,6 +482,7 @@ async fn accept_loop(
     alive: mpsc::Sender<()>,
 ) {
     let name = listener.describe();
+    let accepted = context.metrics.shared.listener_event(&name, "accepted");
     let listener = match Listener::attach(listener) {
         Ok(listener) => listener,
         Err(error) => {
@@ -491,7 +492,7 @@ async fn accept_loop(
     };
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 Ok(Accepted::Tcp(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
                     let (reader, writer) = stream.split();
                     crate::session::run(ctx, reader, writer, sd).await;
