@@ -100,14 +100,10 @@ fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
         let mut labels = Vec::new();
         if let Some(after) = rest.strip_prefix('{') {
             let mut chars = after.char_indices().peekable();
-            let mut end = None;
-            loop {
+            let end = loop {
                 // label name
                 let start = match chars.peek() {
-                    Some(&(_, '}')) => {
-                        end = chars.next().map(|(i, _)| i);
-                        break;
-                    }
+                    Some(&(_, '}')) => break chars.next().map(|(i, _)| i),
                     Some(&(i, _)) => i,
                     None => panic!("unterminated labels: {line:?}"),
                 };
@@ -143,13 +139,10 @@ fn parse_exposition(text: &str) -> (BTreeMap<String, String>, Vec<Sample>) {
                 labels.push((label.to_string(), value));
                 match chars.next() {
                     Some((_, ',')) => {}
-                    Some((i, '}')) => {
-                        end = Some(i);
-                        break;
-                    }
+                    Some((i, '}')) => break Some(i),
                     other => panic!("expected ',' or '}}', got {other:?}: {line:?}"),
                 }
-            }
+            };
             let end = end.unwrap_or_else(|| panic!("{line:?}"));
             rest = &after[end + 1..];
         }
@@ -403,9 +396,16 @@ fn ready_follows_backends_and_config_reload_route_endpoints() {
         "ready_fraction = 1.0\n",
     );
     let proxy = Memroute::start(&toml);
-    let (code, body) = http(&admin, "GET", "/ready");
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("1 of 2 servers connected"), "{body}");
+    // Not ready from the start; once the first server's connections are up, the reason is
+    // the second one alone.
+    let mut last = String::new();
+    let first_up = poll_until(Duration::from_secs(10), || {
+        let (code, body) = http(&admin, "GET", "/ready");
+        assert_eq!(code, 503, "ready with a server missing: {body}");
+        last = body;
+        last.contains("1 of 2 servers connected, 2 needed")
+    });
+    assert!(first_up, "{last}");
     assert_eq!(http(&admin, "GET", "/healthz").0, 200);
     let second = Memcached::start_on("127.0.0.1", second_port, 16);
     assert!(
@@ -437,7 +437,7 @@ fn ready_follows_backends_and_config_reload_route_endpoints() {
     // POST /reload: a valid file is applied and its hash exported; a broken one is
     // rejected with its key path and counted, and the running config stays.
     let c_addr = first.addr();
-    let smaller = quoted_pool_config(&listen, &admin, &[c_addr.clone()], "");
+    let smaller = quoted_pool_config(&listen, &admin, std::slice::from_ref(&c_addr), "");
     proxy.rewrite_config(&smaller);
     let (code, body) = http(&admin, "POST", "/reload");
     assert_eq!(code, 200, "{body}");
