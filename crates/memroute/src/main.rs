@@ -1,12 +1,16 @@
-//! memroute: a memcached routing proxy. The binary is thin: CLI, logging, signals.
+//! memroute: a memcached routing proxy. The binary is thin: CLI, logging, signals, and
+//! the config file watch (see `watch`).
 //!
 //! ```text
 //!   memroute --config FILE            run in the foreground
 //!   memroute --check --config FILE    validate, print what was understood, exit
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
+//!   memroute import-mcrouter FILE     print the memroute TOML for an mcrouter JSON config
 //!   memroute route --config FILE KEY...   print where each key goes (route path, server)
 //! ```
 #![forbid(unsafe_code)]
+
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +28,9 @@ struct Cli {
     /// Validate the config, print the pools and routes it defines, and exit.
     #[arg(long)]
     check: bool,
+    /// Do not watch the config file's directory (reload on SIGHUP only).
+    #[arg(long)]
+    no_watch: bool,
     /// Log filter (tracing env-filter syntax); RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     log: String,
@@ -48,6 +55,11 @@ enum Command {
         #[arg(required = true)]
         keys: Vec<String>,
     },
+    /// Print the memroute TOML equivalent of an mcrouter JSON config.
+    ImportMcrouter {
+        /// Path to the mcrouter config (JSON).
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -71,22 +83,34 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Some(Command::ImportTwemproxy { file }) = cli.command {
-        let yaml = std::fs::read_to_string(&file)
+    type Importer = fn(&str) -> Result<String, memroute_config::ConfigErrors>;
+    let import = |file: PathBuf, import: Importer| {
+        let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
-        let toml = memroute_config::twemproxy::import(&yaml)
-            .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+        let toml =
+            import(&text).map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
         write_stdout(&toml);
-        return Ok(());
-    }
+        Ok(())
+    };
+    let route_keys = match cli.command {
+        Some(Command::ImportTwemproxy { file }) => {
+            return import(file, memroute_config::import::twemproxy::import)
+        }
+        Some(Command::ImportMcrouter { file }) => {
+            return import(file, memroute_config::import::mcrouter::import)
+        }
+        Some(Command::Route { operation, keys }) => Some((operation, keys)),
+        None => None,
+    };
     let Some(path) = cli.config else {
         anyhow::bail!("--config FILE is required (see --help)");
     };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let config = memroute_config::parse(&text)
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = std::str::from_utf8(&bytes)
+        .with_context(|| format!("invalid config {}: not UTF-8", path.display()))?;
+    let config = memroute_config::parse(text)
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
-    if let Some(Command::Route { operation, keys }) = cli.command {
+    if let Some((operation, keys)) = route_keys {
         return route(&config, &operation, &keys);
     }
     if cli.check {
@@ -94,7 +118,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         write_stdout(&format!("config {} is valid\n", path.display()));
         return Ok(());
     }
-    serve(config, &text, &path)
+    serve(config, bytes, &path, !cli.no_watch)
 }
 
 /// `memroute route`: where each key goes under `config`.
@@ -114,13 +138,13 @@ fn route(config: &Config, operation: &str, keys: &[String]) -> anyhow::Result<()
 
 /// What the main thread was woken for.
 enum Event {
-    Reload,
+    Reload(memroute_proxy::ReloadTrigger),
     /// `POST /reload` on the admin endpoint: reload, then answer it.
     AdminReload(memroute_proxy::ReloadRequest),
     Stop,
 }
 
-fn serve(config: Config, text: &str, path: &std::path::Path) -> anyhow::Result<()> {
+fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -137,9 +161,27 @@ fn serve(config: Config, text: &str, path: &std::path::Path) -> anyhow::Result<(
             signal(SignalKind::hangup())?,
         ))
     })?;
+    memroute_proxy::set_config_file(
+        std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    );
     let handle = memroute_proxy::start(config).context("cannot start")?;
-    handle.set_config_source(text);
+    handle.loaded_from(read);
     let mut admin_reloads = handle.reload_requests();
+    let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    // Started after the proxy (which needs no watch) and before `ready`, so an edit made
+    // once a test or an orchestrator sees `ready` is never missed. A watch that cannot
+    // start (no inotify instances left) leaves SIGHUP working: a warning, not an exit.
+    let _watch = if watch {
+        match watch::start(path, changed) {
+            Ok(watch) => Some(watch),
+            Err(error) => {
+                tracing::warn!("{error:#}; reload with SIGHUP");
+                None
+            }
+        }
+    } else {
+        None
+    };
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
     loop {
         let event = runtime.block_on(async {
@@ -152,19 +194,25 @@ fn serve(config: Config, text: &str, path: &std::path::Path) -> anyhow::Result<(
                     tracing::info!("SIGTERM: shutting down");
                     Event::Stop
                 }
-                _ = hangup.recv() => Event::Reload,
+                _ = hangup.recv() => Event::Reload(memroute_proxy::ReloadTrigger::Signal),
+                Some(()) = changes.recv() => Event::Reload(memroute_proxy::ReloadTrigger::FileChanged),
                 Some(request) = admin_reloads.recv() => Event::AdminReload(request),
             }
         });
         match event {
             Event::Stop => break,
-            Event::Reload => {
-                tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
-                let _ = reload(&handle, path);
+            Event::Reload(trigger) => {
+                handle.reload_file(path, trigger);
             }
             Event::AdminReload(request) => {
-                tracing::info!(config = %path.display(), "POST /reload: reloading the config");
-                let _ = request.reply.send(reload(&handle, path));
+                let outcome = handle.reload_file(path, memroute_proxy::ReloadTrigger::Admin);
+                let _ = request.reply.send(match outcome {
+                    memroute_proxy::ReloadOutcome::Applied => Ok("applied".to_string()),
+                    memroute_proxy::ReloadOutcome::Unchanged => {
+                        Ok("the file is unchanged since the last reload".to_string())
+                    }
+                    memroute_proxy::ReloadOutcome::Rejected(reason) => Err(reason),
+                });
             }
         }
     }
@@ -188,50 +236,6 @@ fn serve(config: Config, text: &str, path: &std::path::Path) -> anyhow::Result<(
     Ok(())
 }
 
-/// SIGHUP or `POST /reload`: re-reads the config file and hands it to the proxy. A config
-/// that does not validate or cannot be routed is rejected with every reason logged (and
-/// returned); the running one stays.
-fn reload(handle: &memroute_proxy::ProxyHandle, path: &std::path::Path) -> Result<String, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(error) => {
-            handle.reload_rejected();
-            tracing::error!(config = %path.display(), %error, "config reload rejected: cannot read the file; keeping the running config");
-            return Err(format!("cannot read {}: {error}", path.display()));
-        }
-    };
-    let config = match memroute_config::parse(&text) {
-        Ok(config) => config,
-        Err(errors) => {
-            handle.reload_rejected();
-            for error in &errors.0 {
-                tracing::error!(config = %path.display(), "config error: {error}");
-            }
-            tracing::error!(
-                config = %path.display(),
-                errors = errors.0.len(),
-                "config reload rejected: invalid config; keeping the running config"
-            );
-            return Err(errors.to_string());
-        }
-    };
-    let pools = config.pools.len();
-    match handle.reload(config) {
-        Ok(()) => {
-            handle.set_config_source(&text);
-            tracing::info!(config = %path.display(), pools, "config reloaded");
-            Ok(format!("{pools} pools"))
-        }
-        Err(error) => {
-            tracing::error!(
-                config = %path.display(),
-                "config reload rejected: {error}; keeping the running config"
-            );
-            Err(error.to_string())
-        }
-    }
-}
-
 /// What `--check` prints: the pools and routes as memroute understood them.
 fn describe(config: &Config) -> String {
     use std::fmt::Write as _;
@@ -253,12 +257,36 @@ fn describe(config: &Config) -> String {
         config.proxy.backlog,
         config.proxy.route
     );
+    if config.pools.values().any(|p| p.discovery.is_some()) {
+        let nameservers = if config.discovery.nameservers.is_empty() {
+            "from /etc/resolv.conf".to_string()
+        } else {
+            let listed: Vec<String> = config
+                .discovery
+                .nameservers
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            listed.join(", ")
+        };
+        let hosts_file = config
+            .discovery
+            .hosts_file
+            .as_ref()
+            .map(|p| format!(", hosts file {}", p.display()))
+            .unwrap_or_default();
+        let _ = writeln!(out, "discovery: nameservers {nameservers}{hosts_file}");
+    }
     for (name, pool) in &config.pools {
         if let Some(dns) = &pool.discovery {
+            let source = match dns.kind {
+                memroute_config::DnsKind::Address => format!("DNS {}:{}", dns.host, dns.port),
+                memroute_config::DnsKind::Srv => format!("DNS SRV {}", dns.host),
+            };
             let _ = writeln!(
                 out,
-                "pool {name}: servers from DNS {}:{} every {:?}",
-                dns.host, dns.port, dns.refresh
+                "pool {name}: servers from {source} every {:?} (sooner when the records' TTL is shorter)",
+                dns.refresh
             );
         }
         let _ = writeln!(
@@ -272,6 +300,13 @@ fn describe(config: &Config) -> String {
             pool.failure_limit,
             pool.eject
         );
+        // mcrouter's placement settings (wch3, salted pools).
+        if !pool.weights.is_empty() {
+            let _ = writeln!(out, "  weights {:?}", pool.weights);
+        }
+        if !pool.salt.is_empty() {
+            let _ = writeln!(out, "  salt {:?}", pool.salt);
+        }
         for server in &pool.servers {
             let name = server
                 .name
@@ -303,7 +338,7 @@ fn describe(config: &Config) -> String {
 
 /// One line describing a route that is not a prefix route (for `--check`).
 fn describe_route(route: &RouteConfig) -> String {
-    use memroute_config::{FailoverOn, ReadPolicy, ShadowSelect, WritePolicy};
+    use memroute_config::ShadowSelect;
     match route {
         RouteConfig::Prefix { default, .. } => format!("prefix, default {default}"),
         RouteConfig::Operation {
@@ -333,29 +368,15 @@ fn describe_route(route: &RouteConfig) -> String {
             writes,
             reads,
         } => {
-            let writes = match writes {
-                WritePolicy::AllSync => "all-sync",
-                WritePolicy::AllAsync => "all-async",
-                WritePolicy::AllInitial => "all-initial",
-                WritePolicy::AllMajority => "all-majority",
-            };
-            let reads = match reads {
-                ReadPolicy::First => "first",
-                ReadPolicy::Failover => "failover",
-                ReadPolicy::Random => "random",
-                ReadPolicy::Fastest => "fastest",
-            };
             format!(
-                "replicated over {}, writes {writes}, reads {reads}",
-                children.join(", ")
+                "replicated over {}, writes {}, reads {}",
+                children.join(", "),
+                writes.as_str(),
+                reads.as_str()
             )
         }
         RouteConfig::Failover { children, on } => {
-            let on = match on {
-                FailoverOn::Error => "error",
-                FailoverOn::ErrorOrMiss => "error-or-miss",
-            };
-            format!("failover over {} on {on}", children.join(", "))
+            format!("failover over {} on {}", children.join(", "), on.as_str())
         }
         RouteConfig::WarmUp { cold, warm, ttl } => {
             format!("warm-up, cold {cold}, warm {warm}, ttl {ttl}s")

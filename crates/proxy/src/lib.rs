@@ -22,6 +22,8 @@ mod dispatch;
 mod error;
 mod execute;
 mod listener;
+mod mcrouter_admin;
+mod reload;
 mod route_lookup;
 mod session;
 mod stats;
@@ -37,6 +39,8 @@ use tokio::sync::watch;
 pub use admin::ReloadRequest;
 pub use error::ProxyError;
 pub use listener::effective_backlog;
+pub use mcrouter_admin::set_config_file;
+pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
 
 /// memroute's version as reported by `version` and `stats`.
@@ -53,6 +57,8 @@ pub struct ProxyHandle {
     reloading: Mutex<()>,
     /// What the admin endpoint serves (readiness, config, reload requests).
     admin: Arc<admin::AdminState>,
+    /// Reloads from the config file: the last bytes read, and the ok/failed counters.
+    reload_state: reload::ReloadState,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
@@ -72,15 +78,7 @@ impl ProxyHandle {
     /// Settings that need a restart (`proxy.listen`, `proxy.workers`, `proxy.backlog`,
     /// `admin.listen`) keep their running values; each changed one is logged as a warning.
     pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
-        let result = self.reload_inner(config);
-        self.admin.metrics.count_reload(result.is_ok());
-        result
-    }
-
-    /// Counts a reload the caller rejected before handing it over (a config that did not
-    /// validate), so `memroute_config_reloads_total{outcome="failed"}` sees every failure.
-    pub fn reload_rejected(&self) {
-        self.admin.metrics.count_reload(false);
+        self.reload_inner(config)
     }
 
     /// Records the text of the config file now running: `GET /config` shows it (secrets
@@ -204,8 +202,11 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
     let shared = Arc::new(stats::SharedStats::new(workers));
+    // Before the admin endpoint, which renders `reload_state.counts`.
+    let reload_state = reload::ReloadState::default();
     let admin_listen = config.admin.as_ref().map(|a| a.listen.clone());
     let (controller, generation_rx, inbox) = control::Controller::new(config, shared.clone())?;
+    shared.set_reload_counts(reload_state.counts.clone());
     let admin = Arc::new(admin::AdminState::new(shared, controller.clone()));
     let admin_address = match admin_listen {
         Some(listen) => Some(admin::start(&listen, admin.clone())?),
@@ -240,6 +241,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         controller,
         reloading: Mutex::new(()),
         admin,
+        reload_state,
         local_addresses,
         admin_address,
     })

@@ -41,7 +41,7 @@ pub fn route_key(
     operation: Operation,
     key: &[u8],
 ) -> Result<Vec<RouteTarget>, ProxyError> {
-    let routes = RouteTable::build(config)?;
+    let routes = RouteTable::build(&config.routing_spec())?;
     Ok(route_key_in(config, &routes, operation, key))
 }
 

@@ -153,7 +153,6 @@ pub(crate) struct Metrics {
     backend_round_trip: HistogramVec,
     backend_errors: IntCounterVec,
     backend_timeouts: IntCounterVec,
-    reloads: IntCounterVec,
     // Per-listener families: events on one listen address (accepted connections today;
     // TLS handshakes and client errors per listener belong here too).
     listener_events: IntCounterVec,
@@ -177,6 +176,8 @@ struct State {
     shadows: Vec<(String, Arc<ShadowStats>)>,
     /// DNS lookups per pool: (succeeded, failed).
     lookups: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Reloads from the config file (kept by `reload.rs`, the one reload path).
+    reloads: Option<Arc<crate::ReloadCounts>>,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -315,12 +316,6 @@ impl Metrics {
                 "Requests that timed out.",
                 &["pool", "server"],
             ),
-            reloads: counter_vec(
-                r,
-                "memroute_config_reloads_total",
-                "Config reloads by outcome (ok, failed).",
-                &["outcome"],
-            ),
             listener_events: counter_vec(
                 r,
                 "memroute_listener_events_total",
@@ -374,10 +369,10 @@ impl Metrics {
         self.listener_events.with_label_values(&[listener, event])
     }
 
-    /// Counts a reload attempt (an applied config or one rejected).
-    pub(crate) fn count_reload(&self, ok: bool) {
-        let outcome = if ok { "ok" } else { "failed" };
-        self.reloads.with_label_values(&[outcome]).inc();
+    /// Where reloads from the config file are counted (exported as
+    /// `memroute_config_reloads_total`).
+    pub(crate) fn set_reload_counts(&self, counts: Arc<crate::ReloadCounts>) {
+        lock(&self.state).reloads = Some(counts);
     }
 
     /// Records the hash of the config now running.
@@ -871,7 +866,7 @@ struct StateCollector {
 }
 
 /// (name, help, labels) of every family [`StateCollector`] produces.
-const STATE_FAMILIES: [(&str, &str, &[&str]); 13] = [
+const STATE_FAMILIES: [(&str, &str, &[&str]); 14] = [
     (
         "memroute_process_uptime_seconds",
         "Seconds since memroute started.",
@@ -932,6 +927,11 @@ const STATE_FAMILIES: [(&str, &str, &[&str]); 13] = [
         "memroute_backend_connections",
         "Connections to a server open now, over every worker.",
         &["pool", "server"],
+    ),
+    (
+        "memroute_config_reloads_total",
+        "Reloads of the config file by outcome (ok, failed); unchanged files are not counted.",
+        &["outcome"],
     ),
 ];
 
@@ -1104,6 +1104,16 @@ impl Collector for StateCollector {
                     .map(|h| (server(h), h.open_connections() as f64))
                     .collect(),
             ),
+            family(
+                13,
+                match &state.reloads {
+                    Some(counts) => vec![
+                        (vec!["ok".to_string()], counts.ok() as f64),
+                        (vec!["failed".to_string()], counts.failed() as f64),
+                    ],
+                    None => Vec::new(),
+                },
+            ),
         ]
     }
 }
@@ -1126,13 +1136,13 @@ mod tests {
         let metrics = Metrics::new(2);
         metrics.touch_keys.inc_by(3);
         metrics.flush_requests.inc();
-        metrics.count_reload(true);
+        metrics.set_reload_counts(Arc::default());
         let families = metrics.registry.gather();
         let stats = metrics.render_stats(&families);
         assert!(stats.contains("STAT cmd_touch 3\r\n"), "{stats}");
         assert!(stats.contains("STAT cmd_flush 1\r\n"), "{stats}");
         assert!(
-            stats.contains("STAT config_reloads_total:ok 1\r\n"),
+            stats.contains("STAT config_reloads_total:ok 0\r\n"),
             "{stats}"
         );
         assert!(stats.contains("STAT threads 2\r\n"), "{stats}");
