@@ -33,7 +33,7 @@ pub(crate) async fn run<R, W>(
 {
     let slot = context.session_slot();
     // This session's share of the process-wide reply budget, and whether it is paused.
-    let mut charge = Charge::new(context.shared.clone());
+    let mut charge = Charge::new(context.metrics.shared.clone());
     let mut paused = false;
     let mut input = BytesMut::with_capacity(READ_CHUNK);
     let mut output = BytesMut::with_capacity(READ_CHUNK);
@@ -52,6 +52,9 @@ pub(crate) async fn run<R, W>(
         // pending cap alone is not enough: the input buffer would keep growing with
         // requests that are read but not yet parsed.
         let mut need_input = false;
+        // One clock read per wake-up: every request parsed and every reply finished below
+        // is timed against it (no per-request clock reads).
+        context.stats().tick();
         // One routing snapshot per batch of requests parsed: a reload applies from the next
         // batch. Dropped before any wait, so an idle session keeps no old connections open.
         let routing = context.routing();
@@ -85,10 +88,7 @@ pub(crate) async fn run<R, W>(
                     swallow: rest,
                     close,
                 } => {
-                    context
-                        .stats()
-                        .client_errors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    crate::stats::WorkerMetrics::add(&context.stats().client_errors, 1);
                     pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
                     swallow = rest;
                     if close {
