@@ -388,7 +388,17 @@ pub struct CliOutput {
 /// Runs the memroute binary with `args` (no server: `--check`, `import-twemproxy`), bounded by
 /// `timeout`; the process is killed if it does not finish in time.
 pub fn run_memroute_cli<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> CliOutput {
-    let mut child = Command::new(memroute_binary())
+    run_program(memroute_binary(), args, timeout)
+}
+
+/// Runs any program (a client tool such as `memcstat`) to completion within `timeout`.
+pub fn run_program<P: AsRef<std::ffi::OsStr>, S: AsRef<std::ffi::OsStr>>(
+    program: P,
+    args: &[S],
+    timeout: Duration,
+) -> CliOutput {
+    let name = program.as_ref().to_string_lossy().into_owned();
+    let mut child = Command::new(program)
         .args(args)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -423,7 +433,7 @@ pub fn run_memroute_cli<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration
         None => {
             kill_child(&mut child);
             panic!(
-                "memroute {:?} did not finish within {timeout:?}",
+                "{name} {:?} did not finish within {timeout:?}",
                 args.iter()
                     .map(|a| a.as_ref().to_string_lossy().into_owned())
                     .collect::<Vec<_>>()

@@ -241,10 +241,7 @@ pub(crate) fn dispatch(
             stats.cmd_flush.fetch_add(1, Relaxed);
             pending.push_back(fan_out_flush(routing, slot, request));
         }
-        Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!(
-            "VERSION memroute-{}\r\n",
-            crate::VERSION
-        )))),
+        Command::Version => pending.push_back(Pending::Ready(Bytes::from(crate::version_line()))),
         Command::Verbosity => {
             // memroute's own log level is set at start; the command is accepted like memcached does.
             if !request.noreply {

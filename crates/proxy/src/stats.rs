@@ -178,7 +178,8 @@ impl SharedStats {
         stat("pid", &std::process::id());
         stat("uptime", &self.started.elapsed().as_secs());
         stat("time", &now);
-        stat("version", &format_args!("memroute-{}", crate::VERSION));
+        stat("version", &crate::MEMCACHED_COMPAT_VERSION);
+        stat("memroute_version", &crate::VERSION);
         stat("threads", &self.workers.len());
         stat("curr_connections", &sum(|w| &w.curr_connections));
         stat("total_connections", &sum(|w| &w.total_connections));
