@@ -134,6 +134,24 @@ pub(crate) fn prometheus(stats: &SharedStats) -> String {
         "Requests rejected as bad input.",
         sum(|w| &w.client_errors),
     );
+    metric(
+        "memroute_client_oversized_values_total",
+        "counter",
+        "Storage requests refused for a value over max_value_size.",
+        sum(|w| &w.oversized_values),
+    );
+    metric(
+        "memroute_client_framing_closes_total",
+        "counter",
+        "Client connections closed because their input could not be framed.",
+        sum(|w| &w.framing_closes),
+    );
+    metric(
+        "memroute_client_binary_connections_total",
+        "counter",
+        "Client connections that spoke the binary protocol.",
+        sum(|w| &w.binary_connections),
+    );
     let _ = write!(
         out,
         "# HELP memroute_backend_errors_total Requests that got no reply from a server.\n# TYPE memroute_backend_errors_total counter\n"

@@ -17,6 +17,8 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod binary;
+mod client_log;
 mod control;
 mod dispatch;
 mod error;

@@ -26,6 +26,12 @@ pub(crate) struct WorkerStats {
     pub get_hits: AtomicU64,
     pub get_misses: AtomicU64,
     pub client_errors: AtomicU64,
+    /// Storage requests refused for a value over `max_value_size` (text and binary).
+    pub oversized_values: AtomicU64,
+    /// Connections closed because their input could no longer be framed.
+    pub framing_closes: AtomicU64,
+    /// Connections that spoke the binary protocol (first byte 0x80).
+    pub binary_connections: AtomicU64,
 }
 
 /// Errors and timeouts of one server (counted by whichever worker saw them). Workers
@@ -191,6 +197,9 @@ impl SharedStats {
         stat("get_hits", &sum(|w| &w.get_hits));
         stat("get_misses", &sum(|w| &w.get_misses));
         stat("client_errors", &sum(|w| &w.client_errors));
+        stat("oversized_values", &sum(|w| &w.oversized_values));
+        stat("framing_closes", &sum(|w| &w.framing_closes));
+        stat("binary_connections", &sum(|w| &w.binary_connections));
         for server in self.servers().iter() {
             stat(
                 &format!("server:{}:{}:errors", server.pool, server.address),
