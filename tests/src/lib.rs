@@ -819,6 +819,11 @@ impl Conn {
         Ok(reply)
     }
 
+    /// Closes our sending side (the peer reads end of stream); replies can still be read.
+    pub fn shutdown_write(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
+    }
+
     /// Waits for the peer to close the connection (bounded by the read timeout). Returns false
     /// if it sent bytes instead or the read timed out.
     pub fn expect_eof(&mut self) -> bool {

@@ -127,8 +127,8 @@ impl BinaryRequest {
 pub enum BinaryError {
     /// The first byte is not 0x80: memcached closes the connection without a reply.
     BadMagic,
-    /// The body is longer than any value we accept: answered `Too large`, then closed
-    /// (buffering or discarding it would let a client hold a worker).
+    /// The body is longer than any value we accept. A storage request's body is discarded
+    /// as it arrives after a `Too large` answer, as memcached does; any other is closed.
     BodyTooLarge,
     /// Key and extras longer than the body: the frame's parts cannot be told apart.
     /// memcached answers `Invalid arguments` and closes.
@@ -148,7 +148,18 @@ pub enum BinaryParse {
         error: BinaryError,
         opcode: u8,
         opaque: u32,
+        /// The header's body length (what follows the 24-byte header).
+        body_len: usize,
     },
+}
+
+/// Storage opcodes: the only ones whose body may legitimately be large.
+pub fn is_storage(opcode: u8) -> bool {
+    use opcode::*;
+    matches!(
+        opcode,
+        SET | SETQ | ADD | ADDQ | REPLACE | REPLACEQ | APPEND | APPENDQ | PREPEND | PREPENDQ
+    )
 }
 
 fn be_u16(b: &[u8], at: usize) -> u16 {
@@ -171,6 +182,7 @@ pub fn parse_binary(buf: &mut BytesMut, limits: &Limits) -> BinaryParse {
             error: BinaryError::BadMagic,
             opcode: 0,
             opaque: 0,
+            body_len: 0,
         };
     }
     if buf.len() < HEADER_LEN {
@@ -186,6 +198,7 @@ pub fn parse_binary(buf: &mut BytesMut, limits: &Limits) -> BinaryParse {
         error,
         opcode,
         opaque,
+        body_len,
     };
     if body_len > limits.max_value_len.saturating_add(BODY_HEADROOM) {
         return invalid(BinaryError::BodyTooLarge);

@@ -15,10 +15,10 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use memroute_protocol::binary::{
-    encode_base64, encode_error, encode_response, opcode as op, parse_binary, BinaryError,
-    BinaryParse, BinaryRequest, Status,
+    encode_base64, encode_error, encode_response, is_storage, opcode as op, parse_binary,
+    BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN,
 };
 use memroute_protocol::{parse_request, Limits, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -112,6 +112,8 @@ pub(crate) async fn run<R, W>(
     let mut output = BytesMut::with_capacity(READ_CHUNK);
     let mut scratch = BytesMut::new();
     let mut pending: VecDeque<(Pending, Shape)> = VecDeque::new();
+    // Bytes of a refused value still to be discarded as they arrive.
+    let mut swallow = 0usize;
     let mut reading = !*shutdown.borrow();
     let mut stop = std::pin::pin!(shutdown.changed());
     loop {
@@ -119,6 +121,15 @@ pub(crate) async fn run<R, W>(
         let routing = context.routing();
         let max_pending = routing.max_client_pending;
         while reading && pending.len() < max_pending {
+            if swallow > 0 {
+                let skip = swallow.min(input.len());
+                input.advance(skip);
+                swallow -= skip;
+                if swallow > 0 {
+                    need_input = true;
+                    break;
+                }
+            }
             match parse_binary(&mut input, &routing.limits) {
                 BinaryParse::Request(request) => {
                     if translate(
@@ -142,11 +153,24 @@ pub(crate) async fn run<R, W>(
                     error,
                     opcode,
                     opaque,
+                    body_len,
                 } => {
                     let stats = context.stats();
                     stats.client_errors.fetch_add(1, Relaxed);
-                    stats.framing_closes.fetch_add(1, Relaxed);
                     let mut reply = BytesMut::new();
+                    if error == BinaryError::BodyTooLarge && is_storage(opcode) {
+                        // memcached answers `Too large` and discards the value: so do we,
+                        // as it arrives, without buffering it.
+                        stats.oversized_values.fetch_add(1, Relaxed);
+                        crate::client_log::protocol_error(&peer, "binary", "value too large");
+                        encode_error(&mut reply, opcode, Status::TooLarge, opaque);
+                        ready(&mut pending, reply);
+                        let now = input.len().min(HEADER_LEN + body_len);
+                        input.advance(now);
+                        swallow = HEADER_LEN + body_len - now;
+                        continue;
+                    }
+                    stats.framing_closes.fetch_add(1, Relaxed);
                     match error {
                         // Not a binary frame: memcached closes without a word.
                         BinaryError::BadMagic => {}
@@ -159,7 +183,7 @@ pub(crate) async fn run<R, W>(
                     }
                     crate::client_log::framing_close(&peer, "binary", error_name(error));
                     input.clear();
-                    pending.push_back((Pending::Ready(reply.freeze()), Shape::Raw));
+                    ready(&mut pending, reply);
                     pending.push_back((Pending::Close, Shape::Raw));
                     reading = false;
                 }
@@ -279,14 +303,21 @@ fn well_formed(request: &BinaryRequest) -> bool {
 }
 
 /// The key as a meta command carries it: raw when it is a valid text key, else base64
-/// with the `b` flag (binary keys may hold spaces, newlines and control bytes).
+/// (binary keys may hold spaces, newlines and control bytes); `end_line` adds the `b` flag.
 fn put_key(line: &mut BytesMut, key: &[u8]) {
     if text_safe(key) {
         line.put_slice(key);
     } else {
         encode_base64(key, line);
+    }
+}
+
+/// Ends a meta command line: the `b` flag when the key went base64, then `\r\n`.
+fn end_line(line: &mut BytesMut, key: &[u8]) {
+    if !text_safe(key) {
         line.put_slice(b" b");
     }
+    line.put_slice(b"\r\n");
 }
 
 fn text_safe(key: &[u8]) -> bool {
@@ -330,7 +361,8 @@ fn translate(
         op::GET | op::GETQ | op::GETK | op::GETKQ => {
             line.put_slice(b"mg ");
             put_key(&mut line, &request.key);
-            line.put_slice(b" v f c\r\n");
+            line.put_slice(b" v f c");
+            end_line(&mut line, &request.key);
             Shape::Get(Frame::of(&request))
         }
         op::GAT | op::GATQ | op::GATK | op::GATKQ | op::TOUCH => {
@@ -338,10 +370,12 @@ fn translate(
             put_key(&mut line, &request.key);
             let ttl = request.extra_u32(0).unwrap_or(0) as i32;
             if request.opcode == op::TOUCH {
-                line.put_slice(format!(" f c T{ttl}\r\n").as_bytes());
+                line.put_slice(format!(" f c T{ttl}").as_bytes());
+                end_line(&mut line, &request.key);
                 Shape::Touch(Frame::of(&request))
             } else {
-                line.put_slice(format!(" v f c T{ttl}\r\n").as_bytes());
+                line.put_slice(format!(" v f c T{ttl}").as_bytes());
+                end_line(&mut line, &request.key);
                 Shape::Get(Frame::of(&request))
             }
         }
@@ -371,7 +405,7 @@ fn translate(
             if request.cas != 0 {
                 line.put_slice(format!(" C{}", request.cas).as_bytes());
             }
-            line.put_slice(b"\r\n");
+            end_line(&mut line, &request.key);
             line.put_slice(&request.value);
             line.put_slice(b"\r\n");
             Shape::Store(Frame::of(&request))
@@ -382,7 +416,7 @@ fn translate(
             if request.cas != 0 {
                 line.put_slice(format!(" C{}", request.cas).as_bytes());
             }
-            line.put_slice(b"\r\n");
+            end_line(&mut line, &request.key);
             Shape::Delete(Frame::of(&request))
         }
         op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
@@ -403,7 +437,7 @@ fn translate(
             if request.cas != 0 {
                 line.put_slice(format!(" C{}", request.cas).as_bytes());
             }
-            line.put_slice(b"\r\n");
+            end_line(&mut line, &request.key);
             Shape::Arithmetic(Frame::of(&request))
         }
         op::FLUSH | op::FLUSHQ => {
