@@ -42,7 +42,11 @@ fn assert_all_pass(results: &[(String, String)], what: &str) {
 fn memccapable_binary_passes_direct_and_through_memroute() {
     let direct = Memcached::start();
     let reference = memccapable(&direct.addr());
-    assert_eq!(reference.len(), 27, "memccapable's binary suite: {reference:?}");
+    assert_eq!(
+        reference.len(),
+        27,
+        "memccapable's binary suite: {reference:?}"
+    );
     assert_all_pass(&reference, "direct");
 
     let one = Memcached::start();
@@ -126,7 +130,11 @@ fn read_response(conn: &mut Conn) -> Response {
     let key_len = usize::from(u16::from_be_bytes([header[2], header[3]]));
     let extras = usize::from(header[4]);
     let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
-    let body = if body > 0 { conn.read_for(body) } else { Vec::new() };
+    let body = if body > 0 {
+        conn.read_for(body)
+    } else {
+        Vec::new()
+    };
     Response {
         opcode: header[1],
         status: u16::from_be_bytes([header[6], header[7]]),
@@ -168,7 +176,10 @@ fn bad_magic_after_a_binary_frame_closes_without_a_reply() {
     bytes.extend_from_slice(&[0x81; 24]);
     c.send(&bytes);
     assert_eq!(read_response(&mut c).opcode, NOOP);
-    assert!(c.expect_eof(), "connection not closed after a bad magic byte");
+    assert!(
+        c.expect_eof(),
+        "connection not closed after a bad magic byte"
+    );
     still_serves(&proxy);
     assert!(proxy.wait_log("bad magic byte", Duration::from_secs(5)));
 }
@@ -184,7 +195,11 @@ fn oversized_storage_body_answers_too_large_and_the_connection_goes_on() {
     let refused = read_response(&mut c);
     assert_eq!((refused.status, refused.opaque), (0x03, 5), "{refused:?}");
     assert_eq!(refused.value, b"Too large.");
-    assert_eq!(read_response(&mut c).opaque, 6, "noop after the swallowed value");
+    assert_eq!(
+        read_response(&mut c).opaque,
+        6,
+        "noop after the swallowed value"
+    );
 }
 
 #[test]
@@ -196,7 +211,10 @@ fn oversized_body_of_a_non_storage_request_answers_too_large_and_closes() {
     c.send(&header);
     let refused = read_response(&mut c);
     assert_eq!((refused.status, refused.opaque), (0x03, 9), "{refused:?}");
-    assert!(c.expect_eof(), "not closed after an unframeable body length");
+    assert!(
+        c.expect_eof(),
+        "not closed after an unframeable body length"
+    );
     still_serves(&proxy);
 }
 
@@ -219,7 +237,10 @@ fn header_cut_short_at_stream_end_closes_without_a_reply() {
     let mut c = proxy.connect();
     c.send(&frame(GET, b"abc", b"", b"", 3)[..10]);
     c.shutdown_write();
-    assert!(c.expect_eof(), "a cut-short header left the connection open");
+    assert!(
+        c.expect_eof(),
+        "a cut-short header left the connection open"
+    );
     still_serves(&proxy);
 }
 
@@ -300,6 +321,52 @@ fn binary_use_and_errors_are_counted_in_stats() {
     assert_eq!(value("binary_connections"), "1");
     assert_eq!(value("framing_closes"), "1");
     assert_eq!(value("client_errors"), "1");
-    assert!(proxy.wait_log("key and extras longer than the body", Duration::from_secs(5)));
-    assert!(proxy.log_text().contains("peer=\"127.0.0.1:"), "{}", proxy.log_text());
+    assert!(proxy.wait_log(
+        "key and extras longer than the body",
+        Duration::from_secs(5)
+    ));
+    assert!(
+        proxy.log_text().contains("peer=\"127.0.0.1:"),
+        "{}",
+        proxy.log_text()
+    );
+}
+
+#[test]
+fn binary_requests_follow_policy_routes_with_binary_keys() {
+    let a = Memcached::start();
+    let b = Memcached::start();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let toml = [
+        proxy_section(&listen, "both"),
+        pool_section("a", &[a.addr()], ""),
+        pool_section("b", &[b.addr()], ""),
+        "[routes.both]\ntype = \"replicated\"\nchildren = [\"a\", \"b\"]\nwrites = \"all-sync\"\nreads = \"failover\"\n\n"
+            .to_string(),
+    ]
+    .concat();
+    let proxy = Memroute::start(&toml);
+    let mut c = proxy.connect();
+    // A key the text protocol cannot carry: it travels base64 in meta commands.
+    let key = b"key with space\n";
+    c.send(&frame(SET, key, &set_extras(), b"value", 1));
+    let stored = read_response(&mut c);
+    assert_eq!((stored.status, stored.opaque), (0, 1), "{stored:?}");
+    for server in [&a, &b] {
+        let mut direct = server.connect();
+        // "key with space\n" in base64.
+        let reply = direct.roundtrip_line(b"mg a2V5IHdpdGggc3BhY2UK b v f\r\n");
+        assert_eq!(reply, b"VA 5 f7\r\n", "replica {}", server.addr());
+    }
+    // getkq for it and a miss, then noop: the hit alone, with its key and flags.
+    let mut run = frame(GETKQ, key, b"", b"", 2);
+    run.extend_from_slice(&frame(GETKQ, b"missing", b"", b"", 3));
+    run.extend_from_slice(&frame(NOOP, b"", b"", b"", 4));
+    c.send(&run);
+    let hit = read_response(&mut c);
+    assert_eq!(
+        (hit.opaque, &hit.key[..], &hit.value[..]),
+        (2, &key[..], &b"value"[..])
+    );
+    assert_eq!(read_response(&mut c).opaque, 4);
 }
