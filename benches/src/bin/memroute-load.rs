@@ -328,7 +328,11 @@ fn binary_header(out: &mut Vec<u8>, opcode: u8, key_len: usize, extras: usize, b
 fn binary_request(out: &mut Vec<u8>, plan: &Plan, rng: &Rng) -> Kind {
     let mut k = Vec::with_capacity(16);
     if rng.unit() < plan.get_ratio {
-        let (opcode, n) = if plan.multiget == 1 { (0x00, 1) } else { (0x0d, plan.multiget) };
+        let (opcode, n) = if plan.multiget == 1 {
+            (0x00, 1)
+        } else {
+            (0x0d, plan.multiget)
+        };
         for _ in 0..n {
             k.clear();
             key(&mut k, rng.below(plan.keys));
