@@ -12,6 +12,7 @@
 //! A run of getq/getkq frames already buffered becomes one text `gets k1 k2 ...` multi-get,
 //! so it is grouped per server and batched exactly like a text multi-get.
 use std::collections::VecDeque;
+use std::fmt::Write as _;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -112,6 +113,8 @@ pub(crate) async fn run<R, W>(
     let mut output = BytesMut::with_capacity(READ_CHUNK);
     let mut scratch = BytesMut::new();
     let mut pending: VecDeque<(Pending, Shape)> = VecDeque::new();
+    // What `dispatch` appends for one translated request, reused (no allocation per request).
+    let mut spare: VecDeque<Pending> = VecDeque::with_capacity(2);
     // Bytes of a refused value still to be discarded as they arrive.
     let mut swallow = 0usize;
     let mut reading = !*shutdown.borrow();
@@ -140,6 +143,7 @@ pub(crate) async fn run<R, W>(
                         request,
                         &mut input,
                         &mut pending,
+                        &mut spare,
                     ) == Flow::Close
                     {
                         reading = false;
@@ -333,6 +337,7 @@ fn translate(
     request: BinaryRequest,
     input: &mut BytesMut,
     pending: &mut VecDeque<(Pending, Shape)>,
+    spare: &mut VecDeque<Pending>,
 ) -> Flow {
     if !well_formed(&request) {
         context.stats().client_errors.fetch_add(1, Relaxed);
@@ -356,7 +361,7 @@ fn translate(
     let mut line = BytesMut::with_capacity(64 + request.key.len() * 2);
     let shape = match request.opcode {
         op::GETQ | op::GETKQ if text_safe(&request.key) => {
-            return batch_quiet_gets(context, routing, slot, request, input, pending);
+            return batch_quiet_gets(context, routing, slot, request, input, pending, spare);
         }
         op::GET | op::GETQ | op::GETK | op::GETKQ => {
             line.put_slice(b"mg ");
@@ -370,11 +375,15 @@ fn translate(
             put_key(&mut line, &request.key);
             let ttl = request.extra_u32(0).unwrap_or(0) as i32;
             if request.opcode == op::TOUCH {
-                line.put_slice(format!(" f c T{ttl}").as_bytes());
+                {
+                    let _ = write!(line, " f c T{ttl}");
+                };
                 end_line(&mut line, &request.key);
                 Shape::Touch(Frame::of(&request))
             } else {
-                line.put_slice(format!(" v f c T{ttl}").as_bytes());
+                {
+                    let _ = write!(line, " v f c T{ttl}");
+                };
                 end_line(&mut line, &request.key);
                 Shape::Get(Frame::of(&request))
             }
@@ -398,12 +407,18 @@ fn translate(
             };
             line.put_slice(b"ms ");
             put_key(&mut line, &request.key);
-            line.put_slice(format!(" {} M{mode} c", request.value.len()).as_bytes());
+            {
+                let _ = write!(line, " {} M{mode} c", request.value.len());
+            };
             if let (Some(flags), Some(ttl)) = (request.extra_u32(0), request.extra_u32(4)) {
-                line.put_slice(format!(" F{flags} T{}", ttl as i32).as_bytes());
+                {
+                    let _ = write!(line, " F{flags} T{}", ttl as i32);
+                };
             }
             if request.cas != 0 {
-                line.put_slice(format!(" C{}", request.cas).as_bytes());
+                {
+                    let _ = write!(line, " C{}", request.cas);
+                };
             }
             end_line(&mut line, &request.key);
             line.put_slice(&request.value);
@@ -414,7 +429,9 @@ fn translate(
             line.put_slice(b"md ");
             put_key(&mut line, &request.key);
             if request.cas != 0 {
-                line.put_slice(format!(" C{}", request.cas).as_bytes());
+                {
+                    let _ = write!(line, " C{}", request.cas);
+                };
             }
             end_line(&mut line, &request.key);
             Shape::Delete(Frame::of(&request))
@@ -429,13 +446,19 @@ fn translate(
             let expiry = request.extra_u32(16).unwrap_or(u32::MAX);
             line.put_slice(b"ma ");
             put_key(&mut line, &request.key);
-            line.put_slice(format!(" M{mode} D{delta} v c").as_bytes());
+            {
+                let _ = write!(line, " M{mode} D{delta} v c");
+            };
             // 0xffffffff: fail on a missing key; anything else creates it with `initial`.
             if expiry != u32::MAX {
-                line.put_slice(format!(" N{} J{initial}", expiry as i32).as_bytes());
+                {
+                    let _ = write!(line, " N{} J{initial}", expiry as i32);
+                };
             }
             if request.cas != 0 {
-                line.put_slice(format!(" C{}", request.cas).as_bytes());
+                {
+                    let _ = write!(line, " C{}", request.cas);
+                };
             }
             end_line(&mut line, &request.key);
             Shape::Arithmetic(Frame::of(&request))
@@ -443,7 +466,7 @@ fn translate(
         op::FLUSH | op::FLUSHQ => {
             match request.extra_u32(0) {
                 Some(delay) if delay != 0 => {
-                    line.put_slice(format!("flush_all {delay}\r\n").as_bytes())
+                    let _ = write!(line, "flush_all {delay}\r\n");
                 }
                 _ => line.put_slice(b"flush_all\r\n"),
             }
@@ -491,7 +514,7 @@ fn translate(
             return Flow::Close;
         }
     };
-    send(context, routing, slot, line, shape, pending)
+    send(context, routing, slot, line, shape, pending, spare)
 }
 
 /// Frames the translated line with the text parser and dispatches it like a client's.
@@ -502,6 +525,7 @@ fn send(
     mut line: BytesMut,
     shape: Shape,
     pending: &mut VecDeque<(Pending, Shape)>,
+    spare: &mut VecDeque<Pending>,
 ) -> Flow {
     // The translated key may still be refused (a base64 key longer than 250 bytes).
     let limits = Limits {
@@ -510,10 +534,9 @@ fn send(
     };
     match parse_request(&mut line, &limits) {
         Parse::Request(text) => {
-            let mut entries = VecDeque::new();
-            let flow = dispatch(context, routing, slot, text, &mut entries);
+            let flow = dispatch(context, routing, slot, text, spare);
             let mut shape = Some(shape);
-            for entry in entries {
+            for entry in spare.drain(..) {
                 pending.push_back((entry, shape.take().unwrap_or(Shape::Raw)));
             }
             flow
@@ -546,6 +569,7 @@ fn batch_quiet_gets(
     first: BinaryRequest,
     input: &mut BytesMut,
     pending: &mut VecDeque<(Pending, Shape)>,
+    spare: &mut VecDeque<Pending>,
 ) -> Flow {
     let mut line = BytesMut::with_capacity(256);
     line.put_slice(b"gets ");
@@ -572,6 +596,7 @@ fn batch_quiet_gets(
         line,
         Shape::MultiGet(frames),
         pending,
+        spare,
     )
 }
 
