@@ -329,6 +329,8 @@ fn text_safe(key: &[u8]) -> bool {
 }
 
 /// Translates one binary request and appends its pending entries.
+// The session's state, passed apart (a struct for it would only be built here).
+#[allow(clippy::too_many_arguments)]
 fn translate(
     context: &WorkerContext,
     peer: &str,
