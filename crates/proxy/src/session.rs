@@ -16,6 +16,7 @@ use memroute_protocol::{parse_request, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use crate::budget::Charge;
 use crate::dispatch::{dispatch, Flow, Pending};
 use crate::worker::WorkerContext;
 
@@ -32,6 +33,9 @@ pub(crate) async fn run<R, W>(
     W: AsyncWrite + Unpin,
 {
     let slot = context.session_slot();
+    // This session's share of the process-wide reply budget, and whether it is paused.
+    let mut charge = Charge::new(context.shared.clone());
+    let mut paused = false;
     let mut input = BytesMut::with_capacity(READ_CHUNK);
     // memcached picks the protocol per connection from its first byte: 0x80 is binary.
     if !*shutdown.borrow() {
@@ -48,7 +52,10 @@ pub(crate) async fn run<R, W>(
     let mut pending: VecDeque<Pending> = VecDeque::new();
     // Bytes of a rejected data block still to be discarded as they arrive.
     let mut swallow = 0usize;
-    let mut reading = !*shutdown.borrow();
+    let mut reading = true;
+    // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
+    // flight, nothing buffered), so no request the client already sent is lost.
+    let mut draining = *shutdown.borrow();
     // One future for the whole session: re-creating it per loop would register and
     // unregister a waiter on the shared watch channel for every request.
     let mut stop = std::pin::pin!(shutdown.changed());
@@ -61,7 +68,11 @@ pub(crate) async fn run<R, W>(
         // batch. Dropped before any wait, so an idle session keeps no old connections open.
         let routing = context.routing();
         let max_pending = routing.max_client_pending;
-        while reading && pending.len() < max_pending {
+        let budget = routing.reply_budget;
+        while reading
+            && pending.len() < max_pending
+            && charge.may_read(&budget, pending.len(), &mut paused)
+        {
             if swallow > 0 {
                 let skip = swallow.min(input.len());
                 input.advance(skip);
@@ -100,6 +111,7 @@ pub(crate) async fn run<R, W>(
 
         // Every reply already complete goes out now, in order, in one write.
         let mut closing = false;
+        let (written_before, mut finished) = (output.len(), 0);
         while let Some(head) = pending.front_mut() {
             if !head.try_complete() {
                 break;
@@ -107,13 +119,20 @@ pub(crate) async fn run<R, W>(
             let Some(head) = pending.pop_front() else {
                 break;
             };
+            finished += 1;
             if head.finish(&context, &mut output) == Flow::Close {
                 closing = true;
                 break;
             }
         }
+        charge.observe(output.len() - written_before, finished);
+        if finished > 0 {
+            // A pause is decided against the replies outstanding then; some came back.
+            paused = false;
+        }
         if !output.is_empty() {
-            if writer.write_all(&output).await.is_err() {
+            let written = charge.write_all(&mut writer, &output, pending.len(), &budget);
+            if written.await.is_err() {
                 return;
             }
             output.clear();
@@ -122,11 +141,12 @@ pub(crate) async fn run<R, W>(
                 output = BytesMut::with_capacity(READ_CHUNK);
             }
         }
-        if closing || (!reading && pending.is_empty()) {
+        let idle = pending.is_empty() && input.is_empty() && swallow == 0;
+        if closing || (!reading && pending.is_empty()) || (draining && idle) {
             let _ = writer.shutdown().await;
             return;
         }
-        if reading && !need_input && pending.len() < max_pending {
+        if reading && !need_input && pending.len() < max_pending && !paused {
             // Parsing stopped at the pending cap and replies have drained since: parse the
             // requests already buffered before waiting for anything.
             continue;
@@ -142,7 +162,7 @@ pub(crate) async fn run<R, W>(
                 Ok(0) | Err(_) => reading = false,
                 Ok(_) => {}
             },
-            _ = &mut stop, if reading => reading = false,
+            _ = &mut stop, if reading && !draining => draining = true,
         }
     }
 }

@@ -61,6 +61,8 @@ pub(crate) struct SharedStats {
     shadows: Mutex<Vec<(String, Arc<ShadowStats>)>>,
     /// DNS lookups per pool: (succeeded, failed).
     lookups: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
+    /// Reply bytes held for clients, process-wide (`max_buffered_replies`).
+    pub replies: crate::budget::ReplyBudget,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -81,6 +83,7 @@ impl SharedStats {
             routes: Mutex::new(Vec::new()),
             shadows: Mutex::new(Vec::new()),
             lookups: Mutex::new(Default::default()),
+            replies: Default::default(),
         }
     }
 
@@ -200,6 +203,12 @@ impl SharedStats {
         stat("oversized_values", &sum(|w| &w.oversized_values));
         stat("framing_closes", &sum(|w| &w.framing_closes));
         stat("binary_connections", &sum(|w| &w.binary_connections));
+        stat("buffered_reply_bytes", &self.replies.used());
+        stat("reads_paused", &self.replies.paused_total.load(Relaxed));
+        stat(
+            "slow_clients_closed",
+            &self.replies.slow_closed_total.load(Relaxed),
+        );
         for server in self.servers().iter() {
             stat(
                 &format!("server:{}:{}:errors", server.pool, server.address),
