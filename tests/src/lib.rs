@@ -398,7 +398,17 @@ pub struct CliOutput {
 /// Runs the memroute binary with `args` (no server: `--check`, `import-twemproxy`), bounded by
 /// `timeout`; the process is killed if it does not finish in time.
 pub fn run_memroute_cli<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> CliOutput {
-    let mut child = Command::new(memroute_binary())
+    run_program(memroute_binary(), args, timeout)
+}
+
+/// Runs any program (a client tool such as `memcstat`) to completion within `timeout`.
+pub fn run_program<P: AsRef<std::ffi::OsStr>, S: AsRef<std::ffi::OsStr>>(
+    program: P,
+    args: &[S],
+    timeout: Duration,
+) -> CliOutput {
+    let name = program.as_ref().to_string_lossy().into_owned();
+    let mut child = Command::new(program)
         .args(args)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -433,7 +443,7 @@ pub fn run_memroute_cli<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration
         None => {
             kill_child(&mut child);
             panic!(
-                "memroute {:?} did not finish within {timeout:?}",
+                "{name} {:?} did not finish within {timeout:?}",
                 args.iter()
                     .map(|a| a.as_ref().to_string_lossy().into_owned())
                     .collect::<Vec<_>>()
@@ -842,6 +852,11 @@ impl Conn {
         let mut reply = self.read_until_with(ends_with_mn)?;
         reply.truncate(reply.len() - 4);
         Ok(reply)
+    }
+
+    /// Closes our sending side (the peer reads end of stream); replies can still be read.
+    pub fn shutdown_write(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Write);
     }
 
     /// Waits for the peer to close the connection (bounded by the read timeout). Returns false

@@ -272,7 +272,7 @@ fn unix_socket_listener_serves_clients() {
         .expect("set write timeout");
     u.write_all(b"set via-unix 5 0 3\r\nabc\r\nget via-unix\r\nversion\r\n")
         .expect("send request");
-    let expected = b"STORED\r\nVALUE via-unix 5 3\r\nabc\r\nEND\r\nVERSION memroute";
+    let expected = b"STORED\r\nVALUE via-unix 5 3\r\nabc\r\nEND\r\nVERSION 1.6.0 memroute";
     let mut got = Vec::new();
     let deadline = Instant::now() + IO_TIMEOUT;
     while !(got.len() >= expected.len() && got.ends_with(b"\r\n")) {

@@ -265,7 +265,7 @@ fn a_stalled_backend_caps_outstanding_requests_per_client() {
     assert!(
         other
             .roundtrip_line(b"version\r\n")
-            .starts_with(b"VERSION memroute"),
+            .starts_with(b"VERSION 1.6.0 memroute"),
         "version while a client and the backend are stalled"
     );
     let stats = other.stats();

@@ -87,6 +87,10 @@ struct Args {
     /// No per-second progress lines on stderr.
     #[arg(long)]
     quiet: bool,
+    /// Speak memcached's binary protocol: a get is GET (one key) or GETKQ x N + NOOP,
+    /// a set is SET. The populate phase stays text.
+    #[arg(long)]
+    binary: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -311,6 +315,84 @@ fn parse_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
     }
 }
 
+/// One binary request header (magic 0x80); the body follows.
+fn binary_header(out: &mut Vec<u8>, opcode: u8, key_len: usize, extras: usize, body: usize) {
+    out.extend_from_slice(&[0x80, opcode]);
+    out.extend_from_slice(&(key_len as u16).to_be_bytes());
+    out.extend_from_slice(&[extras as u8, 0, 0, 0]);
+    out.extend_from_slice(&(body as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 12]);
+}
+
+/// Appends one binary op: GET (one key), GETKQ x N + NOOP (multi-get) or SET.
+fn binary_request(out: &mut Vec<u8>, plan: &Plan, rng: &Rng) -> Kind {
+    let mut k = Vec::with_capacity(16);
+    if rng.unit() < plan.get_ratio {
+        let (opcode, n) = if plan.multiget == 1 {
+            (0x00, 1)
+        } else {
+            (0x0d, plan.multiget)
+        };
+        for _ in 0..n {
+            k.clear();
+            key(&mut k, rng.below(plan.keys));
+            binary_header(out, opcode, k.len(), 0, k.len());
+            out.extend_from_slice(&k);
+        }
+        if plan.multiget > 1 {
+            binary_header(out, 0x0a, 0, 0, 0);
+        }
+        Kind::Get
+    } else {
+        key(&mut k, rng.below(plan.keys));
+        binary_header(out, 0x01, k.len(), 8, 8 + k.len() + plan.value.len());
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(&k);
+        out.extend_from_slice(&plan.value);
+        Kind::Set
+    }
+}
+
+/// Parses the binary responses of one op: a set's or single get's one response, or a
+/// multi-get's hits up to and including the NOOP.
+fn parse_binary_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
+    let mut pos = 0;
+    let mut values = 0u64;
+    loop {
+        let Some(header) = buf.get(pos..pos + 24) else {
+            return Ok(Reply::Incomplete);
+        };
+        if header[0] != 0x81 {
+            return Err(format!("bad response magic {:#x}", header[0]));
+        }
+        let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
+        let end = pos + 24 + body;
+        if buf.len() < end {
+            return Ok(Reply::Incomplete);
+        }
+        let status = u16::from_be_bytes([header[6], header[7]]);
+        let opcode = header[1];
+        pos = end;
+        let outcome = match (kind, opcode, status) {
+            (Kind::Get, 0x0d, 0) => {
+                values += 1;
+                continue;
+            }
+            (Kind::Get, 0x0a, _) => Outcome::Values(values),
+            (Kind::Get, 0x00, 0) => Outcome::Values(1),
+            (Kind::Get, 0x00, 1) => Outcome::Values(0),
+            (Kind::Set, _, 0) => Outcome::Stored,
+            (_, _, 0x84) => Outcome::ServerError,
+            (_, _, 0x04) => Outcome::ClientError,
+            _ => Outcome::Other,
+        };
+        return Ok(Reply::Done {
+            consumed: pos,
+            outcome,
+        });
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Plan {
     addr: String,
@@ -319,6 +401,7 @@ struct Plan {
     keys: u64,
     multiget: usize,
     pipeline: usize,
+    binary: bool,
     reply_timeout: Duration,
     warmup_end: Instant,
     end: Instant,
@@ -406,6 +489,10 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
         out.clear();
         kinds.clear();
         for _ in 0..plan.pipeline {
+            if plan.binary {
+                kinds.push(binary_request(&mut out, &plan, &rng));
+                continue;
+            }
             if rng.unit() < plan.get_ratio {
                 out.extend_from_slice(b"get");
                 for _ in 0..plan.multiget {
@@ -429,7 +516,12 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
         while done < kinds.len() {
             let kind = kinds[done];
             let (consumed, outcome) = loop {
-                match parse_reply(&inbuf, kind)? {
+                let parsed = if plan.binary {
+                    parse_binary_reply(&inbuf, kind)?
+                } else {
+                    parse_reply(&inbuf, kind)?
+                };
+                match parsed {
                     Reply::Incomplete => fill(&mut s, &mut inbuf, plan.reply_timeout).await?,
                     Reply::Done { consumed, outcome } => break (consumed, outcome),
                 }
@@ -559,6 +651,7 @@ async fn run(mut args: Args) -> Result<String, String> {
         keys: args.keys,
         multiget: args.multiget,
         pipeline: args.pipeline,
+        binary: args.binary,
         reply_timeout: args.reply_timeout,
         warmup_end: start + args.warmup,
         end: start + args.warmup + args.duration,

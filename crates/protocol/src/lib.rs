@@ -1,5 +1,7 @@
 //! memroute-protocol: the memcached text and meta protocols, sans-I/O.
 //!
+//! The binary protocol's client side (framing and response encoding) is in [`binary`].
+//!
 //! Two directions, both framing-only (no sockets, no tokio):
 //!
 //! ```text
@@ -13,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod base64;
+pub mod binary;
 mod error;
 mod reply;
 mod request;

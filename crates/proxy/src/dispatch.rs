@@ -298,10 +298,7 @@ pub(crate) fn dispatch(
             count(&stats.flush_requests, 1);
             pending.push_back(fan_out_flush(routing, slot, request));
         }
-        Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!(
-            "VERSION memroute-{}\r\n",
-            crate::VERSION
-        )))),
+        Command::Version => pending.push_back(Pending::Ready(Bytes::from(crate::version_line()))),
         Command::Verbosity => {
             // memroute's own log level is set at start; the command is accepted like memcached does.
             if !request.noreply {
@@ -325,6 +322,17 @@ pub(crate) fn dispatch(
 }
 
 /// Commands memroute answers itself (counted under the `(proxy)` route).
+/// The whole `stats` reply: every worker moves its local counts into the registry first
+/// (bounded wait), so the reply counts every request answered before it.
+pub(crate) fn all_stats(context: &WorkerContext) -> Pending {
+    let metrics = context.metrics.shared.clone();
+    Pending::Stats {
+        ticket: metrics.flush.request(),
+        deadline: Instant::now() + crate::stats::FLUSH_WAIT,
+        metrics,
+    }
+}
+
 fn is_local(command: Command) -> bool {
     matches!(
         command,
@@ -340,13 +348,7 @@ fn is_local(command: Command) -> bool {
 fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
     let argument = &request.frame[request.stats_arg.clone()];
     if argument.is_empty() {
-        // Every worker moves its local counts into the registry first (bounded wait).
-        let metrics = context.metrics.shared.clone();
-        return Pending::Stats {
-            ticket: metrics.flush.request(),
-            deadline: Instant::now() + crate::stats::FLUSH_WAIT,
-            metrics,
-        };
+        return all_stats(context);
     }
     // memroute keeps no slabs or items of its own; sub-statistics belong to the servers.
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))

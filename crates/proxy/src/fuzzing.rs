@@ -132,6 +132,7 @@ async fn run_case(case: Case) -> Outcome {
         session_reader,
         session_writer,
         shutdown_rx,
+        "fuzz".to_string(),
     ));
     let (mut client_reader, mut client_writer) = tokio::io::split(client);
     let input = case.client.clone();

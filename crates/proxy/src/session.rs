@@ -27,6 +27,7 @@ pub(crate) async fn run<R, W>(
     mut reader: R,
     mut writer: W,
     mut shutdown: watch::Receiver<bool>,
+    peer: String,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -36,6 +37,17 @@ pub(crate) async fn run<R, W>(
     let mut charge = Charge::new(context.metrics.shared.clone());
     let mut paused = false;
     let mut input = BytesMut::with_capacity(READ_CHUNK);
+    // memcached picks the protocol per connection from its first byte: 0x80 is binary.
+    if !*shutdown.borrow() {
+        tokio::select! {
+            read = reader.read_buf(&mut input) => if !matches!(read, Ok(n) if n > 0) { return },
+            _ = shutdown.changed() => return,
+        }
+    }
+    if input.first() == Some(&memroute_protocol::binary::REQUEST_MAGIC) {
+        let binary = crate::binary::run(context, slot, input, reader, writer, shutdown, peer);
+        return binary.await;
+    }
     let mut output = BytesMut::with_capacity(READ_CHUNK);
     let mut pending: VecDeque<Pending> = VecDeque::new();
     // Bytes of a rejected data block still to be discarded as they arrive.
@@ -88,7 +100,7 @@ pub(crate) async fn run<R, W>(
                     swallow: rest,
                     close,
                 } => {
-                    crate::stats::WorkerMetrics::add(&context.stats().client_errors, 1);
+                    crate::client_log::text_error(&context, &peer, &reply, close);
                     pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
                     swallow = rest;
                     if close {

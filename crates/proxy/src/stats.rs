@@ -148,6 +148,9 @@ pub(crate) struct Metrics {
     get_hits: IntCounter,
     get_misses: IntCounter,
     client_errors: IntCounter,
+    oversized_values: IntCounter,
+    framing_closes: IntCounter,
+    binary_connections: IntCounter,
     requests: IntCounterVec,
     request_duration: HistogramVec,
     backend_round_trip: HistogramVec,
@@ -288,6 +291,21 @@ impl Metrics {
                 r,
                 "memroute_client_errors_total",
                 "Requests rejected as bad input.",
+            ),
+            oversized_values: counter(
+                r,
+                "memroute_client_oversized_values_total",
+                "Storage requests refused for a value over max_value_size (text and binary).",
+            ),
+            framing_closes: counter(
+                r,
+                "memroute_client_framing_closes_total",
+                "Client connections closed because their input could not be framed.",
+            ),
+            binary_connections: counter(
+                r,
+                "memroute_client_binary_connections_total",
+                "Client connections that spoke the binary protocol (first byte 0x80).",
             ),
             requests: counter_vec(
                 r,
@@ -472,7 +490,9 @@ impl Metrics {
         stat("pid", &std::process::id());
         stat("uptime", &self.started.elapsed().as_secs());
         stat("time", &now);
-        stat("version", &format_args!("memroute-{}", crate::VERSION));
+        // A numeric version first: libmemcached and PHP parse `version` as major.minor.micro.
+        stat("version", &crate::MEMCACHED_COMPAT_VERSION);
+        stat("memroute_version", &crate::VERSION);
         stat("threads", &self.workers);
         let by_name: HashMap<&str, &MetricFamily> =
             families.iter().map(|f| (f.get_name(), f)).collect();
@@ -503,7 +523,7 @@ impl Metrics {
 }
 
 /// `stats` names memcached tools know, and the family each one is summed from.
-const CLASSIC_STATS: [(&str, &str); 13] = [
+const CLASSIC_STATS: [(&str, &str); 16] = [
     ("curr_connections", "memroute_client_connections_current"),
     ("total_connections", "memroute_client_connections_total"),
     (
@@ -517,6 +537,12 @@ const CLASSIC_STATS: [(&str, &str); 13] = [
     ("get_hits", "memroute_client_get_hits_total"),
     ("get_misses", "memroute_client_get_misses_total"),
     ("client_errors", "memroute_client_errors_total"),
+    ("oversized_values", "memroute_client_oversized_values_total"),
+    ("framing_closes", "memroute_client_framing_closes_total"),
+    (
+        "binary_connections",
+        "memroute_client_binary_connections_total",
+    ),
     (
         "buffered_reply_bytes",
         "memroute_client_buffered_reply_bytes",
@@ -653,6 +679,12 @@ pub(crate) struct WorkerMetrics {
     pub get_hits: Cell<u64>,
     pub get_misses: Cell<u64>,
     pub client_errors: Cell<u64>,
+    /// Storage requests refused for a value over `max_value_size` (text and binary).
+    pub oversized_values: Cell<u64>,
+    /// Connections closed because their input could no longer be framed.
+    pub framing_closes: Cell<u64>,
+    /// Connections that spoke the binary protocol (first byte 0x80).
+    pub binary_connections: Cell<u64>,
     /// The per-route tables of every routing this worker still serves requests with.
     routes: RefCell<Vec<Rc<RouteMetrics>>>,
     /// Backend round trips per (pool, address), shared with that server's connections.
@@ -737,6 +769,9 @@ impl WorkerMetrics {
             get_hits: Cell::new(0),
             get_misses: Cell::new(0),
             client_errors: Cell::new(0),
+            oversized_values: Cell::new(0),
+            framing_closes: Cell::new(0),
+            binary_connections: Cell::new(0),
             routes: RefCell::new(Vec::new()),
             round_trips: RefCell::new(HashMap::new()),
             clock: Rc::new(Cell::new(Instant::now())),
@@ -819,6 +854,9 @@ impl WorkerMetrics {
             (&self.get_hits, &shared.get_hits),
             (&self.get_misses, &shared.get_misses),
             (&self.client_errors, &shared.client_errors),
+            (&self.oversized_values, &shared.oversized_values),
+            (&self.framing_closes, &shared.framing_closes),
+            (&self.binary_connections, &shared.binary_connections),
         ] {
             let n = cell.take();
             if n > 0 {

@@ -521,12 +521,13 @@ async fn accept_loop(
         tokio::select! {
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 Ok(Accepted::Tcp(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
+                    let peer = stream.peer_addr().map_or_else(|_| "unknown".to_string(), |a| a.to_string());
                     let (reader, writer) = stream.split();
-                    crate::session::run(ctx, reader, writer, sd).await;
+                    crate::session::run(ctx, reader, writer, sd, peer).await;
                 }),
                 Ok(Accepted::Unix(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
                     let (reader, writer) = stream.split();
-                    crate::session::run(ctx, reader, writer, sd).await;
+                    crate::session::run(ctx, reader, writer, sd, "unix-socket".to_string()).await;
                 }),
                 Err(error) => accept_error(&name, error).await,
             },
