@@ -45,9 +45,11 @@ pub struct ProxyConfig {
     /// On SIGINT/SIGTERM, how long client connections may take to finish what they have
     /// in flight before they are closed anyway (default 10s).
     pub shutdown_timeout: Duration,
+    /// TLS of listeners, session resumption, TCP Fast Open.
+    pub transport: crate::transport::TransportConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ListenAddress {
     Tcp(String),
     Unix(std::path::PathBuf),
@@ -198,6 +200,8 @@ pub struct PoolConfig {
     /// Largest number of keys in one backend get; larger multi-gets are split into
     /// batches sent in parallel (default 100).
     pub max_keys_per_request: usize,
+    /// TLS to this pool's servers (`None`: plaintext).
+    pub tls: Option<crate::transport::BackendTls>,
 }
 
 impl PoolConfig {
@@ -221,6 +225,7 @@ impl PoolConfig {
             timeout,
             connect_timeout: timeout,
             max_keys_per_request: defaults::MAX_KEYS_PER_REQUEST,
+            tls: None,
         }
     }
 }

@@ -11,10 +11,12 @@
 mod checked;
 mod error;
 pub mod raw;
+pub mod transport;
 pub mod twemproxy;
 
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};
+pub use transport::{BackendTls, ListenerTls, TransportConfig};
 
 /// Parses and validates a config from TOML text.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {

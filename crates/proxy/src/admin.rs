@@ -158,6 +158,7 @@ pub(crate) fn prometheus(stats: &SharedStats) -> String {
         );
     }
     policy_metrics(stats, &mut out);
+    stats.render_transport(&mut out, true);
     out
 }
 

@@ -21,9 +21,9 @@ mod control;
 mod dispatch;
 mod error;
 mod execute;
-mod listener;
 mod session;
 mod stats;
+mod transport;
 mod worker;
 
 use std::sync::{Arc, Mutex};
@@ -34,7 +34,7 @@ use memroute_config::Config;
 use tokio::sync::watch;
 
 pub use error::ProxyError;
-pub use listener::effective_backlog;
+pub use memroute_net::effective_backlog;
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -52,6 +52,8 @@ pub struct ProxyHandle {
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
     pub admin_address: Option<String>,
+    /// The TLS listeners (their certificates reload with the config).
+    tls_listeners: Vec<transport::TlsListener>,
 }
 
 impl ProxyHandle {
@@ -75,7 +77,11 @@ impl ProxyHandle {
                 "config reload: this setting needs a restart to change; keeping the running value"
             );
         }
+        // Certificates first: a bad one fails the reload and leaves everything running.
+        let listen_tls = transport::reload_certificates(&self.tls_listeners, &current, &config)?;
         config.proxy.listen = current.proxy.listen.clone();
+        config.proxy.transport.listen_tls = listen_tls;
+        config.proxy.transport.fastopen = current.proxy.transport.fastopen;
         config.proxy.workers = current.proxy.workers;
         config.proxy.backlog = current.proxy.backlog;
         config.admin = current.admin.clone();
@@ -112,7 +118,15 @@ const RELOAD_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The keys that differ between `old` and `new` but can only change with a restart.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut keys = Vec::new();
-    if old.proxy.listen != new.proxy.listen {
+    let tls_listeners = |c: &Config| {
+        c.proxy
+            .transport
+            .listen_tls
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    if old.proxy.listen != new.proxy.listen || tls_listeners(old) != tls_listeners(new) {
         keys.push("proxy.listen");
     }
     if old.proxy.workers != new.proxy.workers {
@@ -120,6 +134,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     }
     if old.proxy.backlog != new.proxy.backlog {
         keys.push("proxy.backlog");
+    }
+    if old.proxy.transport.fastopen != new.proxy.transport.fastopen {
+        keys.push("proxy.fastopen");
     }
     if old.admin != new.admin {
         keys.push("admin.listen");
@@ -132,25 +149,15 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
 pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let workers = config.proxy.workers.max(1);
     let backlog = effective_backlog(config.proxy.backlog);
-    let first = listener::bind_all(&config.proxy.listen, backlog, true)?;
-    let local_addresses: Vec<String> = first.iter().map(|l| l.describe()).collect();
-    // Later workers bind the ports the first one got, so `:0` in a config still means
-    // one port shared by every worker.
-    let same_ports: Vec<memroute_config::ListenAddress> = first
-        .iter()
-        .filter_map(|l| match l {
-            listener::BoundListener::Tcp(_) => {
-                Some(memroute_config::ListenAddress::Tcp(l.describe()))
-            }
-            listener::BoundListener::Unix(_) => None,
-        })
-        .collect();
-    let mut listeners = Vec::with_capacity(workers);
-    listeners.push(first);
-    for _ in 1..workers {
-        listeners.push(listener::bind_all(&same_ports, backlog, false)?);
-    }
+    let (listeners, tls_listeners) = transport::bind_listeners(&config, backlog, workers)?;
+    let local_addresses: Vec<String> = listeners[0].iter().map(|l| l.describe()).collect();
     let shared = Arc::new(stats::SharedStats::new(workers));
+    shared.set_tls_listeners(
+        tls_listeners
+            .iter()
+            .map(|l| (l.name.clone(), l.tls.clone()))
+            .collect(),
+    );
     let admin_address = match &config.admin {
         Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
         None => None,
@@ -164,6 +171,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             .spawn(move || control::run(controller, inbox, shutdown_rx))
             .map_err(ProxyError::Thread)?;
     }
+    transport::watch_certificates(&tls_listeners, shutdown_rx.clone())?;
     let mut threads = Vec::with_capacity(workers);
     for (index, bound) in listeners.into_iter().enumerate() {
         let worker = worker::Worker {
@@ -186,5 +194,6 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         reloading: Mutex::new(()),
         local_addresses,
         admin_address,
+        tls_listeners,
     })
 }

@@ -55,6 +55,9 @@ pub(crate) struct SharedStats {
     shadows: Mutex<Vec<(String, Arc<ShadowStats>)>>,
     /// DNS lookups per pool: (succeeded, failed).
     lookups: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
+    /// TLS listeners (bound address, handshake counters) and backend connectors (pool).
+    tls_listeners: Mutex<Vec<(String, Arc<memroute_net::ServerTls>)>>,
+    connectors: Mutex<Vec<(String, Arc<memroute_net::Connector>)>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,6 +78,25 @@ impl SharedStats {
             routes: Mutex::new(Vec::new()),
             shadows: Mutex::new(Vec::new()),
             lookups: Mutex::new(Default::default()),
+            tls_listeners: Mutex::new(Vec::new()),
+            connectors: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn set_tls_listeners(&self, listeners: Vec<(String, Arc<memroute_net::ServerTls>)>) {
+        *lock(&self.tls_listeners) = listeners;
+    }
+
+    pub(crate) fn set_connectors(&self, connectors: Vec<(String, Arc<memroute_net::Connector>)>) {
+        *lock(&self.connectors) = connectors;
+    }
+
+    /// TLS handshake counters of listeners and servers, as `stats` lines or metrics.
+    pub(crate) fn render_transport(&self, out: &mut String, prometheus: bool) {
+        let (listeners, connectors) = (lock(&self.tls_listeners), lock(&self.connectors));
+        match prometheus {
+            true => crate::transport::render_metrics(&listeners, &connectors, out),
+            false => crate::transport::render_stats(&listeners, &connectors, out),
         }
     }
 
@@ -249,6 +271,7 @@ impl SharedStats {
             stat(&format!("pool:{pool}:dns_lookups"), ok);
             stat(&format!("pool:{pool}:dns_failures"), failed);
         }
+        self.render_transport(&mut out, false);
         out.push_str("END\r\n");
         out
     }

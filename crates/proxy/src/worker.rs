@@ -22,8 +22,8 @@ use memroute_routing::{NodeId, Placement, RouteTable};
 use tokio::sync::{mpsc, watch};
 
 use crate::execute::{RouteStats, ShadowState, ShadowStats};
-use crate::listener::BoundListener;
 use crate::stats::{ServerStats, ServerStatsTable, SharedStats};
+use memroute_net::{BoundListener, Connector, Listener};
 
 /// One config as the workers receive it: built and checked on the main thread.
 #[derive(Debug)]
@@ -35,6 +35,9 @@ pub(crate) struct Generation {
     /// Health of `config`'s servers, indexed [pool id][server index]; shared by every
     /// worker and kept across reloads for servers that stay.
     pub health: Vec<Vec<Arc<ServerHealth>>>,
+    /// How to reach each of `config`'s servers (TLS, session store, TFO), indexed like
+    /// `health`; shared by every worker and kept across reloads while unchanged.
+    pub connectors: Vec<Vec<Arc<Connector>>>,
     /// Per pool id: bumped whenever one of its servers goes down or up.
     pub pool_epochs: Vec<Arc<std::sync::atomic::AtomicU64>>,
     /// Per route node id: the counters of policy routes.
@@ -59,6 +62,8 @@ pub(crate) struct Worker {
 struct ConnectionKey {
     /// The health object the connections report to (a new one means new connections).
     health: usize,
+    /// The connector they connect through (new TLS settings mean new connections).
+    connector: usize,
     pool: String,
     address: String,
     timeout: Duration,
@@ -210,8 +215,15 @@ impl Routing {
                             .and_then(|p| p.get(index))
                             .cloned()
                             .unwrap_or_else(|| standalone_health(name, pool, &server.address));
+                        let connector = generation
+                            .connectors
+                            .get(id)
+                            .and_then(|p| p.get(index))
+                            .cloned()
+                            .unwrap_or_else(|| Arc::new(Connector::plain(&server.address)));
                         let key = ConnectionKey {
                             health: Arc::as_ptr(&health) as usize,
+                            connector: Arc::as_ptr(&connector) as usize,
                             pool: name.clone(),
                             address: server.address.clone(),
                             timeout: pool.timeout,
@@ -228,6 +240,7 @@ impl Routing {
                             None => {
                                 let settings = ConnectionSettings {
                                     address: Arc::from(server.address.as_str()),
+                                    connector,
                                     timeout: pool.timeout,
                                     connect_timeout: pool.connect_timeout,
                                     backoff_min: Duration::from_millis(100),
@@ -435,37 +448,6 @@ async fn apply_reloads(
     }
 }
 
-/// A listener attached to this worker's runtime.
-enum Listener {
-    Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener),
-}
-
-enum Accepted {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
-}
-
-impl Listener {
-    fn attach(bound: BoundListener) -> std::io::Result<Listener> {
-        Ok(match bound {
-            BoundListener::Tcp(l) => Listener::Tcp(tokio::net::TcpListener::from_std(l)?),
-            BoundListener::Unix(l) => Listener::Unix(tokio::net::UnixListener::from_std(l)?),
-        })
-    }
-
-    async fn accept(&self) -> std::io::Result<Accepted> {
-        match self {
-            Listener::Tcp(l) => {
-                let (stream, _peer) = l.accept().await?;
-                let _ = stream.set_nodelay(true);
-                Ok(Accepted::Tcp(stream))
-            }
-            Listener::Unix(l) => Ok(Accepted::Unix(l.accept().await?.0)),
-        }
-    }
-}
-
 async fn accept_loop(
     listener: BoundListener,
     context: Rc<WorkerContext>,
@@ -483,11 +465,16 @@ async fn accept_loop(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(Accepted::Tcp(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                    let (reader, writer) = stream.split();
-                    crate::session::run(ctx, reader, writer, sd).await;
-                }),
-                Ok(Accepted::Unix(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
+                // The TLS handshake runs in the session's task: a slow or silent client
+                // holds up nobody else (bounded by tls_handshake_timeout, counted).
+                Ok(incoming) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
+                    let mut stream = match incoming.establish().await {
+                        Ok(stream) => stream,
+                        Err(error) => {
+                            tracing::debug!(%error, "client connection closed before its TLS handshake finished");
+                            return;
+                        }
+                    };
                     let (reader, writer) = stream.split();
                     crate::session::run(ctx, reader, writer, sd).await;
                 }),

@@ -564,6 +564,7 @@ mod tests {
                 max_client_pending: 1024,
                 max_connections: 0,
                 shutdown_timeout: Duration::from_secs(10),
+                transport: Default::default(),
             },
             admin: None,
             discovery: Default::default(),
