@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod scripts;
+pub mod tls;
 
 /// How long any process gets to become ready.
 pub const START_DEADLINE: Duration = Duration::from_secs(10);
@@ -154,6 +155,8 @@ pub struct Memcached {
     pub host: String,
     pub port: u16,
     memory_mb: u32,
+    /// Extra command-line arguments (e.g. `-Z -o ssl_chain_cert=...` for TLS).
+    extra_args: Vec<String>,
     dir: TempDir,
 }
 
@@ -166,12 +169,23 @@ impl Memcached {
     /// memcached on a given host and port with `memory_mb` of cache (small pools of many
     /// servers use 8 to stay light).
     pub fn start_on(host: &str, port: u16, memory_mb: u32) -> Memcached {
+        Memcached::start_with_args(host, port, memory_mb, Vec::new())
+    }
+
+    /// memcached with extra arguments (kept for `restart`).
+    pub fn start_with_args(
+        host: &str,
+        port: u16,
+        memory_mb: u32,
+        extra_args: Vec<String>,
+    ) -> Memcached {
         require_program("memcached");
         let mut mc = Memcached {
             child: None,
             host: host.to_string(),
             port,
             memory_mb,
+            extra_args,
             dir: TempDir::new("memcached"),
         };
         mc.spawn();
@@ -192,6 +206,7 @@ impl Memcached {
                 "1",
             ])
             .args(["-m", &self.memory_mb.to_string()])
+            .args(&self.extra_args)
             // memcached refuses to run as root without -u; it ignores -u when not root.
             .args(["-u", "root"])
             .stdin(Stdio::null())

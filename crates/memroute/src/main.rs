@@ -75,6 +75,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
     if cli.check {
         write_stdout(&describe(&config));
+        let (transport, errors) = memroute_proxy::check_transport(&config);
+        write_stdout(&transport);
+        if !errors.is_empty() {
+            anyhow::bail!("invalid config {}:\n{}", path.display(), errors.join("\n"));
+        }
         write_stdout(&format!("config {} is valid\n", path.display()));
         return Ok(());
     }

@@ -35,6 +35,7 @@ use tokio::sync::watch;
 
 pub use error::ProxyError;
 pub use memroute_net::effective_backlog;
+pub use transport::check_transport;
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -261,3 +261,89 @@ fn handshake_counts(c: &TlsCounters) -> [(&'static str, u64); 4] {
         ("timeout", c.timed_out.load(Relaxed)),
     ]
 }
+
+/// What `memroute --check` says about the transport: every listener's TLS and TFO, every
+/// pool's TLS, and the kernel's TFO switch. Reads every certificate, key and CA file;
+/// the errors (each naming its setting and file) come back in the second element.
+pub fn check_transport(config: &Config) -> (String, Vec<String>) {
+    let transport = &config.proxy.transport;
+    let kernel = memroute_net::sockopt::kernel_fastopen();
+    let mut out = String::new();
+    let mut errors = Vec::new();
+    let tfo = match (transport.fastopen, kernel) {
+        (0, _) => "off".to_string(),
+        (queue, Some(k)) if !k.server => format!(
+            "queue {queue}, but the kernel has it off for listeners ({} lacks bit 2)",
+            memroute_net::sockopt::FASTOPEN_SYSCTL
+        ),
+        (queue, _) => format!("queue {queue}"),
+    };
+    for address in &config.proxy.listen {
+        let name = match address {
+            ListenAddress::Tcp(a) => a.clone(),
+            ListenAddress::Unix(p) => format!("unix:{}", p.display()),
+        };
+        let tls = match transport.listen_tls.get(address) {
+            None => "plaintext".to_string(),
+            Some(tls) => {
+                if let Err(error) = memroute_net::check_listener_tls(tls) {
+                    errors.push(error.to_string());
+                }
+                format!(
+                    "TLS 1.2+1.3 cert {} key {}{}, handshake timeout {:?}, tickets rotate every {:?}, TLS 1.2 session cache {}",
+                    tls.cert.display(),
+                    tls.key.display(),
+                    tls.client_ca
+                        .as_ref()
+                        .map(|ca| format!(", client certificates required (CA {})", ca.display()))
+                        .unwrap_or_default(),
+                    transport.tls_handshake_timeout,
+                    transport.tls_ticket_lifetime,
+                    transport.tls_session_cache,
+                )
+            }
+        };
+        let tfo = match address {
+            ListenAddress::Tcp(_) => format!(", TCP Fast Open {tfo}"),
+            ListenAddress::Unix(_) => String::new(),
+        };
+        let _ = writeln!(out, "listener {name}: {tls}{tfo}");
+    }
+    let connect_tfo = match (transport.fastopen_connect, kernel) {
+        (false, _) => "off".to_string(),
+        (true, Some(k)) if !k.client => format!(
+            "on, but the kernel has it off for clients ({} lacks bit 1)",
+            memroute_net::sockopt::FASTOPEN_SYSCTL
+        ),
+        (true, _) => "on".to_string(),
+    };
+    let _ = writeln!(out, "backend connects: TCP Fast Open {connect_tfo}");
+    for (name, pool) in &config.pools {
+        let Some(tls) = &pool.tls else { continue };
+        // Reads the files exactly as the proxy will (one connector, nothing connected).
+        let probe_address = pool
+            .servers
+            .first()
+            .map_or("localhost:11211", |s| s.address.as_str());
+        if let Err(error) = Connector::new(probe_address, Some(tls), false) {
+            errors.push(error.to_string());
+        }
+        let _ = writeln!(
+            out,
+            "pool {name}: TLS{} server name {}{}, sessions resumed per server",
+            match (&tls.ca, tls.insecure_skip_verify) {
+                (_, true) => " WITHOUT CERTIFICATE VERIFICATION (insecure_skip_verify)".to_string(),
+                (Some(ca), false) => format!(" verified against {}", ca.display()),
+                (None, false) => String::new(),
+            },
+            tls.server_name
+                .as_deref()
+                .unwrap_or("from each server's address"),
+            tls.cert
+                .as_ref()
+                .map(|c| format!(", client certificate {}", c.display()))
+                .unwrap_or_default(),
+        );
+    }
+    (out, errors)
+}
