@@ -333,3 +333,40 @@ fn a_key_that_does_not_match_its_certificate_refuses_to_start() {
         assert!(out.stderr.contains(&expected), "{args:?}: {}", out.stderr);
     }
 }
+
+#[test]
+fn certificate_files_rewritten_on_disk_are_picked_up_without_a_restart() {
+    let pki = Pki::generate();
+    let mc = Memcached::start();
+    // The listener's files are copies, so the test can rewrite them in place.
+    let cert = pki.dir().join("live.pem");
+    let key = pki.dir().join("live.key");
+    std::fs::copy(&pki.server.cert, &cert).expect("copy cert");
+    std::fs::copy(&pki.server.key, &key).expect("copy key");
+    let plain = format!("127.0.0.1:{}", free_port());
+    let tls = format!("127.0.0.1:{}", free_port());
+    let m = Memroute::start(&format!(
+        "[proxy]\nlisten = [\"{plain}\", {{ address = \"{tls}\", tls = {{ cert = {:?}, key = {:?} }} }}]\n\
+         route = \"main\"\n[pools.main]\nservers = [\"{}\"]\n",
+        cert.display().to_string(),
+        key.display().to_string(),
+        mc.addr()
+    ));
+    let trusts_ca = client_config(&pki.ca, None);
+    let trusts_rogue = client_config(&pki.rogue_ca, None);
+    let mut before = TlsConn::connect(&tls, &trusts_ca).expect("first certificate");
+    assert!(TlsConn::connect(&tls, &trusts_rogue).is_err());
+    // The operator's tooling replaces both files (key first, as cert-manager may).
+    std::fs::copy(&pki.rogue_server.key, &key).expect("rewrite key");
+    std::fs::copy(&pki.rogue_server.cert, &cert).expect("rewrite cert");
+    assert!(
+        poll_until(WAIT, || TlsConn::connect(&tls, &trusts_rogue).is_ok()),
+        "the new certificate was not served within {WAIT:?}\n{}",
+        m.log_text()
+    );
+    // The connection made before the change keeps its session.
+    assert_eq!(
+        text(&before.roundtrip(b"get x\r\n", b"END\r\n").expect("get")),
+        "END\r\n"
+    );
+}
