@@ -21,6 +21,8 @@ mod control;
 mod dispatch;
 mod error;
 mod execute;
+mod mcrouter_admin;
+mod reload;
 mod session;
 mod stats;
 mod transport;
@@ -34,7 +36,9 @@ use memroute_config::Config;
 use tokio::sync::watch;
 
 pub use error::ProxyError;
+pub use mcrouter_admin::set_config_file;
 pub use memroute_net::effective_backlog;
+pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
 pub use transport::check_transport;
 
 /// memroute's version as reported by `version` and `stats`.
@@ -49,6 +53,8 @@ pub struct ProxyHandle {
     controller: Arc<control::Controller>,
     /// Serialises reloads (the restart-only settings are compared against the last one).
     reloading: Mutex<()>,
+    /// Reloads from the config file: the last bytes read, and the ok/failed counters.
+    reload_state: reload::ReloadState,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
@@ -101,6 +107,12 @@ impl ProxyHandle {
             waiting -= 1;
         }
         Ok(())
+    }
+
+    /// Re-reads every TLS listener's certificate files if they changed on disk (the
+    /// config reload does this too). Errors are logged; the running certificate stays.
+    pub(crate) fn recheck_certificates(&self) {
+        transport::recheck_certificates(&self.tls_listeners);
     }
 
     /// Waits for every worker thread to exit.
@@ -159,6 +171,8 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             .map(|l| (l.name.clone(), l.tls.clone()))
             .collect(),
     );
+    // Before the admin endpoint, which may render `reload_state.counts`.
+    let reload_state = reload::ReloadState::default();
     let admin_address = match &config.admin {
         Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
         None => None,
@@ -193,6 +207,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         workers: threads,
         controller,
         reloading: Mutex::new(()),
+        reload_state,
         local_addresses,
         admin_address,
         tls_listeners,

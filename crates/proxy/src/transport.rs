@@ -100,6 +100,21 @@ pub(crate) fn reload_certificates(
     Ok(in_force)
 }
 
+/// Reloads each listener whose certificate files changed; logs what happened.
+pub(crate) fn recheck_certificates(listeners: &[TlsListener]) {
+    for listener in listeners {
+        match listener.tls.reload_if_changed() {
+            Ok(true) => {
+                tracing::info!(listener = %listener.name, "TLS certificate files changed; reloaded")
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(listener = %listener.name, %error, "TLS certificate files changed but cannot be used; keeping the running certificate")
+            }
+        }
+    }
+}
+
 /// How often the certificate files are looked at (a stat per file, nothing read).
 const CERT_POLL: Duration = Duration::from_secs(2);
 
@@ -120,13 +135,7 @@ pub(crate) fn watch_certificates(
         .spawn(move || {
             while !*shutdown.borrow() {
                 std::thread::park_timeout(CERT_POLL);
-                for listener in &listeners {
-                    match listener.tls.reload_if_changed() {
-                        Ok(true) => tracing::info!(listener = %listener.name, "TLS certificate files changed; reloaded"),
-                        Ok(false) => {}
-                        Err(error) => tracing::warn!(listener = %listener.name, %error, "TLS certificate files changed but cannot be used; keeping the running certificate"),
-                    }
-                }
+                recheck_certificates(&listeners);
             }
         })
         .map_err(ProxyError::Thread)?;
