@@ -46,7 +46,14 @@ fn stat(m: &Memroute, name: &str) -> u64 {
 fn rustls_client_resumes_on_any_worker_and_requests_work() {
     let pki = Pki::generate();
     let mc = Memcached::start();
-    let (m, tls) = start_tls_proxy(&pki, &[mc.addr()], "", "", "");
+    let admin = format!("127.0.0.1:{}", free_port());
+    let (m, tls) = start_tls_proxy(
+        &pki,
+        &[mc.addr()],
+        "",
+        "",
+        &format!("[admin]\nlisten = \"{admin}\""),
+    );
     let config = client_config(&pki.ca, None);
     let mut kinds = Vec::new();
     // Eight connections over two workers (SO_REUSEPORT spreads them by source port): every
@@ -75,8 +82,20 @@ fn rustls_client_resumes_on_any_worker_and_requests_work() {
     assert_eq!(stat(&m, &format!("{prefix}_resumed")), 7);
     // The plaintext listener beside it still serves.
     assert_eq!(m.connect().get("k3").as_deref(), Some(&b"v3"[..]));
-    // The same counters in /metrics are checked by the metrics tests' renderer; here the
-    // resumption shows on the client and on the listener.
+    // The same counters in /metrics.
+    let mut http = std::net::TcpStream::connect(&admin).expect("admin");
+    std::io::Write::write_all(
+        &mut http,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .expect("request");
+    let mut metrics = String::new();
+    std::io::Read::read_to_string(&mut http, &mut metrics).expect("metrics");
+    for kind in ["full\"} 1", "resumed\"} 7"] {
+        let line =
+            format!("memroute_listener_tls_handshakes_total{{listener=\"{tls}\",kind=\"{kind}");
+        assert!(metrics.contains(&line), "/metrics lacks {line}:\n{metrics}");
+    }
 }
 
 #[test]
