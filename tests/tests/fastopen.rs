@@ -107,7 +107,7 @@ fn run_inside_namespace() {
     let listen = format!("127.0.0.1:{}", free_port());
     let config = |connections: u32| {
         format!(
-            "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\nfastopen = 64\n\n\
+            "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\nfastopen = 64\nfastopen_connect = true\n\n\
              [pools.main]\nservers = [\"{}\"]\nconnections = {connections}\n",
             mc.addr()
         )
