@@ -15,10 +15,9 @@ use crate::raw::{check_keys, get_bool, get_duration, get_int, get_str, join, wro
 pub mod defaults {
     /// Listener TCP Fast Open queue (pending TFO connections per listener); 0 = off.
     pub const FASTOPEN: u32 = 1024;
-    /// Off by default: with `TCP_FASTOPEN_CONNECT` on its backend sockets, memroute's
-    /// backpressure test (300k pipelined gets, a client that stops reading) saw backend
-    /// timeouts that do not happen without it (reproduced in a namespace with
-    /// net.ipv4.tcp_fastopen=1 vs 0); not understood yet, so it is opt-in.
+    /// Off by default until understood: the backpressure test (300k pipelined gets, a client
+    /// that stops reading) saw backend timeouts on this branch, once A/B-reproduced with
+    /// net.ipv4.tcp_fastopen=1 vs 0 in a namespace, but also seen later with this off.
     pub const FASTOPEN_CONNECT: bool = false;
     pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
     /// How long one ticket key encrypts new tickets; tickets are accepted for twice this.
