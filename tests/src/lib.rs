@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod scripts;
+pub mod tls;
 
 /// How long any process gets to become ready.
 pub const START_DEADLINE: Duration = Duration::from_secs(10);
@@ -156,6 +157,8 @@ pub struct Memcached {
     /// What `-l` is given: `host`, or several addresses for [`Memcached::start_on_many`].
     listen: String,
     memory_mb: u32,
+    /// Extra command-line arguments (e.g. `-Z -o ssl_chain_cert=...` for TLS).
+    extra_args: Vec<String>,
     dir: TempDir,
 }
 
@@ -171,10 +174,29 @@ impl Memcached {
         Memcached::start_on_many(&[host.to_string()], port, memory_mb)
     }
 
+    /// memcached with extra arguments (kept for `restart`), e.g. `-Z` for TLS.
+    pub fn start_with_args(
+        host: &str,
+        port: u16,
+        memory_mb: u32,
+        extra_args: Vec<String>,
+    ) -> Memcached {
+        Memcached::start_on_many_with_args(&[host.to_string()], port, memory_mb, extra_args)
+    }
+
     /// One memcached listening on every address of `hosts` (same port): many pool entries
     /// backed by one process, for placement tests over pools larger than the processes it
     /// is practical to start. `host` is the first address.
     pub fn start_on_many(hosts: &[String], port: u16, memory_mb: u32) -> Memcached {
+        Memcached::start_on_many_with_args(hosts, port, memory_mb, Vec::new())
+    }
+
+    fn start_on_many_with_args(
+        hosts: &[String],
+        port: u16,
+        memory_mb: u32,
+        extra_args: Vec<String>,
+    ) -> Memcached {
         require_program("memcached");
         let mut mc = Memcached {
             child: None,
@@ -182,6 +204,7 @@ impl Memcached {
             port,
             listen: hosts.join(","),
             memory_mb,
+            extra_args,
             dir: TempDir::new("memcached"),
         };
         mc.spawn();
@@ -202,6 +225,7 @@ impl Memcached {
                 "1",
             ])
             .args(["-m", &self.memory_mb.to_string()])
+            .args(&self.extra_args)
             // memcached refuses to run as root without -u; it ignores -u when not root.
             .args(["-u", "root"])
             .stdin(Stdio::null())

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use memroute_net::{Connector, NetError, Stream};
 use memroute_protocol::{parse_reply, Limits, ReplyKind, ReplyParse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -21,6 +21,9 @@ pub type ReplySlot = oneshot::Sender<Result<Bytes, BackendError>>;
 pub struct ConnectionSettings {
     /// `host:port` of the server.
     pub address: Arc<str>,
+    /// How to reach it (TCP Fast Open, TLS and its session store), shared by every
+    /// worker's connections to the server and by its prober.
+    pub connector: Arc<Connector>,
     /// A reply must start arriving within this long, or the connection is broken.
     pub timeout: Duration,
     pub connect_timeout: Duration,
@@ -149,16 +152,9 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
     let health = &settings.health;
     let mut backoff = settings.backoff_min;
     loop {
-        let reason: Arc<str> = match tokio::time::timeout(
-            settings.connect_timeout,
-            TcpStream::connect(&*settings.address),
-        )
-        .await
-        {
-            Ok(Ok(stream)) => {
-                // Small requests must not wait for Nagle: latency is the product.
-                let _ = stream.set_nodelay(true);
-                tracing::debug!(server = %settings.address, "backend connected");
+        let reason: Arc<str> = match settings.connector.connect(settings.connect_timeout).await {
+            Ok(stream) => {
+                tracing::debug!(server = %settings.address, tls = stream.is_tls(), "backend connected");
                 health.connection_opened();
                 let (outcome, answered) = serve(&settings, stream, &mut queue).await;
                 health.connection_closed();
@@ -177,18 +173,18 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
             }
             // Nothing listens there: the server is not running, and waiting for more
             // failures would only fail more requests slowly.
-            Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(NetError::ConnectRefused) => {
                 let reason: Arc<str> = Arc::from("connection refused");
                 health.mark_down(&reason);
                 reason
             }
-            Ok(Err(error)) => {
+            Err(error) => {
+                // A TLS failure (a certificate that does not verify) names its cause here,
+                // and so in the SERVER_ERROR clients get.
                 let reason: Arc<str> = Arc::from(error.to_string());
-                health.record_failure(&reason);
-                reason
-            }
-            Err(_) => {
-                let reason: Arc<str> = Arc::from("connect timed out");
+                if matches!(error, NetError::Handshake(_)) {
+                    tracing::warn!(server = %settings.address, %reason, "backend TLS handshake failed");
+                }
                 health.record_failure(&reason);
                 reason
             }
@@ -246,7 +242,7 @@ struct Link {
 /// whether the server answered anything on it.
 async fn serve(
     settings: &ConnectionSettings,
-    mut stream: TcpStream,
+    mut stream: Stream,
     queue: &mut mpsc::UnboundedReceiver<Queued>,
 ) -> (Option<BackendError>, bool) {
     let link = Link::default();
@@ -293,7 +289,7 @@ const MAX_WRITE_BATCH: usize = 256 * 1024;
 
 async fn write_requests(
     settings: &ConnectionSettings,
-    mut socket: tokio::net::tcp::WriteHalf<'_>,
+    mut socket: memroute_net::WriteHalf<'_>,
     queue: &mut mpsc::UnboundedReceiver<Queued>,
     link: &Link,
 ) -> Result<(), BackendError> {
@@ -324,13 +320,15 @@ async fn write_requests(
                 Err(_) => break,
             }
         }
-        socket
-            .write_all(&batch)
-            .await
-            .map_err(|e| BackendError::Unavailable {
-                server: settings.address.clone(),
-                reason: Arc::from(e.to_string()),
-            })?;
+        // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
+        let written = match socket.write_all(&batch).await {
+            Ok(()) => socket.flush().await,
+            Err(error) => Err(error),
+        };
+        written.map_err(|e| BackendError::Unavailable {
+            server: settings.address.clone(),
+            reason: Arc::from(e.to_string()),
+        })?;
         batch.clear();
     }
 }
@@ -360,7 +358,7 @@ fn enqueue(
 
 async fn read_replies(
     settings: &ConnectionSettings,
-    mut socket: tokio::net::tcp::ReadHalf<'_>,
+    mut socket: memroute_net::ReadHalf<'_>,
     link: &Link,
 ) -> Result<(), BackendError> {
     let in_flight = &link.in_flight;
@@ -429,7 +427,14 @@ async fn read_replies(
                 // A worker that was busy elsewhere for longer than the timeout finds the
                 // tick and the socket ready at once, and select! may pick the tick: look at
                 // the socket before blaming the server for bytes it has already sent.
-                if overdue && matches!(socket.try_read_buf(&mut buffer), Ok(n) if n > 0) {
+                // A zero timeout polls the read once (tokio polls the inner future first);
+                // read_buf is cancel-safe, and this works for plain and TLS streams alike.
+                let ready = overdue
+                    && matches!(
+                        tokio::time::timeout(Duration::ZERO, socket.read_buf(&mut buffer)).await,
+                        Ok(Ok(n)) if n > 0
+                    );
+                if ready {
                     last_progress = Instant::now();
                 } else if overdue {
                     return Err(BackendError::Timeout { server: settings.address.clone() });
@@ -463,6 +468,7 @@ mod tests {
         );
         ConnectionSettings {
             address: Arc::from(address),
+            connector: Arc::new(Connector::plain(address)),
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             // Far longer than any test waits: a reconnect seen in a test came from the

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use memroute_net::Connector;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -253,7 +253,7 @@ pub(crate) fn next_probe_interval(
 /// first after probe_interval, then at intervals growing x1.5 with ±20% random jitter up
 /// to probe_interval_max; a successful probe marks it up. Runs on any tokio runtime (the
 /// proxy spawns it on a control thread). Logs each failed probe at debug.
-pub async fn run_prober(health: Arc<ServerHealth>) {
+pub async fn run_prober(health: Arc<ServerHealth>, connector: Arc<Connector>) {
     let settings = health.settings().clone();
     let max = settings.probe_interval_max.max(settings.probe_interval);
     loop {
@@ -266,7 +266,7 @@ pub async fn run_prober(health: Arc<ServerHealth>) {
                 // Something else (a reload, an operator) brought it back: stop probing.
                 _ = health.wait_up() => break,
             }
-            match probe(&health.address, &settings).await {
+            match probe(&connector, &settings).await {
                 Ok(()) => {
                     health.mark_up();
                     break;
@@ -292,16 +292,19 @@ pub async fn run_prober(health: Arc<ServerHealth>) {
 const MAX_PROBE_REPLY: usize = 1024;
 
 /// One probe: a fresh connection, `version`, and a `VERSION ` line back in time.
-async fn probe(address: &str, settings: &HealthSettings) -> Result<(), String> {
-    let mut stream = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(address))
+async fn probe(connector: &Connector, settings: &HealthSettings) -> Result<(), String> {
+    // Through the server's connector: a TLS server is probed over TLS (resuming the
+    // connections' session), so a certificate that no longer verifies keeps it down.
+    let mut stream = connector
+        .connect(settings.connect_timeout)
         .await
-        .map_err(|_| "connect timed out".to_string())?
         .map_err(|e| e.to_string())?;
     let exchange = async {
         stream
             .write_all(b"version\r\n")
             .await
             .map_err(|e| e.to_string())?;
+        stream.flush().await.map_err(|e| e.to_string())?;
         let mut reply = Vec::with_capacity(64);
         loop {
             if let Some(end) = reply.iter().position(|&b| b == b'\n') {
@@ -536,7 +539,10 @@ mod tests {
     async fn prober_brings_an_answering_server_back() {
         let (address, _accepts) = fake_server(Some(b"VERSION 1.6.18\r\n")).await;
         let (health, _) = health(&address, 1);
-        let prober = tokio::spawn(run_prober(health.clone()));
+        let prober = tokio::spawn(run_prober(
+            health.clone(),
+            Arc::new(Connector::plain(&address)),
+        ));
         health.mark_down("connection refused");
         within(health.wait_up()).await;
         assert_eq!(health.marked_up_total(), 1);
@@ -552,7 +558,10 @@ mod tests {
         let (address, mut accepts) = fake_server(None).await;
         let (health, _) = health(&address, 1);
         health.mark_down("timed out");
-        let prober = tokio::spawn(run_prober(health.clone()));
+        let prober = tokio::spawn(run_prober(
+            health.clone(),
+            Arc::new(Connector::plain(&address)),
+        ));
         // Probes run one after another: once the third has connected, the first two have
         // failed on the 50 ms timeout, and the server must still be down.
         for _ in 0..3 {
@@ -561,7 +570,7 @@ mod tests {
         assert!(health.is_down());
         assert_eq!(health.marked_up_total(), 0);
         prober.abort();
-        let outcome = within(probe(&address, health.settings())).await;
+        let outcome = within(probe(&Connector::plain(&address), health.settings())).await;
         assert_eq!(outcome, Err("version timed out".to_string()));
     }
 
@@ -569,7 +578,7 @@ mod tests {
     async fn probe_rejects_a_reply_that_is_not_version() {
         let (address, _accepts) = fake_server(Some(b"ERROR\r\n")).await;
         let (health, _) = health(&address, 1);
-        let outcome = within(probe(&address, health.settings())).await;
+        let outcome = within(probe(&Connector::plain(&address), health.settings())).await;
         assert_eq!(outcome, Err("unexpected reply \"ERROR\"".to_string()));
     }
 
@@ -580,6 +589,10 @@ mod tests {
             listener.local_addr().expect("local addr").to_string()
         };
         let (health, _) = health(&address, 1);
-        assert!(within(probe(&address, health.settings())).await.is_err());
+        assert!(
+            within(probe(&Connector::plain(&address), health.settings()))
+                .await
+                .is_err()
+        );
     }
 }

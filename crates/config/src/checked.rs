@@ -58,9 +58,11 @@ pub struct ProxyConfig {
     /// A client holding more than its share of `max_buffered_replies` this long is closed
     /// (default 10s).
     pub slow_client_timeout: Duration,
+    /// TLS of listeners, session resumption, TCP Fast Open.
+    pub transport: crate::transport::TransportConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ListenAddress {
     Tcp(String),
     Unix(std::path::PathBuf),
@@ -121,6 +123,8 @@ pub struct PoolConfig {
     /// Largest number of keys in one backend get; larger multi-gets are split into
     /// batches sent in parallel (default 100).
     pub max_keys_per_request: usize,
+    /// TLS to this pool's servers (`None`: plaintext).
+    pub tls: Option<crate::transport::BackendTls>,
 }
 
 impl PoolConfig {
@@ -146,6 +150,7 @@ impl PoolConfig {
             timeout,
             connect_timeout: timeout,
             max_keys_per_request: defaults::MAX_KEYS_PER_REQUEST,
+            tls: None,
         }
     }
 }

@@ -61,6 +61,7 @@ const POOL_KEYS: &[&str] = &[
     "max_ejected_fraction",
     "probe_interval",
     "probe_interval_max",
+    "tls",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
 const DNS_KEYS: &[&str] = &["dns", "srv", "refresh"];
@@ -150,10 +151,10 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 }
 
 #[derive(Debug, Default)]
-struct Errors(Vec<ConfigError>);
+pub(crate) struct Errors(Vec<ConfigError>);
 
 impl Errors {
-    fn push(&mut self, path: &str, message: impl Into<String>) {
+    pub(crate) fn push(&mut self, path: &str, message: impl Into<String>) {
         self.0.push(ConfigError::new(path, message));
     }
 }
@@ -194,7 +195,7 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn wrong_type(errs: &mut Errors, path: &str, expected: &str, found: &Value) {
+pub(crate) fn wrong_type(errs: &mut Errors, path: &str, expected: &str, found: &Value) {
     errs.push(
         path,
         format!("expected {expected}, found {}", type_name(found)),
@@ -202,7 +203,7 @@ fn wrong_type(errs: &mut Errors, path: &str, expected: &str, found: &Value) {
 }
 
 /// Reports every key of `table` not in `allowed`.
-fn check_keys(table: &Table, path: &str, allowed: &[&str], errs: &mut Errors) {
+pub(crate) fn check_keys(table: &Table, path: &str, allowed: &[&str], errs: &mut Errors) {
     for key in table.keys() {
         if !allowed.contains(&key.as_str()) {
             errs.push(
@@ -224,7 +225,12 @@ fn get_table<'a>(table: &'a Table, key: &str, path: &str, errs: &mut Errors) -> 
     }
 }
 
-fn get_str<'a>(table: &'a Table, key: &str, path: &str, errs: &mut Errors) -> Option<&'a str> {
+pub(crate) fn get_str<'a>(
+    table: &'a Table,
+    key: &str,
+    path: &str,
+    errs: &mut Errors,
+) -> Option<&'a str> {
     match table.get(key)? {
         Value::String(s) => Some(s),
         other => {
@@ -236,7 +242,7 @@ fn get_str<'a>(table: &'a Table, key: &str, path: &str, errs: &mut Errors) -> Op
 
 /// An integer key within `min..=max`, or the default when absent. On error the
 /// default is returned too, so checking continues and finds more problems.
-fn get_int<T>(
+pub(crate) fn get_int<T>(
     table: &Table,
     key: &str,
     path: &str,
@@ -601,7 +607,13 @@ fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {
 
 fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
     let path = "proxy";
-    check_keys(t, path, PROXY_KEYS, errs);
+    let allowed: Vec<&str> = PROXY_KEYS
+        .iter()
+        .chain(crate::transport::PROXY_TRANSPORT_KEYS)
+        .copied()
+        .collect();
+    check_keys(t, path, &allowed, errs);
+    let mut transport = crate::transport::check_proxy_transport(t, path, errs);
 
     let mut listen = Vec::new();
     match t.get("listen") {
@@ -626,7 +638,22 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
                             listen.push(a);
                         }
                     }
-                    other => wrong_type(errs, &p, "a string", other),
+                    Value::Table(entry) => {
+                        let Some((s, tls)) = crate::transport::check_listen_entry(entry, &p, errs)
+                        else {
+                            continue;
+                        };
+                        if let Some(a) = check_listen(s, &join(&p, "address"), errs) {
+                            if listen.contains(&a) {
+                                errs.push(&p, format!("duplicate listen address \"{s}\""));
+                            }
+                            if let Some(tls) = tls {
+                                transport.listen_tls.insert(a.clone(), tls);
+                            }
+                            listen.push(a);
+                        }
+                    }
+                    other => wrong_type(errs, &p, "a string or { address, tls }", other),
                 }
             }
         }
@@ -724,6 +751,7 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         drain_delay,
         max_buffered_replies,
         slow_client_timeout,
+        transport,
     }
 }
 
@@ -969,7 +997,12 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         }
     };
 
+    let tls = t
+        .get("tls")
+        .and_then(|v| crate::transport::check_backend_tls(v, &join(path, "tls"), errs));
+
     (errs.0.len() == before).then_some(PoolConfig {
+        tls,
         servers,
         discovery,
         failure_limit,
@@ -990,7 +1023,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
     })
 }
 
-fn get_duration(
+pub(crate) fn get_duration(
     t: &Table,
     key: &str,
     path: &str,
@@ -1102,7 +1135,7 @@ fn split_dns_spec(spec: &str) -> Result<(String, u16), String> {
     }
 }
 
-fn get_bool(t: &Table, key: &str, path: &str, default: bool, errs: &mut Errors) -> bool {
+pub(crate) fn get_bool(t: &Table, key: &str, path: &str, default: bool, errs: &mut Errors) -> bool {
     match t.get(key) {
         None => default,
         Some(Value::Boolean(b)) => *b,

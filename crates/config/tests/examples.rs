@@ -244,8 +244,8 @@ hashh = "md5"
         e,
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
-            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout)",
-            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max)",
+            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout, fastopen, fastopen_connect, tls_handshake_timeout, tls_ticket_lifetime, tls_session_cache)",
+            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max, tls)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
     );
@@ -340,7 +340,7 @@ servers = ["10.0.0.1:11211"]
         [
             "proxy.listen[0]: invalid address \"0.0.0.0\" (expected host:port with a numeric port), or unix:/path",
             "proxy.listen[1]: invalid unix socket address \"unix:relative.sock\" (expected unix:/absolute/path)",
-            "proxy.listen[2]: expected a string, found an integer",
+            "proxy.listen[2]: expected a string or { address, tls }, found an integer",
             "proxy.workers: must be >= 0",
             "proxy.backlog: must be > 0",
             "proxy.max_value_size: invalid size \"1 PiB\" (expected a size such as \"1MiB\", \"512KiB\" or an integer number of bytes)",
@@ -476,6 +476,67 @@ fn drain_delay_may_be_zero_and_the_budget_may_be_off() {
     assert!(
         text.contains("proxy.slow_client_timeout: must be > 0"),
         "{text}"
+    );
+}
+
+#[test]
+fn tls_listeners_and_pools_parse_with_defaults() {
+    let c = parse(
+        r#"
+        [proxy]
+        listen = ["127.0.0.1:11211",
+                  { address = "0.0.0.0:11212", tls = { cert = "/s.pem", key = "/s.key", client_ca = "/ca.pem" } }]
+        fastopen = 0
+        tls_ticket_lifetime = "1h"
+        [pools.main]
+        servers = ["10.0.0.1:11211"]
+        tls = { ca = "/ca.pem", server_name = "memcached.internal" }
+        "#,
+    )
+    .expect("valid");
+    let t = &c.proxy.transport;
+    assert_eq!(c.proxy.listen.len(), 2);
+    assert_eq!(t.fastopen, 0);
+    assert!(!t.fastopen_connect, "opt-in");
+    assert_eq!(t.tls_ticket_lifetime, std::time::Duration::from_secs(3600));
+    let tls = &t.listen_tls[&ListenAddress::Tcp("0.0.0.0:11212".into())];
+    assert_eq!(tls.key_path, "proxy.listen[1].tls");
+    assert_eq!(
+        tls.client_ca.as_deref(),
+        Some(std::path::Path::new("/ca.pem"))
+    );
+    assert!(!t
+        .listen_tls
+        .contains_key(&ListenAddress::Tcp("127.0.0.1:11211".into())));
+    let pool = c.pools["main"].tls.as_ref().expect("pool tls");
+    assert_eq!(pool.server_name.as_deref(), Some("memcached.internal"));
+    assert!(!pool.insecure_skip_verify);
+}
+
+#[test]
+fn bad_tls_settings_are_all_reported() {
+    let errors = parse(
+        r#"
+        [proxy]
+        listen = [{ address = "unix:/tmp/x.sock", tls = { cert = "/s.pem", key = "/s.key" } },
+                  { address = "127.0.0.1:1", tls = { cert = "/s.pem" } }]
+        tls_ticket_lifetime = "7h"
+        [pools.main]
+        servers = ["10.0.0.1:11211"]
+        tls = { cert = "/c.pem" }
+        "#,
+    )
+    .expect_err("invalid");
+    let messages: Vec<String> = errors.0.iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        messages,
+        [
+            "proxy.tls_ticket_lifetime: must be between 1s and 6h (rustls rotates its own ticket keys every 6h)",
+            "proxy.listen[0].tls: TLS is for TCP listeners (a unix socket never leaves the host)",
+            "proxy.listen[1].tls.key: required (a PEM file)",
+            "pools.main.tls: cert and key go together (a client certificate needs its key)",
+            "pools.main.tls.ca: required: the CA file that signs the servers' certificates (or insecure_skip_verify = true to accept any certificate)",
+        ]
     );
 }
 

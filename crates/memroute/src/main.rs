@@ -115,6 +115,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.check {
         write_stdout(&describe(&config));
+        let (transport, errors) = memroute_proxy::check_transport(&config);
+        write_stdout(&transport);
+        if !errors.is_empty() {
+            anyhow::bail!("invalid config {}:\n{}", path.display(), errors.join("\n"));
+        }
         write_stdout(&format!("config {} is valid\n", path.display()));
         return Ok(());
     }

@@ -210,7 +210,8 @@ pub(crate) async fn run<R, W>(
             scratch.clear();
         }
         if !output.is_empty() {
-            if writer.write_all(&output).await.is_err() {
+            // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
+            if writer.write_all(&output).await.is_err() || writer.flush().await.is_err() {
                 return;
             }
             output.clear();

@@ -29,6 +29,7 @@ use crate::execute::{RouteStats, ShadowStats};
 use crate::stats::SharedStats;
 use crate::worker::Generation;
 use crate::ProxyError;
+use memroute_net::Connector;
 
 /// The health settings of a pool's servers.
 pub(crate) fn health_settings(pool: &PoolConfig) -> HealthSettings {
@@ -76,6 +77,7 @@ pub(crate) struct Controller {
     applying: Mutex<()>,
     discovered: Mutex<BTreeMap<String, Discovered>>,
     health: Mutex<Vec<(HealthKey, Arc<ServerHealth>)>>,
+    connectors: Mutex<crate::transport::Connectors>,
     epochs: Mutex<HashMap<String, Arc<AtomicU64>>>,
     route_stats: Mutex<HashMap<String, Arc<RouteStats>>>,
     shadow_stats: Mutex<HashMap<String, Arc<ShadowStats>>>,
@@ -120,6 +122,7 @@ impl Controller {
             config: empty,
             server_stats: Vec::new(),
             health: Vec::new(),
+            connectors: Vec::new(),
             pool_epochs: Vec::new(),
             route_stats: Vec::new(),
             shadow_stats: Vec::new(),
@@ -131,6 +134,7 @@ impl Controller {
             applying: Mutex::new(()),
             discovered: Mutex::new(BTreeMap::new()),
             health: Mutex::new(Vec::new()),
+            connectors: Mutex::new(Default::default()),
             epochs: Mutex::new(HashMap::new()),
             route_stats: Mutex::new(HashMap::new()),
             shadow_stats: Mutex::new(HashMap::new()),
@@ -170,6 +174,15 @@ impl Controller {
         let routes = Arc::new(RouteTable::build(&effective.routing_spec())?);
         let effective = Arc::new(effective);
         let server_stats = self.shared.for_config(&effective, &routes);
+        let connectors = lock(&self.connectors).for_config(&routes.pool_names, &effective)?;
+        self.shared.set_connectors(
+            routes
+                .pool_names
+                .iter()
+                .zip(&connectors)
+                .flat_map(|(pool, servers)| servers.iter().map(|c| (pool.clone(), c.clone())))
+                .collect(),
+        );
         let (health, pool_epochs) = self.health_for(&routes, &effective);
         self.shared
             .set_health(health.iter().flatten().cloned().collect());
@@ -180,6 +193,7 @@ impl Controller {
             routes,
             server_stats,
             health,
+            connectors,
             pool_epochs,
             route_stats,
             shadow_stats,
@@ -417,7 +431,14 @@ async fn serve(
     ControlInbox(mut inbox): ControlInbox,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut probers: Vec<(Arc<ServerHealth>, tokio::task::JoinHandle<()>)> = Vec::new();
+    // One prober per server (health and connector: a new connector, e.g. new TLS
+    // settings, gets a new prober).
+    type Prober = (
+        Arc<ServerHealth>,
+        Arc<Connector>,
+        tokio::task::JoinHandle<()>,
+    );
+    let mut probers: Vec<Prober> = Vec::new();
     let mut watchers: Vec<(WatchKey, tokio::task::JoinHandle<()>)> = Vec::new();
     loop {
         let event = tokio::select! {
@@ -428,18 +449,31 @@ async fn serve(
             break;
         };
         // Probers: one per server of the generation; stop those of servers that left.
-        let current: Vec<&Arc<ServerHealth>> = generation.health.iter().flatten().collect();
-        probers.retain(|(health, task)| {
-            let keep = current.iter().any(|h| Arc::ptr_eq(h, health));
+        let current: Vec<(&Arc<ServerHealth>, &Arc<Connector>)> = generation
+            .health
+            .iter()
+            .zip(&generation.connectors)
+            .flat_map(|(h, c)| h.iter().zip(c))
+            .collect();
+        probers.retain(|(health, connector, task)| {
+            let keep = current
+                .iter()
+                .any(|(h, c)| Arc::ptr_eq(h, health) && Arc::ptr_eq(c, connector));
             if !keep {
                 task.abort();
             }
             keep
         });
-        for health in current {
-            if !probers.iter().any(|(h, _)| Arc::ptr_eq(h, health)) {
-                let task = tokio::spawn(memroute_backend::run_prober(health.clone()));
-                probers.push((health.clone(), task));
+        for (health, connector) in current {
+            if !probers
+                .iter()
+                .any(|(h, c, _)| Arc::ptr_eq(h, health) && Arc::ptr_eq(c, connector))
+            {
+                let task = tokio::spawn(memroute_backend::run_prober(
+                    health.clone(),
+                    connector.clone(),
+                ));
+                probers.push((health.clone(), connector.clone(), task));
             }
         }
         // DNS watchers: one per DNS pool (by name, spec and hosts file).
@@ -467,7 +501,7 @@ async fn serve(
             }
         }
     }
-    for (_, task) in probers {
+    for (_, _, task) in probers {
         task.abort();
     }
     for (_, task) in watchers {

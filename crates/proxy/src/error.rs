@@ -8,6 +8,9 @@ pub enum ProxyError {
         address: String,
         source: std::io::Error,
     },
+    /// Listening sockets, TLS certificates and keys, backend TLS settings.
+    #[error(transparent)]
+    Net(#[from] memroute_net::NetError),
     #[error("routing: {0}")]
     Routing(#[from] memroute_routing::RoutingError),
     #[error("cannot start a worker thread: {0}")]

@@ -26,12 +26,12 @@ mod error;
 mod execute;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-mod listener;
 mod mcrouter_admin;
 mod reload;
 mod route_lookup;
 mod session;
 mod stats;
+mod transport;
 mod worker;
 
 use std::sync::atomic::Ordering;
@@ -44,10 +44,11 @@ use tokio::sync::watch;
 
 pub use admin::ReloadRequest;
 pub use error::ProxyError;
-pub use listener::effective_backlog;
 pub use mcrouter_admin::set_config_file;
+pub use memroute_net::effective_backlog;
 pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
+pub use transport::check_transport;
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -81,6 +82,8 @@ pub struct ProxyHandle {
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
     pub admin_address: Option<String>,
+    /// The TLS listeners (their certificates reload with the config).
+    tls_listeners: Vec<transport::TlsListener>,
 }
 
 impl ProxyHandle {
@@ -159,7 +162,11 @@ impl ProxyHandle {
                 "config reload: this setting needs a restart to change; keeping the running value"
             );
         }
+        // Certificates first: a bad one fails the reload and leaves everything running.
+        let listen_tls = transport::reload_certificates(&self.tls_listeners, &current, &config)?;
         config.proxy.listen = current.proxy.listen.clone();
+        config.proxy.transport.listen_tls = listen_tls;
+        config.proxy.transport.fastopen = current.proxy.transport.fastopen;
         config.proxy.workers = current.proxy.workers;
         config.proxy.backlog = current.proxy.backlog;
         // Only the admin address needs a restart; its readiness fraction follows the file.
@@ -185,6 +192,12 @@ impl ProxyHandle {
         Ok(())
     }
 
+    /// Re-reads every TLS listener's certificate files if they changed on disk (the
+    /// config reload does this too). Errors are logged; the running certificate stays.
+    pub(crate) fn recheck_certificates(&self) {
+        transport::recheck_certificates(&self.tls_listeners);
+    }
+
     /// Waits for every worker thread to exit.
     pub fn join(self) {
         for worker in self.workers {
@@ -201,7 +214,15 @@ const RELOAD_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The keys that differ between `old` and `new` but can only change with a restart.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     let mut keys = Vec::new();
-    if old.proxy.listen != new.proxy.listen {
+    let tls_listeners = |c: &Config| {
+        c.proxy
+            .transport
+            .listen_tls
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    if old.proxy.listen != new.proxy.listen || tls_listeners(old) != tls_listeners(new) {
         keys.push("proxy.listen");
     }
     if old.proxy.workers != new.proxy.workers {
@@ -209,6 +230,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     }
     if old.proxy.backlog != new.proxy.backlog {
         keys.push("proxy.backlog");
+    }
+    if old.proxy.transport.fastopen != new.proxy.transport.fastopen {
+        keys.push("proxy.fastopen");
     }
     if old.admin.as_ref().map(|a| &a.listen) != new.admin.as_ref().map(|a| &a.listen) {
         keys.push("admin.listen");
@@ -221,26 +245,16 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
 pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let workers = config.proxy.workers.max(1);
     let backlog = effective_backlog(config.proxy.backlog);
-    let first = listener::bind_all(&config.proxy.listen, backlog, true)?;
-    let local_addresses: Vec<String> = first.iter().map(|l| l.describe()).collect();
-    // Later workers bind the ports the first one got, so `:0` in a config still means
-    // one port shared by every worker.
-    let same_ports: Vec<memroute_config::ListenAddress> = first
-        .iter()
-        .filter_map(|l| match l {
-            listener::BoundListener::Tcp(_) => {
-                Some(memroute_config::ListenAddress::Tcp(l.describe()))
-            }
-            listener::BoundListener::Unix(_) => None,
-        })
-        .collect();
-    let mut listeners = Vec::with_capacity(workers);
-    listeners.push(first);
-    for _ in 1..workers {
-        listeners.push(listener::bind_all(&same_ports, backlog, false)?);
-    }
+    let (listeners, tls_listeners) = transport::bind_listeners(&config, backlog, workers)?;
+    let local_addresses: Vec<String> = listeners[0].iter().map(|l| l.describe()).collect();
     let shared = Arc::new(stats::SharedStats::new(workers));
-    // Before the admin endpoint, which renders `reload_state.counts`.
+    shared.set_tls_listeners(
+        tls_listeners
+            .iter()
+            .map(|l| (l.name.clone(), l.tls.clone()))
+            .collect(),
+    );
+    // Before the admin endpoint, which may render `reload_state.counts`.
     let reload_state = reload::ReloadState::default();
     let admin_listen = config.admin.as_ref().map(|a| a.listen.clone());
     let (controller, generation_rx, inbox) = control::Controller::new(config, shared.clone())?;
@@ -258,6 +272,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             .spawn(move || control::run(controller, inbox, shutdown_rx))
             .map_err(ProxyError::Thread)?;
     }
+    transport::watch_certificates(&tls_listeners, shutdown_rx.clone())?;
     let mut threads = Vec::with_capacity(workers);
     for (index, bound) in listeners.into_iter().enumerate() {
         let worker = worker::Worker {
@@ -282,5 +297,6 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         reload_state,
         local_addresses,
         admin_address,
+        tls_listeners,
     })
 }

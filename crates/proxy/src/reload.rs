@@ -104,6 +104,8 @@ impl ProxyHandle {
             Err(error) => return reject(format!("cannot read the config file: {error}")),
         };
         if last_read.as_deref() == Some(bytes.as_slice()) {
+            // The certificate files may have changed even though the config did not.
+            self.recheck_certificates();
             tracing::debug!(config = %file, trigger = trigger_name, "config unchanged since the last reload");
             if trigger != ReloadTrigger::FileChanged {
                 tracing::info!(config = %file, trigger = trigger_name, "config unchanged since the last reload; nothing to do");

@@ -135,7 +135,8 @@ pub(crate) async fn run<R, W>(
         }
         if !output.is_empty() {
             let written = charge.write_all(&mut writer, &output, pending.len(), &budget);
-            if written.await.is_err() {
+            // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
+            if written.await.is_err() || writer.flush().await.is_err() {
                 return;
             }
             output.clear();

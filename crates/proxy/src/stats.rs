@@ -183,6 +183,9 @@ struct State {
     lookups: std::collections::BTreeMap<String, (u64, u64)>,
     /// Reloads from the config file (kept by `reload.rs`, the one reload path).
     reloads: Option<Arc<crate::ReloadCounts>>,
+    /// TLS listeners (bound address, handshake counters) and backend connectors (pool).
+    tls_listeners: Vec<(String, Arc<memroute_net::ServerTls>)>,
+    connectors: Vec<(String, Arc<memroute_net::Connector>)>,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -352,6 +355,14 @@ impl Metrics {
             flush: FlushBarrier::new(workers),
             replies,
         }
+    }
+
+    pub(crate) fn set_tls_listeners(&self, listeners: Vec<(String, Arc<memroute_net::ServerTls>)>) {
+        lock(&self.state).tls_listeners = listeners;
+    }
+
+    pub(crate) fn set_connectors(&self, connectors: Vec<(String, Arc<memroute_net::Connector>)>) {
+        lock(&self.state).connectors = connectors;
     }
 
     pub(crate) fn set_health(&self, health: Vec<Arc<ServerHealth>>) {
@@ -575,6 +586,16 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
         "memroute_route_failovers_total" => legacy("route", "failovers"),
         "memroute_route_write_failures_total" => legacy("route", "write_failures"),
         "memroute_route_fills_total" => legacy("route", "fills"),
+        // (listener, kind) -> listener:ADDR:tls_handshakes_KIND
+        "memroute_listener_tls_handshakes_total" => match labels {
+            [listener, kind] => format!("listener:{listener}:tls_handshakes_{kind}"),
+            _ => format!("listener:{joined}:tls_handshakes"),
+        },
+        // (pool, server, kind) -> server:POOL:ADDR:tls_handshakes_KIND
+        "memroute_backend_tls_handshakes_total" => match labels {
+            [pool, server, kind] => format!("server:{pool}:{server}:tls_handshakes_{kind}"),
+            _ => format!("server:{joined}:tls_handshakes"),
+        },
         // (route, outcome): sent, completed, error -> errors, dropped.
         "memroute_shadow_requests_total" => match labels {
             [route, "error"] => format!("shadow:{route}:errors"),
@@ -915,7 +936,7 @@ struct StateCollector {
 }
 
 /// (name, help, labels) of every family [`StateCollector`] produces.
-const STATE_FAMILIES: [(&str, &str, &[&str]); 17] = [
+const STATE_FAMILIES: [(&str, &str, &[&str]); 19] = [
     (
         "memroute_process_uptime_seconds",
         "Seconds since memroute started.",
@@ -996,6 +1017,16 @@ const STATE_FAMILIES: [(&str, &str, &[&str]); 17] = [
         "memroute_client_slow_closed_total",
         "Connections closed for holding more than their share of max_buffered_replies past slow_client_timeout.",
         &[],
+    ),
+    (
+        "memroute_listener_tls_handshakes_total",
+        "TLS handshakes with clients by outcome (full, resumed, failed, timeout).",
+        &["listener", "kind"],
+    ),
+    (
+        "memroute_backend_tls_handshakes_total",
+        "TLS handshakes with servers by outcome (full, resumed, failed).",
+        &["pool", "server", "kind"],
     ),
 ];
 
@@ -1113,6 +1144,26 @@ impl Collector for StateCollector {
                 ));
             }
         }
+        let mut listener_tls_rows = Vec::new();
+        for (name, tls) in &state.tls_listeners {
+            for (kind, value) in crate::transport::handshake_counts(&tls.counters) {
+                listener_tls_rows.push((vec![name.clone(), kind.to_string()], value as f64));
+            }
+        }
+        let mut backend_tls_rows = Vec::new();
+        for (pool, connector) in state.connectors.iter().filter(|(_, c)| c.is_tls()) {
+            let address = connector.address().to_string();
+            // Backend connects have no handshake timeout of their own (connect_timeout).
+            for (kind, value) in crate::transport::handshake_counts(&connector.counters)
+                .into_iter()
+                .take(3)
+            {
+                backend_tls_rows.push((
+                    vec![pool.clone(), address.clone(), kind.to_string()],
+                    value as f64,
+                ));
+            }
+        }
         let mut lookup_rows = Vec::new();
         for (pool, (ok, failed)) in &state.lookups {
             lookup_rows.push((vec![pool.clone(), "ok".to_string()], *ok as f64));
@@ -1193,6 +1244,8 @@ impl Collector for StateCollector {
                 16,
                 vec![(vec![], self.replies.slow_closed_total.load(Relaxed) as f64)],
             ),
+            family(17, listener_tls_rows),
+            family(18, backend_tls_rows),
         ]
     }
 }

@@ -22,10 +22,10 @@ use memroute_routing::{NodeId, Placement, RouteTable};
 use tokio::sync::{mpsc, watch};
 
 use crate::execute::{RouteStats, ShadowState, ShadowStats};
-use crate::listener::BoundListener;
 use crate::stats::{
     round_trip_observer, RouteMetrics, ServerStats, ServerStatsTable, SharedStats, WorkerMetrics,
 };
+use memroute_net::{BoundListener, Connector, Listener};
 
 /// One config as the workers receive it: built and checked on the main thread.
 #[derive(Debug)]
@@ -37,6 +37,9 @@ pub(crate) struct Generation {
     /// Health of `config`'s servers, indexed [pool id][server index]; shared by every
     /// worker and kept across reloads for servers that stay.
     pub health: Vec<Vec<Arc<ServerHealth>>>,
+    /// How to reach each of `config`'s servers (TLS, session store, TFO), indexed like
+    /// `health`; shared by every worker and kept across reloads while unchanged.
+    pub connectors: Vec<Vec<Arc<Connector>>>,
     /// Per pool id: bumped whenever one of its servers goes down or up.
     pub pool_epochs: Vec<Arc<std::sync::atomic::AtomicU64>>,
     /// Per route node id: the counters of policy routes.
@@ -61,6 +64,8 @@ pub(crate) struct Worker {
 struct ConnectionKey {
     /// The health object the connections report to (a new one means new connections).
     health: usize,
+    /// The connector they connect through (new TLS settings mean new connections).
+    connector: usize,
     pool: String,
     address: String,
     timeout: Duration,
@@ -215,8 +220,15 @@ impl Routing {
                             .and_then(|p| p.get(index))
                             .cloned()
                             .unwrap_or_else(|| standalone_health(name, pool, &server.address));
+                        let connector = generation
+                            .connectors
+                            .get(id)
+                            .and_then(|p| p.get(index))
+                            .cloned()
+                            .unwrap_or_else(|| Arc::new(Connector::plain(&server.address)));
                         let key = ConnectionKey {
                             health: Arc::as_ptr(&health) as usize,
+                            connector: Arc::as_ptr(&connector) as usize,
                             pool: name.clone(),
                             address: server.address.clone(),
                             timeout: pool.timeout,
@@ -233,6 +245,7 @@ impl Routing {
                             None => {
                                 let settings = ConnectionSettings {
                                     address: Arc::from(server.address.as_str()),
+                                    connector,
                                     timeout: pool.timeout,
                                     connect_timeout: pool.connect_timeout,
                                     backoff_min: memroute_backend::RECONNECT_BACKOFF_MIN,
@@ -471,37 +484,6 @@ async fn apply_reloads(
     }
 }
 
-/// A listener attached to this worker's runtime.
-enum Listener {
-    Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener),
-}
-
-enum Accepted {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
-}
-
-impl Listener {
-    fn attach(bound: BoundListener) -> std::io::Result<Listener> {
-        Ok(match bound {
-            BoundListener::Tcp(l) => Listener::Tcp(tokio::net::TcpListener::from_std(l)?),
-            BoundListener::Unix(l) => Listener::Unix(tokio::net::UnixListener::from_std(l)?),
-        })
-    }
-
-    async fn accept(&self) -> std::io::Result<Accepted> {
-        match self {
-            Listener::Tcp(l) => {
-                let (stream, _peer) = l.accept().await?;
-                let _ = stream.set_nodelay(true);
-                Ok(Accepted::Tcp(stream))
-            }
-            Listener::Unix(l) => Ok(Accepted::Unix(l.accept().await?.0)),
-        }
-    }
-}
-
 async fn accept_loop(
     listener: BoundListener,
     context: Rc<WorkerContext>,
@@ -520,14 +502,19 @@ async fn accept_loop(
     loop {
         tokio::select! {
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
-                Ok(Accepted::Tcp(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                    let peer = stream.peer_addr().map_or_else(|_| "unknown".to_string(), |a| a.to_string());
+                // The TLS handshake runs in the session's task: a slow or silent client
+                // holds up nobody else (bounded by tls_handshake_timeout, counted).
+                Ok(incoming) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
+                    let peer = incoming.peer.clone();
+                    let mut stream = match incoming.establish().await {
+                        Ok(stream) => stream,
+                        Err(error) => {
+                            tracing::debug!(%error, peer, "client connection closed before its TLS handshake finished");
+                            return;
+                        }
+                    };
                     let (reader, writer) = stream.split();
                     crate::session::run(ctx, reader, writer, sd, peer).await;
-                }),
-                Ok(Accepted::Unix(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                    let (reader, writer) = stream.split();
-                    crate::session::run(ctx, reader, writer, sd, "unix-socket".to_string()).await;
                 }),
                 Err(error) => accept_error(&name, error).await,
             },

@@ -1,0 +1,137 @@
+//! Connections to one backend server: TCP (with TCP Fast Open where the kernel allows
+//! it), then TLS when the pool asks for it. One `Connector` per server is shared by every
+//! worker's connections and by the server's health prober, so they all resume the same
+//! TLS sessions: a reconnect after a restart or a network blip is a resumed handshake.
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use memroute_config::BackendTls;
+use tokio::net::{TcpSocket, TcpStream};
+
+use crate::sockopt::{self, FASTOPEN_SYSCTL};
+use crate::tls::{ClientTls, TlsCounters};
+use crate::{NetError, Stream};
+
+/// How to reach one backend server.
+#[derive(Debug)]
+pub struct Connector {
+    address: Arc<str>,
+    tls: Option<ClientTls>,
+    fastopen: bool,
+    /// Handshakes made to this server (full vs resumed), by every worker.
+    pub counters: TlsCounters,
+}
+
+impl Connector {
+    /// A connector to `address` (`host:port`), speaking TLS when `tls` is set (reads its
+    /// CA and client certificate files now; errors name the config setting).
+    pub fn new(
+        address: &str,
+        tls: Option<&BackendTls>,
+        fastopen: bool,
+    ) -> Result<Connector, NetError> {
+        let tls = tls
+            .map(|settings| ClientTls::new(address, settings))
+            .transpose()?;
+        Ok(Connector {
+            address: Arc::from(address),
+            tls,
+            fastopen: fastopen && fastopen_connect_allowed(),
+            counters: TlsCounters::default(),
+        })
+    }
+
+    /// A plaintext connector without TCP Fast Open (tests, tools).
+    pub fn plain(address: &str) -> Connector {
+        Connector {
+            address: Arc::from(address),
+            tls: None,
+            fastopen: false,
+            counters: TlsCounters::default(),
+        }
+    }
+
+    pub fn address(&self) -> &Arc<str> {
+        &self.address
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Connects (and completes the TLS handshake) within `timeout`.
+    pub async fn connect(&self, timeout: Duration) -> Result<Stream, NetError> {
+        match tokio::time::timeout(timeout, self.connect_unbounded()).await {
+            Ok(result) => result,
+            Err(_) => Err(NetError::ConnectTimeout),
+        }
+    }
+
+    async fn connect_unbounded(&self) -> Result<Stream, NetError> {
+        let tcp = self.connect_tcp().await?;
+        // Small requests must not wait for Nagle: latency is the product.
+        let _ = tcp.set_nodelay(true);
+        let Some(tls) = &self.tls else {
+            return Ok(Stream::Tcp(tcp));
+        };
+        let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+        match connector.connect(tls.server_name.clone(), tcp).await {
+            Ok(stream) => {
+                self.counters
+                    .count_kind(stream.get_ref().1.handshake_kind());
+                Ok(Stream::ClientTls(Box::new(stream)))
+            }
+            Err(error) => {
+                self.counters.failed.fetch_add(1, Relaxed);
+                Err(NetError::Handshake(Arc::from(error.to_string())))
+            }
+        }
+    }
+
+    async fn connect_tcp(&self) -> Result<TcpStream, NetError> {
+        let addresses = tokio::net::lookup_host(&*self.address)
+            .await
+            .map_err(NetError::Connect)?;
+        let mut last = None;
+        for address in addresses {
+            let socket = match address {
+                std::net::SocketAddr::V4(_) => TcpSocket::new_v4(),
+                std::net::SocketAddr::V6(_) => TcpSocket::new_v6(),
+            }
+            .map_err(NetError::Connect)?;
+            if self.fastopen {
+                // With a cookie for this server the kernel sends the first write (the
+                // TLS ClientHello, or the first request) in the SYN.
+                let _ = sockopt::set_fastopen_connect(&socket);
+            }
+            match socket.connect(address).await {
+                Ok(stream) => return Ok(stream),
+                Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    last = Some(NetError::ConnectRefused)
+                }
+                Err(error) => last = Some(NetError::Connect(error)),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            NetError::Connect(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "address resolves to nothing",
+            ))
+        }))
+    }
+}
+
+/// Whether the kernel lets clients use TCP Fast Open; says once when it does not.
+fn fastopen_connect_allowed() -> bool {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    let allowed = sockopt::kernel_fastopen().is_some_and(|k| k.client);
+    if !allowed && !LOGGED.swap(true, Relaxed) {
+        tracing::info!(
+            "TCP Fast Open on backend connects is off in the kernel: {FASTOPEN_SYSCTL} lacks bit 1 \
+             (client); enable it with `sysctl -w {FASTOPEN_SYSCTL}=3`"
+        );
+    }
+    allowed
+}

@@ -1,0 +1,136 @@
+//! One byte stream type for sessions and backend connections, plain or TLS, so the code
+//! above it never names rustls. Splitting borrows the stream: the plain halves are tokio's
+//! zero-cost TCP/unix halves; a TLS stream (one state machine for both directions) is
+//! shared by its halves through `tokio::io::split`.
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+
+type ServerTlsStream = tokio_rustls::server::TlsStream<TcpStream>;
+type ClientTlsStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// A connection: accepted from a client or opened to a backend.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+    /// A client connection to a TLS listener (boxed: rustls's state is large).
+    ServerTls(Box<ServerTlsStream>),
+    /// A TLS connection to a backend.
+    ClientTls(Box<ClientTlsStream>),
+}
+
+/// The reading half of a borrowed [`Stream`].
+#[derive(Debug)]
+pub enum ReadHalf<'a> {
+    Tcp(tokio::net::tcp::ReadHalf<'a>),
+    Unix(tokio::net::unix::ReadHalf<'a>),
+    ServerTls(tokio::io::ReadHalf<&'a mut ServerTlsStream>),
+    ClientTls(tokio::io::ReadHalf<&'a mut ClientTlsStream>),
+}
+
+/// The writing half of a borrowed [`Stream`].
+#[derive(Debug)]
+pub enum WriteHalf<'a> {
+    Tcp(tokio::net::tcp::WriteHalf<'a>),
+    Unix(tokio::net::unix::WriteHalf<'a>),
+    ServerTls(tokio::io::WriteHalf<&'a mut ServerTlsStream>),
+    ClientTls(tokio::io::WriteHalf<&'a mut ClientTlsStream>),
+}
+
+impl Stream {
+    /// Halves that read and write concurrently (a session's reader and writer, a backend
+    /// connection's two tasks).
+    pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.split();
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            Stream::Unix(s) => {
+                let (r, w) = s.split();
+                (ReadHalf::Unix(r), WriteHalf::Unix(w))
+            }
+            Stream::ServerTls(s) => {
+                let (r, w) = tokio::io::split(&mut **s);
+                (ReadHalf::ServerTls(r), WriteHalf::ServerTls(w))
+            }
+            Stream::ClientTls(s) => {
+                let (r, w) = tokio::io::split(&mut **s);
+                (ReadHalf::ClientTls(r), WriteHalf::ClientTls(w))
+            }
+        }
+    }
+
+    /// Whether this stream is encrypted.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::ServerTls(_) | Stream::ClientTls(_))
+    }
+}
+
+/// Forwards a poll to whichever variant `$value` holds (every variant is `Unpin`).
+macro_rules! each {
+    ($value:expr, $enum:ident, $s:ident => $call:expr) => {
+        match $value {
+            $enum::Tcp($s) => $call,
+            $enum::Unix($s) => $call,
+            $enum::ServerTls($s) => $call,
+            $enum::ClientTls($s) => $call,
+        }
+    };
+}
+
+macro_rules! read_impl {
+    ($ty:ty, $enum:ident) => {
+        impl AsyncRead for $ty {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                each!(self.get_mut(), $enum, s => Pin::new(s).poll_read(cx, buf))
+            }
+        }
+    };
+}
+
+macro_rules! write_impl {
+    ($ty:ty, $enum:ident) => {
+        impl AsyncWrite for $ty {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                each!(self.get_mut(), $enum, s => Pin::new(s).poll_write(cx, buf))
+            }
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[IoSlice<'_>],
+            ) -> Poll<std::io::Result<usize>> {
+                each!(self.get_mut(), $enum, s => Pin::new(s).poll_write_vectored(cx, bufs))
+            }
+            fn is_write_vectored(&self) -> bool {
+                each!(self, $enum, s => s.is_write_vectored())
+            }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                each!(self.get_mut(), $enum, s => Pin::new(s).poll_flush(cx))
+            }
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                each!(self.get_mut(), $enum, s => Pin::new(s).poll_shutdown(cx))
+            }
+        }
+    };
+}
+
+read_impl!(Stream, Stream);
+write_impl!(Stream, Stream);
+read_impl!(ReadHalf<'_>, ReadHalf);
+write_impl!(WriteHalf<'_>, WriteHalf);

@@ -1,0 +1,306 @@
+//! The proxy's use of memroute-net: binding every worker's listeners (TLS ones share one
+//! `ServerTls` per address), reloading certificates with the config and when their files
+//! change, and the TLS handshake counters in `stats` and `/metrics`.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use memroute_config::{Config, ListenAddress, ListenerTls};
+use memroute_net::{BoundListener, Connector, ListenOptions, ServerTls, TlsCounters};
+use tokio::sync::watch;
+
+use crate::ProxyError;
+
+/// A TLS listener: its address as configured and as bound, and its TLS state.
+#[derive(Debug, Clone)]
+pub(crate) struct TlsListener {
+    pub address: ListenAddress,
+    /// The bound address (`127.0.0.1:11212`), as `stats` and `/metrics` name it.
+    pub name: String,
+    pub tls: Arc<ServerTls>,
+}
+
+/// Binds every configured address for every worker: the sockets of worker `i` are
+/// `result.0[i]`. Later workers bind the ports the first one got, so `:0` in a config
+/// still means one port shared by every worker.
+pub(crate) fn bind_listeners(
+    config: &Config,
+    backlog: u32,
+    workers: usize,
+) -> Result<(Vec<Vec<BoundListener>>, Vec<TlsListener>), ProxyError> {
+    let transport = &config.proxy.transport;
+    let options = ListenOptions {
+        backlog,
+        fastopen: transport.fastopen,
+    };
+    let mut first = Vec::new();
+    let mut tls_listeners = Vec::new();
+    for address in &config.proxy.listen {
+        let tls = match transport.listen_tls.get(address) {
+            Some(settings) => Some(Arc::new(ServerTls::new(settings, transport)?)),
+            None => None,
+        };
+        if let Some(bound) = memroute_net::bind(address, options, tls.clone(), true)? {
+            if let Some(tls) = tls {
+                tls_listeners.push(TlsListener {
+                    address: address.clone(),
+                    name: bound.describe(),
+                    tls,
+                });
+            }
+            first.push(bound);
+        }
+    }
+    let mut all = Vec::with_capacity(workers);
+    for _ in 1..workers {
+        let mut bound = Vec::new();
+        for listener in &first {
+            let Some(address) = listener.shared_address() else {
+                continue;
+            };
+            let tls = listener.tls().cloned();
+            bound.extend(memroute_net::bind(&address, options, tls, false)?);
+        }
+        all.push(bound);
+    }
+    all.insert(0, first);
+    Ok((all, tls_listeners))
+}
+
+/// On reload: each running TLS listener takes the certificate settings of `new` (or its
+/// current ones if `new` drops TLS there, which needs a restart) and re-reads its files.
+/// Returns the TLS settings now in force; an unusable certificate fails the reload.
+pub(crate) fn reload_certificates(
+    listeners: &[TlsListener],
+    current: &Config,
+    new: &Config,
+) -> Result<BTreeMap<ListenAddress, ListenerTls>, ProxyError> {
+    let mut in_force = BTreeMap::new();
+    for listener in listeners {
+        let settings = new
+            .proxy
+            .transport
+            .listen_tls
+            .get(&listener.address)
+            .or_else(|| current.proxy.transport.listen_tls.get(&listener.address));
+        let Some(settings) = settings else { continue };
+        // Checked for every listener before any is switched, so a reload is all or nothing.
+        memroute_net::check_listener_tls(settings)?;
+        in_force.insert(listener.address.clone(), settings.clone());
+    }
+    for listener in listeners {
+        if let Some(settings) = in_force.get(&listener.address) {
+            if listener.tls.reload(settings)? {
+                tracing::info!(listener = %listener.name, cert = %settings.cert.display(), "TLS certificate reloaded");
+            }
+        }
+    }
+    Ok(in_force)
+}
+
+/// Reloads each listener whose certificate files changed; logs what happened.
+pub(crate) fn recheck_certificates(listeners: &[TlsListener]) {
+    for listener in listeners {
+        match listener.tls.reload_if_changed() {
+            Ok(true) => {
+                tracing::info!(listener = %listener.name, "TLS certificate files changed; reloaded")
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(listener = %listener.name, %error, "TLS certificate files changed but cannot be used; keeping the running certificate")
+            }
+        }
+    }
+}
+
+/// How often the certificate files are looked at (a stat per file, nothing read).
+const CERT_POLL: Duration = Duration::from_secs(2);
+
+/// Reloads a listener's certificate when its files change on disk (cert-manager and
+/// similar rewrite them in place), without waiting for a config reload. A file caught
+/// half-written fails to parse and is tried again on the next look; the running
+/// certificate stays until then.
+pub(crate) fn watch_certificates(
+    listeners: &[TlsListener],
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ProxyError> {
+    if listeners.is_empty() {
+        return Ok(());
+    }
+    let listeners = listeners.to_vec();
+    std::thread::Builder::new()
+        .name("memroute-certs".to_string())
+        .spawn(move || {
+            while !*shutdown.borrow() {
+                std::thread::park_timeout(CERT_POLL);
+                recheck_certificates(&listeners);
+            }
+        })
+        .map_err(ProxyError::Thread)?;
+    Ok(())
+}
+
+/// One connector per server of `config`, indexed [pool id][server index] like the
+/// health table; reused across reloads while the address, the pool's TLS settings and
+/// their files stay the same, so reconnects keep resuming the stored sessions.
+#[derive(Debug, Default)]
+pub(crate) struct Connectors {
+    known: Vec<(ConnectorKey, Arc<Connector>)>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct ConnectorKey {
+    address: String,
+    tls: Option<memroute_config::BackendTls>,
+    files: Vec<memroute_net::FileStamp>,
+    fastopen: bool,
+}
+
+impl Connectors {
+    pub(crate) fn for_config(
+        &mut self,
+        pool_names: &[String],
+        config: &Config,
+    ) -> Result<Vec<Vec<Arc<Connector>>>, ProxyError> {
+        let fastopen = config.proxy.transport.fastopen_connect;
+        let mut next = Vec::new();
+        let mut table = Vec::with_capacity(pool_names.len());
+        for name in pool_names {
+            let Some(pool) = config.pools.get(name) else {
+                table.push(Vec::new());
+                continue;
+            };
+            if let Some(tls) = pool.tls.as_ref().filter(|t| t.insecure_skip_verify) {
+                tracing::warn!(
+                    pool = %name,
+                    setting = %format!("{}.insecure_skip_verify", tls.key_path),
+                    "INSECURE: backend TLS certificates are NOT verified for this pool; anyone on the path can read and change its traffic"
+                );
+            }
+            let mut servers = Vec::with_capacity(pool.servers.len());
+            for server in &pool.servers {
+                let key = ConnectorKey {
+                    address: server.address.clone(),
+                    tls: pool.tls.clone(),
+                    files: pool
+                        .tls
+                        .as_ref()
+                        .map(memroute_net::FileStamp::of_backend)
+                        .unwrap_or_default(),
+                    fastopen,
+                };
+                let connector = match self.known.iter().find(|(k, _)| *k == key) {
+                    Some((_, connector)) => connector.clone(),
+                    None => Arc::new(Connector::new(
+                        &server.address,
+                        pool.tls.as_ref(),
+                        fastopen,
+                    )?),
+                };
+                next.push((key, connector.clone()));
+                servers.push(connector);
+            }
+            table.push(servers);
+        }
+        self.known = next;
+        Ok(table)
+    }
+}
+
+/// A TLS endpoint's handshake counters by outcome, as `stats` and `/metrics` label them.
+pub(crate) fn handshake_counts(c: &TlsCounters) -> [(&'static str, u64); 4] {
+    [
+        ("full", c.full.load(Relaxed)),
+        ("resumed", c.resumed.load(Relaxed)),
+        ("failed", c.failed.load(Relaxed)),
+        ("timeout", c.timed_out.load(Relaxed)),
+    ]
+}
+
+/// What `memroute --check` says about the transport: every listener's TLS and TFO, every
+/// pool's TLS, and the kernel's TFO switch. Reads every certificate, key and CA file;
+/// the errors (each naming its setting and file) come back in the second element.
+pub fn check_transport(config: &Config) -> (String, Vec<String>) {
+    let transport = &config.proxy.transport;
+    let kernel = memroute_net::sockopt::kernel_fastopen();
+    let mut out = String::new();
+    let mut errors = Vec::new();
+    let tfo = match (transport.fastopen, kernel) {
+        (0, _) => "off".to_string(),
+        (queue, Some(k)) if !k.server => format!(
+            "queue {queue}, but the kernel has it off for listeners ({} lacks bit 2)",
+            memroute_net::sockopt::FASTOPEN_SYSCTL
+        ),
+        (queue, _) => format!("queue {queue}"),
+    };
+    for address in &config.proxy.listen {
+        let name = match address {
+            ListenAddress::Tcp(a) => a.clone(),
+            ListenAddress::Unix(p) => format!("unix:{}", p.display()),
+        };
+        let tls = match transport.listen_tls.get(address) {
+            None => "plaintext".to_string(),
+            Some(tls) => {
+                if let Err(error) = memroute_net::check_listener_tls(tls) {
+                    errors.push(error.to_string());
+                }
+                format!(
+                    "TLS 1.2+1.3 cert {} key {}{}, handshake timeout {:?}, tickets rotate every {:?}, TLS 1.2 session cache {}",
+                    tls.cert.display(),
+                    tls.key.display(),
+                    tls.client_ca
+                        .as_ref()
+                        .map(|ca| format!(", client certificates required (CA {})", ca.display()))
+                        .unwrap_or_default(),
+                    transport.tls_handshake_timeout,
+                    transport.tls_ticket_lifetime,
+                    transport.tls_session_cache,
+                )
+            }
+        };
+        let tfo = match address {
+            ListenAddress::Tcp(_) => format!(", TCP Fast Open {tfo}"),
+            ListenAddress::Unix(_) => String::new(),
+        };
+        let _ = writeln!(out, "listener {name}: {tls}{tfo}");
+    }
+    let connect_tfo = match (transport.fastopen_connect, kernel) {
+        (false, _) => "off".to_string(),
+        (true, Some(k)) if !k.client => format!(
+            "on, but the kernel has it off for clients ({} lacks bit 1)",
+            memroute_net::sockopt::FASTOPEN_SYSCTL
+        ),
+        (true, _) => "on".to_string(),
+    };
+    let _ = writeln!(out, "backend connects: TCP Fast Open {connect_tfo}");
+    for (name, pool) in &config.pools {
+        let Some(tls) = &pool.tls else { continue };
+        // Reads the files exactly as the proxy will (one connector, nothing connected).
+        let probe_address = pool
+            .servers
+            .first()
+            .map_or("localhost:11211", |s| s.address.as_str());
+        if let Err(error) = Connector::new(probe_address, Some(tls), false) {
+            errors.push(error.to_string());
+        }
+        let _ = writeln!(
+            out,
+            "pool {name}: TLS{} server name {}{}, sessions resumed per server",
+            match (&tls.ca, tls.insecure_skip_verify) {
+                (_, true) => " WITHOUT CERTIFICATE VERIFICATION (insecure_skip_verify)".to_string(),
+                (Some(ca), false) => format!(" verified against {}", ca.display()),
+                (None, false) => String::new(),
+            },
+            tls.server_name
+                .as_deref()
+                .unwrap_or("from each server's address"),
+            tls.cert
+                .as_ref()
+                .map(|c| format!(", client certificate {}", c.display()))
+                .unwrap_or_default(),
+        );
+    }
+    (out, errors)
+}
