@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod buffers;
 mod control;
 mod dispatch;
 mod error;

@@ -8,18 +8,29 @@
 //!
 //! At most `max_client_pending` requests are outstanding per client: past that we stop
 //! reading, so a client that pipelines without reading its replies cannot grow our memory.
+//!
+//! An idle session holds no buffer: reads go into a buffer borrowed from the worker's pool
+//! (see `buffers`) and handed back when the read would block or everything read was
+//! parsed; replies are gathered in a pooled buffer only while they are being written; the
+//! pending queue's storage goes back to a per-worker pool whenever the queue is empty.
 use std::collections::VecDeque;
+use std::future::Future;
 use std::rc::Rc;
+use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use memroute_protocol::{parse_request, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use crate::buffers::{self, QueuePool, CHUNK};
 use crate::dispatch::{dispatch, Flow, Pending};
 use crate::worker::WorkerContext;
 
-const READ_CHUNK: usize = 16 * 1024;
+thread_local! {
+    /// Storage of pending queues of this worker's idle sessions, reused by the busy ones.
+    static QUEUES: QueuePool<Pending> = const { QueuePool::new() };
+}
 
 pub(crate) async fn run<R, W>(
     context: Rc<WorkerContext>,
@@ -31,8 +42,9 @@ pub(crate) async fn run<R, W>(
     W: AsyncWrite + Unpin,
 {
     let slot = context.session_slot();
-    let mut input = BytesMut::with_capacity(READ_CHUNK);
-    let mut output = BytesMut::with_capacity(READ_CHUNK);
+    // Both empty and unallocated while the session is idle.
+    let mut input = BytesMut::new();
+    let mut output = BytesMut::new();
     let mut pending: VecDeque<Pending> = VecDeque::new();
     // Bytes of a rejected data block still to be discarded as they arrive.
     let mut swallow = 0usize;
@@ -50,6 +62,9 @@ pub(crate) async fn run<R, W>(
         let routing = context.routing();
         let max_pending = routing.max_client_pending;
         while reading && pending.len() < max_pending {
+            if pending.capacity() == 0 {
+                QUEUES.with(|queues| queues.fill(&mut pending));
+            }
             if swallow > 0 {
                 let skip = swallow.min(input.len());
                 input.advance(skip);
@@ -88,6 +103,10 @@ pub(crate) async fn run<R, W>(
             }
         }
         drop(routing);
+        if input.is_empty() && input.capacity() > 0 {
+            // Everything read was parsed: the buffer goes back for the next reader.
+            buffers::give(std::mem::take(&mut input));
+        }
 
         // Every reply already complete goes out now, in order, in one write.
         let mut closing = false;
@@ -98,20 +117,20 @@ pub(crate) async fn run<R, W>(
             let Some(head) = pending.pop_front() else {
                 break;
             };
+            if output.capacity() == 0 {
+                output = buffers::take();
+            }
             if head.finish(&context, &mut output) == Flow::Close {
                 closing = true;
                 break;
             }
         }
-        if !output.is_empty() {
-            if writer.write_all(&output).await.is_err() {
-                return;
-            }
-            output.clear();
-            if output.capacity() > 4 * READ_CHUNK {
-                // A huge multi-get reply should not pin its buffer for the connection's life.
-                output = BytesMut::with_capacity(READ_CHUNK);
-            }
+        if !output.is_empty() && writer.write_all(&output).await.is_err() {
+            return;
+        }
+        if output.capacity() > 0 {
+            // Written: the buffer goes back (or is freed if a huge reply grew it).
+            buffers::give(std::mem::take(&mut output));
         }
         if closing || (!reading && pending.is_empty()) {
             let _ = writer.shutdown().await;
@@ -124,18 +143,43 @@ pub(crate) async fn run<R, W>(
         }
 
         let can_read = reading && need_input;
-        if can_read && input.capacity() - input.len() < READ_CHUNK / 4 {
-            input.reserve(READ_CHUNK);
+        if can_read && !input.is_empty() && input.len() <= buffers::COMPACT_BELOW {
+            // Half a request waits for the rest: keep only its bytes, not a whole chunk.
+            let partial = BytesMut::from(&input[..]);
+            buffers::give(std::mem::replace(&mut input, partial));
+        }
+        if pending.is_empty() {
+            QUEUES.with(|queues| queues.give(&mut pending));
         }
         tokio::select! {
             _ = wait_head(&mut pending), if !pending.is_empty() => {}
-            read = reader.read_buf(&mut input), if can_read => match read {
+            read = std::future::poll_fn(|cx| poll_read_some(&mut reader, &mut input, cx)), if can_read => match read {
                 Ok(0) | Err(_) => reading = false,
                 Ok(_) => {}
             },
             _ = &mut stop, if reading => reading = false,
         }
     }
+}
+
+/// One read. Into `input` when it holds partial bytes; otherwise into a buffer borrowed
+/// from the worker's pool for this poll only, given back if nothing arrives.
+fn poll_read_some<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    input: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    let borrowed = input.is_empty();
+    if borrowed {
+        *input = buffers::take();
+    } else if input.capacity() - input.len() < CHUNK / 4 {
+        input.reserve(CHUNK);
+    }
+    let read = std::pin::pin!(reader.read_buf(input)).poll(cx);
+    if borrowed && !matches!(read, Poll::Ready(Ok(n)) if n > 0) {
+        buffers::give(std::mem::take(input));
+    }
+    read
 }
 
 async fn wait_head(pending: &mut VecDeque<Pending>) {

@@ -511,7 +511,7 @@ fn spawn_session<F, Fut>(
     alive: &mpsc::Sender<()>,
     session: F,
 ) where
-    F: FnOnce(Rc<WorkerContext>, watch::Receiver<bool>) -> Fut,
+    F: FnOnce(Rc<WorkerContext>, watch::Receiver<bool>) -> Fut + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
     let stats = context.stats();
@@ -538,11 +538,14 @@ fn spawn_session<F, Fut>(
     stats
         .total_connections
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let future = session(context.clone(), shutdown.clone());
+    let shutdown = shutdown.clone();
     let alive = alive.clone();
     let context = context.clone();
+    // The session future is built inside the task, not captured and then awaited: a
+    // captured future is stored twice in the task cell (as the capture and as the awaited
+    // value), which cost ~500 bytes per connection.
     tokio::task::spawn_local(async move {
-        future.await;
+        session(context.clone(), shutdown).await;
         context
             .stats()
             .curr_connections
