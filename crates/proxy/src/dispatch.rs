@@ -11,6 +11,7 @@ use memroute_protocol::{
     decode_base64, quiet_suppresses, retrieval_error, value_block_at, Command, ReplyKind, Request,
 };
 use smallvec::SmallVec;
+use std::future::Future;
 use tokio::sync::oneshot;
 
 use crate::execute::{self, Job};
@@ -58,14 +59,14 @@ impl Leg {
         true
     }
 
-    async fn wait(&mut self) {
+    /// Ready once the reply arrived. A poll function rather than an `async fn`: an idle
+    /// session's task stores whatever it is waiting in, so this keeps that state small.
+    fn poll_wait(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         if self.reply.is_none() {
-            self.reply = Some(
-                (&mut self.receiver)
-                    .await
-                    .unwrap_or_else(|_| Err(connection_gone())),
-            );
+            let reply = std::task::ready!(std::pin::Pin::new(&mut self.receiver).poll(cx));
+            self.reply = Some(reply.unwrap_or_else(|_| Err(connection_gone())));
         }
+        std::task::Poll::Ready(())
     }
 
     /// The reply, counting a failure against its server (in the routing it was sent with).
@@ -150,22 +151,20 @@ impl Pending {
         }
     }
 
-    /// Waits until complete.
-    pub(crate) async fn wait(&mut self) {
-        match self {
-            Pending::Ready(_) | Pending::Close | Pending::Stats => {}
-            Pending::Single { leg, .. } => leg.wait().await,
-            Pending::MultiGet(multi) => {
-                for leg in &mut multi.legs {
-                    leg.wait().await;
-                }
+    /// Ready once complete (see [`Leg::poll_wait`]).
+    pub(crate) fn poll_wait(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let legs: &mut [Leg] = match self {
+            Pending::Ready(_) | Pending::Close | Pending::Stats => {
+                return std::task::Poll::Ready(())
             }
-            Pending::Fanout(fanout) => {
-                for leg in &mut fanout.legs {
-                    leg.wait().await;
-                }
-            }
+            Pending::Single { leg, .. } => std::slice::from_mut(leg),
+            Pending::MultiGet(multi) => &mut multi.legs,
+            Pending::Fanout(fanout) => &mut fanout.legs,
+        };
+        for leg in legs {
+            std::task::ready!(leg.poll_wait(cx));
         }
+        std::task::Poll::Ready(())
     }
 
     /// Writes the client's reply for a completed entry.

@@ -27,137 +27,162 @@ use crate::buffers::{self, QueuePool, CHUNK};
 use crate::dispatch::{dispatch, Flow, Pending};
 use crate::worker::WorkerContext;
 
+/// A counted client connection: taken when the session is spawned, released (the
+/// connection count decremented, the worker's drain signal dropped) when it ends.
+#[derive(Debug)]
+pub(crate) struct OpenSession {
+    pub context: Rc<WorkerContext>,
+    /// Every session holds a clone; the worker's drain wait ends when all are dropped.
+    pub _alive: tokio::sync::mpsc::Sender<()>,
+}
+
+impl Drop for OpenSession {
+    fn drop(&mut self) {
+        self.context
+            .stats()
+            .curr_connections
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 thread_local! {
     /// Storage of pending queues of this worker's idle sessions, reused by the busy ones.
     static QUEUES: QueuePool<Pending> = const { QueuePool::new() };
 }
 
-pub(crate) async fn run<R, W>(
-    context: Rc<WorkerContext>,
-    mut reader: R,
-    mut writer: W,
+/// Not an `async fn`: an async fn moves its arguments into locals and keeps the argument
+/// slots too, so every idle session would store its stream and shutdown receiver twice.
+/// The block below uses the captured values in place; this future is the whole task (see
+/// `worker::spawn_session`), so nothing wraps it.
+#[allow(clippy::manual_async_fn)] // on purpose, see above
+pub(crate) fn run<S>(
+    open: OpenSession,
+    mut stream: S,
     mut shutdown: watch::Receiver<bool>,
-) where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+) -> impl Future<Output = ()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    let slot = context.session_slot();
-    // Both empty and unallocated while the session is idle.
-    let mut input = BytesMut::new();
-    let mut output = BytesMut::new();
-    let mut pending: VecDeque<Pending> = VecDeque::new();
-    // Bytes of a rejected data block still to be discarded as they arrive.
-    let mut swallow = 0usize;
-    let mut reading = !*shutdown.borrow();
-    // One future for the whole session: re-creating it per loop would register and
-    // unregister a waiter on the shared watch channel for every request.
-    let mut stop = std::pin::pin!(shutdown.changed());
-    loop {
-        // Read more only when what is buffered holds no whole request. Stopping at the
-        // pending cap alone is not enough: the input buffer would keep growing with
-        // requests that are read but not yet parsed.
-        let mut need_input = false;
-        // One routing snapshot per batch of requests parsed: a reload applies from the next
-        // batch. Dropped before any wait, so an idle session keeps no old connections open.
-        let routing = context.routing();
-        let max_pending = routing.max_client_pending;
-        while reading && pending.len() < max_pending {
-            if pending.capacity() == 0 {
-                QUEUES.with(|queues| queues.fill(&mut pending));
-            }
-            if swallow > 0 {
-                let skip = swallow.min(input.len());
-                input.advance(skip);
-                swallow -= skip;
+    async move {
+        let context = &open.context;
+        let slot = context.session_slot();
+        // Both empty and unallocated while the session is idle.
+        let mut input = BytesMut::new();
+        let mut output = BytesMut::new();
+        let mut pending: VecDeque<Pending> = VecDeque::new();
+        // Bytes of a rejected data block still to be discarded as they arrive.
+        let mut swallow = 0usize;
+        let mut reading = !*shutdown.borrow();
+        // One future for the whole session: re-creating it per loop would register and
+        // unregister a waiter on the shared watch channel for every request.
+        let mut stop = std::pin::pin!(shutdown.changed());
+        loop {
+            // Read more only when what is buffered holds no whole request. Stopping at the
+            // pending cap alone is not enough: the input buffer would keep growing with
+            // requests that are read but not yet parsed.
+            let mut need_input = false;
+            // One routing snapshot per batch of requests parsed: a reload applies from the next
+            // batch. Dropped before any wait, so an idle session keeps no old connections open.
+            let routing = context.routing();
+            let max_pending = routing.max_client_pending;
+            while reading && pending.len() < max_pending {
+                if pending.capacity() == 0 {
+                    QUEUES.with(|queues| queues.fill(&mut pending));
+                }
                 if swallow > 0 {
-                    need_input = true;
+                    let skip = swallow.min(input.len());
+                    input.advance(skip);
+                    swallow -= skip;
+                    if swallow > 0 {
+                        need_input = true;
+                        break;
+                    }
+                }
+                match parse_request(&mut input, &routing.limits) {
+                    Parse::Request(request) => {
+                        if dispatch(context, &routing, slot, request, &mut pending) == Flow::Close {
+                            reading = false;
+                        }
+                    }
+                    Parse::Incomplete => {
+                        need_input = true;
+                        break;
+                    }
+                    Parse::Invalid {
+                        reply,
+                        swallow: rest,
+                        close,
+                    } => {
+                        context
+                            .stats()
+                            .client_errors
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
+                        swallow = rest;
+                        if close {
+                            pending.push_back(Pending::Close);
+                            reading = false;
+                        }
+                    }
+                }
+            }
+            drop(routing);
+            if input.is_empty() && input.capacity() > 0 {
+                // Everything read was parsed: the buffer goes back for the next reader.
+                buffers::give(std::mem::take(&mut input));
+            }
+
+            // Every reply already complete goes out now, in order, in one write.
+            let mut closing = false;
+            while let Some(head) = pending.front_mut() {
+                if !head.try_complete() {
+                    break;
+                }
+                let Some(head) = pending.pop_front() else {
+                    break;
+                };
+                if output.capacity() == 0 {
+                    output = buffers::take();
+                }
+                if head.finish(context, &mut output) == Flow::Close {
+                    closing = true;
                     break;
                 }
             }
-            match parse_request(&mut input, &routing.limits) {
-                Parse::Request(request) => {
-                    if dispatch(&context, &routing, slot, request, &mut pending) == Flow::Close {
-                        reading = false;
-                    }
-                }
-                Parse::Incomplete => {
-                    need_input = true;
-                    break;
-                }
-                Parse::Invalid {
-                    reply,
-                    swallow: rest,
-                    close,
-                } => {
-                    context
-                        .stats()
-                        .client_errors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
-                    swallow = rest;
-                    if close {
-                        pending.push_back(Pending::Close);
-                        reading = false;
-                    }
-                }
+            if !output.is_empty() && stream.write_all(&output).await.is_err() {
+                return;
             }
-        }
-        drop(routing);
-        if input.is_empty() && input.capacity() > 0 {
-            // Everything read was parsed: the buffer goes back for the next reader.
-            buffers::give(std::mem::take(&mut input));
-        }
+            if output.capacity() > 0 {
+                // Written: the buffer goes back (or is freed if a huge reply grew it).
+                buffers::give(std::mem::take(&mut output));
+            }
+            if closing || (!reading && pending.is_empty()) {
+                let _ = stream.shutdown().await;
+                return;
+            }
+            if reading && !need_input && pending.len() < max_pending {
+                // Parsing stopped at the pending cap and replies have drained since: parse the
+                // requests already buffered before waiting for anything.
+                continue;
+            }
 
-        // Every reply already complete goes out now, in order, in one write.
-        let mut closing = false;
-        while let Some(head) = pending.front_mut() {
-            if !head.try_complete() {
-                break;
+            let can_read = reading && need_input;
+            if can_read && !input.is_empty() && input.len() <= buffers::COMPACT_BELOW {
+                // Half a request waits for the rest: keep only its bytes, not a whole chunk.
+                let partial = BytesMut::from(&input[..]);
+                buffers::give(std::mem::replace(&mut input, partial));
             }
-            let Some(head) = pending.pop_front() else {
-                break;
-            };
-            if output.capacity() == 0 {
-                output = buffers::take();
+            if pending.is_empty() {
+                QUEUES.with(|queues| queues.give(&mut pending));
             }
-            if head.finish(&context, &mut output) == Flow::Close {
-                closing = true;
-                break;
+            tokio::select! {
+                _ = std::future::poll_fn(|cx| poll_head(&mut pending, cx)), if !pending.is_empty() => {}
+                read = std::future::poll_fn(|cx| poll_read_some(&mut stream, &mut input, cx)), if can_read => match read {
+                    Ok(0) | Err(_) => reading = false,
+                    Ok(_) => {}
+                },
+                _ = &mut stop, if reading => reading = false,
             }
-        }
-        if !output.is_empty() && writer.write_all(&output).await.is_err() {
-            return;
-        }
-        if output.capacity() > 0 {
-            // Written: the buffer goes back (or is freed if a huge reply grew it).
-            buffers::give(std::mem::take(&mut output));
-        }
-        if closing || (!reading && pending.is_empty()) {
-            let _ = writer.shutdown().await;
-            return;
-        }
-        if reading && !need_input && pending.len() < max_pending {
-            // Parsing stopped at the pending cap and replies have drained since: parse the
-            // requests already buffered before waiting for anything.
-            continue;
-        }
-
-        let can_read = reading && need_input;
-        if can_read && !input.is_empty() && input.len() <= buffers::COMPACT_BELOW {
-            // Half a request waits for the rest: keep only its bytes, not a whole chunk.
-            let partial = BytesMut::from(&input[..]);
-            buffers::give(std::mem::replace(&mut input, partial));
-        }
-        if pending.is_empty() {
-            QUEUES.with(|queues| queues.give(&mut pending));
-        }
-        tokio::select! {
-            _ = wait_head(&mut pending), if !pending.is_empty() => {}
-            read = std::future::poll_fn(|cx| poll_read_some(&mut reader, &mut input, cx)), if can_read => match read {
-                Ok(0) | Err(_) => reading = false,
-                Ok(_) => {}
-            },
-            _ = &mut stop, if reading => reading = false,
         }
     }
 }
@@ -182,8 +207,10 @@ fn poll_read_some<R: AsyncRead + Unpin>(
     read
 }
 
-async fn wait_head(pending: &mut VecDeque<Pending>) {
-    if let Some(head) = pending.front_mut() {
-        head.wait().await;
+/// Ready once the oldest pending entry is complete.
+fn poll_head(pending: &mut VecDeque<Pending>, cx: &mut Context<'_>) -> Poll<()> {
+    match pending.front_mut() {
+        Some(head) => head.poll_wait(cx),
+        None => Poll::Ready(()),
     }
 }

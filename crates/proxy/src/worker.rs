@@ -483,14 +483,8 @@ async fn accept_loop(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(Accepted::Tcp(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                    let (reader, writer) = stream.split();
-                    crate::session::run(ctx, reader, writer, sd).await;
-                }),
-                Ok(Accepted::Unix(mut stream)) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                    let (reader, writer) = stream.split();
-                    crate::session::run(ctx, reader, writer, sd).await;
-                }),
+                Ok(Accepted::Tcp(stream)) => spawn_session(&context, &shutdown, &alive, stream),
+                Ok(Accepted::Unix(stream)) => spawn_session(&context, &shutdown, &alive, stream),
                 Err(error) => accept_error(&name, error).await,
             },
             _ = shutdown.changed() => break,
@@ -505,14 +499,13 @@ async fn accept_error(name: &str, error: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-fn spawn_session<F, Fut>(
+fn spawn_session<S>(
     context: &Rc<WorkerContext>,
     shutdown: &watch::Receiver<bool>,
     alive: &mpsc::Sender<()>,
-    session: F,
+    stream: S,
 ) where
-    F: FnOnce(Rc<WorkerContext>, watch::Receiver<bool>) -> Fut + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
     let stats = context.stats();
     let open: u64 = context
@@ -529,7 +522,7 @@ fn spawn_session<F, Fut>(
         stats
             .rejected_connections
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Dropping the stream (captured in `session`) closes it, as memcached does at its limit.
+        // Dropping the stream closes it, as memcached does at its limit.
         return;
     }
     stats
@@ -538,18 +531,12 @@ fn spawn_session<F, Fut>(
     stats
         .total_connections
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let shutdown = shutdown.clone();
-    let alive = alive.clone();
-    let context = context.clone();
-    // The session future is built inside the task, not captured and then awaited: a
-    // captured future is stored twice in the task cell (as the capture and as the awaited
-    // value), which cost ~500 bytes per connection.
-    tokio::task::spawn_local(async move {
-        session(context.clone(), shutdown).await;
-        context
-            .stats()
-            .curr_connections
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        drop(alive);
-    });
+    let open = crate::session::OpenSession {
+        context: context.clone(),
+        _alive: alive.clone(),
+    };
+    // The session future is the task itself, built here and stored once: wrapping it in
+    // another async block (or capturing it and then awaiting it) stores its arguments or
+    // the whole future twice in the task cell.
+    tokio::task::spawn_local(crate::session::run(open, stream, shutdown.clone()));
 }
