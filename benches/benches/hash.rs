@@ -8,13 +8,16 @@
 //!   is not served from one hot cache line.
 //! - `route/simple_pool/...`: the route-table walk every request makes before placement
 //!   (a plain pool, and a prefix route nested in an operation route).
+//! - `multiget_split/<distribution>/<servers>`: placing the 20 keys of one multi-get and
+//!   grouping them by server, as the proxy does before sending one batch per server.
 //! - `route/with_live/ketama/50`: rebuilding a 50-server ketama ring without one server
 //!   (what each worker does once when a server of an ejecting pool goes down or up).
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use memroute_config::{DistributionName, HashName, Operation, PoolConfig, ServerConfig};
-use memroute_routing::{HashFn, Placement, RouteTable};
+use memroute_routing::{
+    DistributionName, HashFn, HashName, Operation, Placement, PoolSpec, RouteTable, ServerSpec,
+};
 
 const KEY: &[u8; 20] = b"user:1234567:profile";
 
@@ -28,10 +31,10 @@ fn bench_hashes(c: &mut Criterion) {
     group.finish();
 }
 
-fn pool(servers: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
-    PoolConfig {
+fn pool(servers: usize, distribution: DistributionName, hash: HashName) -> PoolSpec {
+    PoolSpec {
         servers: (0..servers)
-            .map(|i| ServerConfig {
+            .map(|i| ServerSpec {
                 address: format!("10.0.{}.{}:11211", i / 250, i % 250 + 1),
                 weight: 1,
                 name: None,
@@ -39,7 +42,11 @@ fn pool(servers: usize, distribution: DistributionName, hash: HashName) -> PoolC
             .collect(),
         distribution,
         hash,
-        ..PoolConfig::new(Vec::new())
+        // wch3 only: mostly full weights, a few servers at a share (as while draining).
+        weights: (0..servers)
+            .map(|i| if i % 10 == 3 { 0.5 } else { 1.0 })
+            .collect(),
+        ..PoolSpec::new(Vec::new())
     }
 }
 
@@ -57,6 +64,11 @@ fn bench_server_for(c: &mut Criterion) {
         (DistributionName::Jump, HashName::Xxh3, 10),
         (DistributionName::Jump, HashName::Xxh3, 50),
         (DistributionName::Modula, HashName::Fnv1a_64, 10),
+        // mcrouter's: the pool hash is not used (they hash the routing key their own way).
+        (DistributionName::Ch3, HashName::Fnv1a_64, 10),
+        (DistributionName::Ch3, HashName::Fnv1a_64, 50),
+        (DistributionName::WeightedCh3, HashName::Fnv1a_64, 50),
+        (DistributionName::Crc32, HashName::Fnv1a_64, 50),
     ];
     let mut group = c.benchmark_group("server_for");
     for (distribution, hash, servers) in cases {
@@ -67,6 +79,38 @@ fn bench_server_for(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 1) & 1023;
                 placement.server_for(black_box(&keys[i]))
+            })
+        });
+    }
+    group.finish();
+}
+
+/// One 20-key multi-get: every key placed, then counted per server (the grouping the proxy
+/// does before it sends one batch per server).
+fn bench_multiget_split(c: &mut Criterion) {
+    let keys: Vec<Vec<u8>> = (0..1024)
+        .map(|i| format!("user:{i:07}:profile").into_bytes())
+        .collect();
+    let mut group = c.benchmark_group("multiget_split");
+    group.throughput(Throughput::Elements(20));
+    for distribution in [
+        DistributionName::Ketama,
+        DistributionName::Jump,
+        DistributionName::Ch3,
+        DistributionName::WeightedCh3,
+    ] {
+        let servers = 50;
+        let placement = Placement::new(&pool(servers, distribution, HashName::Fnv1a_64));
+        group.bench_function(format!("{}/{servers}", distribution.as_str()), |b| {
+            let mut start = 0usize;
+            let mut per_server = [0u8; 64];
+            b.iter(|| {
+                start = (start + 20) & 1023;
+                per_server.fill(0);
+                for key in keys.iter().cycle().skip(start).take(20) {
+                    per_server[placement.server_for(black_box(key))] += 1;
+                }
+                black_box(&per_server);
             })
         });
     }
@@ -92,7 +136,7 @@ fn bench_route(c: &mut Criterion) {
     .expect("valid config");
     let mut group = c.benchmark_group("route");
     for (name, config) in [("plain", &plain), ("operation-prefix", &nested)] {
-        let table = RouteTable::build(config).expect("routable");
+        let table = RouteTable::build(&config.routing_spec()).expect("routable");
         group.bench_function(format!("simple_pool/{name}"), |b| {
             let mut i = 0usize;
             b.iter(|| {
@@ -110,5 +154,11 @@ fn bench_route(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_hashes, bench_server_for, bench_route);
+criterion_group!(
+    benches,
+    bench_hashes,
+    bench_server_for,
+    bench_multiget_split,
+    bench_route
+);
 criterion_main!(benches);

@@ -153,6 +153,8 @@ pub struct Memcached {
     child: Option<Child>,
     pub host: String,
     pub port: u16,
+    /// What `-l` is given: `host`, or several addresses for [`Memcached::start_on_many`].
+    listen: String,
     memory_mb: u32,
     dir: TempDir,
 }
@@ -166,11 +168,19 @@ impl Memcached {
     /// memcached on a given host and port with `memory_mb` of cache (small pools of many
     /// servers use 8 to stay light).
     pub fn start_on(host: &str, port: u16, memory_mb: u32) -> Memcached {
+        Memcached::start_on_many(&[host.to_string()], port, memory_mb)
+    }
+
+    /// One memcached listening on every address of `hosts` (same port): many pool entries
+    /// backed by one process, for placement tests over pools larger than the processes it
+    /// is practical to start. `host` is the first address.
+    pub fn start_on_many(hosts: &[String], port: u16, memory_mb: u32) -> Memcached {
         require_program("memcached");
         let mut mc = Memcached {
             child: None,
-            host: host.to_string(),
+            host: hosts[0].clone(),
             port,
+            listen: hosts.join(","),
             memory_mb,
             dir: TempDir::new("memcached"),
         };
@@ -183,7 +193,7 @@ impl Memcached {
         let child = Command::new("memcached")
             .args([
                 "-l",
-                &self.host,
+                &self.listen,
                 "-p",
                 &self.port.to_string(),
                 "-U",
@@ -504,18 +514,35 @@ impl Memroute {
     /// Runs memroute on `toml` and waits for its `memroute ready` line on stderr. The first
     /// `listen` address of `[proxy]` is what tests connect to.
     pub fn start(toml: &str) -> Memroute {
-        let bin = memroute_binary();
+        Memroute::start_args(toml, &[])
+    }
+
+    /// Same, with extra command-line arguments (`--no-watch`).
+    pub fn start_args(toml: &str, args: &[&str]) -> Memroute {
+        let dir = TempDir::new("memroute");
+        let conf = dir.write("memroute.toml", toml);
+        let mut command = Command::new(memroute_binary());
+        command.arg("--config").arg(&conf).args(args);
+        Memroute::start_command(command, toml, conf, dir)
+    }
+
+    /// Runs `command` (a memroute, however started: another binary, under chroot) whose
+    /// config is `toml`, kept at `config` (for `rewrite_config`) inside `dir` (removed when
+    /// this is dropped), and waits for `memroute ready`.
+    pub fn start_command(
+        mut command: Command,
+        toml: &str,
+        config: PathBuf,
+        dir: TempDir,
+    ) -> Memroute {
         let listen = toml
             .lines()
             .find_map(|l| l.trim().strip_prefix("listen = [\""))
             .and_then(|s| s.split('"').next())
             .expect("config needs `listen = [\"host:port\", ...]` in [proxy]")
             .to_string();
-        let dir = TempDir::new("memroute");
-        let conf = dir.write("memroute.toml", toml);
-        let mut child = Command::new(bin)
-            .arg("--config")
-            .arg(&conf)
+        let conf = config;
+        let mut child = command
             // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it.
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -633,17 +660,25 @@ impl Memroute {
     }
 
     /// Rewrites the config with `toml`, sends SIGHUP and waits (bounded) for the outcome: true
-    /// when memroute logged `config reloaded`, false when it logged `config reload rejected`.
+    /// when memroute logged `config reloaded` (or, for a file whose bytes did not change,
+    /// `nothing to do`), false when it logged `config reload rejected`. (memroute also
+    /// watches the file: whichever of the watch and SIGHUP comes first reloads, the other
+    /// finds the bytes unchanged.)
     pub fn reload(&self, toml: &str) -> bool {
-        let (done, rejected) = (
+        let (done, unchanged, rejected) = (
             self.log_count("config reloaded"),
+            self.log_count("nothing to do"),
             self.log_count("config reload rejected"),
         );
+        let same_bytes = std::fs::read(&self.config).is_ok_and(|b| b == toml.as_bytes());
         self.rewrite_config(toml);
         self.signal("HUP");
         let deadline = Instant::now() + START_DEADLINE;
         loop {
             if self.log_count("config reloaded") > done {
+                return true;
+            }
+            if same_bytes && self.log_count("nothing to do") > unchanged {
                 return true;
             }
             if self.log_count("config reload rejected") > rejected {

@@ -40,6 +40,9 @@ mod error;
 mod health;
 
 pub use connection::{spawn_connection, BackendHandle, ConnectionSettings, ReplySlot};
-pub use discovery::{hosts_file_addresses, resolve};
+pub use discovery::{
+    hosts_file_addresses, lookup, lookup_blocking, next_refresh, Found, FoundServer,
+    MIN_TTL_REFRESH,
+};
 pub use error::BackendError;
 pub use health::{run_prober, HealthSettings, ServerHealth};

@@ -5,13 +5,18 @@
 //! ```
 //!
 //! `validate` reports *every* problem at once, each with the key path that is
-//! wrong (`pools.main.servers[1].weight: must be > 0`). Leaf crate: no workspace deps.
+//! wrong (`pools.main.servers[1].weight: must be > 0`). Builds memroute-routing's spec
+//! ([`Config::routing_spec`]): the one workspace crate it depends on.
 #![forbid(unsafe_code)]
 
 mod checked;
+pub mod defaults;
 mod error;
+pub mod import;
 pub mod raw;
-pub mod twemproxy;
+mod spec;
+/// Kept at its old path for callers from before importers had their own module.
+pub use import::twemproxy;
 
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};

@@ -19,38 +19,15 @@ use std::time::Duration;
 use toml::{Table, Value};
 
 use crate::checked::{
-    AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, FailoverOn, HashName,
-    ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig, ServerConfig,
-    ShadowSelect, WritePolicy,
+    AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind, FailoverOn,
+    HashName, ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig,
+    ServerConfig, ShadowSelect, WritePolicy,
 };
 use crate::{ConfigError, ConfigErrors};
 
-/// Defaults, in one place so docs/configuration.md and the code agree.
-pub mod defaults {
-    /// Listen address when `proxy.listen` is absent: local only, memcached's port.
-    pub const LISTEN: &str = "127.0.0.1:11211";
-    pub const BACKLOG: u32 = 65535;
-    pub const MAX_VALUE_SIZE: usize = 1024 * 1024;
-    pub const MAX_LINE_SIZE: usize = 64 * 1024;
-    /// Smallest accepted `max_line_size`: a `set` line with a 250-byte key must fit.
-    pub const MIN_LINE_SIZE: usize = 1024;
-    /// With 1 MiB values this bounds one client's replies in memory at 256 MiB.
-    pub const MAX_CLIENT_PENDING: usize = 256;
-    pub const MAX_CONNECTIONS: usize = 0;
-    pub const SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
-    pub const VNODES: u32 = 256;
-    pub const CONNECTIONS: usize = 1;
-    pub const TIMEOUT_MS: u64 = 250;
-    pub const MAX_KEYS_PER_REQUEST: usize = 100;
-    pub const WEIGHT: u32 = 1;
-    pub const FAILURE_LIMIT: u32 = 3;
-    pub const MAX_EJECTED_FRACTION: f64 = 0.5;
-    pub const PROBE_INTERVAL_MS: u64 = 1_000;
-    pub const PROBE_INTERVAL_MAX_MS: u64 = 30_000;
-    pub const DNS_REFRESH_MS: u64 = 5_000;
-    pub const SHADOW_MAX_IN_FLIGHT: usize = 1000;
-    pub const ERROR_ROUTE_MESSAGE: &str = "error route";
-}
+/// The defaults live in their own module (checked.rs uses them too); `raw::defaults`
+/// stays a valid path.
+pub use crate::defaults;
 
 const PROXY_KEYS: &[&str] = &[
     "listen",
@@ -70,6 +47,8 @@ const POOL_KEYS: &[&str] = &[
     "hash",
     "hash_tag",
     "vnodes",
+    "weights",
+    "salt",
     "connections",
     "timeout",
     "connect_timeout",
@@ -81,8 +60,8 @@ const POOL_KEYS: &[&str] = &[
     "probe_interval_max",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
-const DNS_KEYS: &[&str] = &["dns", "refresh"];
-const DISCOVERY_KEYS: &[&str] = &["hosts_file"];
+const DNS_KEYS: &[&str] = &["dns", "srv", "refresh"];
+const DISCOVERY_KEYS: &[&str] = &["hosts_file", "nameservers"];
 const ROUTE_TYPES: &[&str] = &[
     "prefix",
     "operation",
@@ -109,22 +88,9 @@ const WARM_UP_ROUTE_KEYS: &[&str] = &["type", "cold", "warm", "ttl"];
 const RANDOM_ROUTE_KEYS: &[&str] = &["type", "children"];
 const NULL_ROUTE_KEYS: &[&str] = &["type"];
 const ERROR_ROUTE_KEYS: &[&str] = &["type", "message"];
-const WRITE_POLICIES: &[(&str, WritePolicy)] = &[
-    ("all-sync", WritePolicy::AllSync),
-    ("all-async", WritePolicy::AllAsync),
-    ("all-initial", WritePolicy::AllInitial),
-    ("all-majority", WritePolicy::AllMajority),
-];
-const READ_POLICIES: &[(&str, ReadPolicy)] = &[
-    ("first", ReadPolicy::First),
-    ("failover", ReadPolicy::Failover),
-    ("random", ReadPolicy::Random),
-    ("fastest", ReadPolicy::Fastest),
-];
-const FAILOVER_ON: &[(&str, FailoverOn)] = &[
-    ("error", FailoverOn::Error),
-    ("error-or-miss", FailoverOn::ErrorOrMiss),
-];
+const WRITE_POLICIES: &[(&str, WritePolicy)] = WritePolicy::NAMES;
+const READ_POLICIES: &[(&str, ReadPolicy)] = ReadPolicy::NAMES;
+const FAILOVER_ON: &[(&str, FailoverOn)] = FailoverOn::NAMES;
 /// memcached reads an exptime above 30 days as an absolute unix time, so a larger
 /// warm-up `ttl` would fill items that are already expired.
 const MAX_RELATIVE_EXPTIME_SECS: u64 = 30 * 24 * 3600;
@@ -813,7 +779,49 @@ fn check_discovery(t: &Table, errs: &mut Errors) -> DiscoveryConfig {
             Some(PathBuf::from(s))
         }
     });
-    DiscoveryConfig { hosts_file }
+    let nameservers = match t.get("nameservers") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| {
+                let item_path = format!("{path}.nameservers[{i}]");
+                match item {
+                    Value::String(text) => match parse_nameserver(text) {
+                        Some(address) => Some(address),
+                        None => {
+                            errs.push(
+                                &item_path,
+                                format!("invalid nameserver \"{text}\" (expected \"ip\" or \"ip:port\", e.g. \"10.96.0.10:53\")"),
+                            );
+                            None
+                        }
+                    },
+                    other => {
+                        wrong_type(errs, &item_path, "a string", other);
+                        None
+                    }
+                }
+            })
+            .collect(),
+        Some(other) => {
+            wrong_type(errs, &join(path, "nameservers"), "an array of \"ip:port\" strings", other);
+            Vec::new()
+        }
+    };
+    DiscoveryConfig {
+        hosts_file,
+        nameservers,
+    }
+}
+
+/// A nameserver address: `ip:port`, `[v6]:port`, or a bare IP meaning port 53.
+fn parse_nameserver(text: &str) -> Option<std::net::SocketAddr> {
+    text.parse().ok().or_else(|| {
+        text.parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| std::net::SocketAddr::new(ip, 53))
+    })
 }
 
 fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
@@ -870,6 +878,8 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         defaults::VNODES,
         errs,
     );
+    let weights = check_weights(t, path, distribution, servers.len(), errs);
+    let salt = check_salt(t, path, distribution, errs);
     let connections: usize = get_int(t, "connections", path, 1, 1024, defaults::CONNECTIONS, errs);
     let max_keys_per_request: usize = get_int(
         t,
@@ -933,6 +943,8 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         hash,
         hash_tag,
         vnodes,
+        weights,
+        salt,
         connections,
         timeout,
         connect_timeout,
@@ -964,28 +976,42 @@ fn get_duration(
 
 const NO_SERVERS: &str = "a pool needs at least one server (or servers = { dns = ... })";
 
-/// `servers = { dns = "name:port", refresh = "5s" }`.
+/// `servers = { dns = "name:port", refresh = "5s" }` or `servers = { srv = "_s._tcp.name" }`.
 fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
     let before = errs.0.len();
     check_keys(t, path, DNS_KEYS, errs);
     let dns_path = join(path, "dns");
-    let host_port = match get_str(t, "dns", path, errs) {
-        Some(spec) => match split_dns_spec(spec) {
-            Ok(hp) => Some(hp),
+    let srv_path = join(path, "srv");
+    let target = match (t.contains_key("dns"), t.contains_key("srv")) {
+        (true, true) => {
+            errs.push(path, "give either dns = \"name:port\" or srv = \"_service._proto.name\", not both");
+            None
+        }
+        (false, false) => {
+            errs.push(
+                &dns_path,
+                "required (the name to resolve, as \"name:port\"; or srv = \"_service._proto.name\")",
+            );
+            None
+        }
+        (true, false) => get_str(t, "dns", path, errs).and_then(|spec| match split_dns_spec(spec) {
+            Ok((host, port)) => Some((host, port, DnsKind::Address)),
             Err(m) => {
                 errs.push(&dns_path, m);
                 None
             }
-        },
-        None => {
-            if !t.contains_key("dns") {
+        }),
+        (false, true) => get_str(t, "srv", path, errs).and_then(|name| {
+            if check_srv_name(name) {
+                Some((name.to_string(), 0, DnsKind::Srv))
+            } else {
                 errs.push(
-                    &dns_path,
-                    "required (the name to resolve, as \"name:port\")",
+                    &srv_path,
+                    format!("invalid SRV name \"{name}\" (expected \"_service._proto.name\", e.g. \"_memcache._tcp.memcached.cache.svc.cluster.local\")"),
                 );
+                None
             }
-            None
-        }
+        }),
     };
     let refresh = get_duration(
         t,
@@ -994,12 +1020,29 @@ fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
         Duration::from_millis(defaults::DNS_REFRESH_MS),
         errs,
     );
-    let (host, port) = host_port?;
+    let (host, port, kind) = target?;
     (errs.0.len() == before).then_some(DnsDiscovery {
         host,
         port,
         refresh,
+        kind,
     })
+}
+
+/// An SRV name: `_service._proto.` followed by a non-empty domain, no spaces or ports.
+fn check_srv_name(name: &str) -> bool {
+    let mut labels = name.split('.');
+    let service = labels.next().unwrap_or_default();
+    let proto = labels.next().unwrap_or_default();
+    let rest: Vec<&str> = labels.collect();
+    service.len() > 1
+        && service.starts_with('_')
+        && proto.len() > 1
+        && proto.starts_with('_')
+        && rest.iter().any(|label| !label.is_empty())
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || c == '/' || c == ':' || c == '[' || c == ']')
 }
 
 /// Splits `name:port` for DNS discovery: a non-empty name and a port 1-65535.
@@ -1051,6 +1094,66 @@ fn check_unit_number(v: &Value, path: &str, errs: &mut Errors) -> Option<f64> {
         errs.push(path, format!("must be between 0 and 1 (found {v})"));
         None
     }
+}
+
+/// `weights = [1, 0.5, ...]`: mcrouter's per-server weights, for `wch3` only. A list
+/// whose length differs from a static pool's server count is an error here (mcrouter
+/// pads with 0.5 or cuts; `import-mcrouter` writes that out explicitly).
+fn check_weights(
+    t: &Table,
+    path: &str,
+    distribution: DistributionName,
+    servers: usize,
+    errs: &mut Errors,
+) -> Vec<f64> {
+    let weights_path = join(path, "weights");
+    let Some(v) = t.get("weights") else {
+        if distribution == DistributionName::WeightedCh3 {
+            errs.push(&weights_path, "required by distribution \"wch3\"");
+        }
+        return Vec::new();
+    };
+    if distribution != DistributionName::WeightedCh3 {
+        errs.push(&weights_path, "only used by distribution \"wch3\"");
+        return Vec::new();
+    }
+    let Value::Array(items) = v else {
+        wrong_type(
+            errs,
+            &weights_path,
+            "an array of numbers between 0 and 1",
+            v,
+        );
+        return Vec::new();
+    };
+    if servers > 0 && items.len() != servers {
+        errs.push(
+            &weights_path,
+            format!("has {} weights for {servers} servers", items.len()),
+        );
+    }
+    items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| check_unit_number(w, &format!("{weights_path}[{i}]"), errs))
+        .collect()
+}
+
+/// `salt = "..."`: mcrouter's hash salt, for its distributions only.
+fn check_salt(t: &Table, path: &str, distribution: DistributionName, errs: &mut Errors) -> String {
+    let Some(salt) = get_str(t, "salt", path, errs) else {
+        return String::new();
+    };
+    if !matches!(
+        distribution,
+        DistributionName::Ch3 | DistributionName::WeightedCh3 | DistributionName::Crc32
+    ) {
+        errs.push(
+            &join(path, "salt"),
+            "only used by distributions \"ch3\", \"wch3\" and \"crc32\"",
+        );
+    }
+    salt.to_string()
 }
 
 fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<ServerConfig> {

@@ -32,8 +32,8 @@ fn every_example_config_parses() {
         }
     }
     assert!(
-        count >= 13,
-        "expected the thirteen example configs, found {count}"
+        count >= 14,
+        "expected the fourteen example configs, found {count}"
     );
 }
 
@@ -76,12 +76,22 @@ fn examples_show_every_route_type_health_and_dns() {
     assert_eq!(sessions.probe_interval_max, Duration::from_secs(10));
 
     let dns = load("dns.toml");
+    assert!(
+        dns.pools.values().any(|p| p
+            .discovery
+            .as_ref()
+            .is_some_and(|d| d.kind == memroute_config::DnsKind::Srv)),
+        "dns.toml shows an SRV pool"
+    );
     for pool in dns.pools.values() {
         let d = pool
             .discovery
             .as_ref()
             .expect("every pool in dns.toml uses DNS");
-        assert_eq!(d.port, 11211);
+        match d.kind {
+            memroute_config::DnsKind::Address => assert_eq!(d.port, 11211),
+            memroute_config::DnsKind::Srv => assert!(d.host.starts_with("_memcache._tcp.")),
+        }
         assert_eq!(d.refresh, Duration::from_secs(5));
         assert!(pool.servers.is_empty());
     }
@@ -229,7 +239,7 @@ hashh = "md5"
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
             "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout)",
-            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max)",
+            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
     );
@@ -290,7 +300,7 @@ max_keys_per_request = "10"
     assert_eq!(
         e,
         [
-            "pools.main.distribution: unknown distribution \"consistent\" (expected one of: ketama, modula, random, ring, jump)",
+            "pools.main.distribution: unknown distribution \"consistent\" (expected one of: ketama, modula, random, ring, jump, ch3, wch3, crc32)",
             "pools.main.hash: unknown hash \"foo\" (expected one of: one_at_a_time, md5, crc16, crc32, crc32a, fnv1_64, fnv1a_64, fnv1_32, fnv1a_32, hsieh, murmur, jenkins, xxh3)",
             "pools.main.hash_tag: must be exactly two bytes, e.g. \"{}\" (found \"{\")",
             "pools.main.vnodes: must be > 0",
@@ -437,4 +447,69 @@ fn twemproxy_compatible_example_matches_its_import() {
         memroute_config::load(&config_dir().join("twemproxy-compatible.toml")).expect("parses");
     assert_eq!(imported.pools, example.pools);
     assert_eq!(imported.proxy, example.proxy);
+}
+
+/// config/mcrouter.json (an mcrouter config) imports to the pools and routes of the
+/// commented example config/mcrouter-compatible.toml.
+#[test]
+fn mcrouter_compatible_example_matches_its_import() {
+    let json = std::fs::read_to_string(config_dir().join("mcrouter.json")).expect("readable");
+    let imported =
+        memroute_config::import::mcrouter::import(&json).unwrap_or_else(|e| panic!("{e}"));
+    let imported = parse(&imported).unwrap_or_else(|e| panic!("{e}"));
+    let example =
+        memroute_config::load(&config_dir().join("mcrouter-compatible.toml")).expect("parses");
+    assert_eq!(imported.pools, example.pools);
+    assert_eq!(imported.routes, example.routes);
+    assert_eq!(imported.proxy.route, example.proxy.route);
+}
+
+#[test]
+fn mcrouter_distributions_and_weights() {
+    let config = memroute_config::parse(
+        r#"
+proxy = { route = "w" }
+[pools.w]
+servers = ["10.0.0.1:11211", "10.0.0.2:11211", "10.0.0.3:11211"]
+distribution = "wch3"
+weights = [1, 0.5, 0]
+[pools.c]
+servers = ["10.0.0.1:11211"]
+distribution = "ch3"
+"#,
+    )
+    .expect("valid");
+    assert_eq!(config.pools["w"].weights, [1.0, 0.5, 0.0]);
+    assert_eq!(config.pools["c"].distribution.as_str(), "ch3");
+
+    let e = errors(
+        r#"
+[pools.a]
+servers = ["10.0.0.1:11211", "10.0.0.2:11211"]
+distribution = "wch3"
+weights = [1.5, "x", 0.5]
+[pools.b]
+servers = ["10.0.0.1:11211"]
+distribution = "wch3"
+[pools.c]
+servers = ["10.0.0.1:11211"]
+distribution = "ch3"
+weights = [1]
+[pools.d]
+servers = ["10.0.0.1:11211"]
+salt = "s"
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "pools.a.weights: has 3 weights for 2 servers",
+            "pools.a.weights[0]: must be between 0 and 1 (found 1.5)",
+            "pools.a.weights[1]: expected a number between 0 and 1, found a string",
+            "pools.b.weights: required by distribution \"wch3\"",
+            "pools.c.weights: only used by distribution \"wch3\"",
+            "pools.d.salt: only used by distributions \"ch3\", \"wch3\" and \"crc32\"",
+            "proxy.route: required when there is more than one pool (name the pool or route to send requests to)",
+        ]
+    );
 }

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use memroute_config::{
-    parse, Config, ConfigError, DnsDiscovery, FailoverOn, Operation, ReadPolicy, RouteConfig,
-    ShadowSelect, WritePolicy,
+    parse, Config, ConfigError, DnsDiscovery, DnsKind, FailoverOn, Operation, ReadPolicy,
+    RouteConfig, ShadowSelect, WritePolicy,
 };
 
 /// Two pools, `a` and `b`, then `extra` (routes, and whatever else a test needs).
@@ -304,6 +304,7 @@ route = "dns"
             host: "memcached.cache.svc.cluster.local".into(),
             port: 11211,
             refresh: Duration::from_secs(5),
+            kind: DnsKind::Address,
         })
     );
     assert_eq!(
@@ -312,12 +313,77 @@ route = "dns"
             host: "mc".into(),
             port: 11212,
             refresh: Duration::from_millis(500),
+            kind: DnsKind::Address,
         })
     );
     let c = parse("[pools.a]\nservers = [\"10.0.0.1:11211\"]\n").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         c.discovery.hosts_file, None,
         "no [discovery]: no hosts file"
+    );
+    assert!(c.discovery.nameservers.is_empty(), "default: resolv.conf");
+}
+
+#[test]
+fn srv_pool_and_nameservers() {
+    let c = parse(
+        r#"
+[discovery]
+nameservers = ["127.0.0.1:5353", "10.96.0.10", "[::1]:53"]
+[pools.mc]
+servers = { srv = "_memcache._tcp.memcached.default.svc.cluster.local", refresh = "30s" }
+[proxy]
+route = "mc"
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let shown: Vec<String> = c
+        .discovery
+        .nameservers
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    assert_eq!(shown, ["127.0.0.1:5353", "10.96.0.10:53", "[::1]:53"]);
+    assert_eq!(
+        c.pools["mc"].discovery,
+        Some(DnsDiscovery {
+            host: "_memcache._tcp.memcached.default.svc.cluster.local".into(),
+            port: 0,
+            refresh: Duration::from_secs(30),
+            kind: DnsKind::Srv,
+        })
+    );
+}
+
+#[test]
+fn bad_srv_and_nameserver_settings_name_their_keys() {
+    let e = errors(
+        r#"
+[discovery]
+nameservers = ["dns.example", 53]
+[pools.both]
+servers = { dns = "mc:11211", srv = "_memcache._tcp.mc" }
+[pools.plain]
+servers = { srv = "memcached.default.svc" }
+[pools.port]
+servers = { srv = "_memcache._tcp.mc:11211" }
+[pools.none]
+servers = { refresh = "1s" }
+[routes.root]
+type = "random"
+children = ["a", "b"]
+"#,
+    );
+    assert_eq!(
+        e,
+        [
+            "discovery.nameservers[0]: invalid nameserver \"dns.example\" (expected \"ip\" or \"ip:port\", e.g. \"10.96.0.10:53\")",
+            "discovery.nameservers[1]: expected a string, found an integer",
+            "pools.both.servers: give either dns = \"name:port\" or srv = \"_service._proto.name\", not both",
+            "pools.none.servers.dns: required (the name to resolve, as \"name:port\"; or srv = \"_service._proto.name\")",
+            "pools.plain.servers.srv: invalid SRV name \"memcached.default.svc\" (expected \"_service._proto.name\", e.g. \"_memcache._tcp.memcached.cache.svc.cluster.local\")",
+            "pools.port.servers.srv: invalid SRV name \"_memcache._tcp.mc:11211\" (expected \"_service._proto.name\", e.g. \"_memcache._tcp.memcached.cache.svc.cluster.local\")",
+        ]
     );
 }
 
@@ -535,17 +601,17 @@ route = "a"
     assert_eq!(
         e,
         [
-            "discovery.resolver: unknown key (expected one of: hosts_file)",
+            "discovery.resolver: unknown key (expected one of: hosts_file, nameservers)",
             "discovery.hosts_file: expected a string, found an integer",
             "pools.a.failure_limit: must be > 0",
             "pools.a.eject: expected true or false, found a string",
             "pools.a.max_ejected_fraction: must be between 0 and 1 (found 2)",
             "pools.a.probe_interval_max: must be at least probe_interval (found 2s < 5s)",
             "pools.b.servers.dns: invalid DNS name \"no-port\" (expected \"name:port\", e.g. \"memcached.cache.svc:11211\")",
-            "pools.c.servers.weight: unknown key (expected one of: dns, refresh)",
+            "pools.c.servers.weight: unknown key (expected one of: dns, srv, refresh)",
             "pools.c.servers.dns: invalid DNS name \":11211\" (expected \"name:port\", e.g. \"memcached.cache.svc:11211\")",
             "pools.c.servers.refresh: must be > 0",
-            "pools.d.servers.dns: required (the name to resolve, as \"name:port\")",
+            "pools.d.servers.dns: required (the name to resolve, as \"name:port\"; or srv = \"_service._proto.name\")",
             "pools.e.servers.dns: invalid DNS name \"mc:70000\" (expected \"name:port\", e.g. \"memcached.cache.svc:11211\")",
             "pools.f.servers: a pool needs at least one server (or servers = { dns = ... })",
             "pools.g.servers: expected an array of servers or a table { dns = \"name:port\" }, found a string",

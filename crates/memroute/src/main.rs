@@ -1,11 +1,15 @@
-//! memroute: a memcached routing proxy. The binary is thin: CLI, logging, signals.
+//! memroute: a memcached routing proxy. The binary is thin: CLI, logging, signals, and
+//! the config file watch (see `watch`).
 //!
 //! ```text
 //!   memroute --config FILE            run in the foreground
 //!   memroute --check --config FILE    validate, print what was understood, exit
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
+//!   memroute import-mcrouter FILE     print the memroute TOML for an mcrouter JSON config
 //! ```
 #![forbid(unsafe_code)]
+
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +27,9 @@ struct Cli {
     /// Validate the config, print the pools and routes it defines, and exit.
     #[arg(long)]
     check: bool,
+    /// Do not watch the config file's directory (reload on SIGHUP only).
+    #[arg(long)]
+    no_watch: bool,
     /// Log filter (tracing env-filter syntax); RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     log: String,
@@ -35,6 +42,11 @@ enum Command {
     /// Print the memroute TOML equivalent of a twemproxy (nutcracker) YAML config.
     ImportTwemproxy {
         /// Path to nutcracker.yml.
+        file: PathBuf,
+    },
+    /// Print the memroute TOML equivalent of an mcrouter JSON config.
+    ImportMcrouter {
+        /// Path to the mcrouter config (JSON).
         file: PathBuf,
     },
 }
@@ -60,34 +72,42 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Some(Command::ImportTwemproxy { file }) = cli.command {
-        let yaml = std::fs::read_to_string(&file)
+    if let Some(command) = cli.command {
+        type Importer = fn(&str) -> Result<String, memroute_config::ConfigErrors>;
+        let (file, import): (_, Importer) = match command {
+            Command::ImportTwemproxy { file } => (file, memroute_config::import::twemproxy::import),
+            Command::ImportMcrouter { file } => (file, memroute_config::import::mcrouter::import),
+        };
+        let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
-        let toml = memroute_config::twemproxy::import(&yaml)
-            .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+        let toml =
+            import(&text).map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
         write_stdout(&toml);
         return Ok(());
     }
     let Some(path) = cli.config else {
         anyhow::bail!("--config FILE is required (see --help)");
     };
-    let config = memroute_config::load(&path)
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = std::str::from_utf8(&bytes)
+        .with_context(|| format!("invalid config {}: not UTF-8", path.display()))?;
+    let config = memroute_config::parse(text)
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
     if cli.check {
         write_stdout(&describe(&config));
         write_stdout(&format!("config {} is valid\n", path.display()));
         return Ok(());
     }
-    serve(config, &path)
+    serve(config, bytes, &path, !cli.no_watch)
 }
 
 /// What the main thread was woken for.
 enum Event {
-    Reload,
+    Reload(memroute_proxy::ReloadTrigger),
     Stop,
 }
 
-fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
+fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -104,7 +124,26 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
             signal(SignalKind::hangup())?,
         ))
     })?;
+    memroute_proxy::set_config_file(
+        std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    );
     let handle = memroute_proxy::start(config).context("cannot start")?;
+    handle.loaded_from(read);
+    let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    // Started after the proxy (which needs no watch) and before `ready`, so an edit made
+    // once a test or an orchestrator sees `ready` is never missed. A watch that cannot
+    // start (no inotify instances left) leaves SIGHUP working: a warning, not an exit.
+    let _watch = if watch {
+        match watch::start(path, changed) {
+            Ok(watch) => Some(watch),
+            Err(error) => {
+                tracing::warn!("{error:#}; reload with SIGHUP");
+                None
+            }
+        }
+    } else {
+        None
+    };
     tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
     loop {
         let event = runtime.block_on(async {
@@ -117,12 +156,15 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
                     tracing::info!("SIGTERM: shutting down");
                     Event::Stop
                 }
-                _ = hangup.recv() => Event::Reload,
+                _ = hangup.recv() => Event::Reload(memroute_proxy::ReloadTrigger::Signal),
+                Some(()) = changes.recv() => Event::Reload(memroute_proxy::ReloadTrigger::FileChanged),
             }
         });
         match event {
             Event::Stop => break,
-            Event::Reload => reload(&handle, path),
+            Event::Reload(trigger) => {
+                handle.reload_file(path, trigger);
+            }
         }
     }
     handle.shutdown();
@@ -141,34 +183,6 @@ fn serve(config: Config, path: &std::path::Path) -> anyhow::Result<()> {
     }
     tracing::info!("memroute stopped");
     Ok(())
-}
-
-/// SIGHUP: re-reads the config file and hands it to the proxy. A config that does not
-/// validate or cannot be routed is rejected with every reason logged; the running one stays.
-fn reload(handle: &memroute_proxy::ProxyHandle, path: &std::path::Path) {
-    tracing::info!(config = %path.display(), "SIGHUP: reloading the config");
-    let config = match memroute_config::load(path) {
-        Ok(config) => config,
-        Err(errors) => {
-            for error in &errors.0 {
-                tracing::error!(config = %path.display(), "config error: {error}");
-            }
-            tracing::error!(
-                config = %path.display(),
-                errors = errors.0.len(),
-                "config reload rejected: invalid config; keeping the running config"
-            );
-            return;
-        }
-    };
-    let pools = config.pools.len();
-    match handle.reload(config) {
-        Ok(()) => tracing::info!(config = %path.display(), pools, "config reloaded"),
-        Err(error) => tracing::error!(
-            config = %path.display(),
-            "config reload rejected: {error}; keeping the running config"
-        ),
-    }
 }
 
 /// What `--check` prints: the pools and routes as memroute understood them.
@@ -192,12 +206,36 @@ fn describe(config: &Config) -> String {
         config.proxy.backlog,
         config.proxy.route
     );
+    if config.pools.values().any(|p| p.discovery.is_some()) {
+        let nameservers = if config.discovery.nameservers.is_empty() {
+            "from /etc/resolv.conf".to_string()
+        } else {
+            let listed: Vec<String> = config
+                .discovery
+                .nameservers
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            listed.join(", ")
+        };
+        let hosts_file = config
+            .discovery
+            .hosts_file
+            .as_ref()
+            .map(|p| format!(", hosts file {}", p.display()))
+            .unwrap_or_default();
+        let _ = writeln!(out, "discovery: nameservers {nameservers}{hosts_file}");
+    }
     for (name, pool) in &config.pools {
         if let Some(dns) = &pool.discovery {
+            let source = match dns.kind {
+                memroute_config::DnsKind::Address => format!("DNS {}:{}", dns.host, dns.port),
+                memroute_config::DnsKind::Srv => format!("DNS SRV {}", dns.host),
+            };
             let _ = writeln!(
                 out,
-                "pool {name}: servers from DNS {}:{} every {:?}",
-                dns.host, dns.port, dns.refresh
+                "pool {name}: servers from {source} every {:?} (sooner when the records' TTL is shorter)",
+                dns.refresh
             );
         }
         let _ = writeln!(
@@ -211,6 +249,13 @@ fn describe(config: &Config) -> String {
             pool.failure_limit,
             pool.eject
         );
+        // mcrouter's placement settings (wch3, salted pools).
+        if !pool.weights.is_empty() {
+            let _ = writeln!(out, "  weights {:?}", pool.weights);
+        }
+        if !pool.salt.is_empty() {
+            let _ = writeln!(out, "  salt {:?}", pool.salt);
+        }
         for server in &pool.servers {
             let name = server
                 .name
@@ -242,7 +287,7 @@ fn describe(config: &Config) -> String {
 
 /// One line describing a route that is not a prefix route (for `--check`).
 fn describe_route(route: &RouteConfig) -> String {
-    use memroute_config::{FailoverOn, ReadPolicy, ShadowSelect, WritePolicy};
+    use memroute_config::ShadowSelect;
     match route {
         RouteConfig::Prefix { default, .. } => format!("prefix, default {default}"),
         RouteConfig::Operation {
@@ -272,29 +317,15 @@ fn describe_route(route: &RouteConfig) -> String {
             writes,
             reads,
         } => {
-            let writes = match writes {
-                WritePolicy::AllSync => "all-sync",
-                WritePolicy::AllAsync => "all-async",
-                WritePolicy::AllInitial => "all-initial",
-                WritePolicy::AllMajority => "all-majority",
-            };
-            let reads = match reads {
-                ReadPolicy::First => "first",
-                ReadPolicy::Failover => "failover",
-                ReadPolicy::Random => "random",
-                ReadPolicy::Fastest => "fastest",
-            };
             format!(
-                "replicated over {}, writes {writes}, reads {reads}",
-                children.join(", ")
+                "replicated over {}, writes {}, reads {}",
+                children.join(", "),
+                writes.as_str(),
+                reads.as_str()
             )
         }
         RouteConfig::Failover { children, on } => {
-            let on = match on {
-                FailoverOn::Error => "error",
-                FailoverOn::ErrorOrMiss => "error-or-miss",
-            };
-            format!("failover over {} on {on}", children.join(", "))
+            format!("failover over {} on {}", children.join(", "), on.as_str())
         }
         RouteConfig::WarmUp { cold, warm, ttl } => {
             format!("warm-up, cold {cold}, warm {warm}, ttl {ttl}s")

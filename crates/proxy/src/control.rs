@@ -17,13 +17,11 @@
 //! stay (same pool, address and health settings), so a reload never forgets that a server
 //! is down.
 use std::collections::{BTreeMap, HashMap};
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use memroute_backend::{HealthSettings, ServerHealth};
-use memroute_config::{Config, DnsDiscovery, PoolConfig, ServerConfig};
+use memroute_backend::{FoundServer, HealthSettings, ServerHealth};
+use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, PoolConfig, ServerConfig};
 use memroute_routing::{Node, RouteTable};
 use tokio::sync::{mpsc, watch};
 
@@ -51,11 +49,15 @@ struct HealthKey {
     settings: HealthSettings,
 }
 
-/// The addresses last found for a DNS pool, and the spec they were found with.
+/// The servers last found for a DNS pool, and the spec they were found with.
 #[derive(Debug, Clone)]
 struct Discovered {
     spec: DnsDiscovery,
-    addresses: Vec<SocketAddr>,
+    servers: Vec<FoundServer>,
+    /// When the lookup that found them was made, and the records' TTL: the pool's watcher
+    /// starts by waiting out what is left of it.
+    found_at: std::time::Instant,
+    ttl: Option<std::time::Duration>,
 }
 
 /// Messages to the control thread.
@@ -95,8 +97,8 @@ pub(crate) type Started = (
     ControlInbox,
 );
 
-/// A DNS watcher's identity: pool name, DNS spec and hosts file.
-type WatchKey = (String, DnsDiscovery, Option<std::path::PathBuf>);
+/// A DNS watcher's identity: pool name, DNS spec and the `[discovery]` settings.
+type WatchKey = (String, DnsDiscovery, DiscoveryConfig);
 
 /// The running control thread's receiving end, handed to `run` once.
 #[derive(Debug)]
@@ -114,7 +116,7 @@ impl Controller {
             ..(*config).clone()
         });
         let placeholder = Arc::new(Generation {
-            routes: Arc::new(RouteTable::build(&config)?),
+            routes: Arc::new(RouteTable::build(&config.routing_spec())?),
             config: empty,
             server_stats: Vec::new(),
             health: Vec::new(),
@@ -160,7 +162,7 @@ impl Controller {
     /// apply() for a caller that holds `applying`.
     fn apply_locked(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         let effective = self.with_discovered_servers(&config);
-        let routes = Arc::new(RouteTable::build(&effective)?);
+        let routes = Arc::new(RouteTable::build(&effective.routing_spec())?);
         let effective = Arc::new(effective);
         let server_stats = self.shared.for_config(&effective);
         let (health, pool_epochs) = self.health_for(&routes, &effective);
@@ -189,7 +191,6 @@ impl Controller {
     /// finds servers).
     fn with_discovered_servers(&self, config: &Config) -> Config {
         let mut effective = config.clone();
-        let hosts_file = config.discovery.hosts_file.clone();
         let mut discovered = lock(&self.discovered);
         discovered.retain(|pool, d| {
             config
@@ -201,50 +202,73 @@ impl Controller {
             let Some(spec) = &pool.discovery else {
                 continue;
             };
-            let addresses = match discovered.get(name) {
-                Some(known) => known.addresses.clone(),
-                None => match resolve_blocking(spec, hosts_file.as_deref()) {
-                    Ok(addresses) => {
-                        tracing::info!(pool = %name, host = %spec.host, servers = ?addresses, "discovered servers");
+            let servers = match discovered.get(name) {
+                Some(known) => known.servers.clone(),
+                None => match memroute_backend::lookup_blocking(spec, &config.discovery) {
+                    Ok(found) => {
+                        tracing::info!(pool = %name, host = %spec.host, servers = ?shown(&found.servers), ttl = ?found.ttl, "discovered servers");
                         discovered.insert(
                             name.clone(),
                             Discovered {
                                 spec: spec.clone(),
-                                addresses: addresses.clone(),
+                                servers: found.servers.clone(),
+                                found_at: std::time::Instant::now(),
+                                ttl: found.ttl,
                             },
                         );
-                        addresses
+                        found.servers
                     }
-                    Err(reason) => {
-                        tracing::warn!(pool = %name, host = %spec.host, %reason, "discovery lookup failed; the pool has no servers until a lookup succeeds");
+                    Err(error) => {
+                        tracing::warn!(pool = %name, host = %spec.host, %error, "discovery lookup failed; the pool has no servers until a lookup succeeds");
                         Vec::new()
                     }
                 },
             };
-            pool.servers = addresses.iter().map(server_of).collect();
+            pool.servers = servers.iter().map(server_of).collect();
         }
         effective
     }
 
-    /// Records a DNS pool's new address set and serves it. Called by the DNS watchers.
-    fn rediscovered(&self, pool: &str, spec: &DnsDiscovery, addresses: Vec<SocketAddr>) {
+    /// How long a new watcher of `pool` waits before its first lookup: what is left of the
+    /// last lookup's refresh (or TTL); at most the TTL floor when the pool has no servers
+    /// yet (its lookup at start failed), so an empty pool is retried soon.
+    fn first_wait(&self, pool: &str, spec: &DnsDiscovery) -> std::time::Duration {
+        match lock(&self.discovered).get(pool).filter(|d| &d.spec == spec) {
+            Some(known) => memroute_backend::next_refresh(spec, known.ttl)
+                .saturating_sub(known.found_at.elapsed()),
+            None => spec.refresh.min(memroute_backend::MIN_TTL_REFRESH),
+        }
+    }
+
+    /// Records a DNS pool's new server set and serves it. Called by the DNS watchers.
+    fn rediscovered(
+        &self,
+        pool: &str,
+        spec: &DnsDiscovery,
+        servers: Vec<FoundServer>,
+        ttl: Option<std::time::Duration>,
+    ) {
         // Held from before the base config is read until the generation is sent: a reload
         // applied meanwhile would otherwise be undone by this older base.
         let _applying = lock(&self.applying);
         {
             let mut discovered = lock(&self.discovered);
-            if discovered
-                .get(pool)
-                .is_some_and(|d| &d.spec == spec && d.addresses == addresses)
+            if let Some(same) = discovered
+                .get_mut(pool)
+                .filter(|d| &d.spec == spec && d.servers == servers)
             {
+                same.found_at = std::time::Instant::now();
+                same.ttl = ttl;
                 return;
             }
-            tracing::info!(pool, host = %spec.host, servers = ?addresses, "discovered servers changed");
+            tracing::info!(pool, host = %spec.host, servers = ?shown(&servers), "discovered servers changed");
             discovered.insert(
                 pool.to_string(),
                 Discovered {
                     spec: spec.clone(),
-                    addresses,
+                    servers,
+                    found_at: std::time::Instant::now(),
+                    ttl,
                 },
             );
         }
@@ -342,48 +366,26 @@ impl Controller {
     }
 }
 
-/// `ip:port` as a server of a DNS pool (IPv6 in brackets): the address is also the
-/// server's identity on the ring, so every instance orders and hashes them the same.
-fn server_of(address: &SocketAddr) -> ServerConfig {
+/// A discovered server as a pool's server: `ip:port` (IPv6 in brackets) is its address; its
+/// identity on the ring is the SRV target's name when it has one (a pod's name outlives
+/// its IP), else the address, so every instance orders and hashes them the same.
+fn server_of(found: &FoundServer) -> ServerConfig {
     ServerConfig {
-        address: address.to_string(),
+        address: found.address.to_string(),
         weight: 1,
-        name: None,
+        name: found.name.clone(),
     }
 }
 
-/// A blocking lookup for apply() (which runs outside any runtime): the hosts file first,
-/// then the system resolver. Sorted and deduplicated, as the async lookup does.
-fn resolve_blocking(
-    spec: &DnsDiscovery,
-    hosts_file: Option<&std::path::Path>,
-) -> Result<Vec<SocketAddr>, String> {
-    let mut addresses: Vec<SocketAddr> = Vec::new();
-    if let Some(path) = hosts_file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        addresses = memroute_backend::hosts_file_addresses(&text, &spec.host)
-            .into_iter()
-            .map(|ip| SocketAddr::new(ip, spec.port))
-            .collect();
-    }
-    if addresses.is_empty() {
-        addresses = (spec.host.as_str(), spec.port)
-            .to_socket_addrs()
-            .map_err(|e| e.to_string())?
-            .collect();
-    }
-    sort_addresses(&mut addresses);
-    if addresses.is_empty() {
-        return Err(format!("{} has no addresses", spec.host));
-    }
-    Ok(addresses)
-}
-
-/// IPv4 before IPv6, then by address and port: the order every instance agrees on.
-fn sort_addresses(addresses: &mut Vec<SocketAddr>) {
-    addresses.sort_by_key(|a| (a.is_ipv6(), a.ip(), a.port()));
-    addresses.dedup();
+/// Servers as log lines show them: `ip:port` or `name=ip:port`.
+fn shown(servers: &[FoundServer]) -> Vec<String> {
+    servers
+        .iter()
+        .map(|s| match &s.name {
+            Some(name) => format!("{name}={}", s.address),
+            None => s.address.to_string(),
+        })
+        .collect()
 }
 
 /// Runs the control thread until `shutdown` turns true.
@@ -443,7 +445,7 @@ async fn serve(
             .filter_map(|(name, pool)| {
                 pool.discovery
                     .clone()
-                    .map(|spec| (name.clone(), spec, base.discovery.hosts_file.clone()))
+                    .map(|spec| (name.clone(), spec, base.discovery.clone()))
             })
             .collect();
         watchers.retain(|(key, task)| {
@@ -468,47 +470,31 @@ async fn serve(
     }
 }
 
-/// Resolves one DNS pool every `refresh`; a changed address set is served at once, a
-/// failed lookup keeps the last good set.
-async fn watch_dns(controller: Arc<Controller>, (pool, spec, hosts_file): WatchKey) {
-    let mut interval = tokio::time::interval(spec.refresh.max(Duration::from_millis(10)));
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    interval.tick().await;
+/// Looks one DNS pool up again when its `refresh` or its records' TTL says so (whichever
+/// is sooner, see `next_refresh`); a changed server set is served at once, a failed lookup
+/// keeps the last good set and is retried after `refresh`.
+async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey) {
+    // The first lookup was made when the generation was built: wait out what it left.
+    let mut wait = controller.first_wait(&pool, &spec);
     loop {
-        interval.tick().await;
-        match memroute_backend::resolve(&spec.host, spec.port, hosts_file.as_deref()).await {
-            Ok(mut addresses) => {
-                sort_addresses(&mut addresses);
+        tokio::time::sleep(wait).await;
+        match memroute_backend::lookup(&spec, &settings).await {
+            Ok(found) => {
+                wait = memroute_backend::next_refresh(&spec, found.ttl);
                 controller.shared.count_lookup(&pool, true);
                 let controller = controller.clone();
                 let (pool, spec) = (pool.clone(), spec.clone());
                 // apply() builds rings and takes locks: off the control runtime's thread.
                 let _ = tokio::task::spawn_blocking(move || {
-                    controller.rediscovered(&pool, &spec, addresses)
+                    controller.rediscovered(&pool, &spec, found.servers, found.ttl)
                 })
                 .await;
             }
             Err(error) => {
+                wait = memroute_backend::next_refresh(&spec, None);
                 controller.shared.count_lookup(&pool, false);
                 tracing::warn!(pool = %pool, host = %spec.host, %error, "discovery lookup failed; keeping the last servers found");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_sort_v4_first_then_by_address() {
-        let mut addresses: Vec<SocketAddr> =
-            ["[::1]:1", "127.0.0.3:1", "127.0.0.2:1", "127.0.0.3:1"]
-                .iter()
-                .filter_map(|a| a.parse().ok())
-                .collect();
-        sort_addresses(&mut addresses);
-        let shown: Vec<String> = addresses.iter().map(|a| a.to_string()).collect();
-        assert_eq!(shown, ["127.0.0.2:1", "127.0.0.3:1", "[::1]:1"]);
     }
 }

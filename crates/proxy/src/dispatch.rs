@@ -205,7 +205,18 @@ pub(crate) fn dispatch(
                     .fetch_add(request.keys.len() as u64, Relaxed);
             }
             if request.keys.len() == 1 {
-                pending.push_back(send_single(routing, slot, request));
+                // mcrouter's admin queries (`get __mcrouter__.route(get,KEY)` ...).
+                let admin = match command {
+                    Command::Get => request
+                        .keys()
+                        .next()
+                        .and_then(|key| crate::mcrouter_admin::answer(routing, key)),
+                    _ => None,
+                };
+                match admin {
+                    Some(reply) => pending.push_back(Pending::Ready(reply)),
+                    None => pending.push_back(send_single(routing, slot, request)),
+                }
             } else {
                 pending.push_back(split_multi_get(routing, slot, request));
             }

@@ -298,15 +298,6 @@ fn immediate_ack(command: Command) -> Option<&'static [u8]> {
     }
 }
 
-fn policy_name(policy: WritePolicy) -> &'static str {
-    match policy {
-        WritePolicy::AllSync => "all-sync",
-        WritePolicy::AllAsync => "all-async",
-        WritePolicy::AllInitial => "all-initial",
-        WritePolicy::AllMajority => "all-majority",
-    }
-}
-
 /// Starts `job` on every child; the set yields (child index, reply).
 fn start_all(routing: &Rc<Routing>, children: &[NodeId], job: &Rc<Job>) -> JoinSet<(usize, Reply)> {
     let mut set = JoinSet::new();
@@ -364,7 +355,7 @@ async fn replicated_write(
                     .fetch_add(1, Relaxed);
                 return Ok(Bytes::from(format!(
                     "SERVER_ERROR replicated write failed on {failed} of {total} replicas ({})\r\n",
-                    policy_name(policy)
+                    policy.as_str()
                 )));
             }
         }

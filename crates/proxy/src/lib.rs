@@ -23,6 +23,8 @@ mod dispatch;
 mod error;
 mod execute;
 mod listener;
+mod mcrouter_admin;
+mod reload;
 mod session;
 mod stats;
 mod worker;
@@ -36,6 +38,8 @@ use tokio::sync::watch;
 
 pub use error::ProxyError;
 pub use listener::effective_backlog;
+pub use mcrouter_admin::set_config_file;
+pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -49,6 +53,8 @@ pub struct ProxyHandle {
     controller: Arc<control::Controller>,
     /// Serialises reloads (the restart-only settings are compared against the last one).
     reloading: Mutex<()>,
+    /// Reloads from the config file: the last bytes read, and the ok/failed counters.
+    reload_state: reload::ReloadState,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
@@ -152,6 +158,8 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
     let shared = Arc::new(stats::SharedStats::new(workers));
+    // Before the admin endpoint, which may render `reload_state.counts`.
+    let reload_state = reload::ReloadState::default();
     let admin_address = match &config.admin {
         Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
         None => None,
@@ -185,6 +193,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         workers: threads,
         controller,
         reloading: Mutex::new(()),
+        reload_state,
         local_addresses,
         admin_address,
     })

@@ -320,7 +320,12 @@ fn reduced_placement(ejection: &Ejection, servers: &[ServerConnections]) -> Opti
             }
         })
         .collect();
-    (ejected > 0).then(|| Rc::new(Placement::with_live(&ejection.config, &live)))
+    (ejected > 0).then(|| {
+        Rc::new(Placement::with_live(
+            &ejection.config.placement_spec(),
+            &live,
+        ))
+    })
 }
 
 /// A health object for a server the generation has none for (never the case for

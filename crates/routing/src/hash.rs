@@ -18,10 +18,10 @@
 //!
 //! `xxh3` (memroute's own) is the low 32 bits of XXH3-64 with seed 0.
 //!
-//! The golden files under `tests/golden/`, recorded from the real nutcracker, pin all of
+//! The golden files under `tests/golden/nutcracker/`, recorded from the real nutcracker, pin all of
 //! this down.
+use crate::spec::HashName;
 use md5::{Digest, Md5};
-use memroute_config::HashName;
 
 /// A key hash function, as named in the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,7 +428,7 @@ mod tests {
     #[test]
     fn pinned_vectors_for_every_hash() {
         // Produced by this implementation after it matched every nutcracker golden case
-        // (tests/golden.rs); pinned here so a regression names the hash that broke.
+        // (tests/nutcracker_golden.rs); pinned here so a regression names the hash that broke.
         // Keys: plain, 20 bytes (the bench key), and bytes >= 0x80.
         let keys: [&[u8]; 3] = [
             b"key:0",

@@ -3,7 +3,7 @@
 //! Classic commands map one to one. Meta commands count as their classic equivalent, the
 //! way memcached itself executes them: `ms` by its mode flag `M<c>` (memcached accepts
 //! either case), `ma` by its mode flag, `mg` and `me` as `get`, `md` as `delete`.
-use memroute_config::Operation;
+use crate::spec::Operation;
 use memroute_protocol::{Command, Request};
 
 /// The operation a request counts as for operation routes and replicated routes.

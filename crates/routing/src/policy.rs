@@ -3,7 +3,7 @@
 //!
 //! Both are pure functions of what has arrived so far, so the executor stays a small
 //! state machine and the rules are testable as tables.
-use memroute_config::WritePolicy;
+use crate::spec::WritePolicy;
 
 /// The kind of a complete backend reply, for failover, warm-up and replicated reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,8 +22,8 @@
 //! here is never swapped in.
 use std::collections::HashMap;
 
-use memroute_config::{
-    Config, FailoverOn, Operation, ReadPolicy, RouteConfig, ShadowSelect, WritePolicy,
+use crate::spec::{
+    FailoverOn, Operation, ReadPolicy, RouteSpec, RoutingSpec, ShadowSelect, WritePolicy,
 };
 
 use crate::{Placement, RoutingError};
@@ -189,16 +189,16 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    /// Resolves `config.proxy.route` and everything it refers to, and builds every pool's
+    /// Resolves `spec.root` and everything it refers to, and builds every pool's
     /// placement. A pool without servers is an error unless it is found by DNS (it may
     /// start empty; its placement then has no servers).
-    pub fn build(config: &Config) -> Result<RouteTable, RoutingError> {
+    pub fn build(config: &RoutingSpec) -> Result<RouteTable, RoutingError> {
         let mut pool_names = Vec::with_capacity(config.pools.len());
         let mut placements = Vec::with_capacity(config.pools.len());
         let mut nodes = Vec::with_capacity(config.pools.len() + config.routes.len());
         let mut node_names = Vec::with_capacity(nodes.capacity());
         for (id, (name, pool)) in config.pools.iter().enumerate() {
-            if pool.servers.is_empty() && pool.discovery.is_none() {
+            if pool.servers.is_empty() && !pool.discovered {
                 return Err(RoutingError::EmptyPool(name.clone()));
             }
             pool_names.push(name.clone());
@@ -215,7 +215,7 @@ impl RouteTable {
             resolved: HashMap::new(),
             path: Vec::new(),
         };
-        let root = resolver.resolve(&config.proxy.route)?;
+        let root = resolver.resolve(&config.root)?;
         let Resolver {
             nodes,
             node_names,
@@ -367,7 +367,7 @@ fn only_plain_nodes_reachable(nodes: &[Node], root: NodeId) -> bool {
 /// that (directly or not) refers to itself is reported instead of recursing forever, and
 /// the routes already resolved so a route used twice becomes one node.
 struct Resolver<'a> {
-    config: &'a Config,
+    config: &'a RoutingSpec,
     pool_names: &'a [String],
     nodes: Vec<Node>,
     node_names: Vec<String>,
@@ -419,9 +419,9 @@ impl<'a> Resolver<'a> {
         self.resolve_all(names)
     }
 
-    fn route_node(&mut self, name: &'a str, route: &'a RouteConfig) -> Result<Node, RoutingError> {
+    fn route_node(&mut self, name: &'a str, route: &'a RouteSpec) -> Result<Node, RoutingError> {
         Ok(match route {
-            RouteConfig::Prefix { prefixes, default } => {
+            RouteSpec::Prefix { prefixes, default } => {
                 let mut resolved = Vec::with_capacity(prefixes.len());
                 for (prefix, target) in prefixes {
                     resolved.push((prefix.as_bytes().to_vec(), self.resolve(target)?));
@@ -434,7 +434,7 @@ impl<'a> Resolver<'a> {
                     default: self.resolve(default)?,
                 }
             }
-            RouteConfig::Operation {
+            RouteSpec::Operation {
                 operations,
                 default,
             } => {
@@ -444,7 +444,7 @@ impl<'a> Resolver<'a> {
                 }
                 Node::Operation { table }
             }
-            RouteConfig::Shadow {
+            RouteSpec::Shadow {
                 primary,
                 shadow,
                 select,
@@ -462,7 +462,7 @@ impl<'a> Resolver<'a> {
                     shadow_index,
                 }
             }
-            RouteConfig::Replicated {
+            RouteSpec::Replicated {
                 children,
                 writes,
                 reads,
@@ -471,20 +471,20 @@ impl<'a> Resolver<'a> {
                 writes: *writes,
                 reads: *reads,
             },
-            RouteConfig::Failover { children, on } => Node::Failover {
+            RouteSpec::Failover { children, on } => Node::Failover {
                 children: self.resolve_children(name, children)?,
                 on: *on,
             },
-            RouteConfig::WarmUp { cold, warm, ttl } => Node::WarmUp {
+            RouteSpec::WarmUp { cold, warm, ttl } => Node::WarmUp {
                 cold: self.resolve(cold)?,
                 warm: self.resolve(warm)?,
                 ttl: *ttl,
             },
-            RouteConfig::Random { children } => Node::Random {
+            RouteSpec::Random { children } => Node::Random {
                 children: self.resolve_children(name, children)?,
             },
-            RouteConfig::Null => Node::Null,
-            RouteConfig::Error { message } => Node::Error {
+            RouteSpec::Null => Node::Null,
+            RouteSpec::Error { message } => Node::Error {
                 message: message.clone(),
             },
         })
@@ -494,12 +494,11 @@ impl<'a> Resolver<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memroute_config::{DnsDiscovery, PoolConfig, ProxyConfig, ServerConfig};
+    use crate::spec::{PoolSpec, ServerSpec};
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
-    fn pool(port: u16) -> PoolConfig {
-        PoolConfig::new(vec![ServerConfig {
+    fn pool(port: u16) -> PoolSpec {
+        PoolSpec::new(vec![ServerSpec {
             address: format!("127.0.0.1:{port}"),
             weight: 1,
             name: None,
@@ -510,8 +509,8 @@ mod tests {
         targets.iter().map(|t| t.to_string()).collect()
     }
 
-    fn prefix(prefixes: &[(&str, &str)], default: &str) -> RouteConfig {
-        RouteConfig::Prefix {
+    fn prefix(prefixes: &[(&str, &str)], default: &str) -> RouteSpec {
+        RouteSpec::Prefix {
             prefixes: prefixes
                 .iter()
                 .map(|(p, t)| (p.to_string(), t.to_string()))
@@ -520,8 +519,8 @@ mod tests {
         }
     }
 
-    fn by_operation(operations: &[(Operation, &str)], default: &str) -> RouteConfig {
-        RouteConfig::Operation {
+    fn by_operation(operations: &[(Operation, &str)], default: &str) -> RouteSpec {
+        RouteSpec::Operation {
             operations: operations
                 .iter()
                 .map(|(o, t)| (*o, t.to_string()))
@@ -530,8 +529,8 @@ mod tests {
         }
     }
 
-    fn shadow(primary: &str, shadow: &str, fraction: f64) -> RouteConfig {
-        RouteConfig::Shadow {
+    fn shadow(primary: &str, shadow: &str, fraction: f64) -> RouteSpec {
+        RouteSpec::Shadow {
             primary: primary.to_string(),
             shadow: shadow.to_string(),
             select: ShadowSelect::Fraction(fraction),
@@ -539,8 +538,8 @@ mod tests {
         }
     }
 
-    fn replicated(children: &[&str]) -> RouteConfig {
-        RouteConfig::Replicated {
+    fn replicated(children: &[&str]) -> RouteSpec {
+        RouteSpec::Replicated {
             children: names(children),
             writes: WritePolicy::AllMajority,
             reads: ReadPolicy::Failover,
@@ -548,25 +547,13 @@ mod tests {
     }
 
     /// Pools `feed`, `main`, `sessions` (ids 0, 1, 2) and the given routes.
-    fn config(root: &str, routes: Vec<(&str, RouteConfig)>) -> Config {
-        let pools: BTreeMap<String, PoolConfig> = [("main", 1), ("sessions", 2), ("feed", 3)]
+    fn config(root: &str, routes: Vec<(&str, RouteSpec)>) -> RoutingSpec {
+        let pools: BTreeMap<String, PoolSpec> = [("main", 1), ("sessions", 2), ("feed", 3)]
             .iter()
             .map(|(n, p)| (n.to_string(), pool(*p)))
             .collect();
-        Config {
-            proxy: ProxyConfig {
-                listen: Vec::new(),
-                workers: 1,
-                backlog: 128,
-                route: root.to_string(),
-                max_value_size: 1 << 20,
-                max_line_size: 1 << 16,
-                max_client_pending: 1024,
-                max_connections: 0,
-                shutdown_timeout: Duration::from_secs(10),
-            },
-            admin: None,
-            discovery: Default::default(),
+        RoutingSpec {
+            root: root.to_string(),
             pools,
             routes: routes
                 .into_iter()
@@ -575,7 +562,7 @@ mod tests {
         }
     }
 
-    fn build(root: &str, routes: Vec<(&str, RouteConfig)>) -> RouteTable {
+    fn build(root: &str, routes: Vec<(&str, RouteSpec)>) -> RouteTable {
         RouteTable::build(&config(root, routes)).expect("valid config")
     }
 
@@ -774,14 +761,14 @@ mod tests {
                 ("rep", replicated(&["main", "sessions", "feed"])),
                 (
                     "fail",
-                    RouteConfig::Failover {
+                    RouteSpec::Failover {
                         children: names(&["sessions", "rep"]),
                         on: FailoverOn::ErrorOrMiss,
                     },
                 ),
                 (
                     "warm",
-                    RouteConfig::WarmUp {
+                    RouteSpec::WarmUp {
                         cold: "sessions".into(),
                         warm: "main".into(),
                         ttl: 60,
@@ -789,14 +776,14 @@ mod tests {
                 ),
                 (
                     "rand",
-                    RouteConfig::Random {
+                    RouteSpec::Random {
                         children: names(&["feed", "main"]),
                     },
                 ),
-                ("null", RouteConfig::Null),
+                ("null", RouteSpec::Null),
                 (
                     "err",
-                    RouteConfig::Error {
+                    RouteSpec::Error {
                         message: "gone".into(),
                     },
                 ),
@@ -892,7 +879,7 @@ mod tests {
             "root",
             vec![
                 ("root", by_operation(&[(Operation::Touch, "null")], "main")),
-                ("null", RouteConfig::Null),
+                ("null", RouteSpec::Null),
             ],
         );
         assert!(!table.is_simple());
@@ -941,7 +928,7 @@ mod tests {
                     ("b", shadow("main", "c", 0.5)),
                     (
                         "c",
-                        RouteConfig::WarmUp {
+                        RouteSpec::WarmUp {
                             cold: "main".into(),
                             warm: "b".into(),
                             ttl: 0
@@ -952,7 +939,7 @@ mod tests {
             Some(RoutingError::Cycle("b".into()))
         );
         assert_eq!(
-            err("r", vec![("r", RouteConfig::Random { children: vec![] })]),
+            err("r", vec![("r", RouteSpec::Random { children: vec![] })]),
             Some(RoutingError::NoChildren("r".into()))
         );
         assert_eq!(
@@ -981,13 +968,9 @@ mod tests {
             Some(RoutingError::EmptyPool("feed".into()))
         );
         if let Some(p) = cfg.pools.get_mut("feed") {
-            p.discovery = Some(DnsDiscovery {
-                host: "memcached.example".into(),
-                port: 11211,
-                refresh: Duration::from_secs(5),
-            });
+            p.discovered = true;
         }
-        cfg.proxy.route = "feed".into();
+        cfg.root = "feed".into();
         let table = RouteTable::build(&cfg).expect("a DNS pool may start empty");
         let feed = table.pool_index("feed").expect("pool");
         assert_eq!(table.placements[feed].server_count(), 0);

@@ -1,17 +1,16 @@
 //! Replays placement recorded from the real twemproxy (nutcracker 0.5.0) through
 //! `Placement` and requires the same server for every key of every case.
 //!
-//! The files under `tests/golden/` are written by `scripts/record-golden` (run by hand; it
+//! The files under `tests/golden/nutcracker/` are written by `scripts/record-golden` (run by hand; it
 //! needs memcached and nutcracker). `cases.tsv` describes each pool exactly as nutcracker
 //! was configured; `placements.tsv` lists where nutcracker put each key.
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use memroute_config::{DistributionName, HashName, PoolConfig, ServerConfig};
 use memroute_routing::Placement;
+use memroute_routing::{DistributionName, HashName, PoolSpec, ServerSpec};
 
-const CASES: &str = include_str!("golden/cases.tsv");
-const PLACEMENTS: &str = include_str!("golden/placements.tsv");
+const CASES: &str = include_str!("golden/nutcracker/cases.tsv");
+const PLACEMENTS: &str = include_str!("golden/nutcracker/placements.tsv");
 
 fn data_lines(text: &str) -> impl Iterator<Item = &str> {
     text.lines()
@@ -19,20 +18,20 @@ fn data_lines(text: &str) -> impl Iterator<Item = &str> {
 }
 
 /// One nutcracker server entry: `host:port:weight` or `host:port:weight name`.
-fn parse_server(entry: &str) -> ServerConfig {
+fn parse_server(entry: &str) -> ServerSpec {
     let (spec, name) = match entry.split_once(' ') {
         Some((spec, name)) => (spec, Some(name.to_string())),
         None => (entry, None),
     };
     let (address, weight) = spec.rsplit_once(':').expect("host:port:weight");
-    ServerConfig {
+    ServerSpec {
         address: address.to_string(),
         weight: weight.parse().expect("weight"),
         name,
     }
 }
 
-fn parse_case(line: &str) -> (String, PoolConfig) {
+fn parse_case(line: &str) -> (String, PoolSpec) {
     let fields: Vec<&str> = line.split('\t').collect();
     assert_eq!(fields.len(), 5, "bad case line: {line}");
     let hash_tag = match fields[3] {
@@ -43,17 +42,13 @@ fn parse_case(line: &str) -> (String, PoolConfig) {
             Some([b[0], b[1]])
         }
     };
-    let pool = PoolConfig {
+    let pool = PoolSpec {
         servers: fields[4].split(';').map(parse_server).collect(),
         distribution: DistributionName::parse(fields[1]).expect("distribution"),
         hash: HashName::parse(fields[2]).expect("hash"),
         hash_tag,
         vnodes: 256,
-        connections: 1,
-        timeout: Duration::from_millis(250),
-        connect_timeout: Duration::from_millis(250),
-        max_keys_per_request: 100,
-        ..PoolConfig::new(Vec::new())
+        ..PoolSpec::new(Vec::new())
     };
     (fields[0].to_string(), pool)
 }

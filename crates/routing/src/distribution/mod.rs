@@ -1,49 +1,75 @@
-//! Key distributions over one pool's servers.
+//! Key distributions over one pool's servers, one file each behind [`Distribution`].
 //!
 //! ```text
-//!   key --hash_tag--> part --HashFn--> u32 --+-- ketama / ring: first point >= hash on a sorted
-//!                                            |                  Vec<(point, server)>, wrapping
+//!   key --hash_tag--> part --HashFn--> u32 --+-- ketama / ring: first point >= hash on a
+//!                                            |                  sorted circle, wrapping
 //!                                            +-- modula: slots[hash % slots.len()]
 //!   key --hash_tag--> part --xxh3_64--> u64 --- jump: Lamping-Veach jump hash
 //!   (nothing) --------------------------------- random: a uniformly random server
+//!   key --mcrouter routing key (+hash_tag)--+-- ch3: furc over MurmurHash64A
+//!                                           +-- wch3: furc + SpookyHash coin, 32 tries
+//!                                           '-- crc32: (crc32 & 0x7FFFFFFF) % n
 //! ```
 //!
-//! `ketama`, `modula` and `random` follow nutcracker 0.5.0 (`src/hashkit/nc_ketama.c`,
-//! `nc_modula.c`, `nc_random.c`). [`Placement::new`] places over every server (twemproxy's
+//! `ketama`, `modula` and `random` follow nutcracker 0.5.0; `ch3`, `wch3` and `crc32`
+//! follow mcrouter; `ring` and `jump` are memroute's own. Each is pinned by golden files
+//! (`tests/golden/`). [`Placement::new`] places over every server (twemproxy's
 //! `auto_eject_hosts: false`); [`Placement::with_live`] places over the live subset only,
-//! the way nutcracker rebuilds its continuum from live servers when it ejects one. Either
-//! way the index returned is the server's index in the pool's *config* order, so callers
-//! never translate. Everything is computed once; [`Placement::server_for`] never allocates.
+//! the way nutcracker rebuilds its continuum from live servers when it ejects one. A
+//! distribution answers a *member position* (among the servers it was built over);
+//! `Placement` turns that into the server's index in the pool's *config* order, so callers
+//! never translate. Everything is computed once; [`Placement::server_for`] never
+//! allocates (wch3 keeps its retry key on the stack).
 //!
 //! What losing a server moves, per distribution (the reason `eject` suits some only):
-//! ketama (equal weights) and ring move only the dead server's keys; modula and jump
-//! renumber the survivors and move most keys; random has nothing to move.
+//! ketama (equal weights) and ring move only the dead server's keys; modula, jump, ch3,
+//! wch3 and crc32 renumber the survivors and move most keys; random has nothing to move.
 //!
 //! A twemproxy quirk that decides modula placement: while checking for duplicates,
 //! nutcracker sorts each pool's servers by identity (shorter identity first, then
 //! bytewise) and builds its continuum in that order, so modula slot `i` is the `i`-th
-//! server in *that* order, not in config order. [`twemproxy_order`] reproduces it; the
-//! index we return is still the config-order index.
-use memroute_config::{DistributionName, PoolConfig, ServerConfig};
-use rand::Rng;
+//! server in *that* order, not in config order. [`twemproxy_order`] reproduces it.
+use crate::spec::{DistributionName, PoolSpec, ServerSpec};
+
+use smallvec::SmallVec;
 
 use crate::hash::{hash_key_part, HashFn};
+use crate::mcrouter_hash::routing_key;
 
-/// twemproxy's ketama: 160 points per server at equal weights, 4 per MD5 digest.
-const KETAMA_POINTS_PER_SERVER: f32 = 160.0;
-const KETAMA_POINTS_PER_HASH: u32 = 4;
+mod ch3;
+mod continuum;
+mod crc32;
+mod jump;
+mod ketama;
+mod modula;
+mod random;
+mod ring;
+mod wch3;
+
+#[cfg(test)]
+use ketama::ketama_points;
+use wch3::WCH3_MISSING_WEIGHT;
+
+/// What every distribution answers.
+pub(crate) trait Distribution {
+    /// Position, among the servers the distribution was built over (in config order), of
+    /// the one owning `part` (the bytes of the key that are hashed). Called only with two
+    /// or more servers.
+    fn pick(&self, part: &[u8]) -> usize;
+}
+
 /// memcached's default port: twemproxy leaves it out of a server's ketama identity, for
 /// compatibility with libmemcached.
 const KETAMA_DEFAULT_PORT: u16 = 11211;
 
-/// What a server is hashed as by ketama: twemproxy uses the server's `name` when given,
-/// else `host` when the port is 11211, else `host:port`.
+/// What a server is hashed as by ketama and ring: twemproxy uses the server's `name` when
+/// given, else `host` when the port is 11211, else `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerIdentity(pub String);
 
 impl ServerIdentity {
     /// The identity twemproxy would give this server.
-    pub fn of(server: &ServerConfig) -> ServerIdentity {
+    pub fn of(server: &ServerSpec) -> ServerIdentity {
         if let Some(name) = &server.name {
             return ServerIdentity(name.clone());
         }
@@ -60,30 +86,48 @@ impl ServerIdentity {
 /// A pool's placement: key -> index into the pool's `servers` (config order).
 #[derive(Debug, Clone)]
 pub struct Placement {
-    hash: HashFn,
     hash_tag: Option<[u8; 2]>,
-    /// Servers placed over (the live ones for [`Placement::with_live`]).
-    servers: usize,
-    /// Config index of the first server placed over (0 when there is none): the answer
-    /// whenever there is at most one, which skips hashing as twemproxy does.
-    first: usize,
+    /// mcrouter's hash salt (its distributions only; empty: none).
+    salt: Box<[u8]>,
+    /// Config index of each member (the servers placed over, ascending): the live ones
+    /// for [`Placement::with_live`].
+    members: Vec<u32>,
     kind: Kind,
 }
 
-/// Every server index stored here is a config-order index, so a placement over a live
-/// subset answers in the same numbering as one over the whole pool.
+/// The distributions, dispatched by `match` (no virtual call on the request path).
 #[derive(Debug, Clone, PartialEq)]
 enum Kind {
-    /// ketama and ring: (point, server index), sorted by point; ties keep insertion order.
-    Continuum(Vec<(u32, u32)>),
-    /// modula: each server repeated `weight` times, in twemproxy's server order.
-    Slots(Vec<u32>),
-    /// random: a uniformly random member (twemproxy 0.5.0 ignores weights here).
-    Random(Vec<u32>),
-    /// jump consistent hash over xxh3_64 of the key, bucket `b` being `members[b]`; the
-    /// pool's `hash` and the servers' weights are not used (jump needs a 64-bit key and has
-    /// no notion of weight).
-    Jump(Vec<u32>),
+    Ketama(ketama::Ketama),
+    Modula(modula::Modula),
+    Random(random::Random),
+    Ring(ring::Ring),
+    Jump(jump::Jump),
+    Ch3(ch3::Ch3),
+    WeightedCh3(wch3::WeightedCh3),
+    Crc32(crc32::Crc32),
+}
+
+impl Kind {
+    #[inline]
+    fn pick(&self, part: &[u8]) -> usize {
+        match self {
+            Kind::Ketama(d) => d.pick(part),
+            Kind::Modula(d) => d.pick(part),
+            Kind::Random(d) => d.pick(part),
+            Kind::Ring(d) => d.pick(part),
+            Kind::Jump(d) => d.pick(part),
+            Kind::Ch3(d) => d.pick(part),
+            Kind::WeightedCh3(d) => d.pick(part),
+            Kind::Crc32(d) => d.pick(part),
+        }
+    }
+
+    /// mcrouter's distributions hash its routing key (see [`routing_key`]).
+    #[inline]
+    fn uses_mcrouter_routing_key(&self) -> bool {
+        matches!(self, Kind::Ch3(_) | Kind::WeightedCh3(_) | Kind::Crc32(_))
+    }
 }
 
 impl Placement {
@@ -92,7 +136,7 @@ impl Placement {
     /// An empty pool (a DNS pool before its first lookup) gives a placement whose
     /// `server_count()` is 0 and whose `server_for` answers 0: callers check the count
     /// before using the answer as an index.
-    pub fn new(pool: &PoolConfig) -> Placement {
+    pub fn new(pool: &PoolSpec) -> Placement {
         let members: Vec<usize> = (0..pool.servers.len()).collect();
         Placement::over(pool, &members)
     }
@@ -103,7 +147,7 @@ impl Placement {
     /// A server without an entry in `live` (a stale vector after the pool grew) counts as
     /// live: leaving a server in is the safe mistake. With no live server, this behaves like
     /// an empty pool (see [`Placement::new`]).
-    pub fn with_live(pool: &PoolConfig, live: &[bool]) -> Placement {
+    pub fn with_live(pool: &PoolSpec, live: &[bool]) -> Placement {
         let members: Vec<usize> = (0..pool.servers.len())
             .filter(|&i| live.get(i).copied().unwrap_or(true))
             .collect();
@@ -111,23 +155,29 @@ impl Placement {
     }
 
     /// `members`: config indices of the servers to place over, ascending.
-    fn over(pool: &PoolConfig, members: &[usize]) -> Placement {
-        let servers = &pool.servers;
-        let as_u32 = || members.iter().map(|&i| i as u32).collect::<Vec<u32>>();
+    fn over(pool: &PoolSpec, members: &[usize]) -> Placement {
+        let servers: Vec<&ServerSpec> = members.iter().map(|&i| &pool.servers[i]).collect();
+        let hash = HashFn(pool.hash);
         let kind = match pool.distribution {
-            DistributionName::Ketama => Kind::Continuum(ketama_continuum(servers, members)),
-            DistributionName::Ring => {
-                Kind::Continuum(ring_continuum(servers, members, pool.vnodes))
-            }
-            DistributionName::Modula => Kind::Slots(modula_slots(servers, members)),
-            DistributionName::Random => Kind::Random(as_u32()),
-            DistributionName::Jump => Kind::Jump(as_u32()),
+            DistributionName::Ketama => Kind::Ketama(ketama::Ketama::build(&servers, hash)),
+            DistributionName::Ring => Kind::Ring(ring::Ring::build(&servers, hash, pool.vnodes)),
+            DistributionName::Modula => Kind::Modula(modula::Modula::build(&servers, hash)),
+            DistributionName::Random => Kind::Random(random::Random::build(servers.len())),
+            DistributionName::Jump => Kind::Jump(jump::Jump::build(servers.len())),
+            DistributionName::Ch3 => Kind::Ch3(ch3::Ch3::build(servers.len())),
+            DistributionName::Crc32 => Kind::Crc32(crc32::Crc32::build(servers.len())),
+            // mcrouter's rules for a list of the wrong length: extra weights are ignored,
+            // missing ones are 0.5.
+            DistributionName::WeightedCh3 => Kind::WeightedCh3(wch3::WeightedCh3::build(
+                members
+                    .iter()
+                    .map(|&i| pool.weights.get(i).copied().unwrap_or(WCH3_MISSING_WEIGHT)),
+            )),
         };
         Placement {
-            hash: HashFn(pool.hash),
             hash_tag: pool.hash_tag,
-            servers: members.len(),
-            first: members.first().copied().unwrap_or(0),
+            salt: pool.salt.as_bytes().into(),
+            members: members.iter().map(|&i| i as u32).collect(),
             kind,
         }
     }
@@ -135,71 +185,53 @@ impl Placement {
     /// Index of the server (in config order) that owns `key` (hash_tag applied here).
     #[inline]
     pub fn server_for(&self, key: &[u8]) -> usize {
-        // twemproxy skips hashing altogether for a single server; so do we (and an empty
-        // pool answers 0 rather than panicking on a modulo by zero).
-        if self.servers <= 1 {
-            return self.first;
+        // twemproxy and mcrouter skip hashing altogether for a single server; so do we
+        // (and an empty pool answers 0 rather than panicking on a modulo by zero).
+        if self.members.len() <= 1 {
+            return self.members.first().map_or(0, |&m| m as usize);
         }
-        let part = hash_key_part(key, self.hash_tag);
-        match &self.kind {
-            Kind::Continuum(points) => {
-                let h = self.key_hash(part);
-                // First point >= h; past the last point wraps to the first.
-                let i = points.partition_point(|&(p, _)| p < h);
-                let (_, server) = if i == points.len() {
-                    points[0]
-                } else {
-                    points[i]
-                };
-                server as usize
+        let member = if self.kind.uses_mcrouter_routing_key() {
+            let part = hash_key_part(routing_key(key), self.hash_tag);
+            if self.salt.is_empty() {
+                self.kind.pick(part)
+            } else {
+                // mcrouter hashes `routing key ++ salt` (wch3 appends its retry suffixes
+                // after the salt). Keys are at most 250 bytes: the buffer stays on the stack.
+                let mut salted: SmallVec<[u8; 320]> = SmallVec::from_slice(part);
+                salted.extend_from_slice(&self.salt);
+                self.kind.pick(&salted)
             }
-            Kind::Slots(slots) => slots[(self.key_hash(part) as usize) % slots.len()] as usize,
-            Kind::Random(members) => {
-                members[rand::thread_rng().gen_range(0..members.len())] as usize
-            }
-            Kind::Jump(members) => {
-                members[jump_hash(xxhash_rust::xxh3::xxh3_64(part), members.len())] as usize
-            }
-        }
+        } else {
+            self.kind.pick(hash_key_part(key, self.hash_tag))
+        };
+        self.members.get(member).map_or(0, |&m| m as usize)
     }
 
     /// How many servers this placement chooses among: the pool's size for
     /// [`Placement::new`], the live servers for [`Placement::with_live`].
     pub fn server_count(&self) -> usize {
-        self.servers
-    }
-
-    /// The key's hash as the distribution sees it; twemproxy hashes an empty key to 0.
-    #[inline]
-    fn key_hash(&self, part: &[u8]) -> u32 {
-        if part.is_empty() {
-            0
-        } else {
-            self.hash.hash(part)
-        }
+        self.members.len()
     }
 }
 
-/// Points twemproxy gives one server, computed in 32-bit float exactly as nc_ketama.c:
-/// `floorf((float)(pct * 160 / 4 * (float)n + 1e-10)) * 4` where `pct` is a float
-/// `weight / total_weight` and the `1e-10` addition happens in double.
-///
-/// The float rounding is load-bearing: at 25 equal servers `0.04f * 160 / 4 * 25` is just
-/// under 40, so each server gets 156 points, not 160, and we must do the same.
-pub fn ketama_points(weight: u32, total_weight: u32, live_servers: u32) -> u32 {
-    let pct = weight as f32 / total_weight as f32;
-    let per_server: f32 = pct * KETAMA_POINTS_PER_SERVER / 4.0 * live_servers as f32;
-    let nudged = (f64::from(per_server) + 0.000_000_000_1) as f32;
-    (nudged.floor() * 4.0) as u32
+/// The key's hash as twemproxy's distributions see it; twemproxy hashes an empty key to 0.
+#[inline]
+fn twemproxy_key_hash(hash: HashFn, part: &[u8]) -> u32 {
+    if part.is_empty() {
+        0
+    } else {
+        hash.hash(part)
+    }
 }
 
-/// Config-order indices and identities of the `members` of `servers`, in the order
-/// nutcracker keeps them: sorted by identity length, then bytes (its `string_compare`).
-/// Stable, so duplicate identities (which nutcracker would reject) keep config order.
-fn twemproxy_order(servers: &[ServerConfig], members: &[usize]) -> Vec<(usize, ServerIdentity)> {
-    let mut order: Vec<(usize, ServerIdentity)> = members
+/// Member positions and identities of `servers`, in the order nutcracker keeps them:
+/// sorted by identity length, then bytes (its `string_compare`). Stable, so duplicate
+/// identities (which nutcracker would reject) keep config order.
+fn twemproxy_order(servers: &[&ServerSpec]) -> Vec<(usize, ServerIdentity)> {
+    let mut order: Vec<(usize, ServerIdentity)> = servers
         .iter()
-        .map(|&i| (i, ServerIdentity::of(&servers[i])))
+        .enumerate()
+        .map(|(i, s)| (i, ServerIdentity::of(s)))
         .collect();
     order.sort_by(|(_, a), (_, b)| {
         a.0.len()
@@ -209,114 +241,15 @@ fn twemproxy_order(servers: &[ServerConfig], members: &[usize]) -> Vec<(usize, S
     order
 }
 
-/// twemproxy's ketama continuum: for server `s` with identity `id`, for k in
-/// 0..points/4, the MD5 digest of `id-k` gives 4 little-endian u32 points.
-///
-/// Known difference: nutcracker formats `id-k` into an 86-byte buffer but hashes the
-/// untruncated length, reading past the buffer for identities longer than about 80
-/// bytes; that undefined behaviour is not reproduced (we hash the whole label).
-///
-/// Only `members` take part, and the point counts use their total weight and number, as
-/// nutcracker's `ketama_update` does with its live servers.
-fn ketama_continuum(servers: &[ServerConfig], members: &[usize]) -> Vec<(u32, u32)> {
-    let total_weight: u32 = members.iter().map(|&i| servers[i].weight).sum();
-    if total_weight == 0 {
-        return Vec::new();
-    }
-    let live = members.len() as u32;
-    let mut points = Vec::with_capacity(members.len() * 160);
-    let mut label = String::new();
-    // Insertion order only matters for equal points (see the sort below).
-    for (index, identity) in twemproxy_order(servers, members) {
-        let server = &servers[index];
-        let digests = ketama_points(server.weight, total_weight, live) / KETAMA_POINTS_PER_HASH;
-        for k in 0..digests {
-            label.clear();
-            label.push_str(&identity.0);
-            label.push('-');
-            label.push_str(&k.to_string());
-            let digest = md5_digest(label.as_bytes());
-            for chunk in digest.chunks_exact(4) {
-                let point = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-                points.push((point, index as u32));
-            }
-        }
-    }
-    // twemproxy sorts with glibc qsort, which is a stable merge sort for arrays this size;
-    // equal points therefore keep insertion (twemproxy server) order, and lookup (first
-    // point >= hash) picks the first of them. A stable sort by point does the same.
-    points.sort_by_key(|&(point, _)| point);
-    points
-}
-
-fn md5_digest(bytes: &[u8]) -> [u8; 16] {
-    use md5::{Digest, Md5};
-    Md5::digest(bytes).into()
-}
-
-/// memroute's `ring`: `vnodes * weight` points per server, each the low 32 bits of
-/// xxh3_64(`identity-i`). The identity is the same as ketama's, so renumbering servers or
-/// reordering the list does not move keys.
-/// Keys are hashed with the pool's `hash` (use `xxh3` for the intended ring), and looked
-/// up exactly like ketama: first point >= hash, wrapping.
-/// A server's points do not depend on the other members, so losing one moves only its keys.
-fn ring_continuum(servers: &[ServerConfig], members: &[usize], vnodes: u32) -> Vec<(u32, u32)> {
-    let vnodes = vnodes.max(1);
-    let mut points = Vec::new();
-    let mut label = String::new();
-    for &index in members {
-        let server = &servers[index];
-        let identity = ServerIdentity::of(server);
-        let count = vnodes.saturating_mul(server.weight.max(1));
-        for i in 0..count {
-            label.clear();
-            label.push_str(&identity.0);
-            label.push('-');
-            label.push_str(&i.to_string());
-            let point = xxhash_rust::xxh3::xxh3_64(label.as_bytes()) as u32;
-            points.push((point, index as u32));
-        }
-    }
-    points.sort_by_key(|&(point, _)| point);
-    points
-}
-
-/// twemproxy's modula continuum: every server repeated `weight` times, in twemproxy's
-/// server order (see [`twemproxy_order`]).
-fn modula_slots(servers: &[ServerConfig], members: &[usize]) -> Vec<u32> {
-    let mut slots = Vec::new();
-    for (index, _) in twemproxy_order(servers, members) {
-        for _ in 0..servers[index].weight {
-            slots.push(index as u32);
-        }
-    }
-    slots
-}
-
-/// Lamping & Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm" (2014).
-/// Moves only ~1/n of keys when the n-th server is appended; servers cannot be removed
-/// from the middle without renumbering, and weights are not supported.
-fn jump_hash(mut key: u64, buckets: usize) -> usize {
-    let buckets = buckets as i64;
-    let mut b: i64 = -1;
-    let mut j: i64 = 0;
-    while j < buckets {
-        b = j;
-        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
-        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
-    }
-    b as usize
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memroute_config::HashName;
+    use crate::spec::HashName;
 
-    fn pool(n: usize, distribution: DistributionName, hash: HashName) -> PoolConfig {
-        PoolConfig {
+    fn pool(n: usize, distribution: DistributionName, hash: HashName) -> PoolSpec {
+        PoolSpec {
             servers: (0..n)
-                .map(|i| ServerConfig {
+                .map(|i| ServerSpec {
                     address: format!("10.0.0.{}:{}", i + 1, 11300 + i),
                     weight: 1,
                     name: None,
@@ -324,7 +257,7 @@ mod tests {
                 .collect(),
             distribution,
             hash,
-            ..PoolConfig::new(Vec::new())
+            ..PoolSpec::new(Vec::new())
         }
     }
 
@@ -336,7 +269,7 @@ mod tests {
 
     #[test]
     fn identity_follows_twemproxys_rule() {
-        let s = |address: &str, name: Option<&str>| ServerConfig {
+        let s = |address: &str, name: Option<&str>| ServerSpec {
             address: address.to_string(),
             weight: 1,
             name: name.map(str::to_string),
@@ -361,7 +294,7 @@ mod tests {
         assert_eq!(ketama_points(1, 25, 25), 156);
         let p = pool(25, DistributionName::Ketama, HashName::Fnv1a_64);
         match Placement::new(&p).kind {
-            Kind::Continuum(points) => assert_eq!(points.len(), 25 * 156),
+            Kind::Ketama(k) => assert_eq!(k.continuum.points.len(), 25 * 156),
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -370,9 +303,10 @@ mod tests {
     fn ketama_continuum_is_sorted_and_lookup_wraps() {
         let p = pool(3, DistributionName::Ketama, HashName::Md5);
         let placement = Placement::new(&p);
-        let Kind::Continuum(points) = &placement.kind else {
-            panic!("not a continuum")
+        let Kind::Ketama(ketama) = &placement.kind else {
+            panic!("not ketama")
         };
+        let points = &ketama.continuum.points;
         assert!(points.windows(2).all(|w| w[0].0 <= w[1].0));
         // A hash above the last point goes to the first point's server.
         let last = points[points.len() - 1].0;
@@ -417,7 +351,7 @@ mod tests {
 
     #[test]
     fn twemproxy_orders_servers_by_identity_length_then_bytes() {
-        let s = |address: &str, name: Option<&str>| ServerConfig {
+        let s = |address: &str, name: Option<&str>| ServerSpec {
             address: address.to_string(),
             weight: 1,
             name: name.map(str::to_string),
@@ -429,11 +363,8 @@ mod tests {
             s("10.0.0.3:11211", Some("b-long-name")),
             s("10.0.0.10:11211", None),
         ];
-        let all: Vec<usize> = (0..servers.len()).collect();
-        let order: Vec<usize> = twemproxy_order(&servers, &all)
-            .into_iter()
-            .map(|(i, _)| i)
-            .collect();
+        let refs: Vec<&ServerSpec> = servers.iter().collect();
+        let order: Vec<usize> = twemproxy_order(&refs).into_iter().map(|(i, _)| i).collect();
         // "zz" (2) < "10.0.0.9" (8) < "10.0.0.10" (9) < "b-long-name" (11) < "10.0.0.1:11212" (14)
         assert_eq!(order, [2, 1, 4, 3, 0]);
         // modula slot i is the i-th server in that order.
@@ -526,11 +457,43 @@ mod tests {
     #[test]
     fn jump_matches_published_vectors() {
         // Test vectors of the widely used Go port (dgryski/go-jump) of the paper's code.
-        assert_eq!(jump_hash(1, 1), 0);
-        assert_eq!(jump_hash(42, 57), 43);
-        assert_eq!(jump_hash(0xDEAD_10CC, 1), 0);
-        assert_eq!(jump_hash(0xDEAD_10CC, 666), 361);
-        assert_eq!(jump_hash(256, 1024), 520);
+        assert_eq!(jump::jump_hash(1, 1), 0);
+        assert_eq!(jump::jump_hash(42, 57), 43);
+        assert_eq!(jump::jump_hash(0xDEAD_10CC, 1), 0);
+        assert_eq!(jump::jump_hash(0xDEAD_10CC, 666), 361);
+        assert_eq!(jump::jump_hash(256, 1024), 520);
+    }
+
+    #[test]
+    fn salt_is_hashed_after_the_routing_key() {
+        let weights = vec![1.0, 0.5, 0.25, 1.0, 0.1];
+        for d in [
+            DistributionName::Ch3,
+            DistributionName::WeightedCh3,
+            DistributionName::Crc32,
+        ] {
+            let mut plain = pool(5, d, HashName::Fnv1a_64);
+            plain.weights = weights.clone();
+            let mut salted = plain.clone();
+            salted.salt = "s@lt".into();
+            let (plain, salted) = (Placement::new(&plain), Placement::new(&salted));
+            let mut differ = 0;
+            for k in keys(500) {
+                let mut with_salt = k.clone();
+                with_salt.extend_from_slice(b"s@lt");
+                assert_eq!(salted.server_for(&k), plain.server_for(&with_salt), "{d:?}");
+                // The routing prefix and hash stop apply before the salt.
+                let mut routed = b"/r/c/".to_vec();
+                routed.extend_from_slice(&k);
+                routed.extend_from_slice(b"|#|tail");
+                assert_eq!(salted.server_for(&routed), salted.server_for(&k), "{d:?}");
+                differ += usize::from(salted.server_for(&k) != plain.server_for(&k));
+            }
+            assert!(
+                differ > 100,
+                "{d:?}: the salt moved only {differ} of 500 keys"
+            );
+        }
     }
 
     #[test]
@@ -557,7 +520,7 @@ mod tests {
                 let live = Placement::with_live(&p, &vec![true; n]);
                 assert_eq!(all.kind, live.kind, "{d:?} n={n}");
                 assert_eq!(all.server_count(), live.server_count());
-                assert_eq!(all.first, live.first);
+                assert_eq!(all.members, live.members);
                 if d != DistributionName::Random {
                     for k in &ks {
                         assert_eq!(all.server_for(k), live.server_for(k), "{d:?} n={n}");

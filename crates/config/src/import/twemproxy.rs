@@ -14,6 +14,7 @@
 //! Redis pools (`redis: true`) are emitted as comments only: memroute speaks memcached.
 use serde_yaml::{Mapping, Value};
 
+use super::push_note;
 use crate::raw::{check_host_port, toml_key};
 use crate::{ConfigError, ConfigErrors, DistributionName, HashName};
 
@@ -518,22 +519,6 @@ fn render(pools: &[Pool], first: &Pool) -> String {
         }
     }
     out
-}
-
-/// Appends `# NOTE: ...` wrapped at about 90 columns, continuation lines indented.
-fn push_note(out: &mut String, note: &str) {
-    let mut line = String::from("# NOTE:");
-    for word in note.split_whitespace() {
-        if line.len() + 1 + word.len() > 90 && line.len() > "#   ".len() {
-            out.push_str(&line);
-            out.push('\n');
-            line = String::from("#  ");
-        }
-        line.push(' ');
-        line.push_str(word);
-    }
-    out.push_str(&line);
-    out.push('\n');
 }
 
 fn render_servers(out: &mut String, servers: &[String]) {

@@ -1,0 +1,27 @@
+//! Defaults, in one place so docs/configuration.md and the code agree. Its own module
+//! so that raw.rs (which applies them) and checked.rs (`PoolConfig::new`) both use it
+//! without importing each other.
+
+/// Listen address when `proxy.listen` is absent: local only, memcached's port.
+pub const LISTEN: &str = "127.0.0.1:11211";
+pub const BACKLOG: u32 = 65535;
+pub const MAX_VALUE_SIZE: usize = 1024 * 1024;
+pub const MAX_LINE_SIZE: usize = 64 * 1024;
+/// Smallest accepted `max_line_size`: a `set` line with a 250-byte key must fit.
+pub const MIN_LINE_SIZE: usize = 1024;
+/// With 1 MiB values this bounds one client's replies in memory at 256 MiB.
+pub const MAX_CLIENT_PENDING: usize = 256;
+pub const MAX_CONNECTIONS: usize = 0;
+pub const SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+pub const VNODES: u32 = memroute_routing::spec::DEFAULT_VNODES;
+pub const CONNECTIONS: usize = 1;
+pub const TIMEOUT_MS: u64 = 250;
+pub const MAX_KEYS_PER_REQUEST: usize = 100;
+pub const WEIGHT: u32 = 1;
+pub const FAILURE_LIMIT: u32 = 3;
+pub const MAX_EJECTED_FRACTION: f64 = 0.5;
+pub const PROBE_INTERVAL_MS: u64 = 1_000;
+pub const PROBE_INTERVAL_MAX_MS: u64 = 30_000;
+pub const DNS_REFRESH_MS: u64 = 5_000;
+pub const SHADOW_MAX_IN_FLIGHT: usize = 1000;
+pub const ERROR_ROUTE_MESSAGE: &str = "error route";

@@ -1,0 +1,36 @@
+//! The checked config as memroute-routing's spec: only what placement and route
+//! selection read (routing never sees TOML or connection settings).
+use memroute_routing::spec::{PoolSpec, RoutingSpec};
+
+use crate::{Config, PoolConfig};
+
+impl Config {
+    /// The pools, routes and root the route table is built from.
+    pub fn routing_spec(&self) -> RoutingSpec {
+        RoutingSpec {
+            pools: self
+                .pools
+                .iter()
+                .map(|(name, pool)| (name.clone(), pool.placement_spec()))
+                .collect(),
+            routes: self.routes.clone(),
+            root: self.proxy.route.clone(),
+        }
+    }
+}
+
+impl PoolConfig {
+    /// What placement needs of this pool.
+    pub fn placement_spec(&self) -> PoolSpec {
+        PoolSpec {
+            servers: self.servers.clone(),
+            distribution: self.distribution,
+            hash: self.hash,
+            hash_tag: self.hash_tag,
+            vnodes: self.vnodes,
+            weights: self.weights.clone(),
+            salt: self.salt.clone(),
+            discovered: self.discovery.is_some(),
+        }
+    }
+}

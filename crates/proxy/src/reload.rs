@@ -1,0 +1,238 @@
+//! Reloading from the config file: the one path every trigger takes (SIGHUP, the file
+//! watcher, an admin request), so they log, count and skip repeats the same way.
+//!
+//! ```text
+//!   SIGHUP ----------+
+//!   file watcher ----+--> reload_file(path, trigger)
+//!   POST /reload ----+      read -> same bytes as the last attempt? -> Unchanged (nothing logged
+//!                           |                                          above debug, not counted)
+//!                           parse + validate -> errors: each logged with its key path,
+//!                           |                   Rejected, `failed` + 1, running config kept
+//!                           ProxyHandle::reload -> Applied, `ok` + 1 (or Rejected, `failed` + 1)
+//! ```
+//!
+//! Skipping an unchanged file matters because one edit reaches memroute more than once: an
+//! editor's write fires several file events, a Kubernetes ConfigMap update is a handful of
+//! renames, and an operator may send SIGHUP after the watcher already applied the change.
+//! A deleted or emptied file is a rejected reload like any invalid one: the running config
+//! stays and the reason is logged.
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use crate::ProxyHandle;
+
+/// What asked for a reload (named in the log lines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReloadTrigger {
+    /// SIGHUP.
+    Signal,
+    /// The config file (or its directory: an atomic rename, a ConfigMap swap) changed.
+    FileChanged,
+    /// An admin request.
+    Admin,
+}
+
+impl ReloadTrigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            ReloadTrigger::Signal => "SIGHUP",
+            ReloadTrigger::FileChanged => "file change",
+            ReloadTrigger::Admin => "admin request",
+        }
+    }
+}
+
+/// How a reload ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// The new config is being served.
+    Applied,
+    /// The file holds exactly what the last reload read: nothing to do.
+    Unchanged,
+    /// The file could not be read, did not validate, or could not be routed; the running
+    /// config stays. The reason, as logged.
+    Rejected(String),
+}
+
+/// Reloads counted since start (for `/metrics`; shared with whoever renders them).
+#[derive(Debug, Default)]
+pub struct ReloadCounts {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl ReloadCounts {
+    /// Reloads that were applied.
+    pub fn ok(&self) -> u64 {
+        self.ok.load(Relaxed)
+    }
+
+    /// Reloads that were rejected (unreadable, invalid or unroutable config).
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Relaxed)
+    }
+}
+
+/// What reloads remember between calls.
+#[derive(Debug, Default)]
+pub(crate) struct ReloadState {
+    /// The bytes the last reload read (applied or rejected); `None` until the first one.
+    last_read: Mutex<Option<Vec<u8>>>,
+    pub(crate) counts: Arc<ReloadCounts>,
+}
+
+impl ProxyHandle {
+    /// Reads `path` and serves it, unless it holds what the last reload read. Logs the
+    /// outcome (every config error with its key path) and counts applied and rejected
+    /// reloads. Never changes the running config on failure.
+    pub fn reload_file(&self, path: &Path, trigger: ReloadTrigger) -> ReloadOutcome {
+        let state = &self.reload_state;
+        // Held for the whole reload: two triggers at once apply one after the other, and
+        // the second sees the first's bytes.
+        let mut last_read = state.last_read.lock().unwrap_or_else(|e| e.into_inner());
+        let file = path.display();
+        let trigger_name = trigger.as_str();
+        let reject = |reason: String| {
+            state.counts.failed.fetch_add(1, Relaxed);
+            tracing::error!(config = %file, trigger = trigger_name, "config reload rejected: {reason}; keeping the running config");
+            ReloadOutcome::Rejected(reason)
+        };
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            // Not remembered: the file coming back with the old bytes is not a change.
+            Err(error) => return reject(format!("cannot read the config file: {error}")),
+        };
+        if last_read.as_deref() == Some(bytes.as_slice()) {
+            tracing::debug!(config = %file, trigger = trigger_name, "config unchanged since the last reload");
+            if trigger != ReloadTrigger::FileChanged {
+                tracing::info!(config = %file, trigger = trigger_name, "config unchanged since the last reload; nothing to do");
+            }
+            return ReloadOutcome::Unchanged;
+        }
+        *last_read = Some(bytes.clone());
+        tracing::info!(config = %file, trigger = trigger_name, "reloading the config");
+        let text = match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(_) => return reject("the config file is not UTF-8".to_string()),
+        };
+        let config = match memroute_config::parse(&text) {
+            Ok(config) => config,
+            Err(errors) => {
+                for error in &errors.0 {
+                    tracing::error!(config = %file, "config error: {error}");
+                }
+                return reject(format!("invalid config ({} errors)", errors.0.len()));
+            }
+        };
+        let pools = config.pools.len();
+        match self.reload(config) {
+            Ok(()) => {
+                state.counts.ok.fetch_add(1, Relaxed);
+                tracing::info!(config = %file, trigger = trigger_name, pools, "config reloaded");
+                ReloadOutcome::Applied
+            }
+            Err(error) => reject(error.to_string()),
+        }
+    }
+
+    /// Applied and rejected reloads since start.
+    pub fn reload_counts(&self) -> Arc<ReloadCounts> {
+        self.reload_state.counts.clone()
+    }
+
+    /// Tells reloads what the running config was read from, so an event that leaves the
+    /// file as it was (a touch, a ConfigMap resync) is not a reload.
+    pub fn loaded_from(&self, bytes: Vec<u8>) {
+        *self
+            .reload_state
+            .last_read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config file in a directory of its own, removed when dropped.
+    struct ConfigFile(std::path::PathBuf);
+
+    impl ConfigFile {
+        fn new() -> ConfigFile {
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "memroute-proxy-reload-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            ConfigFile(dir.join("memroute.toml"))
+        }
+    }
+
+    impl Drop for ConfigFile {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    /// A port nobody listens on now (the proxy binds it next).
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    }
+
+    fn config_text(port: u16, servers: &str) -> String {
+        format!(
+            "[proxy]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = 1\nroute = \"main\"\n\
+             [pools.main]\nservers = [{servers}]\n"
+        )
+    }
+
+    #[test]
+    fn reloads_are_counted_and_unchanged_bytes_are_skipped() {
+        let file = ConfigFile::new();
+        let port = free_port();
+        let first = config_text(port, "\"127.0.0.1:1\"");
+        std::fs::write(&file.0, &first).expect("write");
+        let config = memroute_config::parse(&first).expect("valid");
+        let handle = crate::start(config).expect("start");
+        handle.loaded_from(first.into_bytes());
+        let counts = handle.reload_counts();
+        let reload = |trigger| handle.reload_file(&file.0, trigger);
+
+        assert_eq!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Unchanged);
+        std::fs::write(
+            &file.0,
+            config_text(port, "\"127.0.0.1:1\", \"127.0.0.1:2\""),
+        )
+        .expect("write");
+        assert_eq!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Applied);
+        assert_eq!(reload(ReloadTrigger::Signal), ReloadOutcome::Unchanged);
+        assert_eq!((counts.ok(), counts.failed()), (1, 0));
+
+        std::fs::write(&file.0, config_text(port, "\"127.0.0.1:1:0\"")).expect("write");
+        assert!(
+            matches!(reload(ReloadTrigger::Admin), ReloadOutcome::Rejected(r) if r.contains("invalid config"))
+        );
+        std::fs::write(&file.0, "").expect("empty");
+        assert!(matches!(
+            reload(ReloadTrigger::FileChanged),
+            ReloadOutcome::Rejected(_)
+        ));
+        std::fs::remove_file(&file.0).expect("delete");
+        assert!(
+            matches!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Rejected(r) if r.contains("cannot read"))
+        );
+        assert_eq!((counts.ok(), counts.failed()), (1, 3));
+
+        handle.shutdown();
+        handle.join();
+    }
+}
