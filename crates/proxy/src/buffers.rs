@@ -23,9 +23,6 @@ const POOL_LIMIT: usize = 32;
 /// A buffer that grew past this (a huge multi-get reply, a large value) is freed rather
 /// than kept, so one large reply does not pin its memory for the worker's life.
 const KEEP_AT_MOST: usize = 4 * CHUNK;
-/// Partial input up to this size is copied out of its pooled buffer before an idle wait,
-/// so a client that sent half a request does not hold a whole chunk.
-pub(crate) const COMPACT_BELOW: usize = 1024;
 /// Empty pending queues kept per worker (see [`take_queue`]).
 const QUEUE_POOL_LIMIT: usize = 64;
 
@@ -51,7 +48,9 @@ pub(crate) fn take() -> BytesMut {
 
 /// Gives a buffer back (its contents are discarded).
 pub(crate) fn give(mut buffer: BytesMut) {
-    if buffer.capacity() == 0 || buffer.capacity() > KEEP_AT_MOST {
+    // Too small to serve a read (the tail of a split buffer): pooling
+    // it would only make the next `take` allocate anyway.
+    if buffer.capacity() < CHUNK / 4 || buffer.capacity() > KEEP_AT_MOST {
         return;
     }
     buffer.clear();

@@ -167,11 +167,6 @@ where
             }
 
             let can_read = reading && need_input;
-            if can_read && !input.is_empty() && input.len() <= buffers::COMPACT_BELOW {
-                // Half a request waits for the rest: keep only its bytes, not a whole chunk.
-                let partial = BytesMut::from(&input[..]);
-                buffers::give(std::mem::replace(&mut input, partial));
-            }
             if pending.is_empty() {
                 QUEUES.with(|queues| queues.give(&mut pending));
             }
