@@ -19,10 +19,12 @@ use bytes::BytesMut;
 /// The size of a pooled buffer and of one read.
 pub(crate) const CHUNK: usize = 16 * 1024;
 /// Buffers kept per worker once given back; more are freed.
-const POOL_LIMIT: usize = 32;
+const POOL_LIMIT: usize = 16;
 /// A buffer that grew past this (a huge multi-get reply, a large value) is freed rather
-/// than kept, so one large reply does not pin its memory for the worker's life.
-const KEEP_AT_MOST: usize = 4 * CHUNK;
+/// than kept, so one large reply does not pin its memory for the worker's life. A batch of
+/// pipelined replies (1,024 small values) reaches ~256 KiB; freeing those after every
+/// batch cost an mmap/munmap and page faults per batch. At most 16 x 256 KiB per worker.
+const KEEP_AT_MOST: usize = 16 * CHUNK;
 /// Empty pending queues kept per worker (see [`take_queue`]).
 const QUEUE_POOL_LIMIT: usize = 64;
 
