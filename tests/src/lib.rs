@@ -91,7 +91,7 @@ impl Drop for TempDir {
 }
 
 /// Fails with a clear message when a program the tests need is not installed.
-fn require_program(name: &str) {
+pub fn require_program(name: &str) {
     let found = Command::new("sh")
         .arg("-c")
         .arg(format!("command -v {name}"))

@@ -98,7 +98,8 @@ fn sigterm_exits_zero() {
     let mut c = proxy.connect();
     c.set("k", b"v");
     proxy.signal("TERM");
-    let status = proxy.wait_exit(Duration::from_secs(10));
+    // drain_delay (5 s by default) comes first.
+    let status = proxy.wait_exit(Duration::from_secs(20));
     assert!(
         status.success(),
         "memroute exited with {status} on SIGTERM\n{}",

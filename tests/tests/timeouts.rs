@@ -188,6 +188,14 @@ fn sigterm_answers_a_request_waiting_on_a_stalled_backend_then_exits_zero() {
         "in-flight get during shutdown got {}",
         show(&reply)
     );
+    // SIGTERM drains first (proxy.drain_delay, 5 s by default): the connection closes once
+    // memroute stops accepting, as it is idle then.
+    assert!(
+        s.proxy
+            .wait_log("drain delay over", Duration::from_secs(15)),
+        "{}",
+        s.proxy.log_text()
+    );
     assert!(
         c.expect_eof(),
         "memroute closes the connection after answering what was in flight"

@@ -35,6 +35,17 @@ pub struct ConnectionSettings {
     pub health: Arc<ServerHealth>,
 }
 
+/// First reconnect delay after a connection broke while its server is not marked down.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Reconnect delays double up to this. Kept low: a server that is not marked down is one
+/// that may well answer again now, and its requests fail while this connection waits.
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// While the server is marked down, its prober (one per server for the whole process) is
+/// what finds it back and wakes every connection at once; connections themselves retry
+/// only this rarely, as a safety net, so a down server sees the prober's bounded, jittered
+/// rate rather than one connect per connection per backoff from every worker.
+const DOWN_RETRY: Duration = Duration::from_secs(30);
+
 /// A request queued for the connection task.
 #[derive(Debug)]
 struct Queued {
@@ -165,7 +176,11 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
         // Until the next attempt, requests fail at once rather than queue behind a dead
         // server. A server the prober brings back is reconnected at once, not after the
         // rest of a backoff that may have grown to seconds.
-        let retry_at = Instant::now() + backoff;
+        let retry_at = Instant::now()
+            + match health.is_down() {
+                true => DOWN_RETRY,
+                false => backoff,
+            };
         let recovered = health.wait_recovered();
         tokio::pin!(recovered);
         let woke_early = loop {
@@ -383,7 +398,12 @@ async fn read_replies(
                     .borrow()
                     .front()
                     .is_some_and(|f| f.sent_at.max(last_progress).elapsed() > settings.timeout);
-                if overdue {
+                // A worker that was busy elsewhere for longer than the timeout finds the
+                // tick and the socket ready at once, and select! may pick the tick: look at
+                // the socket before blaming the server for bytes it has already sent.
+                if overdue && matches!(socket.try_read_buf(&mut buffer), Ok(n) if n > 0) {
+                    last_progress = Instant::now();
+                } else if overdue {
                     return Err(BackendError::Timeout { server: settings.address.clone() });
                 }
             }

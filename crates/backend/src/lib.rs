@@ -39,7 +39,10 @@ mod discovery;
 mod error;
 mod health;
 
-pub use connection::{spawn_connection, BackendHandle, ConnectionSettings, ReplySlot};
+pub use connection::{
+    spawn_connection, BackendHandle, ConnectionSettings, ReplySlot, RECONNECT_BACKOFF_MAX,
+    RECONNECT_BACKOFF_MIN,
+};
 pub use discovery::{
     hosts_file_addresses, lookup, lookup_blocking, next_refresh, Found, FoundServer,
     MIN_TTL_REFRESH,

@@ -48,6 +48,16 @@ pub struct ProxyConfig {
     /// On SIGINT/SIGTERM, how long client connections may take to finish what they have
     /// in flight before they are closed anyway (default 10s).
     pub shutdown_timeout: Duration,
+    /// On SIGTERM, how long memroute keeps accepting and serving while it reports itself
+    /// not ready, before it stops accepting (default 5s; 0 = stop at once).
+    pub drain_delay: Duration,
+    /// Bytes of replies buffered for clients that have not read them, across the process,
+    /// before memroute stops reading from the clients holding the most (default 64 MiB;
+    /// 0 = no process-wide bound).
+    pub max_buffered_replies: usize,
+    /// A client holding more than its share of `max_buffered_replies` this long is closed
+    /// (default 10s).
+    pub slow_client_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +94,8 @@ pub struct PoolConfig {
     /// At most this fraction of the pool's servers is ejected at once (default 0.5); a
     /// server marked down beyond it fails fast instead.
     pub max_ejected_fraction: f64,
-    /// First probe of a down server after this long (default 1s); each failed probe
-    /// grows the interval by half, with jitter, up to `probe_interval_max` (default 30s).
+    /// First probe of a down server after this long (default 200ms); each failed probe
+    /// grows the interval by half, with jitter, up to `probe_interval_max` (default 500ms).
     pub probe_interval: Duration,
     pub probe_interval_max: Duration,
     pub distribution: DistributionName,

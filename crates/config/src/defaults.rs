@@ -13,6 +13,13 @@ pub const MIN_LINE_SIZE: usize = 1024;
 pub const MAX_CLIENT_PENDING: usize = 256;
 pub const MAX_CONNECTIONS: usize = 0;
 pub const SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+/// Long enough for a load balancer (a Kubernetes Service's endpoints) to stop sending
+/// new clients after the SIGTERM that marked memroute not ready.
+pub const DRAIN_DELAY_MS: u64 = 5_000;
+/// Replies buffered for clients that do not read them, across the whole process.
+pub const MAX_BUFFERED_REPLIES: usize = 64 * 1024 * 1024;
+/// How long a client may hold more than its share of that budget before it is closed.
+pub const SLOW_CLIENT_TIMEOUT_MS: u64 = 10_000;
 pub const VNODES: u32 = memroute_routing::spec::DEFAULT_VNODES;
 pub const CONNECTIONS: usize = 1;
 pub const TIMEOUT_MS: u64 = 250;
@@ -20,8 +27,13 @@ pub const MAX_KEYS_PER_REQUEST: usize = 100;
 pub const WEIGHT: u32 = 1;
 pub const FAILURE_LIMIT: u32 = 3;
 pub const MAX_EJECTED_FRACTION: f64 = 0.5;
-pub const PROBE_INTERVAL_MS: u64 = 1_000;
-pub const PROBE_INTERVAL_MAX_MS: u64 = 30_000;
+/// A down server is probed often enough that it serves again within a second of its
+/// return (probes are one connect and `version`, from one prober per server for the
+/// whole process, so at most 5 a second per server).
+pub const PROBE_INTERVAL_MS: u64 = 200;
+/// The interval stops growing here, however long the outage: the recovery bound
+/// (this plus one probe's round trip) does not depend on how long the server was away.
+pub const PROBE_INTERVAL_MAX_MS: u64 = 500;
 pub const DNS_REFRESH_MS: u64 = 5_000;
 pub const SHADOW_MAX_IN_FLIGHT: usize = 1000;
 pub const ERROR_ROUTE_MESSAGE: &str = "error route";

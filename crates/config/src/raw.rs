@@ -39,6 +39,9 @@ const PROXY_KEYS: &[&str] = &[
     "max_client_pending",
     "max_connections",
     "shutdown_timeout",
+    "drain_delay",
+    "max_buffered_replies",
+    "slow_client_timeout",
 ];
 const ADMIN_KEYS: &[&str] = &["listen"];
 const POOL_KEYS: &[&str] = &[
@@ -682,6 +685,30 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         Duration::from_millis(defaults::SHUTDOWN_TIMEOUT_MS),
         errs,
     );
+    // 0 is meaningful here: stop accepting at once, as before drain existed.
+    let drain_delay = match t.get("drain_delay") {
+        None => Duration::from_millis(defaults::DRAIN_DELAY_MS),
+        Some(v) => parse_duration(v).unwrap_or_else(|m| {
+            errs.push(&join(path, "drain_delay"), m);
+            Duration::from_millis(defaults::DRAIN_DELAY_MS)
+        }),
+    };
+    // 0 turns the budget off.
+    let max_buffered_replies = get_size(
+        t,
+        "max_buffered_replies",
+        path,
+        0,
+        defaults::MAX_BUFFERED_REPLIES,
+        errs,
+    );
+    let slow_client_timeout = get_duration(
+        t,
+        "slow_client_timeout",
+        path,
+        Duration::from_millis(defaults::SLOW_CLIENT_TIMEOUT_MS),
+        errs,
+    );
 
     ProxyConfig {
         listen,
@@ -693,6 +720,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         max_client_pending,
         max_connections,
         shutdown_timeout,
+        drain_delay,
+        max_buffered_replies,
+        slow_client_timeout,
     }
 }
 

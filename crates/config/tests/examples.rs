@@ -127,6 +127,12 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!(c.proxy.max_client_pending, 256);
     assert_eq!(c.proxy.shutdown_timeout, std::time::Duration::from_secs(10));
     assert_eq!(c.proxy.max_connections, 0);
+    assert_eq!(c.proxy.drain_delay, std::time::Duration::from_secs(5));
+    assert_eq!(c.proxy.max_buffered_replies, 64 * 1024 * 1024);
+    assert_eq!(
+        c.proxy.slow_client_timeout,
+        std::time::Duration::from_secs(10)
+    );
     assert_eq!(c.admin, None);
     let p = &c.pools["only"];
     assert_eq!(p.distribution, DistributionName::Ketama);
@@ -238,7 +244,7 @@ hashh = "md5"
         e,
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
-            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout)",
+            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout)",
             "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
@@ -447,6 +453,30 @@ fn twemproxy_compatible_example_matches_its_import() {
         memroute_config::load(&config_dir().join("twemproxy-compatible.toml")).expect("parses");
     assert_eq!(imported.pools, example.pools);
     assert_eq!(imported.proxy, example.proxy);
+}
+
+#[test]
+fn drain_delay_may_be_zero_and_the_budget_may_be_off() {
+    let c = parse(
+        "[proxy]\ndrain_delay = \"0s\"\nmax_buffered_replies = 0\nslow_client_timeout = \"2s\"\n[pools.only]\nservers = [\"10.0.0.1:11211\"]\n",
+    )
+    .expect("parses");
+    assert_eq!(c.proxy.drain_delay, std::time::Duration::ZERO);
+    assert_eq!(c.proxy.max_buffered_replies, 0);
+    assert_eq!(
+        c.proxy.slow_client_timeout,
+        std::time::Duration::from_secs(2)
+    );
+    let errors = parse(
+        "[proxy]\ndrain_delay = \"soon\"\nslow_client_timeout = \"0s\"\n[pools.only]\nservers = [\"10.0.0.1:11211\"]\n",
+    )
+    .expect_err("bad durations");
+    let text = errors.to_string();
+    assert!(text.contains("proxy.drain_delay:"), "{text}");
+    assert!(
+        text.contains("proxy.slow_client_timeout: must be > 0"),
+        "{text}"
+    );
 }
 
 /// config/mcrouter.json (an mcrouter config) imports to the pools and routes of the

@@ -240,8 +240,8 @@ fn pool_health_defaults_and_settings() {
     assert_eq!(a.failure_limit, 3);
     assert!(!a.eject);
     assert_eq!(a.max_ejected_fraction, 0.5);
-    assert_eq!(a.probe_interval, Duration::from_secs(1));
-    assert_eq!(a.probe_interval_max, Duration::from_secs(30));
+    assert_eq!(a.probe_interval, Duration::from_millis(200));
+    assert_eq!(a.probe_interval_max, Duration::from_millis(500));
     assert_eq!(a.discovery, None);
 
     let c = parse(

@@ -104,7 +104,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// What the main thread was woken for.
 enum Event {
     Reload(memroute_proxy::ReloadTrigger),
+    /// SIGINT: stop accepting now (someone at a terminal wants it gone).
     Stop,
+    /// SIGTERM: drain first (an orchestrator is replacing this instance).
+    Drain,
 }
 
 fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> anyhow::Result<()> {
@@ -154,7 +157,7 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
                 }
                 _ = terminate.recv() => {
                     tracing::info!("SIGTERM: shutting down");
-                    Event::Stop
+                    Event::Drain
                 }
                 _ = hangup.recv() => Event::Reload(memroute_proxy::ReloadTrigger::Signal),
                 Some(()) = changes.recv() => Event::Reload(memroute_proxy::ReloadTrigger::FileChanged),
@@ -162,6 +165,24 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
         });
         match event {
             Event::Stop => break,
+            Event::Drain => {
+                // Not ready at once, but keep accepting and serving for drain_delay: a
+                // load balancer still sending clients here must not see refused connects.
+                handle.start_draining();
+                let delay = handle.drain_delay();
+                let interrupted = runtime.block_on(async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => false,
+                        _ = interrupt.recv() => true,
+                        _ = terminate.recv() => true,
+                    }
+                });
+                match interrupted {
+                    true => tracing::warn!("second signal: ending the drain delay early"),
+                    false => tracing::info!("drain delay over: no longer accepting; closing connections as they go idle"),
+                }
+                break;
+            }
             Event::Reload(trigger) => {
                 handle.reload_file(path, trigger);
             }

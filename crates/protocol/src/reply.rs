@@ -80,6 +80,30 @@ fn word(line: &[u8], n: usize) -> Option<&[u8]> {
     line.split(|&b| b == b' ').filter(|w| !w.is_empty()).nth(n)
 }
 
+/// The data length of `VALUE <key> <flags> <bytes>[ <cas>]` as memcached writes it: single
+/// spaces, numeric flags and cas. The header is passed on to the client as it is, so one
+/// that a client could read differently (two spaces, a flags field that is not a number;
+/// found by session fuzzing with a backend answering garbage) is a bad reply.
+fn value_header_length(line: &[u8]) -> Result<Option<&[u8]>, ProtocolError> {
+    let mut words = line.split(|&b| b == b' ');
+    let (_value, key, flags, bytes, cas) = (
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+    );
+    let number = |w: &[u8]| !w.is_empty() && w.iter().all(u8::is_ascii_digit);
+    let well_formed = key.is_some_and(|k| !k.is_empty())
+        && flags.is_some_and(number)
+        && cas.is_none_or(number)
+        && words.next().is_none();
+    match well_formed {
+        true => Ok(bytes),
+        false => Err(ProtocolError::BadReply("malformed VALUE line")),
+    }
+}
+
 /// The largest value a reply may carry: memcached's hard item size maximum (`-I 1g`).
 /// Replies are framed independently of the client-side `Limits::max_value_len`: a backend
 /// may hold larger values (a bigger `-I`, or values grown with append/prepend), and
@@ -122,6 +146,13 @@ fn data_after(buf: &[u8], line_end: usize, len: usize) -> Result<Option<usize>, 
 
 /// Frames one reply of the given kind at the front of `buf`.
 /// Errors mean the backend stream can no longer be trusted (close that connection).
+/// A reply line that is followed by a data block (`VALUE ...`, `VA ...`), or is one cut
+/// short (`VALUE`, `VA`).
+fn announces_data(line: &[u8]) -> bool {
+    let word = line.split(|&b| b == b' ').next().unwrap_or_default();
+    word == b"VALUE" || word == b"VA"
+}
+
 pub fn parse_reply(
     buf: &[u8],
     kind: ReplyKind,
@@ -135,7 +166,14 @@ pub fn parse_reply(
     match kind {
         ReplyKind::Line => {
             // Every memcached reply line starts with an upper-case word or a
-            // number (incr/decr); anything else means we lost the framing.
+            // number (incr/decr); anything else means we lost the framing. A line that
+            // announces a data block (`VALUE`, `VA`) is never a one-line reply either:
+            // passed on, it would tell the client to read a block that is not there.
+            if announces_data(first) {
+                return Err(ProtocolError::BadReply(
+                    "data block where one line was expected",
+                ));
+            }
             match first.first() {
                 Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => {
                     Ok(ReplyParse::Complete(first_end + 2))
@@ -152,6 +190,9 @@ pub fn parse_reply(
                 });
             }
             match first.first() {
+                Some(_) if announces_data(first) => {
+                    Err(ProtocolError::BadReply("unexpected meta reply"))
+                }
                 Some(c) if c.is_ascii_uppercase() => Ok(ReplyParse::Complete(first_end + 2)),
                 _ => Err(ProtocolError::BadReply("unexpected meta reply")),
             }
@@ -170,7 +211,7 @@ pub fn parse_reply(
                 if !line.starts_with(b"VALUE ") {
                     return Err(ProtocolError::BadReply("expected VALUE or END"));
                 }
-                let len = data_len(word(line, 3))?;
+                let len = data_len(value_header_length(line)?)?;
                 pos = match data_after(buf, line_end, len)? {
                     Some(end) => end,
                     None => return Ok(ReplyParse::Incomplete),

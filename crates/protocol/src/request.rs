@@ -18,6 +18,17 @@ pub struct Limits {
     pub max_value_len: usize,
 }
 
+impl Limits {
+    /// Longest line accepted for a retrieval command (`get`, `gets`, `gat`, `gats`): a
+    /// multi-get may carry as many keys as memcached serves (10,000 short keys make a 69 KB
+    /// line), so these lines are bounded by the data block size rather than by
+    /// `max_line_len`. A storage request may already make memroute buffer that much, so a
+    /// long multi-get adds no new worst case per connection.
+    pub fn max_retrieval_line_len(&self) -> usize {
+        self.max_line_len.max(self.max_value_len)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -444,7 +455,7 @@ pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Parse {
         None => return no_newline(buf, limits),
     };
     let line_total = nl + 1;
-    if line_total > limits.max_line_len {
+    if line_total > line_limit(buf, limits) {
         return close(buf, ErrorReply::Client("line too long"));
     }
     // memcached strips one '\r' before the '\n'; a lone "\r\n" is an empty line.
@@ -551,20 +562,36 @@ fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: 
 
 /// No newline in the buffer yet: wait, or give up the way memcached does.
 fn no_newline(buf: &mut BytesMut, limits: &Limits) -> Parse {
-    if buf.len() > limits.max_line_len {
+    if buf.len() > line_limit(buf, limits) {
         return close(buf, ErrorReply::Client("line too long"));
     }
-    if buf.len() > NO_NEWLINE_CLOSE {
-        // memcached tolerates an unterminated line this long only for a
-        // multi-get (after at most 100 leading spaces); anything else is junk
-        // and it closes the connection without a reply.
-        let lead = buf.iter().take_while(|&&b| b == b' ').count();
-        let rest = &buf[lead..];
-        if lead > 100 || !(rest.starts_with(b"get ") || rest.starts_with(b"gets ")) {
-            return close(buf, ErrorReply::Silent);
-        }
+    // memcached tolerates an unterminated line this long only for a multi-get (after at
+    // most 100 leading spaces); anything else is junk and it closes the connection without
+    // a reply. memcached checks for get/gets only, so a long gat line survives there only
+    // when it arrives in one read; memroute accepts gat/gats alike, whatever the reads.
+    if buf.len() > NO_NEWLINE_CLOSE && !is_retrieval_line(buf) {
+        return close(buf, ErrorReply::Silent);
     }
     Parse::Incomplete
+}
+
+/// The longest line `buf` may hold: retrieval lines may be longer than other lines.
+fn line_limit(buf: &[u8], limits: &Limits) -> usize {
+    match buf.len() > limits.max_line_len && is_retrieval_line(buf) {
+        true => limits.max_retrieval_line_len(),
+        false => limits.max_line_len,
+    }
+}
+
+/// `buf` starts (after at most 100 spaces, as memcached allows) with a retrieval command
+/// word and a space: a multi-get that may be longer than other lines.
+fn is_retrieval_line(buf: &[u8]) -> bool {
+    let lead = buf.iter().take(101).take_while(|&&b| b == b' ').count();
+    let rest = &buf[lead..];
+    lead <= 100
+        && [&b"get "[..], b"gets ", b"gat ", b"gats "]
+            .iter()
+            .any(|word| rest.starts_with(word))
 }
 
 /// get/gets `<key>+`, gat/gats `<exptime> <key>+`.

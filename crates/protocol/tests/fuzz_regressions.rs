@@ -74,3 +74,62 @@ fn quiet_token_after_key_ending_in_cr() {
         b"delete k\r\n"
     );
 }
+
+/// Session fuzzing (`memroute_proxy::fuzzing`, a backend answering garbage): `VALUE a 01`
+/// was accepted as the one-line reply to `incr` and passed on, telling the client a data
+/// block follows that never comes. A line announcing a data block is never a one-line
+/// reply (nor a meta reply unless it is `VA <size>` with its block).
+#[test]
+fn a_value_line_is_not_a_one_line_reply() {
+    use memroute_protocol::{parse_reply, Limits, ReplyKind};
+    let limits = Limits::default();
+    for line in [&b"VALUE a 01\r\n"[..], b"VALUE\r\n", b"VA 1 t\r\n"] {
+        assert!(
+            parse_reply(line, ReplyKind::Line, &limits).is_err(),
+            "{line:?}"
+        );
+    }
+    assert!(parse_reply(b"VALUE a 0 1\r\n", ReplyKind::MetaGet, &limits).is_err());
+    // What a one-line reply may be is unchanged.
+    for line in [
+        &b"STORED\r\n"[..],
+        b"12\r\n",
+        b"SERVER_ERROR x\r\n",
+        b"VERSION 1.6\r\n",
+    ] {
+        assert!(
+            parse_reply(line, ReplyKind::Line, &limits).is_ok(),
+            "{line:?}"
+        );
+    }
+}
+
+/// Session fuzzing, backend answering garbage: `VALUE a  \x05 1` (two spaces, flags not a
+/// number) was framed and passed on; a client splitting on single spaces or parsing the flags
+/// reads it differently. memcached writes single spaces and numbers only.
+#[test]
+fn a_value_header_memcached_would_not_write_is_a_bad_reply() {
+    use memroute_protocol::{parse_reply, Limits, ReplyKind, ReplyParse};
+    let limits = Limits::default();
+    for reply in [
+        &b"VALUE a  \x05 1\r\nx\r\nEND\r\n"[..],
+        b"VALUE a x 1\r\nx\r\nEND\r\n",
+        b"VALUE a 0  1\r\nx\r\nEND\r\n",
+        b"VALUE a 0 1 c\r\nx\r\nEND\r\n",
+        b"VALUE a 0 1 2 3\r\nx\r\nEND\r\n",
+    ] {
+        assert!(
+            parse_reply(reply, ReplyKind::Retrieval, &limits).is_err(),
+            "{reply:?}"
+        );
+    }
+    for reply in [
+        &b"VALUE a 0 1\r\nx\r\nEND\r\n"[..],
+        b"VALUE a 7 1 99\r\nx\r\nEND\r\n",
+    ] {
+        assert_eq!(
+            parse_reply(reply, ReplyKind::Retrieval, &limits),
+            Ok(ReplyParse::Complete(reply.len()))
+        );
+    }
+}

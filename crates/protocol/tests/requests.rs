@@ -509,9 +509,11 @@ fn long_lines_without_newline() {
     let mut get = b"get ".to_vec();
     get.resize(get.len() + 3000, b'a');
     assert_eq!(parse(&get).0, Parse::Incomplete);
-    // Beyond memroute's own line limit: closed with an error line.
+    // Beyond memroute's own limit for retrieval lines (the larger of the line and value
+    // limits): closed with an error line.
     let lim = Limits {
         max_line_len: 100,
+        max_value_len: 100,
         ..Limits::default()
     };
     let mut buf = BytesMut::from(&get[..]);
@@ -900,4 +902,70 @@ fn tabs_and_inner_carriage_returns_are_word_bytes() {
     assert_eq!(err_reply(b"touch n\r10\r\n"), b"ERROR\r\n");
     let r = req(b"mg r\rx v\r\n");
     assert_eq!(r.keys().collect::<Vec<_>>(), vec![&b"r\rx"[..]]);
+}
+
+/// `get key0 key1 ... key9999`: 10,000 keys, a 79 KB line.
+fn ten_thousand_keys(command: &str) -> Vec<u8> {
+    let keys: Vec<String> = (0..10_000).map(|i| format!("key{i}")).collect();
+    format!("{command} {}\r\n", keys.join(" ")).into_bytes()
+}
+
+#[test]
+fn multi_gets_may_be_longer_than_max_line_len() {
+    let limits = Limits::default();
+    for command in ["get", "gets", "gat 10", "gats 10"] {
+        let line = ten_thousand_keys(command);
+        assert!(line.len() > limits.max_line_len, "{}", line.len());
+        let mut buf = BytesMut::from(&line[..]);
+        match parse_request(&mut buf, &limits) {
+            Parse::Request(request) => {
+                assert_eq!(request.keys.len(), 10_000, "{command}");
+                assert_eq!(request.key(9_999), b"key9999");
+                assert_eq!(request.line_len, line.len());
+            }
+            other => panic!("{command}: {other:?}"),
+        }
+        assert!(buf.is_empty());
+        // Arriving in pieces, it waits for its newline rather than closing.
+        let mut partial = BytesMut::from(&line[..line.len() - 2]);
+        assert_eq!(parse_request(&mut partial, &limits), Parse::Incomplete);
+        assert_eq!(partial.len(), line.len() - 2, "nothing consumed");
+    }
+}
+
+#[test]
+fn max_line_len_still_bounds_lines_that_are_not_retrievals() {
+    let limits = Limits::default();
+    let close = Parse::Invalid {
+        reply: ErrorReply::Client("line too long"),
+        swallow: 0,
+        close: true,
+    };
+    // Too many words for a delete, and far too long: closed, not parsed.
+    let mut buf = BytesMut::from(&ten_thousand_keys("delete")[..]);
+    assert_eq!(parse_request(&mut buf, &limits), close);
+    // A set line padded past the limit; still waiting for its newline past 2 KB, memcached
+    // closes at once.
+    let padded = format!("set k{} 0 0 1\r\nx\r\n", " ".repeat(70_000));
+    let mut buf = BytesMut::from(padded.as_bytes());
+    assert_eq!(parse_request(&mut buf, &limits), close);
+    let mut buf = BytesMut::from(&padded.as_bytes()[..10_000]);
+    assert_eq!(parse_request(&mut buf, &limits), err_close_silent());
+    // A retrieval line past the retrieval bound (max_value_len) is closed too.
+    let small = Limits {
+        max_value_len: 32 * 1024,
+        ..Limits::default()
+    };
+    let mut buf = BytesMut::from(&ten_thousand_keys("get")[..]);
+    assert_eq!(parse_request(&mut buf, &small), close);
+}
+
+/// What memcached does with 2 KB of a line that is not a multi-get and has no newline yet:
+/// closes without a word.
+fn err_close_silent() -> Parse {
+    Parse::Invalid {
+        reply: ErrorReply::Silent,
+        swallow: 0,
+        close: true,
+    }
 }

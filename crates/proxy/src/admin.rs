@@ -1,10 +1,12 @@
-//! The admin endpoint: `GET /metrics` (Prometheus text format) and `GET /healthz`.
+//! The admin endpoint: `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
+//! `GET /ready` (not ready while draining).
 //!
 //! Served by one plain thread with blocking sockets: it is scraped a few times a
 //! minute and must never compete with the workers' runtimes.
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +15,13 @@ use crate::stats::{SharedStats, WorkerStats};
 use crate::ProxyError;
 
 /// Binds the admin address and serves it on its own thread until the process exits.
-pub(crate) fn start(address: &str, stats: Arc<SharedStats>) -> Result<String, ProxyError> {
+/// `/ready` answers 503 once `draining` is set (SIGTERM), so a load balancer stops
+/// sending new clients while memroute still serves them; `/healthz` stays 200.
+pub(crate) fn start(
+    address: &str,
+    stats: Arc<SharedStats>,
+    draining: Arc<AtomicBool>,
+) -> Result<String, ProxyError> {
     let listener = TcpListener::bind(address).map_err(|source| ProxyError::Listen {
         address: address.to_string(),
         source,
@@ -26,7 +34,7 @@ pub(crate) fn start(address: &str, stats: Arc<SharedStats>) -> Result<String, Pr
         .name("memroute-admin".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                if let Err(error) = answer(stream, &stats) {
+                if let Err(error) = answer(stream, &stats, &draining) {
                     tracing::debug!(%error, "admin request failed");
                 }
             }
@@ -35,7 +43,11 @@ pub(crate) fn start(address: &str, stats: Arc<SharedStats>) -> Result<String, Pr
     Ok(bound)
 }
 
-fn answer(mut stream: TcpStream, stats: &SharedStats) -> std::io::Result<()> {
+fn answer(
+    mut stream: TcpStream,
+    stats: &SharedStats,
+    draining: &AtomicBool,
+) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut request = [0u8; 2048];
     let mut len = 0;
@@ -57,12 +69,25 @@ fn answer(mut stream: TcpStream, stats: &SharedStats) -> std::io::Result<()> {
     let (status, content_type, body) = if first_line.starts_with(b"GET /metrics") {
         ("200 OK", "text/plain; version=0.0.4", prometheus(stats))
     } else if first_line.starts_with(b"GET /healthz") {
+        // Alive: the process answers. Draining does not change it (a liveness probe
+        // failing during a drain could restart the pod mid-drain).
         ("200 OK", "text/plain", "ok\n".to_string())
+    } else if first_line.starts_with(b"GET /ready") {
+        // Minimal readiness: not ready once draining. (The metrics work extends /ready
+        // with pool checks; the draining flag is the hook it keeps.)
+        match draining.load(Relaxed) {
+            true => (
+                "503 Service Unavailable",
+                "text/plain",
+                "draining\n".to_string(),
+            ),
+            false => ("200 OK", "text/plain", "ready\n".to_string()),
+        }
     } else {
         (
             "404 Not Found",
             "text/plain",
-            "try /metrics or /healthz\n".to_string(),
+            "try /metrics, /healthz or /ready\n".to_string(),
         )
     };
     let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());

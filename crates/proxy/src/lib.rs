@@ -17,11 +17,14 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod budget;
 mod buffers;
 mod control;
 mod dispatch;
 mod error;
 mod execute;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod listener;
 mod mcrouter_admin;
 mod reload;
@@ -29,6 +32,7 @@ mod session;
 mod stats;
 mod worker;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -59,12 +63,34 @@ pub struct ProxyHandle {
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
     pub admin_address: Option<String>,
+    /// Set by [`ProxyHandle::start_draining`]: the admin endpoint reports not ready.
+    draining: Arc<AtomicBool>,
 }
 
 impl ProxyHandle {
-    /// Stop accepting, let sessions finish what is in flight, then let workers exit.
+    /// Stop accepting, then close each client connection as it goes idle (nothing in
+    /// flight, nothing buffered), within `shutdown_timeout`; then let workers exit.
     pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
+    }
+
+    /// The first step of a graceful stop: from now on the admin endpoint answers not ready
+    /// (503), while memroute keeps accepting and serving. The caller waits `drain_delay()`
+    /// (for load balancers to stop sending new clients) and then calls `shutdown()`.
+    pub fn start_draining(&self) {
+        if !self.draining.swap(true, Ordering::Relaxed) {
+            tracing::info!(drain_delay = ?self.drain_delay(), "draining: reporting not ready, still accepting and serving");
+        }
+    }
+
+    /// Whether `start_draining` was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// `proxy.drain_delay` of the running config.
+    pub fn drain_delay(&self) -> Duration {
+        self.controller.base().proxy.drain_delay
     }
 
     /// Serves `config` from now on, without dropping a connection or a request: builds its
@@ -158,10 +184,15 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
     let shared = Arc::new(stats::SharedStats::new(workers));
+    let draining = Arc::new(AtomicBool::new(false));
     // Before the admin endpoint, which may render `reload_state.counts`.
     let reload_state = reload::ReloadState::default();
     let admin_address = match &config.admin {
-        Some(admin) => Some(admin::start(&admin.listen, shared.clone())?),
+        Some(admin) => Some(admin::start(
+            &admin.listen,
+            shared.clone(),
+            draining.clone(),
+        )?),
         None => None,
     };
     let (controller, generation_rx, inbox) = control::Controller::new(config, shared)?;
@@ -196,5 +227,6 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         reload_state,
         local_addresses,
         admin_address,
+        draining,
     })
 }

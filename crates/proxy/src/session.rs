@@ -23,6 +23,7 @@ use memroute_protocol::{parse_request, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
+use crate::budget::Charge;
 use crate::buffers::{self, QueuePool, CHUNK};
 use crate::dispatch::{dispatch, Flow, Pending};
 use crate::worker::WorkerContext;
@@ -72,7 +73,13 @@ where
         let mut pending: VecDeque<Pending> = VecDeque::new();
         // Bytes of a rejected data block still to be discarded as they arrive.
         let mut swallow = 0usize;
-        let mut reading = !*shutdown.borrow();
+        let mut reading = true;
+        // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
+        // flight, nothing buffered), so no request the client already sent is lost.
+        let mut draining = *shutdown.borrow();
+        // This session's share of the process-wide reply budget, and whether it is paused.
+        let mut charge = Charge::new(context.shared.clone());
+        let mut paused = false;
         // One future for the whole session: re-creating it per loop would register and
         // unregister a waiter on the shared watch channel for every request.
         let mut stop = std::pin::pin!(shutdown.changed());
@@ -85,7 +92,11 @@ where
             // batch. Dropped before any wait, so an idle session keeps no old connections open.
             let routing = context.routing();
             let max_pending = routing.max_client_pending;
-            while reading && pending.len() < max_pending {
+            let budget = routing.reply_budget;
+            while reading
+                && pending.len() < max_pending
+                && charge.may_read(&budget, pending.len(), &mut paused)
+            {
                 if pending.capacity() == 0 {
                     QUEUES.with(|queues| queues.fill(&mut pending));
                 }
@@ -134,6 +145,7 @@ where
 
             // Every reply already complete goes out now, in order, in one write.
             let mut closing = false;
+            let (written_before, mut finished) = (output.len(), 0);
             while let Some(head) = pending.front_mut() {
                 if !head.try_complete() {
                     break;
@@ -144,23 +156,33 @@ where
                 if output.capacity() == 0 {
                     output = buffers::take();
                 }
+                finished += 1;
                 if head.finish(context, &mut output) == Flow::Close {
                     closing = true;
                     break;
                 }
             }
-            if !output.is_empty() && stream.write_all(&output).await.is_err() {
-                return;
+            charge.observe(output.len() - written_before, finished);
+            if finished > 0 {
+                // A pause is decided against the replies outstanding then; some came back.
+                paused = false;
+            }
+            if !output.is_empty() {
+                let written = charge.write_all(&mut stream, &output, pending.len(), &budget);
+                if written.await.is_err() {
+                    return;
+                }
             }
             if output.capacity() > 0 {
                 // Written: the buffer goes back (or is freed if a huge reply grew it).
                 buffers::give(std::mem::take(&mut output));
             }
-            if closing || (!reading && pending.is_empty()) {
+            let idle = pending.is_empty() && input.is_empty() && swallow == 0;
+            if closing || (!reading && pending.is_empty()) || (draining && idle) {
                 let _ = stream.shutdown().await;
                 return;
             }
-            if reading && !need_input && pending.len() < max_pending {
+            if reading && !need_input && pending.len() < max_pending && !paused {
                 // Parsing stopped at the pending cap and replies have drained since: parse the
                 // requests already buffered before waiting for anything.
                 continue;
@@ -176,7 +198,7 @@ where
                     Ok(0) | Err(_) => reading = false,
                     Ok(_) => {}
                 },
-                _ = &mut stop, if reading => reading = false,
+                _ = &mut stop, if reading && !draining => draining = true,
             }
         }
     }

@@ -55,6 +55,8 @@ pub(crate) struct SharedStats {
     shadows: Mutex<Vec<(String, Arc<ShadowStats>)>>,
     /// DNS lookups per pool: (succeeded, failed).
     lookups: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
+    /// Reply bytes held for clients, process-wide (`max_buffered_replies`).
+    pub replies: crate::budget::ReplyBudget,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,6 +77,7 @@ impl SharedStats {
             routes: Mutex::new(Vec::new()),
             shadows: Mutex::new(Vec::new()),
             lookups: Mutex::new(Default::default()),
+            replies: Default::default(),
         }
     }
 
@@ -190,6 +193,12 @@ impl SharedStats {
         stat("get_hits", &sum(|w| &w.get_hits));
         stat("get_misses", &sum(|w| &w.get_misses));
         stat("client_errors", &sum(|w| &w.client_errors));
+        stat("buffered_reply_bytes", &self.replies.used());
+        stat("reads_paused", &self.replies.paused_total.load(Relaxed));
+        stat(
+            "slow_clients_closed",
+            &self.replies.slow_closed_total.load(Relaxed),
+        );
         for server in self.servers().iter() {
             stat(
                 &format!("server:{}:{}:errors", server.pool, server.address),

@@ -129,6 +129,7 @@ pub(crate) struct Routing {
     pub max_client_pending: usize,
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
+    pub reply_budget: crate::budget::BudgetSettings,
     /// Per route node id (pools included): policy counters.
     route_stats: Vec<Arc<RouteStats>>,
     /// Per shadow index: this worker's copies in flight and the shared counters.
@@ -230,8 +231,8 @@ impl Routing {
                                     address: Arc::from(server.address.as_str()),
                                     timeout: pool.timeout,
                                     connect_timeout: pool.connect_timeout,
-                                    backoff_min: Duration::from_millis(100),
-                                    backoff_max: Duration::from_secs(5),
+                                    backoff_min: memroute_backend::RECONNECT_BACKOFF_MIN,
+                                    backoff_max: memroute_backend::RECONNECT_BACKOFF_MAX,
                                     limits,
                                     health: health.clone(),
                                 };
@@ -291,6 +292,10 @@ impl Routing {
             max_client_pending: config.proxy.max_client_pending.max(1),
             max_connections: config.proxy.max_connections,
             shutdown_timeout: config.proxy.shutdown_timeout,
+            reply_budget: crate::budget::BudgetSettings {
+                max_buffered_replies: config.proxy.max_buffered_replies,
+                slow_client_timeout: config.proxy.slow_client_timeout,
+            },
             route_stats: generation.route_stats.clone(),
             shadows,
         }
@@ -351,6 +356,22 @@ pub(crate) struct WorkerContext {
 }
 
 impl WorkerContext {
+    /// A context serving `generation` from the start, outside a `Worker` (the session
+    /// fuzzing harness builds one per case).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn for_generation(
+        index: usize,
+        generation: &Generation,
+        shared: Arc<SharedStats>,
+    ) -> WorkerContext {
+        WorkerContext {
+            index,
+            routing: RefCell::new(Rc::new(Routing::build(generation, None))),
+            next_slot: Cell::new(0),
+            shared,
+        }
+    }
+
     pub(crate) fn stats(&self) -> &crate::stats::WorkerStats {
         &self.shared.workers[self.index]
     }
