@@ -29,15 +29,18 @@ fn config(
     )
 }
 
-/// One HTTP/1.1 GET; returns (status line, body). The admin endpoint closes after answering.
+/// One HTTP/1.1 GET with `Connection: close`; returns (status line, body).
 fn http_get(addr: &str, path: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect admin {addr}: {e}"));
     s.set_read_timeout(Some(IO_TIMEOUT))
         .expect("set read timeout");
     s.set_write_timeout(Some(IO_TIMEOUT))
         .expect("set write timeout");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n").as_bytes())
-        .expect("send request");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .expect("send request");
     let mut response = String::new();
     s.read_to_string(&mut response)
         .unwrap_or_else(|e| panic!("GET {path}: {e} after {response:?}"));

@@ -21,7 +21,11 @@ fn http_status(admin: &str, path: &str) -> String {
     stream
         .set_read_timeout(Some(IO_TIMEOUT))
         .expect("read timeout");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("admin write");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("admin write");
     let mut answer = String::new();
     let _ = stream.read_to_string(&mut answer);
     answer.lines().next().unwrap_or_default().to_string()
@@ -39,7 +43,16 @@ fn sigterm_drains_serves_new_and_old_clients_then_closes_idle_ones() {
     );
     toml.push_str(&format!("\n[admin]\nlisten = \"{admin}\"\n"));
     let mut proxy = Memroute::start(&toml);
-    assert_eq!(http_status(&admin, "/ready"), "HTTP/1.1 200 OK");
+    // Ready once the pool's server is connected.
+    let ready_by = Instant::now() + DEADLINE;
+    while http_status(&admin, "/ready") != "HTTP/1.1 200 OK" {
+        assert!(
+            Instant::now() < ready_by,
+            "never ready\n{}",
+            proxy.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let mut old = proxy.connect();
     old.set("k", b"v");

@@ -33,6 +33,25 @@ pub struct ConnectionSettings {
     /// its prober: this connection reports failures and successes to it, and fails
     /// requests fast while it says the server is down.
     pub health: Arc<ServerHealth>,
+    /// Told the time from writing each request to reading its reply (metrics).
+    pub round_trips: Option<RoundTrips>,
+}
+
+/// Where a connection reports each request's round trip (write to reply read). The
+/// connection task and its observer live on one worker thread, so no atomics are needed.
+#[derive(Clone)]
+pub struct RoundTrips(std::rc::Rc<dyn Fn(Duration)>);
+
+impl RoundTrips {
+    pub fn new(observe: impl Fn(Duration) + 'static) -> RoundTrips {
+        RoundTrips(std::rc::Rc::new(observe))
+    }
+}
+
+impl std::fmt::Debug for RoundTrips {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RoundTrips")
+    }
 }
 
 /// First reconnect delay after a connection broke while its server is not marked down.
@@ -140,7 +159,9 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
                 // Small requests must not wait for Nagle: latency is the product.
                 let _ = stream.set_nodelay(true);
                 tracing::debug!(server = %settings.address, "backend connected");
+                health.connection_opened();
                 let (outcome, answered) = serve(&settings, stream, &mut queue).await;
+                health.connection_closed();
                 // Only a server that answered is healthy: one that accepts connections but
                 // never replies (stopped, overloaded) keeps backing off.
                 if answered {
@@ -364,6 +385,13 @@ async fn read_replies(
                 Ok(ReplyParse::Complete(len)) => {
                     let reply = buffer.split_to(len).freeze();
                     if let Some(request) = in_flight.borrow_mut().pop_front() {
+                        // No clock read of its own: the batch's write time and the time
+                        // the bytes were read are already known.
+                        if let Some(round_trips) = &settings.round_trips {
+                            (round_trips.0)(
+                                last_progress.saturating_duration_since(request.sent_at),
+                            );
+                        }
                         let _ = request.reply.send(Ok(reply));
                     }
                     link.answered.set(true);
@@ -443,6 +471,7 @@ mod tests {
             backoff_max: Duration::from_secs(60),
             limits: Limits::default(),
             health,
+            round_trips: None,
         }
     }
 

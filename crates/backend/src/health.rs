@@ -50,6 +50,8 @@ pub struct ServerHealth {
     state: watch::Sender<Transition>,
     marked_down_total: AtomicU64,
     marked_up_total: AtomicU64,
+    /// Connections to this server open now, over every worker (readiness, metrics).
+    open_connections: AtomicU64,
 }
 
 impl ServerHealth {
@@ -76,6 +78,7 @@ impl ServerHealth {
             state,
             marked_down_total: AtomicU64::new(0),
             marked_up_total: AtomicU64::new(0),
+            open_connections: AtomicU64::new(0),
         })
     }
 
@@ -206,6 +209,23 @@ impl ServerHealth {
 
     pub fn marked_up_total(&self) -> u64 {
         self.marked_up_total.load(Ordering::Relaxed)
+    }
+
+    /// A connection to this server was established (it stays counted until closed).
+    pub fn connection_opened(&self) {
+        self.open_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection counted by `connection_opened` closed.
+    pub fn connection_closed(&self) {
+        let _ = self
+            .open_connections
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// Connections to this server open now, over every worker.
+    pub fn open_connections(&self) -> u64 {
+        self.open_connections.load(Ordering::Relaxed)
     }
 }
 

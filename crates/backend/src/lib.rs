@@ -40,8 +40,8 @@ mod error;
 mod health;
 
 pub use connection::{
-    spawn_connection, BackendHandle, ConnectionSettings, ReplySlot, RECONNECT_BACKOFF_MAX,
-    RECONNECT_BACKOFF_MIN,
+    spawn_connection, BackendHandle, ConnectionSettings, ReplySlot, RoundTrips,
+    RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
 };
 pub use discovery::{
     hosts_file_addresses, lookup, lookup_blocking, next_refresh, Found, FoundServer,

@@ -66,9 +66,12 @@ pub enum ListenAddress {
     Unix(std::path::PathBuf),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     pub listen: String,
+    /// `/ready` answers 200 once every pool has a live connection to at least this
+    /// fraction of its servers (and always at least one); 0 means "one server".
+    pub ready_fraction: f64,
 }
 
 /// The names, policies and route shapes routing is built from: one spelling each,

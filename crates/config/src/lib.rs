@@ -14,12 +14,14 @@ pub mod defaults;
 mod error;
 pub mod import;
 pub mod raw;
+mod redact;
 mod spec;
 /// Kept at its old path for callers from before importers had their own module.
 pub use import::twemproxy;
 
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};
+pub use redact::redacted;
 
 /// Parses and validates a config from TOML text.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {

@@ -43,7 +43,7 @@ const PROXY_KEYS: &[&str] = &[
     "max_buffered_replies",
     "slow_client_timeout",
 ];
-const ADMIN_KEYS: &[&str] = &["listen"];
+const ADMIN_KEYS: &[&str] = &["listen", "ready_fraction"];
 const POOL_KEYS: &[&str] = &[
     "servers",
     "distribution",
@@ -795,7 +795,14 @@ fn check_admin(t: &Table, errs: &mut Errors) -> AdminConfig {
             String::new()
         }
     };
-    AdminConfig { listen }
+    let ready_fraction = t
+        .get("ready_fraction")
+        .and_then(|v| check_unit_number(v, "admin.ready_fraction", errs))
+        .unwrap_or(0.0);
+    AdminConfig {
+        listen,
+        ready_fraction,
+    }
 }
 
 fn check_discovery(t: &Table, errs: &mut Errors) -> DiscoveryConfig {

@@ -6,6 +6,7 @@
 //!   memroute --check --config FILE    validate, print what was understood, exit
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
 //!   memroute import-mcrouter FILE     print the memroute TOML for an mcrouter JSON config
+//!   memroute route --config FILE KEY...   print where each key goes (route path, server)
 //! ```
 #![forbid(unsafe_code)]
 
@@ -44,6 +45,16 @@ enum Command {
         /// Path to nutcracker.yml.
         file: PathBuf,
     },
+    /// Print where each key goes under --config: the route path, the server and the
+    /// target's role (primary, shadow copy, replica, failover, ...), one line per target.
+    Route {
+        /// The operation to route (get, set, delete, ... as in operation routes).
+        #[arg(long, default_value = "get")]
+        operation: String,
+        /// Keys to look up.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
     /// Print the memroute TOML equivalent of an mcrouter JSON config.
     ImportMcrouter {
         /// Path to the mcrouter config (JSON).
@@ -72,19 +83,25 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Some(command) = cli.command {
-        type Importer = fn(&str) -> Result<String, memroute_config::ConfigErrors>;
-        let (file, import): (_, Importer) = match command {
-            Command::ImportTwemproxy { file } => (file, memroute_config::import::twemproxy::import),
-            Command::ImportMcrouter { file } => (file, memroute_config::import::mcrouter::import),
-        };
+    type Importer = fn(&str) -> Result<String, memroute_config::ConfigErrors>;
+    let import = |file: PathBuf, import: Importer| {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
         let toml =
             import(&text).map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
         write_stdout(&toml);
-        return Ok(());
-    }
+        Ok(())
+    };
+    let route_keys = match cli.command {
+        Some(Command::ImportTwemproxy { file }) => {
+            return import(file, memroute_config::import::twemproxy::import)
+        }
+        Some(Command::ImportMcrouter { file }) => {
+            return import(file, memroute_config::import::mcrouter::import)
+        }
+        Some(Command::Route { operation, keys }) => Some((operation, keys)),
+        None => None,
+    };
     let Some(path) = cli.config else {
         anyhow::bail!("--config FILE is required (see --help)");
     };
@@ -93,6 +110,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .with_context(|| format!("invalid config {}: not UTF-8", path.display()))?;
     let config = memroute_config::parse(text)
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
+    if let Some((operation, keys)) = route_keys {
+        return route(&config, &operation, &keys);
+    }
     if cli.check {
         write_stdout(&describe(&config));
         write_stdout(&format!("config {} is valid\n", path.display()));
@@ -101,9 +121,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     serve(config, bytes, &path, !cli.no_watch)
 }
 
+/// `memroute route`: where each key goes under `config`.
+fn route(config: &Config, operation: &str, keys: &[String]) -> anyhow::Result<()> {
+    let Some(operation) = memroute_proxy::operation_named(operation) else {
+        anyhow::bail!("unknown --operation {operation:?} (get, set, delete, incr, ...)");
+    };
+    let mut out = String::new();
+    for key in keys {
+        let targets = memroute_proxy::route_key(config, operation, key.as_bytes())
+            .context("cannot build the routes")?;
+        out.push_str(&memroute_proxy::describe_routes(key, &targets));
+    }
+    write_stdout(&out);
+    Ok(())
+}
+
 /// What the main thread was woken for.
 enum Event {
     Reload(memroute_proxy::ReloadTrigger),
+    /// `POST /reload` on the admin endpoint: reload, then answer it.
+    AdminReload(memroute_proxy::ReloadRequest),
     /// SIGINT: stop accepting now (someone at a terminal wants it gone).
     Stop,
     /// SIGTERM: drain first (an orchestrator is replacing this instance).
@@ -132,6 +169,7 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
     );
     let handle = memroute_proxy::start(config).context("cannot start")?;
     handle.loaded_from(read);
+    let mut admin_reloads = handle.reload_requests();
     let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
     // Started after the proxy (which needs no watch) and before `ready`, so an edit made
     // once a test or an orchestrator sees `ready` is never missed. A watch that cannot
@@ -161,6 +199,7 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
                 }
                 _ = hangup.recv() => Event::Reload(memroute_proxy::ReloadTrigger::Signal),
                 Some(()) = changes.recv() => Event::Reload(memroute_proxy::ReloadTrigger::FileChanged),
+                Some(request) = admin_reloads.recv() => Event::AdminReload(request),
             }
         });
         match event {
@@ -186,8 +225,20 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
             Event::Reload(trigger) => {
                 handle.reload_file(path, trigger);
             }
+            Event::AdminReload(request) => {
+                let outcome = handle.reload_file(path, memroute_proxy::ReloadTrigger::Admin);
+                let _ = request.reply.send(match outcome {
+                    memroute_proxy::ReloadOutcome::Applied => Ok("applied".to_string()),
+                    memroute_proxy::ReloadOutcome::Unchanged => {
+                        Ok("the file is unchanged since the last reload".to_string())
+                    }
+                    memroute_proxy::ReloadOutcome::Rejected(reason) => Err(reason),
+                });
+            }
         }
     }
+    // Load balancers see /ready fail from now on, while the listeners drain.
+    handle.set_not_ready();
     handle.shutdown();
     // Workers drain within proxy.shutdown_timeout; a second signal means "now".
     let forced = runtime.block_on(async {

@@ -1,31 +1,145 @@
-//! The admin endpoint: `GET /metrics` (Prometheus text format), `GET /healthz` (alive) and
-//! `GET /ready` (not ready while draining).
+//! The admin endpoint, served with hyper (HTTP/1.1) on a thread and runtime of its own, so
+//! nothing here competes with the workers:
 //!
-//! Served by one plain thread with blocking sockets: it is scraped a few times a
-//! minute and must never compete with the workers' runtimes.
-use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+//! ```text
+//!   GET  /metrics       Prometheus text (every worker flushes first, bounded wait)
+//!   GET  /healthz       the process is up
+//!   GET  /ready         200 once every pool has live connections (admin.ready_fraction),
+//!                       503 before that and while draining
+//!   GET  /config        the running config, secrets redacted, and its md5 hash
+//!   POST /reload        re-read the config file and reload (the binary does the reading)
+//!   GET  /route?key=K   where a key goes (repeat key=; op=set for another operation)
+//! ```
+//!
+//! Each connection is a task: a slow or silent client holds only its own task, never the
+//! scrapes behind it. Headers must arrive within [`HEADER_TIMEOUT`], a connection lives at
+//! most [`CONNECTION_LIMIT`], and past [`MAX_CONNECTIONS`] new ones are closed at once.
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::stats::{SharedStats, WorkerStats};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::control::Controller;
+use crate::stats::Metrics;
 use crate::ProxyError;
 
+/// A request's headers must arrive within this long (a silent client is closed).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// No admin connection lives longer than this, however busy.
+const CONNECTION_LIMIT: Duration = Duration::from_secs(60);
+/// Admin connections open at once; more are closed as soon as they are accepted.
+const MAX_CONNECTIONS: usize = 64;
+/// How long `POST /reload` waits for the reload to finish.
+const RELOAD_WAIT: Duration = Duration::from_secs(30);
+
+/// A `POST /reload` handed to whoever reads the config file (the binary).
+#[derive(Debug)]
+pub struct ReloadRequest {
+    /// `Ok(summary)` once the new config serves, `Err(reason)` when it was rejected.
+    pub reply: oneshot::Sender<Result<String, String>>,
+}
+
+/// The running config as `/config` shows it.
+#[derive(Debug, Clone)]
+struct ConfigSource {
+    redacted: String,
+    hash: String,
+}
+
+/// What the admin endpoint reads; shared with [`crate::ProxyHandle`].
+#[derive(Debug)]
+pub(crate) struct AdminState {
+    pub metrics: Arc<Metrics>,
+    pub controller: Arc<Controller>,
+    /// Set when the process is stopping: `/ready` answers 503 from then on.
+    pub draining: AtomicBool,
+    source: Mutex<Option<ConfigSource>>,
+    reloads: Mutex<Option<mpsc::UnboundedSender<ReloadRequest>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl AdminState {
+    pub(crate) fn new(metrics: Arc<Metrics>, controller: Arc<Controller>) -> AdminState {
+        AdminState {
+            metrics,
+            controller,
+            draining: AtomicBool::new(false),
+            source: Mutex::new(None),
+            reloads: Mutex::new(None),
+        }
+    }
+
+    /// Records the text of the config now running (shown redacted, hashed as given).
+    pub(crate) fn set_source(&self, text: &str) {
+        use md5::Digest as _;
+        let hash: String = md5::Md5::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        self.metrics.set_config_hash(&hash);
+        *lock(&self.source) = Some(ConfigSource {
+            redacted: memroute_config::redacted(text),
+            hash,
+        });
+    }
+
+    /// A new channel for `POST /reload`; replaces any earlier one.
+    pub(crate) fn reload_requests(&self) -> mpsc::UnboundedReceiver<ReloadRequest> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        *lock(&self.reloads) = Some(sender);
+        receiver
+    }
+
+    /// Why memroute is not ready, or nothing when it is.
+    pub(crate) fn not_ready_reasons(&self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        if self.draining.load(Relaxed) {
+            reasons.push("draining: shutting down".to_string());
+        }
+        let generation = self.controller.current();
+        let fraction = generation
+            .config
+            .admin
+            .as_ref()
+            .map_or(0.0, |a| a.ready_fraction);
+        for (id, name) in generation.routes.pool_names.iter().enumerate() {
+            let servers = generation.health.get(id).map_or(&[][..], |h| &h[..]);
+            let live = servers
+                .iter()
+                .filter(|h| h.open_connections() > 0 && !h.is_down())
+                .count();
+            let needed = ((servers.len() as f64 * fraction).ceil() as usize).max(1);
+            if servers.is_empty() {
+                reasons.push(format!("pool {name}: no servers (DNS found none yet)"));
+            } else if live < needed {
+                reasons.push(format!(
+                    "pool {name}: {live} of {} servers connected, {needed} needed",
+                    servers.len()
+                ));
+            }
+        }
+        reasons
+    }
+}
+
 /// Binds the admin address and serves it on its own thread until the process exits.
-/// `/ready` answers 503 once `draining` is set (SIGTERM), so a load balancer stops
-/// sending new clients while memroute still serves them; `/healthz` stays 200.
-pub(crate) fn start(
-    address: &str,
-    stats: Arc<SharedStats>,
-    draining: Arc<AtomicBool>,
-) -> Result<String, ProxyError> {
-    let listener = TcpListener::bind(address).map_err(|source| ProxyError::Listen {
+pub(crate) fn start(address: &str, state: Arc<AdminState>) -> Result<String, ProxyError> {
+    let listen_error = |source| ProxyError::Listen {
         address: address.to_string(),
         source,
-    })?;
+    };
+    let listener = std::net::TcpListener::bind(address).map_err(listen_error)?;
+    listener.set_nonblocking(true).map_err(listen_error)?;
     let bound = listener
         .local_addr()
         .map(|a| a.to_string())
@@ -33,265 +147,241 @@ pub(crate) fn start(
     std::thread::Builder::new()
         .name("memroute-admin".into())
         .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                if let Err(error) = answer(stream, &stats, &draining) {
-                    tracing::debug!(%error, "admin request failed");
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    tracing::error!(%error, "cannot build the admin runtime: no admin endpoint");
+                    return;
                 }
-            }
+            };
+            runtime.block_on(serve(listener, state));
         })
         .map_err(ProxyError::Thread)?;
     Ok(bound)
 }
 
-fn answer(
-    mut stream: TcpStream,
-    stats: &SharedStats,
-    draining: &AtomicBool,
-) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut request = [0u8; 2048];
-    let mut len = 0;
-    // Read until the end of the request head (or the buffer is full: we only need the first line).
-    while len < request.len() {
-        let n = stream.read(&mut request[len..])?;
-        if n == 0 {
-            break;
+async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "cannot attach the admin listener");
+            return;
         }
-        len += n;
-        if request[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-            break;
-        }
+    };
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        // A flood of connections is shed here, not queued behind the ones being served.
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::debug!("admin connection limit reached; closing a new connection");
+            continue;
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(answer(&state, request).await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_LIMIT, connection).await {
+                Ok(Err(error)) => tracing::debug!(%error, "admin connection failed"),
+                Err(_) => tracing::debug!("admin connection open too long; closed"),
+                Ok(Ok(())) => {}
+            }
+            drop(permit);
+        });
     }
-    let first_line = request[..len]
-        .split(|&b| b == b'\n')
-        .next()
-        .unwrap_or_default();
-    let (status, content_type, body) = if first_line.starts_with(b"GET /metrics") {
-        ("200 OK", "text/plain; version=0.0.4", prometheus(stats))
-    } else if first_line.starts_with(b"GET /healthz") {
-        // Alive: the process answers. Draining does not change it (a liveness probe
-        // failing during a drain could restart the pod mid-drain).
-        ("200 OK", "text/plain", "ok\n".to_string())
-    } else if first_line.starts_with(b"GET /ready") {
-        // Minimal readiness: not ready once draining. (The metrics work extends /ready
-        // with pool checks; the draining flag is the hook it keeps.)
-        match draining.load(Relaxed) {
-            true => (
-                "503 Service Unavailable",
-                "text/plain",
-                "draining\n".to_string(),
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Reply {
+    let mut response = Response::new(Full::new(body.into()));
+    *response.status_mut() = status;
+    if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
+    }
+    response
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
+    reply(status, "text/plain; charset=utf-8", body)
+}
+
+async fn answer(state: &AdminState, request: Request<Incoming>) -> Reply {
+    let path = request.uri().path();
+    let query = request.uri().query().unwrap_or("");
+    match (request.method(), path) {
+        (&Method::GET, "/metrics") => {
+            let families = state.metrics.gather_fresh().await;
+            reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                Metrics::encode(&families),
+            )
+        }
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/ready") => {
+            let reasons = state.not_ready_reasons();
+            match reasons.is_empty() {
+                true => text(StatusCode::OK, "ready\n"),
+                false => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready:\n{}\n", reasons.join("\n")),
+                ),
+            }
+        }
+        (&Method::GET, "/config") => match lock(&state.source).clone() {
+            Some(source) => {
+                let mut response = text(
+                    StatusCode::OK,
+                    format!("# md5 {}\n{}", source.hash, source.redacted),
+                );
+                if let Ok(value) = hyper::header::HeaderValue::from_str(&source.hash) {
+                    response
+                        .headers_mut()
+                        .insert("x-memroute-config-hash", value);
+                }
+                response
+            }
+            None => text(
+                StatusCode::NOT_FOUND,
+                "no config file: memroute was started without one\n",
             ),
-            false => ("200 OK", "text/plain", "ready\n".to_string()),
-        }
-    } else {
-        (
-            "404 Not Found",
-            "text/plain",
-            "try /metrics, /healthz or /ready\n".to_string(),
-        )
-    };
-    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())
+        },
+        (&Method::POST, "/reload") => reload(state).await,
+        (&Method::GET, "/route") => route(state, query),
+        (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/route" | "/reload") => text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed (POST /reload, GET for the rest)\n",
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "try /metrics, /healthz, /ready, /config, /route?key=K or POST /reload\n",
+        ),
+    }
 }
 
-/// Metric names follow `memroute_<component>_<event>_<unit>`.
-pub(crate) fn prometheus(stats: &SharedStats) -> String {
-    let mut out = String::with_capacity(4096);
-    let sum = |f: fn(&WorkerStats) -> &std::sync::atomic::AtomicU64| stats.total(f);
-    let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
-        let _ = write!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+async fn reload(state: &AdminState) -> Reply {
+    let sender = lock(&state.reloads).clone();
+    let Some(sender) = sender else {
+        return text(
+            StatusCode::NOT_IMPLEMENTED,
+            "reload is not available: memroute was started without a config file\n",
         );
     };
-    metric(
-        "memroute_process_uptime_seconds",
-        "gauge",
-        "Seconds since memroute started.",
-        stats.started.elapsed().as_secs(),
-    );
-    metric(
-        "memroute_client_connections_current",
-        "gauge",
-        "Open client connections.",
-        sum(|w| &w.curr_connections),
-    );
-    metric(
-        "memroute_client_connections_total",
-        "counter",
-        "Client connections accepted.",
-        sum(|w| &w.total_connections),
-    );
-    metric(
-        "memroute_client_connections_rejected_total",
-        "counter",
-        "Client connections closed at max_connections.",
-        sum(|w| &w.rejected_connections),
-    );
-    metric(
-        "memroute_client_get_keys_total",
-        "counter",
-        "Keys asked for by retrieval commands.",
-        sum(|w| &w.cmd_get),
-    );
-    metric(
-        "memroute_client_set_requests_total",
-        "counter",
-        "Storage commands.",
-        sum(|w| &w.cmd_set),
-    );
-    metric(
-        "memroute_client_get_hits_total",
-        "counter",
-        "Keys found.",
-        sum(|w| &w.get_hits),
-    );
-    metric(
-        "memroute_client_get_misses_total",
-        "counter",
-        "Keys not found.",
-        sum(|w| &w.get_misses),
-    );
-    metric(
-        "memroute_client_errors_total",
-        "counter",
-        "Requests rejected as bad input.",
-        sum(|w| &w.client_errors),
-    );
-    let _ = write!(
-        out,
-        "# HELP memroute_backend_errors_total Requests that got no reply from a server.\n# TYPE memroute_backend_errors_total counter\n"
-    );
-    for server in stats.servers().iter() {
-        let _ = writeln!(
-            out,
-            "memroute_backend_errors_total{{pool=\"{}\",server=\"{}\"}} {}",
-            server.pool,
-            server.address,
-            server.errors.load(Relaxed)
-        );
+    let (reply, done) = oneshot::channel();
+    if sender.send(ReloadRequest { reply }).is_err() {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "memroute is stopping\n");
     }
-    let _ = write!(out, "# HELP memroute_backend_timeouts_total Requests that timed out.\n# TYPE memroute_backend_timeouts_total counter\n");
-    for server in stats.servers().iter() {
-        let _ = writeln!(
-            out,
-            "memroute_backend_timeouts_total{{pool=\"{}\",server=\"{}\"}} {}",
-            server.pool,
-            server.address,
-            server.timeouts.load(Relaxed)
-        );
+    match tokio::time::timeout(RELOAD_WAIT, done).await {
+        Ok(Ok(Ok(summary))) => text(StatusCode::OK, format!("reloaded: {summary}\n")),
+        Ok(Ok(Err(reason))) => text(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("reload rejected; the running config stays:\n{reason}\n"),
+        ),
+        Ok(Err(_)) => text(StatusCode::SERVICE_UNAVAILABLE, "memroute is stopping\n"),
+        Err(_) => text(
+            StatusCode::GATEWAY_TIMEOUT,
+            "reload still running after 30 s\n",
+        ),
     }
-    policy_metrics(stats, &mut out);
-    out
 }
 
-/// Health, policy-route, shadow and discovery metrics: one labelled family each.
-fn policy_metrics(stats: &SharedStats, out: &mut String) {
-    let snapshot = stats.snapshot();
-    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, u64)>| {
-        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
-        for (labels, value) in rows {
-            let _ = writeln!(out, "{name}{{{labels}}} {value}");
-        }
-    };
-    let server = |h: &memroute_backend::ServerHealth| {
-        format!("pool=\"{}\",server=\"{}\"", h.pool(), h.address())
-    };
-    family(
-        "memroute_pool_servers",
-        "gauge",
-        "Servers in a pool (DNS pools change with discovery).",
-        snapshot
-            .pools
-            .iter()
-            .map(|(pool, n)| (format!("pool=\"{pool}\""), *n as u64))
-            .collect(),
-    );
-    family(
-        "memroute_backend_down",
-        "gauge",
-        "1 while a server is marked down.",
-        snapshot
-            .health
-            .iter()
-            .map(|h| (server(h), u64::from(h.is_down())))
-            .collect(),
-    );
-    family(
-        "memroute_backend_marked_down_total",
-        "counter",
-        "Times a server was marked down.",
-        snapshot
-            .health
-            .iter()
-            .map(|h| (server(h), h.marked_down_total()))
-            .collect(),
-    );
-    family(
-        "memroute_backend_marked_up_total",
-        "counter",
-        "Times a probe brought a server back.",
-        snapshot
-            .health
-            .iter()
-            .map(|h| (server(h), h.marked_up_total()))
-            .collect(),
-    );
-    let route_rows = |f: fn(&crate::execute::RouteStats) -> &std::sync::atomic::AtomicU64| {
-        snapshot
-            .routes
-            .iter()
-            .map(|(route, c)| (format!("route=\"{route}\""), f(c).load(Relaxed)))
-            .collect::<Vec<_>>()
-    };
-    family(
-        "memroute_route_failovers_total",
-        "counter",
-        "Requests moved to the next child of a failover or replicated route.",
-        route_rows(|c| &c.failovers),
-    );
-    family(
-        "memroute_route_write_failures_total",
-        "counter",
-        "Replicated writes whose policy was not met.",
-        route_rows(|c| &c.write_failures),
-    );
-    family(
-        "memroute_route_fills_total",
-        "counter",
-        "Values a warm-up route copied from warm to cold.",
-        route_rows(|c| &c.fills),
-    );
-    let mut shadow_rows = Vec::new();
-    for (route, c) in &snapshot.shadows {
-        for (outcome, counter) in [
-            ("sent", &c.sent),
-            ("completed", &c.completed),
-            ("error", &c.errors),
-            ("dropped", &c.dropped),
-        ] {
-            shadow_rows.push((
-                format!("route=\"{route}\",outcome=\"{outcome}\""),
-                counter.load(Relaxed),
-            ));
+fn route(state: &AdminState, query: &str) -> Reply {
+    let mut keys = Vec::new();
+    let mut operation = memroute_config::Operation::Get;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let Some(value) = percent_decode(value) else {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "bad percent-encoding in the query\n",
+            );
+        };
+        match name {
+            "key" => keys.push(value),
+            "op" => match std::str::from_utf8(&value)
+                .ok()
+                .and_then(crate::route_lookup::operation_named)
+            {
+                Some(op) => operation = op,
+                None => return text(StatusCode::BAD_REQUEST, "unknown op\n"),
+            },
+            _ => {}
         }
     }
-    family(
-        "memroute_shadow_requests_total",
-        "counter",
-        "Requests copied to a shadow target, by outcome.",
-        shadow_rows,
-    );
-    let mut lookup_rows = Vec::new();
-    for (pool, (ok, failed)) in &snapshot.lookups {
-        lookup_rows.push((format!("pool=\"{pool}\",outcome=\"ok\""), *ok));
-        lookup_rows.push((format!("pool=\"{pool}\",outcome=\"error\""), *failed));
+    if keys.is_empty() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "usage: /route?key=K[&key=K2][&op=set]\n",
+        );
     }
-    family(
-        "memroute_discovery_lookups_total",
-        "counter",
-        "DNS lookups of discovered pools, by outcome.",
-        lookup_rows,
-    );
+    let generation = state.controller.current();
+    let mut out = String::new();
+    for key in &keys {
+        let targets = crate::route_lookup::route_key_in(
+            &generation.config,
+            &generation.routes,
+            operation,
+            key,
+        );
+        out.push_str(&crate::route_lookup::describe_routes(
+            &String::from_utf8_lossy(key),
+            &targets,
+        ));
+    }
+    text(StatusCode::OK, out)
+}
+
+/// `%XX` and `+` decoding of one query value; `None` for a broken escape.
+fn percent_decode(value: &str) -> Option<Vec<u8>> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(percent_decode("a%20b+c").as_deref(), Some(&b"a b c"[..]));
+        assert_eq!(percent_decode("%zz"), None);
+        assert_eq!(percent_decode("%2"), None);
+    }
 }

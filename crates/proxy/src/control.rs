@@ -143,6 +143,11 @@ impl Controller {
         Ok((controller, receiver, ControlInbox(inbox)))
     }
 
+    /// The generation being served now (DNS pools with their servers).
+    pub(crate) fn current(&self) -> Arc<Generation> {
+        self.generation.borrow().clone()
+    }
+
     /// The config the operator gave last (DNS pools without servers).
     pub(crate) fn base(&self) -> Arc<Config> {
         lock(&self.base).clone()
@@ -164,7 +169,7 @@ impl Controller {
         let effective = self.with_discovered_servers(&config);
         let routes = Arc::new(RouteTable::build(&effective.routing_spec())?);
         let effective = Arc::new(effective);
-        let server_stats = self.shared.for_config(&effective);
+        let server_stats = self.shared.for_config(&effective, &routes);
         let (health, pool_epochs) = self.health_for(&routes, &effective);
         self.shared
             .set_health(health.iter().flatten().cloned().collect());

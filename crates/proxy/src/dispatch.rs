@@ -2,8 +2,8 @@
 //! server (and into batches of `max_keys_per_request`), fan flush_all out to a pool,
 //! and answer what memroute answers itself. `finish` turns a completed entry into bytes.
 use std::rc::Rc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_backend::BackendError;
@@ -11,10 +11,10 @@ use memroute_protocol::{
     decode_base64, quiet_suppresses, retrieval_error, value_block_at, Command, ReplyKind, Request,
 };
 use smallvec::SmallVec;
-use std::future::Future;
 use tokio::sync::oneshot;
 
 use crate::execute::{self, Job};
+use crate::stats::{SharedStats, WorkerMetrics};
 use crate::worker::{Routing, WorkerContext};
 use memroute_config::Operation;
 use memroute_routing::{operation_of, Node};
@@ -35,16 +35,34 @@ pub(crate) struct Leg {
     reply: Option<Reply>,
     pool: u32,
     server: u32,
+    /// The route node the request reached (a pool's node id is its pool id) and when it
+    /// was read: its latency is recorded under that node's name.
+    route: u32,
+    started: Instant,
 }
 
 impl Leg {
-    fn new(receiver: oneshot::Receiver<Reply>, pool: usize, server: usize) -> Leg {
+    fn new(
+        receiver: oneshot::Receiver<Reply>,
+        pool: usize,
+        server: usize,
+        started: Instant,
+    ) -> Leg {
         Leg {
             receiver,
             reply: None,
             pool: pool as u32,
             server: server as u32,
+            route: pool as u32,
+            started,
         }
+    }
+
+    /// Records this leg's latency, as of the worker's clock.
+    fn observe(&self, routing: &Routing) {
+        routing
+            .metrics
+            .observe_since(self.route as usize, self.started);
     }
 
     fn try_complete(&mut self) -> bool {
@@ -59,14 +77,14 @@ impl Leg {
         true
     }
 
-    /// Ready once the reply arrived. A poll function rather than an `async fn`: an idle
-    /// session's task stores whatever it is waiting in, so this keeps that state small.
-    fn poll_wait(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+    async fn wait(&mut self) {
         if self.reply.is_none() {
-            let reply = std::task::ready!(std::pin::Pin::new(&mut self.receiver).poll(cx));
-            self.reply = Some(reply.unwrap_or_else(|_| Err(connection_gone())));
+            self.reply = Some(
+                (&mut self.receiver)
+                    .await
+                    .unwrap_or_else(|_| Err(connection_gone())),
+            );
         }
-        std::task::Poll::Ready(())
     }
 
     /// The reply, counting a failure against its server (in the routing it was sent with).
@@ -85,13 +103,16 @@ impl Leg {
         reply
     }
 
-    /// A leg whose reply comes from the route executor (no single server to blame).
-    fn executed(receiver: oneshot::Receiver<Reply>) -> Leg {
+    /// A leg whose reply comes from the route executor (no single server to blame),
+    /// sent to route node `route`.
+    fn executed(receiver: oneshot::Receiver<Reply>, route: u32, started: Instant) -> Leg {
         Leg {
             receiver,
             reply: None,
             pool: u32::MAX,
             server: u32::MAX,
+            route,
+            started,
         }
     }
 }
@@ -127,8 +148,13 @@ pub(crate) enum Pending {
     Ready(Bytes),
     /// Close the connection once everything before it is written (quit, unframeable input).
     Close,
-    /// `stats`: rendered when its turn comes, so it counts every request before it.
-    Stats,
+    /// `stats`: rendered when its turn comes, so it counts every request before it, and
+    /// once every worker flushed its counts (or `deadline` passed).
+    Stats {
+        metrics: Arc<SharedStats>,
+        ticket: u64,
+        deadline: Instant,
+    },
     /// Holds the routing it was sent with: its connections stay open until it is answered.
     Single {
         routing: Rc<Routing>,
@@ -144,27 +170,39 @@ impl Pending {
     /// Collects whatever replies have arrived, without waiting. True when complete.
     pub(crate) fn try_complete(&mut self) -> bool {
         match self {
-            Pending::Ready(_) | Pending::Close | Pending::Stats => true,
+            Pending::Ready(_) | Pending::Close => true,
+            Pending::Stats {
+                metrics,
+                ticket,
+                deadline,
+            } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
             Pending::Single { leg, .. } => leg.try_complete(),
             Pending::MultiGet(multi) => multi.legs.iter_mut().all(Leg::try_complete),
             Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
         }
     }
 
-    /// Ready once complete (see [`Leg::poll_wait`]).
-    pub(crate) fn poll_wait(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        let legs: &mut [Leg] = match self {
-            Pending::Ready(_) | Pending::Close | Pending::Stats => {
-                return std::task::Poll::Ready(())
+    /// Waits until complete.
+    pub(crate) async fn wait(&mut self) {
+        match self {
+            Pending::Ready(_) | Pending::Close => {}
+            Pending::Stats {
+                metrics,
+                ticket,
+                deadline,
+            } => metrics.flush.wait(*ticket, *deadline).await,
+            Pending::Single { leg, .. } => leg.wait().await,
+            Pending::MultiGet(multi) => {
+                for leg in &mut multi.legs {
+                    leg.wait().await;
+                }
             }
-            Pending::Single { leg, .. } => std::slice::from_mut(leg),
-            Pending::MultiGet(multi) => &mut multi.legs,
-            Pending::Fanout(fanout) => &mut fanout.legs,
-        };
-        for leg in legs {
-            std::task::ready!(leg.poll_wait(cx));
+            Pending::Fanout(fanout) => {
+                for leg in &mut fanout.legs {
+                    leg.wait().await;
+                }
+            }
         }
-        std::task::Poll::Ready(())
     }
 
     /// Writes the client's reply for a completed entry.
@@ -172,13 +210,20 @@ impl Pending {
         match self {
             Pending::Ready(bytes) => out.extend_from_slice(&bytes),
             Pending::Close => return Flow::Close,
-            Pending::Stats => out.extend_from_slice(context.shared.render().as_bytes()),
+            Pending::Stats { metrics, .. } => {
+                context.metrics.flush();
+                let families = metrics.registry.gather();
+                out.extend_from_slice(metrics.render_stats(&families).as_bytes());
+            }
             Pending::Single {
                 routing,
                 mut leg,
                 command,
                 noreply,
-            } => finish_single(context, leg.take(&routing), command, noreply, out),
+            } => {
+                leg.observe(&routing);
+                finish_single(context, leg.take(&routing), command, noreply, out)
+            }
             Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
             Pending::Fanout(fanout) => finish_fanout(*fanout, out),
         }
@@ -195,14 +240,16 @@ pub(crate) fn dispatch(
     pending: &mut std::collections::VecDeque<Pending>,
 ) -> Flow {
     let stats = context.stats();
+    let count = WorkerMetrics::add;
     let command = request.command;
+    if is_local(command) {
+        routing.metrics.count_local(command);
+    }
     match command {
         Command::Get | Command::Gets | Command::Gat | Command::Gats => {
-            stats.cmd_get.fetch_add(request.keys.len() as u64, Relaxed);
+            count(&stats.get_keys, request.keys.len() as u64);
             if matches!(command, Command::Gat | Command::Gats) {
-                stats
-                    .cmd_touch
-                    .fetch_add(request.keys.len() as u64, Relaxed);
+                count(&stats.touch_keys, request.keys.len() as u64);
             }
             if request.keys.len() == 1 {
                 // mcrouter's admin queries (`get __mcrouter__.route(get,KEY)` ...).
@@ -222,7 +269,7 @@ pub(crate) fn dispatch(
             }
         }
         Command::MetaGet => {
-            stats.cmd_get.fetch_add(1, Relaxed);
+            count(&stats.get_keys, 1);
             pending.push_back(send_single(routing, slot, request));
         }
         Command::Set
@@ -232,11 +279,11 @@ pub(crate) fn dispatch(
         | Command::Prepend
         | Command::Cas
         | Command::MetaSet => {
-            stats.cmd_set.fetch_add(1, Relaxed);
+            count(&stats.set_requests, 1);
             pending.push_back(send_single(routing, slot, request));
         }
         Command::Touch => {
-            stats.cmd_touch.fetch_add(1, Relaxed);
+            count(&stats.touch_keys, 1);
             pending.push_back(send_single(routing, slot, request));
         }
         Command::Delete
@@ -248,7 +295,7 @@ pub(crate) fn dispatch(
             pending.push_back(send_single(routing, slot, request));
         }
         Command::FlushAll => {
-            stats.cmd_flush.fetch_add(1, Relaxed);
+            count(&stats.flush_requests, 1);
             pending.push_back(fan_out_flush(routing, slot, request));
         }
         Command::Version => pending.push_back(Pending::Ready(Bytes::from(format!(
@@ -261,7 +308,7 @@ pub(crate) fn dispatch(
                 pending.push_back(Pending::Ready(Bytes::from_static(b"OK\r\n")));
             }
         }
-        Command::Stats => pending.push_back(stats_reply(&request)),
+        Command::Stats => pending.push_back(stats_reply(context, &request)),
         Command::MetaNoop => pending.push_back(Pending::Ready(Bytes::from_static(b"MN\r\n"))),
         Command::Shutdown => {
             // A client must never be able to stop the proxy; memcached without -A says the same.
@@ -277,10 +324,29 @@ pub(crate) fn dispatch(
     Flow::Continue
 }
 
-fn stats_reply(request: &Request) -> Pending {
+/// Commands memroute answers itself (counted under the `(proxy)` route).
+fn is_local(command: Command) -> bool {
+    matches!(
+        command,
+        Command::Version
+            | Command::Verbosity
+            | Command::Stats
+            | Command::MetaNoop
+            | Command::Shutdown
+            | Command::Quit
+    )
+}
+
+fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
     let argument = &request.frame[request.stats_arg.clone()];
     if argument.is_empty() {
-        return Pending::Stats;
+        // Every worker moves its local counts into the registry first (bounded wait).
+        let metrics = context.metrics.shared.clone();
+        return Pending::Stats {
+            ticket: metrics.flush.request(),
+            deadline: Instant::now() + crate::stats::FLUSH_WAIT,
+            metrics,
+        };
     }
     // memroute keeps no slabs or items of its own; sub-statistics belong to the servers.
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
@@ -302,17 +368,21 @@ fn send_single(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending 
         return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
     };
     let kind = ReplyKind::for_command(request.command);
-    let leg = match routing.routes.simple_pool(operation, key) {
+    let routes = &routing.routes;
+    let node = routes.select(routes.root(), operation, key);
+    routing.metrics.count(node as usize, request.command);
+    let started = routing.metrics.now();
+    let leg = match routes.node(node) {
         // The fast path: a plain pool, straight to its server's connection.
-        Some(pool) => {
+        &Node::Pool(pool) => {
             let Some(server) = routing.server_for(pool, key) else {
                 return no_servers_reply(routing, pool);
             };
             let connection = routing.pools[pool].servers[server].pick(slot);
-            Leg::new(connection.send(parts, kind), pool, server)
+            Leg::new(connection.send(parts, kind), pool, server, started)
         }
         // A policy route (shadow, replicated, failover, ...) is on the way.
-        None => {
+        _ => {
             let job = Job {
                 operation,
                 command: request.command,
@@ -322,7 +392,7 @@ fn send_single(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending 
                 slot,
                 echo: meta_echo(&request),
             };
-            Leg::executed(execute::spawn(routing, routing.routes.root(), job))
+            Leg::executed(execute::spawn(routing, node, job), node, started)
         }
     };
     Pending::Single {
@@ -449,14 +519,20 @@ fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pend
     let context = &**routing;
     let count = request.keys.len();
     let operation = operation_of(&request);
+    let routes = &routing.routes;
     let targets: SmallVec<[KeyTarget; 32]> = request
         .keys()
-        .map(|key| match routing.routes.simple_pool(operation, key) {
-            Some(pool) => match routing.server_for(pool, key) {
-                Some(server) => KeyTarget::Server(pool as u32, server as u32),
-                None => KeyTarget::Nowhere(pool as u32),
-            },
-            None => KeyTarget::Executor,
+        .map(|key| {
+            let node = routes.select(routes.root(), operation, key);
+            // One count per key, as cmd_get counts keys.
+            routing.metrics.count(node as usize, request.command);
+            match routes.node(node) {
+                &Node::Pool(pool) => match routing.server_for(pool, key) {
+                    Some(server) => KeyTarget::Server(pool as u32, server as u32),
+                    None => KeyTarget::Nowhere(pool as u32),
+                },
+                _ => KeyTarget::Executor,
+            }
         })
         .collect();
     const UNASSIGNED: u32 = u32::MAX;
@@ -534,6 +610,7 @@ fn execute_one_key(
     index: usize,
 ) -> Leg {
     let key = request.key(index);
+    let node = routing.routes.select(routing.routes.root(), operation, key);
     let mut frame = BytesMut::with_capacity(head.len() + key.len() + 2);
     frame.put_slice(head);
     frame.put_slice(key);
@@ -547,7 +624,11 @@ fn execute_one_key(
         slot,
         echo: None,
     };
-    Leg::executed(execute::spawn(routing, routing.routes.root(), job))
+    Leg::executed(
+        execute::spawn(routing, node, job),
+        node,
+        routing.metrics.now(),
+    )
 }
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
@@ -561,13 +642,16 @@ fn send_batch(
     frame.put_slice(b"\r\n");
     let connection = context.pools[pool].servers[server].pick(slot);
     let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
-    Leg::new(receiver, pool, server)
+    Leg::new(receiver, pool, server, context.metrics.now())
 }
 
 fn fan_out_flush(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
     let routes = &routing.routes;
     let parts = request.forward_parts();
-    let pool = match routes.node(routes.root()) {
+    let root = routes.root();
+    routing.metrics.count(root as usize, request.command);
+    let started = routing.metrics.now();
+    let pool = match routes.node(root) {
         Node::Pool(pool) => *pool,
         // A route decides where flush_all goes (every target of a prefix route, every
         // replica, the operation route's flush_all target, ...).
@@ -583,7 +667,7 @@ fn fan_out_flush(routing: &Rc<Routing>, slot: usize, request: Request) -> Pendin
             };
             return Pending::Single {
                 routing: routing.clone(),
-                leg: Leg::executed(execute::spawn(routing, routes.root(), job)),
+                leg: Leg::executed(execute::spawn(routing, root, job), root, started),
                 command: request.command,
                 noreply: request.noreply,
             };
@@ -601,6 +685,7 @@ fn fan_out_flush(routing: &Rc<Routing>, slot: usize, request: Request) -> Pendin
                 connections.pick(slot).send(parts.clone(), ReplyKind::Line),
                 pool,
                 server,
+                started,
             )
         })
         .collect();
@@ -654,7 +739,7 @@ fn finish_single(
                 } else {
                     &context.stats().get_misses
                 };
-                counter.fetch_add(1, Relaxed);
+                WorkerMetrics::add(counter, 1);
             }
             if noreply && quiet_suppresses(command, first_line(&bytes)) {
                 return;
@@ -669,6 +754,10 @@ fn finish_single(
 }
 
 fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut BytesMut) {
+    // One latency sample per request, under the route of its first leg.
+    if let Some(first) = multi.legs.first() {
+        first.observe(&multi.routing);
+    }
     let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(multi.legs.len());
     for leg in &mut multi.legs {
         match leg.take(&multi.routing) {
@@ -700,11 +789,14 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
         }
     }
     out.extend_from_slice(b"END\r\n");
-    context.stats().get_hits.fetch_add(hits, Relaxed);
-    context.stats().get_misses.fetch_add(misses, Relaxed);
+    WorkerMetrics::add(&context.stats().get_hits, hits);
+    WorkerMetrics::add(&context.stats().get_misses, misses);
 }
 
 fn finish_fanout(mut fanout: Fanout, out: &mut BytesMut) {
+    if let Some(first) = fanout.legs.first() {
+        first.observe(&fanout.routing);
+    }
     let mut answer: Option<Vec<u8>> = None;
     for leg in &mut fanout.legs {
         match leg.take(&fanout.routing) {

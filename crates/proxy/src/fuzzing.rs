@@ -127,10 +127,7 @@ async fn run_case(case: Case) -> Outcome {
     let (client, session_side) = tokio::io::duplex(64 * 1024);
     let (_shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
     // Counted as the worker counts a session (the guard uncounts it when the session ends).
-    context
-        .stats()
-        .curr_connections
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    context.metrics.shared.connections_current.inc();
     let (alive, _all_done) = tokio::sync::mpsc::channel::<()>(1);
     let open = crate::session::OpenSession {
         context,

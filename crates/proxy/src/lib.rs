@@ -28,11 +28,12 @@ pub mod fuzzing;
 mod listener;
 mod mcrouter_admin;
 mod reload;
+mod route_lookup;
 mod session;
 mod stats;
 mod worker;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -40,10 +41,12 @@ use std::time::{Duration, Instant};
 use memroute_config::Config;
 use tokio::sync::watch;
 
+pub use admin::ReloadRequest;
 pub use error::ProxyError;
 pub use listener::effective_backlog;
 pub use mcrouter_admin::set_config_file;
 pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
+pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
 
 /// memroute's version as reported by `version` and `stats`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -57,14 +60,14 @@ pub struct ProxyHandle {
     controller: Arc<control::Controller>,
     /// Serialises reloads (the restart-only settings are compared against the last one).
     reloading: Mutex<()>,
+    /// What the admin endpoint serves (readiness, config, reload requests).
+    admin: Arc<admin::AdminState>,
     /// Reloads from the config file: the last bytes read, and the ok/failed counters.
     reload_state: reload::ReloadState,
     /// Addresses actually bound (useful when a config asks for port 0).
     pub local_addresses: Vec<String>,
     /// The admin endpoint's address, when `[admin]` is configured.
     pub admin_address: Option<String>,
-    /// Set by [`ProxyHandle::start_draining`]: the admin endpoint reports not ready.
-    draining: Arc<AtomicBool>,
 }
 
 impl ProxyHandle {
@@ -78,14 +81,14 @@ impl ProxyHandle {
     /// (503), while memroute keeps accepting and serving. The caller waits `drain_delay()`
     /// (for load balancers to stop sending new clients) and then calls `shutdown()`.
     pub fn start_draining(&self) {
-        if !self.draining.swap(true, Ordering::Relaxed) {
+        if !self.admin.draining.swap(true, Ordering::Relaxed) {
             tracing::info!(drain_delay = ?self.drain_delay(), "draining: reporting not ready, still accepting and serving");
         }
     }
 
     /// Whether `start_draining` was called.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.admin.draining.load(Ordering::Relaxed)
     }
 
     /// `proxy.drain_delay` of the running config.
@@ -99,7 +102,42 @@ impl ProxyHandle {
     ///
     /// Settings that need a restart (`proxy.listen`, `proxy.workers`, `proxy.backlog`,
     /// `admin.listen`) keep their running values; each changed one is logged as a warning.
-    pub fn reload(&self, mut config: Config) -> Result<(), ProxyError> {
+    pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
+        self.reload_inner(config)
+    }
+
+    /// Records the text of the config file now running: `GET /config` shows it (secrets
+    /// redacted) with its md5, and `memroute_config_info{hash}` exports the hash.
+    pub fn set_config_source(&self, text: &str) {
+        self.admin.set_source(text);
+    }
+
+    /// Where `POST /reload` requests arrive: the caller reads the config file, reloads,
+    /// and answers each. Without a receiver, `POST /reload` answers 501.
+    pub fn reload_requests(&self) -> tokio::sync::mpsc::UnboundedReceiver<ReloadRequest> {
+        self.admin.reload_requests()
+    }
+
+    /// From now on `/ready` answers 503 (call it when a graceful stop begins, so load
+    /// balancers stop sending new clients before the listeners close).
+    pub fn set_not_ready(&self) {
+        self.admin
+            .draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Why `/ready` would answer 503 now; empty when ready.
+    pub fn not_ready_reasons(&self) -> Vec<String> {
+        self.admin.not_ready_reasons()
+    }
+
+    /// Every target `operation` on `key` reaches in the running config.
+    pub fn route(&self, operation: memroute_config::Operation, key: &[u8]) -> Vec<RouteTarget> {
+        let generation = self.controller.current();
+        route_lookup::route_key_in(&generation.config, &generation.routes, operation, key)
+    }
+
+    fn reload_inner(&self, mut config: Config) -> Result<(), ProxyError> {
         let _reloading = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.controller.base();
         for key in restart_only_changes(&current, &config) {
@@ -111,7 +149,12 @@ impl ProxyHandle {
         config.proxy.listen = current.proxy.listen.clone();
         config.proxy.workers = current.proxy.workers;
         config.proxy.backlog = current.proxy.backlog;
+        // Only the admin address needs a restart; its readiness fraction follows the file.
+        let ready_fraction = config.admin.as_ref().map(|a| a.ready_fraction);
         config.admin = current.admin.clone();
+        if let (Some(admin), Some(fraction)) = (config.admin.as_mut(), ready_fraction) {
+            admin.ready_fraction = fraction;
+        }
         let acks = self.controller.apply(config)?;
         let deadline = Instant::now() + RELOAD_ACK_TIMEOUT;
         let mut waiting = self.workers.len();
@@ -154,7 +197,7 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.proxy.backlog != new.proxy.backlog {
         keys.push("proxy.backlog");
     }
-    if old.admin != new.admin {
+    if old.admin.as_ref().map(|a| &a.listen) != new.admin.as_ref().map(|a| &a.listen) {
         keys.push("admin.listen");
     }
     keys
@@ -184,18 +227,16 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         listeners.push(listener::bind_all(&same_ports, backlog, false)?);
     }
     let shared = Arc::new(stats::SharedStats::new(workers));
-    let draining = Arc::new(AtomicBool::new(false));
-    // Before the admin endpoint, which may render `reload_state.counts`.
+    // Before the admin endpoint, which renders `reload_state.counts`.
     let reload_state = reload::ReloadState::default();
-    let admin_address = match &config.admin {
-        Some(admin) => Some(admin::start(
-            &admin.listen,
-            shared.clone(),
-            draining.clone(),
-        )?),
+    let admin_listen = config.admin.as_ref().map(|a| a.listen.clone());
+    let (controller, generation_rx, inbox) = control::Controller::new(config, shared.clone())?;
+    shared.set_reload_counts(reload_state.counts.clone());
+    let admin = Arc::new(admin::AdminState::new(shared, controller.clone()));
+    let admin_address = match admin_listen {
+        Some(listen) => Some(admin::start(&listen, admin.clone())?),
         None => None,
     };
-    let (controller, generation_rx, inbox) = control::Controller::new(config, shared)?;
     let (shutdown, shutdown_rx) = watch::channel(false);
     {
         let (controller, shutdown_rx) = (controller.clone(), shutdown_rx.clone());
@@ -224,9 +265,9 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         workers: threads,
         controller,
         reloading: Mutex::new(()),
+        admin,
         reload_state,
         local_addresses,
         admin_address,
-        draining,
     })
 }

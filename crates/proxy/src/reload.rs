@@ -122,13 +122,17 @@ impl ProxyHandle {
                 for error in &errors.0 {
                     tracing::error!(config = %file, "config error: {error}");
                 }
-                return reject(format!("invalid config ({} errors)", errors.0.len()));
+                return reject(format!(
+                    "invalid config ({} errors):\n{errors}",
+                    errors.0.len()
+                ));
             }
         };
         let pools = config.pools.len();
         match self.reload(config) {
             Ok(()) => {
                 state.counts.ok.fetch_add(1, Relaxed);
+                self.set_config_source(&text);
                 tracing::info!(config = %file, trigger = trigger_name, pools, "config reloaded");
                 ReloadOutcome::Applied
             }
@@ -144,6 +148,10 @@ impl ProxyHandle {
     /// Tells reloads what the running config was read from, so an event that leaves the
     /// file as it was (a touch, a ConfigMap resync) is not a reload.
     pub fn loaded_from(&self, bytes: Vec<u8>) {
+        // `/config` shows it and `memroute_config_info` exports its hash.
+        if let Ok(text) = std::str::from_utf8(&bytes) {
+            self.set_config_source(text);
+        }
         *self
             .reload_state
             .last_read

@@ -39,10 +39,7 @@ pub(crate) struct OpenSession {
 
 impl Drop for OpenSession {
     fn drop(&mut self) {
-        self.context
-            .stats()
-            .curr_connections
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.context.metrics.shared.connections_current.dec();
     }
 }
 
@@ -78,7 +75,7 @@ where
         // flight, nothing buffered), so no request the client already sent is lost.
         let mut draining = *shutdown.borrow();
         // This session's share of the process-wide reply budget, and whether it is paused.
-        let mut charge = Charge::new(context.shared.clone());
+        let mut charge = Charge::new(context.metrics.shared.clone());
         let mut paused = false;
         // One future for the whole session: re-creating it per loop would register and
         // unregister a waiter on the shared watch channel for every request.
@@ -88,6 +85,9 @@ where
             // pending cap alone is not enough: the input buffer would keep growing with
             // requests that are read but not yet parsed.
             let mut need_input = false;
+            // One clock read per wake-up: every request parsed and every reply finished below
+            // is timed against it (no per-request clock reads).
+            context.stats().tick();
             // One routing snapshot per batch of requests parsed: a reload applies from the next
             // batch. Dropped before any wait, so an idle session keeps no old connections open.
             let routing = context.routing();
@@ -124,10 +124,7 @@ where
                         swallow: rest,
                         close,
                     } => {
-                        context
-                            .stats()
-                            .client_errors
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        crate::stats::WorkerMetrics::add(&context.stats().client_errors, 1);
                         pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
                         swallow = rest;
                         if close {
@@ -193,7 +190,7 @@ where
                 QUEUES.with(|queues| queues.give(&mut pending));
             }
             tokio::select! {
-                _ = std::future::poll_fn(|cx| poll_head(&mut pending, cx)), if !pending.is_empty() => {}
+                _ = wait_head(&mut pending), if !pending.is_empty() => {}
                 read = std::future::poll_fn(|cx| poll_read_some(&mut stream, &mut input, cx)), if can_read => match read {
                     Ok(0) | Err(_) => reading = false,
                     Ok(_) => {}
@@ -224,10 +221,8 @@ fn poll_read_some<R: AsyncRead + Unpin>(
     read
 }
 
-/// Ready once the oldest pending entry is complete.
-fn poll_head(pending: &mut VecDeque<Pending>, cx: &mut Context<'_>) -> Poll<()> {
-    match pending.front_mut() {
-        Some(head) => head.poll_wait(cx),
-        None => Poll::Ready(()),
+async fn wait_head(pending: &mut VecDeque<Pending>) {
+    if let Some(head) = pending.front_mut() {
+        head.wait().await;
     }
 }

@@ -1,88 +1,343 @@
-//! Counters behind the `stats` command. Each worker writes only its own shard
-//! (uncontended atomics); `stats` sums the shards.
+//! Every number memroute reports comes from one `prometheus::Registry`: `/metrics` encodes
+//! it in the text exposition format, and the `stats` command renders the same gathered
+//! families as memcached's `STAT name value` lines, so the two cannot drift apart.
+//!
+//! ```text
+//!  worker (hot path, no atomics): Cell<u64> counters + LocalHistogram per route / server
+//!     | flush: every FLUSH_INTERVAL, and on demand (a scrape or `stats` asks every worker)
+//!     v
+//!  Metrics.registry  <- shared IntCounter / Histogram families (atomics, touched on flush)
+//!                    <- StateCollector: health, policy routes, shadows, DNS, pools (read on gather)
+//!     | gather()
+//!     +--> admin `/metrics` (TextEncoder: label values escaped)
+//!     +--> `stats` (render_stats: legacy STAT names for memcached tools)
+//! ```
+//!
+//! Metric names follow `memroute_<component>_<event>_<unit>`.
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::fmt::Write as _;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use memroute_backend::ServerHealth;
 use memroute_config::Config;
+use memroute_protocol::Command;
+use memroute_routing::RouteTable;
+use prometheus::core::{Collector, Desc};
+use prometheus::local::LocalHistogram;
+use prometheus::proto::{self, MetricFamily, MetricType};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+use tokio::sync::{watch, Notify};
 
 use crate::execute::{RouteStats, ShadowStats};
 
-/// One worker's counters. Aligned to two cache lines so that neighbouring workers'
-/// shards never share a line (no false sharing on the per-request increments).
-#[derive(Debug, Default)]
-#[repr(align(128))]
-pub(crate) struct WorkerStats {
-    pub curr_connections: AtomicU64,
-    pub total_connections: AtomicU64,
-    pub rejected_connections: AtomicU64,
-    pub cmd_get: AtomicU64,
-    pub cmd_set: AtomicU64,
-    pub cmd_touch: AtomicU64,
-    pub cmd_flush: AtomicU64,
-    pub get_hits: AtomicU64,
-    pub get_misses: AtomicU64,
-    pub client_errors: AtomicU64,
-}
+/// The name the rest of the proxy knows the shared metrics by.
+pub(crate) type SharedStats = Metrics;
 
-/// Errors and timeouts of one server (counted by whichever worker saw them). Workers
-/// reach these through their routing snapshot, never through the list below.
-#[derive(Debug)]
-pub(crate) struct ServerStats {
-    pub pool: String,
-    pub address: String,
-    pub errors: AtomicU64,
-    pub timeouts: AtomicU64,
-}
+/// How often a worker moves its local counts into the shared registry on its own.
+/// Scrapes and `stats` do not wait for it: they ask every worker to flush first.
+pub(crate) const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Everything `stats` reports, shared by all workers.
-#[derive(Debug)]
-pub(crate) struct SharedStats {
-    pub started: Instant,
-    pub workers: Vec<WorkerStats>,
-    /// Every server of the running config, in `Config::pools` order. Replaced on reload;
-    /// only the renderers and `for_config` lock it (never the request path).
-    servers: Mutex<Vec<Arc<ServerStats>>>,
-    /// The running config's pools and how many servers each has (DNS pools change).
-    pools: Mutex<Vec<(String, usize)>>,
-    /// Health of every server of the running config.
-    health: Mutex<Vec<Arc<ServerHealth>>>,
-    /// Policy routes (failover, replicated, warm-up) and shadow routes, by name.
-    routes: Mutex<Vec<(String, Arc<RouteStats>)>>,
-    shadows: Mutex<Vec<(String, Arc<ShadowStats>)>>,
-    /// DNS lookups per pool: (succeeded, failed).
-    lookups: Mutex<std::collections::BTreeMap<String, (u64, u64)>>,
-    /// Reply bytes held for clients, process-wide (`max_buffered_replies`).
-    pub replies: crate::budget::ReplyBudget,
+/// How long a scrape or `stats` waits for busy workers to flush before it answers anyway.
+pub(crate) const FLUSH_WAIT: Duration = Duration::from_millis(200);
+
+/// Latency buckets in seconds: 25 µs .. 2.5 s, a 1-2.5-5 ladder (proxy overhead is tens of
+/// microseconds, a backend timeout hundreds of milliseconds).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5,
+];
+
+/// The `route` label of requests memroute answers itself (version, stats, errors, ...).
+pub(crate) const LOCAL_ROUTE: &str = "(proxy)";
+
+/// Every command's label, indexed by [`command_index`].
+const COMMAND_NAMES: [&str; 26] = [
+    "get",
+    "gets",
+    "gat",
+    "gats",
+    "set",
+    "add",
+    "replace",
+    "append",
+    "prepend",
+    "cas",
+    "delete",
+    "incr",
+    "decr",
+    "touch",
+    "flush_all",
+    "version",
+    "verbosity",
+    "stats",
+    "quit",
+    "shutdown",
+    "mg",
+    "ms",
+    "md",
+    "ma",
+    "mn",
+    "me",
+];
+
+/// The position of `command`'s label in [`COMMAND_NAMES`].
+#[inline]
+pub(crate) fn command_index(command: Command) -> usize {
+    match command {
+        Command::Get => 0,
+        Command::Gets => 1,
+        Command::Gat => 2,
+        Command::Gats => 3,
+        Command::Set => 4,
+        Command::Add => 5,
+        Command::Replace => 6,
+        Command::Append => 7,
+        Command::Prepend => 8,
+        Command::Cas => 9,
+        Command::Delete => 10,
+        Command::Incr => 11,
+        Command::Decr => 12,
+        Command::Touch => 13,
+        Command::FlushAll => 14,
+        Command::Version => 15,
+        Command::Verbosity => 16,
+        Command::Stats => 17,
+        Command::Quit => 18,
+        Command::Shutdown => 19,
+        Command::MetaGet => 20,
+        Command::MetaSet => 21,
+        Command::MetaDelete => 22,
+        Command::MetaArithmetic => 23,
+        Command::MetaNoop => 24,
+        Command::MetaDebug => 25,
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One config's server counters, indexed [pool id][server index].
-pub(crate) type ServerStatsTable = Vec<Vec<Arc<ServerStats>>>;
+/// Counters of one server (counted by whichever worker saw a failure; not per request).
+#[derive(Debug, Clone)]
+pub(crate) struct ServerStats {
+    pub errors: IntCounter,
+    pub timeouts: IntCounter,
+}
 
-impl SharedStats {
-    pub(crate) fn new(workers: usize) -> SharedStats {
-        SharedStats {
-            started: Instant::now(),
-            workers: (0..workers).map(|_| WorkerStats::default()).collect(),
-            servers: Mutex::new(Vec::new()),
-            pools: Mutex::new(Vec::new()),
-            health: Mutex::new(Vec::new()),
-            routes: Mutex::new(Vec::new()),
-            shadows: Mutex::new(Vec::new()),
-            lookups: Mutex::new(Default::default()),
-            replies: Default::default(),
+/// One config's server counters, indexed [pool id][server index].
+pub(crate) type ServerStatsTable = Vec<Vec<ServerStats>>;
+
+/// The shared side of the metrics: the registry and the families workers flush into.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    pub started: Instant,
+    pub workers: usize,
+    pub registry: Registry,
+    pub connections_current: IntGauge,
+    pub connections_total: IntCounter,
+    pub connections_rejected: IntCounter,
+    get_keys: IntCounter,
+    set_requests: IntCounter,
+    touch_keys: IntCounter,
+    flush_requests: IntCounter,
+    get_hits: IntCounter,
+    get_misses: IntCounter,
+    client_errors: IntCounter,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    backend_round_trip: HistogramVec,
+    backend_errors: IntCounterVec,
+    backend_timeouts: IntCounterVec,
+    // Per-listener families: events on one listen address (accepted connections today;
+    // TLS handshakes and client errors per listener belong here too).
+    listener_events: IntCounterVec,
+    config_info: IntGaugeVec,
+    config_reload_time: IntGauge,
+    /// The config-dependent state the collector reads at gather time.
+    state: Arc<Mutex<State>>,
+    /// Label sets currently exported per family (so a reload can drop servers that left).
+    exported_servers: Mutex<Vec<(String, String)>>,
+    exported_routes: Mutex<Vec<String>>,
+    pub flush: FlushBarrier,
+    /// Reply bytes held for clients, process-wide (`max_buffered_replies`).
+    pub replies: Arc<crate::budget::ReplyBudget>,
+}
+
+/// What the collector reads on every gather; replaced piecewise on reload.
+#[derive(Debug, Default)]
+struct State {
+    /// (pool, servers now, most servers out of the ring at once when the pool ejects).
+    pools: Vec<(String, usize, Option<usize>)>,
+    health: Vec<Arc<ServerHealth>>,
+    routes: Vec<(String, Arc<RouteStats>)>,
+    shadows: Vec<(String, Arc<ShadowStats>)>,
+    /// DNS lookups per pool: (succeeded, failed).
+    lookups: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Reloads from the config file (kept by `reload.rs`, the one reload path).
+    reloads: Option<Arc<crate::ReloadCounts>>,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let counter = IntCounter::new(name, help).unwrap_or_else(|e| unreachable_metric(name, e));
+    register(registry, counter.clone(), name);
+    counter
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let vec = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, e));
+    register(registry, vec.clone(), name);
+    vec
+}
+
+fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    let vec = HistogramVec::new(opts, labels).unwrap_or_else(|e| unreachable_metric(name, e));
+    register(registry, vec.clone(), name);
+    vec
+}
+
+fn register<C: Collector + 'static>(registry: &Registry, collector: C, name: &str) {
+    if let Err(error) = registry.register(Box::new(collector)) {
+        unreachable_metric(name, error);
+    }
+}
+
+/// Metric names and label names are constants of this file: a bad one is a bug that the
+/// first unit test shows, never something input can cause.
+#[allow(clippy::panic)]
+fn unreachable_metric(name: &str, error: prometheus::Error) -> ! {
+    panic!("metric {name} cannot be defined: {error}")
+}
+
+impl Metrics {
+    pub(crate) fn new(workers: usize) -> Metrics {
+        let registry = Registry::new();
+        let r = &registry;
+        let state = Arc::new(Mutex::new(State::default()));
+        let started = Instant::now();
+        let replies = Arc::new(crate::budget::ReplyBudget::default());
+        register(
+            r,
+            StateCollector::new(state.clone(), started, workers, replies.clone()),
+            "state",
+        );
+        let connections_current = IntGauge::new(
+            "memroute_client_connections_current",
+            "Open client connections.",
+        )
+        .unwrap_or_else(|e| unreachable_metric("connections_current", e));
+        register(r, connections_current.clone(), "connections_current");
+        let config_reload_time = IntGauge::new(
+            "memroute_config_last_reload_timestamp_seconds",
+            "Unix time the running config was applied.",
+        )
+        .unwrap_or_else(|e| unreachable_metric("config_reload_time", e));
+        register(r, config_reload_time.clone(), "config_reload_time");
+        let config_info = IntGaugeVec::new(
+            Opts::new(
+                "memroute_config_info",
+                "1 for the hash of the running config (as GET /config shows it).",
+            ),
+            &["hash"],
+        )
+        .unwrap_or_else(|e| unreachable_metric("config_info", e));
+        register(r, config_info.clone(), "config_info");
+        Metrics {
+            started,
+            workers,
+            connections_current,
+            connections_total: counter(
+                r,
+                "memroute_client_connections_total",
+                "Client connections accepted.",
+            ),
+            connections_rejected: counter(
+                r,
+                "memroute_client_connections_rejected_total",
+                "Client connections closed at max_connections.",
+            ),
+            get_keys: counter(
+                r,
+                "memroute_client_get_keys_total",
+                "Keys asked for by retrieval commands (memcached's cmd_get).",
+            ),
+            set_requests: counter(
+                r,
+                "memroute_client_set_requests_total",
+                "Storage commands (memcached's cmd_set).",
+            ),
+            touch_keys: counter(
+                r,
+                "memroute_client_touch_keys_total",
+                "Keys touched by touch, gat and gats (memcached's cmd_touch).",
+            ),
+            flush_requests: counter(
+                r,
+                "memroute_client_flush_requests_total",
+                "flush_all commands (memcached's cmd_flush).",
+            ),
+            get_hits: counter(r, "memroute_client_get_hits_total", "Keys found."),
+            get_misses: counter(r, "memroute_client_get_misses_total", "Keys not found."),
+            client_errors: counter(
+                r,
+                "memroute_client_errors_total",
+                "Requests rejected as bad input.",
+            ),
+            requests: counter_vec(
+                r,
+                "memroute_client_requests_total",
+                "Requests by command and by the pool or policy route they reached after prefix and operation routes (one per key for multi-key retrievals; (proxy) for requests memroute answers itself).",
+                &["command", "route"],
+            ),
+            request_duration: histogram_vec(
+                r,
+                "memroute_client_request_duration_seconds",
+                "Time from a request being read to its reply being ready, by the pool or policy route it reached: the latency a client sees through memroute.",
+                &["route"],
+            ),
+            backend_round_trip: histogram_vec(
+                r,
+                "memroute_backend_round_trip_seconds",
+                "Time from writing a request to a server until its reply was read.",
+                &["pool", "server"],
+            ),
+            backend_errors: counter_vec(
+                r,
+                "memroute_backend_errors_total",
+                "Requests that got no reply from a server.",
+                &["pool", "server"],
+            ),
+            backend_timeouts: counter_vec(
+                r,
+                "memroute_backend_timeouts_total",
+                "Requests that timed out.",
+                &["pool", "server"],
+            ),
+            listener_events: counter_vec(
+                r,
+                "memroute_listener_events_total",
+                "Events per listen address: accepted (client connections accepted there).",
+                &["listener", "event"],
+            ),
+            config_info,
+            config_reload_time,
+            registry,
+            state,
+            exported_servers: Mutex::new(Vec::new()),
+            exported_routes: Mutex::new(Vec::new()),
+            flush: FlushBarrier::new(workers),
+            replies,
         }
     }
 
     pub(crate) fn set_health(&self, health: Vec<Arc<ServerHealth>>) {
-        *lock(&self.health) = health;
+        lock(&self.state).health = health;
     }
 
     pub(crate) fn set_policy_stats(
@@ -90,185 +345,877 @@ impl SharedStats {
         routes: Vec<(String, Arc<RouteStats>)>,
         shadows: Vec<(String, Arc<ShadowStats>)>,
     ) {
-        *lock(&self.routes) = routes;
-        *lock(&self.shadows) = shadows;
+        let mut state = lock(&self.state);
+        state.routes = routes;
+        state.shadows = shadows;
     }
 
     pub(crate) fn count_lookup(&self, pool: &str, succeeded: bool) {
-        let mut lookups = lock(&self.lookups);
-        let entry = lookups.entry(pool.to_string()).or_default();
+        let mut state = lock(&self.state);
+        let entry = state.lookups.entry(pool.to_string()).or_default();
         match succeeded {
             true => entry.0 += 1,
             false => entry.1 += 1,
         }
     }
 
-    /// Everything the renderers show beyond the per-worker counters, read in one place.
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            pools: lock(&self.pools).clone(),
-            health: lock(&self.health).clone(),
-            routes: lock(&self.routes).clone(),
-            shadows: lock(&self.shadows).clone(),
-            lookups: lock(&self.lookups).clone(),
+    /// The counters of `pool`'s server `address`.
+    pub(crate) fn server_stats(&self, pool: &str, address: &str) -> ServerStats {
+        let labels = [pool, address];
+        ServerStats {
+            errors: self.backend_errors.with_label_values(&labels),
+            timeouts: self.backend_timeouts.with_label_values(&labels),
         }
     }
 
-    /// The counters for `config`'s servers, indexed [pool id][server index]. A server
-    /// (same pool name, same address) already counted keeps its counters; servers no
-    /// longer configured stop being reported. Replaces the list the renderers read.
-    pub(crate) fn for_config(&self, config: &Config) -> ServerStatsTable {
-        let mut current = self.servers();
-        let known: HashMap<(&str, &str), Arc<ServerStats>> = current
-            .iter()
-            .map(|s| ((s.pool.as_str(), s.address.as_str()), s.clone()))
-            .collect();
-        let table: ServerStatsTable = config
-            .pools
-            .iter()
-            .map(|(pool, p)| {
-                p.servers
-                    .iter()
-                    .map(|s| {
-                        known
-                            .get(&(pool.as_str(), s.address.as_str()))
-                            .cloned()
-                            .unwrap_or_else(|| {
-                                Arc::new(ServerStats {
-                                    pool: pool.clone(),
-                                    address: s.address.clone(),
-                                    errors: AtomicU64::new(0),
-                                    timeouts: AtomicU64::new(0),
-                                })
-                            })
-                    })
-                    .collect()
-            })
-            .collect();
-        drop(known);
-        *current = table.iter().flatten().cloned().collect();
-        *lock(&self.pools) = config
-            .pools
-            .iter()
-            .map(|(name, pool)| (name.clone(), pool.servers.len()))
-            .collect();
-        table
+    /// The counter of `event` on `listener` (resolve once per listener, then `inc()`).
+    pub(crate) fn listener_event(&self, listener: &str, event: &str) -> IntCounter {
+        self.listener_events.with_label_values(&[listener, event])
     }
 
-    /// The running config's server counters (for rendering).
-    pub(crate) fn servers(&self) -> MutexGuard<'_, Vec<Arc<ServerStats>>> {
-        // A panic while holding this lock cannot leave the list half-written in a way
-        // that matters for counters: take it anyway.
-        self.servers.lock().unwrap_or_else(|e| e.into_inner())
+    /// Where reloads from the config file are counted (exported as
+    /// `memroute_config_reloads_total`).
+    pub(crate) fn set_reload_counts(&self, counts: Arc<crate::ReloadCounts>) {
+        lock(&self.state).reloads = Some(counts);
     }
 
-    /// One counter summed over every worker's shard (`stats` and `/metrics` both use it).
-    pub(crate) fn total(&self, counter: fn(&WorkerStats) -> &AtomicU64) -> u64 {
-        self.workers.iter().map(|w| counter(w).load(Relaxed)).sum()
-    }
-
-    /// The reply to `stats`, in memcached's `STAT name value` format.
-    pub(crate) fn render(&self) -> String {
-        let sum = |f: fn(&WorkerStats) -> &AtomicU64| self.total(f);
+    /// Records the hash of the config now running.
+    pub(crate) fn set_config_hash(&self, hash: &str) {
+        self.config_info.reset();
+        self.config_info.with_label_values(&[hash]).set(1);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let mut out = String::with_capacity(1024);
+        self.config_reload_time.set(now as i64);
+    }
+
+    /// The counters for `config`'s servers, indexed [pool id][server index]. A server
+    /// (same pool name, same address) keeps its counters across reloads; servers and routes
+    /// no longer configured stop being exported.
+    pub(crate) fn for_config(&self, config: &Config, routes: &RouteTable) -> ServerStatsTable {
+        let mut table = Vec::with_capacity(config.pools.len());
+        let mut servers = Vec::new();
+        for (pool, p) in &config.pools {
+            let row = p
+                .servers
+                .iter()
+                .map(|s| {
+                    servers.push((pool.clone(), s.address.clone()));
+                    self.server_stats(pool, &s.address)
+                })
+                .collect();
+            table.push(row);
+        }
+        let mut exported = lock(&self.exported_servers);
+        for (pool, address) in exported.iter() {
+            if !servers.contains(&(pool.clone(), address.clone())) {
+                let labels = [pool.as_str(), address.as_str()];
+                let _ = self.backend_errors.remove_label_values(&labels);
+                let _ = self.backend_timeouts.remove_label_values(&labels);
+                let _ = self.backend_round_trip.remove_label_values(&labels);
+            }
+        }
+        *exported = servers;
+        let names: Vec<String> = (0..routes.node_count())
+            .map(|id| routes.node_name(id as memroute_routing::NodeId).to_string())
+            .collect();
+        let mut exported = lock(&self.exported_routes);
+        for name in exported.iter() {
+            if !names.contains(name) {
+                let _ = self.request_duration.remove_label_values(&[name]);
+                for command in COMMAND_NAMES {
+                    let _ = self.requests.remove_label_values(&[command, name]);
+                }
+            }
+        }
+        *exported = names;
+        lock(&self.state).pools = config
+            .pools
+            .iter()
+            .map(|(name, pool)| {
+                let ejecting = pool.eject.then(|| crate::worker::max_ejected(pool));
+                (name.clone(), pool.servers.len(), ejecting)
+            })
+            .collect();
+        table
+    }
+
+    /// Everything gathered, after asking every worker to flush (bounded wait).
+    pub(crate) async fn gather_fresh(&self) -> Vec<MetricFamily> {
+        self.flush.flush_all(FLUSH_WAIT).await;
+        self.registry.gather()
+    }
+
+    /// The registry in Prometheus' text exposition format.
+    pub(crate) fn encode(families: &[MetricFamily]) -> String {
+        use prometheus::Encoder as _;
+        let mut out = Vec::with_capacity(16 * 1024);
+        if let Err(error) = prometheus::TextEncoder::new().encode(families, &mut out) {
+            tracing::warn!(%error, "cannot encode metrics");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// The reply to `stats`, in memcached's `STAT name value` format, from the same
+    /// gathered families `/metrics` shows (histograms are on `/metrics` only).
+    pub(crate) fn render_stats(&self, families: &[MetricFamily]) -> String {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut out = String::with_capacity(2048);
         let mut stat = |name: &str, value: &dyn std::fmt::Display| {
+            use std::fmt::Write as _;
             let _ = write!(out, "STAT {name} {value}\r\n");
         };
         stat("pid", &std::process::id());
         stat("uptime", &self.started.elapsed().as_secs());
         stat("time", &now);
         stat("version", &format_args!("memroute-{}", crate::VERSION));
-        stat("threads", &self.workers.len());
-        stat("curr_connections", &sum(|w| &w.curr_connections));
-        stat("total_connections", &sum(|w| &w.total_connections));
-        stat("rejected_connections", &sum(|w| &w.rejected_connections));
-        stat("cmd_get", &sum(|w| &w.cmd_get));
-        stat("cmd_set", &sum(|w| &w.cmd_set));
-        stat("cmd_flush", &sum(|w| &w.cmd_flush));
-        stat("cmd_touch", &sum(|w| &w.cmd_touch));
-        stat("get_hits", &sum(|w| &w.get_hits));
-        stat("get_misses", &sum(|w| &w.get_misses));
-        stat("client_errors", &sum(|w| &w.client_errors));
-        stat("buffered_reply_bytes", &self.replies.used());
-        stat("reads_paused", &self.replies.paused_total.load(Relaxed));
-        stat(
-            "slow_clients_closed",
-            &self.replies.slow_closed_total.load(Relaxed),
-        );
-        for server in self.servers().iter() {
-            stat(
-                &format!("server:{}:{}:errors", server.pool, server.address),
-                &server.errors.load(Relaxed),
-            );
-            stat(
-                &format!("server:{}:{}:timeouts", server.pool, server.address),
-                &server.timeouts.load(Relaxed),
-            );
+        stat("threads", &self.workers);
+        let by_name: HashMap<&str, &MetricFamily> =
+            families.iter().map(|f| (f.get_name(), f)).collect();
+        // memcached's own names first, in memcached's order.
+        for (stat_name, family) in CLASSIC_STATS {
+            let total: f64 = by_name
+                .get(family)
+                .map(|f| f.get_metric().iter().map(sample_value).sum())
+                .unwrap_or(0.0);
+            stat(stat_name, &(total as u64));
         }
-        let snapshot = self.snapshot();
-        for (pool, servers) in &snapshot.pools {
-            stat(&format!("pool:{pool}:servers"), servers);
-        }
-        for health in &snapshot.health {
-            let prefix = format!("server:{}:{}", health.pool(), health.address());
-            stat(&format!("{prefix}:down"), &u8::from(health.is_down()));
-            stat(
-                &format!("{prefix}:marked_down"),
-                &health.marked_down_total(),
-            );
-            stat(&format!("{prefix}:marked_up"), &health.marked_up_total());
-        }
-        for (route, counters) in &snapshot.routes {
-            stat(
-                &format!("route:{route}:failovers"),
-                &counters.failovers.load(Relaxed),
-            );
-            stat(
-                &format!("route:{route}:write_failures"),
-                &counters.write_failures.load(Relaxed),
-            );
-            stat(
-                &format!("route:{route}:fills"),
-                &counters.fills.load(Relaxed),
-            );
-        }
-        for (route, counters) in &snapshot.shadows {
-            stat(
-                &format!("shadow:{route}:sent"),
-                &counters.sent.load(Relaxed),
-            );
-            stat(
-                &format!("shadow:{route}:completed"),
-                &counters.completed.load(Relaxed),
-            );
-            stat(
-                &format!("shadow:{route}:errors"),
-                &counters.errors.load(Relaxed),
-            );
-            stat(
-                &format!("shadow:{route}:dropped"),
-                &counters.dropped.load(Relaxed),
-            );
-        }
-        for (pool, (ok, failed)) in &snapshot.lookups {
-            stat(&format!("pool:{pool}:dns_lookups"), ok);
-            stat(&format!("pool:{pool}:dns_failures"), failed);
+        for family in families {
+            let name = family.get_name();
+            if CLASSIC_STATS.iter().any(|(_, f)| *f == name)
+                || HEADER_FAMILIES.contains(&name)
+                || family.get_field_type() == MetricType::HISTOGRAM
+            {
+                continue;
+            }
+            for metric in family.get_metric() {
+                let labels: Vec<&str> = metric.get_label().iter().map(|l| l.get_value()).collect();
+                stat(&stat_name(name, &labels), &(sample_value(metric) as u64));
+            }
         }
         out.push_str("END\r\n");
         out
     }
 }
 
-/// The shared, config-dependent parts of the stats, copied out of their locks.
+/// `stats` names memcached tools know, and the family each one is summed from.
+const CLASSIC_STATS: [(&str, &str); 13] = [
+    ("curr_connections", "memroute_client_connections_current"),
+    ("total_connections", "memroute_client_connections_total"),
+    (
+        "rejected_connections",
+        "memroute_client_connections_rejected_total",
+    ),
+    ("cmd_get", "memroute_client_get_keys_total"),
+    ("cmd_set", "memroute_client_set_requests_total"),
+    ("cmd_flush", "memroute_client_flush_requests_total"),
+    ("cmd_touch", "memroute_client_touch_keys_total"),
+    ("get_hits", "memroute_client_get_hits_total"),
+    ("get_misses", "memroute_client_get_misses_total"),
+    ("client_errors", "memroute_client_errors_total"),
+    (
+        "buffered_reply_bytes",
+        "memroute_client_buffered_reply_bytes",
+    ),
+    ("reads_paused", "memroute_client_reads_paused_total"),
+    ("slow_clients_closed", "memroute_client_slow_closed_total"),
+];
+
+/// Families `stats` already shows in its header lines.
+const HEADER_FAMILIES: [&str; 2] = ["memroute_process_uptime_seconds", "memroute_proxy_workers"];
+
+fn sample_value(metric: &proto::Metric) -> f64 {
+    // Each family here is one kind; the others read as 0.
+    metric.get_counter().get_value() + metric.get_gauge().get_value()
+}
+
+/// The `stats` name of one labelled sample: the names memroute used before the registry
+/// (`server:<pool>:<address>:errors`, ...) where there was one, else
+/// `<family without memroute_>:<label values>`.
+fn stat_name(family: &str, labels: &[&str]) -> String {
+    let joined = labels.join(":");
+    let legacy = |prefix: &str, suffix: &str| format!("{prefix}:{joined}:{suffix}");
+    match family {
+        "memroute_backend_errors_total" => legacy("server", "errors"),
+        "memroute_backend_timeouts_total" => legacy("server", "timeouts"),
+        "memroute_backend_down" => legacy("server", "down"),
+        "memroute_backend_marked_down_total" => legacy("server", "marked_down"),
+        "memroute_backend_marked_up_total" => legacy("server", "marked_up"),
+        "memroute_pool_servers" => legacy("pool", "servers"),
+        "memroute_route_failovers_total" => legacy("route", "failovers"),
+        "memroute_route_write_failures_total" => legacy("route", "write_failures"),
+        "memroute_route_fills_total" => legacy("route", "fills"),
+        // (route, outcome): sent, completed, error -> errors, dropped.
+        "memroute_shadow_requests_total" => match labels {
+            [route, "error"] => format!("shadow:{route}:errors"),
+            [route, outcome] => format!("shadow:{route}:{outcome}"),
+            _ => format!("shadow:{joined}"),
+        },
+        // (pool, outcome): ok -> dns_lookups, error -> dns_failures.
+        "memroute_discovery_lookups_total" => match labels {
+            [pool, "ok"] => format!("pool:{pool}:dns_lookups"),
+            [pool, _] => format!("pool:{pool}:dns_failures"),
+            _ => format!("pool:{joined}:dns"),
+        },
+        _ => {
+            let short = family.strip_prefix("memroute_").unwrap_or(family);
+            match joined.is_empty() {
+                true => short.to_string(),
+                false => format!("{short}:{joined}"),
+            }
+        }
+    }
+}
+
+/// Lets a scrape (or `stats`) have every worker flush its local counts first.
+///
+/// Each worker's flush task waits on its own `Notify` (a permit is kept if it is busy);
+/// after flushing it records the highest request it served and bumps `flushed`.
 #[derive(Debug)]
-pub(crate) struct Snapshot {
-    pub pools: Vec<(String, usize)>,
-    pub health: Vec<Arc<ServerHealth>>,
-    pub routes: Vec<(String, Arc<RouteStats>)>,
-    pub shadows: Vec<(String, Arc<ShadowStats>)>,
-    pub lookups: std::collections::BTreeMap<String, (u64, u64)>,
+pub(crate) struct FlushBarrier {
+    requested: AtomicU64,
+    wake: Vec<Notify>,
+    done: Vec<AtomicU64>,
+    flushed: watch::Sender<u64>,
+}
+
+impl FlushBarrier {
+    fn new(workers: usize) -> FlushBarrier {
+        FlushBarrier {
+            requested: AtomicU64::new(0),
+            wake: (0..workers).map(|_| Notify::new()).collect(),
+            done: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            flushed: watch::channel(0).0,
+        }
+    }
+
+    /// Asks every worker to flush; returns the request number to wait for.
+    pub(crate) fn request(&self) -> u64 {
+        let ticket = self.requested.fetch_add(1, Relaxed) + 1;
+        for wake in &self.wake {
+            wake.notify_one();
+        }
+        ticket
+    }
+
+    /// True once every worker flushed after request `ticket` was made.
+    pub(crate) fn reached(&self, ticket: u64) -> bool {
+        self.done.iter().all(|d| d.load(Relaxed) >= ticket)
+    }
+
+    /// Waits until `ticket` is reached or `deadline` passes.
+    pub(crate) async fn wait(&self, ticket: u64, deadline: Instant) {
+        let mut flushed = self.flushed.subscribe();
+        while !self.reached(ticket) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, flushed.changed()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn flush_all(&self, wait: Duration) {
+        let ticket = self.request();
+        self.wait(ticket, Instant::now() + wait).await;
+    }
+
+    /// Worker `index` waits for a flush request (or nothing: its timer flushes anyway).
+    async fn requested_for(&self, index: usize) {
+        match self.wake.get(index) {
+            Some(wake) => wake.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Worker `index` has flushed everything counted before `seen` was read.
+    fn flushed(&self, index: usize, seen: u64) {
+        if let Some(done) = self.done.get(index) {
+            done.fetch_max(seen, Relaxed);
+        }
+        self.flushed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// One worker's counts, kept in plain cells (no atomics, no sharing) and moved into the
+/// registry by [`WorkerMetrics::flush`].
+#[derive(Debug)]
+pub(crate) struct WorkerMetrics {
+    index: usize,
+    pub shared: Arc<Metrics>,
+    pub get_keys: Cell<u64>,
+    pub set_requests: Cell<u64>,
+    pub touch_keys: Cell<u64>,
+    pub flush_requests: Cell<u64>,
+    pub get_hits: Cell<u64>,
+    pub get_misses: Cell<u64>,
+    pub client_errors: Cell<u64>,
+    /// The per-route tables of every routing this worker still serves requests with.
+    routes: RefCell<Vec<Rc<RouteMetrics>>>,
+    /// Backend round trips per (pool, address), shared with that server's connections.
+    round_trips: RefCell<HashMap<(String, String), Rc<LocalHistogram>>>,
+    /// The time this worker last woke a session: one clock read per batch of requests,
+    /// not per request (see [`WorkerMetrics::tick`]). Shared with the route tables.
+    clock: Rc<Cell<Instant>>,
+}
+
+/// Request counts and latency by route node for one routing (one config) of one worker.
+#[derive(Debug)]
+pub(crate) struct RouteMetrics {
+    /// [node * COMMANDS + command]; the last row is [`LOCAL_ROUTE`].
+    counts: Vec<Cell<u64>>,
+    counters: Vec<IntCounter>,
+    /// Per node; plus [`LOCAL_ROUTE`] last.
+    latency: Vec<LocalHistogram>,
+    nodes: usize,
+    clock: Rc<Cell<Instant>>,
+}
+
+const COMMANDS: usize = COMMAND_NAMES.len();
+
+impl RouteMetrics {
+    /// The worker's clock as of the last [`WorkerMetrics::tick`].
+    #[inline]
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.get()
+    }
+
+    /// Records the latency of a request to `node` started at `started`, as of now.
+    #[inline]
+    pub(crate) fn observe_since(&self, node: usize, started: Instant) {
+        self.observe(node, self.now().saturating_duration_since(started));
+    }
+
+    /// Counts one request (or key) of `command` that reached route node `node`.
+    #[inline]
+    pub(crate) fn count(&self, node: usize, command: Command) {
+        let node = node.min(self.nodes);
+        if let Some(cell) = self.counts.get(node * COMMANDS + command_index(command)) {
+            cell.set(cell.get() + 1);
+        }
+    }
+
+    /// Counts one request memroute answered itself.
+    #[inline]
+    pub(crate) fn count_local(&self, command: Command) {
+        self.count(self.nodes, command);
+    }
+
+    /// Records the latency of a request that reached route node `node`.
+    #[inline]
+    pub(crate) fn observe(&self, node: usize, elapsed: Duration) {
+        if let Some(histogram) = self.latency.get(node.min(self.nodes)) {
+            histogram.observe(elapsed.as_secs_f64());
+        }
+    }
+
+    fn flush(&self) {
+        for (cell, counter) in self.counts.iter().zip(&self.counters) {
+            let n = cell.take();
+            if n > 0 {
+                counter.inc_by(n);
+            }
+        }
+        for histogram in &self.latency {
+            histogram.flush();
+        }
+    }
+}
+
+impl WorkerMetrics {
+    pub(crate) fn new(index: usize, shared: Arc<Metrics>) -> WorkerMetrics {
+        WorkerMetrics {
+            index,
+            shared,
+            get_keys: Cell::new(0),
+            set_requests: Cell::new(0),
+            touch_keys: Cell::new(0),
+            flush_requests: Cell::new(0),
+            get_hits: Cell::new(0),
+            get_misses: Cell::new(0),
+            client_errors: Cell::new(0),
+            routes: RefCell::new(Vec::new()),
+            round_trips: RefCell::new(HashMap::new()),
+            clock: Rc::new(Cell::new(Instant::now())),
+        }
+    }
+
+    /// Reads the clock once for everything a session does until it waits again.
+    #[inline]
+    pub(crate) fn tick(&self) {
+        self.clock.set(Instant::now());
+    }
+
+    /// Adds one to a local counter.
+    #[inline]
+    pub(crate) fn add(cell: &Cell<u64>, n: u64) {
+        cell.set(cell.get() + n);
+    }
+
+    /// The per-route table for a routing built from `routes`.
+    pub(crate) fn for_routes(&self, routes: &RouteTable) -> Rc<RouteMetrics> {
+        let nodes = routes.node_count();
+        let name = |node: usize| match node == nodes {
+            true => LOCAL_ROUTE,
+            false => routes.node_name(node as memroute_routing::NodeId),
+        };
+        let mut counters = Vec::with_capacity((nodes + 1) * COMMANDS);
+        for node in 0..=nodes {
+            for command in COMMAND_NAMES {
+                counters.push(
+                    self.shared
+                        .requests
+                        .with_label_values(&[command, name(node)]),
+                );
+            }
+        }
+        let latency = (0..=nodes)
+            .map(|node| {
+                self.shared
+                    .request_duration
+                    .with_label_values(&[name(node)])
+                    .local()
+            })
+            .collect();
+        let table = Rc::new(RouteMetrics {
+            counts: counters.iter().map(|_| Cell::new(0)).collect(),
+            counters,
+            latency,
+            nodes,
+            clock: self.clock.clone(),
+        });
+        self.routes.borrow_mut().push(table.clone());
+        table
+    }
+
+    /// The round-trip histogram of `pool`'s server `address` for this worker's connections.
+    pub(crate) fn round_trip(&self, pool: &str, address: &str) -> Rc<LocalHistogram> {
+        self.round_trips
+            .borrow_mut()
+            .entry((pool.to_string(), address.to_string()))
+            .or_insert_with(|| {
+                Rc::new(
+                    self.shared
+                        .backend_round_trip
+                        .with_label_values(&[pool, address])
+                        .local(),
+                )
+            })
+            .clone()
+    }
+
+    /// Moves every local count into the registry; forgets tables nobody uses any more.
+    pub(crate) fn flush(&self) {
+        let seen = self.shared.flush.requested.load(Relaxed);
+        let shared = &self.shared;
+        for (cell, counter) in [
+            (&self.get_keys, &shared.get_keys),
+            (&self.set_requests, &shared.set_requests),
+            (&self.touch_keys, &shared.touch_keys),
+            (&self.flush_requests, &shared.flush_requests),
+            (&self.get_hits, &shared.get_hits),
+            (&self.get_misses, &shared.get_misses),
+            (&self.client_errors, &shared.client_errors),
+        ] {
+            let n = cell.take();
+            if n > 0 {
+                counter.inc_by(n);
+            }
+        }
+        self.routes.borrow_mut().retain(|table| {
+            table.flush();
+            // Only this list holds it: its routing is gone and it was just flushed.
+            Rc::strong_count(table) > 1
+        });
+        self.round_trips.borrow_mut().retain(|_, histogram| {
+            histogram.flush();
+            Rc::strong_count(histogram) > 1
+        });
+        shared.flush.flushed(self.index, seen);
+    }
+
+    /// Flushes every [`FLUSH_INTERVAL`] and whenever a scrape or `stats` asks.
+    pub(crate) async fn run_flusher(self: Rc<Self>) {
+        let mut interval = tokio::time::interval(FLUSH_INTERVAL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = self.shared.flush.requested_for(self.index) => {}
+            }
+            self.flush();
+        }
+    }
+}
+
+impl Drop for WorkerMetrics {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// Observes backend round trips for one server's connections (see `ConnectionSettings`).
+pub(crate) fn round_trip_observer(histogram: Rc<LocalHistogram>) -> memroute_backend::RoundTrips {
+    memroute_backend::RoundTrips::new(move |elapsed: Duration| {
+        histogram.observe(elapsed.as_secs_f64())
+    })
+}
+
+/// Reads the config-dependent state at gather time: health, pools, policy routes, shadow
+/// routes and DNS lookups are kept where the proxy already keeps them (atomics shared by
+/// workers, off the request path), not copied into the registry.
+#[derive(Debug)]
+struct StateCollector {
+    state: Arc<Mutex<State>>,
+    started: Instant,
+    workers: usize,
+    replies: Arc<crate::budget::ReplyBudget>,
+    descs: Vec<Desc>,
+}
+
+/// (name, help, labels) of every family [`StateCollector`] produces.
+const STATE_FAMILIES: [(&str, &str, &[&str]); 17] = [
+    (
+        "memroute_process_uptime_seconds",
+        "Seconds since memroute started.",
+        &[],
+    ),
+    ("memroute_proxy_workers", "Worker threads.", &[]),
+    (
+        "memroute_pool_servers",
+        "Servers in a pool (DNS pools change with discovery).",
+        &["pool"],
+    ),
+    (
+        "memroute_pool_ejected_servers",
+        "Servers an ejecting pool has taken out of its ring now.",
+        &["pool"],
+    ),
+    (
+        "memroute_backend_down",
+        "1 while a server is marked down.",
+        &["pool", "server"],
+    ),
+    (
+        "memroute_backend_marked_down_total",
+        "Times a server was marked down (for pools with eject = true: ejected).",
+        &["pool", "server"],
+    ),
+    (
+        "memroute_backend_marked_up_total",
+        "Times a probe brought a server back.",
+        &["pool", "server"],
+    ),
+    (
+        "memroute_route_failovers_total",
+        "Requests moved to the next child of a failover or replicated route.",
+        &["route"],
+    ),
+    (
+        "memroute_route_write_failures_total",
+        "Replicated writes whose policy was not met.",
+        &["route"],
+    ),
+    (
+        "memroute_route_fills_total",
+        "Values a warm-up route copied from warm to cold.",
+        &["route"],
+    ),
+    (
+        "memroute_shadow_requests_total",
+        "Requests copied to a shadow target, by outcome (sent, completed, error, dropped).",
+        &["route", "outcome"],
+    ),
+    (
+        "memroute_discovery_lookups_total",
+        "DNS lookups of discovered pools, by outcome (ok, error).",
+        &["pool", "outcome"],
+    ),
+    (
+        "memroute_backend_connections",
+        "Connections to a server open now, over every worker.",
+        &["pool", "server"],
+    ),
+    (
+        "memroute_config_reloads_total",
+        "Reloads of the config file by outcome (ok, failed); unchanged files are not counted.",
+        &["outcome"],
+    ),
+    (
+        "memroute_client_buffered_reply_bytes",
+        "Reply bytes held for clients that have not read them yet, process-wide.",
+        &[],
+    ),
+    (
+        "memroute_client_reads_paused_total",
+        "Times a session stopped reading because it held more than its share of max_buffered_replies.",
+        &[],
+    ),
+    (
+        "memroute_client_slow_closed_total",
+        "Connections closed for holding more than their share of max_buffered_replies past slow_client_timeout.",
+        &[],
+    ),
+];
+
+impl StateCollector {
+    fn new(
+        state: Arc<Mutex<State>>,
+        started: Instant,
+        workers: usize,
+        replies: Arc<crate::budget::ReplyBudget>,
+    ) -> StateCollector {
+        let descs = STATE_FAMILIES
+            .iter()
+            .map(|(name, help, labels)| {
+                Desc::new(
+                    name.to_string(),
+                    help.to_string(),
+                    labels.iter().map(|l| l.to_string()).collect(),
+                    HashMap::new(),
+                )
+                .unwrap_or_else(|e| unreachable_metric(name, e))
+            })
+            .collect();
+        StateCollector {
+            state,
+            started,
+            workers,
+            replies,
+            descs,
+        }
+    }
+}
+
+/// One sample: its label values (in the family's label order) and value.
+type Row = (Vec<String>, f64);
+
+fn family(index: usize, rows: Vec<Row>) -> MetricFamily {
+    let (name, help, labels) = STATE_FAMILIES[index];
+    let kind = match name.ends_with("_total") {
+        true => MetricType::COUNTER,
+        false => MetricType::GAUGE,
+    };
+    let mut family = MetricFamily::default();
+    family.set_name(name.to_string());
+    family.set_help(help.to_string());
+    family.set_field_type(kind);
+    let metrics = rows
+        .into_iter()
+        .map(|(values, value)| {
+            let mut metric = proto::Metric::default();
+            metric.set_label(
+                labels
+                    .iter()
+                    .zip(values)
+                    .map(|(name, value)| {
+                        let mut pair = proto::LabelPair::default();
+                        pair.set_name(name.to_string());
+                        pair.set_value(value);
+                        pair
+                    })
+                    .collect(),
+            );
+            match kind {
+                MetricType::COUNTER => {
+                    let mut counter = proto::Counter::default();
+                    counter.set_value(value);
+                    metric.set_counter(counter);
+                }
+                _ => {
+                    let mut gauge = proto::Gauge::default();
+                    gauge.set_value(value);
+                    metric.set_gauge(gauge);
+                }
+            }
+            metric
+        })
+        .collect();
+    family.set_metric(metrics);
+    family
+}
+
+impl Collector for StateCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let state = lock(&self.state);
+        let server = |h: &ServerHealth| vec![h.pool().to_string(), h.address().to_string()];
+        let route_rows = |f: fn(&RouteStats) -> &AtomicU64| {
+            state
+                .routes
+                .iter()
+                .map(|(route, c)| (vec![route.clone()], f(c).load(Relaxed) as f64))
+                .collect::<Vec<Row>>()
+        };
+        let ejected = |pool: &str, max: usize| {
+            let down = state
+                .health
+                .iter()
+                .filter(|h| &**h.pool() == pool && h.is_down())
+                .count();
+            down.min(max) as f64
+        };
+        let mut shadow_rows = Vec::new();
+        for (route, c) in &state.shadows {
+            for (outcome, counter) in [
+                ("sent", &c.sent),
+                ("completed", &c.completed),
+                ("error", &c.errors),
+                ("dropped", &c.dropped),
+            ] {
+                shadow_rows.push((
+                    vec![route.clone(), outcome.to_string()],
+                    counter.load(Relaxed) as f64,
+                ));
+            }
+        }
+        let mut lookup_rows = Vec::new();
+        for (pool, (ok, failed)) in &state.lookups {
+            lookup_rows.push((vec![pool.clone(), "ok".to_string()], *ok as f64));
+            lookup_rows.push((vec![pool.clone(), "error".to_string()], *failed as f64));
+        }
+        vec![
+            family(0, vec![(vec![], self.started.elapsed().as_secs() as f64)]),
+            family(1, vec![(vec![], self.workers as f64)]),
+            family(
+                2,
+                state
+                    .pools
+                    .iter()
+                    .map(|(pool, n, _)| (vec![pool.clone()], *n as f64))
+                    .collect(),
+            ),
+            family(
+                3,
+                state
+                    .pools
+                    .iter()
+                    .filter_map(|(pool, _, max)| Some((vec![pool.clone()], ejected(pool, (*max)?))))
+                    .collect(),
+            ),
+            family(
+                4,
+                state
+                    .health
+                    .iter()
+                    .map(|h| (server(h), f64::from(u8::from(h.is_down()))))
+                    .collect(),
+            ),
+            family(
+                5,
+                state
+                    .health
+                    .iter()
+                    .map(|h| (server(h), h.marked_down_total() as f64))
+                    .collect(),
+            ),
+            family(
+                6,
+                state
+                    .health
+                    .iter()
+                    .map(|h| (server(h), h.marked_up_total() as f64))
+                    .collect(),
+            ),
+            family(7, route_rows(|c| &c.failovers)),
+            family(8, route_rows(|c| &c.write_failures)),
+            family(9, route_rows(|c| &c.fills)),
+            family(10, shadow_rows),
+            family(11, lookup_rows),
+            family(
+                12,
+                state
+                    .health
+                    .iter()
+                    .map(|h| (server(h), h.open_connections() as f64))
+                    .collect(),
+            ),
+            family(
+                13,
+                match &state.reloads {
+                    Some(counts) => vec![
+                        (vec!["ok".to_string()], counts.ok() as f64),
+                        (vec!["failed".to_string()], counts.failed() as f64),
+                    ],
+                    None => Vec::new(),
+                },
+            ),
+            family(14, vec![(vec![], self.replies.used() as f64)]),
+            family(
+                15,
+                vec![(vec![], self.replies.paused_total.load(Relaxed) as f64)],
+            ),
+            family(
+                16,
+                vec![(vec![], self.replies.slow_closed_total.load(Relaxed) as f64)],
+            ),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_has_its_own_label() {
+        let mut seen = std::collections::HashSet::new();
+        for name in COMMAND_NAMES {
+            assert!(seen.insert(name), "{name} twice");
+        }
+        assert_eq!(command_index(Command::MetaDebug), COMMANDS - 1);
+    }
+
+    #[test]
+    fn stats_and_metrics_come_from_the_same_families() {
+        let metrics = Metrics::new(2);
+        metrics.touch_keys.inc_by(3);
+        metrics.flush_requests.inc();
+        metrics.set_reload_counts(Arc::default());
+        let families = metrics.registry.gather();
+        let stats = metrics.render_stats(&families);
+        assert!(stats.contains("STAT cmd_touch 3\r\n"), "{stats}");
+        assert!(stats.contains("STAT cmd_flush 1\r\n"), "{stats}");
+        assert!(
+            stats.contains("STAT config_reloads_total:ok 0\r\n"),
+            "{stats}"
+        );
+        assert!(stats.contains("STAT threads 2\r\n"), "{stats}");
+        let text = Metrics::encode(&families);
+        assert!(
+            text.contains("memroute_client_touch_keys_total 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("memroute_client_flush_requests_total 1\n"),
+            "{text}"
+        );
+        assert!(stats.ends_with("END\r\n"));
+    }
+
+    #[test]
+    fn legacy_stat_names_are_kept() {
+        assert_eq!(
+            stat_name("memroute_backend_errors_total", &["main", "127.0.0.1:1"]),
+            "server:main:127.0.0.1:1:errors"
+        );
+        assert_eq!(
+            stat_name("memroute_shadow_requests_total", &["s", "error"]),
+            "shadow:s:errors"
+        );
+        assert_eq!(
+            stat_name("memroute_discovery_lookups_total", &["p", "ok"]),
+            "pool:p:dns_lookups"
+        );
+        assert_eq!(
+            stat_name("memroute_client_requests_total", &["get", "main"]),
+            "client_requests_total:get:main"
+        );
+    }
 }

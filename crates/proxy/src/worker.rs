@@ -23,7 +23,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::execute::{RouteStats, ShadowState, ShadowStats};
 use crate::listener::BoundListener;
-use crate::stats::{ServerStats, ServerStatsTable, SharedStats};
+use crate::stats::{
+    round_trip_observer, RouteMetrics, ServerStats, ServerStatsTable, SharedStats, WorkerMetrics,
+};
 
 /// One config as the workers receive it: built and checked on the main thread.
 #[derive(Debug)]
@@ -72,7 +74,7 @@ struct ConnectionKey {
 pub(crate) struct ServerConnections {
     connections: Vec<BackendHandle>,
     /// This server's error and timeout counters (touched only when a request fails).
-    pub stats: Arc<ServerStats>,
+    pub stats: ServerStats,
     pub health: Arc<ServerHealth>,
     key: ConnectionKey,
 }
@@ -94,7 +96,7 @@ impl ServerConnections {
         } else {
             &self.stats.errors
         };
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        counter.inc();
     }
 }
 
@@ -134,6 +136,8 @@ pub(crate) struct Routing {
     route_stats: Vec<Arc<RouteStats>>,
     /// Per shadow index: this worker's copies in flight and the shared counters.
     pub shadows: Vec<ShadowState>,
+    /// This worker's request counts and latencies by route node, for this config.
+    pub metrics: Rc<RouteMetrics>,
 }
 
 impl Routing {
@@ -181,7 +185,7 @@ impl Routing {
 
     /// Builds the routing for `generation`, reusing `old`'s connections to every server
     /// whose pool, address and connection settings are unchanged.
-    fn build(generation: &Generation, old: Option<&Routing>) -> Routing {
+    fn build(generation: &Generation, old: Option<&Routing>, metrics: &WorkerMetrics) -> Routing {
         let config = &generation.config;
         let limits = Limits {
             max_key_len: 250,
@@ -235,6 +239,9 @@ impl Routing {
                                     backoff_max: memroute_backend::RECONNECT_BACKOFF_MAX,
                                     limits,
                                     health: health.clone(),
+                                    round_trips: Some(round_trip_observer(
+                                        metrics.round_trip(name, &server.address),
+                                    )),
                                 };
                                 (0..key.connections)
                                     .map(|_| spawn_connection(settings.clone()))
@@ -246,14 +253,7 @@ impl Routing {
                             .get(id)
                             .and_then(|p| p.get(index))
                             .cloned()
-                            .unwrap_or_else(|| {
-                                Arc::new(ServerStats {
-                                    pool: name.clone(),
-                                    address: server.address.clone(),
-                                    errors: Default::default(),
-                                    timeouts: Default::default(),
-                                })
-                            });
+                            .unwrap_or_else(|| metrics.shared.server_stats(name, &server.address));
                         ServerConnections {
                             connections,
                             stats,
@@ -298,6 +298,7 @@ impl Routing {
             },
             route_stats: generation.route_stats.clone(),
             shadows,
+            metrics: metrics.for_routes(&generation.routes),
         }
     }
 }
@@ -352,7 +353,7 @@ pub(crate) struct WorkerContext {
     routing: RefCell<Rc<Routing>>,
     /// The slot the next client session gets (which of `connections` it uses).
     next_slot: Cell<usize>,
-    pub shared: Arc<SharedStats>,
+    pub metrics: Rc<WorkerMetrics>,
 }
 
 impl WorkerContext {
@@ -364,16 +365,17 @@ impl WorkerContext {
         generation: &Generation,
         shared: Arc<SharedStats>,
     ) -> WorkerContext {
+        let metrics = Rc::new(WorkerMetrics::new(index, shared));
         WorkerContext {
             index,
-            routing: RefCell::new(Rc::new(Routing::build(generation, None))),
+            routing: RefCell::new(Rc::new(Routing::build(generation, None, &metrics))),
             next_slot: Cell::new(0),
-            shared,
+            metrics,
         }
     }
 
-    pub(crate) fn stats(&self) -> &crate::stats::WorkerStats {
-        &self.shared.workers[self.index]
+    pub(crate) fn stats(&self) -> &WorkerMetrics {
+        &self.metrics
     }
 
     /// A connection slot for a new client session: sessions take turns.
@@ -408,13 +410,15 @@ impl Worker {
 
     async fn serve(mut self) {
         let first = self.generation.borrow_and_update().clone();
+        let metrics = Rc::new(WorkerMetrics::new(self.index, self.shared.clone()));
         let context = Rc::new(WorkerContext {
             index: self.index,
-            routing: RefCell::new(Rc::new(Routing::build(&first, None))),
+            routing: RefCell::new(Rc::new(Routing::build(&first, None, &metrics))),
             next_slot: Cell::new(0),
-            shared: self.shared.clone(),
+            metrics: metrics.clone(),
         });
         drop(first);
+        let flusher = tokio::task::spawn_local(metrics.run_flusher());
         let reloads =
             tokio::task::spawn_local(apply_reloads(context.clone(), self.generation.clone()));
         // Every session holds a clone of `alive`; when all are dropped, `all_done` yields None.
@@ -442,6 +446,8 @@ impl Worker {
             }
         }
         reloads.abort();
+        flusher.abort();
+        context.metrics.flush();
         tracing::debug!(worker = self.index, "worker stopped");
     }
 }
@@ -453,7 +459,11 @@ async fn apply_reloads(
 ) {
     while generation.changed().await.is_ok() {
         let next = generation.borrow_and_update().clone();
-        let routing = Rc::new(Routing::build(&next, Some(&context.routing())));
+        let routing = Rc::new(Routing::build(
+            &next,
+            Some(&context.routing()),
+            &context.metrics,
+        ));
         // The old routing lives on in the snapshots of requests still in flight.
         *context.routing.borrow_mut() = routing;
         tracing::debug!(worker = context.index, "worker switched to the new config");
@@ -499,6 +509,7 @@ async fn accept_loop(
     alive: mpsc::Sender<()>,
 ) {
     let name = listener.describe();
+    let accepted = context.metrics.shared.listener_event(&name, "accepted");
     let listener = match Listener::attach(listener) {
         Ok(listener) => listener,
         Err(error) => {
@@ -508,7 +519,7 @@ async fn accept_loop(
     };
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 Ok(Accepted::Tcp(stream)) => spawn_session(&context, &shutdown, &alive, stream),
                 Ok(Accepted::Unix(stream)) => spawn_session(&context, &shutdown, &alive, stream),
                 Err(error) => accept_error(&name, error).await,
@@ -533,30 +544,17 @@ fn spawn_session<S>(
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let stats = context.stats();
-    let open: u64 = context
-        .shared
-        .workers
-        .iter()
-        .map(|w| {
-            w.curr_connections
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
-        .sum();
+    // Connection counts are shared atomics: touched per connection, never per request.
+    let shared = &context.metrics.shared;
+    let open = shared.connections_current.get();
     let max_connections = context.routing.borrow().max_connections;
-    if max_connections > 0 && open >= max_connections as u64 {
-        stats
-            .rejected_connections
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if max_connections > 0 && open >= max_connections as i64 {
+        shared.connections_rejected.inc();
         // Dropping the stream closes it, as memcached does at its limit.
         return;
     }
-    stats
-        .curr_connections
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    stats
-        .total_connections
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shared.connections_current.inc();
+    shared.connections_total.inc();
     let open = crate::session::OpenSession {
         context: context.clone(),
         _alive: alive.clone(),

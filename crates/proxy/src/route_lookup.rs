@@ -1,0 +1,227 @@
+//! Where does a key go: the route path and server of each target a request for a key
+//! reaches, for `memroute route --config F KEY...` and the admin `GET /route?key=K`.
+//!
+//! Sans-I/O: a walk of the route table from the root, as the executor would walk it, but
+//! visiting every child a policy route may use (each with its role) rather than running it.
+//! Ejection (down servers taken out of an ejecting pool's ring) is not applied: the
+//! answer is the configured placement.
+use memroute_config::{Config, Operation};
+use memroute_routing::{Node, NodeId, RouteTable};
+
+use crate::ProxyError;
+
+/// One place a request for the key reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTarget {
+    /// Route and pool names from `proxy.route` down to this target.
+    pub path: Vec<String>,
+    /// What the target is for: primary, shadow, replica, failover N, cold, warm, ...
+    pub role: String,
+    /// The pool and the server (its address) that own the key; `None` for null and error
+    /// routes and for a pool without servers.
+    pub pool: Option<String>,
+    pub server: Option<String>,
+}
+
+impl std::fmt::Display for RouteTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let server = self.server.as_deref().unwrap_or("-");
+        write!(f, "{} => {server} ({})", self.path.join(" -> "), self.role)
+    }
+}
+
+/// The operation named `name` (`get`, `set`, `delete`, ... as in operation routes).
+pub fn operation_named(name: &str) -> Option<Operation> {
+    Operation::ALL.into_iter().find(|op| op.as_str() == name)
+}
+
+/// Every target `operation` on `key` reaches under `config` (built into a route table).
+pub fn route_key(
+    config: &Config,
+    operation: Operation,
+    key: &[u8],
+) -> Result<Vec<RouteTarget>, ProxyError> {
+    let routes = RouteTable::build(&config.routing_spec())?;
+    Ok(route_key_in(config, &routes, operation, key))
+}
+
+/// [`route_key`] with a route table already built from `config`.
+pub(crate) fn route_key_in(
+    config: &Config,
+    routes: &RouteTable,
+    operation: Operation,
+    key: &[u8],
+) -> Vec<RouteTarget> {
+    let mut walk = Walk {
+        config,
+        routes,
+        operation,
+        key,
+        targets: Vec::new(),
+    };
+    walk.visit(routes.root(), Vec::new(), "primary".to_string());
+    walk.targets
+}
+
+struct Walk<'a> {
+    config: &'a Config,
+    routes: &'a RouteTable,
+    operation: Operation,
+    key: &'a [u8],
+    targets: Vec<RouteTarget>,
+}
+
+impl Walk<'_> {
+    /// Routes form a tree without cycles (config validation rejects circles), so the
+    /// recursion ends; its depth is the config's nesting depth.
+    fn visit(&mut self, node: NodeId, mut path: Vec<String>, role: String) {
+        path.push(self.routes.node_name(node).to_string());
+        let target = |path: Vec<String>, role: String| RouteTarget {
+            path,
+            role,
+            pool: None,
+            server: None,
+        };
+        match self.routes.node(node) {
+            Node::Prefix { .. } | Node::Operation { .. } => {
+                let next = match self.routes.node(node) {
+                    Node::Prefix { prefixes, default } => prefixes
+                        .iter()
+                        .find(|(prefix, _)| self.key.starts_with(prefix))
+                        .map_or(*default, |&(_, t)| t),
+                    Node::Operation { table } => table[self.operation.index()],
+                    _ => return,
+                };
+                self.visit(next, path, role);
+            }
+            Node::Pool(pool) => {
+                let name = &self.routes.pool_names[*pool];
+                let servers = self.config.pools.get(name).map(|p| &p.servers[..]);
+                let server = match servers {
+                    Some(servers) if !servers.is_empty() => {
+                        let index = self.routes.placements[*pool].server_for(self.key);
+                        servers.get(index).map(|s| s.address.clone())
+                    }
+                    _ => None,
+                };
+                self.targets.push(RouteTarget {
+                    path,
+                    role,
+                    pool: Some(name.clone()),
+                    server,
+                });
+            }
+            Node::Shadow {
+                primary,
+                shadow,
+                range,
+                ..
+            } => {
+                let (primary, shadow) = (*primary, *shadow);
+                let shadowed =
+                    self.operation != Operation::FlushAll && range.contains_key(self.key);
+                self.visit(primary, path.clone(), role.clone());
+                if shadowed {
+                    self.visit(shadow, path, format!("{role}, shadow copy"));
+                }
+            }
+            Node::Replicated {
+                children,
+                writes,
+                reads,
+            } => {
+                let policy = match self.operation.is_write() {
+                    true => format!("replica, writes {writes:?}"),
+                    false => format!("replica, reads {reads:?}"),
+                };
+                for (i, child) in children.clone().into_iter().enumerate() {
+                    let role = format!("{role}, {policy} {}/{}", i + 1, children.len());
+                    self.visit(child, path.clone(), role);
+                }
+            }
+            Node::Failover { children, .. } => {
+                for (i, child) in children.clone().into_iter().enumerate() {
+                    let step = match i {
+                        0 => role.clone(),
+                        n => format!("{role}, failover {n}"),
+                    };
+                    self.visit(child, path.clone(), step);
+                }
+            }
+            Node::WarmUp { cold, warm, .. } => {
+                let (cold, warm) = (*cold, *warm);
+                self.visit(cold, path.clone(), format!("{role}, cold"));
+                self.visit(warm, path, format!("{role}, warm (on a cold miss)"));
+            }
+            Node::Random { children } => {
+                for child in children.clone() {
+                    self.visit(child, path.clone(), format!("{role}, random choice"));
+                }
+            }
+            Node::Null => self
+                .targets
+                .push(target(path, format!("{role}, null route"))),
+            Node::Error { message } => {
+                let message = message.clone();
+                self.targets
+                    .push(target(path, format!("{role}, error route: {message}")));
+            }
+        }
+    }
+}
+
+/// The text both the CLI and the admin endpoint print for one key: one line per target.
+pub fn describe_routes(key: &str, targets: &[RouteTarget]) -> String {
+    let mut out = String::new();
+    for target in targets {
+        out.push_str(key);
+        out.push_str(": ");
+        out.push_str(&target.to_string());
+        out.push('\n');
+    }
+    if targets.is_empty() {
+        out.push_str(key);
+        out.push_str(": no target\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_and_shadow_routes_name_every_target() {
+        let config = memroute_config::parse(
+            r#"
+[proxy]
+listen = ["127.0.0.1:11211"]
+route = "split"
+[pools.a]
+servers = ["127.0.0.1:1"]
+[pools.b]
+servers = ["127.0.0.1:2", "127.0.0.1:3"]
+[routes.split]
+type = "prefix"
+prefixes = { "s:" = "mirror" }
+default = "a"
+[routes.mirror]
+type = "shadow"
+primary = "b"
+shadow = "a"
+fraction = 1.0
+"#,
+        )
+        .expect("config");
+        let plain = route_key(&config, Operation::Get, b"x").expect("route");
+        assert_eq!(plain.len(), 1);
+        assert_eq!(plain[0].path, ["split", "a"]);
+        assert_eq!(plain[0].server.as_deref(), Some("127.0.0.1:1"));
+        let shadowed = route_key(&config, Operation::Set, b"s:1").expect("route");
+        assert_eq!(shadowed.len(), 2, "{shadowed:?}");
+        assert_eq!(shadowed[0].path, ["split", "mirror", "b"]);
+        assert_eq!(shadowed[1].role, "primary, shadow copy");
+        assert_eq!(shadowed[1].server.as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(operation_named("delete"), Some(Operation::Delete));
+    }
+}
