@@ -81,6 +81,13 @@ struct Args {
     /// Clock ticks per second of /proc/PID/stat (getconf CLK_TCK).
     #[arg(long, default_value_t = 100)]
     clk_tck: u64,
+    /// Open loop: total ops/s to offer, spread evenly over the connections (each sends on a
+    /// fixed schedule instead of right after its previous reply). 0 = closed loop. A
+    /// connection keeps one batch in flight, so use enough connections that
+    /// `connections / rate` is well above the latency. tokio's timer ticks in 1 ms, so sends
+    /// are released per millisecond tick, not spread within it.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
     /// Label copied into the JSON summary.
     #[arg(long, default_value = "")]
     label: String,
@@ -405,6 +412,9 @@ struct Plan {
     reply_timeout: Duration,
     warmup_end: Instant,
     end: Instant,
+    /// Open loop: time between one connection's sends (None = closed loop).
+    send_interval: Option<Duration>,
+    connections: usize,
 }
 
 async fn connect(addr: &str) -> Result<TcpStream, String> {
@@ -482,9 +492,19 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
     let mut out = Vec::with_capacity(16 * 1024);
     let mut inbuf = Vec::with_capacity(64 * 1024);
     let mut kinds = Vec::with_capacity(plan.pipeline);
+    // Open loop: connections start staggered over one interval, then keep their schedule.
+    let mut next_send = plan.send_interval.map(|interval| {
+        tokio::time::Instant::now() + interval.mul_f64(id as f64 / plan.connections.max(1) as f64)
+    });
     loop {
         if shared.stop.load(Ordering::Relaxed) {
             return Ok(stats);
+        }
+        if let (Some(next), Some(interval)) = (next_send.as_mut(), plan.send_interval) {
+            // A late connection sends at once and keeps its schedule: the offered rate holds
+            // even when replies are slow, so queueing shows in the latency.
+            tokio::time::sleep_until(*next).await;
+            *next += interval;
         }
         out.clear();
         kinds.clear();
@@ -655,6 +675,10 @@ async fn run(mut args: Args) -> Result<String, String> {
         reply_timeout: args.reply_timeout,
         warmup_end: start + args.warmup,
         end: start + args.warmup + args.duration,
+        send_interval: (args.rate > 0.0).then(|| {
+            Duration::from_secs_f64((args.connections * args.pipeline) as f64 / args.rate)
+        }),
+        connections: args.connections,
     });
     let shared = Arc::new(Shared::default());
     let mut conns = Vec::new();

@@ -125,14 +125,18 @@ async fn run_case(case: Case) -> Outcome {
         shared,
     ));
     let (client, session_side) = tokio::io::duplex(64 * 1024);
-    let (session_reader, session_writer) = tokio::io::split(session_side);
     let (_shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
-    let session = tokio::task::spawn_local(crate::session::run(
+    // Counted as the worker counts a session (the guard uncounts it when the session ends).
+    context.metrics.shared.connections_current.inc();
+    let (alive, _all_done) = tokio::sync::mpsc::channel::<()>(1);
+    let open = crate::session::OpenSession {
         context,
-        session_reader,
-        session_writer,
+        _alive: alive,
+    };
+    let session = tokio::task::spawn_local(crate::session::run(
+        open,
+        Scripted(session_side),
         shutdown_rx,
-        "fuzz".to_string(),
     ));
     let (mut client_reader, mut client_writer) = tokio::io::split(client);
     let input = case.client.clone();
@@ -229,6 +233,21 @@ pub fn check_framed(output: &[u8]) -> Result<(), String> {
 
 fn show(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..bytes.len().min(120)]).into_owned()
+}
+
+/// The fuzzed client's end of an in-memory pipe, served like an accepted connection.
+struct Scripted(tokio::io::DuplexStream);
+
+impl crate::session::ClientConnection for Scripted {
+    type Stream = tokio::io::DuplexStream;
+
+    fn peer(&self) -> String {
+        "fuzz".to_string()
+    }
+
+    async fn establish(self) -> Option<tokio::io::DuplexStream> {
+        Some(self.0)
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 mod admin;
 mod binary;
 mod budget;
+mod buffers;
 mod client_log;
 mod control;
 mod dispatch;

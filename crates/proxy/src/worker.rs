@@ -504,18 +504,7 @@ async fn accept_loop(
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 // The TLS handshake runs in the session's task: a slow or silent client
                 // holds up nobody else (bounded by tls_handshake_timeout, counted).
-                Ok(incoming) => spawn_session(&context, &shutdown, &alive, move |ctx, sd| async move {
-                    let peer = incoming.peer.clone();
-                    let mut stream = match incoming.establish().await {
-                        Ok(stream) => stream,
-                        Err(error) => {
-                            tracing::debug!(%error, peer, "client connection closed before its TLS handshake finished");
-                            return;
-                        }
-                    };
-                    let (reader, writer) = stream.split();
-                    crate::session::run(ctx, reader, writer, sd, peer).await;
-                }),
+                Ok(incoming) => spawn_session(&context, &shutdown, &alive, incoming),
                 Err(error) => accept_error(&name, error).await,
             },
             _ = shutdown.changed() => break,
@@ -530,14 +519,13 @@ async fn accept_error(name: &str, error: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-fn spawn_session<F, Fut>(
+fn spawn_session<C>(
     context: &Rc<WorkerContext>,
     shutdown: &watch::Receiver<bool>,
     alive: &mpsc::Sender<()>,
-    session: F,
+    connection: C,
 ) where
-    F: FnOnce(Rc<WorkerContext>, watch::Receiver<bool>) -> Fut,
-    Fut: std::future::Future<Output = ()> + 'static,
+    C: crate::session::ClientConnection + 'static,
 {
     // Connection counts are shared atomics: touched per connection, never per request.
     let shared = &context.metrics.shared;
@@ -545,17 +533,17 @@ fn spawn_session<F, Fut>(
     let max_connections = context.routing.borrow().max_connections;
     if max_connections > 0 && open >= max_connections as i64 {
         shared.connections_rejected.inc();
-        // Dropping the stream (captured in `session`) closes it, as memcached does at its limit.
+        // Dropping the connection closes it, as memcached does at its limit.
         return;
     }
     shared.connections_current.inc();
     shared.connections_total.inc();
-    let future = session(context.clone(), shutdown.clone());
-    let alive = alive.clone();
-    let context = context.clone();
-    tokio::task::spawn_local(async move {
-        future.await;
-        context.metrics.shared.connections_current.dec();
-        drop(alive);
-    });
+    let open = crate::session::OpenSession {
+        context: context.clone(),
+        _alive: alive.clone(),
+    };
+    // The session future is the task itself, built here and stored once: wrapping it in
+    // another async block (or capturing it and then awaiting it) stores its arguments or
+    // the whole future twice in the task cell.
+    tokio::task::spawn_local(crate::session::run(open, connection, shutdown.clone()));
 }

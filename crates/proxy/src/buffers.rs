@@ -1,0 +1,101 @@
+//! Per-worker buffer pool: client sessions borrow I/O buffers only while bytes wait.
+//!
+//! A central tier holds tens of thousands of client connections, nearly all idle. Giving
+//! every session its own 16 KiB input and output buffers cost ~32 KiB of address space
+//! (and ~10 KiB of RSS) per idle connection. Instead a session takes a buffer from its
+//! worker's pool for one read (and gives it straight back when the read would block, or
+//! when everything read was parsed), and for one batch of replies (given back once
+//! written). A worker is one thread running one session at a time, so a handful of
+//! buffers serve all its sessions; the pool keeps at most [`POOL_LIMIT`] and drops the
+//! rest so a burst does not pin memory for the process's life.
+//!
+//! A thread-local rather than a field of the worker context keeps this module
+//! self-contained: every worker is one thread with one current-thread runtime.
+use std::cell::RefCell;
+use std::collections::VecDeque;
+
+use bytes::BytesMut;
+
+/// The size of a pooled buffer and of one read.
+pub(crate) const CHUNK: usize = 16 * 1024;
+/// Buffers kept per worker once given back; more are freed.
+const POOL_LIMIT: usize = 16;
+/// A buffer that grew past this (a huge multi-get reply, a large value) is freed rather
+/// than kept, so one large reply does not pin its memory for the worker's life. A batch of
+/// pipelined replies (1,024 small values) reaches ~256 KiB; freeing those after every
+/// batch cost an mmap/munmap and page faults per batch. At most 16 x 256 KiB per worker.
+const KEEP_AT_MOST: usize = 16 * CHUNK;
+/// Empty pending queues kept per worker (see [`take_queue`]).
+const QUEUE_POOL_LIMIT: usize = 64;
+
+thread_local! {
+    static BUFFERS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A buffer with at least `CHUNK / 4` bytes of room, from the pool when it has one.
+pub(crate) fn take() -> BytesMut {
+    let reused = BUFFERS.with(|pool| pool.borrow_mut().pop());
+    match reused {
+        Some(mut buffer) => {
+            if buffer.capacity() < CHUNK / 4 {
+                // Bytes split off it earlier (values in flight) may still share it;
+                // `reserve` reclaims the allocation in place once they are gone.
+                buffer.reserve(CHUNK);
+            }
+            buffer
+        }
+        None => BytesMut::with_capacity(CHUNK),
+    }
+}
+
+/// Gives a buffer back (its contents are discarded).
+pub(crate) fn give(mut buffer: BytesMut) {
+    // Too small to serve a read (the tail of a split buffer): pooling
+    // it would only make the next `take` allocate anyway.
+    if buffer.capacity() < CHUNK / 4 || buffer.capacity() > KEEP_AT_MOST {
+        return;
+    }
+    buffer.clear();
+    BUFFERS.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.len() < POOL_LIMIT {
+            pool.push(buffer);
+        }
+    });
+}
+
+/// Pending-reply queues of the same type, so a session that went idle can give its
+/// queue's storage back and take one again on its next request without a heap allocation.
+pub(crate) struct QueuePool<T> {
+    queues: RefCell<Vec<VecDeque<T>>>,
+}
+
+impl<T> QueuePool<T> {
+    pub(crate) const fn new() -> Self {
+        QueuePool {
+            queues: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Gives an empty queue's storage back; the caller is left with an unallocated one.
+    pub(crate) fn give(&self, queue: &mut VecDeque<T>) {
+        if queue.capacity() == 0 || !queue.is_empty() {
+            return;
+        }
+        let mut queues = self.queues.borrow_mut();
+        if queues.len() < QUEUE_POOL_LIMIT && queue.capacity() <= 256 {
+            queues.push(std::mem::take(queue));
+        } else {
+            *queue = VecDeque::new();
+        }
+    }
+
+    /// Makes sure `queue` has storage, from the pool when it has some.
+    pub(crate) fn fill(&self, queue: &mut VecDeque<T>) {
+        if queue.capacity() == 0 {
+            if let Some(reused) = self.queues.borrow_mut().pop() {
+                *queue = reused;
+            }
+        }
+    }
+}
