@@ -322,6 +322,28 @@ fn binary_use_and_errors_are_counted_in_stats() {
     assert_eq!(value("binary_connections"), "1");
     assert_eq!(value("framing_closes"), "1");
     assert_eq!(value("client_errors"), "1");
+    // The same, per listener (memroute_listener_events_total{listener,event}).
+    let listener = |event: &str| value(&format!("listener:{}:{event}", proxy.listen));
+    assert_eq!(listener("binary_connection"), "1");
+    assert_eq!(listener("framing_close"), "1");
+    assert_eq!(listener("client_error"), "1");
+    // A text client's bad request is counted on its listener too (connection kept).
+    let mut text = proxy.connect();
+    text.send(b"bogus\r\n");
+    assert_eq!(text.read_line(), b"ERROR\r\n");
+    let stats = proxy.connect().stats();
+    let value = |name: &str| {
+        stats
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} in {stats:?}"))
+    };
+    assert_eq!(
+        value(&format!("listener:{}:client_error", proxy.listen)),
+        "2"
+    );
+    assert_eq!(value("client_errors"), "2");
     assert!(proxy.wait_log(
         "key and extras longer than the body",
         Duration::from_secs(5)

@@ -103,12 +103,16 @@ pub(crate) async fn run<R, W>(
     mut reader: R,
     mut writer: W,
     mut shutdown: watch::Receiver<bool>,
-    peer: String,
+    peer: crate::client_log::Peer,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    crate::stats::WorkerMetrics::add(&context.stats().binary_connections, 1);
+    crate::client_log::count(
+        &context,
+        &peer,
+        crate::client_log::ClientEvent::BinaryConnection,
+    );
     let mut output = BytesMut::with_capacity(READ_CHUNK);
     let mut scratch = BytesMut::new();
     let mut pending: VecDeque<(Pending, Shape)> = VecDeque::new();
@@ -158,13 +162,20 @@ pub(crate) async fn run<R, W>(
                     opaque,
                     body_len,
                 } => {
-                    let stats = context.stats();
-                    crate::stats::WorkerMetrics::add(&stats.client_errors, 1);
+                    crate::client_log::count(
+                        &context,
+                        &peer,
+                        crate::client_log::ClientEvent::Error,
+                    );
                     let mut reply = BytesMut::new();
                     if error == BinaryError::BodyTooLarge && is_storage(opcode) {
                         // memcached answers `Too large` and discards the value: so do we,
                         // as it arrives, without buffering it.
-                        crate::stats::WorkerMetrics::add(&stats.oversized_values, 1);
+                        crate::client_log::count(
+                            &context,
+                            &peer,
+                            crate::client_log::ClientEvent::OversizedValue,
+                        );
                         crate::client_log::protocol_error(&peer, "binary", "value too large");
                         encode_error(&mut reply, opcode, Status::TooLarge, opaque);
                         ready(&mut pending, reply);
@@ -173,7 +184,11 @@ pub(crate) async fn run<R, W>(
                         swallow = HEADER_LEN + body_len - now;
                         continue;
                     }
-                    crate::stats::WorkerMetrics::add(&stats.framing_closes, 1);
+                    crate::client_log::count(
+                        &context,
+                        &peer,
+                        crate::client_log::ClientEvent::FramingClose,
+                    );
                     match error {
                         // Not a binary frame: memcached closes without a word.
                         BinaryError::BadMagic => {}
@@ -333,7 +348,7 @@ fn text_safe(key: &[u8]) -> bool {
 #[allow(clippy::too_many_arguments)]
 fn translate(
     context: &WorkerContext,
-    peer: &str,
+    peer: &crate::client_log::Peer,
     routing: &Rc<Routing>,
     slot: usize,
     request: BinaryRequest,
@@ -342,11 +357,11 @@ fn translate(
     spare: &mut VecDeque<Pending>,
 ) -> Flow {
     if !well_formed(&request) {
-        crate::stats::WorkerMetrics::add(&context.stats().client_errors, 1);
+        crate::client_log::count(context, peer, crate::client_log::ClientEvent::Error);
         local(pending, &request, Status::InvalidArguments, &[]);
         if request.key.len() > MAX_KEY_LEN {
             // memcached closes a connection that sent a key over 250 bytes.
-            crate::stats::WorkerMetrics::add(&context.stats().framing_closes, 1);
+            crate::client_log::count(context, peer, crate::client_log::ClientEvent::FramingClose);
             crate::client_log::framing_close(peer, "binary", "key longer than 250 bytes");
             pending.push_back((Pending::Close, Shape::Raw));
             return Flow::Close;
@@ -355,7 +370,11 @@ fn translate(
         return Flow::Continue;
     }
     if request.value.len() > routing.limits.max_value_len {
-        crate::stats::WorkerMetrics::add(&context.stats().oversized_values, 1);
+        crate::client_log::count(
+            context,
+            peer,
+            crate::client_log::ClientEvent::OversizedValue,
+        );
         crate::client_log::protocol_error(peer, "binary", "value too large");
         local(pending, &request, Status::TooLarge, &[]);
         return Flow::Continue;
@@ -513,7 +532,7 @@ fn translate(
         }
         _ => {
             // memcached closes the connection on an opcode it does not know.
-            crate::stats::WorkerMetrics::add(&context.stats().client_errors, 1);
+            crate::client_log::count(context, peer, crate::client_log::ClientEvent::Error);
             crate::client_log::protocol_error(peer, "binary", "unknown opcode");
             pending.push_back((Pending::Close, Shape::Raw));
             return Flow::Close;

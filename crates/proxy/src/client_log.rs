@@ -33,16 +33,87 @@ fn admit() -> bool {
     IN_WINDOW.fetch_add(1, Relaxed) < LINES_PER_SECOND
 }
 
+/// Who a session serves: the peer address its log lines name, and the per-listener
+/// counters of the listener it came in on (none for a connection made in-process).
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub address: String,
+    pub listener: Option<std::rc::Rc<ListenerEvents>>,
+}
+
+/// One listener's client error counters (`memroute_listener_events_total{listener,event}`).
+/// Atomic counters, touched only on errors and once per binary connection.
+#[derive(Debug)]
+pub(crate) struct ListenerEvents {
+    client_errors: prometheus::IntCounter,
+    oversized_values: prometheus::IntCounter,
+    framing_closes: prometheus::IntCounter,
+    binary_connections: prometheus::IntCounter,
+}
+
+impl ListenerEvents {
+    pub(crate) fn new(metrics: &crate::stats::Metrics, listener: &str) -> ListenerEvents {
+        ListenerEvents {
+            client_errors: metrics.listener_event(listener, "client_error"),
+            oversized_values: metrics.listener_event(listener, "oversized_value"),
+            framing_closes: metrics.listener_event(listener, "framing_close"),
+            binary_connections: metrics.listener_event(listener, "binary_connection"),
+        }
+    }
+}
+
+/// What a client did that an operator should be able to count.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ClientEvent {
+    /// A request rejected as bad input.
+    Error,
+    /// A storage request over `max_value_size`.
+    OversizedValue,
+    /// A connection closed because its input could no longer be framed.
+    FramingClose,
+    /// A connection that speaks the binary protocol.
+    BinaryConnection,
+}
+
+/// Counts `event` for the process (the worker's cells) and for the peer's listener.
+pub(crate) fn count(context: &crate::worker::WorkerContext, peer: &Peer, event: ClientEvent) {
+    let stats = context.stats();
+    let (cell, listener) = match event {
+        ClientEvent::Error => (
+            &stats.client_errors,
+            peer.listener.as_ref().map(|l| &l.client_errors),
+        ),
+        ClientEvent::OversizedValue => (
+            &stats.oversized_values,
+            peer.listener.as_ref().map(|l| &l.oversized_values),
+        ),
+        ClientEvent::FramingClose => (
+            &stats.framing_closes,
+            peer.listener.as_ref().map(|l| &l.framing_closes),
+        ),
+        ClientEvent::BinaryConnection => (
+            &stats.binary_connections,
+            peer.listener.as_ref().map(|l| &l.binary_connections),
+        ),
+    };
+    crate::stats::WorkerMetrics::add(cell, 1);
+    if let Some(counter) = listener {
+        counter.inc();
+    }
+}
+
 /// A request answered with an error for bad input.
-pub(crate) fn protocol_error(peer: &str, protocol: &str, what: &str) {
+pub(crate) fn protocol_error(peer: &Peer, protocol: &str, what: &str) {
     if admit() {
+        let peer = peer.address.as_str();
         tracing::warn!(peer, protocol, error = what, "client protocol error");
     }
 }
 
 /// A connection closed because its input cannot be framed any more.
-pub(crate) fn framing_close(peer: &str, protocol: &str, what: &str) {
+pub(crate) fn framing_close(peer: &Peer, protocol: &str, what: &str) {
     if admit() {
+        let peer = peer.address.as_str();
         tracing::warn!(
             peer,
             protocol,
@@ -55,23 +126,22 @@ pub(crate) fn framing_close(peer: &str, protocol: &str, what: &str) {
 /// Counts and logs a text-protocol request rejected by the parser.
 pub(crate) fn text_error(
     context: &crate::worker::WorkerContext,
-    peer: &str,
+    peer: &Peer,
     reply: &memroute_protocol::ErrorReply,
     close: bool,
 ) {
     use memroute_protocol::ErrorReply;
-    let stats = context.stats();
-    crate::stats::WorkerMetrics::add(&stats.client_errors, 1);
+    count(context, peer, ClientEvent::Error);
     let what = match reply {
         ErrorReply::Error => "unknown command",
         ErrorReply::Client(message) | ErrorReply::Server(message) => message,
         ErrorReply::Silent => "rejected without reply",
     };
     if matches!(reply, ErrorReply::Server(m) if m.contains("too large")) {
-        crate::stats::WorkerMetrics::add(&stats.oversized_values, 1);
+        count(context, peer, ClientEvent::OversizedValue);
     }
     if close {
-        crate::stats::WorkerMetrics::add(&stats.framing_closes, 1);
+        count(context, peer, ClientEvent::FramingClose);
         framing_close(peer, "text", what);
     } else {
         protocol_error(peer, "text", what);

@@ -132,6 +132,7 @@ async fn run_case(case: Case) -> Outcome {
     let open = crate::session::OpenSession {
         context,
         _alive: alive,
+        listener: None,
     };
     let session = tokio::task::spawn_local(crate::session::run(
         open,

@@ -65,6 +65,8 @@ pub(crate) struct OpenSession {
     pub context: Rc<WorkerContext>,
     /// Every session holds a clone; the worker's drain wait ends when all are dropped.
     pub _alive: tokio::sync::mpsc::Sender<()>,
+    /// The client error counters of the listener it came in on.
+    pub listener: Option<Rc<crate::client_log::ListenerEvents>>,
 }
 
 impl Drop for OpenSession {
@@ -93,7 +95,10 @@ where
 {
     async move {
         let context = &open.context;
-        let peer = connection.peer();
+        let peer = crate::client_log::Peer {
+            address: connection.peer(),
+            listener: open.listener.clone(),
+        };
         let Some(mut stream) = connection.establish().await else {
             return;
         };

@@ -586,6 +586,11 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
         "memroute_route_failovers_total" => legacy("route", "failovers"),
         "memroute_route_write_failures_total" => legacy("route", "write_failures"),
         "memroute_route_fills_total" => legacy("route", "fills"),
+        // Label pairs of a vec come sorted by name: (event, listener) -> listener:ADDR:EVENT
+        "memroute_listener_events_total" => match labels {
+            [event, listener] => format!("listener:{listener}:{event}"),
+            _ => format!("listener:{joined}"),
+        },
         // (listener, kind) -> listener:ADDR:tls_handshakes_KIND
         "memroute_listener_tls_handshakes_total" => match labels {
             [listener, kind] => format!("listener:{listener}:tls_handshakes_{kind}"),

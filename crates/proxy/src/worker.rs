@@ -492,6 +492,10 @@ async fn accept_loop(
 ) {
     let name = listener.describe();
     let accepted = context.metrics.shared.listener_event(&name, "accepted");
+    let events = Rc::new(crate::client_log::ListenerEvents::new(
+        &context.metrics.shared,
+        &name,
+    ));
     let listener = match Listener::attach(listener) {
         Ok(listener) => listener,
         Err(error) => {
@@ -504,7 +508,7 @@ async fn accept_loop(
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 // The TLS handshake runs in the session's task: a slow or silent client
                 // holds up nobody else (bounded by tls_handshake_timeout, counted).
-                Ok(incoming) => spawn_session(&context, &shutdown, &alive, incoming),
+                Ok(incoming) => spawn_session(&context, &shutdown, &alive, &events, incoming),
                 Err(error) => accept_error(&name, error).await,
             },
             _ = shutdown.changed() => break,
@@ -523,6 +527,7 @@ fn spawn_session<C>(
     context: &Rc<WorkerContext>,
     shutdown: &watch::Receiver<bool>,
     alive: &mpsc::Sender<()>,
+    events: &Rc<crate::client_log::ListenerEvents>,
     connection: C,
 ) where
     C: crate::session::ClientConnection + 'static,
@@ -541,6 +546,7 @@ fn spawn_session<C>(
     let open = crate::session::OpenSession {
         context: context.clone(),
         _alive: alive.clone(),
+        listener: Some(events.clone()),
     };
     // The session future is the task itself, built here and stored once: wrapping it in
     // another async block (or capturing it and then awaiting it) stores its arguments or
