@@ -230,7 +230,14 @@ impl Incoming {
             return Ok(self.stream);
         };
         let counters = &tls.counters;
-        match tokio::time::timeout(tls.handshake_timeout(), tls.acceptor().accept(tcp)).await {
+        // Boxed: the handshake's state (rustls's connection, the timer) is large, and an
+        // inline future would size every session's task for it, plaintext ones included,
+        // for the connection's whole life. The box is freed once the handshake is over.
+        let handshake = Box::pin(tokio::time::timeout(
+            tls.handshake_timeout(),
+            tls.acceptor().accept(tcp),
+        ));
+        match handshake.await {
             Ok(Ok(stream)) => {
                 counters.count_kind(stream.get_ref().1.handshake_kind());
                 Ok(Stream::ServerTls(Box::new(stream)))
