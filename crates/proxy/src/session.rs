@@ -131,7 +131,8 @@ where
             let (reader, writer) = tokio::io::split(stream);
             let binary =
                 crate::binary::run(context.clone(), slot, input, reader, writer, shutdown, peer);
-            return binary.await;
+            // Boxed: inline, the binary session's state would size every text session's task.
+            return Box::pin(binary).await;
         }
         // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
         // flight, nothing buffered), so no request the client already sent is lost.
