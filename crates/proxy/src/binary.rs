@@ -685,6 +685,25 @@ fn failure(frame: &Frame, line: &[u8], out: &mut BytesMut) {
     frame.error(out, status);
 }
 
+/// A found value, answered in the frame's own shape (getk/getkq echo the key).
+fn hit(frame: &Frame, cas: u64, flags: u32, value: &[u8], out: &mut BytesMut) {
+    let key = if frame.echoes_key() {
+        &frame.key[..]
+    } else {
+        &[]
+    };
+    encode_response(
+        out,
+        frame.opcode,
+        Status::Success,
+        frame.opaque,
+        cas,
+        &flags.to_be_bytes(),
+        key,
+        value,
+    );
+}
+
 fn render(shape: Shape, reply: &[u8], out: &mut BytesMut) {
     let (line, rest) = split_line(reply);
     // Meta status codes come with flags (`NS c0`): judge by the first word.
@@ -700,22 +719,7 @@ fn render(shape: Shape, reply: &[u8], out: &mut BytesMut) {
                     .unwrap_or(0);
                 let flags = meta_flag(line, b'f').unwrap_or(0) as u32;
                 let cas = meta_flag(line, b'c').unwrap_or(0);
-                let value = rest.get(..len).unwrap_or_default();
-                let key = if frame.echoes_key() {
-                    &frame.key[..]
-                } else {
-                    &[]
-                };
-                encode_response(
-                    out,
-                    frame.opcode,
-                    Status::Success,
-                    frame.opaque,
-                    cas,
-                    &flags.to_be_bytes(),
-                    key,
-                    value,
-                );
+                hit(&frame, cas, flags, rest.get(..len).unwrap_or_default(), out);
             } else if code == b"EN" {
                 if frame.quiet() {
                     return;
@@ -926,22 +930,7 @@ fn render_multi_get(frames: &[Frame], reply: &[u8], out: &mut BytesMut) {
         let flags = number(words.next()) as u32;
         let len = number(words.next()) as usize;
         let cas = number(words.next());
-        let value = rest.get(..len).unwrap_or_default();
-        let echo = if frame.echoes_key() {
-            &frame.key[..]
-        } else {
-            &[]
-        };
-        encode_response(
-            out,
-            frame.opcode,
-            Status::Success,
-            frame.opaque,
-            cas,
-            &flags.to_be_bytes(),
-            echo,
-            value,
-        );
+        hit(frame, cas, flags, rest.get(..len).unwrap_or_default(), out);
         text = rest.get((len + 2).min(rest.len())..).unwrap_or_default();
     }
 }
