@@ -21,26 +21,15 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use memroute_backend::{FoundServer, HealthSettings, ServerHealth};
-use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, PoolConfig, ServerConfig};
+use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, ServerConfig};
 use memroute_routing::{Node, RouteTable};
 use tokio::sync::{mpsc, watch};
 
-use crate::execute::{RouteStats, ShadowStats};
-use crate::stats::SharedStats;
+use crate::error::ProxyError;
+use crate::pool_settings::health_settings;
+use crate::stats::{RouteStats, ShadowStats, SharedStats};
 use crate::worker::Generation;
-use crate::ProxyError;
 use memroute_net::Connector;
-
-/// The health settings of a pool's servers.
-pub(crate) fn health_settings(pool: &PoolConfig) -> HealthSettings {
-    HealthSettings {
-        failure_limit: pool.failure_limit.max(1),
-        probe_interval: pool.probe_interval,
-        probe_interval_max: pool.probe_interval_max,
-        connect_timeout: pool.connect_timeout,
-        timeout: pool.timeout,
-    }
-}
 
 /// What makes two configs' health objects for a server the same one.
 #[derive(Debug, Clone, PartialEq)]

@@ -298,7 +298,9 @@ pub(crate) fn dispatch(
             count(&stats.flush_requests, 1);
             pending.push_back(fan_out_flush(routing, slot, request));
         }
-        Command::Version => pending.push_back(Pending::Ready(Bytes::from(crate::version_line()))),
+        Command::Version => {
+            pending.push_back(Pending::Ready(Bytes::from(crate::version::version_line())))
+        }
         Command::Verbosity => {
             // memroute's own log level is set at start; the command is accepted like memcached does.
             if !request.noreply {

@@ -29,6 +29,7 @@ use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use crate::stats::ShadowStats;
 use crate::worker::Routing;
 
 pub(crate) type Reply = Result<Bytes, BackendError>;
@@ -538,26 +539,6 @@ fn null_reply(command: Command) -> &'static [u8] {
         Command::FlushAll => b"OK\r\n",
         _ => b"NOT_FOUND\r\n",
     }
-}
-
-/// Counters of one policy route, shared by every worker.
-#[derive(Debug, Default)]
-pub(crate) struct RouteStats {
-    /// Requests a failover (or replicated read) moved to the next child.
-    pub failovers: std::sync::atomic::AtomicU64,
-    /// Replicated writes whose policy was not met.
-    pub write_failures: std::sync::atomic::AtomicU64,
-    /// Values a warm-up route copied from warm into cold.
-    pub fills: std::sync::atomic::AtomicU64,
-}
-
-/// Counters of one shadow route, shared by every worker.
-#[derive(Debug, Default)]
-pub(crate) struct ShadowStats {
-    pub sent: std::sync::atomic::AtomicU64,
-    pub completed: std::sync::atomic::AtomicU64,
-    pub errors: std::sync::atomic::AtomicU64,
-    pub dropped: std::sync::atomic::AtomicU64,
 }
 
 /// One worker's view of a shadow route: its copies in flight and the shared counters.

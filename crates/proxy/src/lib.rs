@@ -28,11 +28,13 @@ mod execute;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod mcrouter_admin;
+mod pool_settings;
 mod reload;
 mod route_lookup;
 mod session;
 mod stats;
 mod transport;
+mod version;
 mod worker;
 
 use std::sync::atomic::Ordering;
@@ -50,21 +52,7 @@ pub use memroute_net::effective_backlog;
 pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
 pub use transport::check_transport;
-
-/// memroute's version as reported by `version` and `stats`.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// The memcached version memroute reports first in `version` (and as `STAT version`).
-/// Clients parse it: libmemcached reads `major.minor.micro` with strtol and fails the call
-/// (memcstat, memcping, PHP `getVersion()`) on anything else. 1.6.0 is the protocol level
-/// memroute speaks (text, meta, binary as in memcached 1.6), not any backend's version.
-pub const MEMCACHED_COMPAT_VERSION: &str = "1.6.0";
-
-/// The whole `version` reply: the numeric version first, memroute's own after it
-/// (libmemcached stops parsing at the space).
-pub(crate) fn version_line() -> String {
-    format!("VERSION {MEMCACHED_COMPAT_VERSION} memroute-{VERSION}\r\n")
-}
+pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 
 /// A running proxy: its worker threads and the switch that stops them.
 #[derive(Debug)]

@@ -39,7 +39,7 @@ pub fn set_config_file(path: PathBuf) {
 pub(crate) fn answer(routing: &Routing, key: &[u8]) -> Option<Bytes> {
     let query = key.strip_prefix(PREFIX)?;
     let value = match query {
-        b"version" => Ok(format!("memroute-{}", crate::VERSION)),
+        b"version" => Ok(format!("memroute-{}", crate::version::VERSION)),
         b"config_file" => match CONFIG_FILE.get() {
             Some(path) => Ok(path.display().to_string()),
             None => Err("no config file".to_string()),

@@ -17,7 +17,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -32,8 +32,6 @@ use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use tokio::sync::{watch, Notify};
-
-use crate::execute::{RouteStats, ShadowStats};
 
 /// The name the rest of the proxy knows the shared metrics by.
 pub(crate) type SharedStats = Metrics;
@@ -132,6 +130,57 @@ pub(crate) struct ServerStats {
 /// One config's server counters, indexed [pool id][server index].
 pub(crate) type ServerStatsTable = Vec<Vec<ServerStats>>;
 
+/// Counters of one policy route, shared by every worker.
+#[derive(Debug, Default)]
+pub(crate) struct RouteStats {
+    /// Requests a failover (or replicated read) moved to the next child.
+    pub failovers: std::sync::atomic::AtomicU64,
+    /// Replicated writes whose policy was not met.
+    pub write_failures: std::sync::atomic::AtomicU64,
+    /// Values a warm-up route copied from warm into cold.
+    pub fills: std::sync::atomic::AtomicU64,
+}
+
+/// Counters of one shadow route, shared by every worker.
+#[derive(Debug, Default)]
+pub(crate) struct ShadowStats {
+    pub sent: std::sync::atomic::AtomicU64,
+    pub completed: std::sync::atomic::AtomicU64,
+    pub errors: std::sync::atomic::AtomicU64,
+    pub dropped: std::sync::atomic::AtomicU64,
+}
+
+/// The shared counters; one per process (in `SharedStats`).
+#[derive(Debug)]
+pub(crate) struct ReplyBudget {
+    /// Sum of every session's charge.
+    pub(crate) used: AtomicUsize,
+    /// Sessions whose charge is not zero: the share is the limit divided among them.
+    pub(crate) holders: AtomicUsize,
+    /// Times a session stopped reading because it held more than its share.
+    pub paused_total: AtomicU64,
+    /// Sessions closed for holding more than their share past `slow_client_timeout`.
+    pub slow_closed_total: AtomicU64,
+}
+
+impl Default for ReplyBudget {
+    fn default() -> Self {
+        ReplyBudget {
+            used: AtomicUsize::new(0),
+            holders: AtomicUsize::new(0),
+            paused_total: AtomicU64::new(0),
+            slow_closed_total: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ReplyBudget {
+    /// Reply bytes held for clients right now (estimated for unanswered requests).
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Relaxed)
+    }
+}
+
 /// The shared side of the metrics: the registry and the families workers flush into.
 #[derive(Debug)]
 pub(crate) struct Metrics {
@@ -168,7 +217,7 @@ pub(crate) struct Metrics {
     exported_routes: Mutex<Vec<String>>,
     pub flush: FlushBarrier,
     /// Reply bytes held for clients, process-wide (`max_buffered_replies`).
-    pub replies: Arc<crate::budget::ReplyBudget>,
+    pub replies: Arc<ReplyBudget>,
 }
 
 /// What the collector reads on every gather; replaced piecewise on reload.
@@ -182,7 +231,7 @@ struct State {
     /// DNS lookups per pool: (succeeded, failed).
     lookups: std::collections::BTreeMap<String, (u64, u64)>,
     /// Reloads from the config file (kept by `reload.rs`, the one reload path).
-    reloads: Option<Arc<crate::ReloadCounts>>,
+    reloads: Option<Arc<crate::reload::ReloadCounts>>,
     /// TLS listeners (bound address, handshake counters) and backend connectors (pool).
     tls_listeners: Vec<(String, Arc<memroute_net::ServerTls>)>,
     connectors: Vec<(String, Arc<memroute_net::Connector>)>,
@@ -227,7 +276,7 @@ impl Metrics {
         let r = &registry;
         let state = Arc::new(Mutex::new(State::default()));
         let started = Instant::now();
-        let replies = Arc::new(crate::budget::ReplyBudget::default());
+        let replies = Arc::new(ReplyBudget::default());
         register(
             r,
             StateCollector::new(state.clone(), started, workers, replies.clone()),
@@ -404,7 +453,7 @@ impl Metrics {
 
     /// Where reloads from the config file are counted (exported as
     /// `memroute_config_reloads_total`).
-    pub(crate) fn set_reload_counts(&self, counts: Arc<crate::ReloadCounts>) {
+    pub(crate) fn set_reload_counts(&self, counts: Arc<crate::reload::ReloadCounts>) {
         lock(&self.state).reloads = Some(counts);
     }
 
@@ -463,7 +512,7 @@ impl Metrics {
             .pools
             .iter()
             .map(|(name, pool)| {
-                let ejecting = pool.eject.then(|| crate::worker::max_ejected(pool));
+                let ejecting = pool.eject.then(|| crate::pool_settings::max_ejected(pool));
                 (name.clone(), pool.servers.len(), ejecting)
             })
             .collect();
@@ -502,8 +551,8 @@ impl Metrics {
         stat("uptime", &self.started.elapsed().as_secs());
         stat("time", &now);
         // A numeric version first: libmemcached and PHP parse `version` as major.minor.micro.
-        stat("version", &crate::MEMCACHED_COMPAT_VERSION);
-        stat("memroute_version", &crate::VERSION);
+        stat("version", &crate::version::MEMCACHED_COMPAT_VERSION);
+        stat("memroute_version", &crate::version::VERSION);
         stat("threads", &self.workers);
         let by_name: HashMap<&str, &MetricFamily> =
             families.iter().map(|f| (f.get_name(), f)).collect();
@@ -936,7 +985,7 @@ struct StateCollector {
     state: Arc<Mutex<State>>,
     started: Instant,
     workers: usize,
-    replies: Arc<crate::budget::ReplyBudget>,
+    replies: Arc<ReplyBudget>,
     descs: Vec<Desc>,
 }
 
@@ -1040,7 +1089,7 @@ impl StateCollector {
         state: Arc<Mutex<State>>,
         started: Instant,
         workers: usize,
-        replies: Arc<crate::budget::ReplyBudget>,
+        replies: Arc<ReplyBudget>,
     ) -> StateCollector {
         let descs = STATE_FAMILIES
             .iter()

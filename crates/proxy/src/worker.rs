@@ -21,9 +21,11 @@ use memroute_protocol::Limits;
 use memroute_routing::{NodeId, Placement, RouteTable};
 use tokio::sync::{mpsc, watch};
 
-use crate::execute::{RouteStats, ShadowState, ShadowStats};
+use crate::execute::ShadowState;
+use crate::pool_settings::max_ejected;
 use crate::stats::{
-    round_trip_observer, RouteMetrics, ServerStats, ServerStatsTable, SharedStats, WorkerMetrics,
+    round_trip_observer, RouteMetrics, RouteStats, ServerStats, ServerStatsTable, ShadowStats,
+    SharedStats, WorkerMetrics,
 };
 use memroute_net::{BoundListener, Connector, Listener};
 
@@ -316,14 +318,6 @@ impl Routing {
     }
 }
 
-/// How many of `pool`'s servers may be out of its ring at once.
-pub(crate) fn max_ejected(pool: &PoolConfig) -> usize {
-    let fraction = pool.max_ejected_fraction.clamp(0.0, 1.0);
-    // Never all of them: a pool with every server ejected would have no ring at all.
-    ((pool.servers.len() as f64 * fraction).floor() as usize)
-        .min(pool.servers.len().saturating_sub(1))
-}
-
 /// The ring of an ejecting pool without its down servers (at most `max_ejected` of them,
 /// first in config order; the others stay in and fail fast). `None` when none is out.
 fn reduced_placement(ejection: &Ejection, servers: &[ServerConnections]) -> Option<Rc<Placement>> {
@@ -353,7 +347,7 @@ fn standalone_health(pool: &str, config: &PoolConfig, address: &str) -> Arc<Serv
     ServerHealth::new(
         Arc::from(pool),
         Arc::from(address),
-        crate::control::health_settings(config),
+        crate::pool_settings::health_settings(config),
         Default::default(),
     )
 }
