@@ -2,7 +2,7 @@
 //! background work that is not on any request's path.
 //!
 //! ```text
-//!   start / SIGHUP reload --apply(config)--> Controller --watch--> workers (new Routing)
+//!   start / SIGHUP reload --apply(config)--> Controller --watch--> workers (new RouteSnapshot)
 //!                                                |
 //!                                                +--events--> control thread (own runtime)
 //!                                                              probers: one per server, `version`
@@ -26,9 +26,9 @@ use memroute_routing::{Node, RouteTable};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::ProxyError;
+use crate::generation::Generation;
 use crate::pool_settings::health_settings;
 use crate::stats::{RouteStats, ShadowStats, SharedStats};
-use crate::worker::Generation;
 use memroute_net::Connector;
 
 /// What makes two configs' health objects for a server the same one.

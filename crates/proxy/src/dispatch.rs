@@ -13,9 +13,10 @@ use memroute_protocol::{
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
+use crate::context::WorkerContext;
 use crate::execute::{self, Job};
+use crate::snapshot::RouteSnapshot;
 use crate::stats::{SharedStats, WorkerMetrics};
-use crate::worker::{Routing, WorkerContext};
 use memroute_config::Operation;
 use memroute_routing::{operation_of, Node};
 
@@ -59,7 +60,7 @@ impl Leg {
     }
 
     /// Records this leg's latency, as of the worker's clock.
-    fn observe(&self, routing: &Routing) {
+    fn observe(&self, routing: &RouteSnapshot) {
         routing
             .metrics
             .observe_since(self.route as usize, self.started);
@@ -89,7 +90,7 @@ impl Leg {
 
     /// The reply, counting a failure against its server (in the routing it was sent with).
     /// Legs run by the route executor count their own failures.
-    fn take(&mut self, routing: &Routing) -> Reply {
+    fn take(&mut self, routing: &RouteSnapshot) -> Reply {
         let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
         if let Err(error) = &reply {
             if let Some(server) = routing
@@ -126,7 +127,7 @@ pub(crate) fn connection_gone() -> BackendError {
 /// A multi-key retrieval split over servers.
 #[derive(Debug)]
 pub(crate) struct MultiGet {
-    routing: Rc<Routing>,
+    routing: Rc<RouteSnapshot>,
     request: Request,
     legs: SmallVec<[Leg; 4]>,
     /// For each of the request's keys, the leg that carries it.
@@ -136,7 +137,7 @@ pub(crate) struct MultiGet {
 /// The same request sent to every server of a pool (flush_all).
 #[derive(Debug)]
 pub(crate) struct Fanout {
-    routing: Rc<Routing>,
+    routing: Rc<RouteSnapshot>,
     legs: Vec<Leg>,
     noreply: bool,
 }
@@ -157,7 +158,7 @@ pub(crate) enum Pending {
     },
     /// Holds the routing it was sent with: its connections stay open until it is answered.
     Single {
-        routing: Rc<Routing>,
+        routing: Rc<RouteSnapshot>,
         leg: Leg,
         command: Command,
         noreply: bool,
@@ -234,7 +235,7 @@ impl Pending {
 /// Routes one request with `routing` (the session's snapshot) and appends its pending reply.
 pub(crate) fn dispatch(
     context: &WorkerContext,
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     slot: usize,
     request: Request,
     pending: &mut std::collections::VecDeque<Pending>,
@@ -356,7 +357,7 @@ fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
 }
 
-fn send_single(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
+fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let Some(key) = request.keys().next() else {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
         return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
@@ -445,7 +446,7 @@ fn meta_echo(request: &Request) -> Option<Bytes> {
     Some(echo.freeze())
 }
 
-fn no_servers_reply(routing: &Routing, pool: usize) -> Pending {
+fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {
     Pending::Ready(Bytes::from(format!(
         "SERVER_ERROR {}\r\n",
         routing.no_servers(pool)
@@ -519,7 +520,7 @@ enum KeyTarget {
     Nowhere(u32),
 }
 
-fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
+fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let context = &**routing;
     let count = request.keys.len();
     let operation = operation_of(&request);
@@ -606,7 +607,7 @@ fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pend
 
 /// One key of a multi-get through the route executor, as a one-key `get` of its own.
 fn execute_one_key(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     slot: usize,
     request: &Request,
     head: &[u8],
@@ -637,7 +638,7 @@ fn execute_one_key(
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
 fn send_batch(
-    context: &Routing,
+    context: &RouteSnapshot,
     slot: usize,
     frame: &mut BytesMut,
     pool: usize,
@@ -649,7 +650,7 @@ fn send_batch(
     Leg::new(receiver, pool, server, context.metrics.now())
 }
 
-fn fan_out_flush(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
+fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let routes = &routing.routes;
     let parts = request.forward_parts();
     let root = routes.root();

@@ -29,8 +29,7 @@ use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use crate::stats::ShadowStats;
-use crate::worker::Routing;
+use crate::snapshot::RouteSnapshot;
 
 pub(crate) type Reply = Result<Bytes, BackendError>;
 
@@ -51,7 +50,11 @@ pub(crate) struct Job {
 }
 
 /// Runs `job` from `node` on a task of its own; the reply arrives on the receiver.
-pub(crate) fn spawn(routing: &Rc<Routing>, node: NodeId, job: Job) -> oneshot::Receiver<Reply> {
+pub(crate) fn spawn(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+) -> oneshot::Receiver<Reply> {
     let (sender, receiver) = oneshot::channel();
     let routing = routing.clone();
     tokio::task::spawn_local(eager(async move {
@@ -113,7 +116,7 @@ where
 type BoxedReply = Pin<Box<dyn Future<Output = Reply>>>;
 
 /// Runs `job` from `node` down to the servers and back. Boxed: routes nest.
-fn run(routing: Rc<Routing>, node: NodeId, job: Rc<Job>) -> BoxedReply {
+fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
     Box::pin(async move {
         let routes = routing.routes.clone();
         let mut node = node;
@@ -190,7 +193,7 @@ fn class_of(reply: &Reply) -> ReplyClass {
     }
 }
 
-async fn send_to_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
+async fn send_to_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
     if job.operation == Operation::FlushAll {
         return flush_pool(routing, pool, job).await;
     }
@@ -210,7 +213,7 @@ async fn send_to_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
 }
 
 /// flush_all to every server of a pool: `OK` only if every server said so.
-async fn flush_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
+async fn flush_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
     let receivers: Vec<_> = routing.pools[pool]
         .servers
         .iter()
@@ -233,7 +236,7 @@ async fn flush_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
 }
 
 /// flush_all through several routes at once: `OK` only if every one said so.
-async fn flush_all_of(routing: &Rc<Routing>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
+async fn flush_all_of(routing: &Rc<RouteSnapshot>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
     let mut set = start_all(routing, targets, job);
     let mut answer: Option<Reply> = None;
     while let Some(joined) = set.join_next().await {
@@ -253,7 +256,7 @@ async fn flush_all_of(routing: &Rc<Routing>, targets: &[NodeId], job: &Rc<Job>) 
 /// runs on its own task, its reply is dropped, and past `max_in_flight` copies (per
 /// worker) new ones are dropped and counted rather than queued.
 fn shadow_copy(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     shadow: NodeId,
     index: usize,
     max_in_flight: usize,
@@ -300,7 +303,11 @@ fn immediate_ack(command: Command) -> Option<&'static [u8]> {
 }
 
 /// Starts `job` on every child; the set yields (child index, reply).
-fn start_all(routing: &Rc<Routing>, children: &[NodeId], job: &Rc<Job>) -> JoinSet<(usize, Reply)> {
+fn start_all(
+    routing: &Rc<RouteSnapshot>,
+    children: &[NodeId],
+    job: &Rc<Job>,
+) -> JoinSet<(usize, Reply)> {
     let mut set = JoinSet::new();
     for (index, &child) in children.iter().enumerate() {
         let (routing, job) = (routing.clone(), job.clone());
@@ -312,7 +319,7 @@ fn start_all(routing: &Rc<Routing>, children: &[NodeId], job: &Rc<Job>) -> JoinS
 }
 
 async fn replicated_write(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     children: &[NodeId],
     policy: WritePolicy,
@@ -364,7 +371,7 @@ async fn replicated_write(
 }
 
 async fn replicated_read(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     children: &[NodeId],
     policy: ReadPolicy,
@@ -396,7 +403,7 @@ async fn replicated_read(
 /// be repeated (incr, decr, append, prepend, cas) moves on only when the failed child never
 /// received it.
 async fn failover(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     children: &[NodeId],
     on: FailoverOn,
@@ -438,7 +445,7 @@ async fn failover(
 /// Get from cold; on a miss get from warm and, for a classic get that hit, fill cold with
 /// the value (asynchronously). Everything else goes to cold.
 async fn warm_up(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     cold: NodeId,
     warm: NodeId,
@@ -539,16 +546,6 @@ fn null_reply(command: Command) -> &'static [u8] {
         Command::FlushAll => b"OK\r\n",
         _ => b"NOT_FOUND\r\n",
     }
-}
-
-/// One worker's view of a shadow route: its copies in flight and the shared counters.
-#[derive(Debug)]
-pub(crate) struct ShadowState {
-    pub name: String,
-    /// Shared with the next generation's state of the same route: copies sent before a
-    /// reload still count against `max_in_flight` after it.
-    pub in_flight: Rc<std::cell::Cell<usize>>,
-    pub stats: Arc<ShadowStats>,
 }
 
 #[cfg(test)]
