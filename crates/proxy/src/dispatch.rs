@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_backend::BackendError;
 use memroute_protocol::{
     decode_base64, quiet_suppresses, retrieval_error, value_block_at, Command, ReplyKind, Request,
 };
@@ -15,12 +14,11 @@ use tokio::sync::oneshot;
 
 use crate::context::WorkerContext;
 use crate::execute::{self, Job};
+use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::{SharedStats, WorkerMetrics};
 use memroute_config::Operation;
 use memroute_routing::{operation_of, Node};
-
-type Reply = Result<Bytes, BackendError>;
 
 /// Whether the session goes on after this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,12 +113,6 @@ impl Leg {
             route,
             started,
         }
-    }
-}
-
-pub(crate) fn connection_gone() -> BackendError {
-    BackendError::Closed {
-        server: Arc::from("(worker stopping)"),
     }
 }
 
@@ -412,14 +404,7 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
 /// the opaque `O...`, the key `k` (as `k<key>`) and base64 `b`. Only routes that answer
 /// without a server (null) need them; `None` for non-meta commands.
 fn meta_echo(request: &Request) -> Option<Bytes> {
-    let is_meta = matches!(
-        request.command,
-        Command::MetaGet
-            | Command::MetaSet
-            | Command::MetaDelete
-            | Command::MetaArithmetic
-            | Command::MetaDebug
-    );
+    let is_meta = request.command.is_keyed_meta();
     let key_range = request.keys.first()?;
     if !is_meta {
         return None;
@@ -701,20 +686,6 @@ fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> 
     }))
 }
 
-fn server_error(out: &mut BytesMut, error: &BackendError) {
-    out.extend_from_slice(b"SERVER_ERROR ");
-    out.extend_from_slice(error.to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
-}
-
-fn first_line(reply: &[u8]) -> &[u8] {
-    let end = reply
-        .iter()
-        .position(|&b| b == b'\r' || b == b'\n')
-        .unwrap_or(reply.len());
-    &reply[..end]
-}
-
 fn finish_single(
     context: &WorkerContext,
     reply: Reply,
@@ -722,14 +693,7 @@ fn finish_single(
     noreply: bool,
     out: &mut BytesMut,
 ) {
-    let is_meta = matches!(
-        command,
-        Command::MetaGet
-            | Command::MetaSet
-            | Command::MetaDelete
-            | Command::MetaArithmetic
-            | Command::MetaDebug
-    );
+    let is_meta = command.is_keyed_meta();
     match reply {
         Ok(bytes) => {
             if matches!(
@@ -802,23 +766,15 @@ fn finish_fanout(mut fanout: Fanout, out: &mut BytesMut) {
     if let Some(first) = fanout.legs.first() {
         first.observe(&fanout.routing);
     }
-    let mut answer: Option<Vec<u8>> = None;
+    let mut merge = FlushAllMerge::default();
     for leg in &mut fanout.legs {
-        match leg.take(&fanout.routing) {
-            Ok(bytes) if first_line(&bytes) == b"OK" => {}
-            Ok(bytes) => {
-                answer.get_or_insert_with(|| bytes.to_vec());
-            }
-            Err(error) => {
-                answer.get_or_insert_with(|| format!("SERVER_ERROR {error}\r\n").into_bytes());
-            }
-        }
+        merge.add(leg.take(&fanout.routing));
     }
     if fanout.noreply {
         return;
     }
-    match answer {
-        None => out.extend_from_slice(b"OK\r\n"),
-        Some(bytes) => out.extend_from_slice(&bytes),
+    match merge.finish() {
+        Ok(bytes) => out.extend_from_slice(&bytes),
+        Err(error) => server_error(out, &error),
     }
 }

@@ -21,7 +21,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_backend::BackendError;
 use memroute_config::{FailoverOn, Operation, ReadPolicy, WritePolicy};
 use memroute_protocol::{Command, ReplyKind};
 use memroute_routing::{classify_reply, write_decision, Node, NodeId, ReplyClass, WriteDecision};
@@ -29,9 +28,8 @@ use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use crate::reply::{connection_gone, immediate_ack, null_reply, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
-
-pub(crate) type Reply = Result<Bytes, BackendError>;
 
 /// One request as the executor sees it: enough to send it anywhere and to judge its reply.
 #[derive(Debug)]
@@ -205,7 +203,7 @@ async fn send_to_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Re
         .pick(job.slot)
         .send(job.parts.clone(), job.kind)
         .await
-        .unwrap_or_else(|_| Err(crate::dispatch::connection_gone()));
+        .unwrap_or_else(|_| Err(connection_gone()));
     if let Err(error) = &reply {
         connections.count_failure(error);
     }
@@ -222,34 +220,24 @@ async fn flush_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Repl
     if receivers.is_empty() {
         return Err(routing.no_servers(pool));
     }
-    let mut answer: Option<Reply> = None;
+    let mut merge = FlushAllMerge::default();
     for receiver in receivers {
-        let reply = receiver
-            .await
-            .unwrap_or_else(|_| Err(crate::dispatch::connection_gone()));
-        let ok = matches!(&reply, Ok(bytes) if bytes.starts_with(b"OK\r\n"));
-        if !ok && answer.is_none() {
-            answer = Some(reply);
-        }
+        merge.add(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
     }
-    answer.unwrap_or(Ok(Bytes::from_static(b"OK\r\n")))
+    merge.finish()
 }
 
 /// flush_all through several routes at once: `OK` only if every one said so.
 async fn flush_all_of(routing: &Rc<RouteSnapshot>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
     let mut set = start_all(routing, targets, job);
-    let mut answer: Option<Reply> = None;
+    let mut merge = FlushAllMerge::default();
     while let Some(joined) = set.join_next().await {
-        let reply = match joined {
+        merge.add(match joined {
             Ok((_, reply)) => reply,
-            Err(_) => Err(crate::dispatch::connection_gone()),
-        };
-        let ok = matches!(&reply, Ok(bytes) if bytes.starts_with(b"OK\r\n"));
-        if !ok && answer.is_none() {
-            answer = Some(reply);
-        }
+            Err(_) => Err(connection_gone()),
+        });
     }
-    answer.unwrap_or(Ok(Bytes::from_static(b"OK\r\n")))
+    merge.finish()
 }
 
 /// Copies a request to a shadow target. Never awaited by the client's request: the copy
@@ -283,23 +271,6 @@ fn shadow_copy(
             state.in_flight.set(state.in_flight.get().saturating_sub(1));
         }
     }));
-}
-
-/// What `all-async` answers at once: the command's success reply, when that reply carries
-/// no data. incr/decr (the new value) and meta commands (flags echoed) have none.
-fn immediate_ack(command: Command) -> Option<&'static [u8]> {
-    match command {
-        Command::Set
-        | Command::Add
-        | Command::Replace
-        | Command::Append
-        | Command::Prepend
-        | Command::Cas => Some(b"STORED\r\n"),
-        Command::Delete => Some(b"DELETED\r\n"),
-        Command::Touch => Some(b"TOUCHED\r\n"),
-        Command::FlushAll => Some(b"OK\r\n"),
-        _ => None,
-    }
 }
 
 /// Starts `job` on every child; the set yields (child index, reply).
@@ -345,7 +316,7 @@ async fn replicated_write(
                 // count the first unanswered child as failed rather than wait forever.
                 Some(Err(_)) | None => match outcomes.iter().position(Option::is_none) {
                     Some(index) => outcomes[index] = Some(false),
-                    None => return Err(crate::dispatch::connection_gone()),
+                    None => return Err(connection_gone()),
                 },
             },
             WriteDecision::Answer { child } => {
@@ -353,7 +324,7 @@ async fn replicated_write(
                 set.detach_all();
                 return replies[child]
                     .take()
-                    .unwrap_or_else(|| Err(crate::dispatch::connection_gone()));
+                    .unwrap_or_else(|| Err(connection_gone()));
             }
             WriteDecision::Fail { failed, total } => {
                 set.detach_all();
@@ -383,7 +354,7 @@ async fn replicated_read(
         ReadPolicy::Failover => failover(routing, node, children, FailoverOn::Error, job).await,
         ReadPolicy::Fastest => {
             let mut set = start_all(routing, children, job);
-            let mut last = Err(crate::dispatch::connection_gone());
+            let mut last = Err(connection_gone());
             while let Some(joined) = set.join_next().await {
                 if let Ok((_, reply)) = joined {
                     if answered(&reply) {
@@ -409,7 +380,7 @@ async fn failover(
     on: FailoverOn,
     job: &Rc<Job>,
 ) -> Reply {
-    let mut last = Err(crate::dispatch::connection_gone());
+    let mut last = Err(connection_gone());
     // With `error-or-miss`, a miss from an earlier child beats an error from a later one:
     // the key is absent where it could be looked up.
     let mut first_miss: Option<Reply> = None;
@@ -530,24 +501,6 @@ fn null_answer(job: &Job) -> Bytes {
     }
 }
 
-/// What a null route answers: the command's "nothing here / nothing done" reply.
-fn null_reply(command: Command) -> &'static [u8] {
-    match command {
-        Command::Get | Command::Gets | Command::Gat | Command::Gats => b"END\r\n",
-        Command::MetaGet | Command::MetaDebug => b"EN\r\n",
-        Command::Set
-        | Command::Add
-        | Command::Replace
-        | Command::Append
-        | Command::Prepend
-        | Command::Cas => b"NOT_STORED\r\n",
-        Command::MetaSet => b"NS\r\n",
-        Command::MetaDelete | Command::MetaArithmetic => b"NF\r\n",
-        Command::FlushAll => b"OK\r\n",
-        _ => b"NOT_FOUND\r\n",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -561,16 +514,5 @@ mod tests {
         assert!(fill_job(&Bytes::from_static(b"END\r\n"), 0, 0).is_none());
         // A reply cut short is never filled.
         assert!(fill_job(&Bytes::from_static(b"VALUE k 0 10\r\nabc"), 0, 0).is_none());
-    }
-
-    #[test]
-    fn null_and_async_replies_follow_the_command() {
-        assert_eq!(null_reply(Command::Get), b"END\r\n");
-        assert_eq!(null_reply(Command::Set), b"NOT_STORED\r\n");
-        assert_eq!(null_reply(Command::Delete), b"NOT_FOUND\r\n");
-        assert_eq!(null_reply(Command::MetaGet), b"EN\r\n");
-        assert_eq!(immediate_ack(Command::Set), Some(&b"STORED\r\n"[..]));
-        assert_eq!(immediate_ack(Command::Incr), None);
-        assert_eq!(immediate_ack(Command::MetaSet), None);
     }
 }

@@ -1,9 +1,7 @@
 //! A generation: one config as the workers receive it, built and checked on the main
 //! thread by the controller (`control`) and handed to every worker over a watch channel.
-//! Shared, read-only, `Send`: each worker turns it into its own [`RouteSnapshot`]
-//! (`snapshot`) with connections of its own.
-//!
-//! [`RouteSnapshot`]: crate::snapshot::RouteSnapshot
+//! Shared, read-only, `Send`: each worker turns it into its own `RouteSnapshot`
+//! (`snapshot.rs`) with connections of its own.
 use std::sync::Arc;
 
 use memroute_backend::ServerHealth;

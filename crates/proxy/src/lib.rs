@@ -32,6 +32,7 @@ mod generation;
 mod mcrouter_admin;
 mod pool_settings;
 mod reload;
+mod reply;
 mod route_lookup;
 mod session;
 mod snapshot;
