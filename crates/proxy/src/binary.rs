@@ -25,7 +25,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
 use crate::context::WorkerContext;
-use crate::dispatch::{dispatch, Flow, Pending};
+use crate::dispatch::dispatch;
+use crate::pending::{Flow, Pending};
 use crate::snapshot::RouteSnapshot;
 
 const READ_CHUNK: usize = 16 * 1024;

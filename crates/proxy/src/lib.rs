@@ -30,6 +30,8 @@ mod execute;
 pub mod fuzzing;
 mod generation;
 mod mcrouter_admin;
+mod multiget;
+mod pending;
 mod pool_settings;
 mod reload;
 mod reply;
