@@ -12,8 +12,13 @@
 //! Nothing on the request path takes a lock shared across workers: the route table
 //! is an `Arc` snapshot, counters are per-worker atomics summed when `stats` asks.
 //!
-//! [`ProxyHandle::reload`] builds a new route table off to the side and hands it to every
-//! worker over a watch channel; see `worker` for how a worker swaps it in.
+//! [`ProxyHandle::reload`] builds a new route table off to the side (`control`, a
+//! `generation::Generation`) and hands it to every worker over a watch channel; each worker
+//! builds its own `snapshot::RouteSnapshot` from it and swaps it in (`worker`).
+//!
+//! Modules follow a request downwards (worker -> session -> dispatch -> pending / execute
+//! -> snapshot -> stats) and never import upwards; docs/architecture.md has the layers and
+//! tests/layers.rs keeps the import graph free of circles.
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -55,8 +60,9 @@ pub use admin::ReloadRequest;
 pub use error::ProxyError;
 pub use mcrouter_admin::set_config_file;
 pub use memroute_net::effective_backlog;
-pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
+pub use reload::{ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
+pub use stats::ReloadCounts;
 pub use transport::check_transport;
 pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 

@@ -14,6 +14,11 @@
 //! ```
 //!
 //! Metric names follow `memroute_<component>_<event>_<unit>`.
+//!
+//! The counters the request path and the side bump live here too (`ServerStats`,
+//! `RouteStats`, `ShadowStats`, `ReplyBudget`, `ReloadCounts`): the path imports them from
+//! this module, and this module imports nothing of the path (see docs/architecture.md,
+//! "Modules of memroute-proxy").
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -35,6 +40,25 @@ use tokio::sync::{watch, Notify};
 
 /// The name the rest of the proxy knows the shared metrics by.
 pub(crate) type SharedStats = Metrics;
+
+/// Reloads counted since start (for `/metrics`; shared with whoever renders them).
+#[derive(Debug, Default)]
+pub struct ReloadCounts {
+    pub(crate) ok: AtomicU64,
+    pub(crate) failed: AtomicU64,
+}
+
+impl ReloadCounts {
+    /// Reloads that were applied.
+    pub fn ok(&self) -> u64 {
+        self.ok.load(Relaxed)
+    }
+
+    /// Reloads that were rejected (unreadable, invalid or unroutable config).
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Relaxed)
+    }
+}
 
 /// How often a worker moves its local counts into the shared registry on its own.
 /// Scrapes and `stats` do not wait for it: they ask every worker to flush first.
@@ -231,7 +255,7 @@ struct State {
     /// DNS lookups per pool: (succeeded, failed).
     lookups: std::collections::BTreeMap<String, (u64, u64)>,
     /// Reloads from the config file (kept by `reload.rs`, the one reload path).
-    reloads: Option<Arc<crate::reload::ReloadCounts>>,
+    reloads: Option<Arc<ReloadCounts>>,
     /// TLS listeners (bound address, handshake counters) and backend connectors (pool).
     tls_listeners: Vec<(String, Arc<memroute_net::ServerTls>)>,
     connectors: Vec<(String, Arc<memroute_net::Connector>)>,
@@ -453,7 +477,7 @@ impl Metrics {
 
     /// Where reloads from the config file are counted (exported as
     /// `memroute_config_reloads_total`).
-    pub(crate) fn set_reload_counts(&self, counts: Arc<crate::reload::ReloadCounts>) {
+    pub(crate) fn set_reload_counts(&self, counts: Arc<ReloadCounts>) {
         lock(&self.state).reloads = Some(counts);
     }
 
