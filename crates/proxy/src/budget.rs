@@ -35,7 +35,8 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-use crate::stats::{ReplyBudget, SharedStats};
+use crate::counters::ReplyBudget;
+use crate::stats::SharedStats;
 
 /// What the running config says about the budget (0 = no process-wide bound).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,10 +25,11 @@ use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, ServerConfig};
 use memroute_routing::{Node, RouteTable};
 use tokio::sync::{mpsc, watch};
 
+use crate::counters::{RouteStats, ShadowStats};
 use crate::error::ProxyError;
 use crate::generation::Generation;
 use crate::pool_settings::health_settings;
-use crate::stats::{RouteStats, ShadowStats, SharedStats};
+use crate::stats::SharedStats;
 use memroute_net::Connector;
 
 /// What makes two configs' health objects for a server the same one.

@@ -9,7 +9,7 @@ use memroute_config::Config;
 use memroute_net::Connector;
 use memroute_routing::RouteTable;
 
-use crate::stats::{RouteStats, ServerStatsTable, ShadowStats};
+use crate::counters::{RouteStats, ServerStatsTable, ShadowStats};
 
 /// One config as the workers receive it: built and checked on the main thread.
 #[derive(Debug)]

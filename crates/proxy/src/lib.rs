@@ -28,6 +28,7 @@ mod buffers;
 mod client_log;
 mod context;
 mod control;
+mod counters;
 mod dispatch;
 mod error;
 mod execute;
@@ -57,12 +58,12 @@ use memroute_config::Config;
 use tokio::sync::watch;
 
 pub use admin::ReloadRequest;
+pub use counters::ReloadCounts;
 pub use error::ProxyError;
 pub use mcrouter_admin::set_config_file;
 pub use memroute_net::effective_backlog;
 pub use reload::{ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
-pub use stats::ReloadCounts;
 pub use transport::check_transport;
 pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use crate::stats::ReloadCounts;
+use crate::counters::ReloadCounts;
 use crate::ProxyHandle;
 
 /// What asked for a reload (named in the log lines).

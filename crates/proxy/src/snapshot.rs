@@ -24,11 +24,10 @@ use memroute_net::Connector;
 use memroute_protocol::Limits;
 use memroute_routing::{NodeId, Placement, RouteTable};
 
+use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
 use crate::pool_settings::max_ejected;
-use crate::stats::{
-    round_trip_observer, RouteMetrics, RouteStats, ServerStats, ShadowStats, WorkerMetrics,
-};
+use crate::stats::{round_trip_observer, RouteMetrics, WorkerMetrics};
 
 /// What makes two configs' connections to a server interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
