@@ -290,7 +290,6 @@ fn compact_head(request: &Request) -> Bytes {
 }
 
 fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
-    let context = &**routing;
     let count = request.keys.len();
     let operation = operation_of(&request);
     let routes = &routing.routes;
@@ -325,7 +324,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         |i| request.keys[i].len(),
         head.len(),
         byte_cap,
-        |pool| context.pools[pool].max_keys_per_request,
+        |pool| routing.pools[pool].max_keys_per_request,
         &mut key_leg,
         |step| match step {
             Step::Executor { key } => legs.push(execute_one_key(
@@ -341,7 +340,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                 frame.put_slice(request.key(key));
             }
             Step::Close { pool, server } => {
-                legs.push(send_batch(context, slot, &mut frame, pool, server))
+                legs.push(send_batch(routing, slot, &mut frame, pool, server))
             }
         },
     );
@@ -389,16 +388,16 @@ fn execute_one_key(
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
 fn send_batch(
-    context: &RouteSnapshot,
+    snapshot: &RouteSnapshot,
     slot: usize,
     frame: &mut BytesMut,
     pool: usize,
     server: usize,
 ) -> Leg {
     frame.put_slice(b"\r\n");
-    let connection = context.pools[pool].servers[server].pick(slot);
+    let connection = snapshot.pools[pool].servers[server].pick(slot);
     let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
-    Leg::new(receiver, pool, server, context.metrics.now())
+    Leg::new(receiver, pool, server, snapshot.metrics.now())
 }
 
 fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
