@@ -259,9 +259,7 @@ pub(crate) async fn run<R, W>(
 }
 
 async fn wait_head(pending: &mut VecDeque<(Pending, Shape)>) {
-    if let Some((head, _)) = pending.front_mut() {
-        head.wait().await;
-    }
+    crate::pending::wait_head(pending, |(entry, _)| entry).await
 }
 
 fn error_name(error: BinaryError) -> &'static str {

@@ -12,7 +12,7 @@ use memroute_routing::{operation_of, Node};
 use smallvec::SmallVec;
 
 use crate::context::WorkerContext;
-use crate::execute::{self, Job};
+use crate::execute::{self, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
 use crate::pending::{Fanout, Flow, Leg, MultiGet, Pending};
 use crate::snapshot::RouteSnapshot;
@@ -172,7 +172,8 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
             let connection = routing.pools[pool].servers[server].pick(slot);
             Leg::new(connection.send(parts, kind), pool, server, started)
         }
-        // A policy route (shadow, replicated, failover, ...) is on the way.
+        // A policy route (shadow, replicated, failover, ...) is on the way: its future
+        // lives in the pending entry.
         _ => {
             let job = Job {
                 operation,
@@ -183,7 +184,12 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 slot,
                 echo: meta_echo(&request),
             };
-            Leg::executed(execute::spawn(routing, node, job), node, started)
+            return Pending::Routed {
+                routing: routing.clone(),
+                routed: execute::start(routing, node, job, started),
+                command: request.command,
+                noreply: request.noreply,
+            };
         }
     };
     Pending::Single {
@@ -293,9 +299,12 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     let count = request.keys.len();
     let operation = operation_of(&request);
     let routes = &routing.routes;
+    // Keys bound for policy routes: (route node, key index).
+    let mut routed_keys: SmallVec<[(u32, u32); 2]> = SmallVec::new();
     let targets: SmallVec<[KeyTarget; 32]> = request
         .keys()
-        .map(|key| {
+        .enumerate()
+        .map(|(index, key)| {
             let node = routes.select(routes.root(), operation, key);
             // One count per key, as cmd_get counts keys.
             routing.metrics.count(node as usize, request.command);
@@ -304,20 +313,27 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                     Some(server) => KeyTarget::Server(pool as u32, server as u32),
                     None => KeyTarget::Nowhere(pool as u32),
                 },
-                _ => KeyTarget::Executor,
+                _ => {
+                    routed_keys.push((node, index as u32));
+                    KeyTarget::Executor
+                }
             }
         })
         .collect();
     let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![multiget::UNASSIGNED; count];
     let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
-    let head = compact_head(&request);
-    let head = &head[..];
+    let head_bytes = compact_head(&request);
+    let head = &head_bytes[..];
     // gat/gats lines must stay under memcached's line limit (get/gets lines may be longer).
     let byte_cap = if line_limited(request.command) {
         MEMCACHED_LINE_LIMIT - 2
     } else {
         usize::MAX
     };
+    // Keys for policy routes are grouped per route node, each group run once by the
+    // executor (batched per server inside it); `plan` leaves these keys (already assigned)
+    // alone, and their legs are numbered after its legs below.
+    let groups = group_routed_keys(&request, &routed_keys, &mut key_leg);
     let mut frame = BytesMut::new();
     let planned = multiget::plan(
         &targets,
@@ -327,9 +343,8 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         |pool| routing.pools[pool].max_keys_per_request,
         &mut key_leg,
         |step| match step {
-            Step::Executor { key } => legs.push(execute_one_key(
-                routing, slot, &request, head, operation, key,
-            )),
+            // Every key for the executor is in a group already.
+            Step::Executor { .. } => {}
             Step::Open { key, keys_hint } => {
                 frame.reserve(head.len() + keys_hint * 16 + 2);
                 frame.put_slice(head);
@@ -347,43 +362,59 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     if let Err(pool) = planned {
         return no_servers_reply(routing, pool);
     }
+    let mut routed = Vec::new();
+    if !groups.is_empty() {
+        let first_group = legs.len() as u32;
+        for leg in key_leg.iter_mut().filter(|leg| **leg & ROUTED_GROUP != 0) {
+            *leg = first_group + (*leg & !ROUTED_GROUP);
+        }
+        let started = routing.metrics.now();
+        routed.reserve_exact(groups.len());
+        for (node, keys) in groups {
+            let job = MultiJob {
+                operation,
+                head: head_bytes.clone(),
+                keys,
+                slot,
+                byte_cap,
+            };
+            routed.push(execute::start_multi(routing, node, job, started));
+        }
+    }
     Pending::MultiGet(Box::new(MultiGet {
         routing: routing.clone(),
         request,
         legs,
+        routed,
         key_leg,
     }))
 }
 
-/// One key of a multi-get through the route executor, as a one-key `get` of its own.
-fn execute_one_key(
-    routing: &Rc<RouteSnapshot>,
-    slot: usize,
+/// Marks a key of a multi-get carried by routed group `n` (`ROUTED_GROUP | n` in
+/// `key_leg`) until the plain legs are counted.
+const ROUTED_GROUP: u32 = 1 << 31;
+
+/// The keys bound for policy routes, one group per route node (keys in client order, as
+/// views of the client's frame); each key's `key_leg` marked with its group.
+fn group_routed_keys(
     request: &Request,
-    head: &[u8],
-    operation: Operation,
-    index: usize,
-) -> Leg {
-    let key = request.key(index);
-    let node = routing.routes.select(routing.routes.root(), operation, key);
-    let mut frame = BytesMut::with_capacity(head.len() + key.len() + 2);
-    frame.put_slice(head);
-    frame.put_slice(key);
-    frame.put_slice(b"\r\n");
-    let job = Job {
-        operation,
-        command: request.command,
-        key: Bytes::copy_from_slice(key),
-        parts: (frame.freeze(), None),
-        kind: ReplyKind::Retrieval,
-        slot,
-        echo: None,
-    };
-    Leg::executed(
-        execute::spawn(routing, node, job),
-        node,
-        routing.metrics.now(),
-    )
+    routed_keys: &[(u32, u32)],
+    key_leg: &mut [u32],
+) -> SmallVec<[(u32, Vec<Bytes>); 1]> {
+    let mut groups: SmallVec<[(u32, Vec<Bytes>); 1]> = SmallVec::new();
+    for &(node, index) in routed_keys {
+        let group = match groups.iter().position(|(n, _)| *n == node) {
+            Some(group) => group,
+            None => {
+                groups.push((node, Vec::with_capacity(routed_keys.len())));
+                groups.len() - 1
+            }
+        };
+        let key = request.frame.slice(request.keys[index as usize].clone());
+        groups[group].1.push(key);
+        key_leg[index as usize] = ROUTED_GROUP | group as u32;
+    }
+    groups
 }
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
@@ -420,9 +451,9 @@ fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> 
                 slot,
                 echo: None,
             };
-            return Pending::Single {
+            return Pending::Routed {
                 routing: routing.clone(),
-                leg: Leg::executed(execute::spawn(routing, root, job), root, started),
+                routed: execute::start(routing, root, job, started),
                 command: request.command,
                 noreply: request.noreply,
             };

@@ -1,16 +1,27 @@
-//! The route executor: runs one single-key request (or a flush_all) through the policy
-//! nodes of the route tree: shadow, replicated, failover, warm-up, random, null, error.
+//! The route executor: runs one request (a single key, a flush_all, or the keys of a
+//! multi-get that reach the same policy route) through the policy nodes of the route
+//! tree: shadow, replicated, failover, warm-up, random, null, error.
 //!
 //! ```text
 //!   dispatch: route is a plain pool? --yes--> fast path (dispatch.rs, no task, no allocation)
 //!                 | no
 //!                 v
-//!   spawn(node, job) -> local task: run(node) -> oneshot reply -> the session's pending FIFO
+//!   start(node, job) -> Routed: run(node) polled once now (sends go out in the client's
+//!                         |     order), then in place by the session from its pending entry
 //!                         |  Prefix/Operation: select a child and go on
 //!                         |  Shadow: copy to the shadow target (its own task), go on with primary
 //!                         |  Replicated/Failover/WarmUp: run children, decide (routing::policy)
 //!                         |  Pool: send to the server that owns the key, await its reply
+//!   start_multi(node, keys) -> Routed: the same walk for many keys at once (run_multi):
+//!                         a pool gets its keys batched per server (multiget::plan), a policy
+//!                         decides per key (failover re-asks only the keys that failed or
+//!                         missed, warm-up asks warm only for cold's misses), and the reply is
+//!                         the group's hits in key order then END, for multiget::merge.
 //! ```
+//!
+//! A request's own future never outlives its reply: work that goes on after it (async
+//! replicated writes, the slower replicas of all-initial/all-majority, shadow copies,
+//! warm-up fills) runs on tasks of its own, so the session may drop a `Routed` once answered.
 //!
 //! The decisions themselves (which child, whether a write policy was met, what counts as
 //! a miss) are sans-I/O functions in `memroute_routing`; this module only does the waiting.
@@ -18,16 +29,18 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::{FailoverOn, Operation, ReadPolicy, WritePolicy};
-use memroute_protocol::{Command, ReplyKind};
+use memroute_protocol::{retrieval_error, value_block_at, Command, ReplyKind};
 use memroute_routing::{classify_reply, write_decision, Node, NodeId, ReplyClass, WriteDecision};
 use rand::Rng;
-use tokio::sync::oneshot;
+use smallvec::SmallVec;
 use tokio::task::JoinSet;
 
+use crate::multiget::{self, KeyTarget, Step};
 use crate::reply::{connection_gone, immediate_ack, null_reply, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -47,19 +60,121 @@ pub(crate) struct Job {
     pub echo: Option<Bytes>,
 }
 
-/// Runs `job` from `node` on a task of its own; the reply arrives on the receiver.
-pub(crate) fn spawn(
+/// The keys of one multi-get (get/gets/gat/gats) that reach the same policy route.
+#[derive(Debug)]
+pub(crate) struct MultiJob {
+    pub operation: Operation,
+    /// The batch line's start before its keys (`get `, `gat 300 `).
+    pub head: Bytes,
+    /// The keys, in the client's order (views of the client's frame).
+    pub keys: Vec<Bytes>,
+    pub slot: usize,
+    /// The longest batch line a server may be sent (gat lines stay under memcached's limit).
+    pub byte_cap: usize,
+}
+
+/// A policy-route request in flight: its future, polled in place by the session that
+/// holds it in its pending queue (no task, no channel), then its reply.
+pub(crate) struct Routed {
+    state: RoutedState,
+    /// The route node the request reached and when it was read (its latency sample).
+    pub route: NodeId,
+    pub started: Instant,
+}
+
+enum RoutedState {
+    Running(BoxedReply),
+    Done(Option<Reply>),
+}
+
+impl std::fmt::Debug for Routed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            RoutedState::Running(_) => "running",
+            RoutedState::Done(_) => "done",
+        };
+        f.debug_struct("Routed")
+            .field("state", &state)
+            .field("route", &self.route)
+            .finish()
+    }
+}
+
+impl Routed {
+    /// Polls the request on; `Ready` once its reply is in.
+    pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
+        match &mut self.state {
+            RoutedState::Done(_) => Poll::Ready(()),
+            RoutedState::Running(future) => match future.as_mut().poll(context) {
+                Poll::Ready(reply) => {
+                    self.state = RoutedState::Done(Some(reply));
+                    Poll::Ready(())
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    /// Polls without a waker (the session's "what is complete now" pass); the session's
+    /// wait polls it again with its own waker before it sleeps.
+    pub(crate) fn try_complete(&mut self) -> bool {
+        let mut context = Context::from_waker(std::task::Waker::noop());
+        self.poll(&mut context).is_ready()
+    }
+
+    pub(crate) async fn wait(&mut self) {
+        std::future::poll_fn(|context| self.poll(context)).await
+    }
+
+    /// The reply (once complete).
+    pub(crate) fn take(&mut self) -> Reply {
+        match &mut self.state {
+            RoutedState::Done(reply) => reply.take().unwrap_or_else(|| Err(connection_gone())),
+            RoutedState::Running(_) => Err(connection_gone()),
+        }
+    }
+}
+
+/// Starts `job` from `node`: polled once now, so that every request it can send without
+/// waiting goes out before the client's next request is dispatched (a `set` through a
+/// replicated route reaches the servers before the `get` pipelined behind it).
+pub(crate) fn start(
     routing: &Rc<RouteSnapshot>,
     node: NodeId,
     job: Job,
-) -> oneshot::Receiver<Reply> {
-    let (sender, receiver) = oneshot::channel();
+    started: Instant,
+) -> Routed {
+    started_now(run(routing.clone(), node, Rc::new(job)), node, started)
+}
+
+/// Starts the keys of a multi-get that reach policy route `node`; the reply is their hits
+/// as `VALUE` blocks in key order then `END` (or the failure that fails the multi-get).
+pub(crate) fn start_multi(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: MultiJob,
+    started: Instant,
+) -> Routed {
     let routing = routing.clone();
-    tokio::task::spawn_local(eager(async move {
-        let reply = run(routing, node, Rc::new(job)).await;
-        let _ = sender.send(reply);
-    }));
-    receiver
+    let future = Box::pin(async move {
+        let count = job.keys.len() as u32;
+        let replies = run_multi(routing, node, Rc::new(job), (0..count).collect()).await;
+        retrieval_reply(replies)
+    });
+    started_now(future, node, started)
+}
+
+fn started_now(mut future: BoxedReply, node: NodeId, started: Instant) -> Routed {
+    let mut context = Context::from_waker(std::task::Waker::noop());
+    let state = match future.as_mut().poll(&mut context) {
+        Poll::Ready(reply) => RoutedState::Done(Some(reply)),
+        Poll::Pending => RoutedState::Running(future),
+    };
+    Routed {
+        state,
+        route: node,
+        started,
+    }
 }
 
 /// Polls `future` once, right now, before it becomes a task. A task spawned with
@@ -70,19 +185,11 @@ pub(crate) fn spawn(
 /// then polls it again with its real waker.
 fn eager<F: Future + 'static>(future: F) -> Eager<F> {
     let mut future = Box::pin(future);
-    let waker = std::task::Waker::from(Arc::new(NoWake));
-    let mut context = std::task::Context::from_waker(&waker);
+    let mut context = Context::from_waker(std::task::Waker::noop());
     match future.as_mut().poll(&mut context) {
-        std::task::Poll::Ready(output) => Eager::Ready(Some(output)),
-        std::task::Poll::Pending => Eager::Pending(future),
+        Poll::Ready(output) => Eager::Ready(Some(output)),
+        Poll::Pending => Eager::Pending(future),
     }
-}
-
-/// The waker of the first, eager poll: the task's own poll replaces it at once.
-struct NoWake;
-
-impl std::task::Wake for NoWake {
-    fn wake(self: Arc<Self>) {}
 }
 
 enum Eager<F: Future> {
@@ -96,15 +203,12 @@ where
 {
     type Output = F::Output;
 
-    fn poll(
-        self: Pin<&mut Self>,
-        context: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<F::Output> {
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<F::Output> {
         match self.get_mut() {
             Eager::Ready(output) => match output.take() {
-                Some(output) => std::task::Poll::Ready(output),
+                Some(output) => Poll::Ready(output),
                 // Polled again after completing: a bug in the caller, never in tokio's tasks.
-                None => std::task::Poll::Pending,
+                None => Poll::Pending,
             },
             Eager::Pending(future) => future.as_mut().poll(context),
         }
@@ -499,6 +603,429 @@ fn null_answer(job: &Job) -> Bytes {
         }
         _ => Bytes::from_static(reply),
     }
+}
+
+/// One key's outcome in a multi-key job.
+#[derive(Debug, Clone)]
+enum KeyReply {
+    /// The key's whole `VALUE` block (a view of the server's reply).
+    Hit(Bytes),
+    Miss,
+    /// A transport failure, or the error line a server (or an error route) answered.
+    Failed(Reply),
+}
+
+impl KeyReply {
+    fn class(&self) -> ReplyClass {
+        match self {
+            KeyReply::Hit(_) => ReplyClass::Hit,
+            KeyReply::Miss => ReplyClass::Miss,
+            KeyReply::Failed(_) => ReplyClass::Error,
+        }
+    }
+}
+
+type BoxedKeyReplies = Pin<Box<dyn Future<Output = Vec<KeyReply>>>>;
+
+/// The reply of a multi-key job: the hits in key order then `END`; the first failure
+/// instead when a key failed (one failed key fails a multi-get, as a failed server does).
+fn retrieval_reply(replies: Vec<KeyReply>) -> Reply {
+    let mut length = 5;
+    for reply in &replies {
+        match reply {
+            KeyReply::Hit(block) => length += block.len(),
+            KeyReply::Miss => {}
+            KeyReply::Failed(failure) => return failure.clone(),
+        }
+    }
+    let mut out = BytesMut::with_capacity(length);
+    for reply in &replies {
+        if let KeyReply::Hit(block) = reply {
+            out.put_slice(block);
+        }
+    }
+    out.put_slice(b"END\r\n");
+    Ok(out.freeze())
+}
+
+/// Runs the keys `keys` (indexes into `job.keys`) from `node`; one outcome per key, in
+/// the order of `keys`. Boxed: routes nest.
+fn run_multi(
+    routing: Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> BoxedKeyReplies {
+    Box::pin(async move {
+        let routes = routing.routes.clone();
+        let mut node = node;
+        loop {
+            if keys.is_empty() {
+                return Vec::new();
+            }
+            match routes.node(node) {
+                Node::Prefix { .. } | Node::Operation { .. } => {
+                    // The keys may part ways here: one group per child, run side by side.
+                    let mut groups: SmallVec<[(NodeId, Vec<usize>); 2]> = SmallVec::new();
+                    for (position, &key) in keys.iter().enumerate() {
+                        let child = routes.select(node, job.operation, &job.keys[key as usize]);
+                        match groups.iter_mut().find(|(node, _)| *node == child) {
+                            Some((_, positions)) => positions.push(position),
+                            None => groups.push((child, vec![position])),
+                        }
+                    }
+                    if let [(child, _)] = groups.as_slice() {
+                        node = *child;
+                        continue;
+                    }
+                    let futures = groups
+                        .iter()
+                        .map(|(child, positions)| {
+                            let subset = positions.iter().map(|&p| keys[p]).collect();
+                            run_multi(routing.clone(), *child, job.clone(), subset)
+                        })
+                        .collect();
+                    let mut out = vec![KeyReply::Miss; keys.len()];
+                    for ((_, positions), replies) in groups.iter().zip(join_all(futures).await) {
+                        for (&position, reply) in positions.iter().zip(replies) {
+                            out[position] = reply;
+                        }
+                    }
+                    return out;
+                }
+                Node::Pool(pool) => return pool_multi(&routing, *pool, &job, &keys).await,
+                Node::Shadow {
+                    primary,
+                    shadow,
+                    range,
+                    max_in_flight,
+                    shadow_index,
+                } => {
+                    let copied: Vec<u32> = keys
+                        .iter()
+                        .copied()
+                        .filter(|&key| range.contains_key(&job.keys[key as usize]))
+                        .collect();
+                    if !copied.is_empty() {
+                        shadow_copy_multi(
+                            &routing,
+                            *shadow,
+                            *shadow_index,
+                            *max_in_flight,
+                            &job,
+                            copied,
+                        );
+                    }
+                    node = *primary;
+                }
+                // A multi-get is a read (get/gets/gat/gats): replicated routes pick a replica.
+                Node::Replicated {
+                    children, reads, ..
+                } => {
+                    return match reads {
+                        ReadPolicy::First => {
+                            run_multi(routing.clone(), children[0], job.clone(), keys).await
+                        }
+                        ReadPolicy::Random => {
+                            let child = pick_random(children);
+                            run_multi(routing.clone(), child, job.clone(), keys).await
+                        }
+                        ReadPolicy::Failover => {
+                            failover_multi(&routing, node, children, FailoverOn::Error, &job, keys)
+                                .await
+                        }
+                        ReadPolicy::Fastest => fastest_multi(&routing, children, &job, keys).await,
+                    };
+                }
+                Node::Failover { children, on } => {
+                    return failover_multi(&routing, node, children, *on, &job, keys).await;
+                }
+                Node::WarmUp { cold, warm, ttl } => {
+                    return warm_up_multi(&routing, node, *cold, *warm, *ttl, &job, keys).await;
+                }
+                Node::Random { children } => node = pick_random(children),
+                Node::Null => return vec![KeyReply::Miss; keys.len()],
+                Node::Error { message } => {
+                    let line = Bytes::from(format!("SERVER_ERROR {message}\r\n"));
+                    return vec![KeyReply::Failed(Ok(line)); keys.len()];
+                }
+            }
+        }
+    })
+}
+
+/// A pool's share of a multi-get: its keys batched per server exactly as a plain pool's
+/// are (`multiget::plan`), every batch sent before any reply is awaited.
+async fn pool_multi(
+    routing: &Rc<RouteSnapshot>,
+    pool: usize,
+    job: &MultiJob,
+    keys: &[u32],
+) -> Vec<KeyReply> {
+    let mut targets: SmallVec<[KeyTarget; 32]> = SmallVec::with_capacity(keys.len());
+    for &key in keys {
+        match routing.server_for(pool, &job.keys[key as usize]) {
+            Some(server) => targets.push(KeyTarget::Server(pool as u32, server as u32)),
+            None => return vec![KeyReply::Failed(Err(routing.no_servers(pool))); keys.len()],
+        }
+    }
+    let key = |i: usize| &job.keys[keys[i] as usize];
+    let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![multiget::UNASSIGNED; keys.len()];
+    let mut batches: SmallVec<[_; 4]> = SmallVec::new();
+    let mut frame = BytesMut::new();
+    let planned = multiget::plan(
+        &targets,
+        |i| key(i).len(),
+        job.head.len(),
+        job.byte_cap,
+        |pool| routing.pools[pool].max_keys_per_request,
+        &mut key_leg,
+        |step| match step {
+            Step::Open { key: i, keys_hint } => {
+                frame.reserve(job.head.len() + keys_hint * 16 + 2);
+                frame.put_slice(&job.head);
+                frame.put_slice(key(i));
+            }
+            Step::Add { key: i } => {
+                frame.put_u8(b' ');
+                frame.put_slice(key(i));
+            }
+            Step::Close { pool, server } => {
+                frame.put_slice(b"\r\n");
+                let connections = &routing.pools[pool].servers[server];
+                let batch = (frame.split().freeze(), None);
+                let receiver = connections.pick(job.slot).send(batch, ReplyKind::Retrieval);
+                batches.push((server, receiver));
+            }
+            // Every target here is a server of this pool.
+            Step::Executor { .. } => {}
+        },
+    );
+    if planned.is_err() {
+        return vec![KeyReply::Failed(Err(routing.no_servers(pool))); keys.len()];
+    }
+    let mut replies: SmallVec<[Reply; 4]> = SmallVec::with_capacity(batches.len());
+    for (server, receiver) in batches {
+        let reply = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+        if let Err(error) = &reply {
+            routing.pools[pool].servers[server].count_failure(error);
+        }
+        replies.push(reply);
+    }
+    // Servers answer in the order they were asked, skipping misses.
+    let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
+    (0..keys.len())
+        .map(|i| {
+            let leg = key_leg[i] as usize;
+            let Some(reply) = replies.get(leg) else {
+                return KeyReply::Failed(Err(connection_gone()));
+            };
+            let bytes = match reply {
+                Ok(bytes) => bytes,
+                Err(error) => return KeyReply::Failed(Err(error.clone())),
+            };
+            if let Some(line) = retrieval_error(bytes) {
+                return KeyReply::Failed(Ok(bytes.slice(line)));
+            }
+            match value_block_at(bytes, cursor[leg]) {
+                Some(block) if &bytes[block.key.clone()] == &key(i)[..] => {
+                    cursor[leg] = block.block.end;
+                    KeyReply::Hit(bytes.slice(block.block))
+                }
+                _ => KeyReply::Miss,
+            }
+        })
+        .collect()
+}
+
+/// Children in order; each asked only for the keys every child before it failed (or,
+/// with `error-or-miss`, missed). A key's miss from an earlier child beats an error from
+/// a later one, as for a single key.
+async fn failover_multi(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    children: &[NodeId],
+    on: FailoverOn,
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> Vec<KeyReply> {
+    // Final outcomes; for a key still being asked, its first miss (if any).
+    let mut outcomes: Vec<Option<KeyReply>> = vec![None; keys.len()];
+    let mut remaining: Vec<usize> = (0..keys.len()).collect();
+    for (index, &child) in children.iter().enumerate() {
+        let last_child = index + 1 == children.len();
+        let asked = remaining.iter().map(|&p| keys[p]).collect();
+        let replies = run_multi(routing.clone(), child, job.clone(), asked).await;
+        let mut next = Vec::new();
+        for (&position, reply) in remaining.iter().zip(replies) {
+            let class = reply.class();
+            let try_next = match class {
+                ReplyClass::Error => true,
+                // Retrievals only reach here: a miss may be asked again.
+                ReplyClass::Miss => on == FailoverOn::ErrorOrMiss,
+                ReplyClass::Hit => false,
+            };
+            let outcome = &mut outcomes[position];
+            if !try_next || last_child {
+                *outcome = match (class, outcome.take()) {
+                    (ReplyClass::Error, Some(miss)) => Some(miss),
+                    _ => Some(reply),
+                };
+            } else {
+                if class == ReplyClass::Miss && outcome.is_none() {
+                    *outcome = Some(reply);
+                }
+                next.push(position);
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        routing
+            .route_stats(node)
+            .failovers
+            .fetch_add(next.len() as u64, Relaxed);
+        remaining = next;
+    }
+    outcomes
+        .into_iter()
+        .map(|outcome| outcome.unwrap_or(KeyReply::Failed(Err(connection_gone()))))
+        .collect()
+}
+
+/// Every replica asked at once; the first whose every key answered wins (the slower
+/// replicas' waits are dropped), else the last to answer.
+async fn fastest_multi(
+    routing: &Rc<RouteSnapshot>,
+    children: &[NodeId],
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> Vec<KeyReply> {
+    let mut futures: Vec<Option<BoxedKeyReplies>> = children
+        .iter()
+        .map(|&child| Some(run_multi(routing.clone(), child, job.clone(), keys.clone())))
+        .collect();
+    let mut last: Option<Vec<KeyReply>> = None;
+    std::future::poll_fn(|context| {
+        for slot in futures.iter_mut() {
+            let Some(future) = slot else { continue };
+            if let Poll::Ready(replies) = future.as_mut().poll(context) {
+                *slot = None;
+                if replies.iter().all(|r| !matches!(r, KeyReply::Failed(_))) {
+                    return Poll::Ready(Some(replies));
+                }
+                last = Some(replies);
+            }
+        }
+        match futures.iter().all(Option::is_none) {
+            true => Poll::Ready(None),
+            false => Poll::Pending,
+        }
+    })
+    .await
+    .or(last)
+    .unwrap_or_else(|| vec![KeyReply::Failed(Err(connection_gone())); keys.len()])
+}
+
+/// Every key from cold; cold's misses from warm; warm's hits filled into cold (`add`,
+/// asynchronously, on one task for the whole batch).
+async fn warm_up_multi(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    cold: NodeId,
+    warm: NodeId,
+    ttl: u32,
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> Vec<KeyReply> {
+    let mut replies = run_multi(routing.clone(), cold, job.clone(), keys.clone()).await;
+    let missed: Vec<usize> = (0..replies.len())
+        .filter(|&p| replies[p].class() == ReplyClass::Miss)
+        .collect();
+    if missed.is_empty() {
+        return replies;
+    }
+    let asked = missed.iter().map(|&p| keys[p]).collect();
+    let from_warm = run_multi(routing.clone(), warm, job.clone(), asked).await;
+    let mut fills: Vec<BoxedReply> = Vec::new();
+    for (&position, reply) in missed.iter().zip(from_warm) {
+        // Warm had nothing (or failed): cold's miss is the honest answer.
+        let KeyReply::Hit(block) = &reply else {
+            continue;
+        };
+        if let Some(fill) = fill_job(block, ttl, job.slot) {
+            fills.push(run(routing.clone(), cold, Rc::new(fill)));
+        }
+        replies[position] = reply;
+    }
+    if !fills.is_empty() {
+        routing
+            .route_stats(node)
+            .fills
+            .fetch_add(fills.len() as u64, Relaxed);
+        tokio::task::spawn_local(eager(async move {
+            join_all(fills).await;
+        }));
+    }
+    replies
+}
+
+/// Copies the keys of a multi-get in the shadow range to the shadow target, on a task of
+/// its own (replies dropped). One copy (one `max_in_flight` slot) per batch of keys;
+/// `sent`, `completed` and `errors` count keys, as they do for single-key copies.
+fn shadow_copy_multi(
+    routing: &Rc<RouteSnapshot>,
+    shadow: NodeId,
+    index: usize,
+    max_in_flight: usize,
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) {
+    let Some(state) = routing.shadows.get(index) else {
+        return;
+    };
+    let count = keys.len() as u64;
+    if state.in_flight.get() >= max_in_flight {
+        state.stats.dropped.fetch_add(count, Relaxed);
+        return;
+    }
+    state.in_flight.set(state.in_flight.get() + 1);
+    state.stats.sent.fetch_add(count, Relaxed);
+    let (routing, job) = (routing.clone(), job.clone());
+    tokio::task::spawn_local(eager(async move {
+        let replies = run_multi(routing.clone(), shadow, job, keys).await;
+        if let Some(state) = routing.shadows.get(index) {
+            let errors = replies
+                .iter()
+                .filter(|r| matches!(r, KeyReply::Failed(_)))
+                .count() as u64;
+            state.stats.errors.fetch_add(errors, Relaxed);
+            state.stats.completed.fetch_add(count - errors, Relaxed);
+            state.in_flight.set(state.in_flight.get().saturating_sub(1));
+        }
+    }));
+}
+
+/// Polls every future in place until all are done; their outputs in order.
+async fn join_all<T>(mut futures: Vec<Pin<Box<dyn Future<Output = T>>>>) -> Vec<T> {
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|context| {
+        let mut done = true;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(context) {
+                    Poll::Ready(value) => *output = Some(value),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        match done {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! comes from. `try_complete`/`wait` collect the legs' replies; `finish` turns a completed
 //! entry into the client's bytes (hit/miss counts, a multi-get merged in client order by
 //! `multiget`, flush_all's replies merged by `reply::FlushAllMerge`).
+use std::collections::VecDeque;
+use std::future::Future;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,6 +15,7 @@ use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use crate::context::WorkerContext;
+use crate::execute::Routed;
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -99,23 +102,6 @@ impl Leg {
         }
         reply
     }
-
-    /// A leg whose reply comes from the route executor (no single server to blame),
-    /// sent to route node `route`.
-    pub(crate) fn executed(
-        receiver: oneshot::Receiver<Reply>,
-        route: u32,
-        started: Instant,
-    ) -> Leg {
-        Leg {
-            receiver,
-            reply: None,
-            pool: u32::MAX,
-            server: u32::MAX,
-            route,
-            started,
-        }
-    }
 }
 
 /// A multi-key retrieval split over servers.
@@ -124,6 +110,10 @@ pub(crate) struct MultiGet {
     pub routing: Rc<RouteSnapshot>,
     pub request: Request,
     pub legs: SmallVec<[Leg; 4]>,
+    /// The keys that reach policy routes, one group per route node, each run by the
+    /// route executor in place; their replies merge after the legs' (leg index
+    /// `legs.len() + group` in `key_leg`).
+    pub routed: Vec<Routed>,
     /// For each of the request's keys, the leg that carries it.
     pub key_leg: SmallVec<[u32; 32]>,
 }
@@ -157,6 +147,14 @@ pub(crate) enum Pending {
         command: Command,
         noreply: bool,
     },
+    /// A request through a policy route (or a flush_all through a route): the route
+    /// executor's future, polled in place.
+    Routed {
+        routing: Rc<RouteSnapshot>,
+        routed: Routed,
+        command: Command,
+        noreply: bool,
+    },
     MultiGet(Box<MultiGet>),
     Fanout(Box<Fanout>),
 }
@@ -172,7 +170,11 @@ impl Pending {
                 deadline,
             } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
             Pending::Single { leg, .. } => leg.try_complete(),
-            Pending::MultiGet(multi) => multi.legs.iter_mut().all(Leg::try_complete),
+            Pending::Routed { routed, .. } => routed.try_complete(),
+            Pending::MultiGet(multi) => {
+                multi.legs.iter_mut().all(Leg::try_complete)
+                    && multi.routed.iter_mut().all(Routed::try_complete)
+            }
             Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
         }
     }
@@ -187,9 +189,13 @@ impl Pending {
                 deadline,
             } => metrics.flush.wait(*ticket, *deadline).await,
             Pending::Single { leg, .. } => leg.wait().await,
+            Pending::Routed { routed, .. } => routed.wait().await,
             Pending::MultiGet(multi) => {
                 for leg in &mut multi.legs {
                     leg.wait().await;
+                }
+                for routed in &mut multi.routed {
+                    routed.wait().await;
                 }
             }
             Pending::Fanout(fanout) => {
@@ -197,6 +203,22 @@ impl Pending {
                     leg.wait().await;
                 }
             }
+        }
+    }
+
+    /// Moves a policy-route request on that is not at the head of the queue (a failover's
+    /// next child, a warm-up's ask of warm): it is polled by the session, not by a task.
+    fn poll_progress(&mut self, context: &mut std::task::Context<'_>) {
+        match self {
+            Pending::Routed { routed, .. } => {
+                let _ = routed.poll(context);
+            }
+            Pending::MultiGet(multi) => {
+                for routed in &mut multi.routed {
+                    let _ = routed.poll(context);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -218,6 +240,17 @@ impl Pending {
             } => {
                 leg.observe(&routing);
                 finish_single(context, leg.take(&routing), command, noreply, out)
+            }
+            Pending::Routed {
+                routing,
+                mut routed,
+                command,
+                noreply,
+            } => {
+                routing
+                    .metrics
+                    .observe_since(routed.route as usize, routed.started);
+                finish_single(context, routed.take(), command, noreply, out)
             }
             Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
             Pending::Fanout(fanout) => finish_fanout(*fanout, out),
@@ -266,12 +299,23 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
     // One latency sample per request, under the route of its first leg.
     if let Some(first) = multi.legs.first() {
         first.observe(&multi.routing);
+    } else if let Some(first) = multi.routed.first() {
+        multi
+            .routing
+            .metrics
+            .observe_since(first.route as usize, first.started);
     }
     let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(multi.legs.len());
     for leg in &mut multi.legs {
         match leg.take(&multi.routing) {
             Ok(bytes) => replies.push(bytes),
             // One failed server fails the whole reply: a partial answer would look like misses.
+            Err(error) => return server_error(out, &error),
+        }
+    }
+    for routed in &mut multi.routed {
+        match routed.take() {
+            Ok(bytes) => replies.push(bytes),
             Err(error) => return server_error(out, &error),
         }
     }
@@ -299,3 +343,26 @@ fn finish_fanout(mut fanout: Fanout, out: &mut BytesMut) {
         Err(error) => server_error(out, &error),
     }
 }
+
+/// Waits until the head of a session's queue (`entry` finds the `Pending` in a queue item)
+/// is complete, moving on the policy-route requests behind it meanwhile: they are polled
+/// by the session, so a failover's second try or a warm-up's ask of warm must not wait
+/// for the head. Only the first `PROGRESS_WINDOW` entries are looked at (a deep pipeline
+/// of plain requests costs nothing per wake-up beyond that).
+pub(crate) async fn wait_head<T>(queue: &mut VecDeque<T>, entry: fn(&mut T) -> &mut Pending) {
+    let (front, back) = queue.as_mut_slices();
+    let Some((head, rest)) = front.split_first_mut() else {
+        return;
+    };
+    let mut head = std::pin::pin!(entry(head).wait());
+    std::future::poll_fn(|context| {
+        for item in rest.iter_mut().chain(back.iter_mut()).take(PROGRESS_WINDOW) {
+            entry(item).poll_progress(context);
+        }
+        head.as_mut().poll(context)
+    })
+    .await
+}
+
+/// How many entries behind the head `wait_head` moves on.
+const PROGRESS_WINDOW: usize = 64;

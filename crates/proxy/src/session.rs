@@ -287,7 +287,5 @@ fn poll_read_some<R: AsyncRead + Unpin>(
 }
 
 async fn wait_head(pending: &mut VecDeque<Pending>) {
-    if let Some(head) = pending.front_mut() {
-        head.wait().await;
-    }
+    crate::pending::wait_head(pending, |entry| entry).await
 }
