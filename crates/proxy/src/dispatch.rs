@@ -178,7 +178,11 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
             let job = Job {
                 operation,
                 command: request.command,
-                key: Bytes::copy_from_slice(key),
+                // A view of the client's frame, unless it is a decoded base64 key.
+                key: match request.base64_key {
+                    true => Bytes::copy_from_slice(key),
+                    false => request.frame.slice_ref(key),
+                },
                 parts,
                 kind,
                 slot,

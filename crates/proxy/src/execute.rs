@@ -38,7 +38,6 @@ use memroute_protocol::{retrieval_error, value_block_at, Command, ReplyKind};
 use memroute_routing::{classify_reply, write_decision, Node, NodeId, ReplyClass, WriteDecision};
 use rand::Rng;
 use smallvec::SmallVec;
-use tokio::task::JoinSet;
 
 use crate::multiget::{self, KeyTarget, Step};
 use crate::reply::{connection_gone, immediate_ack, null_reply, FlushAllMerge, Reply};
@@ -335,11 +334,8 @@ async fn flush_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Repl
 async fn flush_all_of(routing: &Rc<RouteSnapshot>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
     let mut set = start_all(routing, targets, job);
     let mut merge = FlushAllMerge::default();
-    while let Some(joined) = set.join_next().await {
-        merge.add(match joined {
-            Ok((_, reply)) => reply,
-            Err(_) => Err(connection_gone()),
-        });
+    while let Some((_, reply)) = set.next().await {
+        merge.add(reply);
     }
     merge.finish()
 }
@@ -377,20 +373,52 @@ fn shadow_copy(
     }));
 }
 
-/// Starts `job` on every child; the set yields (child index, reply).
-fn start_all(
-    routing: &Rc<RouteSnapshot>,
-    children: &[NodeId],
-    job: &Rc<Job>,
-) -> JoinSet<(usize, Reply)> {
-    let mut set = JoinSet::new();
-    for (index, &child) in children.iter().enumerate() {
-        let (routing, job) = (routing.clone(), job.clone());
-        set.spawn_local(eager(
-            async move { (index, run(routing, child, job).await) },
-        ));
+/// Starts `job` on every child, polled in place by the request's own future (no task
+/// per child); `next` yields (child index, reply) as they arrive.
+fn start_all(routing: &Rc<RouteSnapshot>, children: &[NodeId], job: &Rc<Job>) -> Children {
+    Children {
+        running: children
+            .iter()
+            .map(|&child| Some(run(routing.clone(), child, job.clone())))
+            .collect(),
     }
-    set
+}
+
+/// Children's requests in flight, polled by whoever awaits `next`. Dropping it cancels
+/// their waits (the servers' replies are read and dropped); `detach` lets them finish
+/// on tasks of their own instead.
+struct Children {
+    running: Vec<Option<BoxedReply>>,
+}
+
+impl Children {
+    /// The next child to answer, or `None` once every child has.
+    async fn next(&mut self) -> Option<(usize, Reply)> {
+        std::future::poll_fn(|context| {
+            let mut any = false;
+            for (index, slot) in self.running.iter_mut().enumerate() {
+                let Some(future) = slot else { continue };
+                any = true;
+                if let Poll::Ready(reply) = future.as_mut().poll(context) {
+                    *slot = None;
+                    return Poll::Ready(Some((index, reply)));
+                }
+            }
+            match any {
+                true => Poll::Pending,
+                false => Poll::Ready(None),
+            }
+        })
+        .await
+    }
+
+    /// The children still running go on in the background (their replies dropped).
+    /// Polled once now: a child never polled yet sends its request at once.
+    fn detach(self) {
+        for future in self.running.into_iter().flatten() {
+            tokio::task::spawn_local(eager(future));
+        }
+    }
 }
 
 async fn replicated_write(
@@ -402,7 +430,7 @@ async fn replicated_write(
 ) -> Reply {
     if policy == WritePolicy::AllAsync {
         if let Some(ack) = immediate_ack(job.command) {
-            start_all(routing, children, job).detach_all();
+            start_all(routing, children, job).detach();
             return Ok(Bytes::from_static(ack));
         }
     }
@@ -411,27 +439,24 @@ async fn replicated_write(
     let mut replies: Vec<Option<Reply>> = vec![None; children.len()];
     loop {
         match write_decision(policy, &outcomes) {
-            WriteDecision::Wait => match set.join_next().await {
-                Some(Ok((index, reply))) => {
+            WriteDecision::Wait => match set.next().await {
+                Some((index, reply)) => {
                     outcomes[index] = Some(answered(&reply));
                     replies[index] = Some(reply);
                 }
-                // A child task that panicked or was cancelled: its index is unknown, so
-                // count the first unanswered child as failed rather than wait forever.
-                Some(Err(_)) | None => match outcomes.iter().position(Option::is_none) {
-                    Some(index) => outcomes[index] = Some(false),
-                    None => return Err(connection_gone()),
-                },
+                // Every child answered and the policy still waits: cannot happen
+                // (write_decision decides once every outcome is in); never wait forever.
+                None => return Err(connection_gone()),
             },
             WriteDecision::Answer { child } => {
                 // The rest finish in the background (all-initial, all-majority).
-                set.detach_all();
+                set.detach();
                 return replies[child]
                     .take()
                     .unwrap_or_else(|| Err(connection_gone()));
             }
             WriteDecision::Fail { failed, total } => {
-                set.detach_all();
+                set.detach();
                 routing
                     .route_stats(node)
                     .write_failures
@@ -459,15 +484,13 @@ async fn replicated_read(
         ReadPolicy::Fastest => {
             let mut set = start_all(routing, children, job);
             let mut last = Err(connection_gone());
-            while let Some(joined) = set.join_next().await {
-                if let Ok((_, reply)) = joined {
-                    if answered(&reply) {
-                        // The slower children's replies are not needed: dropping the set
-                        // cancels their waits (the servers' replies are read and dropped).
-                        return reply;
-                    }
-                    last = reply;
+            while let Some((_, reply)) = set.next().await {
+                if answered(&reply) {
+                    // The slower children's replies are not needed: dropping the set
+                    // cancels their waits (the servers' replies are read and dropped).
+                    return reply;
                 }
+                last = reply;
             }
             last
         }

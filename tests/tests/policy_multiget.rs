@@ -1,0 +1,483 @@
+//! Multi-gets through policy routes (failover, replicated, warm-up, shadow) against real
+//! memcached: every key answered, in the client's order, and the keys batched per server as
+//! a plain pool's are. Batching is read from the servers' own counters: `cmd_get` counts
+//! keys asked, `bytes_read` the bytes of the `get` lines that carried them, so one batched
+//! line of 60 keys reads about 60 x 5 bytes less than 60 one-key gets.
+//!
+//! ```text
+//!   test ──get k0 .. k59──> memroute ──policy route──> pool ──one get line per server──> memcached
+//! ```
+//!
+//! Waits are polls of a condition with a deadline (a server's contents, memroute's stats).
+use std::time::Duration;
+
+use memroute_tests::*;
+
+/// How long an asynchronous effect (a shadow copy, a warm-up fill) may take to show up.
+const ASYNC_DEADLINE: Duration = Duration::from_secs(5);
+
+fn listen() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+fn start(root: &str, sections: &[String]) -> Memroute {
+    let mut toml = proxy_section(&listen(), root);
+    for s in sections {
+        toml.push_str(s);
+    }
+    Memroute::start(&toml)
+}
+
+fn pool(name: &str, servers: &[&Memcached]) -> String {
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+    pool_section(name, &addrs, "timeout = \"200ms\"")
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// Stores `key` = `{tag}-{key}` on `server` directly, for every key.
+fn store_all(server: &Memcached, keys: &[String], tag: &str) {
+    let mut c = server.connect();
+    let mut batch = Vec::new();
+    for k in keys {
+        let v = format!("{tag}-{k}");
+        batch.extend_from_slice(format!("set {k} 0 0 {}\r\n{v}\r\n", v.len()).as_bytes());
+    }
+    let reply = c.roundtrip_lines(&batch, keys.len());
+    assert_eq!(
+        reply,
+        b"STORED\r\n".repeat(keys.len()),
+        "storing on {}",
+        server.addr()
+    );
+}
+
+/// One multi-get of `keys` through `c`: the (key, value) pairs of its reply, in its order.
+fn multi_get(c: &mut Conn, keys: &[String]) -> Vec<(String, String)> {
+    c.send(format!("get {}\r\n", keys.join(" ")).as_bytes());
+    let reply = c.read_get_reply();
+    parse_values(&reply)
+        .unwrap_or_else(|| panic!("not a get reply: {}", show(&reply)))
+        .into_iter()
+        .map(|(k, _, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect()
+}
+
+/// A server's (cmd_get, bytes_read) as its own `stats` reports them, without the bytes of
+/// the `stats` requests themselves (each asked on a fresh connection: `stats\r\n`).
+struct Counters {
+    cmd_get: u64,
+    bytes_read: u64,
+}
+
+fn counters(server: &Memcached) -> Counters {
+    let stats = server.connect().stats();
+    let get = |name: &str| stat_u64(&stats, name).unwrap_or_else(|| panic!("no {name}"));
+    Counters {
+        cmd_get: get("cmd_get"),
+        bytes_read: get("bytes_read"),
+    }
+}
+
+/// What `server` read between `before` and now: (keys asked, bytes of requests), the
+/// `stats\r\n` of the later reading subtracted when memcached counted it already.
+fn read_since(server: &Memcached, before: &Counters) -> (u64, u64) {
+    let after = counters(server);
+    // Two readings in a row tell what one `stats` request adds to bytes_read (0 or 7).
+    let again = counters(server);
+    let per_stats = again.bytes_read - after.bytes_read;
+    (
+        after.cmd_get - before.cmd_get,
+        after.bytes_read - before.bytes_read - per_stats,
+    )
+}
+
+/// The bytes of `asked` keys sent as `get` lines of at most 100 keys (the default
+/// `max_keys_per_request`), against the bytes of one `get` line per key.
+fn line_bytes(asked: &[&String]) -> (u64, u64) {
+    let keys: u64 = asked.iter().map(|k| k.len() as u64).sum();
+    let n = asked.len() as u64;
+    let lines = n.div_ceil(100);
+    let batched = keys + n.saturating_sub(lines) + lines * "get \r\n".len() as u64;
+    let one_per_key = keys + n * "get \r\n".len() as u64;
+    (batched, one_per_key)
+}
+
+#[test]
+fn failover_multiget_answers_every_key_with_a_primary_server_dead_re_asking_only_its_keys() {
+    let mut main = [Memcached::start(), Memcached::start()];
+    let spare = Memcached::start();
+    let proxy = start(
+        "root",
+        &[
+            pool("main", &[&main[0], &main[1]]),
+            pool("spare", &[&spare]),
+            "[routes.root]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n\n".to_string(),
+        ],
+    );
+    let keys = keys("fo", 60);
+    // Each main server holds every key (only the ones placed on it are asked of it); the
+    // spare holds them under another value, so each answer says where it came from.
+    store_all(&main[0], &keys, "main");
+    store_all(&main[1], &keys, "main");
+    store_all(&spare, &keys, "spare");
+    let mut c = proxy.connect();
+    // Open memroute's connections first, with every server alive.
+    assert_eq!(multi_get(&mut c, &keys).len(), keys.len());
+
+    main[0].kill();
+    let before_live = counters(&main[1]);
+    let before_spare = counters(&spare);
+    let got = multi_get(&mut c, &keys);
+    let answered: Vec<&String> = got.iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        answered,
+        keys.iter().collect::<Vec<_>>(),
+        "every key answered, in the client's order"
+    );
+    let from_spare: Vec<&String> = got
+        .iter()
+        .filter(|(k, v)| *v == format!("spare-{k}"))
+        .map(|(k, _)| k)
+        .collect();
+    for (k, v) in &got {
+        assert!(
+            *v == format!("main-{k}") || *v == format!("spare-{k}"),
+            "{k} = {v}"
+        );
+    }
+    let (live_keys, live_bytes) = read_since(&main[1], &before_live);
+    let (spare_keys, spare_bytes) = read_since(&spare, &before_spare);
+    println!(
+        "failover multi-get of {} keys, main server 0 killed: {} keys from the live main \
+         server ({live_bytes} request bytes), {} re-asked of the spare ({spare_bytes} bytes)",
+        keys.len(),
+        live_keys,
+        from_spare.len()
+    );
+    assert!(
+        !from_spare.is_empty() && from_spare.len() < keys.len(),
+        "the dead server's keys (and only those) come from the spare: {}",
+        from_spare.len()
+    );
+    assert_eq!(
+        spare_keys,
+        from_spare.len() as u64,
+        "the spare is asked only for the keys that failed"
+    );
+    assert_eq!(live_keys + spare_keys, keys.len() as u64);
+    let (batched, one_per_key) = line_bytes(&from_spare);
+    assert_eq!(
+        spare_bytes, batched,
+        "the failed keys reach the spare as one get line ({one_per_key} bytes as one get per key)"
+    );
+    let live: Vec<&String> = keys.iter().filter(|k| !from_spare.contains(k)).collect();
+    assert_eq!(
+        live_bytes,
+        line_bytes(&live).0,
+        "the live server's keys go as one line"
+    );
+    let stats = proxy.stats();
+    assert_eq!(
+        stat_u64(&stats, "route:root:failovers"),
+        Some(from_spare.len() as u64),
+        "failovers count keys moved on: {stats:?}"
+    );
+}
+
+/// `[routes.NAME]` of type replicated over pools a, b, c.
+fn replicated(name: &str, reads: &str) -> String {
+    format!(
+        "[routes.{name}]\ntype = \"replicated\"\nchildren = [\"a\", \"b\", \"c\"]\nwrites = \"all-sync\"\nreads = \"{reads}\"\n\n"
+    )
+}
+
+#[test]
+fn replicated_multiget_reads_one_replica_per_batch_and_fails_over_as_a_batch() {
+    let mut servers = [Memcached::start(), Memcached::start(), Memcached::start()];
+    let proxy = start(
+        "root",
+        &[
+            pool("a", &[&servers[0]]),
+            pool("b", &[&servers[1]]),
+            pool("c", &[&servers[2]]),
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"first:\" = \"first\" }\ndefault = \"fo\"\n\n"
+                .to_string(),
+            replicated("first", "first"),
+            replicated("fo", "failover"),
+        ],
+    );
+    let keys = keys("rp", 50);
+    for (i, server) in servers.iter().enumerate() {
+        store_all(server, &keys, &format!("r{i}"));
+    }
+    let mut c = proxy.connect();
+    let before: Vec<Counters> = servers.iter().map(counters).collect();
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| (k.clone(), format!("r0-{k}")))
+        .collect();
+    assert_eq!(
+        got, expected,
+        "reads = failover asks the first replica while it answers"
+    );
+    let (asked, bytes) = read_since(&servers[0], &before[0]);
+    assert_eq!(asked, keys.len() as u64);
+    let all: Vec<&String> = keys.iter().collect();
+    assert_eq!(bytes, line_bytes(&all).0, "the replica got one get line");
+    for i in 1..3 {
+        assert_eq!(
+            read_since(&servers[i], &before[i]).0,
+            0,
+            "replica {i} asked"
+        );
+    }
+
+    // reads = first, through a prefix route in front: the same keys under "first:".
+    let prefixed: Vec<String> = keys.iter().map(|k| format!("first:{k}")).collect();
+    store_all(&servers[0], &prefixed, "r0");
+    assert_eq!(
+        multi_get(&mut c, &prefixed),
+        prefixed
+            .iter()
+            .map(|k| (k.clone(), format!("r0-{k}")))
+            .collect::<Vec<_>>()
+    );
+
+    // The first replica dies: the whole batch fails over to the second, in one line.
+    servers[0].kill();
+    let before_b = counters(&servers[1]);
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| (k.clone(), format!("r1-{k}")))
+        .collect();
+    assert_eq!(
+        got, expected,
+        "with replica a dead, every key comes from b, in order"
+    );
+    let (asked, bytes) = read_since(&servers[1], &before_b);
+    assert_eq!(asked, keys.len() as u64);
+    assert_eq!(
+        bytes,
+        line_bytes(&all).0,
+        "b got the failed batch as one line"
+    );
+    // reads = first has no fallback: the dead replica fails the multi-get.
+    c.send(format!("get {}\r\n", prefixed.join(" ")).as_bytes());
+    let reply = c.read_until(b"\r\n");
+    assert!(
+        reply.starts_with(b"SERVER_ERROR "),
+        "reads = first with its replica dead: {}",
+        show(&reply)
+    );
+}
+
+#[test]
+fn warm_up_multiget_asks_warm_only_for_cold_misses_and_fills_cold() {
+    let cold = Memcached::start();
+    let warm = Memcached::start();
+    let proxy = start(
+        "root",
+        &[
+            pool("cold", &[&cold]),
+            pool("warm", &[&warm]),
+            "[routes.root]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
+                .to_string(),
+        ],
+    );
+    let keys = keys("wu", 60);
+    store_all(&warm, &keys, "warm");
+    // A third of the keys are in cold already, under cold's own value.
+    let in_cold: Vec<String> = keys.iter().step_by(3).cloned().collect();
+    store_all(&cold, &in_cold, "cold");
+    let mut c = proxy.connect();
+    let before_warm = counters(&warm);
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| match in_cold.contains(k) {
+            true => (k.clone(), format!("cold-{k}")),
+            false => (k.clone(), format!("warm-{k}")),
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "cold's hits, then warm's answers for cold's misses, in order"
+    );
+    let missed: Vec<&String> = keys.iter().filter(|k| !in_cold.contains(k)).collect();
+    let (asked, bytes) = read_since(&warm, &before_warm);
+    assert_eq!(
+        asked,
+        missed.len() as u64,
+        "warm is asked only for cold's misses"
+    );
+    assert_eq!(bytes, line_bytes(&missed).0, "as one get line");
+    assert!(
+        poll_until(ASYNC_DEADLINE, || cold.held(&keys).len() == keys.len()),
+        "cold was not filled with warm's values"
+    );
+    let held = cold.held(&keys);
+    for k in &missed {
+        assert_eq!(
+            held[*k],
+            format!("warm-{k}").as_bytes(),
+            "{k} filled from warm"
+        );
+    }
+    let stats = proxy.stats();
+    assert_eq!(
+        stat_u64(&stats, "route:root:fills"),
+        Some(missed.len() as u64)
+    );
+    // Filled: the next multi-get is answered by cold alone.
+    let before_warm = counters(&warm);
+    assert_eq!(multi_get(&mut c, &keys).len(), keys.len());
+    assert_eq!(read_since(&warm, &before_warm).0, 0, "warm asked again");
+}
+
+#[test]
+fn shadow_multiget_copies_the_keys_in_range_as_batches() {
+    let primary = Memcached::start();
+    let shadow = Memcached::start();
+    let proxy = start(
+        "root",
+        &[
+            pool("p", &[&primary]),
+            pool("s", &[&shadow]),
+            "[routes.root]\ntype = \"shadow\"\nprimary = \"p\"\nshadow = \"s\"\nfraction = 0.5\n\n"
+                .to_string(),
+        ],
+    );
+    let keys = keys("sm", 80);
+    store_all(&primary, &keys, "p");
+    let mut c = proxy.connect();
+    let before = counters(&shadow);
+    let got = multi_get(&mut c, &keys);
+    assert_eq!(
+        got,
+        keys.iter()
+            .map(|k| (k.clone(), format!("p-{k}")))
+            .collect::<Vec<_>>(),
+        "the primary answers every key, in order"
+    );
+    let stats = proxy.wait_stats("the shadow copy settled", ASYNC_DEADLINE, |s| {
+        match (
+            stat_u64(s, "shadow:root:sent"),
+            stat_u64(s, "shadow:root:completed"),
+        ) {
+            (Some(sent), Some(completed)) => sent > 0 && completed == sent,
+            _ => false,
+        }
+    });
+    let sent = stat_u64(&stats, "shadow:root:sent").unwrap_or(0);
+    let (asked, bytes) = read_since(&shadow, &before);
+    println!(
+        "shadow multi-get: {sent} of {} keys copied, {bytes} request bytes",
+        keys.len()
+    );
+    assert!(
+        sent > 0 && sent < keys.len() as u64,
+        "fraction 0.5 copied {sent} of {} keys",
+        keys.len()
+    );
+    assert_eq!(asked, sent, "the shadow is asked for the keys in its range");
+    // Which keys: the ones a set through memroute copies to the shadow (the same
+    // key-hash range), once those copies settled.
+    let mut setter = proxy.connect();
+    for k in &keys {
+        setter.set(k, format!("p-{k}").as_bytes());
+    }
+    // Every set is answered, so every copy is counted in `sent` already.
+    let stats = proxy.wait_stats("the sets' shadow copies settled", ASYNC_DEADLINE, |s| {
+        stat_u64(s, "shadow:root:sent") == stat_u64(s, "shadow:root:completed")
+    });
+    assert_eq!(
+        stat_u64(&stats, "shadow:root:sent"),
+        Some(2 * sent),
+        "the sets copied as many keys as the multi-get"
+    );
+    let held = shadow.held(&keys);
+    let in_range: Vec<&String> = keys.iter().filter(|k| held.contains_key(*k)).collect();
+    assert_eq!(
+        in_range.len() as u64,
+        sent,
+        "sets copy the same number of keys"
+    );
+    assert_eq!(
+        bytes,
+        line_bytes(&in_range).0,
+        "the copy went as one get line"
+    );
+}
+
+#[test]
+fn a_multiget_mixing_plain_pool_and_policy_keys_merges_in_client_order() {
+    let plain = Memcached::start();
+    let a = Memcached::start();
+    let b = Memcached::start();
+    let proxy = start(
+        "root",
+        &[
+            pool("plain", &[&plain]),
+            pool("a", &[&a]),
+            pool("b", &[&b]),
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"fo:\" = \"fo\" }\ndefault = \"plain\"\n\n"
+                .to_string(),
+            "[routes.fo]\ntype = \"failover\"\nchildren = [\"a\", \"b\"]\non = \"error-or-miss\"\n\n"
+                .to_string(),
+        ],
+    );
+    // Interleaved: plain, fo:, plain, fo: ...; odd fo: keys only in b (a misses them).
+    let keys: Vec<String> = (0..60)
+        .map(|i| match i % 2 {
+            0 => format!("pl{i}"),
+            _ => format!("fo:{i}"),
+        })
+        .collect();
+    let plain_keys: Vec<String> = keys
+        .iter()
+        .filter(|k| k.starts_with("pl"))
+        .cloned()
+        .collect();
+    let fo_keys: Vec<String> = keys
+        .iter()
+        .filter(|k| k.starts_with("fo:"))
+        .cloned()
+        .collect();
+    let in_a: Vec<String> = fo_keys.iter().step_by(2).cloned().collect();
+    let in_b: Vec<String> = fo_keys.iter().skip(1).step_by(2).cloned().collect();
+    store_all(&plain, &plain_keys, "plain");
+    store_all(&a, &in_a, "a");
+    store_all(&b, &in_b, "b");
+    // One key nobody holds: a miss, left out of the reply.
+    let mut asked = keys.clone();
+    asked.insert(7, "fo:nowhere".to_string());
+    let mut c = proxy.connect();
+    let before_b = counters(&b);
+    let got = multi_get(&mut c, &asked);
+    let expected: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| {
+            let tag = match () {
+                _ if plain_keys.contains(k) => "plain",
+                _ if in_a.contains(k) => "a",
+                _ => "b",
+            };
+            (k.clone(), format!("{tag}-{k}"))
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "hits in the client's order, the miss left out"
+    );
+    let (b_keys, _) = read_since(&b, &before_b);
+    assert_eq!(
+        b_keys,
+        in_b.len() as u64 + 1,
+        "b is asked only for a's misses (error-or-miss)"
+    );
+}
