@@ -181,7 +181,7 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 // A view of the client's frame, unless it is a decoded base64 key.
                 key: match request.base64_key {
                     true => Bytes::copy_from_slice(key),
-                    false => request.frame.slice_ref(key),
+                    false => request.frame.slice(request.keys[0].clone()),
                 },
                 parts,
                 kind,
