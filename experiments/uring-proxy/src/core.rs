@@ -214,7 +214,9 @@ impl Core {
             }
         }
         if self.inflight.is_empty() && !input.is_empty() {
-            return Err(BackendBroken("bytes from the backend with no request waiting".into()));
+            return Err(BackendBroken(
+                "bytes from the backend with no request waiting".into(),
+            ));
         }
         Ok(())
     }
@@ -288,7 +290,10 @@ mod tests {
         let mut core = Core::new();
         let a = core.open_client();
         let b = core.open_client();
-        core.client_input(a, &mut buf(b"get k1\r\nbogus\r\nset k2 0 0 1 noreply\r\nx\r\nget k3\r\n"));
+        core.client_input(
+            a,
+            &mut buf(b"get k1\r\nbogus\r\nset k2 0 0 1 noreply\r\nx\r\nget k3\r\n"),
+        );
         core.client_input(b, &mut buf(b"get k4\r\n"));
         assert_eq!(
             &core.take_backend_output()[..],
@@ -300,7 +305,8 @@ mod tests {
 
         let mut replies =
             buf(b"VALUE k1 0 1\r\na\r\nEND\r\nSTORED\r\nEND\r\nVALUE k4 0 1\r\nb\r\nEND\r\n");
-        core.backend_input(&mut replies).expect("well-framed replies");
+        core.backend_input(&mut replies)
+            .expect("well-framed replies");
         assert!(replies.is_empty());
         core.take_ready(&mut ready);
         assert_eq!(ready, vec![a.index, b.index]);
@@ -321,7 +327,8 @@ mod tests {
         assert_eq!(c.index, a.index, "the slot is reused");
         core.client_input(c, &mut buf(b"get j\r\n"));
         let mut replies = buf(b"VALUE k 0 1\r\na\r\nEND\r\nEND\r\n");
-        core.backend_input(&mut replies).expect("well-framed replies");
+        core.backend_input(&mut replies)
+            .expect("well-framed replies");
         let (_, out, _) = core.take_output(c.index).expect("client c");
         assert_eq!(&out[..], b"END\r\n");
     }

@@ -18,7 +18,10 @@ enum Mode {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "uring-proxy", about = "epoll vs io_uring proxy loop experiment")]
+#[command(
+    name = "uring-proxy",
+    about = "epoll vs io_uring proxy loop experiment"
+)]
 struct Args {
     /// Address to listen on.
     #[arg(long)]
