@@ -34,6 +34,9 @@ struct Args {
     /// io_uring: create the ring without SINGLE_ISSUER | DEFER_TASKRUN.
     #[arg(long)]
     no_defer_taskrun: bool,
+    /// io_uring: multishot recv over provided buffers instead of one recv per read.
+    #[arg(long)]
+    multishot_recv: bool,
 }
 
 fn main() {
@@ -52,6 +55,7 @@ fn main() {
             args.backend,
             uring::Options {
                 defer_taskrun: !args.no_defer_taskrun,
+                multishot_recv: args.multishot_recv,
             },
         ),
     };

@@ -52,6 +52,91 @@ pub struct Options {
     /// IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN: completions are processed
     /// only when the loop enters the kernel to wait, never by interrupting it.
     pub defer_taskrun: bool,
+    /// One multishot recv per connection over a ring of provided buffers (the kernel picks a
+    /// buffer per completion; the bytes are copied into the connection's input and the
+    /// buffer goes straight back), instead of a single-shot recv re-armed after each read.
+    pub multishot_recv: bool,
+}
+
+/// Provided buffers: a page-aligned ring of `{addr, len, bid}` entries shared with the
+/// kernel, and the buffers themselves in one allocation that never moves.
+struct BufRing {
+    base: *mut types::BufRingEntry,
+    layout: std::alloc::Layout,
+    entries: u16,
+    /// Our copy of the tail; published to the kernel by `publish`.
+    tail: u16,
+    data: Box<[u8]>,
+}
+
+const BUF_GROUP: u16 = 0;
+const BUF_ENTRIES: u16 = 256;
+const BUF_SIZE: usize = 16 * 1024;
+
+impl BufRing {
+    fn new(ring: &IoUring) -> io::Result<BufRing> {
+        let layout = std::alloc::Layout::from_size_align(
+            BUF_ENTRIES as usize * std::mem::size_of::<types::BufRingEntry>(),
+            4096,
+        )
+        .map_err(io::Error::other)?;
+        // SAFETY: the layout has a non-zero size.
+        let base = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<types::BufRingEntry>();
+        if base.is_null() {
+            return Err(io::Error::other("out of memory for the buffer ring"));
+        }
+        let mut br = BufRing {
+            base,
+            layout,
+            entries: BUF_ENTRIES,
+            tail: 0,
+            data: vec![0u8; BUF_ENTRIES as usize * BUF_SIZE].into_boxed_slice(),
+        };
+        for bid in 0..BUF_ENTRIES {
+            br.give_back(bid);
+        }
+        br.publish();
+        // SAFETY: `base` is page-aligned, `entries` long, and lives as long as the ring
+        // (the `Loop` drops its ring before this `BufRing`).
+        unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(base as u64, BUF_ENTRIES, BUF_GROUP, 0)?
+        };
+        Ok(br)
+    }
+
+    /// Queues buffer `bid` for the kernel again (visible after `publish`).
+    fn give_back(&mut self, bid: u16) {
+        let slot = (self.tail & (self.entries - 1)) as usize;
+        // SAFETY: `slot` < `entries`; the kernel reads only entries up to the published tail.
+        let entry = unsafe { &mut *self.base.add(slot) };
+        entry.set_addr(self.data[bid as usize * BUF_SIZE..].as_ptr() as u64);
+        entry.set_len(BUF_SIZE as u32);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    fn publish(&self) {
+        // SAFETY: the tail field overlays the first entry's `resv`; the kernel reads it with
+        // acquire semantics, so a release store makes the entries written before it visible.
+        unsafe {
+            let tail = types::BufRingEntry::tail(self.base).cast_mut();
+            std::sync::atomic::AtomicU16::from_ptr(tail)
+                .store(self.tail, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    fn bytes(&self, bid: u16, len: usize) -> &[u8] {
+        let start = bid as usize * BUF_SIZE;
+        &self.data[start..start + len.min(BUF_SIZE)]
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; the ring that used it is gone.
+        unsafe { std::alloc::dealloc(self.base.cast(), self.layout) };
+    }
 }
 
 struct Conn {
@@ -81,7 +166,9 @@ impl Conn {
 }
 
 struct Loop {
+    /// Declared first: dropped (and so unregistered from the kernel) before `buffers`.
     ring: IoUring,
+    buffers: Option<BufRing>,
     core: Core,
     /// Clients by the core's slab index: a record stays until its last completion, and the
     /// core's index is freed only then, so the two never disagree.
@@ -99,8 +186,14 @@ pub fn run(listener: TcpListener, backend: SocketAddr, options: Options) -> io::
     let ring = builder.setup_cqsize(8192).build(4096)?;
     let upstream = TcpStream::connect(backend)?;
     upstream.set_nodelay(true)?;
+    let buffers = if options.multishot_recv {
+        Some(BufRing::new(&ring)?)
+    } else {
+        None
+    };
     let mut lp = Loop {
         ring,
+        buffers,
         core: Core::new(),
         clients: Vec::new(),
         backend: Conn::new(upstream, None),
@@ -130,6 +223,7 @@ pub fn run(listener: TcpListener, backend: SocketAddr, options: Options) -> io::
             let index = (user_data >> 2) as usize;
             match user_data & 3 {
                 OP_ACCEPT => lp.accepted(&listener, result, flags)?,
+                OP_RECV if lp.buffers.is_some() => lp.received_multishot(index, result, flags)?,
                 OP_RECV => lp.received(index, result)?,
                 OP_SEND => lp.sent(index, result)?,
                 _ => {}
@@ -186,11 +280,20 @@ impl Loop {
     }
 
     fn arm_recv(&mut self, index: usize) -> io::Result<()> {
+        let multishot = self.buffers.is_some();
         let Some(conn) = self.conn(index) else {
             return Ok(());
         };
         if conn.recv_inflight || conn.closing {
             return Ok(());
+        }
+        if multishot {
+            let entry = opcode::RecvMulti::new(types::Fd(conn.stream.as_raw_fd()), BUF_GROUP)
+                .build()
+                .user_data(token(index, OP_RECV));
+            conn.recv_inflight = true;
+            // SAFETY: the kernel writes only into provided buffers, which live as long as the ring.
+            return unsafe { self.push(entry) };
         }
         if conn.input.capacity() - conn.input.len() < READ_CHUNK / 4 {
             conn.input.reserve(READ_CHUNK);
@@ -240,6 +343,60 @@ impl Loop {
             }
         }
         self.arm_recv(index)
+    }
+
+    fn received_multishot(&mut self, index: usize, result: i32, flags: u32) -> io::Result<()> {
+        let more = cqueue::more(flags);
+        let bid = cqueue::buffer_select(flags);
+        let (Some(conn), Some(buffers)) = (
+            if index == BACKEND {
+                Some(&mut self.backend)
+            } else {
+                self.clients.get_mut(index).and_then(|c| c.as_mut())
+            },
+            self.buffers.as_mut(),
+        ) else {
+            return Ok(());
+        };
+        if let Some(bid) = bid {
+            if result > 0 {
+                conn.input
+                    .extend_from_slice(buffers.bytes(bid, result as usize));
+            }
+            buffers.give_back(bid); // published before the loop next enters the kernel
+        }
+        if !more {
+            conn.recv_inflight = false;
+        }
+        if result == -libc::ENOBUFS {
+            return self.arm_recv(index); // every buffer was taken: re-arm once they are back
+        }
+        if result <= 0 || conn.closing {
+            if index == BACKEND {
+                return Err(io::Error::other(format!(
+                    "backend connection ended (recv result {result})"
+                )));
+            }
+            return self.close(index);
+        }
+        if index == BACKEND {
+            self.core
+                .backend_input(&mut self.backend.input)
+                .map_err(|e| io::Error::other(e.0))?;
+        } else if let Some(id) = conn.id {
+            let mut input = std::mem::take(&mut conn.input);
+            self.core.client_input(id, &mut input);
+            if let Some(conn) = self.conn(index) {
+                conn.input = input;
+            }
+            if self.core.must_close(id) {
+                return self.close(index);
+            }
+        }
+        if !more {
+            return self.arm_recv(index);
+        }
+        Ok(())
     }
 
     fn sent(&mut self, index: usize, result: i32) -> io::Result<()> {
@@ -324,6 +481,9 @@ impl Loop {
 
     /// After a batch of completions: one send per client with output, one to the backend.
     fn flush(&mut self) -> io::Result<()> {
+        if let Some(buffers) = &self.buffers {
+            buffers.publish();
+        }
         let mut ready = std::mem::take(&mut self.ready);
         self.core.take_ready(&mut ready);
         for &index in &ready {

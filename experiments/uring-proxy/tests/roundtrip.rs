@@ -9,6 +9,7 @@ use memroute_uring_proxy::{epoll, uring};
 enum Mode {
     Epoll,
     Uring,
+    UringMultishot,
 }
 
 /// Starts the proxy on its own thread; it ends when its memcached goes away.
@@ -18,11 +19,12 @@ fn start_proxy(mode: Mode, backend: &Memcached) -> String {
     let backend: SocketAddr = backend.addr().parse().expect("memcached address");
     std::thread::spawn(move || match mode {
         Mode::Epoll => epoll::run(listener, backend),
-        Mode::Uring => uring::run(
+        Mode::Uring | Mode::UringMultishot => uring::run(
             listener,
             backend,
             uring::Options {
                 defer_taskrun: true,
+                multishot_recv: matches!(mode, Mode::UringMultishot),
             },
         ),
     });
@@ -85,4 +87,9 @@ fn epoll_loop_proxies_in_order() {
 #[test]
 fn uring_loop_proxies_in_order() {
     check(Mode::Uring);
+}
+
+#[test]
+fn uring_loop_with_multishot_recv_proxies_in_order() {
+    check(Mode::UringMultishot);
 }
