@@ -317,17 +317,32 @@ impl Loop {
             return Ok(());
         };
         conn.recv_inflight = false;
+        if result > 0 && !conn.closing {
+            // SAFETY: the kernel wrote `result` bytes into the spare capacity of this recv.
+            unsafe { conn.input.set_len(conn.input.len() + result as usize) };
+        }
+        if self.consume_input(index, result)? {
+            self.arm_recv(index)?;
+        }
+        Ok(())
+    }
+
+    /// After a recv completed with `result` (its bytes already in the connection's input):
+    /// ends the connection on end of stream or error, else feeds the core. Returns whether
+    /// the connection is still open.
+    fn consume_input(&mut self, index: usize, result: i32) -> io::Result<bool> {
+        let Some(conn) = self.conn(index) else {
+            return Ok(false);
+        };
         if result <= 0 || conn.closing {
             if index == BACKEND {
                 return Err(io::Error::other(format!(
                     "backend connection ended (recv result {result})"
                 )));
             }
-            return self.close(index);
+            self.close(index)?;
+            return Ok(false);
         }
-        let n = result as usize;
-        // SAFETY: the kernel wrote `n` bytes into the spare capacity handed to this recv.
-        unsafe { conn.input.set_len(conn.input.len() + n) };
         if index == BACKEND {
             self.core
                 .backend_input(&mut self.backend.input)
@@ -339,10 +354,11 @@ impl Loop {
                 conn.input = input;
             }
             if self.core.must_close(id) {
-                return self.close(index); // `quit`, or a stream that cannot be framed
+                self.close(index)?; // `quit`, or a stream that cannot be framed
+                return Ok(false);
             }
         }
-        self.arm_recv(index)
+        Ok(true)
     }
 
     fn received_multishot(&mut self, index: usize, result: i32, flags: u32) -> io::Result<()> {
@@ -371,30 +387,8 @@ impl Loop {
         if result == -libc::ENOBUFS {
             return self.arm_recv(index); // every buffer was taken: re-arm once they are back
         }
-        if result <= 0 || conn.closing {
-            if index == BACKEND {
-                return Err(io::Error::other(format!(
-                    "backend connection ended (recv result {result})"
-                )));
-            }
-            return self.close(index);
-        }
-        if index == BACKEND {
-            self.core
-                .backend_input(&mut self.backend.input)
-                .map_err(|e| io::Error::other(e.0))?;
-        } else if let Some(id) = conn.id {
-            let mut input = std::mem::take(&mut conn.input);
-            self.core.client_input(id, &mut input);
-            if let Some(conn) = self.conn(index) {
-                conn.input = input;
-            }
-            if self.core.must_close(id) {
-                return self.close(index);
-            }
-        }
-        if !more {
-            return self.arm_recv(index);
+        if self.consume_input(index, result)? && !more {
+            self.arm_recv(index)?;
         }
         Ok(())
     }
