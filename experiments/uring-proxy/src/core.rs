@@ -75,7 +75,15 @@ pub struct Core {
     limits: Limits,
     /// Requests forwarded (for the loop's own counters and the tests).
     pub forwarded: u64,
+    /// Non-empty outputs handed to the loop: backend writes and client writes (each is one
+    /// send), so the log shows how many requests each send carried.
+    backend_sends: u64,
+    client_sends: u64,
+    reported_at: u64,
 }
+
+/// A batching line is logged every this many forwarded requests.
+const REPORT_EVERY: u64 = 1 << 17;
 
 impl Core {
     pub fn new() -> Core {
@@ -236,6 +244,9 @@ impl Core {
     pub fn take_output(&mut self, index: usize) -> Option<(ClientId, BytesMut, bool)> {
         let c = self.clients.get_mut(index)?.as_mut()?;
         let close = c.close_after_flush && c.slots.is_empty();
+        if !c.out.is_empty() {
+            self.client_sends += 1;
+        }
         Some((
             ClientId {
                 index,
@@ -258,7 +269,28 @@ impl Core {
 
     /// Every request framed since the last call, as one buffer for one backend write.
     pub fn take_backend_output(&mut self) -> BytesMut {
+        if !self.backend_out.is_empty() {
+            self.backend_sends += 1;
+        }
         self.backend_out.split()
+    }
+
+    /// Every 2^17 forwarded requests: requests per backend send and per client send since
+    /// the last line (the loop prints it; the bench keeps the proxies' logs).
+    pub fn batching_report(&mut self) -> Option<String> {
+        if self.forwarded - self.reported_at < REPORT_EVERY {
+            return None;
+        }
+        let requests = (self.forwarded - self.reported_at) as f64;
+        let line = format!(
+            "batching: {:.2} requests per backend send, {:.2} per client send",
+            requests / self.backend_sends.max(1) as f64,
+            requests / self.client_sends.max(1) as f64
+        );
+        self.reported_at = self.forwarded;
+        self.backend_sends = 0;
+        self.client_sends = 0;
+        Some(line)
     }
 
     pub fn has_backend_output(&self) -> bool {

@@ -132,6 +132,9 @@ async fn backend_loop(mut upstream: TcpStream, shared: Rc<Shared>) -> io::Result
                 }
             }
         }
+        if let Some(line) = shared.core.borrow_mut().batching_report() {
+            eprintln!("{line}");
+        }
         let out = shared.core.borrow_mut().take_backend_output();
         if !out.is_empty() {
             upstream.write_all(&out).await?;

@@ -230,6 +230,9 @@ pub fn run(listener: TcpListener, backend: SocketAddr, options: Options) -> io::
             }
         }
         lp.flush()?;
+        if let Some(line) = lp.core.batching_report() {
+            eprintln!("{line}");
+        }
     }
 }
 
