@@ -191,12 +191,29 @@ impl Pending {
             Pending::Single { leg, .. } => leg.wait().await,
             Pending::Routed { routed, .. } => routed.wait().await,
             Pending::MultiGet(multi) => {
-                for leg in &mut multi.legs {
-                    leg.wait().await;
-                }
-                for routed in &mut multi.routed {
-                    routed.wait().await;
-                }
+                let MultiGet { legs, routed, .. } = &mut **multi;
+                let mut legs = std::pin::pin!(async {
+                    for leg in legs.iter_mut() {
+                        leg.wait().await;
+                    }
+                });
+                // The routed groups are polled alongside the legs, not after them: a
+                // failover's next child must not wait for the plain pools' batches.
+                let mut legs_done = false;
+                std::future::poll_fn(|context| {
+                    let mut done = true;
+                    for routed in routed.iter_mut() {
+                        done &= routed.poll(context).is_ready();
+                    }
+                    if !legs_done {
+                        legs_done = legs.as_mut().poll(context).is_ready();
+                    }
+                    match done && legs_done {
+                        true => std::task::Poll::Ready(()),
+                        false => std::task::Poll::Pending,
+                    }
+                })
+                .await
             }
             Pending::Fanout(fanout) => {
                 for leg in &mut fanout.legs {
