@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::RequestWriter;
 use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node};
@@ -290,26 +291,8 @@ fn compact_head(request: &Request) -> Bytes {
 }
 
 fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
-    let count = request.keys.len();
     let operation = operation_of(&request);
     let routes = &routing.routes;
-    let targets: SmallVec<[KeyTarget; 32]> = request
-        .keys()
-        .map(|key| {
-            let node = routes.select(routes.root(), operation, key);
-            // One count per key, as cmd_get counts keys.
-            routing.metrics.count(node as usize, request.command);
-            match routes.node(node) {
-                &Node::Pool(pool) => match routing.server_for(pool, key) {
-                    Some(server) => KeyTarget::Server(pool as u32, server as u32),
-                    None => KeyTarget::Nowhere(pool as u32),
-                },
-                _ => KeyTarget::Executor,
-            }
-        })
-        .collect();
-    let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![multiget::UNASSIGNED; count];
-    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
     let head = compact_head(&request);
     let head = &head[..];
     // gat/gats lines must stay under memcached's line limit (get/gets lines may be longer).
@@ -318,32 +301,64 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     } else {
         usize::MAX
     };
-    let mut frame = BytesMut::new();
+    // Where each key goes, decided as the plan's one pass reaches it.
+    let targets = request.keys().map(|key| {
+        let node = routes.select(routes.root(), operation, key);
+        // One count per key, as cmd_get counts keys.
+        routing.metrics.count(node as usize, request.command);
+        let target = match routes.node(node) {
+            &Node::Pool(pool) => match routing.server_for(pool, key) {
+                Some(server) => KeyTarget::Server(pool as u32, server as u32),
+                None => KeyTarget::Nowhere(pool as u32),
+            },
+            _ => KeyTarget::Executor,
+        };
+        (key, target)
+    });
+    let mut key_leg = multiget::KeyLegs::new();
+    key_leg.reserve_exact(request.keys.len());
+    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
+    // The batch line each open leg is writing, straight into its connection's outgoing
+    // buffer (indexed like `legs`; taken when the leg is sent). A writer dropped unsent
+    // (the plan stopped) takes its bytes back out.
+    let mut writers: SmallVec<[Option<RequestWriter<'_>>; 4]> = SmallVec::new();
     let planned = multiget::plan(
-        &targets,
-        |i| request.keys[i].len(),
+        targets,
         head.len(),
         byte_cap,
         |pool| routing.pools[pool].max_keys_per_request,
         &mut key_leg,
         |step| match step {
-            Step::Executor { key } => legs.push(execute_one_key(
-                routing, slot, &request, head, operation, key,
-            )),
-            Step::Open { key, keys_hint } => {
-                frame.reserve(head.len() + keys_hint * 16 + 2);
-                frame.put_slice(head);
-                frame.put_slice(request.key(key));
+            Step::Open {
+                pool, server, key, ..
+            } => {
+                let mut writer = routing.pools[pool].servers[server].pick(slot).writer();
+                writer.append(head);
+                writer.append(key);
+                writers.push(Some(writer));
+                legs.push(Leg::writing(pool, server, routing.metrics.now()));
             }
-            Step::Add { key } => {
-                frame.put_u8(b' ');
-                frame.put_slice(request.key(key));
+            Step::Add { leg, key } => {
+                if let Some(writer) = &mut writers[leg] {
+                    writer.append(b" ");
+                    writer.append(key);
+                }
             }
-            Step::Close { pool, server } => {
-                legs.push(send_batch(routing, slot, &mut frame, pool, server))
+            Step::Close { leg } => {
+                if let Some(mut writer) = writers[leg].take() {
+                    writer.append(b"\r\n");
+                    legs[leg].sent(writer.finish(ReplyKind::Retrieval));
+                }
+            }
+            Step::Executor { key, .. } => {
+                writers.push(None);
+                legs.push(execute_one_key(
+                    routing, slot, &request, head, operation, key,
+                ));
             }
         },
     );
+    drop(writers);
     if let Err(pool) = planned {
         return no_servers_reply(routing, pool);
     }
@@ -362,9 +377,8 @@ fn execute_one_key(
     request: &Request,
     head: &[u8],
     operation: Operation,
-    index: usize,
+    key: &[u8],
 ) -> Leg {
-    let key = request.key(index);
     let node = routing.routes.select(routing.routes.root(), operation, key);
     let mut frame = BytesMut::with_capacity(head.len() + key.len() + 2);
     frame.put_slice(head);
@@ -384,20 +398,6 @@ fn execute_one_key(
         node,
         routing.metrics.now(),
     )
-}
-
-/// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
-fn send_batch(
-    snapshot: &RouteSnapshot,
-    slot: usize,
-    frame: &mut BytesMut,
-    pool: usize,
-    server: usize,
-) -> Leg {
-    frame.put_slice(b"\r\n");
-    let connection = snapshot.pools[pool].servers[server].pick(slot);
-    let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
-    Leg::new(receiver, pool, server, snapshot.metrics.now())
 }
 
 fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {

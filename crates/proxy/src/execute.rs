@@ -5,7 +5,7 @@
 //!   dispatch: route is a plain pool? --yes--> fast path (dispatch.rs, no task, no allocation)
 //!                 | no
 //!                 v
-//!   spawn(node, job) -> local task: run(node) -> oneshot reply -> the session's pending FIFO
+//!   spawn(node, job) -> local task: run(node) -> reply slot -> the session's pending FIFO
 //!                         |  Prefix/Operation: select a child and go on
 //!                         |  Shadow: copy to the shadow target (its own task), go on with primary
 //!                         |  Replicated/Failover/WarmUp: run children, decide (routing::policy)
@@ -21,11 +21,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::{reply_slot, ReplyReceiver};
 use memroute_config::{FailoverOn, Operation, ReadPolicy, WritePolicy};
 use memroute_protocol::{Command, ReplyKind};
 use memroute_routing::{classify_reply, write_decision, Node, NodeId, ReplyClass, WriteDecision};
 use rand::Rng;
-use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use crate::reply::{connection_gone, immediate_ack, null_reply, FlushAllMerge, Reply};
@@ -48,16 +48,12 @@ pub(crate) struct Job {
 }
 
 /// Runs `job` from `node` on a task of its own; the reply arrives on the receiver.
-pub(crate) fn spawn(
-    routing: &Rc<RouteSnapshot>,
-    node: NodeId,
-    job: Job,
-) -> oneshot::Receiver<Reply> {
-    let (sender, receiver) = oneshot::channel();
+pub(crate) fn spawn(routing: &Rc<RouteSnapshot>, node: NodeId, job: Job) -> ReplyReceiver {
+    let (sender, receiver) = reply_slot();
     let routing = routing.clone();
     tokio::task::spawn_local(eager(async move {
         let reply = run(routing, node, Rc::new(job)).await;
-        let _ = sender.send(reply);
+        sender.send(reply);
     }));
     receiver
 }
