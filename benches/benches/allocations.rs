@@ -223,7 +223,12 @@ fn main() {
             ("get, 1 key (hit)", &get, b"END\r\n", REQUESTS),
             ("set, 64-byte value", &set, b"STORED\r\n", REQUESTS),
             ("get, 20 keys", &multi, b"END\r\n", REQUESTS),
-            ("get, 10,000 keys (misses)", &huge, b"END\r\n", HUGE_REQUESTS),
+            (
+                "get, 10,000 keys (misses)",
+                &huge,
+                b"END\r\n",
+                HUGE_REQUESTS,
+            ),
         ];
         for (label, request, end, requests) in cases {
             let counted = count(&mut stream, request, end, requests);

@@ -163,7 +163,11 @@ fn ten_thousand_key_get_and_gat_over_four_servers_return_every_value_in_order() 
     let hit_set: std::collections::HashSet<&str> = hits.iter().map(String::as_str).collect();
     // Every server holds some of them: the request really is split four ways.
     for server in &servers {
-        assert!(server.stat("curr_items") > 0, "{} holds no key", server.addr());
+        assert!(
+            server.stat("curr_items") > 0,
+            "{} holds no key",
+            server.addr()
+        );
     }
     let expected = expected_reply(&keys, &hit_set);
     // gat lines are cut at memcached's 2048-byte line limit per server batch, get lines
