@@ -10,31 +10,51 @@
 //! `cargo bench -p memroute-benches --bench allocations` (needs `memcached` on PATH).
 //!
 //! Targets (issue 10): 0 per single-key request in steady state, at most 1 per server leg
-//! of a multi-get.
+//! of a multi-get. For a 10,000-key `get` (issue 13: served while holding the line only
+//! once) it also reports the peak of live heap bytes above the level before the window,
+//! per key: every key misses, so no value bytes are counted, only the line, its parsed
+//! keys, the per-key bookkeeping and the sub-requests.
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Counts allocations and forwards everything to the system allocator. `GlobalAlloc` is
-/// an unsafe trait; this impl adds nothing but a relaxed counter increment.
+/// Counts allocations and live bytes, and forwards everything to the system allocator.
+/// `GlobalAlloc` is an unsafe trait; this impl adds nothing but relaxed counter updates.
 struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Heap bytes allocated and not yet freed, and the most of them seen since `PEAK` was reset.
+static LIVE: AtomicI64 = AtomicI64::new(0);
+static PEAK: AtomicI64 = AtomicI64::new(0);
+
+fn grew(bytes: usize) {
+    let live = LIVE.fetch_add(bytes as i64, Ordering::Relaxed) + bytes as i64;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+fn shrank(bytes: usize) {
+    LIVE.fetch_sub(bytes as i64, Ordering::Relaxed);
+}
 
 #[allow(unsafe_code)]
 // SAFETY: every method forwards to `System` with the caller's own arguments.
 unsafe impl std::alloc::GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        grew(layout.size());
         unsafe { std::alloc::System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        shrank(layout.size());
         unsafe { std::alloc::System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // Counted as the new block before the old one goes: realloc may copy.
+        grew(size);
+        shrank(layout.size());
         unsafe { std::alloc::System.realloc(ptr, layout, size) }
     }
 }
@@ -43,6 +63,9 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 const REQUESTS: usize = 20_000;
+/// Keys of the large multi-get, and how many of them are sent.
+const HUGE: usize = 10_000;
+const HUGE_REQUESTS: usize = 200;
 
 struct Memcached(Child);
 
@@ -86,23 +109,41 @@ fn round_trip(stream: &mut TcpStream, request: &[u8], end: &[u8], buffer: &mut [
     }
 }
 
-/// Allocations per request over `REQUESTS` round trips, and the idle rate over as long.
-fn count(stream: &mut TcpStream, request: &[u8], end: &[u8]) -> (f64, f64) {
+/// What one kind of request cost over its measured window.
+struct Counted {
+    /// Allocations per request.
+    busy: f64,
+    /// Allocations per request-time while idle (background work).
+    idle: f64,
+    /// Peak live heap bytes above the level before the window.
+    peak: i64,
+}
+
+/// Allocations per request over `requests` round trips (after a tenth as many of warm-up),
+/// the idle rate over as long, and the peak of live bytes in the window.
+fn count(stream: &mut TcpStream, request: &[u8], end: &[u8], requests: usize) -> Counted {
     let mut buffer = vec![0u8; 1 << 20];
-    for _ in 0..2_000 {
+    for _ in 0..requests / 10 {
         round_trip(stream, request, end, &mut buffer);
     }
+    let base = LIVE.load(Ordering::Relaxed);
+    PEAK.store(base, Ordering::Relaxed);
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     let started = Instant::now();
-    for _ in 0..REQUESTS {
+    for _ in 0..requests {
         round_trip(stream, request, end, &mut buffer);
     }
     let elapsed = started.elapsed();
     let busy = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let peak = PEAK.load(Ordering::Relaxed) - base;
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     std::thread::sleep(elapsed);
     let idle = ALLOCATIONS.load(Ordering::Relaxed) - before;
-    (busy as f64 / REQUESTS as f64, idle as f64 / REQUESTS as f64)
+    Counted {
+        busy: busy as f64 / requests as f64,
+        idle: idle as f64 / requests as f64,
+        peak,
+    }
 }
 
 fn main() {
@@ -166,7 +207,7 @@ fn main() {
             .and_then(|p| p.parse().ok())
             .expect("proxy port");
         let mut stream = connect(port);
-        let mut buffer = vec![0u8; 1 << 16];
+        let mut buffer = vec![0u8; 1 << 20];
         let keys: Vec<String> = (0..20).map(|i| format!("alloc:key:{i}")).collect();
         for key in &keys {
             let set = format!("set {key} 0 0 64\r\n{}\r\n", "v".repeat(64));
@@ -175,17 +216,37 @@ fn main() {
         let get = b"get alloc:key:0\r\n".to_vec();
         let set = format!("set alloc:key:0 0 0 64\r\n{}\r\n", "v".repeat(64)).into_bytes();
         let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
-        let cases: [(&str, &[u8], &[u8]); 3] = [
-            ("get, 1 key (hit)", &get, b"END\r\n"),
-            ("set, 64-byte value", &set, b"STORED\r\n"),
-            ("get, 20 keys", &multi, b"END\r\n"),
+        // Keys nobody set: the reply is END, so the peak is the request's own bytes.
+        let huge_keys: Vec<String> = (0..HUGE).map(|i| format!("absent:{i}")).collect();
+        let huge = format!("get {}\r\n", huge_keys.join(" ")).into_bytes();
+        let cases: [(&str, &[u8], &[u8], usize); 4] = [
+            ("get, 1 key (hit)", &get, b"END\r\n", REQUESTS),
+            ("set, 64-byte value", &set, b"STORED\r\n", REQUESTS),
+            ("get, 20 keys", &multi, b"END\r\n", REQUESTS),
+            (
+                "get, 10,000 keys (misses)",
+                &huge,
+                b"END\r\n",
+                HUGE_REQUESTS,
+            ),
         ];
-        for (label, request, end) in cases {
-            let (busy, idle) = count(&mut stream, request, end);
+        for (label, request, end, requests) in cases {
+            let counted = count(&mut stream, request, end, requests);
             println!(
-                "{:<44}{busy:>14.2}{idle:>20.2}",
-                format!("{label} [{name}]")
+                "{:<44}{:>14.2}{:>20.2}",
+                format!("{label} [{name}]"),
+                counted.busy,
+                counted.idle
             );
+            if request.len() == huge.len() {
+                println!(
+                    "    line {} bytes; peak live heap above the start of the window: {} bytes ({:.1} per key, {:.2}x the line)",
+                    huge.len(),
+                    counted.peak,
+                    counted.peak as f64 / HUGE as f64,
+                    counted.peak as f64 / huge.len() as f64
+                );
+            }
         }
         drop(stream);
         proxy.shutdown();

@@ -130,3 +130,64 @@ fn a_line_that_long_which_is_not_a_retrieval_is_still_refused() {
     other.set("after", b"ok");
     assert_eq!(other.get("after").as_deref(), Some(&b"ok"[..]));
 }
+
+/// The reply memcached gives for `keys` when the keys in `hits` hold `value-of-<key>`
+/// (flags 0): their values in the client's order, then END.
+fn expected_reply(keys: &[String], hits: &std::collections::HashSet<&str>) -> Vec<u8> {
+    let mut reply = Vec::new();
+    for key in keys.iter().filter(|k| hits.contains(k.as_str())) {
+        let value = format!("value-of-{key}");
+        reply.extend_from_slice(format!("VALUE {key} 0 {}\r\n{value}\r\n", value.len()).as_bytes());
+    }
+    reply.extend_from_slice(b"END\r\n");
+    reply
+}
+
+#[test]
+fn ten_thousand_key_get_and_gat_over_four_servers_return_every_value_in_order() {
+    let servers: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let addresses: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let listen = format!("127.0.0.1:{}", free_port());
+    // md5 spreads short sequential keys over all four servers (fnv1a_64 bunches them).
+    let proxy = Memroute::start(&pool_config(&listen, &addresses, "ketama", "md5", ""));
+    let keys = keys();
+    // Two keys of every three are hits, set through memroute (so they land where it routes).
+    let hits: Vec<String> = keys
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 0)
+        .map(|(_, k)| k.clone())
+        .collect();
+    let mut client = proxy.connect();
+    client.set_many(&hits, |k| format!("value-of-{k}"));
+    let hit_set: std::collections::HashSet<&str> = hits.iter().map(String::as_str).collect();
+    // Every server holds some of them: the request really is split four ways.
+    for server in &servers {
+        assert!(
+            server.stat("curr_items") > 0,
+            "{} holds no key",
+            server.addr()
+        );
+    }
+    let expected = expected_reply(&keys, &hit_set);
+    // gat lines are cut at memcached's 2048-byte line limit per server batch, get lines
+    // at max_keys_per_request only; both come back whole and in the client's order.
+    for command in ["get", "gat 0"] {
+        let line = format!("{command} {}\r\n", keys.join(" "));
+        let reply = ask(&mut client, line.as_bytes());
+        assert!(
+            reply == expected,
+            "{command} of {KEYS} keys over 4 servers: {} bytes, expected {}; starts {}",
+            reply.len(),
+            expected.len(),
+            show(&reply[..reply.len().min(200)])
+        );
+        println!(
+            "large multi-get: {command} of {KEYS} keys over 4 servers: {} values in order ({} bytes)",
+            hits.len(),
+            reply.len()
+        );
+    }
+    // The connection carries on.
+    assert_eq!(client.get("key1").as_deref(), Some(&b"value-of-key1"[..]));
+}

@@ -1,20 +1,19 @@
 //! One pipelined connection to one memcached server, owned by one worker thread.
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use memroute_net::{Connector, NetError, Stream};
 use memroute_protocol::{parse_reply, Limits, ReplyKind, ReplyParse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::reply::{reply_slot, ReplyReceiver, ReplySender};
 use crate::{BackendError, ServerHealth};
-
-/// Where the reply to one request goes.
-pub type ReplySlot = oneshot::Sender<Result<Bytes, BackendError>>;
 
 /// How one connection behaves; built from the pool's config.
 #[derive(Debug, Clone)]
@@ -68,50 +67,178 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// rate rather than one connect per connection per backoff from every worker.
 const DOWN_RETRY: Duration = Duration::from_secs(30);
 
-/// A request queued for the connection task.
+/// A request written into the outgoing buffer whose bytes the writer has not taken yet.
 #[derive(Debug)]
 struct Queued {
-    /// Bytes to send: a frame, possibly in two pieces (a `noreply` token cut out).
-    parts: (Bytes, Option<Bytes>),
     kind: ReplyKind,
-    reply: ReplySlot,
+    reply: ReplySender,
 }
 
 /// A request written to the server whose reply has not been read yet.
 #[derive(Debug)]
 struct InFlight {
     kind: ReplyKind,
-    reply: ReplySlot,
+    reply: ReplySender,
     sent_at: Instant,
 }
 
-/// The sending side of a connection, cloned into every session of the worker.
-#[derive(Debug, Clone)]
+/// What the handles of one connection (every session of its worker) share with its task.
+/// One thread: plain cells, and no borrow is ever held across an `.await`.
+#[derive(Default)]
+struct Shared {
+    /// Requests not written yet, back to back, exactly as they go on the wire. Sessions
+    /// append to it; the writer swaps it for its own (empty) buffer and writes that, so
+    /// two buffers take turns and steady traffic allocates nothing.
+    outgoing: RefCell<BytesMut>,
+    /// The reply kind and slot of each request in `outgoing`, in the same order.
+    queued: RefCell<VecDeque<Queued>>,
+    /// A `RequestWriter` is appending a request: the writer leaves `outgoing` alone until
+    /// it is finished, and nothing else may be queued meanwhile.
+    open: Cell<bool>,
+    /// Wakes the connection task: requests were queued, or the last handle went.
+    wake: LocalNotify,
+    /// Live `BackendHandle`s; at 0 the task ends.
+    handles: Cell<usize>,
+    /// Set between connections (connect failed, connection lost, waiting out the
+    /// backoff): requests fail at once with this reason instead of queueing.
+    not_connected: RefCell<Option<Arc<str>>>,
+}
+
+impl Shared {
+    /// Fails every queued, unwritten request with `error()` and drops their bytes.
+    fn fail_queued(&self, error: impl Fn() -> BackendError) {
+        self.outgoing.borrow_mut().clear();
+        loop {
+            // Popped in a borrow of its own: answering wakes a session, never re-enters.
+            let Some(queued) = self.queued.borrow_mut().pop_front() else {
+                break;
+            };
+            queued.reply.send(Err(error()));
+        }
+    }
+}
+
+/// A single-thread `Notify` for one waiting task: a flag and the task's waker.
+#[derive(Default)]
+struct LocalNotify {
+    notified: Cell<bool>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl LocalNotify {
+    fn notify(&self) {
+        self.notified.set(true);
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// Completes once `notify` was called since the last completion.
+    fn notified(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |context| {
+            if self.notified.replace(false) {
+                return Poll::Ready(());
+            }
+            let waker = match self.waker.take() {
+                Some(waker) if waker.will_wake(context.waker()) => waker,
+                _ => context.waker().clone(),
+            };
+            self.waker.set(Some(waker));
+            Poll::Pending
+        })
+    }
+}
+
+/// The sending side of a connection, cloned into every session of the worker (it is not
+/// `Send`: a connection belongs to its worker thread).
 pub struct BackendHandle {
-    queue: mpsc::UnboundedSender<Queued>,
+    shared: Rc<Shared>,
     address: Arc<str>,
     health: Arc<ServerHealth>,
 }
 
+impl Clone for BackendHandle {
+    fn clone(&self) -> BackendHandle {
+        self.shared.handles.set(self.shared.handles.get() + 1);
+        BackendHandle {
+            shared: self.shared.clone(),
+            address: self.address.clone(),
+            health: self.health.clone(),
+        }
+    }
+}
+
+impl Drop for BackendHandle {
+    fn drop(&mut self) {
+        let handles = self.shared.handles.get().saturating_sub(1);
+        self.shared.handles.set(handles);
+        if handles == 0 {
+            self.shared.wake.notify();
+        }
+    }
+}
+
+impl std::fmt::Debug for BackendHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendHandle")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
 impl BackendHandle {
-    /// Queues a request; its reply (or the reason there is none) arrives on the receiver.
-    pub fn send(
-        &self,
-        parts: (Bytes, Option<Bytes>),
-        kind: ReplyKind,
-    ) -> oneshot::Receiver<Result<Bytes, BackendError>> {
-        let (reply, receiver) = oneshot::channel();
-        if self.health.is_down() {
-            let _ = reply.send(Err(self.down_error()));
-            return receiver;
+    /// Queues a request (a frame, possibly in two pieces: a `noreply` token cut out); its
+    /// reply (or the reason there is none) arrives on the receiver.
+    pub fn send(&self, parts: (Bytes, Option<Bytes>), kind: ReplyKind) -> ReplyReceiver {
+        let mut request = self.writer();
+        request.append(&parts.0);
+        if let Some(rest) = &parts.1 {
+            request.append(rest);
         }
-        if let Err(mpsc::error::SendError(queued)) = self.queue.send(Queued { parts, kind, reply })
-        {
-            let _ = queued.reply.send(Err(BackendError::Closed {
+        request.finish(kind)
+    }
+
+    /// Queues a request whose bytes `write` appends to the connection's outgoing buffer
+    /// (nothing else may be sent on this handle from inside `write`).
+    pub fn send_with(&self, kind: ReplyKind, write: impl FnOnce(&mut BytesMut)) -> ReplyReceiver {
+        let mut request = self.writer();
+        if let Some(outgoing) = request.outgoing() {
+            write(&mut outgoing.borrow_mut());
+        }
+        request.finish(kind)
+    }
+
+    /// Starts a request written piece by piece straight into the connection's outgoing
+    /// buffer (a multi-get appends its keys as it routes them). Until it is finished or
+    /// dropped nothing else may be sent on this handle; the writer will not take a
+    /// request half written. Sending again meanwhile fails that other request (with
+    /// `Closed`: a bug in the caller, never interleaved bytes on the wire).
+    pub fn writer(&self) -> RequestWriter<'_> {
+        let refused = match () {
+            _ if self.health.is_down() => Some(self.down_error()),
+            _ if self.shared.open.get() => Some(BackendError::Closed {
                 server: self.address.clone(),
-            }));
+            }),
+            _ => self.shared.not_connected.borrow().as_ref().map(|reason| {
+                BackendError::NotConnected {
+                    server: self.address.clone(),
+                    reason: reason.clone(),
+                }
+            }),
+        };
+        let start = match refused {
+            Some(_) => 0,
+            None => {
+                self.shared.open.set(true);
+                self.shared.outgoing.borrow().len()
+            }
+        };
+        RequestWriter {
+            shared: &self.shared,
+            refused,
+            start,
+            finished: false,
         }
-        receiver
     }
 
     pub fn address(&self) -> &Arc<str> {
@@ -127,6 +254,83 @@ impl BackendHandle {
     }
 }
 
+/// One request being appended to a connection's outgoing buffer; see
+/// [`BackendHandle::writer`]. Dropped unfinished, its bytes are taken back out.
+pub struct RequestWriter<'a> {
+    shared: &'a Shared,
+    /// Why the request fails at once (server down, no connection): appends are dropped
+    /// and `finish` returns this error.
+    refused: Option<BackendError>,
+    /// Where this request's bytes start in the outgoing buffer.
+    start: usize,
+    finished: bool,
+}
+
+impl std::fmt::Debug for RequestWriter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestWriter")
+            .field("refused", &self.refused)
+            .field("start", &self.start)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestWriter<'_> {
+    /// Appends bytes of the request.
+    #[inline]
+    pub fn append(&mut self, bytes: &[u8]) {
+        if self.refused.is_none() {
+            self.shared.outgoing.borrow_mut().extend_from_slice(bytes);
+        }
+    }
+
+    /// How many bytes of the request are written so far (0 when it is refused).
+    pub fn len(&self) -> usize {
+        match self.refused {
+            Some(_) => 0,
+            None => self.shared.outgoing.borrow().len() - self.start,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The outgoing buffer, for writing into directly; `None` when the request is refused.
+    fn outgoing(&mut self) -> Option<&RefCell<BytesMut>> {
+        match self.refused {
+            Some(_) => None,
+            None => Some(&self.shared.outgoing),
+        }
+    }
+
+    /// Queues the request as written; its reply comes on the receiver.
+    pub fn finish(mut self, kind: ReplyKind) -> ReplyReceiver {
+        self.finished = true;
+        if let Some(error) = self.refused.take() {
+            return ReplyReceiver::ready(Err(error));
+        }
+        let (reply, receiver) = reply_slot();
+        self.shared
+            .queued
+            .borrow_mut()
+            .push_back(Queued { kind, reply });
+        self.shared.open.set(false);
+        // Only the first request of a batch finds the task's waker; the rest set a flag.
+        self.shared.wake.notify();
+        receiver
+    }
+}
+
+impl Drop for RequestWriter<'_> {
+    fn drop(&mut self) {
+        if !self.finished && self.refused.is_none() {
+            self.shared.outgoing.borrow_mut().truncate(self.start);
+            self.shared.open.set(false);
+        }
+    }
+}
+
 fn down_error(address: &Arc<str>, health: &ServerHealth) -> BackendError {
     BackendError::Down {
         server: address.clone(),
@@ -137,18 +341,19 @@ fn down_error(address: &Arc<str>, health: &ServerHealth) -> BackendError {
 /// Starts the connection task on the current `LocalSet` and returns its handle.
 /// The task connects at once and lives until every handle is dropped.
 pub fn spawn_connection(settings: ConnectionSettings) -> BackendHandle {
-    let (queue, receiver) = mpsc::unbounded_channel();
+    let shared = Rc::new(Shared::default());
+    shared.handles.set(1);
     let handle = BackendHandle {
-        queue,
+        shared: shared.clone(),
         address: settings.address.clone(),
         health: settings.health.clone(),
     };
-    tokio::task::spawn_local(run(settings, receiver));
+    tokio::task::spawn_local(run(settings, shared));
     handle
 }
 
 /// Connect, serve until the connection breaks, fail fast during backoff, repeat.
-async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Queued>) {
+async fn run(settings: ConnectionSettings, shared: Rc<Shared>) {
     let health = &settings.health;
     let mut backoff = settings.backoff_min;
     loop {
@@ -156,7 +361,7 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
             Ok(stream) => {
                 tracing::debug!(server = %settings.address, tls = stream.is_tls(), "backend connected");
                 health.connection_opened();
-                let (outcome, answered) = serve(&settings, stream, &mut queue).await;
+                let (outcome, answered) = serve(&settings, stream, &shared).await;
                 health.connection_closed();
                 // Only a server that answered is healthy: one that accepts connections but
                 // never replies (stopped, overloaded) keeps backing off.
@@ -164,7 +369,12 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
                     backoff = settings.backoff_min;
                 }
                 match outcome {
-                    None => return,
+                    None => {
+                        shared.fail_queued(|| BackendError::Closed {
+                            server: settings.address.clone(),
+                        });
+                        return;
+                    }
                     Some(error) => {
                         tracing::warn!(server = %settings.address, %error, "backend connection lost");
                         error.reason()
@@ -191,8 +401,18 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
         };
         tracing::debug!(server = %settings.address, %reason, retry_in = ?backoff, "backend down");
         // Until the next attempt, requests fail at once rather than queue behind a dead
-        // server. A server the prober brings back is reconnected at once, not after the
-        // rest of a backoff that may have grown to seconds.
+        // server: those queued while connecting (or not yet written when the connection
+        // broke) now, later ones as they are sent. A server the prober brings back is
+        // reconnected at once, not after the rest of a backoff that may have grown to
+        // seconds.
+        *shared.not_connected.borrow_mut() = Some(reason.clone());
+        shared.fail_queued(|| match health.is_down() {
+            true => down_error(&settings.address, health),
+            false => BackendError::NotConnected {
+                server: settings.address.clone(),
+                reason: reason.clone(),
+            },
+        });
         let retry_at = Instant::now()
             + match health.is_down() {
                 true => DOWN_RETRY,
@@ -201,24 +421,17 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
         let recovered = health.wait_recovered();
         tokio::pin!(recovered);
         let woke_early = loop {
+            if shared.handles.get() == 0 {
+                return;
+            }
             tokio::select! {
                 _ = tokio::time::sleep_until(retry_at) => break false,
                 _ = &mut recovered => break true,
-                queued = queue.recv() => match queued {
-                    Some(queued) => {
-                        let error = match health.is_down() {
-                            true => down_error(&settings.address, health),
-                            false => BackendError::NotConnected {
-                                server: settings.address.clone(),
-                                reason: reason.clone(),
-                            },
-                        };
-                        let _ = queued.reply.send(Err(error));
-                    }
-                    None => return,
-                },
+                // The last handle went (requests themselves fail in `writer()` now).
+                _ = shared.wake.notified() => {}
             }
         };
+        *shared.not_connected.borrow_mut() = None;
         backoff = match woke_early {
             true => settings.backoff_min,
             false => (backoff * 2).min(settings.backoff_max),
@@ -227,12 +440,12 @@ async fn run(settings: ConnectionSettings, mut queue: mpsc::UnboundedReceiver<Qu
 }
 
 /// What the writer and reader halves of one connection share.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Link {
     in_flight: RefCell<VecDeque<InFlight>>,
     /// Wakes an idle reader when the writer sends the first request after a quiet spell,
     /// so an idle connection needs no timer at all.
-    wake_reader: Notify,
+    wake_reader: LocalNotify,
     /// At least one reply was read on this connection.
     answered: Cell<bool>,
 }
@@ -243,13 +456,13 @@ struct Link {
 async fn serve(
     settings: &ConnectionSettings,
     mut stream: Stream,
-    queue: &mut mpsc::UnboundedReceiver<Queued>,
+    shared: &Shared,
 ) -> (Option<BackendError>, bool) {
     let link = Link::default();
     let in_flight = &link.in_flight;
     let (read_half, write_half) = stream.split();
     let outcome = tokio::select! {
-        outcome = write_requests(settings, write_half, queue, &link) => outcome,
+        outcome = write_requests(settings, write_half, shared, &link) => outcome,
         outcome = read_replies(settings, read_half, &link) => outcome,
     };
     let error = match outcome {
@@ -271,7 +484,7 @@ async fn serve(
         settings.health.record_failure(&error.reason());
     }
     for request in in_flight.take() {
-        let _ = request.reply.send(Err(error.clone()));
+        request.reply.send(Err(error.clone()));
     }
     let answered = link.answered.get();
     match outcome_is_shutdown(&error) {
@@ -284,41 +497,50 @@ fn outcome_is_shutdown(error: &BackendError) -> bool {
     matches!(error, BackendError::Closed { .. })
 }
 
-/// Largest batch written with one syscall; more queued requests go in the next write.
-const MAX_WRITE_BATCH: usize = 256 * 1024;
+/// A write buffer grown past this by a burst is not kept for the next one.
+const KEEP_WRITE_BUFFER: usize = 1024 * 1024;
 
 async fn write_requests(
     settings: &ConnectionSettings,
     mut socket: memroute_net::WriteHalf<'_>,
-    queue: &mut mpsc::UnboundedReceiver<Queued>,
+    shared: &Shared,
     link: &Link,
 ) -> Result<(), BackendError> {
     let in_flight = &link.in_flight;
-    let mut batch = BytesMut::with_capacity(16 * 1024);
+    // Swapped with `shared.outgoing` for each write: the two buffers take turns.
+    let mut batch = BytesMut::new();
     loop {
-        let Some(first) = queue.recv().await else {
-            return Ok(());
-        };
+        loop {
+            if shared.handles.get() == 0 {
+                return Ok(());
+            }
+            // A request half written (a writer held across an await) is never taken.
+            if !shared.open.get() && !shared.queued.borrow().is_empty() {
+                break;
+            }
+            shared.wake.notified().await;
+        }
         if settings.health.is_down() {
             // Queued before the server was marked down (maybe by another worker): fail
             // them unsent rather than write them to a server judged dead.
-            fail_down(settings, first);
-            while let Ok(queued) = queue.try_recv() {
-                fail_down(settings, queued);
-            }
+            shared.fail_queued(|| down_error(&settings.address, &settings.health));
             continue;
         }
+        // Everything queued since the last write goes out in this one: this is the
+        // pipelining. write_all takes as many syscalls as the socket needs.
+        std::mem::swap(&mut batch, &mut *shared.outgoing.borrow_mut());
         let sent_at = Instant::now();
-        if in_flight.borrow().is_empty() {
-            link.wake_reader.notify_one();
-        }
-        enqueue(&mut batch, in_flight, first, sent_at);
-        // Everything already queued goes out in the same write: this is the pipelining.
-        while batch.len() < MAX_WRITE_BATCH {
-            match queue.try_recv() {
-                Ok(queued) => enqueue(&mut batch, in_flight, queued, sent_at),
-                Err(_) => break,
+        {
+            let mut in_flight = in_flight.borrow_mut();
+            if in_flight.is_empty() {
+                link.wake_reader.notify();
             }
+            let mut queued = shared.queued.borrow_mut();
+            in_flight.extend(queued.drain(..).map(|queued| InFlight {
+                kind: queued.kind,
+                reply: queued.reply,
+                sent_at,
+            }));
         }
         // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
         let written = match socket.write_all(&batch).await {
@@ -330,30 +552,10 @@ async fn write_requests(
             reason: Arc::from(e.to_string()),
         })?;
         batch.clear();
+        if batch.capacity() > KEEP_WRITE_BUFFER {
+            batch = BytesMut::new();
+        }
     }
-}
-
-fn fail_down(settings: &ConnectionSettings, queued: Queued) {
-    let _ = queued
-        .reply
-        .send(Err(down_error(&settings.address, &settings.health)));
-}
-
-fn enqueue(
-    batch: &mut BytesMut,
-    in_flight: &RefCell<VecDeque<InFlight>>,
-    queued: Queued,
-    sent_at: Instant,
-) {
-    batch.extend_from_slice(&queued.parts.0);
-    if let Some(rest) = &queued.parts.1 {
-        batch.extend_from_slice(rest);
-    }
-    in_flight.borrow_mut().push_back(InFlight {
-        kind: queued.kind,
-        reply: queued.reply,
-        sent_at,
-    });
 }
 
 async fn read_replies(
@@ -390,7 +592,7 @@ async fn read_replies(
                                 last_progress.saturating_duration_since(request.sent_at),
                             );
                         }
-                        let _ = request.reply.send(Ok(reply));
+                        request.reply.send(Ok(reply));
                     }
                     link.answered.set(true);
                     settings.health.record_success();
@@ -440,7 +642,7 @@ async fn read_replies(
                     return Err(BackendError::Timeout { server: settings.address.clone() });
                 }
             }
-            _ = link.wake_reader.notified(), if idle => {}
+            () = link.wake_reader.notified(), if idle => {}
         }
     }
 }
@@ -498,6 +700,32 @@ mod tests {
         Answer(&'static [u8]),
     }
 
+    /// A fake that answers `END` to every `\r\n`-terminated line and records every byte
+    /// it received, for tests of what exactly went on the wire.
+    async fn recording_server() -> (String, Rc<RefCell<Vec<u8>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("local addr").to_string();
+        let received = Rc::new(RefCell::new(Vec::new()));
+        let log = received.clone();
+        tokio::task::spawn_local(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::task::spawn_local(async move {
+                    let mut request = [0u8; 4096];
+                    while let Ok(n) = stream.read(&mut request).await {
+                        if n == 0 {
+                            break;
+                        }
+                        log.borrow_mut().extend_from_slice(&request[..n]);
+                        let lines = request[..n].windows(2).filter(|w| w == b"\r\n").count();
+                        let _ = stream.write_all(&b"END\r\n".repeat(lines)).await;
+                    }
+                });
+            }
+        });
+        (address, received)
+    }
+
     /// Starts a fake server on a free loopback port (on the current LocalSet); its address.
     async fn fake_server(fake: Fake) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -528,11 +756,124 @@ mod tests {
             .expect("timed out waiting")
     }
 
-    fn get(handle: &BackendHandle) -> oneshot::Receiver<Result<Bytes, BackendError>> {
+    fn get(handle: &BackendHandle) -> ReplyReceiver {
         handle.send(
             (Bytes::from_static(b"get key\r\n"), None),
             ReplyKind::Retrieval,
         )
+    }
+
+    #[tokio::test]
+    async fn requests_written_in_pieces_go_out_whole_and_in_order() {
+        LocalSet::new()
+            .run_until(async {
+                let (address, received) = recording_server().await;
+                let handle = spawn_connection(settings(&address, 3));
+                let other = handle.clone();
+                // A request built key by key, one sent whole, one with a closure, and one
+                // started and then abandoned (its bytes must not reach the server).
+                let mut multi = handle.writer();
+                multi.append(b"get a");
+                multi.append(b" b");
+                assert_eq!(multi.len(), 7);
+                multi.append(b"\r\n");
+                let first = multi.finish(ReplyKind::Retrieval);
+                let mut abandoned = other.writer();
+                abandoned.append(b"get never");
+                drop(abandoned);
+                let second = other.send(
+                    (
+                        Bytes::from_static(b"get c"),
+                        Some(Bytes::from_static(b"\r\n")),
+                    ),
+                    ReplyKind::Retrieval,
+                );
+                let third = handle.send_with(ReplyKind::Retrieval, |buffer| {
+                    buffer.extend_from_slice(b"get d\r\n")
+                });
+                for reply in [first, second, third] {
+                    let reply = within(reply).await.expect("reply slot").expect("reply");
+                    assert_eq!(&reply[..], b"END\r\n");
+                }
+                assert_eq!(&received.borrow()[..], b"get a b\r\nget c\r\nget d\r\n");
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn a_second_request_while_one_is_being_written_is_refused_not_interleaved() {
+        LocalSet::new()
+            .run_until(async {
+                let (address, received) = recording_server().await;
+                let handle = spawn_connection(settings(&address, 3));
+                let mut open = handle.writer();
+                open.append(b"get a");
+                let error = within(get(&handle)).await.expect("reply slot");
+                assert!(error.is_err());
+                open.append(b"\r\n");
+                within(open.finish(ReplyKind::Retrieval))
+                    .await
+                    .expect("reply slot")
+                    .expect("reply");
+                assert_eq!(&received.borrow()[..], b"get a\r\n");
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn the_task_ends_when_every_handle_is_dropped() {
+        LocalSet::new()
+            .run_until(async {
+                let (address, _received) = recording_server().await;
+                let settings = settings(&address, 3);
+                let health = settings.health.clone();
+                let handle = spawn_connection(settings);
+                let clone = handle.clone();
+                within(get(&handle))
+                    .await
+                    .expect("reply slot")
+                    .expect("reply");
+                assert_eq!(health.open_connections(), 1);
+                drop(handle);
+                // One handle left: still serving.
+                within(get(&clone))
+                    .await
+                    .expect("reply slot")
+                    .expect("reply");
+                drop(clone);
+                within(async {
+                    while health.open_connections() != 0 {
+                        tokio::task::yield_now().await;
+                    }
+                })
+                .await;
+            })
+            .await;
+    }
+
+    #[tokio::test]
+    async fn queued_requests_fail_unsent_when_the_server_is_marked_down_before_the_write() {
+        LocalSet::new()
+            .run_until(async {
+                let (address, received) = recording_server().await;
+                let settings = settings(&address, 3);
+                let health = settings.health.clone();
+                let handle = spawn_connection(settings);
+                within(get(&handle))
+                    .await
+                    .expect("reply slot")
+                    .expect("reply");
+                // Queued, then (before the writer runs) another worker marks it down.
+                let queued = [get(&handle), get(&handle)];
+                health.mark_down("timed out");
+                for reply in queued {
+                    let error = within(reply).await.expect("reply slot").expect_err("down");
+                    assert!(matches!(error, BackendError::Down { .. }), "{error}");
+                    assert!(error.never_sent());
+                }
+                assert_eq!(&received.borrow()[..], b"get key\r\n");
+            })
+            .await;
     }
 
     #[tokio::test]

@@ -2,18 +2,21 @@
 //! health, and DNS discovery of a pool's servers.
 //!
 //! Each worker thread owns its own connections (thread-per-core). One connection is one
-//! task with two halves joined by a FIFO of requests in flight. What is shared across
-//! threads is one `ServerHealth` per server (atomics on the hot path), read by every
-//! worker's connections to that server and by the server's prober:
+//! task with two halves joined by a FIFO of requests in flight; sessions of the same
+//! worker write their requests straight into the connection's outgoing buffer (no
+//! channel, no copy of a frame into a batch later). What is shared across threads is one
+//! `ServerHealth` per server (atomics on the hot path), read by every worker's
+//! connections to that server and by the server's prober:
 //!
 //! ```text
-//!              is_down()? -> Err(Down) at once, nothing queued
-//!  sessions --mpsc--> writer: batch queued requests into one write()  --> memcached
-//!                        | push InFlight (reply kind, reply slot, sent-at)
+//!              is_down() or between connections? -> Err at once, nothing queued
+//!  sessions --append bytes + (kind, reply slot)--> outgoing buffer + queued FIFO (Rc<Shared>)
+//!                        | writer: swap the buffer with its own, write() it all
+//!                        | move each slot to InFlight (reply kind, reply slot, sent-at)
 //!                        v
 //!                     in_flight FIFO
 //!                        ^
-//!  sessions <-oneshot- reader: frame replies in FIFO order (protocol::parse_reply) <-- memcached
+//!  sessions <-reply slot- reader: frame replies in FIFO order (protocol::parse_reply) <-- memcached
 //!                        |
 //!       record_success / record_failure (once per broken connection) / mark_down (refused)
 //!                        v
@@ -38,9 +41,10 @@ mod connection;
 mod discovery;
 mod error;
 mod health;
+mod reply;
 
 pub use connection::{
-    spawn_connection, BackendHandle, ConnectionSettings, ReplySlot, RoundTrips,
+    spawn_connection, BackendHandle, ConnectionSettings, RequestWriter, RoundTrips,
     RECONNECT_BACKOFF_MAX, RECONNECT_BACKOFF_MIN,
 };
 pub use discovery::{
@@ -49,3 +53,6 @@ pub use discovery::{
 };
 pub use error::BackendError;
 pub use health::{run_prober, HealthSettings, ServerHealth};
+pub use reply::{
+    free_reply_slots, reply_slot, RecvError, Reply, ReplyReceiver, ReplySender, TryRecvError,
+};

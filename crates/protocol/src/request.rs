@@ -636,6 +636,13 @@ fn parse_retrieval(
     // Keys are scanned directly rather than through `Words`: a multi-get may
     // have any number of keys.
     let line = &buf[..line_end];
+    // Room for every key at once (one allocation past the inline two, rather than a
+    // doubling per power of two; for 10,000 keys no half-used doubled buffer either).
+    // The line's spaces bound the number of keys; padding only rounds it up.
+    let most = memchr::memchr_iter(b' ', &line[pos..]).count() + 1;
+    if most > h.keys.inline_size() {
+        h.keys.reserve_exact(most);
+    }
     while pos < line.len() {
         if line[pos] == b' ' {
             pos += 1;

@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::RequestWriter;
 use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node};
@@ -300,32 +301,8 @@ fn compact_head(request: &Request) -> Bytes {
 }
 
 fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
-    let count = request.keys.len();
     let operation = operation_of(&request);
     let routes = &routing.routes;
-    // Keys bound for policy routes: (route node, key index).
-    let mut routed_keys: SmallVec<[(u32, u32); 2]> = SmallVec::new();
-    let targets: SmallVec<[KeyTarget; 32]> = request
-        .keys()
-        .enumerate()
-        .map(|(index, key)| {
-            let node = routes.select(routes.root(), operation, key);
-            // One count per key, as cmd_get counts keys.
-            routing.metrics.count(node as usize, request.command);
-            match routes.node(node) {
-                &Node::Pool(pool) => match routing.server_for(pool, key) {
-                    Some(server) => KeyTarget::Server(pool as u32, server as u32),
-                    None => KeyTarget::Nowhere(pool as u32),
-                },
-                _ => {
-                    routed_keys.push((node, index as u32));
-                    KeyTarget::Executor
-                }
-            }
-        })
-        .collect();
-    let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![multiget::UNASSIGNED; count];
-    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
     let head_bytes = compact_head(&request);
     let head = &head_bytes[..];
     // gat/gats lines must stay under memcached's line limit (get/gets lines may be longer).
@@ -334,43 +311,89 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     } else {
         usize::MAX
     };
-    // Keys for policy routes are grouped per route node, each group run once by the
-    // executor (batched per server inside it); `plan` leaves these keys (already assigned)
-    // alone, and their legs are numbered after its legs below.
-    let groups = group_routed_keys(&request, &routed_keys, &mut key_leg);
-    let mut frame = BytesMut::new();
+    // Where each key goes, decided as the plan's one pass reaches it.
+    let targets = request.keys().map(|key| {
+        let node = routes.select(routes.root(), operation, key);
+        // One count per key, as cmd_get counts keys.
+        routing.metrics.count(node as usize, request.command);
+        let target = match routes.node(node) {
+            &Node::Pool(pool) => match routing.server_for(pool, key) {
+                Some(server) => KeyTarget::Server(pool as u32, server as u32),
+                None => KeyTarget::Nowhere(pool as u32),
+            },
+            _ => KeyTarget::Executor,
+        };
+        (key, target)
+    });
+    let mut key_leg = multiget::KeyLegs::new();
+    key_leg.reserve_exact(request.keys.len());
+    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
+    // The batch line each open leg is writing, straight into its connection's outgoing
+    // buffer (indexed like `legs`; taken when the leg is sent). A writer dropped unsent
+    // (the plan stopped) takes its bytes back out.
+    let mut writers: SmallVec<[Option<RequestWriter<'_>>; 4]> = SmallVec::new();
+    // Keys for policy routes: grouped per route node (keys in client order, as views of
+    // the client's frame), each group run once by the executor, batched per server inside
+    // it; `group_of[j]` is the group of the plan's j-th executor key.
+    let mut groups: SmallVec<[(u32, Vec<Bytes>); 1]> = SmallVec::new();
+    let mut group_of: SmallVec<[u32; 8]> = SmallVec::new();
     let planned = multiget::plan(
-        &targets,
-        |i| request.keys[i].len(),
+        targets,
         head.len(),
         byte_cap,
         |pool| routing.pools[pool].max_keys_per_request,
         &mut key_leg,
         |step| match step {
-            // Every key for the executor is in a group already.
-            Step::Executor { .. } => {}
-            Step::Open { key, keys_hint } => {
-                frame.reserve(head.len() + keys_hint * 16 + 2);
-                frame.put_slice(head);
-                frame.put_slice(request.key(key));
+            Step::Open {
+                pool, server, key, ..
+            } => {
+                let mut writer = routing.pools[pool].servers[server].pick(slot).writer();
+                writer.append(head);
+                writer.append(key);
+                writers.push(Some(writer));
+                legs.push(Leg::writing(pool, server, routing.metrics.now()));
             }
-            Step::Add { key } => {
-                frame.put_u8(b' ');
-                frame.put_slice(request.key(key));
+            Step::Add { leg, key } => {
+                if let Some(writer) = &mut writers[leg] {
+                    writer.append(b" ");
+                    writer.append(key);
+                }
             }
-            Step::Close { pool, server } => {
-                legs.push(send_batch(routing, slot, &mut frame, pool, server))
+            Step::Close { leg } => {
+                if let Some(mut writer) = writers[leg].take() {
+                    writer.append(b"\r\n");
+                    legs[leg].sent(writer.finish(ReplyKind::Retrieval));
+                }
+            }
+            Step::Executor { key, .. } => {
+                let node = routes.select(routes.root(), operation, key);
+                let group = match groups.iter().position(|(n, _)| *n == node) {
+                    Some(group) => group,
+                    None => {
+                        groups.push((node, Vec::new()));
+                        groups.len() - 1
+                    }
+                };
+                groups[group].1.push(request.frame.slice_ref(key));
+                group_of.push(group as u32);
             }
         },
     );
+    drop(writers);
     if let Err(pool) = planned {
         return no_servers_reply(routing, pool);
     }
     let mut routed = Vec::new();
     if !groups.is_empty() {
-        let first_group = legs.len() as u32;
-        for leg in key_leg.iter_mut().filter(|leg| **leg & ROUTED_GROUP != 0) {
-            *leg = first_group + (*leg & !ROUTED_GROUP);
+        // The plan numbered the executor keys' legs after its batches, one per key; one
+        // leg per group instead, in the same place.
+        let batches = legs.len() as u32;
+        for leg in key_leg.iter_mut().filter(|leg| **leg >= batches) {
+            let group = group_of
+                .get((*leg - batches) as usize)
+                .copied()
+                .unwrap_or(0);
+            *leg = batches + group;
         }
         let started = routing.metrics.now();
         routed.reserve_exact(groups.len());
@@ -392,47 +415,6 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         routed,
         key_leg,
     }))
-}
-
-/// Marks a key of a multi-get carried by routed group `n` (`ROUTED_GROUP | n` in
-/// `key_leg`) until the plain legs are counted.
-const ROUTED_GROUP: u32 = 1 << 31;
-
-/// The keys bound for policy routes, one group per route node (keys in client order, as
-/// views of the client's frame); each key's `key_leg` marked with its group.
-fn group_routed_keys(
-    request: &Request,
-    routed_keys: &[(u32, u32)],
-    key_leg: &mut [u32],
-) -> SmallVec<[(u32, Vec<Bytes>); 1]> {
-    let mut groups: SmallVec<[(u32, Vec<Bytes>); 1]> = SmallVec::new();
-    for &(node, index) in routed_keys {
-        let group = match groups.iter().position(|(n, _)| *n == node) {
-            Some(group) => group,
-            None => {
-                groups.push((node, Vec::with_capacity(routed_keys.len())));
-                groups.len() - 1
-            }
-        };
-        let key = request.frame.slice(request.keys[index as usize].clone());
-        groups[group].1.push(key);
-        key_leg[index as usize] = ROUTED_GROUP | group as u32;
-    }
-    groups
-}
-
-/// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
-fn send_batch(
-    snapshot: &RouteSnapshot,
-    slot: usize,
-    frame: &mut BytesMut,
-    pool: usize,
-    server: usize,
-) -> Leg {
-    frame.put_slice(b"\r\n");
-    let connection = snapshot.pools[pool].servers[server].pick(slot);
-    let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
-    Leg::new(receiver, pool, server, snapshot.metrics.now())
 }
 
 fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {

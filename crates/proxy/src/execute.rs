@@ -33,6 +33,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::{ReplyReceiver, RequestWriter};
 use memroute_config::{FailoverOn, Operation, ReadPolicy, WritePolicy};
 use memroute_protocol::{retrieval_error, value_block_at, Command, ReplyKind};
 use memroute_routing::{classify_reply, write_decision, Node, NodeId, ReplyClass, WriteDecision};
@@ -785,57 +786,72 @@ async fn pool_multi(
     job: &MultiJob,
     keys: &[u32],
 ) -> Vec<KeyReply> {
-    let mut targets: SmallVec<[KeyTarget; 32]> = SmallVec::with_capacity(keys.len());
-    for &key in keys {
-        match routing.server_for(pool, &job.keys[key as usize]) {
-            Some(server) => targets.push(KeyTarget::Server(pool as u32, server as u32)),
-            None => return vec![KeyReply::Failed(Err(routing.no_servers(pool))); keys.len()],
-        }
-    }
-    let key = |i: usize| &job.keys[keys[i] as usize];
-    let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![multiget::UNASSIGNED; keys.len()];
-    let mut batches: SmallVec<[_; 4]> = SmallVec::new();
-    let mut frame = BytesMut::new();
+    let targets = keys.iter().map(|&key| {
+        let key = &job.keys[key as usize][..];
+        let target = match routing.server_for(pool, key) {
+            Some(server) => KeyTarget::Server(pool as u32, server as u32),
+            None => KeyTarget::Nowhere(pool as u32),
+        };
+        (key, target)
+    });
+    let mut key_leg = multiget::KeyLegs::new();
+    key_leg.reserve_exact(keys.len());
+    // Per batch: its server, the line being written straight into the server connection's
+    // outgoing buffer, then the reply's receiver once sent.
+    let mut servers: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut writers: SmallVec<[Option<RequestWriter<'_>>; 4]> = SmallVec::new();
+    let mut receivers: SmallVec<[Option<ReplyReceiver>; 4]> = SmallVec::new();
     let planned = multiget::plan(
-        &targets,
-        |i| key(i).len(),
+        targets,
         job.head.len(),
         job.byte_cap,
         |pool| routing.pools[pool].max_keys_per_request,
         &mut key_leg,
         |step| match step {
-            Step::Open { key: i, keys_hint } => {
-                frame.reserve(job.head.len() + keys_hint * 16 + 2);
-                frame.put_slice(&job.head);
-                frame.put_slice(key(i));
+            Step::Open {
+                pool, server, key, ..
+            } => {
+                let mut writer = routing.pools[pool].servers[server].pick(job.slot).writer();
+                writer.append(&job.head);
+                writer.append(key);
+                writers.push(Some(writer));
+                servers.push(server);
+                receivers.push(None);
             }
-            Step::Add { key: i } => {
-                frame.put_u8(b' ');
-                frame.put_slice(key(i));
+            Step::Add { leg, key } => {
+                if let Some(writer) = &mut writers[leg] {
+                    writer.append(b" ");
+                    writer.append(key);
+                }
             }
-            Step::Close { pool, server } => {
-                frame.put_slice(b"\r\n");
-                let connections = &routing.pools[pool].servers[server];
-                let batch = (frame.split().freeze(), None);
-                let receiver = connections.pick(job.slot).send(batch, ReplyKind::Retrieval);
-                batches.push((server, receiver));
+            Step::Close { leg } => {
+                if let Some(mut writer) = writers[leg].take() {
+                    writer.append(b"\r\n");
+                    receivers[leg] = Some(writer.finish(ReplyKind::Retrieval));
+                }
             }
             // Every target here is a server of this pool.
             Step::Executor { .. } => {}
         },
     );
+    drop(writers);
     if planned.is_err() {
         return vec![KeyReply::Failed(Err(routing.no_servers(pool))); keys.len()];
     }
-    let mut replies: SmallVec<[Reply; 4]> = SmallVec::with_capacity(batches.len());
+    let batches = servers.into_iter().zip(receivers);
+    let mut replies: SmallVec<[Reply; 4]> = SmallVec::new();
     for (server, receiver) in batches {
-        let reply = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+        let reply = match receiver {
+            Some(receiver) => receiver.await.unwrap_or_else(|_| Err(connection_gone())),
+            None => Err(connection_gone()),
+        };
         if let Err(error) = &reply {
             routing.pools[pool].servers[server].count_failure(error);
         }
         replies.push(reply);
     }
     // Servers answer in the order they were asked, skipping misses.
+    let key = |i: usize| &job.keys[keys[i] as usize];
     let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
     (0..keys.len())
         .map(|i| {

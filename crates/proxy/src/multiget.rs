@@ -1,20 +1,22 @@
 //! A multi-get's plan and merge, without sockets: which keys go to which server in which
 //! batch (`plan`), and the client's reply built from the servers' replies in the client's
-//! key order (`merge`). `dispatch` runs the plan (writes the batch lines, sends them) and
-//! `pending` merges when every leg has answered.
+//! key order (`merge`). `dispatch` runs the plan (writes each key straight into its
+//! server connection's outgoing buffer as the plan reaches it) and `pending` merges when
+//! every leg has answered.
 //!
 //! ```text
 //!   keys  a b c d e       targets  S1 S2 S1 X S1   (X: a policy route, via the executor)
-//!   plan: Open(a) Add(c) Add(e) Close(S1)  Open(b) Close(S2)  Executor(d)
+//!   plan (one pass):  Open(0: S1, a) Open(1: S2, b) Add(0, c) Add(0, e)
+//!                     Close(0) Close(1)  Executor(2, d)   (executor legs after every batch)
 //!         legs   0: S1 "a c e"             1: S2 "b"          2: d
 //!   merge: walk a..e, take each leg's next VALUE block when it is for this key
 //! ```
+//!
+//! Per key the plan keeps one `u32` (its leg); the keys themselves stay in the client's
+//! line, and each is copied once, into the outgoing buffer of its server's connection.
 use bytes::{Bytes, BytesMut};
 use memroute_protocol::{retrieval_error, value_block_at};
 use smallvec::SmallVec;
-
-/// A key no leg carries yet (`plan` assigns every key before it returns `Ok`).
-pub(crate) const UNASSIGNED: u32 = u32::MAX;
 
 /// Where one key of a multi-get goes: a server of a plain pool (batched with the other
 /// keys of that server), or the route executor (one leg per key).
@@ -26,86 +28,127 @@ pub(crate) enum KeyTarget {
     Nowhere(u32),
 }
 
-/// One step of a multi-get's plan, in the order the sends must happen.
+/// One step of a multi-get's plan, in the order the writes and sends must happen. Legs
+/// are numbered in the order they open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Key `key` goes through the route executor, on a leg of its own.
-    Executor { key: usize },
-    /// A new batch line starts with key `key`; about `keys_hint` keys will follow it.
-    Open { key: usize, keys_hint: usize },
-    /// Key `key` joins the open batch.
-    Add { key: usize },
-    /// The open batch is complete: send it to `server` of `pool`.
-    Close { pool: usize, server: usize },
+pub(crate) enum Step<'k> {
+    /// Leg `leg` starts a batch line to `server` of `pool` with `key`.
+    Open {
+        leg: usize,
+        pool: usize,
+        server: usize,
+        key: &'k [u8],
+    },
+    /// `key` joins leg `leg`'s open batch line.
+    Add { leg: usize, key: &'k [u8] },
+    /// Leg `leg`'s batch line is complete: end it and send it.
+    Close { leg: usize },
+    /// `key` goes through the route executor, as leg `leg` of its own. These come after
+    /// every batch is closed: the executor may send on the same connections at once.
+    Executor { leg: usize, key: &'k [u8] },
 }
 
-/// Plans a multi-get: each server's keys in client order, cut into batches of
-/// `batch_size(pool)` keys and of lines at most `byte_cap` bytes (`head_len` + keys with
-/// single spaces + CRLF); servers in the order their first key appears; keys for the
-/// executor each on a leg of their own, in place. `key_leg[i]` becomes the index of the
-/// leg (in the order of `Executor` and `Close` steps) that carries key `i`.
+/// Per key of a multi-get, the leg that carries it (inline for up to 32 keys).
+pub(crate) type KeyLegs = SmallVec<[u32; 32]>;
+
+/// A batch line being written.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    pool: u32,
+    server: u32,
+    leg: u32,
+    keys: u32,
+    line_len: usize,
+}
+
+/// Plans a multi-get in one pass over its keys (`keys` yields each key and its target,
+/// in the client's order, computed as the pass reaches it): each server's keys in client
+/// order, cut into batches of `batch_size(pool)` keys and of lines at most `byte_cap`
+/// bytes (`head_len` + keys with single spaces + CRLF); keys for the executor each on a
+/// leg of their own, after the batches. `key_leg` gets, per key, the index of the leg
+/// that carries it.
 ///
-/// Returns `Err(pool)` at the first key whose pool has no servers; the steps before it
-/// have been taken (their requests are sent and their replies dropped).
-pub(crate) fn plan(
-    targets: &[KeyTarget],
-    key_len: impl Fn(usize) -> usize,
+/// Returns `Err(pool)` at the first key whose pool has no servers; batches already closed
+/// have been sent (their replies are dropped), open ones are not closed.
+pub(crate) fn plan<'k>(
+    keys: impl Iterator<Item = (&'k [u8], KeyTarget)>,
     head_len: usize,
     byte_cap: usize,
     batch_size: impl Fn(usize) -> usize,
-    key_leg: &mut [u32],
-    mut step: impl FnMut(Step),
+    key_leg: &mut KeyLegs,
+    mut step: impl FnMut(Step<'k>),
 ) -> Result<(), usize> {
-    let count = targets.len();
+    // At most one open batch per server; few servers per request, so a short list
+    // searched from the most recently used end.
+    let mut open: SmallVec<[Open; 8]> = SmallVec::new();
+    let mut executor: SmallVec<[(u32, &'k [u8]); 2]> = SmallVec::new();
     let mut legs: u32 = 0;
-    for first in 0..count {
-        if key_leg[first] != UNASSIGNED {
-            continue;
-        }
-        let (pool, server) = match targets[first] {
-            KeyTarget::Server(pool, server) => (pool as usize, server as usize),
+    for (index, (key, target)) in keys.enumerate() {
+        let (pool, server) = match target {
+            KeyTarget::Server(pool, server) => (pool, server),
             KeyTarget::Nowhere(pool) => return Err(pool as usize),
             KeyTarget::Executor => {
-                key_leg[first] = legs;
-                legs += 1;
-                step(Step::Executor { key: first });
+                executor.push((index as u32, key));
+                key_leg.push(u32::MAX);
                 continue;
             }
         };
-        let batch_size = batch_size(pool);
-        let mut line_len = 0;
-        let mut in_batch = 0;
-        for i in first..count {
-            if targets[i] != targets[first] {
-                continue;
-            }
-            if in_batch > 0 && line_len + 1 + key_len(i) + 2 > byte_cap {
-                step(Step::Close { pool, server });
-                legs += 1;
-                in_batch = 0;
-            }
-            if in_batch == 0 {
-                step(Step::Open {
-                    key: i,
-                    keys_hint: batch_size.min(count - i),
+        let found = open
+            .iter()
+            .rposition(|o| o.pool == pool && o.server == server);
+        let joins = found.filter(|&at| {
+            let batch = &open[at];
+            (batch.keys as usize) < batch_size(pool as usize)
+                && batch.line_len + 1 + key.len() + 2 <= byte_cap
+        });
+        match joins {
+            Some(at) => {
+                let batch = &mut open[at];
+                batch.keys += 1;
+                batch.line_len += 1 + key.len();
+                key_leg.push(batch.leg);
+                step(Step::Add {
+                    leg: batch.leg as usize,
+                    key,
                 });
-                line_len = head_len + key_len(i);
-            } else {
-                step(Step::Add { key: i });
-                line_len += 1 + key_len(i);
             }
-            key_leg[i] = legs;
-            in_batch += 1;
-            if in_batch == batch_size {
-                step(Step::Close { pool, server });
+            None => {
+                // The server's batch is full (or there is none yet): a new leg.
+                if let Some(at) = found {
+                    step(Step::Close {
+                        leg: open.remove(at).leg as usize,
+                    });
+                }
+                open.push(Open {
+                    pool,
+                    server,
+                    leg: legs,
+                    keys: 1,
+                    line_len: head_len + key.len(),
+                });
+                key_leg.push(legs);
+                step(Step::Open {
+                    leg: legs as usize,
+                    pool: pool as usize,
+                    server: server as usize,
+                    key,
+                });
                 legs += 1;
-                in_batch = 0;
             }
         }
-        if in_batch > 0 {
-            step(Step::Close { pool, server });
-            legs += 1;
-        }
+    }
+    for batch in open {
+        step(Step::Close {
+            leg: batch.leg as usize,
+        });
+    }
+    for (index, key) in executor {
+        key_leg[index as usize] = legs;
+        step(Step::Executor {
+            leg: legs as usize,
+            key,
+        });
+        legs += 1;
     }
     Ok(())
 }
@@ -153,18 +196,18 @@ mod tests {
     const S1: KeyTarget = KeyTarget::Server(0, 1);
     const S2: KeyTarget = KeyTarget::Server(0, 2);
 
-    /// The steps and key_leg of a plan over keys of the given lengths (head "get ").
-    fn planned(
-        targets: &[KeyTarget],
-        lengths: &[usize],
+    const NAMES: [&[u8]; 8] = [b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"];
+
+    /// The steps and key_leg of a plan over `keys` (head "get ").
+    fn planned<'k>(
+        keys: &[(&'k [u8], KeyTarget)],
         byte_cap: usize,
         batch: usize,
-    ) -> (Result<(), usize>, Vec<Step>, Vec<u32>) {
-        let mut key_leg = vec![UNASSIGNED; targets.len()];
+    ) -> (Result<(), usize>, Vec<Step<'k>>, KeyLegs) {
+        let mut key_leg = KeyLegs::new();
         let mut steps = Vec::new();
         let result = plan(
-            targets,
-            |i| lengths[i],
+            keys.iter().copied(),
             4,
             byte_cap,
             |_| batch,
@@ -174,56 +217,70 @@ mod tests {
         (result, steps, key_leg)
     }
 
+    fn named(targets: &[KeyTarget]) -> Vec<(&'static [u8], KeyTarget)> {
+        NAMES.iter().copied().zip(targets.iter().copied()).collect()
+    }
+
     #[test]
-    fn keys_are_batched_per_server_in_order_of_first_appearance() {
-        let targets = [S1, S2, S1, KeyTarget::Executor, S1];
-        let (result, steps, key_leg) = planned(&targets, &[1; 5], usize::MAX, 100);
+    fn keys_are_batched_per_server_in_one_pass_and_executor_keys_go_last() {
+        let keys = named(&[S1, S2, S1, KeyTarget::Executor, S1]);
+        let (result, steps, key_leg) = planned(&keys, usize::MAX, 100);
         assert_eq!(result, Ok(()));
         assert_eq!(
             steps,
             [
                 Step::Open {
-                    key: 0,
-                    keys_hint: 5
+                    leg: 0,
+                    pool: 0,
+                    server: 1,
+                    key: b"a"
                 },
-                Step::Add { key: 2 },
-                Step::Add { key: 4 },
-                Step::Close { pool: 0, server: 1 },
                 Step::Open {
-                    key: 1,
-                    keys_hint: 4
+                    leg: 1,
+                    pool: 0,
+                    server: 2,
+                    key: b"b"
                 },
-                Step::Close { pool: 0, server: 2 },
-                Step::Executor { key: 3 },
+                Step::Add { leg: 0, key: b"c" },
+                Step::Add { leg: 0, key: b"e" },
+                Step::Close { leg: 0 },
+                Step::Close { leg: 1 },
+                Step::Executor { leg: 2, key: b"d" },
             ]
         );
-        assert_eq!(key_leg, [0, 1, 0, 2, 0]);
+        assert_eq!(key_leg[..], [0, 1, 0, 2, 0]);
     }
 
     #[test]
     fn batches_are_cut_at_max_keys_and_at_the_line_limit() {
-        let (_, steps, key_leg) = planned(&[S1; 5], &[1; 5], usize::MAX, 2);
+        let (_, steps, key_leg) = planned(&named(&[S1; 5]), usize::MAX, 2);
         let closes = steps
             .iter()
             .filter(|s| matches!(s, Step::Close { .. }))
             .count();
         assert_eq!(closes, 3);
-        assert_eq!(key_leg, [0, 0, 1, 1, 2]);
+        assert_eq!(key_leg[..], [0, 0, 1, 1, 2]);
         // "get " + "aaaa bbbb" + CRLF = 15 bytes fits a cap of 15; a third key would not.
-        let (_, _, key_leg) = planned(&[S1; 3], &[4; 3], 15, 100);
-        assert_eq!(key_leg, [0, 0, 1]);
+        let four: [(&[u8], KeyTarget); 3] = [(b"aaaa", S1), (b"bbbb", S1), (b"cccc", S1)];
+        let (_, _, key_leg) = planned(&four, 15, 100);
+        assert_eq!(key_leg[..], [0, 0, 1]);
         // A key longer than the cap still goes, alone on its line.
-        let (_, _, key_leg) = planned(&[S1; 2], &[40, 1], 15, 100);
-        assert_eq!(key_leg, [0, 1]);
+        let long = [0u8; 40];
+        let (_, _, key_leg) = planned(&[(&long[..], S1), (b"a", S1)], 15, 100);
+        assert_eq!(key_leg[..], [0, 1]);
+        // Two servers filling up in turn: each closes its own batch only.
+        let (_, steps, key_leg) = planned(&named(&[S1, S2, S1, S2, S1, S2]), usize::MAX, 2);
+        assert_eq!(key_leg[..], [0, 1, 0, 1, 2, 3]);
+        assert_eq!(steps[4], Step::Close { leg: 0 });
     }
 
     #[test]
     fn a_pool_without_servers_stops_the_plan() {
-        let targets = [S1, KeyTarget::Nowhere(3), S1];
-        let (result, steps, _) = planned(&targets, &[1; 3], usize::MAX, 100);
+        let keys = named(&[S1, KeyTarget::Nowhere(3), S1]);
+        let (result, steps, _) = planned(&keys, usize::MAX, 100);
         assert_eq!(result, Err(3));
-        // The first server's batch (keys 0 and 2) was planned before the empty pool's key.
-        assert_eq!(steps.len(), 3);
+        // The first server's batch was opened, never closed (the dispatcher drops it).
+        assert_eq!(steps.len(), 1);
     }
 
     #[test]

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use memroute_backend::{ReplyReceiver, TryRecvError};
 use memroute_protocol::{quiet_suppresses, Command, Request};
 use smallvec::SmallVec;
-use tokio::sync::oneshot;
 
 use crate::context::WorkerContext;
 use crate::execute::Routed;
@@ -31,7 +31,9 @@ pub(crate) enum Flow {
 /// One backend sub-request and, once it arrived, its reply.
 #[derive(Debug)]
 pub(crate) struct Leg {
-    receiver: oneshot::Receiver<Reply>,
+    /// Where the reply comes; `None` only while a multi-get still writes this leg's batch
+    /// (it is set before the request is dispatched).
+    receiver: Option<ReplyReceiver>,
     reply: Option<Reply>,
     pool: u32,
     server: u32,
@@ -43,19 +45,36 @@ pub(crate) struct Leg {
 
 impl Leg {
     pub(crate) fn new(
-        receiver: oneshot::Receiver<Reply>,
+        receiver: ReplyReceiver,
         pool: usize,
         server: usize,
         started: Instant,
     ) -> Leg {
         Leg {
-            receiver,
+            receiver: Some(receiver),
             reply: None,
             pool: pool as u32,
             server: server as u32,
             route: pool as u32,
             started,
         }
+    }
+
+    /// A leg to `server` of `pool` whose request is still being written; see `sent`.
+    pub(crate) fn writing(pool: usize, server: usize, started: Instant) -> Leg {
+        Leg {
+            receiver: None,
+            reply: None,
+            pool: pool as u32,
+            server: server as u32,
+            route: pool as u32,
+            started,
+        }
+    }
+
+    /// The leg's request was queued; its reply comes on `receiver`.
+    pub(crate) fn sent(&mut self, receiver: ReplyReceiver) {
+        self.receiver = Some(receiver);
     }
 
     /// Records this leg's latency, as of the worker's clock.
@@ -69,21 +88,24 @@ impl Leg {
         if self.reply.is_some() {
             return true;
         }
-        match self.receiver.try_recv() {
+        let Some(receiver) = &mut self.receiver else {
+            self.reply = Some(Err(connection_gone()));
+            return true;
+        };
+        match receiver.try_recv() {
             Ok(reply) => self.reply = Some(reply),
-            Err(oneshot::error::TryRecvError::Empty) => return false,
-            Err(oneshot::error::TryRecvError::Closed) => self.reply = Some(Err(connection_gone())),
+            Err(TryRecvError::Empty) => return false,
+            Err(TryRecvError::Closed) => self.reply = Some(Err(connection_gone())),
         }
         true
     }
 
     async fn wait(&mut self) {
         if self.reply.is_none() {
-            self.reply = Some(
-                (&mut self.receiver)
-                    .await
-                    .unwrap_or_else(|_| Err(connection_gone())),
-            );
+            self.reply = Some(match &mut self.receiver {
+                Some(receiver) => receiver.await.unwrap_or_else(|_| Err(connection_gone())),
+                None => Err(connection_gone()),
+            });
         }
     }
 
@@ -115,7 +137,7 @@ pub(crate) struct MultiGet {
     /// `legs.len() + group` in `key_leg`).
     pub routed: Vec<Routed>,
     /// For each of the request's keys, the leg that carries it.
-    pub key_leg: SmallVec<[u32; 32]>,
+    pub key_leg: crate::multiget::KeyLegs,
 }
 
 /// The same request sent to every server of a pool (flush_all).

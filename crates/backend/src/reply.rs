@@ -1,0 +1,322 @@
+//! Reply slots: where the reply to one backend request goes, without a heap allocation
+//! per request.
+//!
+//! A slot is a small cell shared by a [`ReplySender`] (the connection task, or the route
+//! executor) and a [`ReplyReceiver`] (a client session's pending entry). Everything that
+//! touches a slot runs on one worker thread (connections are `spawn_local` tasks), so the
+//! cell is an `Rc<RefCell<..>>`, not a synchronised channel. When both sides are gone the
+//! cell goes back to a per-thread free list and the next request reuses it: in steady
+//! state a request costs no allocation for its reply (a tokio `oneshot` allocates its
+//! shared cell every time).
+//!
+//! ```text
+//!  reply_slot() --pop free list (or allocate)--> (ReplySender, ReplyReceiver)
+//!  sender.send(reply): store it, wake the receiver's task (if it waits)
+//!  drop(sender) unsent: the receiver sees Closed
+//!  last side dropped: cell cleared, pushed back on the free list (bounded)
+//! ```
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+
+use crate::BackendError;
+
+/// The reply to one request, or why there is none.
+pub type Reply = Result<Bytes, BackendError>;
+
+#[derive(Default)]
+struct State {
+    reply: Option<Reply>,
+    /// The receiver's task, when it waits.
+    waker: Option<Waker>,
+}
+
+type Cell = Rc<RefCell<State>>;
+
+/// Slots kept per thread for reuse. Enough for every request in flight on a busy worker
+/// (a few hundred pipelined requests); beyond it a burst's extra cells are freed rather
+/// than held (about 100 bytes each).
+const FREE_MAX: usize = 1024;
+
+thread_local! {
+    static FREE: RefCell<Vec<Cell>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A new slot, reused from this thread's free list when one is there.
+pub fn reply_slot() -> (ReplySender, ReplyReceiver) {
+    let cell = FREE
+        .try_with(|free| free.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    (ReplySender { cell: cell.clone() }, ReplyReceiver { cell })
+}
+
+/// Called as either side is dropped: when it is the last one, the cell is cleared and
+/// kept for the next request. One thread, so the strong count is exact: 2 while both
+/// sides live, 1 once one of them is gone.
+fn release(cell: &Cell) {
+    if Rc::strong_count(cell) != 1 {
+        return;
+    }
+    // Taken out before being dropped, so no borrow is held while a reply's bytes go.
+    let (reply, waker) = {
+        let mut state = cell.borrow_mut();
+        (state.reply.take(), state.waker.take())
+    };
+    drop((reply, waker));
+    // try_with: a slot dropped while the thread's locals are torn down is simply freed.
+    let _ = FREE.try_with(|free| {
+        let mut free = free.borrow_mut();
+        if free.len() < FREE_MAX {
+            free.push(cell.clone());
+        }
+    });
+}
+
+/// The side that completes a slot.
+pub struct ReplySender {
+    cell: Cell,
+}
+
+impl ReplySender {
+    /// Stores the reply and wakes the receiver. A reply to a receiver already dropped is
+    /// dropped with the slot.
+    pub fn send(self, reply: Reply) {
+        let waker = {
+            let mut state = self.cell.borrow_mut();
+            state.reply = Some(reply);
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        // Drop runs next: the receiver still holds the cell, so it is not released.
+    }
+}
+
+impl Drop for ReplySender {
+    fn drop(&mut self) {
+        if Rc::strong_count(&self.cell) == 1 {
+            return release(&self.cell);
+        }
+        // Gone without a reply (or after one): a waiting receiver must look again, and
+        // finds either the reply or Closed.
+        let waker = self.cell.borrow_mut().waker.take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl std::fmt::Debug for ReplySender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplySender")
+    }
+}
+
+/// Why [`ReplyReceiver::try_recv`] has no reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TryRecvError {
+    /// Not yet: the sender still holds the slot.
+    Empty,
+    /// Never: the sender went without replying (or the reply was already taken).
+    Closed,
+}
+
+/// Awaiting a [`ReplyReceiver`] whose sender went without replying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvError;
+
+/// The side that waits for a slot's reply: poll it with `try_recv`, or `.await` it.
+pub struct ReplyReceiver {
+    cell: Cell,
+}
+
+impl ReplyReceiver {
+    /// A receiver whose reply is already there (an answer known without sending).
+    pub fn ready(reply: Reply) -> ReplyReceiver {
+        let (sender, receiver) = reply_slot();
+        sender.send(reply);
+        receiver
+    }
+
+    /// Takes the reply if it has arrived, without waiting.
+    pub fn try_recv(&mut self) -> Result<Reply, TryRecvError> {
+        if let Some(reply) = self.cell.borrow_mut().reply.take() {
+            return Ok(reply);
+        }
+        match Rc::strong_count(&self.cell) {
+            1 => Err(TryRecvError::Closed),
+            _ => Err(TryRecvError::Empty),
+        }
+    }
+}
+
+impl Future for ReplyReceiver {
+    type Output = Result<Reply, RecvError>;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.try_recv() {
+            Ok(reply) => Poll::Ready(Ok(reply)),
+            Err(TryRecvError::Closed) => Poll::Ready(Err(RecvError)),
+            Err(TryRecvError::Empty) => {
+                let mut state = this.cell.borrow_mut();
+                // The same task polling again keeps its waker: no clone.
+                if !matches!(&state.waker, Some(waker) if waker.will_wake(context.waker())) {
+                    state.waker = Some(context.waker().clone());
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for ReplyReceiver {
+    fn drop(&mut self) {
+        release(&self.cell);
+    }
+}
+
+impl std::fmt::Debug for ReplyReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplyReceiver")
+    }
+}
+
+/// Slots on this thread's free list (for tests and measurements).
+pub fn free_reply_slots() -> usize {
+    FREE.try_with(|free| free.borrow().len()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    /// Counts its wake-ups.
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn poll(
+        receiver: &mut ReplyReceiver,
+        waker: &Arc<CountingWaker>,
+    ) -> Poll<Result<Reply, RecvError>> {
+        let waker = Waker::from(waker.clone());
+        Pin::new(receiver).poll(&mut Context::from_waker(&waker))
+    }
+
+    fn ok(text: &'static [u8]) -> Reply {
+        Ok(Bytes::from_static(text))
+    }
+
+    #[test]
+    fn a_reply_sent_before_the_receiver_looks_is_there_at_once() {
+        let (sender, mut receiver) = reply_slot();
+        sender.send(ok(b"END\r\n"));
+        assert_eq!(
+            &receiver.try_recv().expect("reply").expect("ok")[..],
+            b"END\r\n"
+        );
+        // Taken once; the sender is gone, so there is nothing more to come.
+        assert_eq!(receiver.try_recv().err(), Some(TryRecvError::Closed));
+    }
+
+    #[test]
+    fn a_reply_sent_after_the_receiver_waits_wakes_it_once() {
+        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let (sender, mut receiver) = reply_slot();
+        assert_eq!(receiver.try_recv().err(), Some(TryRecvError::Empty));
+        assert!(poll(&mut receiver, &waker).is_pending());
+        assert!(poll(&mut receiver, &waker).is_pending());
+        assert_eq!(waker.0.load(Ordering::Relaxed), 0);
+        sender.send(ok(b"STORED\r\n"));
+        assert_eq!(waker.0.load(Ordering::Relaxed), 1);
+        match poll(&mut receiver, &waker) {
+            Poll::Ready(Ok(Ok(bytes))) => assert_eq!(&bytes[..], b"STORED\r\n"),
+            other => panic!("expected the reply, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sender_dropped_unsent_closes_a_waiting_receiver() {
+        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let (sender, mut receiver) = reply_slot();
+        assert!(poll(&mut receiver, &waker).is_pending());
+        drop(sender);
+        assert_eq!(waker.0.load(Ordering::Relaxed), 1);
+        assert!(matches!(
+            poll(&mut receiver, &waker),
+            Poll::Ready(Err(RecvError))
+        ));
+        assert_eq!(receiver.try_recv().err(), Some(TryRecvError::Closed));
+    }
+
+    #[test]
+    fn a_receiver_dropped_first_leaves_the_sender_harmless() {
+        let (sender, receiver) = reply_slot();
+        drop(receiver);
+        // The reply goes nowhere; nothing panics and the slot is recycled after.
+        sender.send(Err(BackendError::Closed {
+            server: Arc::from("a:1"),
+        }));
+    }
+
+    #[test]
+    fn slots_are_recycled_once_both_sides_are_gone() {
+        // Tests run on threads of their own: this thread's list starts empty.
+        let before = free_reply_slots();
+        let (sender, receiver) = reply_slot();
+        drop(sender);
+        assert_eq!(free_reply_slots(), before, "receiver still holds it");
+        drop(receiver);
+        assert_eq!(free_reply_slots(), before + 1);
+        // The next slot is that one, cleared: no stale reply, no stale waker.
+        let (sender, mut receiver) = reply_slot();
+        assert_eq!(free_reply_slots(), before);
+        assert_eq!(receiver.try_recv().err(), Some(TryRecvError::Empty));
+        sender.send(ok(b"END\r\n"));
+        drop(receiver);
+        assert_eq!(free_reply_slots(), before + 1);
+        let (_sender, mut receiver) = reply_slot();
+        assert_eq!(
+            receiver.try_recv().err(),
+            Some(TryRecvError::Empty),
+            "a reused slot must be empty"
+        );
+    }
+
+    #[test]
+    fn awaiting_works_across_tasks() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&runtime, async {
+            let (sender, receiver) = reply_slot();
+            let waiter = tokio::task::spawn_local(receiver);
+            tokio::task::yield_now().await;
+            sender.send(ok(b"VERSION 1\r\n"));
+            let reply = waiter.await.expect("task").expect("sent").expect("ok");
+            assert_eq!(&reply[..], b"VERSION 1\r\n");
+            let (sender, receiver) = reply_slot();
+            let waiter = tokio::task::spawn_local(receiver);
+            tokio::task::yield_now().await;
+            drop(sender);
+            assert_eq!(waiter.await.expect("task").err(), Some(RecvError));
+        });
+    }
+}
