@@ -370,7 +370,8 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                 let group = match groups.iter().position(|(n, _)| *n == node) {
                     Some(group) => group,
                     None => {
-                        groups.push((node, Vec::new()));
+                        // Usually the only group: room for every key at once.
+                        groups.push((node, Vec::with_capacity(request.keys.len())));
                         groups.len() - 1
                     }
                 };

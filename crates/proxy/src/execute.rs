@@ -276,6 +276,30 @@ fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
     })
 }
 
+/// Runs `job` from a child node, awaited in place: a pool child (the common case) without
+/// the boxed future a nested route needs.
+async fn run_child(routing: &Rc<RouteSnapshot>, node: NodeId, job: &Rc<Job>) -> Reply {
+    match routing.routes.node(node) {
+        Node::Pool(pool) if job.operation != Operation::FlushAll => {
+            send_to_pool(routing, *pool, job).await
+        }
+        _ => run(routing.clone(), node, job.clone()).await,
+    }
+}
+
+/// `run_child` for a multi-key job.
+async fn run_multi_child(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> Vec<KeyReply> {
+    match routing.routes.node(node) {
+        Node::Pool(pool) => pool_multi(routing, *pool, job, &keys).await,
+        _ => run_multi(routing.clone(), node, job.clone(), keys).await,
+    }
+}
+
 fn pick_random(children: &[NodeId]) -> NodeId {
     match children.len() {
         0 | 1 => children.first().copied().unwrap_or_default(),
@@ -479,8 +503,8 @@ async fn replicated_read(
     job: &Rc<Job>,
 ) -> Reply {
     match policy {
-        ReadPolicy::First => run(routing.clone(), children[0], job.clone()).await,
-        ReadPolicy::Random => run(routing.clone(), pick_random(children), job.clone()).await,
+        ReadPolicy::First => run_child(routing, children[0], job).await,
+        ReadPolicy::Random => run_child(routing, pick_random(children), job).await,
         ReadPolicy::Failover => failover(routing, node, children, FailoverOn::Error, job).await,
         ReadPolicy::Fastest => {
             let mut set = start_all(routing, children, job);
@@ -513,7 +537,7 @@ async fn failover(
     // the key is absent where it could be looked up.
     let mut first_miss: Option<Reply> = None;
     for (index, &child) in children.iter().enumerate() {
-        let reply = run(routing.clone(), child, job.clone()).await;
+        let reply = run_child(routing, child, job).await;
         let class = class_of(&reply);
         let try_next = match class {
             ReplyClass::Error => true,
@@ -556,13 +580,13 @@ async fn warm_up(
         Command::Get | Command::Gets | Command::Gat | Command::Gats
     );
     if !classic && job.command != Command::MetaGet {
-        return run(routing.clone(), cold, job.clone()).await;
+        return run_child(routing, cold, job).await;
     }
-    let from_cold = run(routing.clone(), cold, job.clone()).await;
+    let from_cold = run_child(routing, cold, job).await;
     if class_of(&from_cold) != ReplyClass::Miss {
         return from_cold;
     }
-    let from_warm = run(routing.clone(), warm, job.clone()).await;
+    let from_warm = run_child(routing, warm, job).await;
     if class_of(&from_warm) != ReplyClass::Hit {
         // Warm had nothing (or failed): the cold miss is the honest answer.
         return from_cold;
@@ -748,11 +772,11 @@ fn run_multi(
                 } => {
                     return match reads {
                         ReadPolicy::First => {
-                            run_multi(routing.clone(), children[0], job.clone(), keys).await
+                            run_multi_child(&routing, children[0], &job, keys).await
                         }
                         ReadPolicy::Random => {
                             let child = pick_random(children);
-                            run_multi(routing.clone(), child, job.clone(), keys).await
+                            run_multi_child(&routing, child, &job, keys).await
                         }
                         ReadPolicy::Failover => {
                             failover_multi(&routing, node, children, FailoverOn::Error, &job, keys)
@@ -888,22 +912,37 @@ async fn failover_multi(
     job: &Rc<MultiJob>,
     keys: Vec<u32>,
 ) -> Vec<KeyReply> {
+    let Some((&first, _)) = children.split_first() else {
+        return vec![KeyReply::Failed(Err(connection_gone())); keys.len()];
+    };
+    let moves_on = |reply: &KeyReply| match reply.class() {
+        ReplyClass::Error => true,
+        ReplyClass::Miss => on == FailoverOn::ErrorOrMiss,
+        ReplyClass::Hit => false,
+    };
+    // The common case: the first child answers every key (no bookkeeping per key).
+    let first_replies = run_multi_child(routing, first, job, keys.clone()).await;
+    if children.len() == 1 || !first_replies.iter().any(moves_on) {
+        return first_replies;
+    }
     // Final outcomes; for a key still being asked, its first miss (if any).
     let mut outcomes: Vec<Option<KeyReply>> = vec![None; keys.len()];
     let mut remaining: Vec<usize> = (0..keys.len()).collect();
+    let mut first_replies = Some(first_replies);
     for (index, &child) in children.iter().enumerate() {
         let last_child = index + 1 == children.len();
-        let asked = remaining.iter().map(|&p| keys[p]).collect();
-        let replies = run_multi(routing.clone(), child, job.clone(), asked).await;
+        let replies = match first_replies.take() {
+            Some(replies) => replies,
+            None => {
+                let asked = remaining.iter().map(|&p| keys[p]).collect();
+                run_multi_child(routing, child, job, asked).await
+            }
+        };
         let mut next = Vec::new();
         for (&position, reply) in remaining.iter().zip(replies) {
             let class = reply.class();
-            let try_next = match class {
-                ReplyClass::Error => true,
-                // Retrievals only reach here: a miss may be asked again.
-                ReplyClass::Miss => on == FailoverOn::ErrorOrMiss,
-                ReplyClass::Hit => false,
-            };
+            // Retrievals only reach here: a miss may be asked again.
+            let try_next = moves_on(&reply);
             let outcome = &mut outcomes[position];
             if !try_next || last_child {
                 *outcome = match (class, outcome.take()) {
@@ -977,7 +1016,7 @@ async fn warm_up_multi(
     job: &Rc<MultiJob>,
     keys: Vec<u32>,
 ) -> Vec<KeyReply> {
-    let mut replies = run_multi(routing.clone(), cold, job.clone(), keys.clone()).await;
+    let mut replies = run_multi_child(routing, cold, job, keys.clone()).await;
     let missed: Vec<usize> = (0..replies.len())
         .filter(|&p| replies[p].class() == ReplyClass::Miss)
         .collect();
@@ -985,7 +1024,7 @@ async fn warm_up_multi(
         return replies;
     }
     let asked = missed.iter().map(|&p| keys[p]).collect();
-    let from_warm = run_multi(routing.clone(), warm, job.clone(), asked).await;
+    let from_warm = run_multi_child(routing, warm, job, asked).await;
     let mut fills: Vec<BoxedReply> = Vec::new();
     for (&position, reply) in missed.iter().zip(from_warm) {
         // Warm had nothing (or failed): cold's miss is the honest answer.
