@@ -84,14 +84,16 @@ pub(crate) struct Routed {
 
 enum RoutedState {
     Running(BoxedReply),
-    Done(Option<Reply>),
+    /// A multi-key job: its reply and how many of its keys hit.
+    RunningKeys(Pin<Box<dyn Future<Output = (Reply, u32)>>>),
+    Done(Option<Reply>, u32),
 }
 
 impl std::fmt::Debug for Routed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.state {
-            RoutedState::Running(_) => "running",
-            RoutedState::Done(_) => "done",
+            RoutedState::Running(_) | RoutedState::RunningKeys(_) => "running",
+            RoutedState::Done(..) => "done",
         };
         f.debug_struct("Routed")
             .field("state", &state)
@@ -104,10 +106,17 @@ impl Routed {
     /// Polls the request on; `Ready` once its reply is in.
     pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
         match &mut self.state {
-            RoutedState::Done(_) => Poll::Ready(()),
+            RoutedState::Done(..) => Poll::Ready(()),
             RoutedState::Running(future) => match future.as_mut().poll(context) {
                 Poll::Ready(reply) => {
-                    self.state = RoutedState::Done(Some(reply));
+                    self.state = RoutedState::Done(Some(reply), 0);
+                    Poll::Ready(())
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            RoutedState::RunningKeys(future) => match future.as_mut().poll(context) {
+                Poll::Ready((reply, hits)) => {
+                    self.state = RoutedState::Done(Some(reply), hits);
                     Poll::Ready(())
                 }
                 Poll::Pending => Poll::Pending,
@@ -129,8 +138,16 @@ impl Routed {
     /// The reply (once complete).
     pub(crate) fn take(&mut self) -> Reply {
         match &mut self.state {
-            RoutedState::Done(reply) => reply.take().unwrap_or_else(|| Err(connection_gone())),
-            RoutedState::Running(_) => Err(connection_gone()),
+            RoutedState::Done(reply, _) => reply.take().unwrap_or_else(|| Err(connection_gone())),
+            RoutedState::Running(_) | RoutedState::RunningKeys(_) => Err(connection_gone()),
+        }
+    }
+
+    /// For a multi-key job once complete: how many of its keys hit.
+    pub(crate) fn hits(&self) -> u32 {
+        match self.state {
+            RoutedState::Done(_, hits) => hits,
+            _ => 0,
         }
     }
 }
@@ -144,11 +161,13 @@ pub(crate) fn start(
     job: Job,
     started: Instant,
 ) -> Routed {
-    started_now(run(routing.clone(), node, Rc::new(job)), node, started)
+    let future = run(routing.clone(), node, Rc::new(job));
+    started_now(RoutedState::Running(future), node, started)
 }
 
 /// Starts the keys of a multi-get that reach policy route `node`; the reply is their hits
-/// as `VALUE` blocks in key order then `END` (or the failure that fails the multi-get).
+/// as `VALUE` blocks in key order then `END` (or the failure that fails the multi-get):
+/// when they are all of the multi-get's keys, the client's reply as it is.
 pub(crate) fn start_multi(
     routing: &Rc<RouteSnapshot>,
     node: NodeId,
@@ -161,15 +180,24 @@ pub(crate) fn start_multi(
         let replies = run_multi(routing, node, Rc::new(job), (0..count).collect()).await;
         retrieval_reply(replies)
     });
-    started_now(future, node, started)
+    started_now(RoutedState::RunningKeys(future), node, started)
 }
 
-fn started_now(mut future: BoxedReply, node: NodeId, started: Instant) -> Routed {
+fn started_now(mut state: RoutedState, node: NodeId, started: Instant) -> Routed {
     let mut context = Context::from_waker(std::task::Waker::noop());
-    let state = match future.as_mut().poll(&mut context) {
-        Poll::Ready(reply) => RoutedState::Done(Some(reply)),
-        Poll::Pending => RoutedState::Running(future),
-    };
+    match &mut state {
+        RoutedState::Running(future) => {
+            if let Poll::Ready(reply) = future.as_mut().poll(&mut context) {
+                state = RoutedState::Done(Some(reply), 0);
+            }
+        }
+        RoutedState::RunningKeys(future) => {
+            if let Poll::Ready((reply, hits)) = future.as_mut().poll(&mut context) {
+                state = RoutedState::Done(Some(reply), hits);
+            }
+        }
+        RoutedState::Done(..) => {}
+    }
     Routed {
         state,
         route: node,
@@ -675,15 +703,19 @@ impl KeyReply {
 
 type BoxedKeyReplies = Pin<Box<dyn Future<Output = Vec<KeyReply>>>>;
 
-/// The reply of a multi-key job: the hits in key order then `END`; the first failure
-/// instead when a key failed (one failed key fails a multi-get, as a failed server does).
-fn retrieval_reply(replies: Vec<KeyReply>) -> Reply {
-    let mut length = 5;
+/// The reply of a multi-key job: the hits in key order then `END`, and their count; the
+/// first failure instead when a key failed (one failed key fails a multi-get, as a failed
+/// server does).
+fn retrieval_reply(replies: Vec<KeyReply>) -> (Reply, u32) {
+    let (mut length, mut hits) = (5, 0);
     for reply in &replies {
         match reply {
-            KeyReply::Hit(block) => length += block.len(),
+            KeyReply::Hit(block) => {
+                length += block.len();
+                hits += 1;
+            }
             KeyReply::Miss => {}
-            KeyReply::Failed(failure) => return failure.clone(),
+            KeyReply::Failed(failure) => return (failure.clone(), 0),
         }
     }
     let mut out = BytesMut::with_capacity(length);
@@ -693,7 +725,7 @@ fn retrieval_reply(replies: Vec<KeyReply>) -> Reply {
         }
     }
     out.put_slice(b"END\r\n");
-    Ok(out.freeze())
+    (Ok(out.freeze()), hits)
 }
 
 /// Runs the keys `keys` (indexes into `job.keys`) from `node`; one outcome per key, in

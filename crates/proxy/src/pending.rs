@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use memroute_backend::{ReplyReceiver, TryRecvError};
-use memroute_protocol::{quiet_suppresses, Command, Request};
+use memroute_protocol::{quiet_suppresses, retrieval_error, Command, Request};
 use smallvec::SmallVec;
 
 use crate::context::WorkerContext;
@@ -343,6 +343,22 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
             .routing
             .metrics
             .observe_since(first.route as usize, first.started);
+    }
+    if let ([], [group]) = (&multi.legs[..], &mut multi.routed[..]) {
+        // Every key went through one policy route: its reply is the client's, in order.
+        let hits = u64::from(group.hits());
+        match group.take() {
+            Ok(bytes) => {
+                out.extend_from_slice(&bytes);
+                if retrieval_error(&bytes).is_none() {
+                    let misses = (multi.request.keys.len() as u64).saturating_sub(hits);
+                    WorkerMetrics::add(&context.stats().get_hits, hits);
+                    WorkerMetrics::add(&context.stats().get_misses, misses);
+                }
+            }
+            Err(error) => server_error(out, &error),
+        }
+        return;
     }
     let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(multi.legs.len());
     for leg in &mut multi.legs {
