@@ -130,7 +130,13 @@ fn failover_multiget_answers_every_key_with_a_primary_server_dead_re_asking_only
     main[0].kill();
     let before_live = counters(&main[1]);
     let before_spare = counters(&spare);
+    let hits_before = stat_u64(&proxy.stats(), "get_hits").unwrap_or(0);
     let got = multi_get(&mut c, &keys);
+    assert_eq!(
+        stat_u64(&proxy.stats(), "get_hits"),
+        Some(hits_before + keys.len() as u64),
+        "memroute counts every key's hit"
+    );
     let answered: Vec<&String> = got.iter().map(|(k, _)| k).collect();
     assert_eq!(
         answered,
@@ -458,7 +464,13 @@ fn a_multiget_mixing_plain_pool_and_policy_keys_merges_in_client_order() {
     asked.insert(7, "fo:nowhere".to_string());
     let mut c = proxy.connect();
     let before_b = counters(&b);
+    let misses_before = stat_u64(&proxy.stats(), "get_misses").unwrap_or(0);
     let got = multi_get(&mut c, &asked);
+    assert_eq!(
+        stat_u64(&proxy.stats(), "get_misses"),
+        Some(misses_before + 1),
+        "memroute counts the one miss"
+    );
     let expected: Vec<(String, String)> = keys
         .iter()
         .map(|k| {

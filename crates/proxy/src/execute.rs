@@ -177,8 +177,9 @@ pub(crate) fn start_multi(
     let routing = routing.clone();
     let future = Box::pin(async move {
         let count = job.keys.len() as u32;
-        let replies = run_multi(routing, node, Rc::new(job), (0..count).collect()).await;
-        retrieval_reply(replies)
+        let job = Rc::new(job);
+        let replies = run_multi(routing, node, job.clone(), (0..count).collect()).await;
+        retrieval_reply(replies, &job)
     });
     started_now(RoutedState::RunningKeys(future), node, started)
 }
@@ -321,7 +322,7 @@ async fn run_multi_child(
     node: NodeId,
     job: &Rc<MultiJob>,
     keys: Vec<u32>,
-) -> Vec<KeyReply> {
+) -> KeyReplies {
     match routing.routes.node(node) {
         Node::Pool(pool) => pool_multi(routing, *pool, job, &keys).await,
         _ => run_multi(routing.clone(), node, job.clone(), keys).await,
@@ -701,12 +702,78 @@ impl KeyReply {
     }
 }
 
-type BoxedKeyReplies = Pin<Box<dyn Future<Output = Vec<KeyReply>>>>;
+/// A multi-key job's outcome: per key, or (the common case: a pool whose every batch was
+/// answered without an error) the servers' replies as they are with each key's batch, so
+/// that the client's reply is merged from them once, as a plain pool's is.
+enum KeyReplies {
+    Keys(Vec<KeyReply>),
+    Batches {
+        replies: SmallVec<[Bytes; 4]>,
+        key_leg: multiget::KeyLegs,
+    },
+}
+
+impl KeyReplies {
+    /// Per key (`keys` as asked), walking the batches when that is what came back.
+    fn into_keys(self, job: &MultiJob, keys: &[u32]) -> Vec<KeyReply> {
+        let (replies, key_leg) = match self {
+            KeyReplies::Keys(replies) => return replies,
+            KeyReplies::Batches { replies, key_leg } => (replies, key_leg),
+        };
+        // Servers answer in the order they were asked, skipping misses.
+        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
+        keys.iter()
+            .enumerate()
+            .map(|(i, &key)| {
+                let leg = key_leg.get(i).copied().unwrap_or(u32::MAX) as usize;
+                let Some(bytes) = replies.get(leg) else {
+                    return KeyReply::Failed(Err(connection_gone()));
+                };
+                match value_block_at(bytes, cursor[leg]) {
+                    Some(block) if bytes[block.key.clone()] == job.keys[key as usize][..] => {
+                        cursor[leg] = block.block.end;
+                        KeyReply::Hit(bytes.slice(block.block))
+                    }
+                    _ => KeyReply::Miss,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether every key was answered (hit or miss), none failed.
+    fn all_answered(&self) -> bool {
+        match self {
+            KeyReplies::Batches { .. } => true,
+            KeyReplies::Keys(replies) => replies.iter().all(|r| !matches!(r, KeyReply::Failed(_))),
+        }
+    }
+
+    fn failed(count: usize, failure: Reply) -> KeyReplies {
+        KeyReplies::Keys(vec![KeyReply::Failed(failure); count])
+    }
+}
+
+type BoxedKeyReplies = Pin<Box<dyn Future<Output = KeyReplies>>>;
 
 /// The reply of a multi-key job: the hits in key order then `END`, and their count; the
 /// first failure instead when a key failed (one failed key fails a multi-get, as a failed
 /// server does).
-fn retrieval_reply(replies: Vec<KeyReply>) -> (Reply, u32) {
+fn retrieval_reply(replies: KeyReplies, job: &MultiJob) -> (Reply, u32) {
+    let replies = match replies {
+        KeyReplies::Keys(replies) => replies,
+        // Batches reach here only from a pool asked for every key of the job, in order
+        // (passed through failover/replicated/shadow unchanged): merge them as they are.
+        KeyReplies::Batches { replies, key_leg } => {
+            let length = replies.iter().map(Bytes::len).sum::<usize>() + 5;
+            let mut out = BytesMut::with_capacity(length);
+            let keys = job.keys.iter().map(|key| &key[..]);
+            return match multiget::merge(&replies, keys, &key_leg, &mut out) {
+                Some((hits, _)) => (Ok(out.freeze()), hits as u32),
+                // An error line (never in Batches): it is the whole reply.
+                None => (Ok(out.freeze()), 0),
+            };
+        }
+    };
     let (mut length, mut hits) = (5, 0);
     for reply in &replies {
         match reply {
@@ -741,7 +808,7 @@ fn run_multi(
         let mut node = node;
         loop {
             if keys.is_empty() {
-                return Vec::new();
+                return KeyReplies::Keys(Vec::new());
             }
             match routes.node(node) {
                 Node::Prefix { .. } | Node::Operation { .. } => {
@@ -758,20 +825,28 @@ fn run_multi(
                         node = *child;
                         continue;
                     }
+                    let subsets: Vec<Vec<u32>> = groups
+                        .iter()
+                        .map(|(_, positions)| positions.iter().map(|&p| keys[p]).collect())
+                        .collect();
                     let futures = groups
                         .iter()
-                        .map(|(child, positions)| {
-                            let subset = positions.iter().map(|&p| keys[p]).collect();
-                            run_multi(routing.clone(), *child, job.clone(), subset)
+                        .zip(&subsets)
+                        .map(|((child, _), subset)| {
+                            run_multi(routing.clone(), *child, job.clone(), subset.clone())
                         })
                         .collect();
                     let mut out = vec![KeyReply::Miss; keys.len()];
-                    for ((_, positions), replies) in groups.iter().zip(join_all(futures).await) {
+                    let answers = join_all(futures).await;
+                    for (((_, positions), subset), replies) in
+                        groups.iter().zip(&subsets).zip(answers)
+                    {
+                        let replies = replies.into_keys(&job, subset);
                         for (&position, reply) in positions.iter().zip(replies) {
                             out[position] = reply;
                         }
                     }
-                    return out;
+                    return KeyReplies::Keys(out);
                 }
                 Node::Pool(pool) => return pool_multi(&routing, *pool, &job, &keys).await,
                 Node::Shadow {
@@ -824,10 +899,10 @@ fn run_multi(
                     return warm_up_multi(&routing, node, *cold, *warm, *ttl, &job, keys).await;
                 }
                 Node::Random { children } => node = pick_random(children),
-                Node::Null => return vec![KeyReply::Miss; keys.len()],
+                Node::Null => return KeyReplies::Keys(vec![KeyReply::Miss; keys.len()]),
                 Node::Error { message } => {
                     let line = Bytes::from(format!("SERVER_ERROR {message}\r\n"));
-                    return vec![KeyReply::Failed(Ok(line)); keys.len()];
+                    return KeyReplies::failed(keys.len(), Ok(line));
                 }
             }
         }
@@ -841,7 +916,7 @@ async fn pool_multi(
     pool: usize,
     job: &MultiJob,
     keys: &[u32],
-) -> Vec<KeyReply> {
+) -> KeyReplies {
     let targets = keys.iter().map(|&key| {
         let key = &job.keys[key as usize][..];
         let target = match routing.server_for(pool, key) {
@@ -892,7 +967,7 @@ async fn pool_multi(
     );
     drop(writers);
     if planned.is_err() {
-        return vec![KeyReply::Failed(Err(routing.no_servers(pool))); keys.len()];
+        return KeyReplies::failed(keys.len(), Err(routing.no_servers(pool)));
     }
     let batches = servers.into_iter().zip(receivers);
     let mut replies: SmallVec<[Reply; 4]> = SmallVec::new();
@@ -906,12 +981,20 @@ async fn pool_multi(
         }
         replies.push(reply);
     }
-    // Servers answer in the order they were asked, skipping misses.
-    let key = |i: usize| &job.keys[keys[i] as usize];
+    if replies
+        .iter()
+        .all(|reply| matches!(reply, Ok(bytes) if retrieval_error(bytes).is_none()))
+    {
+        let replies = replies.into_iter().flatten().collect();
+        return KeyReplies::Batches { replies, key_leg };
+    }
+    // A batch failed: per key, its batch's failure or its own answer.
     let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
-    (0..keys.len())
-        .map(|i| {
-            let leg = key_leg[i] as usize;
+    let outcomes = keys
+        .iter()
+        .enumerate()
+        .map(|(i, &key)| {
+            let leg = key_leg.get(i).copied().unwrap_or(u32::MAX) as usize;
             let Some(reply) = replies.get(leg) else {
                 return KeyReply::Failed(Err(connection_gone()));
             };
@@ -923,14 +1006,15 @@ async fn pool_multi(
                 return KeyReply::Failed(Ok(bytes.slice(line)));
             }
             match value_block_at(bytes, cursor[leg]) {
-                Some(block) if &bytes[block.key.clone()] == &key(i)[..] => {
+                Some(block) if bytes[block.key.clone()] == job.keys[key as usize][..] => {
                     cursor[leg] = block.block.end;
                     KeyReply::Hit(bytes.slice(block.block))
                 }
                 _ => KeyReply::Miss,
             }
         })
-        .collect()
+        .collect();
+    KeyReplies::Keys(outcomes)
 }
 
 /// Children in order; each asked only for the keys every child before it failed (or,
@@ -943,9 +1027,9 @@ async fn failover_multi(
     on: FailoverOn,
     job: &Rc<MultiJob>,
     keys: Vec<u32>,
-) -> Vec<KeyReply> {
+) -> KeyReplies {
     let Some((&first, _)) = children.split_first() else {
-        return vec![KeyReply::Failed(Err(connection_gone())); keys.len()];
+        return KeyReplies::failed(keys.len(), Err(connection_gone()));
     };
     let moves_on = |reply: &KeyReply| match reply.class() {
         ReplyClass::Error => true,
@@ -954,8 +1038,12 @@ async fn failover_multi(
     };
     // The common case: the first child answers every key (no bookkeeping per key).
     let first_replies = run_multi_child(routing, first, job, keys.clone()).await;
-    if children.len() == 1 || !first_replies.iter().any(moves_on) {
+    if children.len() == 1 || (on == FailoverOn::Error && first_replies.all_answered()) {
         return first_replies;
+    }
+    let first_replies = first_replies.into_keys(job, &keys);
+    if !first_replies.iter().any(moves_on) {
+        return KeyReplies::Keys(first_replies);
     }
     // Final outcomes; for a key still being asked, its first miss (if any).
     let mut outcomes: Vec<Option<KeyReply>> = vec![None; keys.len()];
@@ -966,8 +1054,9 @@ async fn failover_multi(
         let replies = match first_replies.take() {
             Some(replies) => replies,
             None => {
-                let asked = remaining.iter().map(|&p| keys[p]).collect();
-                run_multi_child(routing, child, job, asked).await
+                let asked: Vec<u32> = remaining.iter().map(|&p| keys[p]).collect();
+                let replies = run_multi_child(routing, child, job, asked.clone()).await;
+                replies.into_keys(job, &asked)
             }
         };
         let mut next = Vec::new();
@@ -997,10 +1086,11 @@ async fn failover_multi(
             .fetch_add(next.len() as u64, Relaxed);
         remaining = next;
     }
-    outcomes
+    let outcomes = outcomes
         .into_iter()
         .map(|outcome| outcome.unwrap_or(KeyReply::Failed(Err(connection_gone()))))
-        .collect()
+        .collect();
+    KeyReplies::Keys(outcomes)
 }
 
 /// Every replica asked at once; the first whose every key answered wins (the slower
@@ -1010,18 +1100,18 @@ async fn fastest_multi(
     children: &[NodeId],
     job: &Rc<MultiJob>,
     keys: Vec<u32>,
-) -> Vec<KeyReply> {
+) -> KeyReplies {
     let mut futures: Vec<Option<BoxedKeyReplies>> = children
         .iter()
         .map(|&child| Some(run_multi(routing.clone(), child, job.clone(), keys.clone())))
         .collect();
-    let mut last: Option<Vec<KeyReply>> = None;
+    let mut last: Option<KeyReplies> = None;
     std::future::poll_fn(|context| {
         for slot in futures.iter_mut() {
             let Some(future) = slot else { continue };
             if let Poll::Ready(replies) = future.as_mut().poll(context) {
                 *slot = None;
-                if replies.iter().all(|r| !matches!(r, KeyReply::Failed(_))) {
+                if replies.all_answered() {
                     return Poll::Ready(Some(replies));
                 }
                 last = Some(replies);
@@ -1034,7 +1124,7 @@ async fn fastest_multi(
     })
     .await
     .or(last)
-    .unwrap_or_else(|| vec![KeyReply::Failed(Err(connection_gone())); keys.len()])
+    .unwrap_or_else(|| KeyReplies::failed(keys.len(), Err(connection_gone())))
 }
 
 /// Every key from cold; cold's misses from warm; warm's hits filled into cold (`add`,
@@ -1047,16 +1137,20 @@ async fn warm_up_multi(
     ttl: u32,
     job: &Rc<MultiJob>,
     keys: Vec<u32>,
-) -> Vec<KeyReply> {
-    let mut replies = run_multi_child(routing, cold, job, keys.clone()).await;
+) -> KeyReplies {
+    let mut replies = run_multi_child(routing, cold, job, keys.clone())
+        .await
+        .into_keys(job, &keys);
     let missed: Vec<usize> = (0..replies.len())
         .filter(|&p| replies[p].class() == ReplyClass::Miss)
         .collect();
     if missed.is_empty() {
-        return replies;
+        return KeyReplies::Keys(replies);
     }
-    let asked = missed.iter().map(|&p| keys[p]).collect();
-    let from_warm = run_multi_child(routing, warm, job, asked).await;
+    let asked: Vec<u32> = missed.iter().map(|&p| keys[p]).collect();
+    let from_warm = run_multi_child(routing, warm, job, asked.clone())
+        .await
+        .into_keys(job, &asked);
     let mut fills: Vec<BoxedReply> = Vec::new();
     for (&position, reply) in missed.iter().zip(from_warm) {
         // Warm had nothing (or failed): cold's miss is the honest answer.
@@ -1077,7 +1171,7 @@ async fn warm_up_multi(
             join_all(fills).await;
         }));
     }
-    replies
+    KeyReplies::Keys(replies)
 }
 
 /// Copies the keys of a multi-get in the shadow range to the shadow target, on a task of
@@ -1105,10 +1199,13 @@ fn shadow_copy_multi(
     tokio::task::spawn_local(eager(async move {
         let replies = run_multi(routing.clone(), shadow, job, keys).await;
         if let Some(state) = routing.shadows.get(index) {
-            let errors = replies
-                .iter()
-                .filter(|r| matches!(r, KeyReply::Failed(_)))
-                .count() as u64;
+            let errors = match &replies {
+                KeyReplies::Batches { .. } => 0,
+                KeyReplies::Keys(replies) => replies
+                    .iter()
+                    .filter(|r| matches!(r, KeyReply::Failed(_)))
+                    .count() as u64,
+            };
             state.stats.errors.fetch_add(errors, Relaxed);
             state.stats.completed.fetch_add(count - errors, Relaxed);
             state.in_flight.set(state.in_flight.get().saturating_sub(1));
