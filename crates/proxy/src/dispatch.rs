@@ -311,6 +311,41 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     } else {
         usize::MAX
     };
+    let root = routes.root();
+    if !matches!(
+        routes.node(root),
+        Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
+    ) {
+        // The root is a policy route: every key reaches it, one group, nothing to plan here.
+        for _ in 0..request.keys.len() {
+            routing.metrics.count(root as usize, request.command);
+        }
+        let job = MultiJob {
+            operation,
+            head: head_bytes.clone(),
+            keys: request
+                .keys
+                .iter()
+                .map(|range| request.frame.slice(range.clone()))
+                .collect(),
+            slot,
+            byte_cap,
+        };
+        let routed = vec![execute::start_multi(
+            routing,
+            root,
+            job,
+            routing.metrics.now(),
+        )];
+        let key_leg = smallvec::smallvec![0; request.keys.len()];
+        return Pending::MultiGet(Box::new(MultiGet {
+            routing: routing.clone(),
+            request,
+            legs: SmallVec::new(),
+            routed,
+            key_leg,
+        }));
+    }
     // Where each key goes, decided as the plan's one pass reaches it.
     let targets = request.keys().map(|key| {
         let node = routes.select(routes.root(), operation, key);
