@@ -367,6 +367,8 @@ pub(crate) struct WorkerContext {
     /// The slot the next client session gets (which of `connections` it uses).
     next_slot: Cell<usize>,
     pub metrics: Rc<WorkerMetrics>,
+    /// The worker's client sessions, for shutdown to reach the idle ones.
+    pub sessions: crate::session::Sessions,
 }
 
 impl WorkerContext {
@@ -384,6 +386,7 @@ impl WorkerContext {
             routing: RefCell::new(Rc::new(Routing::build(generation, None, &metrics))),
             next_slot: Cell::new(0),
             metrics,
+            sessions: Default::default(),
         }
     }
 
@@ -429,6 +432,7 @@ impl Worker {
             routing: RefCell::new(Rc::new(Routing::build(&first, None, &metrics))),
             next_slot: Cell::new(0),
             metrics: metrics.clone(),
+            sessions: Default::default(),
         });
         drop(first);
         let flusher = tokio::task::spawn_local(metrics.run_flusher());
@@ -449,6 +453,8 @@ impl Worker {
         for accept in accepts {
             let _ = accept.await;
         }
+        // Every accept loop ended on shutdown: idle sessions close, busy ones once idle.
+        context.sessions.drain();
         // Listeners are closed; wait for sessions to finish what they have in flight, but
         // not forever: a client that stopped reading would hold the process hostage.
         let shutdown_timeout = context.routing().shutdown_timeout;
@@ -508,7 +514,7 @@ async fn accept_loop(
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 // The TLS handshake runs in the session's task: a slow or silent client
                 // holds up nobody else (bounded by tls_handshake_timeout, counted).
-                Ok(incoming) => spawn_session(&context, &shutdown, &alive, &events, incoming),
+                Ok(incoming) => spawn_session(&context, &alive, &events, incoming),
                 Err(error) => accept_error(&name, error).await,
             },
             _ = shutdown.changed() => break,
@@ -525,7 +531,6 @@ async fn accept_error(name: &str, error: std::io::Error) {
 
 fn spawn_session<C>(
     context: &Rc<WorkerContext>,
-    shutdown: &watch::Receiver<bool>,
     alive: &mpsc::Sender<()>,
     events: &Rc<crate::client_log::ListenerEvents>,
     connection: C,
@@ -543,13 +548,10 @@ fn spawn_session<C>(
     }
     shared.connections_current.inc();
     shared.connections_total.inc();
-    let open = crate::session::OpenSession {
-        context: context.clone(),
-        _alive: alive.clone(),
-        listener: Some(events.clone()),
-    };
+    let open =
+        crate::session::OpenSession::new(context.clone(), alive.clone(), Some(events.clone()));
     // The session future is the task itself, built here and stored once: wrapping it in
     // another async block (or capturing it and then awaiting it) stores its arguments or
     // the whole future twice in the task cell.
-    tokio::task::spawn_local(crate::session::run(open, connection, shutdown.clone()));
+    tokio::task::spawn_local(crate::session::run(open, connection));
 }
