@@ -2,16 +2,57 @@
 //! to memcached B (a one-server pool) must get the same reply bytes. Both servers start fresh
 //! per script and see the same sequence, so even cas uniques agree.
 //! `version`, `verbosity` and `stats` are answered by memroute itself and are tested apart.
+//! The shared script lists also run through a TLS pool (memroute speaks TLS to a real
+//! `memcached -Z` B): the replies must not depend on the transport.
 use memroute_tests::scripts::{self, compare, Script, Side};
+use memroute_tests::tls::Pki;
 use memroute_tests::*;
+
+/// What stands between the client and memcached B.
+enum Path<'a> {
+    /// memroute, plaintext both sides.
+    Plain,
+    /// memroute with a TLS pool to `memcached -Z` serving `pki.server`.
+    TlsPool(&'a Pki),
+}
+
+impl Path<'_> {
+    /// Memcached B and memroute in front of it.
+    fn start(&self) -> (Memcached, Memroute) {
+        match self {
+            Path::Plain => {
+                let backend = Memcached::start();
+                let proxy = Memroute::start_pool(&[backend.addr()]);
+                (backend, proxy)
+            }
+            Path::TlsPool(pki) => {
+                let backend = Memcached::start_with_args(
+                    "127.0.0.1",
+                    free_port(),
+                    64,
+                    Pki::memcached_args(&pki.server),
+                );
+                let tls = format!(
+                    "tls = {{ ca = {:?}, server_name = \"localhost\" }}",
+                    pki.ca.display().to_string()
+                );
+                let proxy = Memroute::start_pool_with(&[backend.addr()], &tls);
+                (backend, proxy)
+            }
+        }
+    }
+}
 
 /// Runs every script on a fresh (memcached, memroute+memcached) pair; reports all differences.
 fn run(scripts: Vec<Script>) {
+    run_through(scripts, &Path::Plain);
+}
+
+fn run_through(scripts: Vec<Script>, path: &Path) {
     let mut failures = Vec::new();
     for script in &scripts {
         let reference = Memcached::start();
-        let backend = Memcached::start();
-        let proxy = Memroute::start_pool(&[backend.addr()]);
+        let (_backend, proxy) = path.start();
         let mut want = Side::new(reference.connect());
         let mut got = Side::new(proxy.connect());
         if let Err(e) = compare(script, &mut want, &mut got) {
@@ -40,6 +81,16 @@ fn meta_protocol_matches_memcached() {
 #[test]
 fn bad_input_matches_memcached() {
     run(scripts::bad_input_scripts());
+}
+
+/// Every shared script (text, meta, bad input) through a TLS pool to `memcached -Z`.
+#[test]
+fn every_script_matches_memcached_through_a_tls_pool() {
+    let pki = Pki::generate();
+    let mut all = scripts::text_scripts();
+    all.extend(scripts::meta_scripts());
+    all.extend(scripts::bad_input_scripts());
+    run_through(all, &Path::TlsPool(&pki));
 }
 
 /// Steps owned by this file (the shared lists live in memroute_tests::scripts).
