@@ -481,6 +481,43 @@ pub fn run_program<P: AsRef<std::ffi::OsStr>, S: AsRef<std::ffi::OsStr>>(
     }
 }
 
+/// One HTTP/1.1 request to memroute's admin endpoint with `Connection: close`; returns the
+/// status code and the body (checked against `Content-Length` when the reply has one).
+pub fn admin_http(addr: &str, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect admin {addr}: {e}"));
+    s.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
+    s.set_write_timeout(Some(IO_TIMEOUT))
+        .expect("write timeout");
+    s.write_all(
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .expect("send request");
+    let mut response = String::new();
+    s.read_to_string(&mut response)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e} after {response:?}"));
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("{method} {path}: no header end in {response:?}"));
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("{method} {path}: status line of {head:?}"));
+    let length: Option<usize> = head.lines().find_map(|line| {
+        let line = line.to_ascii_lowercase();
+        line.strip_prefix("content-length:")?.trim().parse().ok()
+    });
+    if let Some(length) = length {
+        assert_eq!(
+            length,
+            body.len(),
+            "{method} {path}: Content-Length vs body"
+        );
+    }
+    (code, body.to_string())
+}
+
 /// The memroute binary built by `cargo build -p memroute`.
 pub fn memroute_binary() -> PathBuf {
     // Integration tests run as target/<profile>/deps/<test>-<hash>; the binary is target/<profile>/memroute.

@@ -2,7 +2,6 @@
 //! in Prometheus text, `GET /healthz`), exact `stats` counters, a `unix:` listen address, and
 //! `max_connections` closing connections past the limit.
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -27,39 +26,6 @@ fn config(
         listen.join(", "),
         servers.join(", ")
     )
-}
-
-/// One HTTP/1.1 GET with `Connection: close`; returns (status line, body).
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect admin {addr}: {e}"));
-    s.set_read_timeout(Some(IO_TIMEOUT))
-        .expect("set read timeout");
-    s.set_write_timeout(Some(IO_TIMEOUT))
-        .expect("set write timeout");
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .expect("send request");
-    let mut response = String::new();
-    s.read_to_string(&mut response)
-        .unwrap_or_else(|e| panic!("GET {path}: {e} after {response:?}"));
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("GET {path}: no header end in {response:?}"));
-    let status = head.lines().next().unwrap_or_default().to_string();
-    let length: Option<usize> = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().to_string())
-        })
-        .and_then(|v| v.parse().ok());
-    if let Some(length) = length {
-        assert_eq!(length, body.len(), "GET {path}: Content-Length vs body");
-    }
-    (status, body.to_string())
 }
 
 /// The value of one Prometheus sample line `name{labels} value` (or `name value`).
@@ -94,8 +60,8 @@ fn admin_endpoint_serves_metrics_and_healthz() {
     let admin = format!("127.0.0.1:{}", free_port());
     let proxy = Memroute::start(&config(&[listen], "", &addrs, Some(&admin)));
 
-    let (status, body) = http_get(&admin, "/healthz");
-    assert!(status.starts_with("HTTP/1.1 200"), "/healthz: {status}");
+    let (status, body) = admin_http(&admin, "GET", "/healthz");
+    assert_eq!(status, 200, "/healthz");
     assert_eq!(body.trim(), "ok", "/healthz body");
 
     // Some traffic, and a failure on server 1 (killed) to see per-server errors move.
@@ -122,8 +88,8 @@ fn admin_endpoint_serves_metrics_and_healthz() {
         show(&reply)
     );
 
-    let (status, metrics) = http_get(&admin, "/metrics");
-    assert!(status.starts_with("HTTP/1.1 200"), "/metrics: {status}");
+    let (status, metrics) = admin_http(&admin, "GET", "/metrics");
+    assert_eq!(status, 200, "/metrics");
     for needle in [
         "# TYPE memroute_client_get_keys_total counter",
         "# TYPE memroute_backend_errors_total counter",
@@ -177,8 +143,8 @@ fn admin_endpoint_serves_metrics_and_healthz() {
         );
     }
 
-    let (status, _) = http_get(&admin, "/nothing-here");
-    assert!(status.starts_with("HTTP/1.1 404"), "unknown path: {status}");
+    let (status, _) = admin_http(&admin, "GET", "/nothing-here");
+    assert_eq!(status, 404, "unknown path");
 }
 
 #[test]

@@ -8,28 +8,11 @@
 //! ```
 //!
 //! Every wait is on a condition (a log line, a reply, end of stream) with a deadline.
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use memroute_tests::*;
 
 const DEADLINE: Duration = Duration::from_secs(15);
-
-/// `GET path` on the admin endpoint: the status line.
-fn http_status(admin: &str, path: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(admin).expect("admin connect");
-    stream
-        .set_read_timeout(Some(IO_TIMEOUT))
-        .expect("read timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("admin write");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer.lines().next().unwrap_or_default().to_string()
-}
 
 #[test]
 fn sigterm_drains_serves_new_and_old_clients_then_closes_idle_ones() {
@@ -44,15 +27,11 @@ fn sigterm_drains_serves_new_and_old_clients_then_closes_idle_ones() {
     toml.push_str(&format!("\n[admin]\nlisten = \"{admin}\"\n"));
     let mut proxy = Memroute::start(&toml);
     // Ready once the pool's server is connected.
-    let ready_by = Instant::now() + DEADLINE;
-    while http_status(&admin, "/ready") != "HTTP/1.1 200 OK" {
-        assert!(
-            Instant::now() < ready_by,
-            "never ready\n{}",
-            proxy.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        poll_until(DEADLINE, || admin_http(&admin, "GET", "/ready").0 == 200),
+        "never ready\n{}",
+        proxy.log_text()
+    );
 
     let mut old = proxy.connect();
     old.set("k", b"v");
@@ -64,11 +43,8 @@ fn sigterm_drains_serves_new_and_old_clients_then_closes_idle_ones() {
         proxy.log_text()
     );
     // Not ready at once, still alive.
-    assert_eq!(
-        http_status(&admin, "/ready"),
-        "HTTP/1.1 503 Service Unavailable"
-    );
-    assert_eq!(http_status(&admin, "/healthz"), "HTTP/1.1 200 OK");
+    assert_eq!(admin_http(&admin, "GET", "/ready").0, 503);
+    assert_eq!(admin_http(&admin, "GET", "/healthz").0, 200);
 
     // During the delay, an old client and new clients are served.
     let mut served_new = 0;

@@ -20,6 +20,11 @@ use memroute_tests::{
     free_port, parse_values, run_memroute_cli, show, Conn, Memcached, Memroute, TempDir,
 };
 
+/// The routing crate's golden-file helpers (the same escaping rule).
+#[path = "../../crates/routing/tests/common/mod.rs"]
+mod golden;
+use golden::unescape;
+
 const GOLDEN_DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../crates/routing/tests/golden/mcrouter"
@@ -27,31 +32,6 @@ const GOLDEN_DIR: &str = concat!(
 const PROCESSES: usize = 5;
 const LARGEST_POOL: usize = 100;
 const CLI_DEADLINE: Duration = Duration::from_secs(20);
-
-/// The golden files' escaping: `\\` is a backslash, `\xNN` a byte.
-fn unescape(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i], bytes.get(i + 1)) {
-            (b'\\', Some(b'\\')) => {
-                out.push(b'\\');
-                i += 2;
-            }
-            (b'\\', Some(b'x')) => {
-                let hex = std::str::from_utf8(&bytes[i + 2..i + 4]).expect("hex");
-                out.push(u8::from_str_radix(hex, 16).expect("hex byte"));
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
-}
 
 /// A key mcrouter would really place (and memcached's text protocol can carry): 1 to 250
 /// bytes, none of them a space, a control byte or 0x7F.

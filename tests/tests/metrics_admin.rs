@@ -11,29 +11,6 @@ use std::time::Duration;
 
 use memroute_tests::*;
 
-/// One HTTP/1.1 request with `Connection: close`; returns (status code, body).
-fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect admin {addr}: {e}"));
-    s.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
-    s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .expect("send request");
-    let mut response = String::new();
-    s.read_to_string(&mut response)
-        .unwrap_or_else(|e| panic!("{method} {path}: {e} after {response:?}"));
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("{method} {path}: no header end in {response:?}"));
-    let code = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("{method} {path}: status line of {head:?}"));
-    (code, body.to_string())
-}
-
 /// One sample of the exposition: metric name, labels in order, value.
 #[derive(Debug, Clone)]
 struct Sample {
@@ -243,7 +220,7 @@ fn metrics_parse_strictly_carry_latency_and_agree_with_stats() {
     assert_eq!(clients[0].roundtrip_line(b"flush_all\r\n"), b"OK\r\n");
 
     let stats = clients[1].stats();
-    let (code, text) = http(&admin, "GET", "/metrics");
+    let (code, text) = admin_http(&admin, "GET", "/metrics");
     assert_eq!(code, 200, "{text}");
     let (types, samples) = parse_exposition(&text);
 
@@ -401,19 +378,21 @@ fn ready_follows_backends_and_config_reload_route_endpoints() {
     // the second one alone.
     let mut last = String::new();
     let first_up = poll_until(Duration::from_secs(10), || {
-        let (code, body) = http(&admin, "GET", "/ready");
+        let (code, body) = admin_http(&admin, "GET", "/ready");
         assert_eq!(code, 503, "ready with a server missing: {body}");
         last = body;
         last.contains("1 of 2 servers connected, 2 needed")
     });
     assert!(first_up, "{last}");
-    assert_eq!(http(&admin, "GET", "/healthz").0, 200);
+    assert_eq!(admin_http(&admin, "GET", "/healthz").0, 200);
     let second = Memcached::start_on("127.0.0.1", second_port, 16);
     assert!(
-        poll_until(Duration::from_secs(10), || http(&admin, "GET", "/ready").0
-            == 200),
+        poll_until(Duration::from_secs(10), || admin_http(
+            &admin, "GET", "/ready"
+        )
+        .0 == 200),
         "/ready after both servers run: {:?}",
-        http(&admin, "GET", "/ready")
+        admin_http(&admin, "GET", "/ready")
     );
 
     // /config: the running file, its md5 as md5sum computes it.
@@ -428,7 +407,7 @@ fn ready_follows_backends_and_config_reload_route_endpoints() {
             .unwrap_or_default()
             .to_string()
     };
-    let (code, shown) = http(&admin, "GET", "/config");
+    let (code, shown) = admin_http(&admin, "GET", "/config");
     assert_eq!(code, 200, "{shown}");
     let hash = md5(proxy.config_path());
     assert!(shown.starts_with(&format!("# md5 {hash}\n")), "{shown}");
@@ -440,19 +419,19 @@ fn ready_follows_backends_and_config_reload_route_endpoints() {
     let c_addr = first.addr();
     let smaller = quoted_pool_config(&listen, &admin, std::slice::from_ref(&c_addr), "");
     proxy.rewrite_config(&smaller);
-    let (code, body) = http(&admin, "POST", "/reload");
+    let (code, body) = admin_http(&admin, "POST", "/reload");
     assert_eq!(body, "reloaded: applied\n");
     assert_eq!(code, 200, "{body}");
     let new_hash = md5(proxy.config_path());
-    let (_, shown) = http(&admin, "GET", "/config");
+    let (_, shown) = admin_http(&admin, "GET", "/config");
     assert!(shown.starts_with(&format!("# md5 {new_hash}\n")), "{shown}");
     assert!(!shown.contains(&second_addr), "{shown}");
     proxy.rewrite_config(&smaller.replace("timeout = \"1s\"", "timeout = \"-3\""));
-    let (code, body) = http(&admin, "POST", "/reload");
+    let (code, body) = admin_http(&admin, "POST", "/reload");
     assert_eq!(code, 422, "{body}");
     assert!(body.contains(".timeout"), "the key path: {body}");
-    assert_eq!(http(&admin, "GET", "/reload").0, 405);
-    let (_, text) = http(&admin, "GET", "/metrics");
+    assert_eq!(admin_http(&admin, "GET", "/reload").0, 405);
+    let (_, text) = admin_http(&admin, "GET", "/metrics");
     let (_, samples) = parse_exposition(&text);
     let reloads = |outcome: &str| {
         total(&samples, "memroute_config_reloads_total", |s| {
@@ -481,14 +460,14 @@ fn ready_follows_backends_and_config_reload_route_endpoints() {
     // Where keys go: the endpoint and the CLI say the same, and it is where the key is.
     let mut c = proxy.connect();
     c.set("route-key/1", b"x");
-    let (code, endpoint) = http(&admin, "GET", "/route?key=route-key%2F1");
+    let (code, endpoint) = admin_http(&admin, "GET", "/route?key=route-key%2F1");
     assert_eq!(code, 200, "{endpoint}");
     assert_eq!(
         endpoint,
         format!("route-key/1: a\"b\\c => {c_addr} (primary)\n"),
         "{endpoint}"
     );
-    assert_eq!(http(&admin, "GET", "/route").0, 400);
+    assert_eq!(admin_http(&admin, "GET", "/route").0, 400);
     drop(second);
 }
 
@@ -563,7 +542,7 @@ fn silent_malformed_and_flooding_admin_clients_hold_up_nothing() {
         .collect();
     let mut half = TcpStream::connect(&admin).expect("connect");
     half.write_all(b"GET /metr").expect("half a request");
-    let (code, text) = http(&admin, "GET", "/metrics");
+    let (code, text) = admin_http(&admin, "GET", "/metrics");
     assert_eq!(code, 200, "a scrape behind silent clients");
     parse_exposition(&text);
 
@@ -603,9 +582,9 @@ fn silent_malformed_and_flooding_admin_clients_hold_up_nothing() {
     drop(half);
     assert!(
         poll_until(Duration::from_secs(10), || {
-            std::panic::catch_unwind(|| http(&admin, "GET", "/metrics").0).ok() == Some(200)
+            std::panic::catch_unwind(|| admin_http(&admin, "GET", "/metrics").0).ok() == Some(200)
         }),
         "/metrics after the flood"
     );
-    assert_eq!(http(&admin, "GET", "/healthz").1, "ok\n");
+    assert_eq!(admin_http(&admin, "GET", "/healthz").1, "ok\n");
 }

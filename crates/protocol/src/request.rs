@@ -72,6 +72,17 @@ pub enum Command {
 }
 
 impl Command {
+    /// The meta commands about a key: mg, ms, md, ma, me (not `mn`, which has none).
+    pub fn is_keyed_meta(self) -> bool {
+        matches!(
+            self,
+            Command::MetaGet
+                | Command::MetaSet
+                | Command::MetaDelete
+                | Command::MetaArithmetic
+                | Command::MetaDebug
+        )
+    }
     /// get, gets, gat, gats: commands that take one or more keys.
     pub fn is_multi_key(self) -> bool {
         matches!(

@@ -46,18 +46,30 @@ fn retrieval_replies() {
 
 #[test]
 fn retrieval_garbage_is_an_error() {
-    assert!(frame(b"STORED\r\n", ReplyKind::Retrieval).is_err());
-    assert!(frame(b"VALUE a 0 x\r\n", ReplyKind::Retrieval).is_err());
-    assert!(frame(b"VALUE a 0 1\r\nxyz\r\n", ReplyKind::Retrieval).is_err());
-    assert!(frame(b"VALUE a 0 1\r\nx\r\nbogus\r\n", ReplyKind::Retrieval).is_err());
-    assert!(frame(b"END\n", ReplyKind::Retrieval).is_err());
-    assert!(frame(b"VALUE a 0 1073741825\r\n", ReplyKind::Retrieval).is_err());
-    assert!(frame(b"VA 99999999999\r\n", ReplyKind::MetaGet).is_err());
+    let bad = |reason| Err(ProtocolError::BadReply(reason));
+    let retrieval = |reply: &[u8]| frame(reply, ReplyKind::Retrieval);
+    assert_eq!(retrieval(b"STORED\r\n"), bad("expected VALUE or END"));
+    assert_eq!(retrieval(b"VALUE a 0 x\r\n"), bad("bad data length"));
+    assert_eq!(
+        retrieval(b"VALUE a 0 1\r\nxyz\r\n"),
+        bad("data block not terminated by \\r\\n")
+    );
+    assert_eq!(
+        retrieval(b"VALUE a 0 1\r\nx\r\nbogus\r\n"),
+        bad("expected VALUE or END")
+    );
+    assert_eq!(retrieval(b"END\n"), bad("line not terminated by \\r\\n"));
+    let too_large = bad("value larger than memcached's item maximum");
+    assert_eq!(retrieval(b"VALUE a 0 1073741825\r\n"), too_large);
+    assert_eq!(frame(b"VA 99999999999\r\n", ReplyKind::MetaGet), too_large);
     let short = Limits {
         max_line_len: 8,
         ..Limits::default()
     };
-    assert!(parse_reply(b"VALUE aaaaaaaaaaa", ReplyKind::Retrieval, &short).is_err());
+    assert_eq!(
+        parse_reply(b"VALUE aaaaaaaaaaa", ReplyKind::Retrieval, &short),
+        bad("line too long")
+    );
 }
 
 #[test]
@@ -66,7 +78,10 @@ fn stats_replies() {
     check_whole(b"END\r\n", ReplyKind::Stats);
     check_whole(b"RESET\r\n", ReplyKind::Stats);
     check_whole(b"ERROR\r\n", ReplyKind::Stats);
-    assert!(frame(b"STORED\r\n", ReplyKind::Stats).is_err());
+    assert_eq!(
+        frame(b"STORED\r\n", ReplyKind::Stats),
+        Err(ProtocolError::BadReply("expected STAT or END"))
+    );
 }
 
 #[test]

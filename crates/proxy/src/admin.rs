@@ -27,8 +27,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::control::Controller;
+use crate::error::ProxyError;
 use crate::stats::Metrics;
-use crate::ProxyError;
 
 /// A request's headers must arrive within this long (a silent client is closed).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);

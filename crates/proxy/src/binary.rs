@@ -24,8 +24,10 @@ use memroute_protocol::{parse_request, Limits, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::dispatch::{dispatch, Flow, Pending};
-use crate::worker::{Routing, WorkerContext};
+use crate::context::WorkerContext;
+use crate::dispatch::dispatch;
+use crate::pending::{Flow, Pending};
+use crate::snapshot::RouteSnapshot;
 
 const READ_CHUNK: usize = 16 * 1024;
 /// Longest key memcached accepts (binary keys are checked against it before translation).
@@ -349,7 +351,7 @@ fn text_safe(key: &[u8]) -> bool {
 fn translate(
     context: &WorkerContext,
     peer: &crate::client_log::Peer,
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     slot: usize,
     request: BinaryRequest,
     input: &mut BytesMut,
@@ -544,7 +546,7 @@ fn translate(
 /// Frames the translated line with the text parser and dispatches it like a client's.
 fn send(
     context: &WorkerContext,
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     slot: usize,
     mut line: BytesMut,
     shape: Shape,
@@ -588,7 +590,7 @@ fn send(
 /// `gets k1 k2 ...`: the multi-get path groups the keys per server, one request each.
 fn batch_quiet_gets(
     context: &WorkerContext,
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     slot: usize,
     first: BinaryRequest,
     input: &mut BytesMut,

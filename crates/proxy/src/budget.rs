@@ -27,7 +27,7 @@
 //! The request path pays one relaxed load per request while the budget is not exceeded.
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -35,6 +35,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
+use crate::counters::ReplyBudget;
 use crate::stats::SharedStats;
 
 /// What the running config says about the budget (0 = no process-wide bound).
@@ -50,37 +51,6 @@ const INITIAL_AVERAGE_REPLY: usize = 1024;
 const INITIAL_WINDOW: usize = 32;
 /// Past this the window is no limit (`max_client_pending` applies on its own).
 const MAX_WINDOW: usize = 1 << 20;
-
-/// The shared counters; one per process (in `SharedStats`).
-#[derive(Debug)]
-pub(crate) struct ReplyBudget {
-    /// Sum of every session's charge.
-    used: AtomicUsize,
-    /// Sessions whose charge is not zero: the share is the limit divided among them.
-    holders: AtomicUsize,
-    /// Times a session stopped reading because it held more than its share.
-    pub paused_total: AtomicU64,
-    /// Sessions closed for holding more than their share past `slow_client_timeout`.
-    pub slow_closed_total: AtomicU64,
-}
-
-impl Default for ReplyBudget {
-    fn default() -> Self {
-        ReplyBudget {
-            used: AtomicUsize::new(0),
-            holders: AtomicUsize::new(0),
-            paused_total: AtomicU64::new(0),
-            slow_closed_total: AtomicU64::new(0),
-        }
-    }
-}
-
-impl ReplyBudget {
-    /// Reply bytes held for clients right now (estimated for unanswered requests).
-    pub(crate) fn used(&self) -> usize {
-        self.used.load(Relaxed)
-    }
-}
 
 /// Why a budgeted write ended without writing everything.
 #[derive(Debug)]

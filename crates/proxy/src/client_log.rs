@@ -76,7 +76,7 @@ pub(crate) enum ClientEvent {
 }
 
 /// Counts `event` for the process (the worker's cells) and for the peer's listener.
-pub(crate) fn count(context: &crate::worker::WorkerContext, peer: &Peer, event: ClientEvent) {
+pub(crate) fn count(context: &crate::context::WorkerContext, peer: &Peer, event: ClientEvent) {
     let stats = context.stats();
     let (cell, listener) = match event {
         ClientEvent::Error => (
@@ -125,7 +125,7 @@ pub(crate) fn framing_close(peer: &Peer, protocol: &str, what: &str) {
 
 /// Counts and logs a text-protocol request rejected by the parser.
 pub(crate) fn text_error(
-    context: &crate::worker::WorkerContext,
+    context: &crate::context::WorkerContext,
     peer: &Peer,
     reply: &memroute_protocol::ErrorReply,
     close: bool,

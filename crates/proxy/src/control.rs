@@ -2,7 +2,7 @@
 //! background work that is not on any request's path.
 //!
 //! ```text
-//!   start / SIGHUP reload --apply(config)--> Controller --watch--> workers (new Routing)
+//!   start / SIGHUP reload --apply(config)--> Controller --watch--> workers (new RouteSnapshot)
 //!                                                |
 //!                                                +--events--> control thread (own runtime)
 //!                                                              probers: one per server, `version`
@@ -21,26 +21,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use memroute_backend::{FoundServer, HealthSettings, ServerHealth};
-use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, PoolConfig, ServerConfig};
+use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, ServerConfig};
 use memroute_routing::{Node, RouteTable};
 use tokio::sync::{mpsc, watch};
 
-use crate::execute::{RouteStats, ShadowStats};
+use crate::counters::{RouteStats, ShadowStats};
+use crate::error::ProxyError;
+use crate::generation::Generation;
+use crate::pool_settings::health_settings;
 use crate::stats::SharedStats;
-use crate::worker::Generation;
-use crate::ProxyError;
 use memroute_net::Connector;
-
-/// The health settings of a pool's servers.
-pub(crate) fn health_settings(pool: &PoolConfig) -> HealthSettings {
-    HealthSettings {
-        failure_limit: pool.failure_limit.max(1),
-        probe_interval: pool.probe_interval,
-        probe_interval_max: pool.probe_interval_max,
-        connect_timeout: pool.connect_timeout,
-        timeout: pool.timeout,
-    }
-}
 
 /// What makes two configs' health objects for a server the same one.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,240 +1,27 @@
 //! From a parsed request to a pending reply: route single keys, split multi-gets per
-//! server (and into batches of `max_keys_per_request`), fan flush_all out to a pool,
-//! and answer what memroute answers itself. `finish` turns a completed entry into bytes.
+//! server (and into batches of `max_keys_per_request`, planned by `multiget`), fan
+//! flush_all out to a pool, hand policy routes to the route executor (`execute`), and
+//! answer what memroute answers itself. The entries it queues are `pending::Pending`.
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_backend::BackendError;
-use memroute_protocol::{
-    decode_base64, quiet_suppresses, retrieval_error, value_block_at, Command, ReplyKind, Request,
-};
-use smallvec::SmallVec;
-use tokio::sync::oneshot;
-
-use crate::execute::{self, Job};
-use crate::stats::{SharedStats, WorkerMetrics};
-use crate::worker::{Routing, WorkerContext};
 use memroute_config::Operation;
+use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node};
+use smallvec::SmallVec;
 
-type Reply = Result<Bytes, BackendError>;
-
-/// Whether the session goes on after this request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Flow {
-    Continue,
-    Close,
-}
-
-/// One backend sub-request and, once it arrived, its reply.
-#[derive(Debug)]
-pub(crate) struct Leg {
-    receiver: oneshot::Receiver<Reply>,
-    reply: Option<Reply>,
-    pool: u32,
-    server: u32,
-    /// The route node the request reached (a pool's node id is its pool id) and when it
-    /// was read: its latency is recorded under that node's name.
-    route: u32,
-    started: Instant,
-}
-
-impl Leg {
-    fn new(
-        receiver: oneshot::Receiver<Reply>,
-        pool: usize,
-        server: usize,
-        started: Instant,
-    ) -> Leg {
-        Leg {
-            receiver,
-            reply: None,
-            pool: pool as u32,
-            server: server as u32,
-            route: pool as u32,
-            started,
-        }
-    }
-
-    /// Records this leg's latency, as of the worker's clock.
-    fn observe(&self, routing: &Routing) {
-        routing
-            .metrics
-            .observe_since(self.route as usize, self.started);
-    }
-
-    fn try_complete(&mut self) -> bool {
-        if self.reply.is_some() {
-            return true;
-        }
-        match self.receiver.try_recv() {
-            Ok(reply) => self.reply = Some(reply),
-            Err(oneshot::error::TryRecvError::Empty) => return false,
-            Err(oneshot::error::TryRecvError::Closed) => self.reply = Some(Err(connection_gone())),
-        }
-        true
-    }
-
-    async fn wait(&mut self) {
-        if self.reply.is_none() {
-            self.reply = Some(
-                (&mut self.receiver)
-                    .await
-                    .unwrap_or_else(|_| Err(connection_gone())),
-            );
-        }
-    }
-
-    /// The reply, counting a failure against its server (in the routing it was sent with).
-    /// Legs run by the route executor count their own failures.
-    fn take(&mut self, routing: &Routing) -> Reply {
-        let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
-        if let Err(error) = &reply {
-            if let Some(server) = routing
-                .pools
-                .get(self.pool as usize)
-                .and_then(|p| p.servers.get(self.server as usize))
-            {
-                server.count_failure(error);
-            }
-        }
-        reply
-    }
-
-    /// A leg whose reply comes from the route executor (no single server to blame),
-    /// sent to route node `route`.
-    fn executed(receiver: oneshot::Receiver<Reply>, route: u32, started: Instant) -> Leg {
-        Leg {
-            receiver,
-            reply: None,
-            pool: u32::MAX,
-            server: u32::MAX,
-            route,
-            started,
-        }
-    }
-}
-
-pub(crate) fn connection_gone() -> BackendError {
-    BackendError::Closed {
-        server: Arc::from("(worker stopping)"),
-    }
-}
-
-/// A multi-key retrieval split over servers.
-#[derive(Debug)]
-pub(crate) struct MultiGet {
-    routing: Rc<Routing>,
-    request: Request,
-    legs: SmallVec<[Leg; 4]>,
-    /// For each of the request's keys, the leg that carries it.
-    key_leg: SmallVec<[u32; 32]>,
-}
-
-/// The same request sent to every server of a pool (flush_all).
-#[derive(Debug)]
-pub(crate) struct Fanout {
-    routing: Rc<Routing>,
-    legs: Vec<Leg>,
-    noreply: bool,
-}
-
-/// One entry of a session's reply FIFO.
-#[derive(Debug)]
-pub(crate) enum Pending {
-    /// Answered by memroute itself (or an error reply).
-    Ready(Bytes),
-    /// Close the connection once everything before it is written (quit, unframeable input).
-    Close,
-    /// `stats`: rendered when its turn comes, so it counts every request before it, and
-    /// once every worker flushed its counts (or `deadline` passed).
-    Stats {
-        metrics: Arc<SharedStats>,
-        ticket: u64,
-        deadline: Instant,
-    },
-    /// Holds the routing it was sent with: its connections stay open until it is answered.
-    Single {
-        routing: Rc<Routing>,
-        leg: Leg,
-        command: Command,
-        noreply: bool,
-    },
-    MultiGet(Box<MultiGet>),
-    Fanout(Box<Fanout>),
-}
-
-impl Pending {
-    /// Collects whatever replies have arrived, without waiting. True when complete.
-    pub(crate) fn try_complete(&mut self) -> bool {
-        match self {
-            Pending::Ready(_) | Pending::Close => true,
-            Pending::Stats {
-                metrics,
-                ticket,
-                deadline,
-            } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
-            Pending::Single { leg, .. } => leg.try_complete(),
-            Pending::MultiGet(multi) => multi.legs.iter_mut().all(Leg::try_complete),
-            Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
-        }
-    }
-
-    /// Waits until complete.
-    pub(crate) async fn wait(&mut self) {
-        match self {
-            Pending::Ready(_) | Pending::Close => {}
-            Pending::Stats {
-                metrics,
-                ticket,
-                deadline,
-            } => metrics.flush.wait(*ticket, *deadline).await,
-            Pending::Single { leg, .. } => leg.wait().await,
-            Pending::MultiGet(multi) => {
-                for leg in &mut multi.legs {
-                    leg.wait().await;
-                }
-            }
-            Pending::Fanout(fanout) => {
-                for leg in &mut fanout.legs {
-                    leg.wait().await;
-                }
-            }
-        }
-    }
-
-    /// Writes the client's reply for a completed entry.
-    pub(crate) fn finish(self, context: &WorkerContext, out: &mut BytesMut) -> Flow {
-        match self {
-            Pending::Ready(bytes) => out.extend_from_slice(&bytes),
-            Pending::Close => return Flow::Close,
-            Pending::Stats { metrics, .. } => {
-                context.metrics.flush();
-                let families = metrics.registry.gather();
-                out.extend_from_slice(metrics.render_stats(&families).as_bytes());
-            }
-            Pending::Single {
-                routing,
-                mut leg,
-                command,
-                noreply,
-            } => {
-                leg.observe(&routing);
-                finish_single(context, leg.take(&routing), command, noreply, out)
-            }
-            Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
-            Pending::Fanout(fanout) => finish_fanout(*fanout, out),
-        }
-        Flow::Continue
-    }
-}
+use crate::context::WorkerContext;
+use crate::execute::{self, Job};
+use crate::multiget::{self, KeyTarget, Step};
+use crate::pending::{Fanout, Flow, Leg, MultiGet, Pending};
+use crate::snapshot::RouteSnapshot;
+use crate::stats::WorkerMetrics;
 
 /// Routes one request with `routing` (the session's snapshot) and appends its pending reply.
 pub(crate) fn dispatch(
     context: &WorkerContext,
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     slot: usize,
     request: Request,
     pending: &mut std::collections::VecDeque<Pending>,
@@ -298,7 +85,9 @@ pub(crate) fn dispatch(
             count(&stats.flush_requests, 1);
             pending.push_back(fan_out_flush(routing, slot, request));
         }
-        Command::Version => pending.push_back(Pending::Ready(Bytes::from(crate::version_line()))),
+        Command::Version => {
+            pending.push_back(Pending::Ready(Bytes::from(crate::version::version_line())))
+        }
         Command::Verbosity => {
             // memroute's own log level is set at start; the command is accepted like memcached does.
             if !request.noreply {
@@ -321,7 +110,6 @@ pub(crate) fn dispatch(
     Flow::Continue
 }
 
-/// Commands memroute answers itself (counted under the `(proxy)` route).
 /// The whole `stats` reply: every worker moves its local counts into the registry first
 /// (bounded wait), so the reply counts every request answered before it.
 pub(crate) fn all_stats(context: &WorkerContext) -> Pending {
@@ -333,6 +121,7 @@ pub(crate) fn all_stats(context: &WorkerContext) -> Pending {
     }
 }
 
+/// Commands memroute answers itself (counted under the `(proxy)` route).
 fn is_local(command: Command) -> bool {
     matches!(
         command,
@@ -354,7 +143,7 @@ fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
 }
 
-fn send_single(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
+fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let Some(key) = request.keys().next() else {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
         return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
@@ -409,14 +198,7 @@ fn send_single(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending 
 /// the opaque `O...`, the key `k` (as `k<key>`) and base64 `b`. Only routes that answer
 /// without a server (null) need them; `None` for non-meta commands.
 fn meta_echo(request: &Request) -> Option<Bytes> {
-    let is_meta = matches!(
-        request.command,
-        Command::MetaGet
-            | Command::MetaSet
-            | Command::MetaDelete
-            | Command::MetaArithmetic
-            | Command::MetaDebug
-    );
+    let is_meta = request.command.is_keyed_meta();
     let key_range = request.keys.first()?;
     if !is_meta {
         return None;
@@ -443,7 +225,7 @@ fn meta_echo(request: &Request) -> Option<Bytes> {
     Some(echo.freeze())
 }
 
-fn no_servers_reply(routing: &Routing, pool: usize) -> Pending {
+fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {
     Pending::Ready(Bytes::from(format!(
         "SERVER_ERROR {}\r\n",
         routing.no_servers(pool)
@@ -507,18 +289,7 @@ fn compact_head(request: &Request) -> Bytes {
     compact.freeze()
 }
 
-/// Where one key of a multi-get goes: a server of a plain pool (batched with the other
-/// keys of that server), or the route executor (one leg per key).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyTarget {
-    Server(u32, u32),
-    Executor,
-    /// A pool with no servers (DNS discovery found none yet).
-    Nowhere(u32),
-}
-
-fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
-    let context = &**routing;
+fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let count = request.keys.len();
     let operation = operation_of(&request);
     let routes = &routing.routes;
@@ -537,8 +308,7 @@ fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pend
             }
         })
         .collect();
-    const UNASSIGNED: u32 = u32::MAX;
-    let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![UNASSIGNED; count];
+    let mut key_leg: SmallVec<[u32; 32]> = smallvec::smallvec![multiget::UNASSIGNED; count];
     let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
     let head = compact_head(&request);
     let head = &head[..];
@@ -548,51 +318,34 @@ fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pend
     } else {
         usize::MAX
     };
-    // Each server's keys, in client order, cut into batches of max_keys_per_request;
-    // servers in the order their first key appears.
-    for first in 0..count {
-        if key_leg[first] != UNASSIGNED {
-            continue;
-        }
-        let (pool, server) = match targets[first] {
-            KeyTarget::Server(pool, server) => (pool as usize, server as usize),
-            KeyTarget::Nowhere(pool) => return no_servers_reply(routing, pool as usize),
-            KeyTarget::Executor => {
-                key_leg[first] = legs.len() as u32;
-                legs.push(execute_one_key(
-                    routing, slot, &request, head, operation, first,
-                ));
-                continue;
-            }
-        };
-        let batch_size = context.pools[pool].max_keys_per_request;
-        let mut frame = BytesMut::new();
-        let mut in_batch = 0;
-        for i in first..count {
-            if targets[i] != targets[first] {
-                continue;
-            }
-            if in_batch > 0 && frame.len() + 1 + request.keys[i].len() + 2 > byte_cap {
-                legs.push(send_batch(context, slot, &mut frame, pool, server));
-                in_batch = 0;
-            }
-            if in_batch == 0 {
-                frame.reserve(head.len() + batch_size.min(count - i) * 16 + 2);
+    let mut frame = BytesMut::new();
+    let planned = multiget::plan(
+        &targets,
+        |i| request.keys[i].len(),
+        head.len(),
+        byte_cap,
+        |pool| routing.pools[pool].max_keys_per_request,
+        &mut key_leg,
+        |step| match step {
+            Step::Executor { key } => legs.push(execute_one_key(
+                routing, slot, &request, head, operation, key,
+            )),
+            Step::Open { key, keys_hint } => {
+                frame.reserve(head.len() + keys_hint * 16 + 2);
                 frame.put_slice(head);
-            } else {
+                frame.put_slice(request.key(key));
+            }
+            Step::Add { key } => {
                 frame.put_u8(b' ');
+                frame.put_slice(request.key(key));
             }
-            frame.put_slice(request.key(i));
-            key_leg[i] = legs.len() as u32;
-            in_batch += 1;
-            if in_batch == batch_size {
-                legs.push(send_batch(context, slot, &mut frame, pool, server));
-                in_batch = 0;
+            Step::Close { pool, server } => {
+                legs.push(send_batch(routing, slot, &mut frame, pool, server))
             }
-        }
-        if in_batch > 0 {
-            legs.push(send_batch(context, slot, &mut frame, pool, server));
-        }
+        },
+    );
+    if let Err(pool) = planned {
+        return no_servers_reply(routing, pool);
     }
     Pending::MultiGet(Box::new(MultiGet {
         routing: routing.clone(),
@@ -604,7 +357,7 @@ fn split_multi_get(routing: &Rc<Routing>, slot: usize, request: Request) -> Pend
 
 /// One key of a multi-get through the route executor, as a one-key `get` of its own.
 fn execute_one_key(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     slot: usize,
     request: &Request,
     head: &[u8],
@@ -635,19 +388,19 @@ fn execute_one_key(
 
 /// Sends one batch of a split multi-get (its `get k1 k2 ...` line so far in `frame`).
 fn send_batch(
-    context: &Routing,
+    snapshot: &RouteSnapshot,
     slot: usize,
     frame: &mut BytesMut,
     pool: usize,
     server: usize,
 ) -> Leg {
     frame.put_slice(b"\r\n");
-    let connection = context.pools[pool].servers[server].pick(slot);
+    let connection = snapshot.pools[pool].servers[server].pick(slot);
     let receiver = connection.send((frame.split().freeze(), None), ReplyKind::Retrieval);
-    Leg::new(receiver, pool, server, context.metrics.now())
+    Leg::new(receiver, pool, server, snapshot.metrics.now())
 }
 
-fn fan_out_flush(routing: &Rc<Routing>, slot: usize, request: Request) -> Pending {
+fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let routes = &routing.routes;
     let parts = request.forward_parts();
     let root = routes.root();
@@ -696,126 +449,4 @@ fn fan_out_flush(routing: &Rc<Routing>, slot: usize, request: Request) -> Pendin
         legs,
         noreply: request.noreply,
     }))
-}
-
-fn server_error(out: &mut BytesMut, error: &BackendError) {
-    out.extend_from_slice(b"SERVER_ERROR ");
-    out.extend_from_slice(error.to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
-}
-
-fn first_line(reply: &[u8]) -> &[u8] {
-    let end = reply
-        .iter()
-        .position(|&b| b == b'\r' || b == b'\n')
-        .unwrap_or(reply.len());
-    &reply[..end]
-}
-
-fn finish_single(
-    context: &WorkerContext,
-    reply: Reply,
-    command: Command,
-    noreply: bool,
-    out: &mut BytesMut,
-) {
-    let is_meta = matches!(
-        command,
-        Command::MetaGet
-            | Command::MetaSet
-            | Command::MetaDelete
-            | Command::MetaArithmetic
-            | Command::MetaDebug
-    );
-    match reply {
-        Ok(bytes) => {
-            if matches!(
-                command,
-                Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
-            ) {
-                let hit = bytes.starts_with(b"VALUE ")
-                    || bytes.starts_with(b"VA ")
-                    || bytes.starts_with(b"HD");
-                let counter = if hit {
-                    &context.stats().get_hits
-                } else {
-                    &context.stats().get_misses
-                };
-                WorkerMetrics::add(counter, 1);
-            }
-            if noreply && quiet_suppresses(command, first_line(&bytes)) {
-                return;
-            }
-            out.extend_from_slice(&bytes);
-        }
-        // A text-protocol noreply client reads no replies at all: an error line would
-        // be taken as the reply to its next request. Meta quiet mode does show errors.
-        Err(_) if noreply && !is_meta => {}
-        Err(error) => server_error(out, &error),
-    }
-}
-
-fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut BytesMut) {
-    // One latency sample per request, under the route of its first leg.
-    if let Some(first) = multi.legs.first() {
-        first.observe(&multi.routing);
-    }
-    let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(multi.legs.len());
-    for leg in &mut multi.legs {
-        match leg.take(&multi.routing) {
-            Ok(bytes) => replies.push(bytes),
-            // One failed server fails the whole reply: a partial answer would look like misses.
-            Err(error) => return server_error(out, &error),
-        }
-    }
-    for reply in &replies {
-        if let Some(line) = retrieval_error(reply) {
-            out.extend_from_slice(&reply[line]);
-            return;
-        }
-    }
-    // Servers answer in the order they were asked, skipping misses: walk the client's keys
-    // and take each leg's next block when it is for this key.
-    let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
-    let (mut hits, mut misses) = (0u64, 0u64);
-    for (i, key) in multi.request.keys().enumerate() {
-        let leg = multi.key_leg[i] as usize;
-        let reply = &replies[leg];
-        match value_block_at(reply, cursor[leg]) {
-            Some(block) if &reply[block.key.clone()] == key => {
-                out.extend_from_slice(&reply[block.block.clone()]);
-                cursor[leg] = block.block.end;
-                hits += 1;
-            }
-            _ => misses += 1,
-        }
-    }
-    out.extend_from_slice(b"END\r\n");
-    WorkerMetrics::add(&context.stats().get_hits, hits);
-    WorkerMetrics::add(&context.stats().get_misses, misses);
-}
-
-fn finish_fanout(mut fanout: Fanout, out: &mut BytesMut) {
-    if let Some(first) = fanout.legs.first() {
-        first.observe(&fanout.routing);
-    }
-    let mut answer: Option<Vec<u8>> = None;
-    for leg in &mut fanout.legs {
-        match leg.take(&fanout.routing) {
-            Ok(bytes) if first_line(&bytes) == b"OK" => {}
-            Ok(bytes) => {
-                answer.get_or_insert_with(|| bytes.to_vec());
-            }
-            Err(error) => {
-                answer.get_or_insert_with(|| format!("SERVER_ERROR {error}\r\n").into_bytes());
-            }
-        }
-    }
-    if fanout.noreply {
-        return;
-    }
-    match answer {
-        None => out.extend_from_slice(b"OK\r\n"),
-        Some(bytes) => out.extend_from_slice(&bytes),
-    }
 }

@@ -21,7 +21,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_backend::BackendError;
 use memroute_config::{FailoverOn, Operation, ReadPolicy, WritePolicy};
 use memroute_protocol::{Command, ReplyKind};
 use memroute_routing::{classify_reply, write_decision, Node, NodeId, ReplyClass, WriteDecision};
@@ -29,9 +28,8 @@ use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use crate::worker::Routing;
-
-pub(crate) type Reply = Result<Bytes, BackendError>;
+use crate::reply::{connection_gone, immediate_ack, null_reply, FlushAllMerge, Reply};
+use crate::snapshot::RouteSnapshot;
 
 /// One request as the executor sees it: enough to send it anywhere and to judge its reply.
 #[derive(Debug)]
@@ -50,7 +48,11 @@ pub(crate) struct Job {
 }
 
 /// Runs `job` from `node` on a task of its own; the reply arrives on the receiver.
-pub(crate) fn spawn(routing: &Rc<Routing>, node: NodeId, job: Job) -> oneshot::Receiver<Reply> {
+pub(crate) fn spawn(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+) -> oneshot::Receiver<Reply> {
     let (sender, receiver) = oneshot::channel();
     let routing = routing.clone();
     tokio::task::spawn_local(eager(async move {
@@ -112,7 +114,7 @@ where
 type BoxedReply = Pin<Box<dyn Future<Output = Reply>>>;
 
 /// Runs `job` from `node` down to the servers and back. Boxed: routes nest.
-fn run(routing: Rc<Routing>, node: NodeId, job: Rc<Job>) -> BoxedReply {
+fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
     Box::pin(async move {
         let routes = routing.routes.clone();
         let mut node = node;
@@ -189,7 +191,7 @@ fn class_of(reply: &Reply) -> ReplyClass {
     }
 }
 
-async fn send_to_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
+async fn send_to_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
     if job.operation == Operation::FlushAll {
         return flush_pool(routing, pool, job).await;
     }
@@ -201,7 +203,7 @@ async fn send_to_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
         .pick(job.slot)
         .send(job.parts.clone(), job.kind)
         .await
-        .unwrap_or_else(|_| Err(crate::dispatch::connection_gone()));
+        .unwrap_or_else(|_| Err(connection_gone()));
     if let Err(error) = &reply {
         connections.count_failure(error);
     }
@@ -209,7 +211,7 @@ async fn send_to_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
 }
 
 /// flush_all to every server of a pool: `OK` only if every server said so.
-async fn flush_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
+async fn flush_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
     let receivers: Vec<_> = routing.pools[pool]
         .servers
         .iter()
@@ -218,41 +220,31 @@ async fn flush_pool(routing: &Rc<Routing>, pool: usize, job: &Job) -> Reply {
     if receivers.is_empty() {
         return Err(routing.no_servers(pool));
     }
-    let mut answer: Option<Reply> = None;
+    let mut merge = FlushAllMerge::default();
     for receiver in receivers {
-        let reply = receiver
-            .await
-            .unwrap_or_else(|_| Err(crate::dispatch::connection_gone()));
-        let ok = matches!(&reply, Ok(bytes) if bytes.starts_with(b"OK\r\n"));
-        if !ok && answer.is_none() {
-            answer = Some(reply);
-        }
+        merge.add(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
     }
-    answer.unwrap_or(Ok(Bytes::from_static(b"OK\r\n")))
+    merge.finish()
 }
 
 /// flush_all through several routes at once: `OK` only if every one said so.
-async fn flush_all_of(routing: &Rc<Routing>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
+async fn flush_all_of(routing: &Rc<RouteSnapshot>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
     let mut set = start_all(routing, targets, job);
-    let mut answer: Option<Reply> = None;
+    let mut merge = FlushAllMerge::default();
     while let Some(joined) = set.join_next().await {
-        let reply = match joined {
+        merge.add(match joined {
             Ok((_, reply)) => reply,
-            Err(_) => Err(crate::dispatch::connection_gone()),
-        };
-        let ok = matches!(&reply, Ok(bytes) if bytes.starts_with(b"OK\r\n"));
-        if !ok && answer.is_none() {
-            answer = Some(reply);
-        }
+            Err(_) => Err(connection_gone()),
+        });
     }
-    answer.unwrap_or(Ok(Bytes::from_static(b"OK\r\n")))
+    merge.finish()
 }
 
 /// Copies a request to a shadow target. Never awaited by the client's request: the copy
 /// runs on its own task, its reply is dropped, and past `max_in_flight` copies (per
 /// worker) new ones are dropped and counted rather than queued.
 fn shadow_copy(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     shadow: NodeId,
     index: usize,
     max_in_flight: usize,
@@ -281,25 +273,12 @@ fn shadow_copy(
     }));
 }
 
-/// What `all-async` answers at once: the command's success reply, when that reply carries
-/// no data. incr/decr (the new value) and meta commands (flags echoed) have none.
-fn immediate_ack(command: Command) -> Option<&'static [u8]> {
-    match command {
-        Command::Set
-        | Command::Add
-        | Command::Replace
-        | Command::Append
-        | Command::Prepend
-        | Command::Cas => Some(b"STORED\r\n"),
-        Command::Delete => Some(b"DELETED\r\n"),
-        Command::Touch => Some(b"TOUCHED\r\n"),
-        Command::FlushAll => Some(b"OK\r\n"),
-        _ => None,
-    }
-}
-
 /// Starts `job` on every child; the set yields (child index, reply).
-fn start_all(routing: &Rc<Routing>, children: &[NodeId], job: &Rc<Job>) -> JoinSet<(usize, Reply)> {
+fn start_all(
+    routing: &Rc<RouteSnapshot>,
+    children: &[NodeId],
+    job: &Rc<Job>,
+) -> JoinSet<(usize, Reply)> {
     let mut set = JoinSet::new();
     for (index, &child) in children.iter().enumerate() {
         let (routing, job) = (routing.clone(), job.clone());
@@ -311,7 +290,7 @@ fn start_all(routing: &Rc<Routing>, children: &[NodeId], job: &Rc<Job>) -> JoinS
 }
 
 async fn replicated_write(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     children: &[NodeId],
     policy: WritePolicy,
@@ -337,7 +316,7 @@ async fn replicated_write(
                 // count the first unanswered child as failed rather than wait forever.
                 Some(Err(_)) | None => match outcomes.iter().position(Option::is_none) {
                     Some(index) => outcomes[index] = Some(false),
-                    None => return Err(crate::dispatch::connection_gone()),
+                    None => return Err(connection_gone()),
                 },
             },
             WriteDecision::Answer { child } => {
@@ -345,7 +324,7 @@ async fn replicated_write(
                 set.detach_all();
                 return replies[child]
                     .take()
-                    .unwrap_or_else(|| Err(crate::dispatch::connection_gone()));
+                    .unwrap_or_else(|| Err(connection_gone()));
             }
             WriteDecision::Fail { failed, total } => {
                 set.detach_all();
@@ -363,7 +342,7 @@ async fn replicated_write(
 }
 
 async fn replicated_read(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     children: &[NodeId],
     policy: ReadPolicy,
@@ -375,7 +354,7 @@ async fn replicated_read(
         ReadPolicy::Failover => failover(routing, node, children, FailoverOn::Error, job).await,
         ReadPolicy::Fastest => {
             let mut set = start_all(routing, children, job);
-            let mut last = Err(crate::dispatch::connection_gone());
+            let mut last = Err(connection_gone());
             while let Some(joined) = set.join_next().await {
                 if let Ok((_, reply)) = joined {
                     if answered(&reply) {
@@ -395,13 +374,13 @@ async fn replicated_read(
 /// be repeated (incr, decr, append, prepend, cas) moves on only when the failed child never
 /// received it.
 async fn failover(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     children: &[NodeId],
     on: FailoverOn,
     job: &Rc<Job>,
 ) -> Reply {
-    let mut last = Err(crate::dispatch::connection_gone());
+    let mut last = Err(connection_gone());
     // With `error-or-miss`, a miss from an earlier child beats an error from a later one:
     // the key is absent where it could be looked up.
     let mut first_miss: Option<Reply> = None;
@@ -437,7 +416,7 @@ async fn failover(
 /// Get from cold; on a miss get from warm and, for a classic get that hit, fill cold with
 /// the value (asynchronously). Everything else goes to cold.
 async fn warm_up(
-    routing: &Rc<Routing>,
+    routing: &Rc<RouteSnapshot>,
     node: NodeId,
     cold: NodeId,
     warm: NodeId,
@@ -522,54 +501,6 @@ fn null_answer(job: &Job) -> Bytes {
     }
 }
 
-/// What a null route answers: the command's "nothing here / nothing done" reply.
-fn null_reply(command: Command) -> &'static [u8] {
-    match command {
-        Command::Get | Command::Gets | Command::Gat | Command::Gats => b"END\r\n",
-        Command::MetaGet | Command::MetaDebug => b"EN\r\n",
-        Command::Set
-        | Command::Add
-        | Command::Replace
-        | Command::Append
-        | Command::Prepend
-        | Command::Cas => b"NOT_STORED\r\n",
-        Command::MetaSet => b"NS\r\n",
-        Command::MetaDelete | Command::MetaArithmetic => b"NF\r\n",
-        Command::FlushAll => b"OK\r\n",
-        _ => b"NOT_FOUND\r\n",
-    }
-}
-
-/// Counters of one policy route, shared by every worker.
-#[derive(Debug, Default)]
-pub(crate) struct RouteStats {
-    /// Requests a failover (or replicated read) moved to the next child.
-    pub failovers: std::sync::atomic::AtomicU64,
-    /// Replicated writes whose policy was not met.
-    pub write_failures: std::sync::atomic::AtomicU64,
-    /// Values a warm-up route copied from warm into cold.
-    pub fills: std::sync::atomic::AtomicU64,
-}
-
-/// Counters of one shadow route, shared by every worker.
-#[derive(Debug, Default)]
-pub(crate) struct ShadowStats {
-    pub sent: std::sync::atomic::AtomicU64,
-    pub completed: std::sync::atomic::AtomicU64,
-    pub errors: std::sync::atomic::AtomicU64,
-    pub dropped: std::sync::atomic::AtomicU64,
-}
-
-/// One worker's view of a shadow route: its copies in flight and the shared counters.
-#[derive(Debug)]
-pub(crate) struct ShadowState {
-    pub name: String,
-    /// Shared with the next generation's state of the same route: copies sent before a
-    /// reload still count against `max_in_flight` after it.
-    pub in_flight: Rc<std::cell::Cell<usize>>,
-    pub stats: Arc<ShadowStats>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -583,16 +514,5 @@ mod tests {
         assert!(fill_job(&Bytes::from_static(b"END\r\n"), 0, 0).is_none());
         // A reply cut short is never filled.
         assert!(fill_job(&Bytes::from_static(b"VALUE k 0 10\r\nabc"), 0, 0).is_none());
-    }
-
-    #[test]
-    fn null_and_async_replies_follow_the_command() {
-        assert_eq!(null_reply(Command::Get), b"END\r\n");
-        assert_eq!(null_reply(Command::Set), b"NOT_STORED\r\n");
-        assert_eq!(null_reply(Command::Delete), b"NOT_FOUND\r\n");
-        assert_eq!(null_reply(Command::MetaGet), b"EN\r\n");
-        assert_eq!(immediate_ack(Command::Set), Some(&b"STORED\r\n"[..]));
-        assert_eq!(immediate_ack(Command::Incr), None);
-        assert_eq!(immediate_ack(Command::MetaSet), None);
     }
 }

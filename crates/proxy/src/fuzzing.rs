@@ -19,9 +19,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::context::WorkerContext;
 use crate::control::Controller;
 use crate::stats::SharedStats;
-use crate::worker::WorkerContext;
 
 /// What the scripted backend does after it has sent its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

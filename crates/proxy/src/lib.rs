@@ -12,8 +12,13 @@
 //! Nothing on the request path takes a lock shared across workers: the route table
 //! is an `Arc` snapshot, counters are per-worker atomics summed when `stats` asks.
 //!
-//! [`ProxyHandle::reload`] builds a new route table off to the side and hands it to every
-//! worker over a watch channel; see `worker` for how a worker swaps it in.
+//! [`ProxyHandle::reload`] builds a new route table off to the side (`control`, a
+//! `generation::Generation`) and hands it to every worker over a watch channel; each worker
+//! builds its own `snapshot::RouteSnapshot` from it and swaps it in (`worker`).
+//!
+//! Modules follow a request downwards (worker -> session -> dispatch -> pending / execute
+//! -> snapshot -> stats) and never import upwards; docs/architecture.md has the layers and
+//! tests/layers.rs keeps the import graph free of circles.
 #![forbid(unsafe_code)]
 
 mod admin;
@@ -21,18 +26,27 @@ mod binary;
 mod budget;
 mod buffers;
 mod client_log;
+mod context;
 mod control;
+mod counters;
 mod dispatch;
 mod error;
 mod execute;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+mod generation;
 mod mcrouter_admin;
+mod multiget;
+mod pending;
+mod pool_settings;
 mod reload;
+mod reply;
 mod route_lookup;
 mod session;
+mod snapshot;
 mod stats;
 mod transport;
+mod version;
 mod worker;
 
 use std::sync::atomic::Ordering;
@@ -44,27 +58,14 @@ use memroute_config::Config;
 use tokio::sync::watch;
 
 pub use admin::ReloadRequest;
+pub use counters::ReloadCounts;
 pub use error::ProxyError;
 pub use mcrouter_admin::set_config_file;
 pub use memroute_net::effective_backlog;
-pub use reload::{ReloadCounts, ReloadOutcome, ReloadTrigger};
+pub use reload::{ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
 pub use transport::check_transport;
-
-/// memroute's version as reported by `version` and `stats`.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// The memcached version memroute reports first in `version` (and as `STAT version`).
-/// Clients parse it: libmemcached reads `major.minor.micro` with strtol and fails the call
-/// (memcstat, memcping, PHP `getVersion()`) on anything else. 1.6.0 is the protocol level
-/// memroute speaks (text, meta, binary as in memcached 1.6), not any backend's version.
-pub const MEMCACHED_COMPAT_VERSION: &str = "1.6.0";
-
-/// The whole `version` reply: the numeric version first, memroute's own after it
-/// (libmemcached stops parsing at the space).
-pub(crate) fn version_line() -> String {
-    format!("VERSION {MEMCACHED_COMPAT_VERSION} memroute-{VERSION}\r\n")
-}
+pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 
 /// A running proxy: its worker threads and the switch that stops them.
 #[derive(Debug)]

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use memroute_config::{Operation, ReadPolicy};
 use memroute_routing::{Node, NodeId};
 
-use crate::worker::Routing;
+use crate::snapshot::RouteSnapshot;
 
 const PREFIX: &[u8] = b"__mcrouter__.";
 /// Route nodes `route(op,key)` visits at most.
@@ -36,10 +36,10 @@ pub fn set_config_file(path: PathBuf) {
 }
 
 /// The reply to `get KEY` when KEY is an mcrouter admin query, else `None`.
-pub(crate) fn answer(routing: &Routing, key: &[u8]) -> Option<Bytes> {
+pub(crate) fn answer(routing: &RouteSnapshot, key: &[u8]) -> Option<Bytes> {
     let query = key.strip_prefix(PREFIX)?;
     let value = match query {
-        b"version" => Ok(format!("memroute-{}", crate::VERSION)),
+        b"version" => Ok(format!("memroute-{}", crate::version::VERSION)),
         b"config_file" => match CONFIG_FILE.get() {
             Some(path) => Ok(path.display().to_string()),
             None => Err("no config file".to_string()),
@@ -93,7 +93,7 @@ fn parse_route_query(query: &[u8]) -> Option<(&[u8], Operation, &[u8])> {
 /// fail over) reports the first child that has a server not marked down; writes to a
 /// replicated route report every child; a shadow is reported when the key is in its range;
 /// a random route reports every child it may choose; a warm-up get reports cold then warm.
-fn destinations(routing: &Routing, operation: Operation, key: &[u8]) -> Vec<String> {
+fn destinations(routing: &RouteSnapshot, operation: Operation, key: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
     let mut walk = Walk {
         routing,
@@ -110,7 +110,7 @@ fn destinations(routing: &Routing, operation: Operation, key: &[u8]) -> Vec<Stri
 }
 
 struct Walk<'a> {
-    routing: &'a Routing,
+    routing: &'a RouteSnapshot,
     operation: Operation,
     key: &'a [u8],
     seen: Vec<bool>,
@@ -213,7 +213,7 @@ impl Walk<'_> {
 /// The route tree `operation key` walks, one node per line, children indented by one
 /// space (mcrouter's format), each as `type|name` with the server for pools.
 fn route_handles(
-    routing: &Routing,
+    routing: &RouteSnapshot,
     id: NodeId,
     operation: Operation,
     key: &[u8],

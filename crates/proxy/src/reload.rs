@@ -17,9 +17,10 @@
 //! A deleted or emptied file is a rejected reload like any invalid one: the running config
 //! stays and the reason is logged.
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
+use crate::counters::ReloadCounts;
 use crate::ProxyHandle;
 
 /// What asked for a reload (named in the log lines).
@@ -53,25 +54,6 @@ pub enum ReloadOutcome {
     /// The file could not be read, did not validate, or could not be routed; the running
     /// config stays. The reason, as logged.
     Rejected(String),
-}
-
-/// Reloads counted since start (for `/metrics`; shared with whoever renders them).
-#[derive(Debug, Default)]
-pub struct ReloadCounts {
-    ok: AtomicU64,
-    failed: AtomicU64,
-}
-
-impl ReloadCounts {
-    /// Reloads that were applied.
-    pub fn ok(&self) -> u64 {
-        self.ok.load(Relaxed)
-    }
-
-    /// Reloads that were rejected (unreadable, invalid or unroutable config).
-    pub fn failed(&self) -> u64 {
-        self.failed.load(Relaxed)
-    }
 }
 
 /// What reloads remember between calls.
@@ -171,7 +153,7 @@ mod tests {
 
     impl ConfigFile {
         fn new() -> ConfigFile {
-            static NEXT: AtomicU64 = AtomicU64::new(0);
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
             let dir = std::env::temp_dir().join(format!(
                 "memroute-proxy-reload-{}-{}",
                 std::process::id(),

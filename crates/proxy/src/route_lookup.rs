@@ -8,7 +8,7 @@
 use memroute_config::{Config, Operation};
 use memroute_routing::{Node, NodeId, RouteTable};
 
-use crate::ProxyError;
+use crate::error::ProxyError;
 
 /// One place a request for the key reaches.
 #[derive(Debug, Clone, PartialEq, Eq)]

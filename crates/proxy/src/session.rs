@@ -25,8 +25,9 @@ use tokio::sync::watch;
 
 use crate::budget::Charge;
 use crate::buffers::{self, QueuePool, CHUNK};
-use crate::dispatch::{dispatch, Flow, Pending};
-use crate::worker::WorkerContext;
+use crate::context::WorkerContext;
+use crate::dispatch::dispatch;
+use crate::pending::{Flow, Pending};
 
 /// A client connection as accepted: it becomes a byte stream (after a TLS handshake, for
 /// a TLS listener) inside the session's own task, so a slow handshake holds up nobody.

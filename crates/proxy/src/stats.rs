@@ -14,6 +14,11 @@
 //! ```
 //!
 //! Metric names follow `memroute_<component>_<event>_<unit>`.
+//!
+//! The plain shared counters (`ServerStats`, `RouteStats`, `ShadowStats`, `ReplyBudget`,
+//! `ReloadCounts`) are in `counters`, which this module reads on gather; this module
+//! imports nothing of the request path (see docs/architecture.md, "Modules of
+//! memroute-proxy").
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -33,7 +38,9 @@ use prometheus::{
 };
 use tokio::sync::{watch, Notify};
 
-use crate::execute::{RouteStats, ShadowStats};
+use crate::counters::{
+    ReloadCounts, ReplyBudget, RouteStats, ServerStats, ServerStatsTable, ShadowStats,
+};
 
 /// The name the rest of the proxy knows the shared metrics by.
 pub(crate) type SharedStats = Metrics;
@@ -122,16 +129,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Counters of one server (counted by whichever worker saw a failure; not per request).
-#[derive(Debug, Clone)]
-pub(crate) struct ServerStats {
-    pub errors: IntCounter,
-    pub timeouts: IntCounter,
-}
-
-/// One config's server counters, indexed [pool id][server index].
-pub(crate) type ServerStatsTable = Vec<Vec<ServerStats>>;
-
 /// The shared side of the metrics: the registry and the families workers flush into.
 #[derive(Debug)]
 pub(crate) struct Metrics {
@@ -168,7 +165,7 @@ pub(crate) struct Metrics {
     exported_routes: Mutex<Vec<String>>,
     pub flush: FlushBarrier,
     /// Reply bytes held for clients, process-wide (`max_buffered_replies`).
-    pub replies: Arc<crate::budget::ReplyBudget>,
+    pub replies: Arc<ReplyBudget>,
 }
 
 /// What the collector reads on every gather; replaced piecewise on reload.
@@ -182,7 +179,7 @@ struct State {
     /// DNS lookups per pool: (succeeded, failed).
     lookups: std::collections::BTreeMap<String, (u64, u64)>,
     /// Reloads from the config file (kept by `reload.rs`, the one reload path).
-    reloads: Option<Arc<crate::ReloadCounts>>,
+    reloads: Option<Arc<ReloadCounts>>,
     /// TLS listeners (bound address, handshake counters) and backend connectors (pool).
     tls_listeners: Vec<(String, Arc<memroute_net::ServerTls>)>,
     connectors: Vec<(String, Arc<memroute_net::Connector>)>,
@@ -227,7 +224,7 @@ impl Metrics {
         let r = &registry;
         let state = Arc::new(Mutex::new(State::default()));
         let started = Instant::now();
-        let replies = Arc::new(crate::budget::ReplyBudget::default());
+        let replies = Arc::new(ReplyBudget::default());
         register(
             r,
             StateCollector::new(state.clone(), started, workers, replies.clone()),
@@ -404,7 +401,7 @@ impl Metrics {
 
     /// Where reloads from the config file are counted (exported as
     /// `memroute_config_reloads_total`).
-    pub(crate) fn set_reload_counts(&self, counts: Arc<crate::ReloadCounts>) {
+    pub(crate) fn set_reload_counts(&self, counts: Arc<ReloadCounts>) {
         lock(&self.state).reloads = Some(counts);
     }
 
@@ -463,7 +460,7 @@ impl Metrics {
             .pools
             .iter()
             .map(|(name, pool)| {
-                let ejecting = pool.eject.then(|| crate::worker::max_ejected(pool));
+                let ejecting = pool.eject.then(|| crate::pool_settings::max_ejected(pool));
                 (name.clone(), pool.servers.len(), ejecting)
             })
             .collect();
@@ -502,8 +499,8 @@ impl Metrics {
         stat("uptime", &self.started.elapsed().as_secs());
         stat("time", &now);
         // A numeric version first: libmemcached and PHP parse `version` as major.minor.micro.
-        stat("version", &crate::MEMCACHED_COMPAT_VERSION);
-        stat("memroute_version", &crate::VERSION);
+        stat("version", &crate::version::MEMCACHED_COMPAT_VERSION);
+        stat("memroute_version", &crate::version::VERSION);
         stat("threads", &self.workers);
         let by_name: HashMap<&str, &MetricFamily> =
             families.iter().map(|f| (f.get_name(), f)).collect();
@@ -936,7 +933,7 @@ struct StateCollector {
     state: Arc<Mutex<State>>,
     started: Instant,
     workers: usize,
-    replies: Arc<crate::budget::ReplyBudget>,
+    replies: Arc<ReplyBudget>,
     descs: Vec<Desc>,
 }
 
@@ -1040,7 +1037,7 @@ impl StateCollector {
         state: Arc<Mutex<State>>,
         started: Instant,
         workers: usize,
-        replies: Arc<crate::budget::ReplyBudget>,
+        replies: Arc<ReplyBudget>,
     ) -> StateCollector {
         let descs = STATE_FAMILIES
             .iter()

@@ -11,7 +11,7 @@ use memroute_config::{Config, ListenAddress, ListenerTls};
 use memroute_net::{BoundListener, Connector, ListenOptions, ServerTls, TlsCounters};
 use tokio::sync::watch;
 
-use crate::ProxyError;
+use crate::error::ProxyError;
 
 /// A TLS listener: its address as configured and as bound, and its TLS state.
 #[derive(Debug, Clone)]

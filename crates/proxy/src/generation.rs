@@ -1,0 +1,35 @@
+//! A generation: one config as the workers receive it, built and checked on the main
+//! thread by the controller (`control`) and handed to every worker over a watch channel.
+//! Shared, read-only, `Send`: each worker turns it into its own `RouteSnapshot`
+//! (`snapshot.rs`) with connections of its own.
+use std::sync::Arc;
+
+use memroute_backend::ServerHealth;
+use memroute_config::Config;
+use memroute_net::Connector;
+use memroute_routing::RouteTable;
+
+use crate::counters::{RouteStats, ServerStatsTable, ShadowStats};
+
+/// One config as the workers receive it: built and checked on the main thread.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    pub config: Arc<Config>,
+    pub routes: Arc<RouteTable>,
+    /// Counters for `config`'s servers, indexed [pool id][server index].
+    pub server_stats: ServerStatsTable,
+    /// Health of `config`'s servers, indexed [pool id][server index]; shared by every
+    /// worker and kept across reloads for servers that stay.
+    pub health: Vec<Vec<Arc<ServerHealth>>>,
+    /// How to reach each of `config`'s servers (TLS, session store, TFO), indexed like
+    /// `health`; shared by every worker and kept across reloads while unchanged.
+    pub connectors: Vec<Vec<Arc<Connector>>>,
+    /// Per pool id: bumped whenever one of its servers goes down or up.
+    pub pool_epochs: Vec<Arc<std::sync::atomic::AtomicU64>>,
+    /// Per route node id: the counters of policy routes.
+    pub route_stats: Vec<Arc<RouteStats>>,
+    /// Per shadow index: the shadow route's counters.
+    pub shadow_stats: Vec<Arc<ShadowStats>>,
+    /// Each worker sends its index once it serves new requests with this generation.
+    pub applied: std::sync::mpsc::Sender<usize>,
+}

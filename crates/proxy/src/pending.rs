@@ -1,0 +1,301 @@
+//! A session's pending replies: one [`Pending`] entry per request, in the client's order,
+//! each holding the snapshot its request was routed with and the backend legs its reply
+//! comes from. `try_complete`/`wait` collect the legs' replies; `finish` turns a completed
+//! entry into the client's bytes (hit/miss counts, a multi-get merged in client order by
+//! `multiget`, flush_all's replies merged by `reply::FlushAllMerge`).
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use memroute_protocol::{quiet_suppresses, Command, Request};
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use crate::context::WorkerContext;
+use crate::multiget;
+use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
+use crate::snapshot::RouteSnapshot;
+use crate::stats::{SharedStats, WorkerMetrics};
+
+/// Whether the session goes on after this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    Close,
+}
+
+/// One backend sub-request and, once it arrived, its reply.
+#[derive(Debug)]
+pub(crate) struct Leg {
+    receiver: oneshot::Receiver<Reply>,
+    reply: Option<Reply>,
+    pool: u32,
+    server: u32,
+    /// The route node the request reached (a pool's node id is its pool id) and when it
+    /// was read: its latency is recorded under that node's name.
+    route: u32,
+    started: Instant,
+}
+
+impl Leg {
+    pub(crate) fn new(
+        receiver: oneshot::Receiver<Reply>,
+        pool: usize,
+        server: usize,
+        started: Instant,
+    ) -> Leg {
+        Leg {
+            receiver,
+            reply: None,
+            pool: pool as u32,
+            server: server as u32,
+            route: pool as u32,
+            started,
+        }
+    }
+
+    /// Records this leg's latency, as of the worker's clock.
+    fn observe(&self, routing: &RouteSnapshot) {
+        routing
+            .metrics
+            .observe_since(self.route as usize, self.started);
+    }
+
+    fn try_complete(&mut self) -> bool {
+        if self.reply.is_some() {
+            return true;
+        }
+        match self.receiver.try_recv() {
+            Ok(reply) => self.reply = Some(reply),
+            Err(oneshot::error::TryRecvError::Empty) => return false,
+            Err(oneshot::error::TryRecvError::Closed) => self.reply = Some(Err(connection_gone())),
+        }
+        true
+    }
+
+    async fn wait(&mut self) {
+        if self.reply.is_none() {
+            self.reply = Some(
+                (&mut self.receiver)
+                    .await
+                    .unwrap_or_else(|_| Err(connection_gone())),
+            );
+        }
+    }
+
+    /// The reply, counting a failure against its server (in the routing it was sent with).
+    /// Legs run by the route executor count their own failures.
+    fn take(&mut self, routing: &RouteSnapshot) -> Reply {
+        let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
+        if let Err(error) = &reply {
+            if let Some(server) = routing
+                .pools
+                .get(self.pool as usize)
+                .and_then(|p| p.servers.get(self.server as usize))
+            {
+                server.count_failure(error);
+            }
+        }
+        reply
+    }
+
+    /// A leg whose reply comes from the route executor (no single server to blame),
+    /// sent to route node `route`.
+    pub(crate) fn executed(
+        receiver: oneshot::Receiver<Reply>,
+        route: u32,
+        started: Instant,
+    ) -> Leg {
+        Leg {
+            receiver,
+            reply: None,
+            pool: u32::MAX,
+            server: u32::MAX,
+            route,
+            started,
+        }
+    }
+}
+
+/// A multi-key retrieval split over servers.
+#[derive(Debug)]
+pub(crate) struct MultiGet {
+    pub routing: Rc<RouteSnapshot>,
+    pub request: Request,
+    pub legs: SmallVec<[Leg; 4]>,
+    /// For each of the request's keys, the leg that carries it.
+    pub key_leg: SmallVec<[u32; 32]>,
+}
+
+/// The same request sent to every server of a pool (flush_all).
+#[derive(Debug)]
+pub(crate) struct Fanout {
+    pub routing: Rc<RouteSnapshot>,
+    pub legs: Vec<Leg>,
+    pub noreply: bool,
+}
+
+/// One entry of a session's reply FIFO.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// Answered by memroute itself (or an error reply).
+    Ready(Bytes),
+    /// Close the connection once everything before it is written (quit, unframeable input).
+    Close,
+    /// `stats`: rendered when its turn comes, so it counts every request before it, and
+    /// once every worker flushed its counts (or `deadline` passed).
+    Stats {
+        metrics: Arc<SharedStats>,
+        ticket: u64,
+        deadline: Instant,
+    },
+    /// Holds the routing it was sent with: its connections stay open until it is answered.
+    Single {
+        routing: Rc<RouteSnapshot>,
+        leg: Leg,
+        command: Command,
+        noreply: bool,
+    },
+    MultiGet(Box<MultiGet>),
+    Fanout(Box<Fanout>),
+}
+
+impl Pending {
+    /// Collects whatever replies have arrived, without waiting. True when complete.
+    pub(crate) fn try_complete(&mut self) -> bool {
+        match self {
+            Pending::Ready(_) | Pending::Close => true,
+            Pending::Stats {
+                metrics,
+                ticket,
+                deadline,
+            } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
+            Pending::Single { leg, .. } => leg.try_complete(),
+            Pending::MultiGet(multi) => multi.legs.iter_mut().all(Leg::try_complete),
+            Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
+        }
+    }
+
+    /// Waits until complete.
+    pub(crate) async fn wait(&mut self) {
+        match self {
+            Pending::Ready(_) | Pending::Close => {}
+            Pending::Stats {
+                metrics,
+                ticket,
+                deadline,
+            } => metrics.flush.wait(*ticket, *deadline).await,
+            Pending::Single { leg, .. } => leg.wait().await,
+            Pending::MultiGet(multi) => {
+                for leg in &mut multi.legs {
+                    leg.wait().await;
+                }
+            }
+            Pending::Fanout(fanout) => {
+                for leg in &mut fanout.legs {
+                    leg.wait().await;
+                }
+            }
+        }
+    }
+
+    /// Writes the client's reply for a completed entry.
+    pub(crate) fn finish(self, context: &WorkerContext, out: &mut BytesMut) -> Flow {
+        match self {
+            Pending::Ready(bytes) => out.extend_from_slice(&bytes),
+            Pending::Close => return Flow::Close,
+            Pending::Stats { metrics, .. } => {
+                context.metrics.flush();
+                let families = metrics.registry.gather();
+                out.extend_from_slice(metrics.render_stats(&families).as_bytes());
+            }
+            Pending::Single {
+                routing,
+                mut leg,
+                command,
+                noreply,
+            } => {
+                leg.observe(&routing);
+                finish_single(context, leg.take(&routing), command, noreply, out)
+            }
+            Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
+            Pending::Fanout(fanout) => finish_fanout(*fanout, out),
+        }
+        Flow::Continue
+    }
+}
+
+fn finish_single(
+    context: &WorkerContext,
+    reply: Reply,
+    command: Command,
+    noreply: bool,
+    out: &mut BytesMut,
+) {
+    let is_meta = command.is_keyed_meta();
+    match reply {
+        Ok(bytes) => {
+            if matches!(
+                command,
+                Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
+            ) {
+                let hit = bytes.starts_with(b"VALUE ")
+                    || bytes.starts_with(b"VA ")
+                    || bytes.starts_with(b"HD");
+                let counter = if hit {
+                    &context.stats().get_hits
+                } else {
+                    &context.stats().get_misses
+                };
+                WorkerMetrics::add(counter, 1);
+            }
+            if noreply && quiet_suppresses(command, first_line(&bytes)) {
+                return;
+            }
+            out.extend_from_slice(&bytes);
+        }
+        // A text-protocol noreply client reads no replies at all: an error line would
+        // be taken as the reply to its next request. Meta quiet mode does show errors.
+        Err(_) if noreply && !is_meta => {}
+        Err(error) => server_error(out, &error),
+    }
+}
+
+fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut BytesMut) {
+    // One latency sample per request, under the route of its first leg.
+    if let Some(first) = multi.legs.first() {
+        first.observe(&multi.routing);
+    }
+    let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(multi.legs.len());
+    for leg in &mut multi.legs {
+        match leg.take(&multi.routing) {
+            Ok(bytes) => replies.push(bytes),
+            // One failed server fails the whole reply: a partial answer would look like misses.
+            Err(error) => return server_error(out, &error),
+        }
+    }
+    let Some((hits, misses)) = multiget::merge(&replies, multi.request.keys(), &multi.key_leg, out)
+    else {
+        return;
+    };
+    WorkerMetrics::add(&context.stats().get_hits, hits);
+    WorkerMetrics::add(&context.stats().get_misses, misses);
+}
+
+fn finish_fanout(mut fanout: Fanout, out: &mut BytesMut) {
+    if let Some(first) = fanout.legs.first() {
+        first.observe(&fanout.routing);
+    }
+    let mut merge = FlushAllMerge::default();
+    for leg in &mut fanout.legs {
+        merge.add(leg.take(&fanout.routing));
+    }
+    if fanout.noreply {
+        return;
+    }
+    match merge.finish() {
+        Ok(bytes) => out.extend_from_slice(&bytes),
+        Err(error) => server_error(out, &error),
+    }
+}
