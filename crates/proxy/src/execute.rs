@@ -704,7 +704,9 @@ impl KeyReply {
 
 /// A multi-key job's outcome: per key, or (the common case: a pool whose every batch was
 /// answered without an error) the servers' replies as they are with each key's batch, so
-/// that the client's reply is merged from them once, as a plain pool's is.
+/// that the client's reply is merged from them once, as a plain pool's is. One per job,
+/// returned and dropped, never stored in bulk: the inline batches are worth their size.
+#[allow(clippy::large_enum_variant)]
 enum KeyReplies {
     Keys(Vec<KeyReply>),
     Batches {
