@@ -722,24 +722,8 @@ impl KeyReplies {
             KeyReplies::Keys(replies) => return replies,
             KeyReplies::Batches { replies, key_leg } => (replies, key_leg),
         };
-        // Servers answer in the order they were asked, skipping misses.
-        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
-        keys.iter()
-            .enumerate()
-            .map(|(i, &key)| {
-                let leg = key_leg.get(i).copied().unwrap_or(u32::MAX) as usize;
-                let Some(bytes) = replies.get(leg) else {
-                    return KeyReply::Failed(Err(connection_gone()));
-                };
-                match value_block_at(bytes, cursor[leg]) {
-                    Some(block) if bytes[block.key.clone()] == job.keys[key as usize][..] => {
-                        cursor[leg] = block.block.end;
-                        KeyReply::Hit(bytes.slice(block.block))
-                    }
-                    _ => KeyReply::Miss,
-                }
-            })
-            .collect()
+        let replies: SmallVec<[Reply; 4]> = replies.into_iter().map(Ok).collect();
+        per_key(&replies, &key_leg, job, keys)
     }
 
     /// Whether every key was answered (hit or miss), none failed.
@@ -756,6 +740,36 @@ impl KeyReplies {
 }
 
 type BoxedKeyReplies = Pin<Box<dyn Future<Output = KeyReplies>>>;
+
+/// Each key's outcome from the batch replies that carried it (`key_leg[i]`: the batch of
+/// `keys[i]`): its batch's failure, or its `VALUE` block, or a miss. Servers answer in the
+/// order they were asked, skipping misses.
+fn per_key(replies: &[Reply], key_leg: &[u32], job: &MultiJob, keys: &[u32]) -> Vec<KeyReply> {
+    let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
+    keys.iter()
+        .enumerate()
+        .map(|(i, &key)| {
+            let leg = key_leg.get(i).copied().unwrap_or(u32::MAX) as usize;
+            let Some(reply) = replies.get(leg) else {
+                return KeyReply::Failed(Err(connection_gone()));
+            };
+            let bytes = match reply {
+                Ok(bytes) => bytes,
+                Err(error) => return KeyReply::Failed(Err(error.clone())),
+            };
+            if let Some(line) = retrieval_error(bytes) {
+                return KeyReply::Failed(Ok(bytes.slice(line)));
+            }
+            match value_block_at(bytes, cursor[leg]) {
+                Some(block) if bytes[block.key.clone()] == job.keys[key as usize][..] => {
+                    cursor[leg] = block.block.end;
+                    KeyReply::Hit(bytes.slice(block.block))
+                }
+                _ => KeyReply::Miss,
+            }
+        })
+        .collect()
+}
 
 /// The reply of a multi-key job: the hits in key order then `END`, and their count; the
 /// first failure instead when a key failed (one failed key fails a multi-get, as a failed
@@ -991,31 +1005,7 @@ async fn pool_multi(
         return KeyReplies::Batches { replies, key_leg };
     }
     // A batch failed: per key, its batch's failure or its own answer.
-    let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; replies.len()];
-    let outcomes = keys
-        .iter()
-        .enumerate()
-        .map(|(i, &key)| {
-            let leg = key_leg.get(i).copied().unwrap_or(u32::MAX) as usize;
-            let Some(reply) = replies.get(leg) else {
-                return KeyReply::Failed(Err(connection_gone()));
-            };
-            let bytes = match reply {
-                Ok(bytes) => bytes,
-                Err(error) => return KeyReply::Failed(Err(error.clone())),
-            };
-            if let Some(line) = retrieval_error(bytes) {
-                return KeyReply::Failed(Ok(bytes.slice(line)));
-            }
-            match value_block_at(bytes, cursor[leg]) {
-                Some(block) if bytes[block.key.clone()] == job.keys[key as usize][..] => {
-                    cursor[leg] = block.block.end;
-                    KeyReply::Hit(bytes.slice(block.block))
-                }
-                _ => KeyReply::Miss,
-            }
-        })
-        .collect();
+    let outcomes = per_key(&replies, &key_leg, job, keys);
     KeyReplies::Keys(outcomes)
 }
 
