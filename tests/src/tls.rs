@@ -138,6 +138,66 @@ impl Pki {
         self.dir.path()
     }
 
+    /// A client certificate signed by `ca` that expired in 2020 (valid 2020-01-01 to
+    /// 2020-01-02). `openssl x509 -req` of this Debian openssl (3.0) has no way to set
+    /// past dates, so it is signed with `openssl ca -startdate/-enddate`.
+    pub fn expired_client(&self) -> CertFiles {
+        let dir = self.dir.path();
+        std::fs::write(
+            dir.join("expired-ca.cnf"),
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = expired-index.txt\nnew_certs_dir = .\n\
+             serial = expired-serial\ndefault_md = sha256\npolicy = p\nunique_subject = no\n\
+             [p]\ncommonName = supplied\n",
+        )
+        .expect("write ca config");
+        std::fs::write(dir.join("expired-index.txt"), "").expect("write index");
+        std::fs::write(dir.join("expired-serial"), "1000\n").expect("write serial");
+        std::fs::write(
+            dir.join("expired.ext"),
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+        )
+        .expect("write ext file");
+        let mut args = vec!["req", "-nodes"];
+        args.extend(EC);
+        args.extend([
+            "-keyout",
+            "expired.key",
+            "-out",
+            "expired.csr",
+            "-subj",
+            "/CN=expired",
+        ]);
+        openssl(dir, &args);
+        openssl(
+            dir,
+            &[
+                "ca",
+                "-batch",
+                "-config",
+                "expired-ca.cnf",
+                "-startdate",
+                "20200101000000Z",
+                "-enddate",
+                "20200102000000Z",
+                "-in",
+                "expired.csr",
+                "-out",
+                "expired.pem",
+                "-keyfile",
+                "ca.key",
+                "-cert",
+                "ca.pem",
+                "-notext",
+                "-extfile",
+                "expired.ext",
+            ],
+        );
+        CertFiles {
+            cert: dir.join("expired.pem"),
+            key: dir.join("expired.key"),
+        }
+    }
+
     /// `memcached -Z` arguments serving `cert`.
     pub fn memcached_args(cert: &CertFiles) -> Vec<String> {
         vec![

@@ -2,16 +2,57 @@
 //! to memcached B (a one-server pool) must get the same reply bytes. Both servers start fresh
 //! per script and see the same sequence, so even cas uniques agree.
 //! `version`, `verbosity` and `stats` are answered by memroute itself and are tested apart.
+//! The shared script lists also run through a TLS pool (memroute speaks TLS to a real
+//! `memcached -Z` B): the replies must not depend on the transport.
 use memroute_tests::scripts::{self, compare, Script, Side};
+use memroute_tests::tls::Pki;
 use memroute_tests::*;
+
+/// What stands between the client and memcached B.
+enum Path<'a> {
+    /// memroute, plaintext both sides.
+    Plain,
+    /// memroute with a TLS pool to `memcached -Z` serving `pki.server`.
+    TlsPool(&'a Pki),
+}
+
+impl Path<'_> {
+    /// Memcached B and memroute in front of it.
+    fn start(&self) -> (Memcached, Memroute) {
+        match self {
+            Path::Plain => {
+                let backend = Memcached::start();
+                let proxy = Memroute::start_pool(&[backend.addr()]);
+                (backend, proxy)
+            }
+            Path::TlsPool(pki) => {
+                let backend = Memcached::start_with_args(
+                    "127.0.0.1",
+                    free_port(),
+                    64,
+                    Pki::memcached_args(&pki.server),
+                );
+                let tls = format!(
+                    "tls = {{ ca = {:?}, server_name = \"localhost\" }}",
+                    pki.ca.display().to_string()
+                );
+                let proxy = Memroute::start_pool_with(&[backend.addr()], &tls);
+                (backend, proxy)
+            }
+        }
+    }
+}
 
 /// Runs every script on a fresh (memcached, memroute+memcached) pair; reports all differences.
 fn run(scripts: Vec<Script>) {
+    run_through(scripts, &Path::Plain);
+}
+
+fn run_through(scripts: Vec<Script>, path: &Path) {
     let mut failures = Vec::new();
     for script in &scripts {
         let reference = Memcached::start();
-        let backend = Memcached::start();
-        let proxy = Memroute::start_pool(&[backend.addr()]);
+        let (_backend, proxy) = path.start();
         let mut want = Side::new(reference.connect());
         let mut got = Side::new(proxy.connect());
         if let Err(e) = compare(script, &mut want, &mut got) {
@@ -42,6 +83,32 @@ fn bad_input_matches_memcached() {
     run(scripts::bad_input_scripts());
 }
 
+/// Every script (the shared text, meta and bad-input lists and this file's own) through a
+/// TLS pool to `memcached -Z`.
+#[test]
+fn every_script_matches_memcached_through_a_tls_pool() {
+    let pki = Pki::generate();
+    let mut all = scripts::text_scripts();
+    all.extend(scripts::meta_scripts());
+    all.extend(scripts::bad_input_scripts());
+    all.extend(nul_scripts());
+    all.extend(huge_length_scripts());
+    all.extend(tab_scripts());
+    run_through(all, &Path::TlsPool(&pki));
+}
+
+/// The conformance checks that are not scripts (quit, a 100-request pipeline, a client
+/// writing byte by byte, recoverable errors), through a TLS pool to `memcached -Z`.
+#[test]
+fn pipelining_byte_writes_errors_and_quit_through_a_tls_pool() {
+    let pki = Pki::generate();
+    let path = Path::TlsPool(&pki);
+    quit_closes(&path);
+    pipelined_in_order(&path);
+    byte_at_a_time(&path);
+    usable_after_errors(&path);
+}
+
 /// Steps owned by this file (the shared lists live in memroute_tests::scripts).
 fn steps(name: &'static str, steps: &[&[u8]]) -> Script {
     Script {
@@ -56,7 +123,11 @@ fn steps(name: &'static str, steps: &[&[u8]]) -> Script {
 /// smuggle its data line (`hello`, or any command) onto the shared backend connection.
 #[test]
 fn nul_in_command_line_matches_memcached() {
-    run(vec![
+    run(nul_scripts());
+}
+
+fn nul_scripts() -> Vec<Script> {
+    vec![
         steps(
             "NUL cuts the command line",
             &[
@@ -104,7 +175,7 @@ fn nul_in_command_line_matches_memcached() {
                 b"mg\0 m\r\n",
             ],
         ),
-    ]);
+    ]
 }
 
 /// Data lengths memcached refuses on the line (above INT_MAX - 2, or negative after its
@@ -113,7 +184,11 @@ fn nul_in_command_line_matches_memcached() {
 /// scriptable here; see the protocol unit tests.)
 #[test]
 fn huge_data_lengths_match_memcached() {
-    run(vec![
+    run(huge_length_scripts());
+}
+
+fn huge_length_scripts() -> Vec<Script> {
+    vec![
         steps(
             "set lengths near 2^31 and 2^32",
             &[
@@ -143,14 +218,18 @@ fn huge_data_lengths_match_memcached() {
                 b"mg k v\r\n",
             ],
         ),
-    ]);
+    ]
 }
 
 /// Only spaces separate words and only `\n` ends a line: tabs and a `\r` inside a line
 /// are part of a word, so what memroute forwards is one request for memcached as well.
 #[test]
 fn tabs_and_inner_carriage_returns_match_memcached() {
-    run(vec![steps(
+    run(tab_scripts());
+}
+
+fn tab_scripts() -> Vec<Script> {
+    vec![steps(
         "tabs and inner CR",
         &[
             b"set k\t0 0 0 1\r\nx\r\n",
@@ -175,7 +254,7 @@ fn tabs_and_inner_carriage_returns_match_memcached() {
             b"ms t\tx 1 T0\tq\r\nv\r\n",
             b"mg t\tx v\r\n",
         ],
-    )]);
+    )]
 }
 
 /// A value larger than memroute's client-side max_value_size (the backend has a bigger
@@ -289,7 +368,11 @@ fn version_verbosity_stats_are_answered_by_memroute() {
 
 #[test]
 fn quit_closes_the_connection() {
-    let (_backend, proxy) = single();
+    quit_closes(&Path::Plain);
+}
+
+fn quit_closes(path: &Path) {
+    let (_backend, proxy) = path.start();
     let mut c = proxy.connect();
     c.set("q", b"1");
     c.send(b"quit\r\n");
@@ -301,8 +384,12 @@ fn quit_closes_the_connection() {
 /// same bytes go to a direct memcached for the expected answer.
 #[test]
 fn pipelined_requests_are_answered_in_order() {
+    pipelined_in_order(&Path::Plain);
+}
+
+fn pipelined_in_order(path: &Path) {
     let reference = Memcached::start();
-    let (_backend, proxy) = single();
+    let (_backend, proxy) = path.start();
     let mut batch = Vec::new();
     for i in 0..100 {
         let cmd = match i % 5 {
@@ -328,8 +415,12 @@ fn pipelined_requests_are_answered_in_order() {
 /// A client that writes one byte at a time must be answered as if it wrote whole requests.
 #[test]
 fn byte_at_a_time_requests() {
+    byte_at_a_time(&Path::Plain);
+}
+
+fn byte_at_a_time(path: &Path) {
     let reference = Memcached::start();
-    let (_backend, proxy) = single();
+    let (_backend, proxy) = path.start();
     let requests: &[u8] = b"set slow 0 0 5\r\nhello\r\nget slow nope slow\r\nmg slow v k\r\nincr slow 1\r\ndelete slow\r\nmn\r\n";
     let want = reference
         .connect()
@@ -349,7 +440,11 @@ fn byte_at_a_time_requests() {
 /// After each recoverable error the same connection keeps working.
 #[test]
 fn connection_stays_usable_after_recoverable_errors() {
-    let (_backend, proxy) = single();
+    usable_after_errors(&Path::Plain);
+}
+
+fn usable_after_errors(path: &Path) {
+    let (_backend, proxy) = path.start();
     let mut c = proxy.connect();
     let errors: [&[u8]; 7] = [
         b"bogus\r\n",

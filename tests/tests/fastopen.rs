@@ -105,11 +105,12 @@ fn run_inside_namespace() {
     // From here on only listeners that ask for TFO (memroute's) get it.
     set_fastopen(3);
     let listen = format!("127.0.0.1:{}", free_port());
+    let server = mc.addr();
+    // Backend-connect TFO is on by default: the config does not ask for it.
     let config = |connections: u32| {
         format!(
-            "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\nfastopen = 64\nfastopen_connect = true\n\n\
-             [pools.main]\nservers = [\"{}\"]\nconnections = {connections}\n",
-            mc.addr()
+            "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\nfastopen = 64\n\n\
+             [pools.main]\nservers = [\"{server}\"]\nconnections = {connections}\n"
         )
     };
     let m = Memroute::start(&config(1));
@@ -146,5 +147,29 @@ fn run_inside_namespace() {
     println!(
         "TFO: passive {passive} -> {passive_after}, active {active} -> {}",
         tcp_ext("TCPFastOpenActive")
+    );
+
+    // The server goes away while memroute holds its cookie. memroute's reconnects are now
+    // deferred (`connect` returns before any packet is sent; the SYN waits for the first
+    // request), so the refusal comes back as a reset to that request: clients still get
+    // SERVER_ERROR, promptly, and memroute keeps working for them.
+    drop(mc);
+    let mut c = m.connect();
+    for attempt in 0..5 {
+        let reply = String::from_utf8_lossy(&c.roundtrip_line(b"get tfo\r\n")).into_owned();
+        assert!(
+            reply.starts_with("SERVER_ERROR "),
+            "attempt {attempt} with the server gone: {reply:?}\n{}",
+            m.log_text()
+        );
+    }
+    println!(
+        "server gone: {}",
+        m.log_text()
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .join(" | ")
     );
 }

@@ -1,5 +1,6 @@
 //! Multi-key gets across 4 memcached servers behind memroute (ketama): split per server,
 //! merged back in the client's key order with duplicates kept, also when batches are capped.
+use memroute_tests::tls::Pki;
 use memroute_tests::*;
 
 fn four_servers() -> Vec<Memcached> {
@@ -97,6 +98,37 @@ fn keys_spread_over_all_servers_and_multiget_merges_in_order() {
         show(&multi_get(&proxy, &keys)),
         show(&expected_reply(&keys))
     );
+}
+
+/// The same split and merge through a TLS pool: four real `memcached -Z` servers, each
+/// reached over its own TLS connection; capped batches too.
+#[test]
+fn multiget_through_a_tls_pool_merges_in_order() {
+    let pki = Pki::generate();
+    let servers: Vec<Memcached> = (0..4)
+        .map(|_| {
+            Memcached::start_with_args(
+                "127.0.0.1",
+                free_port(),
+                64,
+                Pki::memcached_args(&pki.server),
+            )
+        })
+        .collect();
+    let tls = format!(
+        "tls = {{ ca = {:?}, server_name = \"localhost\" }}",
+        pki.ca.display().to_string()
+    );
+    for extra in ["", "max_keys_per_request = 3"] {
+        let proxy = proxy_over(&servers, &format!("{tls}\n{extra}"));
+        set_200(&proxy);
+        let keys = mixed_keys();
+        assert_eq!(
+            show(&multi_get(&proxy, &keys)),
+            show(&expected_reply(&keys)),
+            "{extra}"
+        );
+    }
 }
 
 #[test]

@@ -146,17 +146,31 @@ fn mutual_tls_accepts_the_right_client_and_rejects_others() {
     );
     // TLS 1.3: the client finishes first; the server's verdict arrives as an alert on the
     // first read, so each rejected client is asked for something.
-    for (what, client) in [
-        ("no client certificate", None),
-        ("a certificate from another CA", Some(&pki.rogue_client)),
+    let expired = pki.expired_client();
+    for (what, client, alert) in [
+        ("no client certificate", None, "CertificateRequired"),
+        (
+            "a certificate from another CA",
+            Some(&pki.rogue_client),
+            "UnknownCA",
+        ),
+        (
+            "an expired certificate from the trusted CA",
+            Some(&expired),
+            "CertificateExpired",
+        ),
     ] {
         let outcome = TlsConn::connect(&tls, &client_config(&pki.ca, client))
             .and_then(|mut c| c.roundtrip(b"get nothing\r\n", b"END\r\n"));
-        assert!(outcome.is_err(), "{what}: served {outcome:?}");
+        // The alert names why: an expired certificate is refused for its dates, not its CA.
+        assert!(
+            outcome.as_ref().is_err_and(|e| e.contains(alert)),
+            "{what}: wanted alert {alert}, got {outcome:?}"
+        );
     }
     let failed = format!("listener:{tls}:tls_handshakes_failed");
-    m.wait_stats("two failed handshakes", WAIT, |s| {
-        stat_u64(s, &failed) == Some(2)
+    m.wait_stats("three failed handshakes", WAIT, |s| {
+        stat_u64(s, &failed) == Some(3)
     });
     // The accepted client is unaffected.
     assert_eq!(

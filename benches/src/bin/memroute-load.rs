@@ -20,6 +20,11 @@
 //! `--cpu NAME=PID` samples utime+stime of that process from /proc exactly at the
 //! window boundaries, so CPU per op covers the measured window only (not the
 //! populate or warmup phases).
+//!
+//! `--tls-ca FILE` speaks TLS (rustls, ring provider, TLS 1.3 or 1.2) to the target,
+//! verifying its certificate against FILE for `--tls-server-name`; `--tls-cert` and
+//! `--tls-key` present a client certificate (mutual TLS). Connections are opened before
+//! the warmup ends, so the window measures the record layer, not handshakes.
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
@@ -30,6 +35,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use memroute_benches::hist::Histogram;
+use memroute_net::Stream;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -98,6 +106,18 @@ struct Args {
     /// a set is SET. The populate phase stays text.
     #[arg(long)]
     binary: bool,
+    /// Speak TLS to the target, trusting the CAs in this PEM file.
+    #[arg(long)]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Name the target's certificate must carry (TLS only).
+    #[arg(long, default_value = "localhost")]
+    tls_server_name: String,
+    /// Client certificate chain (PEM) for mutual TLS; needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -400,9 +420,60 @@ fn parse_binary_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
     }
 }
 
+/// Where to connect, and how: plain TCP, or TLS with this client config.
+#[derive(Debug, Clone)]
+struct Target {
+    addr: String,
+    tls: Option<(Arc<rustls::ClientConfig>, ServerName<'static>)>,
+}
+
+impl Target {
+    fn new(args: &Args) -> Result<Target, String> {
+        let Some(ca) = &args.tls_ca else {
+            return Ok(Target {
+                addr: args.addr.clone(),
+                tls: None,
+            });
+        };
+        let certs = |path: &std::path::Path| {
+            CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certs(ca)? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+        let config = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => builder
+                .with_client_auth_cert(
+                    certs(cert)?,
+                    PrivateKeyDer::from_pem_file(key)
+                        .map_err(|e| format!("{}: {e}", key.display()))?,
+                )
+                .map_err(|e| e.to_string())?,
+            _ => builder.with_no_client_auth(),
+        };
+        let name = ServerName::try_from(args.tls_server_name.clone())
+            .map_err(|e| format!("--tls-server-name: {e}"))?;
+        Ok(Target {
+            addr: args.addr.clone(),
+            tls: Some((Arc::new(config), name)),
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Plan {
-    addr: String,
+    target: Target,
     value: Vec<u8>,
     get_ratio: f64,
     keys: u64,
@@ -417,18 +488,26 @@ struct Plan {
     connections: usize,
 }
 
-async fn connect(addr: &str) -> Result<TcpStream, String> {
+async fn connect(target: &Target) -> Result<Stream, String> {
+    let addr = &target.addr;
     let s = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect {addr}: {e}"))?;
     // Small requests: without NODELAY Nagle would add delay to every pipelined batch.
     s.set_nodelay(true)
         .map_err(|e| format!("set_nodelay: {e}"))?;
-    Ok(s)
+    let Some((config, name)) = &target.tls else {
+        return Ok(Stream::Tcp(s));
+    };
+    let tls = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name.clone(), s)
+        .await
+        .map_err(|e| format!("TLS handshake with {addr}: {e}"))?;
+    Ok(Stream::ClientTls(Box::new(tls)))
 }
 
 /// Reads until `buf[start..]` holds at least one more byte; errors on EOF or timeout.
-async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> Result<(), String> {
+async fn fill(stream: &mut Stream, buf: &mut Vec<u8>, timeout: Duration) -> Result<(), String> {
     if buf.capacity() - buf.len() < 16 * 1024 {
         buf.reserve(64 * 1024);
     }
@@ -444,13 +523,13 @@ async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> R
 
 /// Sets keys `[from, to)` on one connection, pipelined in batches of 100.
 async fn populate_range(
-    addr: String,
+    target: Target,
     value: Vec<u8>,
     from: u64,
     to: u64,
     timeout: Duration,
 ) -> Result<u64, String> {
-    let mut s = connect(&addr).await?;
+    let mut s = connect(&target).await?;
     let mut out = Vec::with_capacity(64 * 1024);
     let mut inbuf = Vec::with_capacity(64 * 1024);
     let mut errors = 0;
@@ -486,7 +565,7 @@ async fn populate_range(
 
 /// One closed-loop connection. Returns what it measured inside the window.
 async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<ConnStats, String> {
-    let mut s = connect(&plan.addr).await?;
+    let mut s = connect(&plan.target).await?;
     let rng = Rng::new(id as u64 + 1);
     let mut stats = ConnStats::default();
     let mut out = Vec::with_capacity(16 * 1024);
@@ -631,6 +710,7 @@ async fn run(mut args: Args) -> Result<String, String> {
         return Err("--keys, --connections, --pipeline and --multiget must be > 0".into());
     }
 
+    let target = Target::new(&args)?;
     if !args.no_populate {
         // Populate over a few connections in parallel; it is not measured.
         let started = Instant::now();
@@ -640,7 +720,7 @@ async fn run(mut args: Args) -> Result<String, String> {
             let from = args.keys * p / parts;
             let to = args.keys * (p + 1) / parts;
             tasks.push(tokio::spawn(populate_range(
-                args.addr.clone(),
+                target.clone(),
                 value.clone(),
                 from,
                 to,
@@ -665,7 +745,7 @@ async fn run(mut args: Args) -> Result<String, String> {
 
     let start = Instant::now();
     let plan = Arc::new(Plan {
-        addr: args.addr.clone(),
+        target,
         value,
         get_ratio: args.get_ratio,
         keys: args.keys,

@@ -15,10 +15,10 @@ use crate::raw::{check_keys, get_bool, get_duration, get_int, get_str, join, wro
 pub mod defaults {
     /// Listener TCP Fast Open queue (pending TFO connections per listener); 0 = off.
     pub const FASTOPEN: u32 = 1024;
-    /// Off by default until understood: the backpressure test (300k pipelined gets, a client
-    /// that stops reading) saw backend timeouts on this branch, once A/B-reproduced with
-    /// net.ipv4.tcp_fastopen=1 vs 0 in a namespace, but also seen later with this off.
-    pub const FASTOPEN_CONNECT: bool = false;
+    /// On where the kernel allows it (`net.ipv4.tcp_fastopen` bit 1, the kernel default).
+    /// It changes nothing until a server hands out a TFO cookie (memcached does not unless
+    /// the sysctl has 0x400); see docs/configuration.md for what a deferred connect means.
+    pub const FASTOPEN_CONNECT: bool = true;
     pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
     /// How long one ticket key encrypts new tickets; tickets are accepted for twice this.
     /// rustls's ring ticketer rotates its own keys every 6 hours, which caps it.

@@ -497,7 +497,7 @@ fn tls_listeners_and_pools_parse_with_defaults() {
     let t = &c.proxy.transport;
     assert_eq!(c.proxy.listen.len(), 2);
     assert_eq!(t.fastopen, 0);
-    assert!(!t.fastopen_connect, "opt-in");
+    assert!(t.fastopen_connect, "on by default");
     assert_eq!(t.tls_ticket_lifetime, std::time::Duration::from_secs(3600));
     let tls = &t.listen_tls[&ListenAddress::Tcp("0.0.0.0:11212".into())];
     assert_eq!(tls.key_path, "proxy.listen[1].tls");

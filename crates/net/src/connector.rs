@@ -83,6 +83,13 @@ impl Connector {
                     .count_kind(stream.get_ref().1.handshake_kind());
                 Ok(Stream::ClientTls(Box::new(stream)))
             }
+            // With TCP Fast Open and a cookie for this server, `connect` returned before any
+            // packet left (the SYN waits for the first write, the ClientHello), so a server
+            // that is gone answers the handshake with a reset: that is a refused connect,
+            // not a TLS failure, and the backend marks the server down at once as usual.
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Err(NetError::ConnectRefused)
+            }
             Err(error) => {
                 self.counters.failed.fetch_add(1, Relaxed);
                 Err(NetError::Handshake(Arc::from(error.to_string())))
@@ -103,7 +110,10 @@ impl Connector {
             .map_err(NetError::Connect)?;
             if self.fastopen {
                 // With a cookie for this server the kernel sends the first write (the
-                // TLS ClientHello, or the first request) in the SYN.
+                // TLS ClientHello, or the first request) in the SYN. `connect` then
+                // returns before anything is sent: a plain connection is proven by its
+                // first reply, a TLS one by its handshake (see `connect_unbounded`).
+                // Without a cookie it is an ordinary connect that asks for one.
                 let _ = sockopt::set_fastopen_connect(&socket);
             }
             match socket.connect(address).await {

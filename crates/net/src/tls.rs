@@ -110,6 +110,12 @@ impl ServerTls {
         })
     }
 
+    /// The `ServerConfig` new handshakes use now (the `tls_handshake` bench drives rustls
+    /// with it directly, so it measures memroute's own settings).
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        self.config.load_full()
+    }
+
     pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         tokio_rustls::TlsAcceptor::from(self.config.load_full())
     }
