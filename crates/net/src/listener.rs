@@ -218,6 +218,16 @@ impl Listener {
 }
 
 impl Incoming {
+    /// The stream at once when there is no handshake to do (a plaintext listener), or the
+    /// connection back: a session starts serving a plaintext client without building (and
+    /// storing) the handshake's future.
+    pub fn into_plain(self) -> Result<Stream, Incoming> {
+        match (&self.tls, &self.stream) {
+            (Some(_), Stream::Tcp(_)) => Err(self),
+            _ => Ok(self.stream),
+        }
+    }
+
     /// The stream to serve: at once for a plaintext listener; after the TLS handshake,
     /// bounded by the listener's handshake timeout, for a TLS one. Every outcome of a
     /// handshake is counted on the listener.

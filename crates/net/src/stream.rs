@@ -65,6 +65,18 @@ impl Stream {
         }
     }
 
+    /// The peer as log lines name it (`ip:port`, or `unix-socket`), asked from the socket
+    /// when a line is written rather than stored with every connection.
+    pub fn peer_description(&self) -> String {
+        let address = match self {
+            Stream::Tcp(s) => s.peer_addr(),
+            Stream::Unix(_) => return "unix-socket".to_string(),
+            Stream::ServerTls(s) => s.get_ref().0.peer_addr(),
+            Stream::ClientTls(s) => s.get_ref().0.peer_addr(),
+        };
+        address.map_or_else(|_| "unknown".to_string(), |a| a.to_string())
+    }
+
     /// Whether this stream is encrypted.
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::ServerTls(_) | Stream::ClientTls(_))

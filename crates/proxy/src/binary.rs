@@ -22,7 +22,6 @@ use memroute_protocol::binary::{
 };
 use memroute_protocol::{parse_request, Limits, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::watch;
 
 use crate::context::WorkerContext;
 use crate::dispatch::dispatch;
@@ -104,7 +103,6 @@ pub(crate) async fn run<R, W>(
     mut input: BytesMut,
     mut reader: R,
     mut writer: W,
-    mut shutdown: watch::Receiver<bool>,
     peer: crate::client_log::Peer,
 ) where
     R: AsyncRead + Unpin,
@@ -122,8 +120,8 @@ pub(crate) async fn run<R, W>(
     let mut spare: VecDeque<Pending> = VecDeque::with_capacity(2);
     // Bytes of a refused value still to be discarded as they arrive.
     let mut swallow = 0usize;
-    let mut reading = !*shutdown.borrow();
-    let mut stop = std::pin::pin!(shutdown.changed());
+    // Shutting down: stop reading, answer what was read, close.
+    let mut reading = !context.sessions.draining();
     loop {
         let mut need_input = false;
         let routing = context.routing();
@@ -253,7 +251,7 @@ pub(crate) async fn run<R, W>(
                 Ok(0) | Err(_) => reading = false,
                 Ok(_) => {}
             },
-            _ = &mut stop, if reading => reading = false,
+            _ = crate::session_wakers::drained(&context.sessions), if reading => reading = false,
         }
     }
 }

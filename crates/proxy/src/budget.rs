@@ -28,7 +28,6 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -61,11 +60,13 @@ pub(crate) enum WriteEnd {
     SlowClient,
 }
 
-/// One session's charge against the budget; released when dropped. The budget lives in
-/// `SharedStats` (one per process), which every session reaches already.
+/// One session's charge against the budget while it is busy; released when dropped. The
+/// budget lives in `SharedStats` (one per process), which every session reaches already.
+/// What a session learnt about its client (average reply, window) outlives the charge as
+/// a [`ChargeMemory`] while the session is idle, so an idle session stores 8 bytes of it.
 #[derive(Debug)]
-pub(crate) struct Charge {
-    shared: Arc<SharedStats>,
+pub(crate) struct Charge<'a> {
+    shared: &'a SharedStats,
     held: usize,
     /// A running average of this session's reply sizes (bytes), to charge its requests
     /// not answered yet. Kept per session: no shared cache line on the request path, and a
@@ -75,13 +76,44 @@ pub(crate) struct Charge {
     window: usize,
 }
 
-impl Charge {
-    pub(crate) fn new(shared: Arc<SharedStats>) -> Charge {
+/// What an idle session keeps of its [`Charge`]: its client's average reply size and
+/// window of unanswered requests (both far below `u32::MAX`: see `MAX_WINDOW`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChargeMemory {
+    average_reply: u32,
+    window: u32,
+}
+
+impl Default for ChargeMemory {
+    fn default() -> Self {
+        ChargeMemory {
+            average_reply: INITIAL_AVERAGE_REPLY as u32,
+            window: INITIAL_WINDOW as u32,
+        }
+    }
+}
+
+impl<'a> Charge<'a> {
+    #[cfg(test)]
+    pub(crate) fn new(shared: &'a SharedStats) -> Charge<'a> {
+        Charge::resume(shared, ChargeMemory::default())
+    }
+
+    /// A charge of nothing yet, for a session that was idle and remembered `memory`.
+    pub(crate) fn resume(shared: &'a SharedStats, memory: ChargeMemory) -> Charge<'a> {
         Charge {
             shared,
             held: 0,
-            average_reply: INITIAL_AVERAGE_REPLY,
-            window: INITIAL_WINDOW,
+            average_reply: memory.average_reply as usize,
+            window: memory.window as usize,
+        }
+    }
+
+    /// What to remember of this client while the session is idle.
+    pub(crate) fn memory(&self) -> ChargeMemory {
+        ChargeMemory {
+            average_reply: u32::try_from(self.average_reply).unwrap_or(u32::MAX),
+            window: u32::try_from(self.window).unwrap_or(u32::MAX),
         }
     }
 
@@ -228,7 +260,7 @@ impl Charge {
     }
 }
 
-impl Drop for Charge {
+impl Drop for Charge<'_> {
     fn drop(&mut self) {
         self.set(0, 0);
     }
@@ -237,6 +269,7 @@ impl Drop for Charge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn settings(limit: usize) -> BudgetSettings {
         BudgetSettings {
@@ -252,8 +285,8 @@ mod tests {
     #[test]
     fn charges_add_up_and_are_released_on_drop() {
         let shared = shared();
-        let mut a = Charge::new(shared.clone());
-        let mut b = Charge::new(shared.clone());
+        let mut a = Charge::new(&shared);
+        let mut b = Charge::new(&shared);
         a.set(1000, 0);
         b.set(500, 2);
         let average = INITIAL_AVERAGE_REPLY;
@@ -271,8 +304,8 @@ mod tests {
     #[test]
     fn over_budget_only_the_heaviest_holders_pause() {
         let shared = shared();
-        let mut heavy = Charge::new(shared.clone());
-        let mut light = Charge::new(shared.clone());
+        let mut heavy = Charge::new(&shared);
+        let mut light = Charge::new(&shared);
         // Replies average 1000 bytes, for both.
         for _ in 0..100 {
             heavy.observe(1000, 1);
@@ -313,7 +346,7 @@ mod tests {
     #[tokio::test]
     async fn a_blocked_writer_over_its_share_is_closed_after_the_timeout() {
         let shared = shared();
-        let mut charge = Charge::new(shared.clone());
+        let mut charge = Charge::new(&shared);
         // A peer that never reads: a duplex pipe with a small buffer.
         let (mut writer, _reader) = tokio::io::duplex(1024);
         let bytes = vec![b'x'; 64 * 1024];
@@ -328,7 +361,7 @@ mod tests {
     #[tokio::test]
     async fn a_reader_that_keeps_up_is_written_in_full() {
         let shared = shared();
-        let mut charge = Charge::new(shared.clone());
+        let mut charge = Charge::new(&shared);
         let (mut writer, mut reader) = tokio::io::duplex(1024);
         let drain = tokio::spawn(async move {
             let mut sink = Vec::new();
@@ -350,11 +383,12 @@ mod tests {
 #[cfg(test)]
 mod window_tests {
     use super::*;
+    use std::sync::Arc;
 
     #[tokio::test]
     async fn the_window_grows_while_the_client_reads_and_stays_when_it_does_not() {
         let shared = Arc::new(SharedStats::new(1));
-        let mut charge = Charge::new(shared);
+        let mut charge = Charge::new(&shared);
         let settings = BudgetSettings {
             max_buffered_replies: 1 << 30,
             slow_client_timeout: Duration::from_secs(60),

@@ -11,8 +11,11 @@
 //!
 //! A thread-local rather than a field of the worker context keeps this module
 //! self-contained: every worker is one thread with one current-thread runtime.
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 
 use bytes::BytesMut;
 
@@ -28,8 +31,14 @@ const KEEP_AT_MOST: usize = 16 * CHUNK;
 /// Empty pending queues kept per worker (see [`take_queue`]).
 const QUEUE_POOL_LIMIT: usize = 64;
 
+/// Homes for busy sessions' futures kept per worker once given back; more are freed.
+const BUSY_POOL_LIMIT: usize = 64;
+
 thread_local! {
     static BUFFERS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    /// One `Vec<Pin<Box<Option<F>>>>` per busy-future type `F` (the text session over a
+    /// socket; the fuzzing harness's over a pipe), found by type.
+    static BUSY: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A buffer with at least `CHUNK / 4` bytes of room, from the pool when it has one.
@@ -98,4 +107,46 @@ impl<T> QueuePool<T> {
             }
         }
     }
+}
+
+/// A busy session's future, in a home taken from the worker's pool: a session is a small
+/// task while idle and borrows this (about a kilobyte: pending queue, buffers, the budget's
+/// charge, the waits of a request in flight) only while a request is in flight, without a
+/// heap allocation per request once the pool has warmed up.
+pub(crate) fn start_busy<F: Future + 'static>(future: F) -> Pin<Box<Option<F>>> {
+    match with_busy_pool(|pool: &mut Vec<Pin<Box<Option<F>>>>| pool.pop()) {
+        Some(mut home) => {
+            home.set(Some(future));
+            home
+        }
+        None => Box::pin(Some(future)),
+    }
+}
+
+/// Drops what `home` holds (a finished future) and gives the home back to the pool.
+pub(crate) fn end_busy<F: Future + 'static>(mut home: Pin<Box<Option<F>>>) {
+    home.set(None);
+    with_busy_pool(|pool: &mut Vec<Pin<Box<Option<F>>>>| {
+        if pool.len() < BUSY_POOL_LIMIT {
+            pool.push(home);
+        }
+    });
+}
+
+fn with_busy_pool<P: Default + 'static, R>(use_pool: impl FnOnce(&mut P) -> R) -> R {
+    BUSY.with(|pools| {
+        let mut pools = pools.borrow_mut();
+        let index = match pools.iter().position(|pool| pool.is::<P>()) {
+            Some(index) => index,
+            None => {
+                pools.push(Box::new(P::default()));
+                pools.len() - 1
+            }
+        };
+        match pools[index].downcast_mut::<P>() {
+            Some(pool) => use_pool(pool),
+            // Not reached: `index` was found (or pushed) by this very type.
+            None => use_pool(&mut P::default()),
+        }
+    })
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 #[cfg(any(test, feature = "fuzzing"))]
 use crate::generation::Generation;
+use crate::session_wakers::SessionWakers;
 use crate::snapshot::RouteSnapshot;
 #[cfg(any(test, feature = "fuzzing"))]
 use crate::stats::SharedStats;
@@ -22,6 +23,8 @@ pub(crate) struct WorkerContext {
     /// The slot the next client session gets (which of `connections` it uses).
     next_slot: Cell<usize>,
     pub metrics: Rc<WorkerMetrics>,
+    /// The worker's client sessions, for shutdown to reach the idle ones.
+    pub sessions: SessionWakers,
 }
 
 impl WorkerContext {
@@ -39,6 +42,7 @@ impl WorkerContext {
             routing: RefCell::new(Rc::new(RouteSnapshot::build(generation, None, &metrics))),
             next_slot: Cell::new(0),
             metrics,
+            sessions: SessionWakers::default(),
         }
     }
 
@@ -53,6 +57,7 @@ impl WorkerContext {
             routing: RefCell::new(Rc::new(snapshot)),
             next_slot: Cell::new(0),
             metrics,
+            sessions: SessionWakers::default(),
         }
     }
 

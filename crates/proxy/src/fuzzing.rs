@@ -125,20 +125,11 @@ async fn run_case(case: Case) -> Outcome {
         shared,
     ));
     let (client, session_side) = tokio::io::duplex(64 * 1024);
-    let (_shutdown, shutdown_rx) = tokio::sync::watch::channel(false);
     // Counted as the worker counts a session (the guard uncounts it when the session ends).
     context.metrics.shared.connections_current.inc();
     let (alive, _all_done) = tokio::sync::mpsc::channel::<()>(1);
-    let open = crate::session::OpenSession {
-        context,
-        _alive: alive,
-        listener: None,
-    };
-    let session = tokio::task::spawn_local(crate::session::run(
-        open,
-        Scripted(session_side),
-        shutdown_rx,
-    ));
+    let open = crate::session::OpenSession::new(context, alive, None);
+    let session = tokio::task::spawn_local(crate::session::run(open, Scripted(session_side)));
     let (mut client_reader, mut client_writer) = tokio::io::split(client);
     let input = case.client.clone();
     // The client writes while the session's replies are read: neither side can block the other.
@@ -242,12 +233,16 @@ struct Scripted(tokio::io::DuplexStream);
 impl crate::session::ClientConnection for Scripted {
     type Stream = tokio::io::DuplexStream;
 
-    fn peer(&self) -> String {
-        "fuzz".to_string()
+    fn into_plain(self) -> Result<tokio::io::DuplexStream, Self> {
+        Ok(self.0)
     }
 
     async fn establish(self) -> Option<tokio::io::DuplexStream> {
         Some(self.0)
+    }
+
+    fn describe(_: &tokio::io::DuplexStream) -> String {
+        "fuzz".to_string()
     }
 }
 

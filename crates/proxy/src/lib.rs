@@ -43,6 +43,7 @@ mod reload;
 mod reply;
 mod route_lookup;
 mod session;
+mod session_wakers;
 mod snapshot;
 mod stats;
 mod transport;

@@ -9,21 +9,34 @@
 //! At most `max_client_pending` requests are outstanding per client: past that we stop
 //! reading, so a client that pipelines without reading its replies cannot grow our memory.
 //!
-//! An idle session holds no buffer: reads go into a buffer borrowed from the worker's pool
-//! (see `buffers`) and handed back when the read would block or everything read was
-//! parsed; replies are gathered in a pooled buffer only while they are being written; the
-//! pending queue's storage goes back to a per-worker pool whenever the queue is empty.
+//! A central tier holds tens of thousands of connections, nearly all idle, so an idle
+//! session is kept small (see docs/benchmarks.md, "Memory per client connection"):
+//!
+//! ```text
+//!   Session (the task's future, ~130 bytes)        busy future (~1 KiB, pooled per worker)
+//!   Idle(stream) --bytes arrive--> Busy(home) ---- the loop below: parse, dispatch, wait,
+//!        ^                                          write; returns the stream when nothing
+//!        +--------- Outcome::Idle(stream) <-------- is in flight and nothing is buffered
+//! ```
+//!
+//! The idle wait reads into a buffer borrowed from the worker's pool (see `buffers`) and
+//! gives it straight back when nothing arrives; the busy state (pending queue, buffers, the
+//! reply budget's charge, the futures of a request in flight) lives in a home taken from a
+//! per-worker pool while a request is in flight, and goes back when the session is idle
+//! again: no buffer and no busy state per idle connection, no heap allocation per request.
+//! Shutdown reaches idle sessions through the worker's `SessionWakers` (one waker per
+//! session) rather than a watch-channel future pinned in every session.
 use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use memroute_protocol::{parse_request, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::watch;
 
-use crate::budget::Charge;
+use crate::budget::{Charge, ChargeMemory};
 use crate::buffers::{self, QueuePool, CHUNK};
 use crate::context::WorkerContext;
 use crate::dispatch::dispatch;
@@ -31,19 +44,22 @@ use crate::pending::{Flow, Pending};
 
 /// A client connection as accepted: it becomes a byte stream (after a TLS handshake, for
 /// a TLS listener) inside the session's own task, so a slow handshake holds up nobody.
-pub(crate) trait ClientConnection {
-    type Stream: AsyncRead + AsyncWrite + Unpin;
-    /// The peer as client error logs name it (`ip:port`, `unix-socket`, ...).
-    fn peer(&self) -> String;
+pub(crate) trait ClientConnection: Unpin + Sized + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + 'static;
+    /// The stream at once when no handshake is needed, or the connection back.
+    fn into_plain(self) -> Result<Self::Stream, Self>;
     /// The stream to serve, or `None` when the connection ended before it was usable.
-    fn establish(self) -> impl Future<Output = Option<Self::Stream>>;
+    fn establish(self) -> impl Future<Output = Option<Self::Stream>> + 'static;
+    /// The peer as client error logs name it (`ip:port`, `unix-socket`, ...): asked when a
+    /// line is written, not stored with every connection.
+    fn describe(stream: &Self::Stream) -> String;
 }
 
 impl ClientConnection for memroute_net::Incoming {
     type Stream = memroute_net::Stream;
 
-    fn peer(&self) -> String {
-        self.peer.clone()
+    fn into_plain(self) -> Result<memroute_net::Stream, Self> {
+        memroute_net::Incoming::into_plain(self)
     }
 
     async fn establish(self) -> Option<memroute_net::Stream> {
@@ -57,21 +73,45 @@ impl ClientConnection for memroute_net::Incoming {
             }
         }
     }
+
+    fn describe(stream: &memroute_net::Stream) -> String {
+        stream.peer_description()
+    }
 }
 
 /// A counted client connection: taken when the session is spawned, released (the
-/// connection count decremented, the worker's drain signal dropped) when it ends.
+/// connection count decremented, the worker's drain signal dropped, its place in the
+/// worker's `SessionWakers` freed) when it ends.
 #[derive(Debug)]
 pub(crate) struct OpenSession {
-    pub context: Rc<WorkerContext>,
+    context: Rc<WorkerContext>,
     /// Every session holds a clone; the worker's drain wait ends when all are dropped.
-    pub _alive: tokio::sync::mpsc::Sender<()>,
+    _alive: tokio::sync::mpsc::Sender<()>,
     /// The client error counters of the listener it came in on.
-    pub listener: Option<Rc<crate::client_log::ListenerEvents>>,
+    listener: Option<Rc<crate::client_log::ListenerEvents>>,
+    /// Its place in `context.sessions`.
+    index: u32,
+}
+
+impl OpenSession {
+    pub(crate) fn new(
+        context: Rc<WorkerContext>,
+        alive: tokio::sync::mpsc::Sender<()>,
+        listener: Option<Rc<crate::client_log::ListenerEvents>>,
+    ) -> OpenSession {
+        let index = context.sessions.enter();
+        OpenSession {
+            context,
+            _alive: alive,
+            listener,
+            index,
+        }
+    }
 }
 
 impl Drop for OpenSession {
     fn drop(&mut self) {
+        self.context.sessions.leave(self.index);
         self.context.metrics.shared.connections_current.dec();
     }
 }
@@ -81,188 +121,348 @@ thread_local! {
     static QUEUES: QueuePool<Pending> = const { QueuePool::new() };
 }
 
-/// Not an `async fn`: an async fn moves its arguments into locals and keeps the argument
-/// slots too, so every idle session would store its stream and shutdown receiver twice.
-/// The block below uses the captured values in place; this future is the whole task (see
+/// Serves one client connection; this future is the whole task (see
 /// `worker::spawn_session`), so nothing wraps it.
-#[allow(clippy::manual_async_fn)] // on purpose, see above
-pub(crate) fn run<C>(
+pub(crate) fn run<C: ClientConnection>(
     open: OpenSession,
     connection: C,
-    mut shutdown: watch::Receiver<bool>,
-) -> impl Future<Output = ()>
+) -> impl Future<Output = ()> {
+    let slot = open.context.session_slot();
+    Session {
+        open,
+        slot,
+        memory: ChargeMemory::default(),
+        start: busy::<C>,
+        state: State::Accepted(connection),
+    }
+}
+
+/// The session task: a state machine written out by hand so that what an idle connection
+/// stores is exactly the fields below (an `async` block would keep its arguments, the
+/// accepted connection among them, for its whole life next to the stream they became).
+struct Session<C: ClientConnection, M, B> {
+    open: OpenSession,
+    /// Which of a server's connections this session's requests use.
+    slot: usize,
+    /// What the reply budget learnt about this client, kept while idle.
+    memory: ChargeMemory,
+    /// `busy::<C>`: a function item, so no bytes; it names the busy future's type `B`.
+    start: M,
+    state: State<C, B>,
+}
+
+enum State<C: ClientConnection, B> {
+    /// Not polled yet.
+    Accepted(C),
+    /// A TLS handshake (boxed: only TLS clients pay for it, and only while it runs).
+    Handshake(Pin<Box<dyn Future<Output = Option<C::Stream>>>>),
+    /// Established; no byte read yet, so the protocol is not known.
+    Fresh(C::Stream),
+    /// A text-protocol client with nothing in flight and nothing buffered.
+    Idle(C::Stream),
+    /// A request in flight: the busy future, in a pooled home.
+    Busy(Pin<Box<Option<B>>>),
+    /// A binary-protocol client (boxed: only binary clients pay for its state).
+    Binary(Pin<Box<dyn Future<Output = ()>>>),
+    /// Draining or at the client's end: our side's shutdown (a TLS close_notify).
+    Closing(C::Stream),
+    Done,
+}
+
+/// What a busy spell ended with.
+enum Outcome<S> {
+    /// Nothing in flight, nothing buffered: the session waits idle for its next bytes.
+    Idle(S, ChargeMemory),
+    /// The connection is over.
+    Closed,
+}
+
+/// What a busy spell starts from.
+struct BusyStart<S> {
+    context: Rc<WorkerContext>,
+    listener: Option<Rc<crate::client_log::ListenerEvents>>,
+    stream: S,
+    /// The bytes that ended the idle wait.
+    input: BytesMut,
+    slot: usize,
+    memory: ChargeMemory,
+}
+
+impl<C, M, B> Future for Session<C, M, B>
 where
     C: ClientConnection,
+    M: Fn(BusyStart<C::Stream>) -> B + Unpin,
+    B: Future<Output = Outcome<C::Stream>> + 'static,
 {
-    async move {
-        let context = &open.context;
-        let peer = crate::client_log::Peer {
-            address: connection.peer(),
-            listener: open.listener.clone(),
-        };
-        let Some(mut stream) = connection.establish().await else {
-            return;
-        };
-        let slot = context.session_slot();
-        // Both empty and unallocated while the session is idle.
-        let mut input = BytesMut::new();
-        let mut output = BytesMut::new();
-        let mut pending: VecDeque<Pending> = VecDeque::new();
-        // Bytes of a rejected data block still to be discarded as they arrive.
-        let mut swallow = 0usize;
-        let mut reading = true;
-        // memcached picks the protocol per connection from its first byte: 0x80 is binary.
-        // Waiting for it is the idle wait of a connection that has sent nothing yet (no
-        // buffer held: the read borrows one from the worker's pool).
-        if *shutdown.borrow() {
-            return;
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let context = &this.open.context;
+        context.sessions.register(this.open.index, cx.waker());
+        loop {
+            match &mut this.state {
+                State::Accepted(_) => {
+                    let State::Accepted(connection) =
+                        std::mem::replace(&mut this.state, State::Done)
+                    else {
+                        return Poll::Ready(());
+                    };
+                    this.state = match connection.into_plain() {
+                        Ok(stream) => State::Fresh(stream),
+                        Err(connection) => State::Handshake(Box::pin(connection.establish())),
+                    };
+                }
+                State::Handshake(handshake) => match handshake.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(stream)) => this.state = State::Fresh(stream),
+                    Poll::Ready(None) => this.state = State::Done,
+                },
+                State::Fresh(stream) | State::Idle(stream) => {
+                    if context.sessions.draining() {
+                        let (State::Fresh(stream) | State::Idle(stream)) =
+                            std::mem::replace(&mut this.state, State::Done)
+                        else {
+                            return Poll::Ready(());
+                        };
+                        this.state = State::Closing(stream);
+                        continue;
+                    }
+                    let input = match poll_read_fresh(stream, cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(input)) if !input.is_empty() => input,
+                        // The client's end (or a failed socket) with nothing in flight.
+                        Poll::Ready(_) => {
+                            this.state = match std::mem::replace(&mut this.state, State::Done) {
+                                State::Idle(stream) => State::Closing(stream),
+                                _ => State::Done,
+                            };
+                            continue;
+                        }
+                    };
+                    let (fresh, stream) = match std::mem::replace(&mut this.state, State::Done) {
+                        State::Fresh(stream) => (true, stream),
+                        State::Idle(stream) => (false, stream),
+                        _ => return Poll::Ready(()),
+                    };
+                    // memcached picks the protocol per connection from its first byte:
+                    // 0x80 is binary.
+                    if fresh && input.first() == Some(&memroute_protocol::binary::REQUEST_MAGIC) {
+                        let peer = crate::client_log::Peer {
+                            address: C::describe(&stream),
+                            listener: this.open.listener.clone(),
+                        };
+                        let (reader, writer) = tokio::io::split(stream);
+                        this.state = State::Binary(Box::pin(crate::binary::run(
+                            context.clone(),
+                            this.slot,
+                            input,
+                            reader,
+                            writer,
+                            peer,
+                        )));
+                        continue;
+                    }
+                    this.state = State::Busy(buffers::start_busy((this.start)(BusyStart {
+                        context: context.clone(),
+                        listener: this.open.listener.clone(),
+                        stream,
+                        input,
+                        slot: this.slot,
+                        memory: this.memory,
+                    })));
+                }
+                State::Busy(home) => {
+                    let Some(busy) = home.as_mut().as_pin_mut() else {
+                        return Poll::Ready(());
+                    };
+                    let outcome = match busy.poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(outcome) => outcome,
+                    };
+                    if let State::Busy(home) = std::mem::replace(&mut this.state, State::Done) {
+                        buffers::end_busy(home);
+                    }
+                    if let Outcome::Idle(stream, memory) = outcome {
+                        this.memory = memory;
+                        this.state = State::Idle(stream);
+                    }
+                }
+                State::Binary(binary) => return binary.as_mut().poll(cx),
+                State::Closing(stream) => {
+                    return Pin::new(stream).poll_shutdown(cx).map(|_| ());
+                }
+                State::Done => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
+/// One busy spell of a text-protocol session: from the bytes that ended an idle wait until
+/// nothing is in flight or buffered again (or the connection ends).
+async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::Stream> {
+    let BusyStart {
+        context,
+        listener,
+        mut stream,
+        mut input,
+        slot,
+        memory,
+    } = start;
+    let context = &*context;
+    let mut output = BytesMut::new();
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    // Bytes of a rejected data block still to be discarded as they arrive.
+    let mut swallow = 0usize;
+    let mut reading = true;
+    // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
+    // flight, nothing buffered), so no request the client already sent is lost.
+    let mut draining = context.sessions.draining();
+    // This session's share of the process-wide reply budget, and whether it is paused.
+    let mut charge = Charge::resume(&context.metrics.shared, memory);
+    let mut paused = false;
+    loop {
+        // Read more only when what is buffered holds no whole request. Stopping at the
+        // pending cap alone is not enough: the input buffer would keep growing with
+        // requests that are read but not yet parsed.
+        let mut need_input = false;
+        // One clock read per wake-up: every request parsed and every reply finished below
+        // is timed against it (no per-request clock reads).
+        context.stats().tick();
+        // One routing snapshot per batch of requests parsed: a reload applies from the next
+        // batch. Dropped before any wait, so an idle session keeps no old connections open.
+        let routing = context.routing();
+        let max_pending = routing.max_client_pending;
+        let budget = routing.reply_budget;
+        while reading
+            && pending.len() < max_pending
+            && charge.may_read(&budget, pending.len(), &mut paused)
+        {
+            if pending.capacity() == 0 {
+                QUEUES.with(|queues| queues.fill(&mut pending));
+            }
+            if swallow > 0 {
+                let skip = swallow.min(input.len());
+                input.advance(skip);
+                swallow -= skip;
+                if swallow > 0 {
+                    need_input = true;
+                    break;
+                }
+            }
+            match parse_request(&mut input, &routing.limits) {
+                Parse::Request(request) => {
+                    if dispatch(context, &routing, slot, request, &mut pending) == Flow::Close {
+                        reading = false;
+                    }
+                }
+                Parse::Incomplete => {
+                    need_input = true;
+                    break;
+                }
+                Parse::Invalid {
+                    reply,
+                    swallow: rest,
+                    close,
+                } => {
+                    let peer = crate::client_log::Peer {
+                        address: C::describe(&stream),
+                        listener: listener.clone(),
+                    };
+                    crate::client_log::text_error(context, &peer, &reply, close);
+                    pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
+                    swallow = rest;
+                    if close {
+                        pending.push_back(Pending::Close);
+                        reading = false;
+                    }
+                }
+            }
+        }
+        drop(routing);
+        if input.is_empty() && input.capacity() > 0 {
+            // Everything read was parsed: the buffer goes back for the next reader.
+            buffers::give(std::mem::take(&mut input));
+        }
+
+        // Every reply already complete goes out now, in order, in one write.
+        let mut closing = false;
+        let (written_before, mut finished) = (output.len(), 0);
+        while let Some(head) = pending.front_mut() {
+            if !head.try_complete() {
+                break;
+            }
+            let Some(head) = pending.pop_front() else {
+                break;
+            };
+            if output.capacity() == 0 {
+                output = buffers::take();
+            }
+            finished += 1;
+            if head.finish(context, &mut output) == Flow::Close {
+                closing = true;
+                break;
+            }
+        }
+        charge.observe(output.len() - written_before, finished);
+        if finished > 0 {
+            // A pause is decided against the replies outstanding then; some came back.
+            paused = false;
+        }
+        if !output.is_empty() {
+            let written = charge.write_all(&mut stream, &output, pending.len(), &budget);
+            // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
+            if written.await.is_err() || stream.flush().await.is_err() {
+                return Outcome::Closed;
+            }
+        }
+        if output.capacity() > 0 {
+            // Written: the buffer goes back (or is freed if a huge reply grew it).
+            buffers::give(std::mem::take(&mut output));
+        }
+        let idle = pending.is_empty() && input.is_empty() && swallow == 0;
+        if closing || (!reading && pending.is_empty()) || (draining && idle) {
+            let _ = stream.shutdown().await;
+            return Outcome::Closed;
+        }
+        if reading && !need_input && pending.len() < max_pending && !paused {
+            // Parsing stopped at the pending cap and replies have drained since: parse the
+            // requests already buffered before waiting for anything.
+            continue;
+        }
+
+        let can_read = reading && need_input;
+        if pending.is_empty() {
+            QUEUES.with(|queues| queues.give(&mut pending));
+            if can_read && idle {
+                // Nothing in flight, nothing buffered: the next bytes are waited for by the
+                // small idle session, and this state goes back to the worker's pool.
+                return Outcome::Idle(stream, charge.memory());
+            }
         }
         tokio::select! {
-            read = std::future::poll_fn(|cx| poll_read_some(&mut stream, &mut input, cx)) => {
-                if !matches!(read, Ok(n) if n > 0) {
-                    return;
-                }
-            }
-            _ = shutdown.changed() => {
-                let _ = stream.shutdown().await;
-                return;
-            }
+            _ = wait_head(&mut pending), if !pending.is_empty() => {}
+            read = std::future::poll_fn(|cx| poll_read_some(&mut stream, &mut input, cx)), if can_read => match read {
+                Ok(0) | Err(_) => reading = false,
+                Ok(_) => {}
+            },
+            _ = crate::session_wakers::drained(&context.sessions), if reading && !draining => draining = true,
         }
-        if input.first() == Some(&memroute_protocol::binary::REQUEST_MAGIC) {
-            let (reader, writer) = tokio::io::split(stream);
-            let binary =
-                crate::binary::run(context.clone(), slot, input, reader, writer, shutdown, peer);
-            // Boxed: inline, the binary session's state would size every text session's task.
-            return Box::pin(binary).await;
-        }
-        // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
-        // flight, nothing buffered), so no request the client already sent is lost.
-        let mut draining = *shutdown.borrow();
-        // This session's share of the process-wide reply budget, and whether it is paused.
-        let mut charge = Charge::new(context.metrics.shared.clone());
-        let mut paused = false;
-        // One future for the whole session: re-creating it per loop would register and
-        // unregister a waiter on the shared watch channel for every request.
-        let mut stop = std::pin::pin!(shutdown.changed());
-        loop {
-            // Read more only when what is buffered holds no whole request. Stopping at the
-            // pending cap alone is not enough: the input buffer would keep growing with
-            // requests that are read but not yet parsed.
-            let mut need_input = false;
-            // One clock read per wake-up: every request parsed and every reply finished below
-            // is timed against it (no per-request clock reads).
-            context.stats().tick();
-            // One routing snapshot per batch of requests parsed: a reload applies from the next
-            // batch. Dropped before any wait, so an idle session keeps no old connections open.
-            let routing = context.routing();
-            let max_pending = routing.max_client_pending;
-            let budget = routing.reply_budget;
-            while reading
-                && pending.len() < max_pending
-                && charge.may_read(&budget, pending.len(), &mut paused)
-            {
-                if pending.capacity() == 0 {
-                    QUEUES.with(|queues| queues.fill(&mut pending));
-                }
-                if swallow > 0 {
-                    let skip = swallow.min(input.len());
-                    input.advance(skip);
-                    swallow -= skip;
-                    if swallow > 0 {
-                        need_input = true;
-                        break;
-                    }
-                }
-                match parse_request(&mut input, &routing.limits) {
-                    Parse::Request(request) => {
-                        if dispatch(context, &routing, slot, request, &mut pending) == Flow::Close {
-                            reading = false;
-                        }
-                    }
-                    Parse::Incomplete => {
-                        need_input = true;
-                        break;
-                    }
-                    Parse::Invalid {
-                        reply,
-                        swallow: rest,
-                        close,
-                    } => {
-                        crate::client_log::text_error(context, &peer, &reply, close);
-                        pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
-                        swallow = rest;
-                        if close {
-                            pending.push_back(Pending::Close);
-                            reading = false;
-                        }
-                    }
-                }
-            }
-            drop(routing);
-            if input.is_empty() && input.capacity() > 0 {
-                // Everything read was parsed: the buffer goes back for the next reader.
-                buffers::give(std::mem::take(&mut input));
-            }
+    }
+}
 
-            // Every reply already complete goes out now, in order, in one write.
-            let mut closing = false;
-            let (written_before, mut finished) = (output.len(), 0);
-            while let Some(head) = pending.front_mut() {
-                if !head.try_complete() {
-                    break;
-                }
-                let Some(head) = pending.pop_front() else {
-                    break;
-                };
-                if output.capacity() == 0 {
-                    output = buffers::take();
-                }
-                finished += 1;
-                if head.finish(context, &mut output) == Flow::Close {
-                    closing = true;
-                    break;
-                }
-            }
-            charge.observe(output.len() - written_before, finished);
-            if finished > 0 {
-                // A pause is decided against the replies outstanding then; some came back.
-                paused = false;
-            }
-            if !output.is_empty() {
-                let written = charge.write_all(&mut stream, &output, pending.len(), &budget);
-                // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
-                if written.await.is_err() || stream.flush().await.is_err() {
-                    return;
-                }
-            }
-            if output.capacity() > 0 {
-                // Written: the buffer goes back (or is freed if a huge reply grew it).
-                buffers::give(std::mem::take(&mut output));
-            }
-            let idle = pending.is_empty() && input.is_empty() && swallow == 0;
-            if closing || (!reading && pending.is_empty()) || (draining && idle) {
-                let _ = stream.shutdown().await;
-                return;
-            }
-            if reading && !need_input && pending.len() < max_pending && !paused {
-                // Parsing stopped at the pending cap and replies have drained since: parse the
-                // requests already buffered before waiting for anything.
-                continue;
-            }
-
-            let can_read = reading && need_input;
-            if pending.is_empty() {
-                QUEUES.with(|queues| queues.give(&mut pending));
-            }
-            tokio::select! {
-                _ = wait_head(&mut pending), if !pending.is_empty() => {}
-                read = std::future::poll_fn(|cx| poll_read_some(&mut stream, &mut input, cx)), if can_read => match read {
-                    Ok(0) | Err(_) => reading = false,
-                    Ok(_) => {}
-                },
-                _ = &mut stop, if reading && !draining => draining = true,
-            }
-        }
+/// The read that ends an idle wait, into a buffer borrowed from the worker's pool and
+/// given back unless bytes arrived. Empty at the client's end.
+fn poll_read_fresh<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<BytesMut>> {
+    let mut input = BytesMut::new();
+    match poll_read_some(reader, &mut input, cx) {
+        Poll::Ready(Ok(n)) if n > 0 => Poll::Ready(Ok(input)),
+        Poll::Ready(Ok(_)) => Poll::Ready(Ok(BytesMut::new())),
+        Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+        Poll::Pending => Poll::Pending,
     }
 }
 
@@ -289,5 +489,35 @@ fn poll_read_some<R: AsyncRead + Unpin>(
 async fn wait_head(pending: &mut VecDeque<Pending>) {
     if let Some(head) = pending.front_mut() {
         head.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what a function returns, without calling it.
+    fn output_size<A, R>(_: fn(A) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    fn output_size2<A, B, R>(_: fn(A, B) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// tokio stores a task as header (32 bytes) + scheduler handle and id (16) + the future
+    /// behind an 8-byte stage tag + trailer (48), rounded up to its 128-byte alignment: a
+    /// session future of at most 152 bytes keeps every idle connection's task in 256 bytes.
+    /// Layout, not timing: this fails when a change makes idle connections bigger.
+    #[test]
+    fn an_idle_session_task_fits_in_256_bytes() {
+        let session: fn(OpenSession, memroute_net::Incoming) -> _ = run;
+        let session = output_size2(session);
+        let busy: fn(BusyStart<memroute_net::Stream>) -> _ = busy::<memroute_net::Incoming>;
+        let busy = output_size(busy);
+        eprintln!("session future {session} bytes, busy future {busy} bytes (pooled)");
+        assert!(session <= 152, "session future {session} bytes");
+        // The stream is most of it; a TLS stream's state is boxed so plaintext does not pay.
+        assert!(std::mem::size_of::<memroute_net::Stream>() <= 48);
     }
 }

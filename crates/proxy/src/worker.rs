@@ -72,6 +72,8 @@ impl Worker {
         for accept in accepts {
             let _ = accept.await;
         }
+        // Every accept loop ended on shutdown: idle sessions close, busy ones once idle.
+        context.sessions.drain();
         // Listeners are closed; wait for sessions to finish what they have in flight, but
         // not forever: a client that stopped reading would hold the process hostage.
         let shutdown_timeout = context.routing().shutdown_timeout;
@@ -131,7 +133,7 @@ async fn accept_loop(
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 // The TLS handshake runs in the session's task: a slow or silent client
                 // holds up nobody else (bounded by tls_handshake_timeout, counted).
-                Ok(incoming) => spawn_session(&context, &shutdown, &alive, &events, incoming),
+                Ok(incoming) => spawn_session(&context, &alive, &events, incoming),
                 Err(error) => accept_error(&name, error).await,
             },
             _ = shutdown.changed() => break,
@@ -148,7 +150,6 @@ async fn accept_error(name: &str, error: std::io::Error) {
 
 fn spawn_session<C>(
     context: &Rc<WorkerContext>,
-    shutdown: &watch::Receiver<bool>,
     alive: &mpsc::Sender<()>,
     events: &Rc<crate::client_log::ListenerEvents>,
     connection: C,
@@ -166,13 +167,10 @@ fn spawn_session<C>(
     }
     shared.connections_current.inc();
     shared.connections_total.inc();
-    let open = crate::session::OpenSession {
-        context: context.clone(),
-        _alive: alive.clone(),
-        listener: Some(events.clone()),
-    };
+    let open =
+        crate::session::OpenSession::new(context.clone(), alive.clone(), Some(events.clone()));
     // The session future is the task itself, built here and stored once: wrapping it in
     // another async block (or capturing it and then awaiting it) stores its arguments or
     // the whole future twice in the task cell.
-    tokio::task::spawn_local(crate::session::run(open, connection, shutdown.clone()));
+    tokio::task::spawn_local(crate::session::run(open, connection));
 }
