@@ -26,4 +26,4 @@ pub use reply::{
     parse_reply, quiet_suppresses, retrieval_error, value_block_at, value_blocks, ReplyKind,
     ReplyParse, ValueBlock, MAX_REPLY_VALUE_LEN,
 };
-pub use request::{parse_request, Command, Limits, Parse, Request};
+pub use request::{parse_request, Command, KeyRanges, Limits, Parse, Request};
