@@ -182,7 +182,7 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 // A view of the client's frame, unless it is a decoded base64 key.
                 key: match request.base64_key {
                     true => Bytes::copy_from_slice(key),
-                    false => request.frame.slice(request.keys[0].clone()),
+                    false => request.frame.slice_ref(key),
                 },
                 parts,
                 kind,
@@ -326,7 +326,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             keys: request
                 .keys
                 .iter()
-                .map(|range| request.frame.slice(range.clone()))
+                .map(|range| request.frame.slice(range))
                 .collect(),
             slot,
             byte_cap,
