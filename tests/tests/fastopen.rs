@@ -163,6 +163,18 @@ fn run_inside_namespace() {
             m.log_text()
         );
     }
+    // A deferred connect refused at its first request counts as a refused connect: the
+    // server is marked down, and its requests fail fast from then on.
+    assert!(
+        m.wait_log("server marked down", Duration::from_secs(10)),
+        "a refused deferred connect did not mark the server down\n{}",
+        m.log_text()
+    );
+    let reply = String::from_utf8_lossy(&c.roundtrip_line(b"get tfo\r\n")).into_owned();
+    assert!(
+        reply.starts_with("SERVER_ERROR ") && reply.contains("marked down"),
+        "after it was marked down: {reply:?}"
+    );
     println!(
         "server gone: {}",
         m.log_text()

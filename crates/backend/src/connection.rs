@@ -377,14 +377,20 @@ async fn run(settings: ConnectionSettings, shared: Rc<Shared>) {
                     }
                     Some(error) => {
                         tracing::warn!(server = %settings.address, %error, "backend connection lost");
-                        error.reason()
+                        let reason = error.reason();
+                        // A deferred (TCP Fast Open) connect refused at its first write is
+                        // a refused connect: the server is not running, as below.
+                        if matches!(error, BackendError::NotConnected { .. }) {
+                            health.mark_down(&reason);
+                        }
+                        reason
                     }
                 }
             }
             // Nothing listens there: the server is not running, and waiting for more
             // failures would only fail more requests slowly.
             Err(NetError::ConnectRefused) => {
-                let reason: Arc<str> = Arc::from("connection refused");
+                let reason: Arc<str> = Arc::from(CONNECTION_REFUSED);
                 health.mark_down(&reason);
                 reason
             }
@@ -547,16 +553,32 @@ async fn write_requests(
             Ok(()) => socket.flush().await,
             Err(error) => Err(error),
         };
-        written.map_err(|e| BackendError::Unavailable {
-            server: settings.address.clone(),
-            reason: Arc::from(e.to_string()),
-        })?;
+        written.map_err(|e| socket_error(settings, e))?;
         batch.clear();
         if batch.capacity() > KEEP_WRITE_BUFFER {
             batch = BytesMut::new();
         }
     }
 }
+
+/// What a failed read or write on an established connection means for its requests.
+/// `ECONNREFUSED` there comes from a TCP Fast Open connect, which the kernel defers to the
+/// first write: the server is gone, and nothing written reached it (an established
+/// connection that breaks gets a reset, never a refusal).
+fn socket_error(settings: &ConnectionSettings, error: std::io::Error) -> BackendError {
+    match error.kind() {
+        std::io::ErrorKind::ConnectionRefused => BackendError::NotConnected {
+            server: settings.address.clone(),
+            reason: Arc::from(CONNECTION_REFUSED),
+        },
+        _ => BackendError::Unavailable {
+            server: settings.address.clone(),
+            reason: Arc::from(error.to_string()),
+        },
+    }
+}
+
+const CONNECTION_REFUSED: &str = "connection refused";
 
 async fn read_replies(
     settings: &ConnectionSettings,
@@ -616,10 +638,7 @@ async fn read_replies(
                     reason: Arc::from("connection closed by server"),
                 }),
                 Ok(_) => last_progress = Instant::now(),
-                Err(e) => return Err(BackendError::Unavailable {
-                    server: settings.address.clone(),
-                    reason: Arc::from(e.to_string()),
-                }),
+                Err(e) => return Err(socket_error(settings, e)),
             },
             _ = tick.tick(), if !idle => {
                 let overdue = in_flight
