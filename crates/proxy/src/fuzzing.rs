@@ -126,7 +126,7 @@ async fn run_case(case: Case) -> Outcome {
     ));
     let (client, session_side) = tokio::io::duplex(64 * 1024);
     // Counted as the worker counts a session (the guard uncounts it when the session ends).
-    context.metrics.shared.connections_current.inc();
+    context.metrics.shared.admit_connection(0);
     let (alive, _all_done) = tokio::sync::mpsc::channel::<()>(1);
     let open = crate::session::OpenSession::new(context, alive, None);
     let session = tokio::task::spawn_local(crate::session::run(open, Scripted(session_side)));

@@ -112,7 +112,7 @@ impl OpenSession {
 impl Drop for OpenSession {
     fn drop(&mut self) {
         self.context.sessions.leave(self.index);
-        self.context.metrics.shared.connections_current.dec();
+        self.context.metrics.shared.connection_closed();
     }
 }
 

@@ -22,7 +22,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -136,6 +136,10 @@ pub(crate) struct Metrics {
     pub workers: usize,
     pub registry: Registry,
     pub connections_current: IntGauge,
+    /// Open client connections, for admission against `max_connections`: one atomic
+    /// add both counts and checks a connection, so workers accepting at once cannot
+    /// together pass the limit (the gauge above only reports it).
+    open_connections: AtomicUsize,
     pub connections_total: IntCounter,
     pub connections_rejected: IntCounter,
     get_keys: IntCounter,
@@ -219,6 +223,26 @@ fn unreachable_metric(name: &str, error: prometheus::Error) -> ! {
 }
 
 impl Metrics {
+    /// Counts a new client connection, or refuses it (counted as rejected) when
+    /// `max_connections` (0: no limit) are open already.
+    pub fn admit_connection(&self, max_connections: usize) -> bool {
+        let open = self.open_connections.fetch_add(1, Ordering::Relaxed);
+        if max_connections > 0 && open >= max_connections {
+            self.open_connections.fetch_sub(1, Ordering::Relaxed);
+            self.connections_rejected.inc();
+            return false;
+        }
+        self.connections_current.inc();
+        self.connections_total.inc();
+        true
+    }
+
+    /// A connection counted by [`Metrics::admit_connection`] closed.
+    pub fn connection_closed(&self) {
+        self.open_connections.fetch_sub(1, Ordering::Relaxed);
+        self.connections_current.dec();
+    }
+
     pub(crate) fn new(workers: usize) -> Metrics {
         let registry = Registry::new();
         let r = &registry;
@@ -255,6 +279,7 @@ impl Metrics {
             started,
             workers,
             connections_current,
+            open_connections: AtomicUsize::new(0),
             connections_total: counter(
                 r,
                 "memroute_client_connections_total",
@@ -1255,6 +1280,33 @@ impl Collector for StateCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_admitting_at_once_never_pass_max_connections() {
+        let metrics = Metrics::new(4);
+        let admitted = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for _ in 0..1000 {
+                        if metrics.admit_connection(100) {
+                            admitted.fetch_add(1, Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Relaxed), 100);
+        assert_eq!(metrics.connections_current.get(), 100);
+        assert_eq!(metrics.connections_rejected.get(), 3900);
+        metrics.connection_closed();
+        assert!(
+            metrics.admit_connection(100),
+            "a closed connection frees its place"
+        );
+        assert!(!metrics.admit_connection(100));
+        assert!(metrics.admit_connection(0), "0: no limit");
+    }
 
     #[test]
     fn every_command_has_its_own_label() {

@@ -157,16 +157,14 @@ fn spawn_session<C>(
     C: crate::session::ClientConnection + 'static,
 {
     // Connection counts are shared atomics: touched per connection, never per request.
-    let shared = &context.metrics.shared;
-    let open = shared.connections_current.get();
-    let max_connections = context.routing().max_connections;
-    if max_connections > 0 && open >= max_connections as i64 {
-        shared.connections_rejected.inc();
+    if !context
+        .metrics
+        .shared
+        .admit_connection(context.routing().max_connections)
+    {
         // Dropping the connection closes it, as memcached does at its limit.
         return;
     }
-    shared.connections_current.inc();
-    shared.connections_total.inc();
     let open =
         crate::session::OpenSession::new(context.clone(), alive.clone(), Some(events.clone()));
     // The session future is the task itself, built here and stored once: wrapping it in
