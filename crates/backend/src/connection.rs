@@ -627,7 +627,12 @@ async fn read_replies(
             // Bytes nobody asked for: the stream is out of step with our FIFO.
             return Err(bad_reply());
         }
-        if buffer.capacity() - buffer.len() < 4096 {
+        let room = buffer.capacity() - buffer.len();
+        // Replies split off this buffer are usually still on their way to the client now
+        // (the session runs after this task yields), so reserving here would allocate a
+        // fresh block every ~16 KiB of replies. Reclaim in place when they are gone; else
+        // read into the room left and retry next time, allocating only when nearly full.
+        if room < 4096 && !buffer.try_reclaim(16 * 1024) && room < 1024 {
             buffer.reserve(16 * 1024);
         }
         let idle = in_flight.borrow().is_empty();

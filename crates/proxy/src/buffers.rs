@@ -43,28 +43,27 @@ thread_local! {
 
 /// A buffer with at least `CHUNK / 4` bytes of room, from the pool when it has one.
 pub(crate) fn take() -> BytesMut {
-    let reused = BUFFERS.with(|pool| pool.borrow_mut().pop());
-    match reused {
-        Some(mut buffer) => {
-            if buffer.capacity() < CHUNK / 4 {
-                // Bytes split off it earlier (values in flight) may still share it;
-                // `reserve` reclaims the allocation in place once they are gone.
-                buffer.reserve(CHUNK);
-            }
-            buffer
-        }
-        None => BytesMut::with_capacity(CHUNK),
-    }
+    let reused = BUFFERS.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        // Newest first. A tail of a buffer that requests were split off is usable once
+        // they are gone (a multi-get keeps its line until its reply is written): its
+        // allocation is reclaimed in place. One still shared stays pooled for a later
+        // `take`, so the worker's buffers take turns instead of being freed and allocated.
+        let usable = (0..pool.len())
+            .rev()
+            .find(|&i| pool[i].capacity() >= CHUNK / 4 || pool[i].try_reclaim(CHUNK))?;
+        Some(pool.remove(usable))
+    });
+    reused.unwrap_or_else(|| BytesMut::with_capacity(CHUNK))
 }
 
 /// Gives a buffer back (its contents are discarded).
 pub(crate) fn give(mut buffer: BytesMut) {
-    // Too small to serve a read (the tail of a split buffer): pooling
-    // it would only make the next `take` allocate anyway.
-    if buffer.capacity() < CHUNK / 4 || buffer.capacity() > KEEP_AT_MOST {
+    buffer.clear();
+    // A tail of a buffer that requests were split off is pooled too (see `take`).
+    if buffer.capacity() > KEEP_AT_MOST {
         return;
     }
-    buffer.clear();
     BUFFERS.with(|pool| {
         let mut pool = pool.borrow_mut();
         if pool.len() < POOL_LIMIT {
