@@ -23,6 +23,7 @@ use memroute_protocol::binary::{
 use memroute_protocol::{parse_request, Limits, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::buffers;
 use crate::context::WorkerContext;
 use crate::dispatch::dispatch;
 use crate::pending::{Flow, Pending};
@@ -127,14 +128,9 @@ pub(crate) async fn run<R, W>(
         let routing = context.routing();
         let max_pending = routing.max_client_pending;
         while reading && pending.len() < max_pending {
-            if swallow > 0 {
-                let skip = swallow.min(input.len());
-                input.advance(skip);
-                swallow -= skip;
-                if swallow > 0 {
-                    need_input = true;
-                    break;
-                }
+            if swallow > 0 && buffers::skip_refused(&mut input, &mut swallow) {
+                need_input = true;
+                break;
             }
             match parse_binary(&mut input, &routing.limits) {
                 BinaryParse::Request(request) => {

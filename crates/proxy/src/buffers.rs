@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
 /// The size of a pooled buffer and of one read.
 pub(crate) const CHUNK: usize = 16 * 1024;
@@ -70,6 +70,16 @@ pub(crate) fn give(mut buffer: BytesMut) {
             pool.push(buffer);
         }
     });
+}
+
+/// Drops the bytes of a refused value (a data block too large, a bad binary body) from the
+/// front of `input` as they arrive, `remaining` of them still to come; true while more
+/// are awaited, so the caller reads before parsing again.
+pub(crate) fn skip_refused(input: &mut BytesMut, remaining: &mut usize) -> bool {
+    let skip = (*remaining).min(input.len());
+    input.advance(skip);
+    *remaining -= skip;
+    *remaining > 0
 }
 
 /// Pending-reply queues of the same type, so a session that went idle can give its

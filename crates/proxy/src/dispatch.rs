@@ -6,14 +6,13 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_backend::RequestWriter;
 use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node};
 use smallvec::SmallVec;
 
 use crate::context::WorkerContext;
-use crate::execute::{self, Job, MultiJob};
+use crate::execute::{self, BatchLines, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
 use crate::pending::{Fanout, Flow, Leg, MultiGet, Pending};
 use crate::snapshot::RouteSnapshot;
@@ -363,10 +362,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     let mut key_leg = multiget::KeyLegs::new();
     key_leg.reserve_exact(request.keys.len());
     let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
-    // The batch line each open leg is writing, straight into its connection's outgoing
-    // buffer (indexed like `legs`; taken when the leg is sent). A writer dropped unsent
-    // (the plan stopped) takes its bytes back out.
-    let mut writers: SmallVec<[Option<RequestWriter<'_>>; 4]> = SmallVec::new();
+    let mut lines = BatchLines::new(routing, head, slot);
     // Keys for policy routes: grouped per route node (keys in client order, as views of
     // the client's frame), each group run once by the executor, batched per server inside
     // it; `group_of[j]` is the group of the plan's j-th executor key.
@@ -382,22 +378,13 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             Step::Open {
                 pool, server, key, ..
             } => {
-                let mut writer = routing.pools[pool].servers[server].pick(slot).writer();
-                writer.append(head);
-                writer.append(key);
-                writers.push(Some(writer));
+                lines.open(pool, server, key);
                 legs.push(Leg::writing(pool, server, routing.metrics.now()));
             }
-            Step::Add { leg, key } => {
-                if let Some(writer) = &mut writers[leg] {
-                    writer.append(b" ");
-                    writer.append(key);
-                }
-            }
+            Step::Add { leg, key } => lines.add(leg, key),
             Step::Close { leg } => {
-                if let Some(mut writer) = writers[leg].take() {
-                    writer.append(b"\r\n");
-                    legs[leg].sent(writer.finish(ReplyKind::Retrieval));
+                if let Some(receiver) = lines.close(leg) {
+                    legs[leg].sent(receiver);
                 }
             }
             Step::Executor { key, .. } => {
@@ -415,7 +402,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             }
         },
     );
-    drop(writers);
+    drop(lines);
     if let Err(pool) = planned {
         return no_servers_reply(routing, pool);
     }

@@ -925,6 +925,54 @@ fn run_multi(
     })
 }
 
+/// The batch lines of a multi-get being planned (`multiget::plan`), one per leg, written
+/// straight into each server connection's outgoing buffer and sent when the plan closes
+/// them. Dropped with lines still open (the plan stopped), those take their bytes back out.
+pub(crate) struct BatchLines<'r> {
+    routing: &'r RouteSnapshot,
+    head: &'r [u8],
+    slot: usize,
+    /// Indexed by leg; taken when the leg is sent.
+    writers: SmallVec<[Option<RequestWriter<'r>>; 4]>,
+}
+
+impl<'r> BatchLines<'r> {
+    /// Lines that start with `head` (`get `, `gets `...), on the client's connection `slot`.
+    pub(crate) fn new(routing: &'r RouteSnapshot, head: &'r [u8], slot: usize) -> Self {
+        BatchLines {
+            routing,
+            head,
+            slot,
+            writers: SmallVec::new(),
+        }
+    }
+
+    /// Starts the next leg's line, to `server` of `pool`, with its first key.
+    pub(crate) fn open(&mut self, pool: usize, server: usize, key: &[u8]) {
+        let mut writer = self.routing.pools[pool].servers[server]
+            .pick(self.slot)
+            .writer();
+        writer.append(self.head);
+        writer.append(key);
+        self.writers.push(Some(writer));
+    }
+
+    /// Adds `key` to leg `leg`'s open line.
+    pub(crate) fn add(&mut self, leg: usize, key: &[u8]) {
+        if let Some(writer) = &mut self.writers[leg] {
+            writer.append(b" ");
+            writer.append(key);
+        }
+    }
+
+    /// Ends leg `leg`'s line and sends it; its reply's receiver.
+    pub(crate) fn close(&mut self, leg: usize) -> Option<ReplyReceiver> {
+        let mut writer = self.writers[leg].take()?;
+        writer.append(b"\r\n");
+        Some(writer.finish(ReplyKind::Retrieval))
+    }
+}
+
 /// A pool's share of a multi-get: its keys batched per server exactly as a plain pool's
 /// are (`multiget::plan`), every batch sent before any reply is awaited.
 async fn pool_multi(
@@ -943,10 +991,9 @@ async fn pool_multi(
     });
     let mut key_leg = multiget::KeyLegs::new();
     key_leg.reserve_exact(keys.len());
-    // Per batch: its server, the line being written straight into the server connection's
-    // outgoing buffer, then the reply's receiver once sent.
+    // Per batch: its server, then the reply's receiver once sent.
+    let mut lines = BatchLines::new(routing, &job.head, job.slot);
     let mut servers: SmallVec<[usize; 4]> = SmallVec::new();
-    let mut writers: SmallVec<[Option<RequestWriter<'_>>; 4]> = SmallVec::new();
     let mut receivers: SmallVec<[Option<ReplyReceiver>; 4]> = SmallVec::new();
     let planned = multiget::plan(
         targets,
@@ -958,30 +1005,17 @@ async fn pool_multi(
             Step::Open {
                 pool, server, key, ..
             } => {
-                let mut writer = routing.pools[pool].servers[server].pick(job.slot).writer();
-                writer.append(&job.head);
-                writer.append(key);
-                writers.push(Some(writer));
+                lines.open(pool, server, key);
                 servers.push(server);
                 receivers.push(None);
             }
-            Step::Add { leg, key } => {
-                if let Some(writer) = &mut writers[leg] {
-                    writer.append(b" ");
-                    writer.append(key);
-                }
-            }
-            Step::Close { leg } => {
-                if let Some(mut writer) = writers[leg].take() {
-                    writer.append(b"\r\n");
-                    receivers[leg] = Some(writer.finish(ReplyKind::Retrieval));
-                }
-            }
+            Step::Add { leg, key } => lines.add(leg, key),
+            Step::Close { leg } => receivers[leg] = lines.close(leg),
             // Every target here is a server of this pool.
             Step::Executor { .. } => {}
         },
     );
-    drop(writers);
+    drop(lines);
     if planned.is_err() {
         return KeyReplies::failed(keys.len(), Err(routing.no_servers(pool)));
     }

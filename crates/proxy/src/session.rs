@@ -32,7 +32,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use memroute_protocol::{parse_request, Parse};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -341,14 +341,9 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             if pending.capacity() == 0 {
                 QUEUES.with(|queues| queues.fill(&mut pending));
             }
-            if swallow > 0 {
-                let skip = swallow.min(input.len());
-                input.advance(skip);
-                swallow -= skip;
-                if swallow > 0 {
-                    need_input = true;
-                    break;
-                }
+            if swallow > 0 && buffers::skip_refused(&mut input, &mut swallow) {
+                need_input = true;
+                break;
             }
             match parse_request(&mut input, &routing.limits) {
                 Parse::Request(request) => {
