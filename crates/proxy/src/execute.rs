@@ -329,9 +329,12 @@ async fn run_multi_child(
     }
 }
 
+/// One child at random. A route table never holds a random or replicated route without
+/// children (the routing crate refuses to build one: `route ... has no children`), which
+/// `children[0]` for `reads = "first"` relies on too: no fallback to make up.
 fn pick_random(children: &[NodeId]) -> NodeId {
     match children.len() {
-        0 | 1 => children.first().copied().unwrap_or_default(),
+        1 => children[0],
         n => children[rand::thread_rng().gen_range(0..n)],
     }
 }
