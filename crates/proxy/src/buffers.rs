@@ -142,6 +142,46 @@ pub(crate) fn end_busy<F: Future + 'static>(mut home: Pin<Box<Option<F>>>) {
     });
 }
 
+/// A value in a heap home from the worker's pool: per-request state too large to keep inline
+/// in a session's pending queue (a multi-get's legs and routing, ~620 bytes), without a
+/// heap allocation per request once the pool has warmed up.
+#[derive(Debug)]
+pub(crate) struct Homed<T: 'static> {
+    /// `Some` from [`Homed::new`] until [`Homed::into_inner`], which consumes the `Homed`.
+    home: Box<Option<T>>,
+}
+
+impl<T: 'static> Homed<T> {
+    pub(crate) fn new(value: T) -> Self {
+        match with_busy_pool(|pool: &mut Vec<Box<Option<T>>>| pool.pop()) {
+            Some(mut home) => {
+                *home = Some(value);
+                Homed { home }
+            }
+            None => Homed {
+                home: Box::new(Some(value)),
+            },
+        }
+    }
+
+    /// The value, its home given back to the pool. (A `Homed` dropped whole, as when its
+    /// session closes with the request in flight, just frees its home.)
+    pub(crate) fn into_inner(self) -> Option<T> {
+        let Homed { mut home } = self;
+        let value = home.take();
+        with_busy_pool(|pool: &mut Vec<Box<Option<T>>>| {
+            if pool.len() < BUSY_POOL_LIMIT {
+                pool.push(home);
+            }
+        });
+        value
+    }
+
+    pub(crate) fn get_mut(&mut self) -> Option<&mut T> {
+        self.home.as_mut().as_mut()
+    }
+}
+
 fn with_busy_pool<P: Default + 'static, R>(use_pool: impl FnOnce(&mut P) -> R) -> R {
     BUSY.with(|pools| {
         let mut pools = pools.borrow_mut();

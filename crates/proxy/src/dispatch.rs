@@ -11,6 +11,7 @@ use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node};
 use smallvec::SmallVec;
 
+use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::execute::{self, BatchLines, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
@@ -337,7 +338,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             routing.metrics.now(),
         )];
         let key_leg = smallvec::smallvec![0; request.keys.len()];
-        return Pending::MultiGet(Box::new(MultiGet {
+        return Pending::MultiGet(Homed::new(MultiGet {
             routing: routing.clone(),
             request,
             legs: SmallVec::new(),
@@ -431,7 +432,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             routed.push(execute::start_multi(routing, node, job, started));
         }
     }
-    Pending::MultiGet(Box::new(MultiGet {
+    Pending::MultiGet(Homed::new(MultiGet {
         routing: routing.clone(),
         request,
         legs,

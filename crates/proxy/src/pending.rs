@@ -14,6 +14,7 @@ use memroute_backend::{ReplyReceiver, TryRecvError};
 use memroute_protocol::{quiet_suppresses, retrieval_error, Command, Request};
 use smallvec::SmallVec;
 
+use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::execute::Routed;
 use crate::multiget;
@@ -177,7 +178,8 @@ pub(crate) enum Pending {
         command: Command,
         noreply: bool,
     },
-    MultiGet(Box<MultiGet>),
+    /// In a pooled home: most entries are smaller, and a multi-get allocates no box.
+    MultiGet(Homed<MultiGet>),
     Fanout(Box<Fanout>),
 }
 
@@ -193,10 +195,13 @@ impl Pending {
             } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
             Pending::Single { leg, .. } => leg.try_complete(),
             Pending::Routed { routed, .. } => routed.try_complete(),
-            Pending::MultiGet(multi) => {
-                multi.legs.iter_mut().all(Leg::try_complete)
-                    && multi.routed.iter_mut().all(Routed::try_complete)
-            }
+            Pending::MultiGet(multi) => match multi.get_mut() {
+                Some(multi) => {
+                    multi.legs.iter_mut().all(Leg::try_complete)
+                        && multi.routed.iter_mut().all(Routed::try_complete)
+                }
+                None => true,
+            },
             Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
         }
     }
@@ -213,7 +218,9 @@ impl Pending {
             Pending::Single { leg, .. } => leg.wait().await,
             Pending::Routed { routed, .. } => routed.wait().await,
             Pending::MultiGet(multi) => {
-                let MultiGet { legs, routed, .. } = &mut **multi;
+                let Some(MultiGet { legs, routed, .. }) = multi.get_mut() else {
+                    return;
+                };
                 let mut legs = std::pin::pin!(async {
                     for leg in legs.iter_mut() {
                         leg.wait().await;
@@ -253,7 +260,7 @@ impl Pending {
                 let _ = routed.poll(context);
             }
             Pending::MultiGet(multi) => {
-                for routed in &mut multi.routed {
+                for routed in multi.get_mut().into_iter().flat_map(|m| &mut m.routed) {
                     let _ = routed.poll(context);
                 }
             }
@@ -291,7 +298,11 @@ impl Pending {
                     .observe_since(routed.route as usize, routed.started);
                 finish_single(context, routed.take(), command, noreply, out)
             }
-            Pending::MultiGet(multi) => finish_multi_get(context, *multi, out),
+            Pending::MultiGet(multi) => {
+                if let Some(multi) = multi.into_inner() {
+                    finish_multi_get(context, multi, out);
+                }
+            }
             Pending::Fanout(fanout) => finish_fanout(*fanout, out),
         }
         Flow::Continue
