@@ -582,6 +582,17 @@ impl Memroute {
         Memroute::start(&simple_config(&listen, servers, extra_pool_lines))
     }
 
+    /// memroute with one worker on a free port, root target `root`, and the given pool and
+    /// route sections appended.
+    pub fn start_routes(root: &str, sections: &[String]) -> Memroute {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut toml = proxy_section(&listen, root);
+        for section in sections {
+            toml.push_str(section);
+        }
+        Memroute::start(&toml)
+    }
+
     /// Runs memroute on `toml` and waits for its `memroute ready` line on stderr. The first
     /// `listen` address of `[proxy]` is what tests connect to.
     pub fn start(toml: &str) -> Memroute {
@@ -1111,6 +1122,11 @@ pub fn stat_u64(stats: &[(String, String)], name: &str) -> Option<u64> {
         .iter()
         .find(|(k, _)| k == name)
         .and_then(|(_, v)| v.parse().ok())
+}
+
+/// `prefix0`, `prefix1`, ... : `n` distinct keys.
+pub fn numbered_keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
 /// `[proxy]` with one worker listening on `listen`, root target `route`.

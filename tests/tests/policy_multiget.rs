@@ -16,25 +16,9 @@ use memroute_tests::*;
 /// How long an asynchronous effect (a shadow copy, a warm-up fill) may take to show up.
 const ASYNC_DEADLINE: Duration = Duration::from_secs(5);
 
-fn listen() -> String {
-    format!("127.0.0.1:{}", free_port())
-}
-
-fn start(root: &str, sections: &[String]) -> Memroute {
-    let mut toml = proxy_section(&listen(), root);
-    for s in sections {
-        toml.push_str(s);
-    }
-    Memroute::start(&toml)
-}
-
 fn pool(name: &str, servers: &[&Memcached]) -> String {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr()).collect();
     pool_section(name, &addrs, "timeout = \"200ms\"")
-}
-
-fn keys(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
 /// Stores `key` = `{tag}-{key}` on `server` directly, for every key.
@@ -109,7 +93,7 @@ fn line_bytes(asked: &[&String]) -> (u64, u64) {
 fn failover_multiget_answers_every_key_with_a_primary_server_dead_re_asking_only_its_keys() {
     let mut main = [Memcached::start(), Memcached::start()];
     let spare = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("main", &[&main[0], &main[1]]),
@@ -117,7 +101,7 @@ fn failover_multiget_answers_every_key_with_a_primary_server_dead_re_asking_only
             "[routes.root]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n\n".to_string(),
         ],
     );
-    let keys = keys("fo", 60);
+    let keys = numbered_keys("fo", 60);
     // Each main server holds every key (only the ones placed on it are asked of it); the
     // spare holds them under another value, so each answer says where it came from.
     store_all(&main[0], &keys, "main");
@@ -203,7 +187,7 @@ fn replicated(name: &str, reads: &str) -> String {
 #[test]
 fn replicated_multiget_reads_one_replica_per_batch_and_fails_over_as_a_batch() {
     let mut servers = [Memcached::start(), Memcached::start(), Memcached::start()];
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("a", &[&servers[0]]),
@@ -215,7 +199,7 @@ fn replicated_multiget_reads_one_replica_per_batch_and_fails_over_as_a_batch() {
             replicated("fo", "failover"),
         ],
     );
-    let keys = keys("rp", 50);
+    let keys = numbered_keys("rp", 50);
     for (i, server) in servers.iter().enumerate() {
         store_all(server, &keys, &format!("r{i}"));
     }
@@ -286,7 +270,7 @@ fn replicated_multiget_reads_one_replica_per_batch_and_fails_over_as_a_batch() {
 fn warm_up_multiget_asks_warm_only_for_cold_misses_and_fills_cold() {
     let cold = Memcached::start();
     let warm = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("cold", &[&cold]),
@@ -295,7 +279,7 @@ fn warm_up_multiget_asks_warm_only_for_cold_misses_and_fills_cold() {
                 .to_string(),
         ],
     );
-    let keys = keys("wu", 60);
+    let keys = numbered_keys("wu", 60);
     store_all(&warm, &keys, "warm");
     // A third of the keys are in cold already, under cold's own value.
     let in_cold: Vec<String> = keys.iter().step_by(3).cloned().collect();
@@ -349,7 +333,7 @@ fn warm_up_multiget_asks_warm_only_for_cold_misses_and_fills_cold() {
 fn shadow_multiget_copies_the_keys_in_range_as_batches() {
     let primary = Memcached::start();
     let shadow = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("p", &[&primary]),
@@ -358,7 +342,7 @@ fn shadow_multiget_copies_the_keys_in_range_as_batches() {
                 .to_string(),
         ],
     );
-    let keys = keys("sm", 80);
+    let keys = numbered_keys("sm", 80);
     store_all(&primary, &keys, "p");
     let mut c = proxy.connect();
     let before = counters(&shadow);
@@ -425,7 +409,7 @@ fn a_multiget_mixing_plain_pool_and_policy_keys_merges_in_client_order() {
     let plain = Memcached::start();
     let a = Memcached::start();
     let b = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("plain", &[&plain]),

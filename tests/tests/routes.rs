@@ -16,19 +16,6 @@ use memroute_tests::*;
 /// to show up before the test fails. Generous: the machine is noisy.
 const ASYNC_DEADLINE: Duration = Duration::from_secs(5);
 
-fn listen() -> String {
-    format!("127.0.0.1:{}", free_port())
-}
-
-/// memroute with root `root` and the given pool and route sections.
-fn start(root: &str, sections: &[String]) -> Memroute {
-    let mut toml = proxy_section(&listen(), root);
-    for s in sections {
-        toml.push_str(s);
-    }
-    Memroute::start(&toml)
-}
-
 /// A pool named `name` over one server.
 fn pool(name: &str, server: &Memcached) -> String {
     pool_section(name, &[server.addr()], "timeout = \"200ms\"")
@@ -36,10 +23,6 @@ fn pool(name: &str, server: &Memcached) -> String {
 
 fn value_of(key: &str) -> String {
     format!("v-{key}")
-}
-
-fn keys(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
 /// A stat of memroute's that must be present.
@@ -99,7 +82,7 @@ fn line(c: &mut Conn, request: &str) -> String {
 fn operation_route_sends_reads_to_one_pool_and_writes_to_another() {
     let reads = Memcached::start();
     let writes = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("r", &reads),
@@ -203,7 +186,7 @@ fn shadow_route(name: &str, primary: &str, shadow: &str, select: &str) -> String
 fn shadow_copies_the_configured_fraction_of_keys() {
     let primary = Memcached::start();
     let shadow = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("p", &primary),
@@ -211,7 +194,7 @@ fn shadow_copies_the_configured_fraction_of_keys() {
             shadow_route("root", "p", "s", "fraction = 0.1"),
         ],
     );
-    let keys = keys("sh", 5000);
+    let keys = numbered_keys("sh", 5000);
     let mut c = proxy.connect();
     let started = Instant::now();
     set_many_logged(&proxy, &mut c, &keys);
@@ -260,7 +243,7 @@ fn key_range_selects_the_same_keys_as_the_equal_fraction() {
     let primary = Memcached::start();
     let s1 = Memcached::start();
     let s2 = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("p", &primary),
@@ -270,7 +253,7 @@ fn key_range_selects_the_same_keys_as_the_equal_fraction() {
             shadow_route("inner", "p", "s2", "key_range = [0.0, 0.1]"),
         ],
     );
-    let keys = keys("kr", 1000);
+    let keys = numbered_keys("kr", 1000);
     set_many_logged(&proxy, &mut proxy.connect(), &keys);
     wait_shadow_settled(&proxy, "root");
     wait_shadow_settled(&proxy, "inner");
@@ -292,7 +275,7 @@ fn key_range_selects_the_same_keys_as_the_equal_fraction() {
 fn a_killed_shadow_never_fails_the_client() {
     let primary = Memcached::start();
     let mut shadow = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("p", &primary),
@@ -301,7 +284,7 @@ fn a_killed_shadow_never_fails_the_client() {
         ],
     );
     shadow.kill();
-    let keys = keys("ks", 500);
+    let keys = numbered_keys("ks", 500);
     let mut c = proxy.connect();
     let mut ok = 0;
     let mut latencies = Vec::new();
@@ -332,7 +315,7 @@ fn a_killed_shadow_never_fails_the_client() {
 fn a_stalled_shadow_never_holds_up_the_client_and_sheds_beyond_max_in_flight() {
     let primary = Memcached::start();
     let shadow = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("p", &primary),
@@ -346,7 +329,7 @@ fn a_stalled_shadow_never_holds_up_the_client_and_sheds_beyond_max_in_flight() {
     wait_shadow_settled(&proxy, "root");
 
     let frozen = shadow.stop();
-    let keys = keys("st", 50);
+    let keys = numbered_keys("st", 50);
     let started = Instant::now();
     // One write of 50 sets: all of them reach memroute at once, so more than 10 shadow
     // copies would be in flight together.
@@ -378,7 +361,7 @@ fn replicated(name: &str, writes: &str, reads: &str) -> String {
 fn replicated_writes_reach_every_replica_and_reads_fail_over() {
     let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     // Nested: a prefix route in front of two replicated routes over the same pools.
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("a", &servers[0]),
@@ -390,7 +373,7 @@ fn replicated_writes_reach_every_replica_and_reads_fail_over() {
             replicated("majority", "all-majority", "failover"),
         ],
     );
-    let keys = keys("r", 200);
+    let keys = numbered_keys("r", 200);
     let mut c = proxy.connect();
     set_many_logged(&proxy, &mut c, &keys);
     for (i, server) in servers.iter().enumerate() {
@@ -448,7 +431,7 @@ fn replicated_reads_random_spread_and_fastest_does_not_wait_for_a_stalled_replic
     // stalled replica would fail the test by itself, whatever the machine's speed.
     let patient =
         |name: &str, server: &Memcached| pool_section(name, &[server.addr()], "timeout = \"60s\"");
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             patient("a", &a),
@@ -509,7 +492,7 @@ fn replicated_reads_random_spread_and_fastest_does_not_wait_for_a_stalled_replic
 #[test]
 fn replicated_async_and_initial_writes_reach_every_replica() {
     let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("a", &servers[0]),
@@ -579,7 +562,7 @@ fn replicated_async_and_initial_writes_reach_every_replica() {
 fn failover_route_uses_the_next_child_on_error_and_on_miss() {
     let mut a = Memcached::start();
     let b = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("a", &a),
@@ -662,7 +645,7 @@ fn meta_get(server: &Memcached, key: &str) -> Option<(i64, u32, Vec<u8>)> {
 fn warm_up_fills_the_cold_pool_from_the_warm_one() {
     let cold = Memcached::start();
     let warm = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("cold", &cold),
@@ -716,7 +699,7 @@ fn warm_up_fills_the_cold_pool_from_the_warm_one() {
 fn random_route_spreads_requests_over_its_children() {
     let a = Memcached::start();
     let b = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("a", &a),
@@ -724,7 +707,7 @@ fn random_route_spreads_requests_over_its_children() {
             "[routes.root]\ntype = \"random\"\nchildren = [\"a\", \"b\"]\n\n".to_string(),
         ],
     );
-    let keys = keys("rnd", 1000);
+    let keys = numbered_keys("rnd", 1000);
     set_many_logged(&proxy, &mut proxy.connect(), &keys);
     let (in_a, in_b) = (a.stat("curr_items"), b.stat("curr_items"));
     println!("random: 1000 sets went {in_a} to a and {in_b} to b");
@@ -742,7 +725,7 @@ fn null_and_error_routes_answer_without_a_backend_beside_prefix_routes() {
     let main = Memcached::start();
     let p1 = Memcached::start();
     let p2 = Memcached::start();
-    let proxy = start(
+    let proxy = Memroute::start_routes(
         "root",
         &[
             pool("main", &main),
