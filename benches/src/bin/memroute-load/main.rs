@@ -1,4 +1,4 @@
-//! memroute-load: a closed-loop memcached load generator for the end-to-end bench.
+//! memroute-load: a closed- or open-loop memcached load generator for the end-to-end bench.
 //!
 //! It drives the *same* load against direct memcached, twemproxy and memroute so
 //! that `scripts/bench` can compare them in one run. Shape of a run:
@@ -13,6 +13,10 @@
 //! `--pipeline` requests in one write, then reads exactly that many replies, and
 //! repeats. Latency of a request is the time from that write to the end of its
 //! reply. A multi-get of N keys is one op (keys/s is reported separately).
+//!
+//! With `--rate R` the loop is open instead (module `open`): requests are offered at
+//! scheduled times (Poisson or evenly spaced) whatever the replies do, and latency runs from
+//! each request's *scheduled* time to the end of its reply (coordinated omission corrected).
 //!
 //! By default everything runs on ONE OS thread (a current-thread tokio runtime),
 //! mirroring "one load-generator thread" in the issue; `--threads N` changes it.
@@ -35,16 +39,19 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use memroute_benches::hist::Histogram;
+use memroute_benches::open_loop::Arrival;
 use memroute_net::Stream;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+mod open;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "memroute-load",
-    about = "closed-loop memcached load generator (text protocol)"
+    about = "closed- or open-loop memcached load generator (text or binary protocol)"
 )]
 struct Args {
     /// Target address (memcached, twemproxy or memroute). Loopback only by design.
@@ -89,13 +96,17 @@ struct Args {
     /// Clock ticks per second of /proc/PID/stat (getconf CLK_TCK).
     #[arg(long, default_value_t = 100)]
     clk_tck: u64,
-    /// Open loop: total ops/s to offer, spread evenly over the connections (each sends on a
-    /// fixed schedule instead of right after its previous reply). 0 = closed loop. A
-    /// connection keeps one batch in flight, so use enough connections that
-    /// `connections / rate` is well above the latency. tokio's timer ticks in 1 ms, so sends
-    /// are released per millisecond tick, not spread within it.
+    /// Open loop: total ops/s to offer (0 = closed loop). Requests leave at scheduled times
+    /// (see --arrival) on whichever connection is idle, paced by a timerfd on one thread,
+    /// whatever the replies do; latency counts from each request's scheduled time, so
+    /// queueing anywhere (the generator included) shows. One request at a time per
+    /// connection unless all are busy: use enough connections for rate x latency.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Open loop: how requests arrive: `poisson` (exponential gaps, mutilate's default: many
+    /// independent clients) or `uniform` (evenly spaced, wrk2's).
+    #[arg(long, default_value = "poisson")]
+    arrival: Arrival,
     /// Label copied into the JSON summary.
     #[arg(long, default_value = "")]
     label: String,
@@ -188,6 +199,30 @@ impl ConnStats {
         self.other_errors += o.other_errors;
         self.hist.merge(&o.hist);
     }
+    /// Counts one op that completed inside the window, `latency_ns` after it was sent (closed
+    /// loop) or due (open loop).
+    fn record(&mut self, kind: Kind, outcome: &Outcome, multiget: usize, latency_ns: u64) {
+        self.ops += 1;
+        self.hist.record(latency_ns);
+        match kind {
+            Kind::Get => {
+                self.gets += 1;
+                self.keys_requested += multiget as u64;
+            }
+            Kind::Set => self.sets += 1,
+        }
+        match outcome {
+            Outcome::Values(n) => {
+                self.hits += n;
+                self.misses += (multiget as u64).saturating_sub(*n);
+            }
+            Outcome::Stored => self.stored += 1,
+            Outcome::ServerError => self.server_errors += 1,
+            Outcome::ClientError => self.client_errors += 1,
+            Outcome::Other => self.other_errors += 1,
+        }
+    }
+
     fn errors(&self) -> u64 {
         self.server_errors + self.client_errors + self.other_errors
     }
@@ -420,6 +455,29 @@ fn parse_binary_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
     }
 }
 
+/// Appends one op (text or binary, get or set as the plan's mix says) and returns its kind.
+fn request(out: &mut Vec<u8>, plan: &Plan, rng: &Rng) -> Kind {
+    if plan.binary {
+        return binary_request(out, plan, rng);
+    }
+    if rng.unit() < plan.get_ratio {
+        out.extend_from_slice(b"get");
+        for _ in 0..plan.multiget {
+            out.push(b' ');
+            key(out, rng.below(plan.keys));
+        }
+        out.extend_from_slice(b"\r\n");
+        Kind::Get
+    } else {
+        out.extend_from_slice(b"set ");
+        key(out, rng.below(plan.keys));
+        let _ = write!(VecWriter(out), " 0 0 {}\r\n", plan.value.len());
+        out.extend_from_slice(&plan.value);
+        out.extend_from_slice(b"\r\n");
+        Kind::Set
+    }
+}
+
 /// Where to connect, and how: plain TCP, or TLS with this client config.
 #[derive(Debug, Clone)]
 struct Target {
@@ -483,9 +541,6 @@ struct Plan {
     reply_timeout: Duration,
     warmup_end: Instant,
     end: Instant,
-    /// Open loop: time between one connection's sends (None = closed loop).
-    send_interval: Option<Duration>,
-    connections: usize,
 }
 
 async fn connect(target: &Target) -> Result<Stream, String> {
@@ -571,43 +626,14 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
     let mut out = Vec::with_capacity(16 * 1024);
     let mut inbuf = Vec::with_capacity(64 * 1024);
     let mut kinds = Vec::with_capacity(plan.pipeline);
-    // Open loop: connections start staggered over one interval, then keep their schedule.
-    let mut next_send = plan.send_interval.map(|interval| {
-        tokio::time::Instant::now() + interval.mul_f64(id as f64 / plan.connections.max(1) as f64)
-    });
     loop {
         if shared.stop.load(Ordering::Relaxed) {
             return Ok(stats);
         }
-        if let (Some(next), Some(interval)) = (next_send.as_mut(), plan.send_interval) {
-            // A late connection sends at once and keeps its schedule: the offered rate holds
-            // even when replies are slow, so queueing shows in the latency.
-            tokio::time::sleep_until(*next).await;
-            *next += interval;
-        }
         out.clear();
         kinds.clear();
         for _ in 0..plan.pipeline {
-            if plan.binary {
-                kinds.push(binary_request(&mut out, &plan, &rng));
-                continue;
-            }
-            if rng.unit() < plan.get_ratio {
-                out.extend_from_slice(b"get");
-                for _ in 0..plan.multiget {
-                    out.push(b' ');
-                    key(&mut out, rng.below(plan.keys));
-                }
-                out.extend_from_slice(b"\r\n");
-                kinds.push(Kind::Get);
-            } else {
-                out.extend_from_slice(b"set ");
-                key(&mut out, rng.below(plan.keys));
-                let _ = write!(VecWriter(&mut out), " 0 0 {}\r\n", plan.value.len());
-                out.extend_from_slice(&plan.value);
-                out.extend_from_slice(b"\r\n");
-                kinds.push(Kind::Set);
-            }
+            kinds.push(request(&mut out, &plan, &rng));
         }
         let sent = Instant::now();
         s.write_all(&out).await.map_err(|e| format!("write: {e}"))?;
@@ -640,27 +666,12 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
             if now < plan.warmup_end || now >= plan.end {
                 continue;
             }
-            stats.ops += 1;
-            stats
-                .hist
-                .record(now.duration_since(sent).as_nanos() as u64);
-            match kind {
-                Kind::Get => {
-                    stats.gets += 1;
-                    stats.keys_requested += plan.multiget as u64;
-                }
-                Kind::Set => stats.sets += 1,
-            }
-            match outcome {
-                Outcome::Values(n) => {
-                    stats.hits += n;
-                    stats.misses += (plan.multiget as u64).saturating_sub(n);
-                }
-                Outcome::Stored => stats.stored += 1,
-                Outcome::ServerError => stats.server_errors += 1,
-                Outcome::ClientError => stats.client_errors += 1,
-                Outcome::Other => stats.other_errors += 1,
-            }
+            stats.record(
+                kind,
+                &outcome,
+                plan.multiget,
+                now.duration_since(sent).as_nanos() as u64,
+            );
         }
     }
 }
@@ -701,16 +712,33 @@ fn with_self(mut targets: Vec<(String, u32)>) -> Vec<(String, u32)> {
     targets
 }
 
-async fn run(mut args: Args) -> Result<String, String> {
-    args.cpu = with_self(std::mem::take(&mut args.cpu));
+/// What one measured window produced, in either loop.
+#[derive(Debug)]
+struct Measured {
+    total: ConnStats,
+    cpu_before: Vec<f64>,
+    cpu_after: Vec<f64>,
+    /// Open loop only: how it paced.
+    open: Option<open::Report>,
+}
+
+/// Checks the arguments and sets every key once (so gets hit). Returns the target and the value.
+async fn prepare(args: &Args) -> Result<(Target, Vec<u8>), String> {
     let value: Vec<u8> = (0..args.value_size)
         .map(|i| b'a' + (i % 26) as u8)
         .collect();
     if args.keys == 0 || args.connections == 0 || args.pipeline == 0 || args.multiget == 0 {
         return Err("--keys, --connections, --pipeline and --multiget must be > 0".into());
     }
+    if args.rate > 0.0 && (args.pipeline != 1 || args.tls_ca.is_some() || args.threads > 1) {
+        return Err(
+            "--rate (open loop) sends one request at a time over plain TCP on one \
+                    thread: drop --pipeline, --tls-ca and --threads"
+                .into(),
+        );
+    }
 
-    let target = Target::new(&args)?;
+    let target = Target::new(args)?;
     if !args.no_populate {
         // Populate over a few connections in parallel; it is not measured.
         let started = Instant::now();
@@ -742,9 +770,12 @@ async fn run(mut args: Args) -> Result<String, String> {
             );
         }
     }
+    Ok((target, value))
+}
 
+fn plan(args: &Args, target: Target, value: Vec<u8>) -> Plan {
     let start = Instant::now();
-    let plan = Arc::new(Plan {
+    Plan {
         target,
         value,
         get_ratio: args.get_ratio,
@@ -755,17 +786,18 @@ async fn run(mut args: Args) -> Result<String, String> {
         reply_timeout: args.reply_timeout,
         warmup_end: start + args.warmup,
         end: start + args.warmup + args.duration,
-        send_interval: (args.rate > 0.0).then(|| {
-            Duration::from_secs_f64((args.connections * args.pipeline) as f64 / args.rate)
-        }),
-        connections: args.connections,
-    });
+    }
+}
+
+/// The closed loop: every connection sends its next batch as soon as the last one is answered.
+async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
+    let start = Instant::now();
+    let plan = Arc::new(plan);
     let shared = Arc::new(Shared::default());
     let mut conns = Vec::new();
     for id in 0..args.connections {
         conns.push(tokio::spawn(run_conn(id, plan.clone(), shared.clone())));
     }
-
     // Progress each second, CPU samples at the window boundaries, then stop.
     let mut cpu_before = Vec::new();
     let mut measuring = false;
@@ -821,6 +853,17 @@ async fn run(mut args: Args) -> Result<String, String> {
         total.merge(&stats);
     }
 
+    Ok(Measured {
+        total,
+        cpu_before,
+        cpu_after,
+        open: None,
+    })
+}
+
+/// The JSON summary line.
+fn report(args: &Args, m: &Measured) -> String {
+    let total = &m.total;
     let secs = args.duration.as_secs_f64();
     let ops_per_sec = total.ops as f64 / secs;
     let q = |p: f64| total.hist.quantile(p) as f64 / 1000.0;
@@ -831,7 +874,7 @@ async fn run(mut args: Args) -> Result<String, String> {
 \"value_size\":{},\"get_ratio\":{},\"keys\":{},\"multiget\":{},\"pipeline\":{},\
 \"ops\":{},\"ops_per_sec\":{:.1},\"keys_per_sec\":{:.1},\"gets\":{},\"sets\":{},\"hits\":{},\"misses\":{},\
 \"errors\":{},\"server_errors\":{},\"client_errors\":{},\"other_errors\":{},\
-\"lat_us\":{{\"mean\":{:.1},\"p50\":{:.1},\"p90\":{:.1},\"p99\":{:.1},\"p999\":{:.1},\"max\":{:.1}}},\"cpu\":{{",
+\"lat_us\":{{\"mean\":{:.1},\"p50\":{:.1},\"p90\":{:.1},\"p99\":{:.1},\"p999\":{:.1},\"max\":{:.1}}}",
         args.label,
         args.addr,
         args.connections,
@@ -861,9 +904,13 @@ async fn run(mut args: Args) -> Result<String, String> {
         q(0.999),
         total.hist.max() as f64 / 1000.0,
     );
+    if let Some(open) = &m.open {
+        open.write_json(&mut j, &total.hist);
+    }
+    j.push_str(",\"cpu\":{");
     for (i, (name, pid)) in args.cpu.iter().enumerate() {
-        let used =
-            cpu_after.get(i).copied().unwrap_or(0.0) - cpu_before.get(i).copied().unwrap_or(0.0);
+        let used = m.cpu_after.get(i).copied().unwrap_or(0.0)
+            - m.cpu_before.get(i).copied().unwrap_or(0.0);
         let per_op = if total.ops > 0 {
             used * 1e6 / total.ops as f64
         } else {
@@ -881,11 +928,12 @@ async fn run(mut args: Args) -> Result<String, String> {
         );
     }
     j.push_str("}}");
-    Ok(j)
+    j
 }
 
 fn main() {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    args.cpu = with_self(std::mem::take(&mut args.cpu));
     let runtime = if args.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -903,8 +951,19 @@ fn main() {
             std::process::exit(2);
         }
     };
-    match runtime.block_on(run(args)) {
-        Ok(json) => println!("{json}"),
+    let measured = runtime
+        .block_on(prepare(&args))
+        .and_then(|(target, value)| {
+            let plan = plan(&args, target, value);
+            if args.rate > 0.0 {
+                // The open loop paces on a thread of its own making (this one), outside tokio.
+                open::measure(&args, &plan)
+            } else {
+                runtime.block_on(measure_closed(&args, plan))
+            }
+        });
+    match measured {
+        Ok(m) => println!("{}", report(&args, &m)),
         Err(e) => {
             eprintln!("memroute-load: error: {e}");
             std::process::exit(1);
