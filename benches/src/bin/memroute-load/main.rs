@@ -107,6 +107,11 @@ struct Args {
     /// independent clients) or `uniform` (evenly spaced, wrk2's).
     #[arg(long, default_value = "poisson")]
     arrival: Arrival,
+    /// Open loop: poll without sleeping when the next send is due within this long (e.g.
+    /// 50us; 0 = always sleep on the timer until a send is due). Sleeping costs a timer
+    /// interrupt and a wake-up per send, which in a VM can be tens of µs of CPU and late sends.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    spin: Duration,
     /// Label copied into the JSON summary.
     #[arg(long, default_value = "")]
     label: String,

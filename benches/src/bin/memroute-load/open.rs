@@ -21,6 +21,7 @@
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 use memroute_benches::clock::{self, Timer};
 use memroute_benches::hist::Histogram;
@@ -161,6 +162,7 @@ pub fn measure(args: &Args, plan: &Plan) -> Result<Measured, String> {
     let warmup_end = start + args.warmup.as_nanos() as u64;
     let end = warmup_end + args.duration.as_nanos() as u64;
     let timeout_ns = args.reply_timeout.as_nanos() as u64;
+    let spin_ns = args.spin.as_nanos() as u64;
     let mut schedule = Schedule::new(arrival, args.rate, start, 0x5EED);
     let mut cursor = 0;
     let mut total = ConnStats::default();
@@ -244,7 +246,8 @@ pub fn measure(args: &Args, plan: &Plan) -> Result<Measured, String> {
             }
         }
 
-        // Sleep until the next send, the next window edge or the next timeout check.
+        // Wait for the next send, the next window edge or the next timeout check: within
+        // `spin_ns` of it, poll without sleeping; otherwise sleep on the timer until then.
         let mut wake = next_timeout_check;
         if schedule.peek() < end {
             wake = wake.min(schedule.peek());
@@ -254,8 +257,15 @@ pub fn measure(args: &Args, plan: &Plan) -> Result<Measured, String> {
                 wake = wake.min(edge);
             }
         }
-        timer.arm_at(wake).map_err(|e| format!("timerfd: {e}"))?;
-        match poll.poll(&mut events, None) {
+        let timeout = if wake.saturating_sub(clock::monotonic_ns()) <= spin_ns {
+            Some(Duration::ZERO)
+        } else {
+            timer
+                .arm_at(wake - spin_ns)
+                .map_err(|e| format!("timerfd: {e}"))?;
+            None
+        };
+        match poll.poll(&mut events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(format!("epoll_wait: {e}")),
