@@ -703,11 +703,36 @@ fn proc_cpu_secs(pid: u32, clk_tck: u64) -> Result<f64, String> {
     Ok((utime + stime) as f64 / clk_tck as f64)
 }
 
+/// CPU seconds of every listed process, then (last) the whole machine's busy CPU seconds.
 fn sample_cpu(targets: &[(String, u32)], clk_tck: u64) -> Result<Vec<f64>, String> {
-    targets
+    let mut out = targets
         .iter()
         .map(|(_, pid)| proc_cpu_secs(*pid, clk_tck))
-        .collect()
+        .collect::<Result<Vec<f64>, String>>()?;
+    out.push(machine_busy_secs(clk_tck)?);
+    Ok(out)
+}
+
+/// user + nice + system seconds of all CPUs together, from /proc/stat's first line: with the
+/// processes' own CPU it tells how much *other* work ran during the window (a latency run
+/// on a shared machine is only as good as that number is small). irq and softirq time are
+/// left out: the traffic under test causes most of it.
+fn machine_busy_secs(clk_tck: u64) -> Result<f64, String> {
+    let text = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
+    let busy: u64 = text
+        .lines()
+        .next()
+        .filter(|l| l.starts_with("cpu "))
+        .ok_or("malformed /proc/stat")?
+        .split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|f| {
+            f.parse::<u64>()
+                .map_err(|_| "malformed /proc/stat".to_string())
+        })
+        .sum::<Result<u64, String>>()?;
+    Ok(busy as f64 / clk_tck as f64)
 }
 
 /// The load generator's own CPU is always sampled as "load": in a saturated machine it is part of
@@ -932,7 +957,11 @@ fn report(args: &Args, m: &Measured) -> String {
             per_op
         );
     }
-    j.push_str("}}");
+    j.push('}');
+    // The machine's busy CPU in the window (last sample): minus the processes above, other work.
+    let machine =
+        m.cpu_after.last().copied().unwrap_or(0.0) - m.cpu_before.last().copied().unwrap_or(0.0);
+    let _ = write!(j, ",\"machine_busy_cpu_s\":{machine:.3}}}");
     j
 }
 
