@@ -108,19 +108,20 @@ pub fn pick_connection(n: usize, cursor: usize, is_idle: impl Fn(usize) -> bool)
 /// on a memcached connection, so each reply is matched to the oldest intended time.
 #[derive(Debug, Default)]
 pub struct InFlight {
-    due: VecDeque<u64>,
+    /// (due time, time the request actually left), oldest first.
+    due: VecDeque<(u64, u64)>,
 }
 
 impl InFlight {
-    /// Records a request that was due at `due_ns`.
-    pub fn sent(&mut self, due_ns: u64) {
-        self.due.push_back(due_ns);
+    /// Records a request that was due at `due_ns` and left at `sent_ns`.
+    pub fn sent(&mut self, due_ns: u64, sent_ns: u64) {
+        self.due.push_back((due_ns, sent_ns));
     }
 
     /// A reply arrived at `now_ns`: returns (due time, latency from the due time), or None
     /// if nothing was in flight (a reply nobody asked for).
     pub fn replied(&mut self, now_ns: u64) -> Option<(u64, u64)> {
-        let due = self.due.pop_front()?;
+        let (due, _) = self.due.pop_front()?;
         Some((due, now_ns.saturating_sub(due)))
     }
 
@@ -132,9 +133,10 @@ impl InFlight {
         self.due.is_empty()
     }
 
-    /// Due time of the oldest request still waiting (for the reply timeout).
-    pub fn oldest(&self) -> Option<u64> {
-        self.due.front().copied()
+    /// When the oldest request still waiting actually left (for the reply timeout: a
+    /// generator that fell behind its schedule must not blame the target for it).
+    pub fn oldest_sent(&self) -> Option<u64> {
+        self.due.front().map(|&(_, sent)| sent)
     }
 }
 
@@ -227,16 +229,16 @@ mod tests {
     fn replies_match_the_oldest_due_time() {
         let mut f = InFlight::default();
         assert_eq!(f.replied(10), None);
-        f.sent(100);
-        f.sent(150);
+        f.sent(100, 130);
+        f.sent(150, 151);
         assert_eq!(f.len(), 2);
-        assert_eq!(f.oldest(), Some(100));
+        assert_eq!(f.oldest_sent(), Some(130));
         // The send may have left late; latency still counts from the due time.
         assert_eq!(f.replied(180), Some((100, 80)));
         assert_eq!(f.replied(190), Some((150, 40)));
         assert!(f.is_empty());
         // A clock read before the due time (cannot happen with one monotonic clock) is 0.
-        f.sent(500);
+        f.sent(500, 500);
         assert_eq!(f.replied(400), Some((500, 0)));
     }
 

@@ -198,11 +198,11 @@ pub fn measure(args: &Args, plan: &Plan) -> Result<Measured, String> {
             next_timeout_check = now + TIMEOUT_CHECK_NS;
             for (i, c) in conns.iter().enumerate() {
                 if c.in_flight
-                    .oldest()
-                    .is_some_and(|due| now.saturating_sub(due) > timeout_ns)
+                    .oldest_sent()
+                    .is_some_and(|sent| now.saturating_sub(sent) > timeout_ns)
                 {
                     return Err(format!(
-                        "connection {i}: no reply within {:?} of a request's due time",
+                        "connection {i}: no reply within {:?} of sending a request",
                         args.reply_timeout
                     ));
                 }
@@ -228,8 +228,8 @@ pub fn measure(args: &Args, plan: &Plan) -> Result<Measured, String> {
             let c = &mut conns[i];
             let kind = request(&mut c.unsent, plan, &rng);
             c.kinds.push_back(kind);
-            c.in_flight.sent(due);
             let sent_at = clock::monotonic_ns();
+            c.in_flight.sent(due, sent_at);
             if in_window(due, warmup_end, end) {
                 lateness.record(sent_at.saturating_sub(due));
             }
