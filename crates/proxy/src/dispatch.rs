@@ -331,7 +331,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             slot,
             byte_cap,
         };
-        let routed = vec![execute::start_multi(
+        let routed = smallvec::smallvec![execute::start_multi(
             routing,
             root,
             job,
@@ -407,7 +407,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     if let Err(pool) = planned {
         return no_servers_reply(routing, pool);
     }
-    let mut routed = Vec::new();
+    let mut routed = SmallVec::new();
     if !groups.is_empty() {
         // The plan numbered the executor keys' legs after its batches, one per key; one
         // leg per group instead, in the same place.
@@ -420,7 +420,6 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             *leg = batches + group;
         }
         let started = routing.metrics.now();
-        routed.reserve_exact(groups.len());
         for (node, keys) in groups {
             let job = MultiJob {
                 operation,

@@ -84,16 +84,64 @@ pub(crate) struct Routed {
 
 enum RoutedState {
     Running(BoxedReply),
-    /// A multi-key job: its reply and how many of its keys hit.
-    RunningKeys(Pin<Box<dyn Future<Output = (Reply, u32)>>>),
-    Done(Option<Reply>, u32),
+    Done(Option<Reply>),
+}
+
+/// The keys of a multi-get that reach one policy route, in flight: polled in place like
+/// `Routed`, then its outcome, kept unmerged (it lives in the multi-get's pooled entry,
+/// so its size costs no single-key request anything).
+pub(crate) struct RoutedKeys {
+    state: KeysState,
+    /// The route node the keys reached and when the request was read.
+    pub route: NodeId,
+    pub started: Instant,
+}
+
+enum KeysState {
+    Running(Pin<Box<dyn Future<Output = MultiReply>>>),
+    Done(Option<MultiReply>),
+}
+
+/// What a multi-key job answers, for the session's merge.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per job, in its pending entry; never in bulk
+pub(crate) enum MultiReply {
+    /// A pool answered every batch (the common case): the servers' replies as they are,
+    /// with each of the job's keys' batch (`key_leg`, in the job's key order). The
+    /// session merges them straight into the client's reply: one parse, one copy.
+    Batches {
+        replies: SmallVec<[Bytes; 4]>,
+        key_leg: multiget::KeyLegs,
+    },
+    /// Built per key: the hits as `VALUE` blocks in key order then `END` (or the failure
+    /// that fails the multi-get), and how many keys hit.
+    Built(Reply, u32),
+}
+
+impl MultiReply {
+    /// The job's reply as bytes (hits in key order then `END`) and its hit count; `keys`
+    /// are the job's keys, in its order.
+    pub(crate) fn into_reply<'k>(self, keys: impl Iterator<Item = &'k [u8]>) -> (Reply, u32) {
+        match self {
+            MultiReply::Built(reply, hits) => (reply, hits),
+            MultiReply::Batches { replies, key_leg } => {
+                let length = replies.iter().map(Bytes::len).sum::<usize>() + 5;
+                let mut out = BytesMut::with_capacity(length);
+                match multiget::merge(&replies, keys, &key_leg, &mut out) {
+                    Some((hits, _)) => (Ok(out.freeze()), hits as u32),
+                    // An error line (never in Batches): it is the whole reply.
+                    None => (Ok(out.freeze()), 0),
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Routed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.state {
-            RoutedState::Running(_) | RoutedState::RunningKeys(_) => "running",
-            RoutedState::Done(..) => "done",
+            RoutedState::Running(_) => "running",
+            RoutedState::Done(_) => "done",
         };
         f.debug_struct("Routed")
             .field("state", &state)
@@ -106,17 +154,10 @@ impl Routed {
     /// Polls the request on; `Ready` once its reply is in.
     pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
         match &mut self.state {
-            RoutedState::Done(..) => Poll::Ready(()),
+            RoutedState::Done(_) => Poll::Ready(()),
             RoutedState::Running(future) => match future.as_mut().poll(context) {
                 Poll::Ready(reply) => {
-                    self.state = RoutedState::Done(Some(reply), 0);
-                    Poll::Ready(())
-                }
-                Poll::Pending => Poll::Pending,
-            },
-            RoutedState::RunningKeys(future) => match future.as_mut().poll(context) {
-                Poll::Ready((reply, hits)) => {
-                    self.state = RoutedState::Done(Some(reply), hits);
+                    self.state = RoutedState::Done(Some(reply));
                     Poll::Ready(())
                 }
                 Poll::Pending => Poll::Pending,
@@ -138,17 +179,53 @@ impl Routed {
     /// The reply (once complete).
     pub(crate) fn take(&mut self) -> Reply {
         match &mut self.state {
-            RoutedState::Done(reply, _) => reply.take().unwrap_or_else(|| Err(connection_gone())),
-            RoutedState::Running(_) | RoutedState::RunningKeys(_) => Err(connection_gone()),
+            RoutedState::Done(reply) => reply.take().unwrap_or_else(|| Err(connection_gone())),
+            RoutedState::Running(_) => Err(connection_gone()),
+        }
+    }
+}
+
+impl std::fmt::Debug for RoutedKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            KeysState::Running(_) => "running",
+            KeysState::Done(_) => "done",
+        };
+        f.debug_struct("RoutedKeys")
+            .field("state", &state)
+            .field("route", &self.route)
+            .finish()
+    }
+}
+
+impl RoutedKeys {
+    /// Polls the keys on; `Ready` once their outcome is in.
+    pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
+        let KeysState::Running(future) = &mut self.state else {
+            return Poll::Ready(());
+        };
+        match future.as_mut().poll(context) {
+            Poll::Ready(replies) => {
+                self.state = KeysState::Done(Some(replies));
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
-    /// For a multi-key job once complete: how many of its keys hit.
-    pub(crate) fn hits(&self) -> u32 {
-        match self.state {
-            RoutedState::Done(_, hits) => hits,
-            _ => 0,
+    /// Polls without a waker, as `Routed::try_complete` does.
+    pub(crate) fn try_complete(&mut self) -> bool {
+        let mut context = Context::from_waker(std::task::Waker::noop());
+        self.poll(&mut context).is_ready()
+    }
+
+    /// The outcome (once complete).
+    pub(crate) fn take(&mut self) -> MultiReply {
+        match &mut self.state {
+            KeysState::Done(replies) => replies.take(),
+            KeysState::Running(_) => None,
         }
+        .unwrap_or_else(|| MultiReply::Built(Err(connection_gone()), 0))
     }
 }
 
@@ -173,15 +250,31 @@ pub(crate) fn start_multi(
     node: NodeId,
     job: MultiJob,
     started: Instant,
-) -> Routed {
+) -> RoutedKeys {
     let routing = routing.clone();
-    let future = Box::pin(async move {
+    let mut future = Box::pin(async move {
         let count = job.keys.len() as u32;
         let job = Rc::new(job);
         let replies = run_multi(routing, node, job.clone(), (0..count).collect()).await;
-        retrieval_reply(replies, &job)
+        match replies {
+            KeyReplies::Batches { replies, key_leg } => MultiReply::Batches { replies, key_leg },
+            KeyReplies::Keys(replies) => {
+                let (reply, hits) = retrieval_reply(replies);
+                MultiReply::Built(reply, hits)
+            }
+        }
     });
-    started_now(RoutedState::RunningKeys(future), node, started)
+    // Polled once now, as `start` does: its batches go out in the client's order.
+    let mut context = Context::from_waker(std::task::Waker::noop());
+    let state = match future.as_mut().poll(&mut context) {
+        Poll::Ready(replies) => KeysState::Done(Some(replies)),
+        Poll::Pending => KeysState::Running(future),
+    };
+    RoutedKeys {
+        state,
+        route: node,
+        started,
+    }
 }
 
 fn started_now(mut state: RoutedState, node: NodeId, started: Instant) -> Routed {
@@ -189,15 +282,10 @@ fn started_now(mut state: RoutedState, node: NodeId, started: Instant) -> Routed
     match &mut state {
         RoutedState::Running(future) => {
             if let Poll::Ready(reply) = future.as_mut().poll(&mut context) {
-                state = RoutedState::Done(Some(reply), 0);
+                state = RoutedState::Done(Some(reply));
             }
         }
-        RoutedState::RunningKeys(future) => {
-            if let Poll::Ready((reply, hits)) = future.as_mut().poll(&mut context) {
-                state = RoutedState::Done(Some(reply), hits);
-            }
-        }
-        RoutedState::Done(..) => {}
+        RoutedState::Done(_) => {}
     }
     Routed {
         state,
@@ -774,25 +862,11 @@ fn per_key(replies: &[Reply], key_leg: &[u32], job: &MultiJob, keys: &[u32]) -> 
         .collect()
 }
 
-/// The reply of a multi-key job: the hits in key order then `END`, and their count; the
-/// first failure instead when a key failed (one failed key fails a multi-get, as a failed
-/// server does).
-fn retrieval_reply(replies: KeyReplies, job: &MultiJob) -> (Reply, u32) {
-    let replies = match replies {
-        KeyReplies::Keys(replies) => replies,
-        // Batches reach here only from a pool asked for every key of the job, in order
-        // (passed through failover/replicated/shadow unchanged): merge them as they are.
-        KeyReplies::Batches { replies, key_leg } => {
-            let length = replies.iter().map(Bytes::len).sum::<usize>() + 5;
-            let mut out = BytesMut::with_capacity(length);
-            let keys = job.keys.iter().map(|key| &key[..]);
-            return match multiget::merge(&replies, keys, &key_leg, &mut out) {
-                Some((hits, _)) => (Ok(out.freeze()), hits as u32),
-                // An error line (never in Batches): it is the whole reply.
-                None => (Ok(out.freeze()), 0),
-            };
-        }
-    };
+/// The reply of a multi-key job answered per key: the hits in key order then `END`, and
+/// their count; the first failure instead when a key failed (one failed key fails a
+/// multi-get, as a failed server does). (A pool's batches, the other outcome, reach the
+/// session unmerged: `MultiReply::Batches`.)
+fn retrieval_reply(replies: Vec<KeyReply>) -> (Reply, u32) {
     let (mut length, mut hits) = (5, 0);
     for reply in &replies {
         match reply {

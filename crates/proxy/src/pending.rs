@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::Routed;
+use crate::execute::{MultiReply, Routed, RoutedKeys};
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -136,7 +136,7 @@ pub(crate) struct MultiGet {
     /// The keys that reach policy routes, one group per route node, each run by the
     /// route executor in place; their replies merge after the legs' (leg index
     /// `legs.len() + group` in `key_leg`).
-    pub routed: Vec<Routed>,
+    pub routed: SmallVec<[RoutedKeys; 1]>,
     /// For each of the request's keys, the leg that carries it.
     pub key_leg: crate::multiget::KeyLegs,
 }
@@ -198,7 +198,7 @@ impl Pending {
             Pending::MultiGet(multi) => match multi.get_mut() {
                 Some(multi) => {
                     multi.legs.iter_mut().all(Leg::try_complete)
-                        && multi.routed.iter_mut().all(Routed::try_complete)
+                        && multi.routed.iter_mut().all(RoutedKeys::try_complete)
                 }
                 None => true,
             },
@@ -356,9 +356,20 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
             .observe_since(first.route as usize, first.started);
     }
     if let ([], [group]) = (&multi.legs[..], &mut multi.routed[..]) {
-        // Every key went through one policy route: its reply is the client's, in order.
-        let hits = u64::from(group.hits());
-        match group.take() {
+        // Every key went through one policy route, in the client's order: a pool's batches
+        // are merged straight into the client's reply, a reply built per key is the client's.
+        let (reply, hits) = match group.take() {
+            MultiReply::Batches { replies, key_leg } => {
+                let keys = multi.request.keys();
+                if let Some((hits, misses)) = multiget::merge(&replies, keys, &key_leg, out) {
+                    WorkerMetrics::add(&context.stats().get_hits, hits);
+                    WorkerMetrics::add(&context.stats().get_misses, misses);
+                }
+                return;
+            }
+            MultiReply::Built(reply, hits) => (reply, u64::from(hits)),
+        };
+        match reply {
             Ok(bytes) => {
                 out.extend_from_slice(&bytes);
                 if retrieval_error(&bytes).is_none() {
@@ -379,8 +390,15 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
             Err(error) => return server_error(out, &error),
         }
     }
-    for routed in &mut multi.routed {
-        match routed.take() {
+    let batches = multi.legs.len() as u32;
+    for (group, routed) in multi.routed.iter_mut().enumerate() {
+        // The group's keys: the client's keys its leg carries, in order.
+        let leg = batches + group as u32;
+        let keys = multi.request.keys().zip(&multi.key_leg);
+        let keys = keys
+            .filter(|(_, &key_leg)| key_leg == leg)
+            .map(|(key, _)| key);
+        match routed.take().into_reply(keys).0 {
             Ok(bytes) => replies.push(bytes),
             Err(error) => return server_error(out, &error),
         }
