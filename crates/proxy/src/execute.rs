@@ -252,19 +252,31 @@ pub(crate) fn start_multi(
     started: Instant,
 ) -> RoutedKeys {
     let routing = routing.clone();
-    let mut future = Box::pin(async move {
+    let future = Box::pin(async move {
         let count = job.keys.len() as u32;
         let job = Rc::new(job);
         let replies = run_multi(routing, node, job.clone(), (0..count).collect()).await;
-        match replies {
-            KeyReplies::Batches { replies, key_leg } => MultiReply::Batches { replies, key_leg },
-            KeyReplies::Keys(replies) => {
-                let (reply, hits) = retrieval_reply(replies);
-                MultiReply::Built(reply, hits)
-            }
-        }
+        multi_reply(replies)
     });
-    // Polled once now, as `start` does: its batches go out in the client's order.
+    keys_started(future, node, started)
+}
+
+fn multi_reply(replies: KeyReplies) -> MultiReply {
+    match replies {
+        KeyReplies::Batches { replies, key_leg } => MultiReply::Batches { replies, key_leg },
+        KeyReplies::Keys(replies) => {
+            let (reply, hits) = retrieval_reply(replies);
+            MultiReply::Built(reply, hits)
+        }
+    }
+}
+
+/// Polled once now, as `start` does: its batches go out in the client's order.
+fn keys_started(
+    mut future: Pin<Box<dyn Future<Output = MultiReply>>>,
+    node: NodeId,
+    started: Instant,
+) -> RoutedKeys {
     let mut context = Context::from_waker(std::task::Waker::noop());
     let state = match future.as_mut().poll(&mut context) {
         Poll::Ready(replies) => KeysState::Done(Some(replies)),
@@ -274,6 +286,89 @@ pub(crate) fn start_multi(
         state,
         route: node,
         started,
+    }
+}
+
+/// For a multi-get through policy route `node`: the pool every key goes to first, when the
+/// route is a failover (on errors) or a replicated route reading with failover or from its
+/// first replica, and its first child is a pool with servers; and whether later children
+/// take the keys of a batch that failed. Such a multi-get is planned over that pool as a
+/// plain pool's (the session's own legs, merged once), without the executor: only the
+/// keys of a failed batch go through it, to the later children (`FailoverRest`).
+pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize, bool)> {
+    let routes = &routing.routes;
+    let (first, more) = match routes.node(node) {
+        Node::Failover {
+            children,
+            on: FailoverOn::Error,
+        }
+        | Node::Replicated {
+            children,
+            reads: ReadPolicy::Failover,
+            ..
+        } => (*children.first()?, children.len() > 1),
+        Node::Replicated {
+            children,
+            reads: ReadPolicy::First,
+            ..
+        } => (*children.first()?, false),
+        _ => return None,
+    };
+    match routes.node(first) {
+        Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some((*pool, more)),
+        _ => None,
+    }
+}
+
+/// What a multi-get planned over a failover's first pool (`first_pool`) needs to send the
+/// keys of a failed batch on to the route's later children.
+#[derive(Debug)]
+pub(crate) struct FailoverRest {
+    /// The failover (or replicated) route.
+    pub node: NodeId,
+    pub operation: Operation,
+    /// The batch line's start before its keys.
+    pub head: Bytes,
+    pub slot: usize,
+    pub byte_cap: usize,
+}
+
+impl FailoverRest {
+    /// Starts `keys` (in the client's order), whose batches failed on the first child,
+    /// through the later children, as `failover_multi` goes on after its first child.
+    pub(crate) fn start(
+        self,
+        routing: &Rc<RouteSnapshot>,
+        keys: Vec<Bytes>,
+        started: Instant,
+    ) -> RoutedKeys {
+        routing
+            .route_stats(self.node)
+            .failovers
+            .fetch_add(keys.len() as u64, Relaxed);
+        let node = self.node;
+        let routing = routing.clone();
+        let job = MultiJob {
+            operation: self.operation,
+            head: self.head,
+            keys,
+            slot: self.slot,
+            byte_cap: self.byte_cap,
+        };
+        let future = Box::pin(async move {
+            let count = job.keys.len();
+            let job = Rc::new(job);
+            let keys = (0..count as u32).collect();
+            let (children, on) = match routing.routes.node(node) {
+                Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
+                Node::Replicated { children, .. } => {
+                    (children.get(1..).unwrap_or_default(), FailoverOn::Error)
+                }
+                _ => (&[][..], FailoverOn::Error),
+            };
+            multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
+        });
+        keys_started(future, node, started)
     }
 }
 

@@ -12,11 +12,12 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use memroute_backend::{ReplyReceiver, TryRecvError};
 use memroute_protocol::{quiet_suppresses, retrieval_error, Command, Request};
+use memroute_routing::NodeId;
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{MultiReply, Routed, RoutedKeys};
+use crate::execute::{FailoverRest, MultiReply, Routed, RoutedKeys};
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -76,6 +77,39 @@ impl Leg {
     /// The leg's request was queued; its reply comes on `receiver`.
     pub(crate) fn sent(&mut self, receiver: ReplyReceiver) {
         self.receiver = Some(receiver);
+    }
+
+    /// Records the leg's latency under route node `route` (a policy route it went through)
+    /// rather than under its pool.
+    pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
+        self.route = route as u32;
+        self
+    }
+
+    /// `try_complete`, registering the session's waker for the reply.
+    fn poll_complete(&mut self, context: &mut std::task::Context<'_>) -> bool {
+        if self.reply.is_some() {
+            return true;
+        }
+        let Some(receiver) = &mut self.receiver else {
+            self.reply = Some(Err(connection_gone()));
+            return true;
+        };
+        match std::pin::Pin::new(receiver).poll(context) {
+            std::task::Poll::Ready(reply) => {
+                self.reply = Some(reply.unwrap_or_else(|_| Err(connection_gone())));
+                true
+            }
+            std::task::Poll::Pending => false,
+        }
+    }
+
+    /// Whether the (complete) leg failed: no reply, or an error line for a retrieval.
+    fn failed(&self) -> bool {
+        match &self.reply {
+            Some(Ok(bytes)) => retrieval_error(bytes).is_some(),
+            _ => true,
+        }
     }
 
     /// Records this leg's latency, as of the worker's clock.
@@ -139,6 +173,44 @@ pub(crate) struct MultiGet {
     pub routed: SmallVec<[RoutedKeys; 1]>,
     /// For each of the request's keys, the leg that carries it.
     pub key_leg: crate::multiget::KeyLegs,
+    /// Planned over a failover route's first pool (`execute::first_pool`): where the
+    /// keys of a failed batch go once every leg has answered; taken when looked at.
+    pub failover: Option<FailoverRest>,
+}
+
+impl MultiGet {
+    /// Once every leg has answered: the keys of the batches that failed go on to the
+    /// failover route's later children, as one more group (counting each failure against
+    /// its server, as a failed leg always is); the failed legs then stand for no key.
+    /// True when such a group was started.
+    fn fail_over(&mut self) -> bool {
+        let Some(rest) = self.failover.take() else {
+            return false;
+        };
+        let failed: SmallVec<[u32; 4]> = (0..self.legs.len() as u32)
+            .filter(|&leg| self.legs[leg as usize].failed())
+            .collect();
+        if failed.is_empty() {
+            return false;
+        }
+        let group = (self.legs.len() + self.routed.len()) as u32;
+        let mut keys = Vec::new();
+        for (range, leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
+            if failed.contains(leg) {
+                keys.push(self.request.frame.slice(range));
+                *leg = group;
+            }
+        }
+        for &leg in &failed {
+            let leg = &mut self.legs[leg as usize];
+            let _ = leg.take(&self.routing);
+            leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+        }
+        let started = self.legs.first().map(|leg| leg.started);
+        let started = started.unwrap_or_else(|| self.routing.metrics.now());
+        self.routed.push(rest.start(&self.routing, keys, started));
+        true
+    }
 }
 
 /// The same request sent to every server of a pool (flush_all).
@@ -197,8 +269,10 @@ impl Pending {
             Pending::Routed { routed, .. } => routed.try_complete(),
             Pending::MultiGet(multi) => match multi.get_mut() {
                 Some(multi) => {
-                    multi.legs.iter_mut().all(Leg::try_complete)
-                        && multi.routed.iter_mut().all(RoutedKeys::try_complete)
+                    multi.legs.iter_mut().all(Leg::try_complete) && {
+                        multi.fail_over();
+                        multi.routed.iter_mut().all(RoutedKeys::try_complete)
+                    }
                 }
                 None => true,
             },
@@ -218,31 +292,16 @@ impl Pending {
             Pending::Single { leg, .. } => leg.wait().await,
             Pending::Routed { routed, .. } => routed.wait().await,
             Pending::MultiGet(multi) => {
-                let Some(MultiGet { legs, routed, .. }) = multi.get_mut() else {
+                let Some(multi) = multi.get_mut() else {
                     return;
                 };
-                let mut legs = std::pin::pin!(async {
-                    for leg in legs.iter_mut() {
-                        leg.wait().await;
+                loop {
+                    wait_legs_and_groups(multi).await;
+                    // A failed batch of a failover's first pool: its keys go on, waited for too.
+                    if !multi.fail_over() {
+                        break;
                     }
-                });
-                // The routed groups are polled alongside the legs, not after them: a
-                // failover's next child must not wait for the plain pools' batches.
-                let mut legs_done = false;
-                std::future::poll_fn(|context| {
-                    let mut done = true;
-                    for routed in routed.iter_mut() {
-                        done &= routed.poll(context).is_ready();
-                    }
-                    if !legs_done {
-                        legs_done = legs.as_mut().poll(context).is_ready();
-                    }
-                    match done && legs_done {
-                        true => std::task::Poll::Ready(()),
-                        false => std::task::Poll::Pending,
-                    }
-                })
-                .await
+                }
             }
             Pending::Fanout(fanout) => {
                 for leg in &mut fanout.legs {
@@ -260,7 +319,15 @@ impl Pending {
                 let _ = routed.poll(context);
             }
             Pending::MultiGet(multi) => {
-                for routed in multi.get_mut().into_iter().flat_map(|m| &mut m.routed) {
+                let Some(multi) = multi.get_mut() else {
+                    return;
+                };
+                if multi.failover.is_some()
+                    && multi.legs.iter_mut().all(|leg| leg.poll_complete(context))
+                {
+                    multi.fail_over();
+                }
+                for routed in &mut multi.routed {
                     let _ = routed.poll(context);
                 }
             }
@@ -307,6 +374,33 @@ impl Pending {
         }
         Flow::Continue
     }
+}
+
+/// Waits until every leg of a multi-get has answered and every group is complete.
+async fn wait_legs_and_groups(multi: &mut MultiGet) {
+    let MultiGet { legs, routed, .. } = multi;
+    let mut legs = std::pin::pin!(async {
+        for leg in legs.iter_mut() {
+            leg.wait().await;
+        }
+    });
+    // The routed groups are polled alongside the legs, not after them: a failover's next
+    // child must not wait for the plain pools' batches.
+    let mut legs_done = false;
+    std::future::poll_fn(|context| {
+        let mut done = true;
+        for routed in routed.iter_mut() {
+            done &= routed.poll(context).is_ready();
+        }
+        if !legs_done {
+            legs_done = legs.as_mut().poll(context).is_ready();
+        }
+        match done && legs_done {
+            true => std::task::Poll::Ready(()),
+            false => std::task::Poll::Pending,
+        }
+    })
+    .await
 }
 
 fn finish_single(
