@@ -97,6 +97,8 @@ pub(crate) struct RoutedKeys {
     pub started: Instant,
 }
 
+// Inline on purpose: one per multi-get group, inside its pooled entry (see `RoutedKeys`).
+#[allow(clippy::large_enum_variant)]
 enum KeysState {
     Running(Pin<Box<dyn Future<Output = MultiReply>>>),
     Done(Option<MultiReply>),

@@ -82,7 +82,7 @@ impl Leg {
     /// Records the leg's latency under route node `route` (a policy route it went through)
     /// rather than under its pool.
     pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
-        self.route = route as u32;
+        self.route = route;
         self
     }
 
