@@ -15,7 +15,7 @@ use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::execute::{self, BatchLines, FailoverRest, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
-use crate::pending::{Fanout, Flow, Leg, MultiGet, Pending};
+use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -189,6 +189,25 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 slot,
                 echo: meta_echo(&request),
             };
+            // A read through a failover (or replicated) route whose first child is a pool:
+            // sent to that pool as a plain pool's request is; the executor runs only for
+            // the later children, if the first answer is a failure.
+            if let (false, Some((pool, more))) =
+                (operation.is_write(), execute::first_pool(routing, node))
+            {
+                if let Some(server) = routing.server_for(pool, key) {
+                    let connection = routing.pools[pool].servers[server].pick(slot);
+                    let receiver = connection.send(job.parts.clone(), kind);
+                    return Pending::FirstTry(Box::new(FirstTry {
+                        routing: routing.clone(),
+                        leg: Leg::new(receiver, pool, server, started).on_route(node),
+                        rest: more.then_some(job),
+                        node,
+                        command: request.command,
+                        noreply: request.noreply,
+                    }));
+                }
+            }
             return Pending::Routed {
                 routing: routing.clone(),
                 routed: execute::start(routing, node, job, started),

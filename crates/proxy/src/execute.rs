@@ -244,6 +244,31 @@ pub(crate) fn start(
     started_now(RoutedState::Running(future), node, started)
 }
 
+/// Starts a read whose first try, on the first child of failover (or replicated) route
+/// `node` (a pool: `first_pool`), failed: through the later children, as `failover` goes on
+/// after its first child.
+pub(crate) fn start_after_first(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    started: Instant,
+) -> Routed {
+    routing.route_stats(node).failovers.fetch_add(1, Relaxed);
+    let routing = routing.clone();
+    let future: BoxedReply = Box::pin(async move {
+        let job = Rc::new(job);
+        let (children, on) = match routing.routes.node(node) {
+            Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
+            Node::Replicated { children, .. } => {
+                (children.get(1..).unwrap_or_default(), FailoverOn::Error)
+            }
+            _ => (&[][..], FailoverOn::Error),
+        };
+        failover(&routing, node, children, on, &job).await
+    });
+    started_now(RoutedState::Running(future), node, started)
+}
+
 /// Starts the keys of a multi-get that reach policy route `node`; the reply is their hits
 /// as `VALUE` blocks in key order then `END` (or the failure that fails the multi-get):
 /// when they are all of the multi-get's keys, the client's reply as it is.

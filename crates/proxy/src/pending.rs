@@ -12,12 +12,12 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use memroute_backend::{ReplyReceiver, TryRecvError};
 use memroute_protocol::{quiet_suppresses, retrieval_error, Command, Request};
-use memroute_routing::NodeId;
+use memroute_routing::{classify_reply, NodeId, ReplyClass};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{FailoverRest, MultiReply, Routed, RoutedKeys};
+use crate::execute::{self, FailoverRest, Job, MultiReply, Routed, RoutedKeys};
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -161,6 +161,46 @@ impl Leg {
     }
 }
 
+/// A read through a failover (or replicated) route, first sent to the route's first pool
+/// as a plain pool's request is (`execute::first_pool`); the executor takes it on to the
+/// later children only if that answer is a failure.
+#[derive(Debug)]
+pub(crate) struct FirstTry {
+    pub routing: Rc<RouteSnapshot>,
+    /// To the first pool; its latency is recorded under the route.
+    pub leg: Leg,
+    /// The request again, for the later children (`None`: no later child to ask).
+    pub rest: Option<Job>,
+    pub node: NodeId,
+    pub command: Command,
+    pub noreply: bool,
+}
+
+impl FirstTry {
+    /// Once the first answer is in: when it is a failure and there is a later child, the
+    /// request as the executor's, on its way to the later children (the failure counted
+    /// against its server).
+    fn fail_over(&mut self) -> Option<Pending> {
+        let failed = match &self.leg.reply {
+            Some(Ok(bytes)) => classify_reply(bytes) == ReplyClass::Error,
+            _ => true,
+        };
+        if !failed || self.rest.is_none() {
+            return None;
+        }
+        let job = self.rest.take()?;
+        let _ = self.leg.take(&self.routing);
+        let (command, noreply) = (job.command, self.noreply);
+        let routed = execute::start_after_first(&self.routing, self.node, job, self.leg.started);
+        Some(Pending::Routed {
+            routing: self.routing.clone(),
+            routed,
+            command,
+            noreply,
+        })
+    }
+}
+
 /// A multi-key retrieval split over servers.
 #[derive(Debug)]
 pub(crate) struct MultiGet {
@@ -250,6 +290,8 @@ pub(crate) enum Pending {
         command: Command,
         noreply: bool,
     },
+    /// A read through a failover route, its first try sent as a plain request.
+    FirstTry(Box<FirstTry>),
     /// In a pooled home: most entries are smaller, and a multi-get allocates no box.
     MultiGet(Homed<MultiGet>),
     Fanout(Box<Fanout>),
@@ -267,6 +309,18 @@ impl Pending {
             } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
             Pending::Single { leg, .. } => leg.try_complete(),
             Pending::Routed { routed, .. } => routed.try_complete(),
+            Pending::FirstTry(first) => {
+                if !first.leg.try_complete() {
+                    return false;
+                }
+                match first.fail_over() {
+                    Some(next) => {
+                        *self = next;
+                        self.try_complete()
+                    }
+                    None => true,
+                }
+            }
             Pending::MultiGet(multi) => match multi.get_mut() {
                 Some(multi) => {
                     multi.legs.iter_mut().all(Leg::try_complete) && {
@@ -291,6 +345,15 @@ impl Pending {
             } => metrics.flush.wait(*ticket, *deadline).await,
             Pending::Single { leg, .. } => leg.wait().await,
             Pending::Routed { routed, .. } => routed.wait().await,
+            Pending::FirstTry(first) => {
+                first.leg.wait().await;
+                if let Some(next) = first.fail_over() {
+                    *self = next;
+                    if let Pending::Routed { routed, .. } = self {
+                        routed.wait().await;
+                    }
+                }
+            }
             Pending::MultiGet(multi) => {
                 let Some(multi) = multi.get_mut() else {
                     return;
@@ -317,6 +380,16 @@ impl Pending {
         match self {
             Pending::Routed { routed, .. } => {
                 let _ = routed.poll(context);
+            }
+            Pending::FirstTry(first) => {
+                if first.rest.is_some() && first.leg.poll_complete(context) {
+                    if let Some(next) = first.fail_over() {
+                        *self = next;
+                        if let Pending::Routed { routed, .. } = self {
+                            let _ = routed.poll(context);
+                        }
+                    }
+                }
             }
             Pending::MultiGet(multi) => {
                 let Some(multi) = multi.get_mut() else {
@@ -364,6 +437,17 @@ impl Pending {
                     .metrics
                     .observe_since(routed.route as usize, routed.started);
                 finish_single(context, routed.take(), command, noreply, out)
+            }
+            Pending::FirstTry(first) => {
+                let FirstTry {
+                    routing,
+                    mut leg,
+                    command,
+                    noreply,
+                    ..
+                } = *first;
+                leg.observe(&routing);
+                finish_single(context, leg.take(&routing), command, noreply, out)
             }
             Pending::MultiGet(multi) => {
                 if let Some(multi) = multi.into_inner() {
