@@ -382,12 +382,12 @@ impl Pending {
                 let _ = routed.poll(context);
             }
             Pending::FirstTry(first) => {
-                if first.rest.is_some() && first.leg.poll_complete(context) {
-                    if let Some(next) = first.fail_over() {
-                        *self = next;
-                        if let Pending::Routed { routed, .. } = self {
-                            let _ = routed.poll(context);
-                        }
+                // Only an entry with a later child to ask has anything to move on.
+                let answered = first.rest.is_some() && first.leg.poll_complete(context);
+                if let Some(next) = answered.then(|| first.fail_over()).flatten() {
+                    *self = next;
+                    if let Pending::Routed { routed, .. } = self {
+                        let _ = routed.poll(context);
                     }
                 }
             }
