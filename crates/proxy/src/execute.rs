@@ -5,6 +5,9 @@
 //! ```text
 //!   dispatch: route is a plain pool? --yes--> fast path (dispatch.rs, no task, no allocation)
 //!                 | no
+//!             a read through a failover/replicated route over a pool first (first_pool)?
+//!                 --yes--> sent to that pool as a plain request; here only on a failure
+//!                 | no     (start_after_first, FailoverRest: the later children)
 //!                 v
 //!   start(node, job) -> Routed: run(node) polled once now (sends go out in the client's
 //!                         |     order), then in place by the session from its pending entry
