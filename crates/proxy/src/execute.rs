@@ -247,6 +247,17 @@ pub(crate) fn start(
     started_now(RoutedState::Running(future), node, started)
 }
 
+/// The children after the first of a `first_pool` route, and what moves a read on to them.
+fn after_first(routing: &RouteSnapshot, node: NodeId) -> (&[NodeId], FailoverOn) {
+    match routing.routes.node(node) {
+        Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
+        Node::Replicated { children, .. } => {
+            (children.get(1..).unwrap_or_default(), FailoverOn::Error)
+        }
+        _ => (&[], FailoverOn::Error),
+    }
+}
+
 /// Starts a read whose first try, on the first child of failover (or replicated) route
 /// `node` (a pool: `first_pool`), failed: through the later children, as `failover` goes on
 /// after its first child.
@@ -260,13 +271,7 @@ pub(crate) fn start_after_first(
     let routing = routing.clone();
     let future: BoxedReply = Box::pin(async move {
         let job = Rc::new(job);
-        let (children, on) = match routing.routes.node(node) {
-            Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
-            Node::Replicated { children, .. } => {
-                (children.get(1..).unwrap_or_default(), FailoverOn::Error)
-            }
-            _ => (&[][..], FailoverOn::Error),
-        };
+        let (children, on) = after_first(&routing, node);
         failover(&routing, node, children, on, &job).await
     });
     started_now(RoutedState::Running(future), node, started)
@@ -389,13 +394,7 @@ impl FailoverRest {
             let count = job.keys.len();
             let job = Rc::new(job);
             let keys = (0..count as u32).collect();
-            let (children, on) = match routing.routes.node(node) {
-                Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
-                Node::Replicated { children, .. } => {
-                    (children.get(1..).unwrap_or_default(), FailoverOn::Error)
-                }
-                _ => (&[][..], FailoverOn::Error),
-            };
+            let (children, on) = after_first(&routing, node);
             multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
         });
         keys_started(future, node, started)
