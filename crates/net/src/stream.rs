@@ -59,6 +59,29 @@ pub enum WriteHalf<'a> {
 }
 
 impl Stream {
+    /// A connected TCP socket, served by this worker's io_uring when it runs one
+    /// (`proxy.io = "io_uring"`), else by tokio's epoll reactor.
+    pub(crate) fn from_tcp(tcp: TcpStream) -> std::io::Result<Stream> {
+        match crate::uring::current() {
+            None => Ok(Stream::Tcp(tcp)),
+            Some(driver) => {
+                let std = tcp.into_std()?;
+                Ok(Stream::Uring(UringStream::new(&driver, std.into())?))
+            }
+        }
+    }
+
+    /// A connected unix socket, as [`Stream::from_tcp`].
+    pub(crate) fn from_unix(unix: UnixStream) -> std::io::Result<Stream> {
+        match crate::uring::current() {
+            None => Ok(Stream::Unix(unix)),
+            Some(driver) => {
+                let std = unix.into_std()?;
+                Ok(Stream::Uring(UringStream::new(&driver, std.into())?))
+            }
+        }
+    }
+
     /// Halves that read and write concurrently (a session's reader and writer, a backend
     /// connection's two tasks).
     pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {

@@ -126,6 +126,8 @@ pub fn current() -> Option<Rc<Driver>> {
 
 /// One io_uring per worker thread and the state of every connection on it.
 pub struct Driver {
+    /// Unique in the process: what a `UringStream` names its driver by.
+    id: u32,
     inner: RefCell<Inner>,
     /// Signalled by the ring when completions (or deferred work) are waiting.
     eventfd: AsyncFd<OwnedFd>,
@@ -249,7 +251,9 @@ impl Driver {
         let eventfd =
             unsafe { AsyncFd::register_with_interest(eventfd, tokio::io::Interest::READABLE) }
                 .map_err(io::Error::from)?;
+        static IDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         Ok(Driver {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
             inner: RefCell::new(Inner {
                 ring,
                 buffers,
@@ -368,6 +372,37 @@ impl Driver {
             if let Some(waker) = self.waker.borrow_mut().take() {
                 waker.wake();
             }
+        }
+    }
+
+    /// The stream of slot `index` was dropped: cancel what is in flight on it; the slot
+    /// is freed with the last completion.
+    fn release(&self, index: u32) {
+        let Ok(mut inner) = self.inner.try_borrow_mut() else {
+            // Only reachable if a stream were dropped inside the driver's own turn;
+            // the slot then stays (a leak of one slot, never a use of freed memory).
+            return;
+        };
+        let inner = &mut *inner;
+        let slot = &mut inner.slots[index as usize];
+        slot.closed = true;
+        slot.read_waker = None;
+        slot.write_waker = None;
+        let (recv, send) = (slot.recv_armed, slot.send_in_flight);
+        // The descriptor is closed by the stream right after this; operations in flight
+        // hold the kernel's own reference to the socket until they are cancelled.
+        if recv {
+            inner.cancel(index, OP_RECV);
+        }
+        if send {
+            inner.cancel(index, OP_SEND);
+        }
+        if recv || send {
+            self.kick();
+        } else {
+            // Nothing in flight: free the slot now.
+            inner.slots[index as usize].ops += 1;
+            inner.op_done(index);
         }
     }
 
@@ -631,8 +666,13 @@ impl Inner {
 }
 
 /// A socket served through the worker's io_uring: a handle on its slot in the driver.
+///
+/// It names its driver by id rather than holding it, so `Stream` stays `Send` (a prober
+/// on the control thread connects with the same connector; only worker threads with a
+/// driver ever make a `UringStream`). Used on any other thread it fails with an error
+/// and never touches another ring.
 pub struct UringStream {
-    driver: Rc<Driver>,
+    driver: u32,
     index: u32,
     fd: OwnedFd,
 }
@@ -648,13 +688,13 @@ impl std::fmt::Debug for UringStream {
 
 impl UringStream {
     /// Serves `socket` (a connected TCP or unix stream socket) through `driver`.
-    pub fn new(driver: &Rc<Driver>, socket: OwnedFd) -> io::Result<UringStream> {
+    pub fn new(driver: &Driver, socket: OwnedFd) -> io::Result<UringStream> {
         // Blocking mode: io_uring then waits for readiness itself instead of failing
         // the operation with EAGAIN (see the module header).
         socket2::SockRef::from(&socket).set_nonblocking(false)?;
         let index = driver.register(socket.as_raw_fd());
         Ok(UringStream {
-            driver: driver.clone(),
+            driver: driver.id,
             index,
             fd: socket,
         })
@@ -665,47 +705,59 @@ impl UringStream {
         socket2::SockRef::from(&self.fd)
     }
 
+    /// Runs `f` on this stream's driver, which must be the current thread's.
+    fn on_driver<R>(&self, f: impl FnOnce(&Driver) -> Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        CURRENT.with(|current| match &*current.borrow() {
+            Some(driver) if driver.id == self.driver => f(driver),
+            _ => Poll::Ready(Err(io::Error::other(
+                "an io_uring stream used away from its worker thread",
+            ))),
+        })
+    }
+
     pub(crate) fn poll_read_priv(
         &self,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let mut inner = self.driver.inner.borrow_mut();
-        let inner = &mut *inner;
-        let index = self.index;
-        let slot = &mut inner.slots[index as usize];
-        if slot.unread() > 0 {
-            let n = slot.unread().min(buf.remaining());
-            buf.put_slice(&slot.input[slot.consumed..slot.consumed + n]);
-            slot.consumed += n;
-            let drained = slot.unread() == 0;
-            let rearm = !slot.recv_armed && slot.unread() < INPUT_CAP;
-            if drained {
-                slot.consumed = 0;
-                let input = std::mem::take(&mut slot.input);
-                inner.give_buffer(input);
+        self.on_driver(|driver| {
+            let mut inner = driver.inner.borrow_mut();
+            let inner = &mut *inner;
+            let index = self.index;
+            let slot = &mut inner.slots[index as usize];
+            if slot.unread() > 0 {
+                let n = slot.unread().min(buf.remaining());
+                buf.put_slice(&slot.input[slot.consumed..slot.consumed + n]);
+                slot.consumed += n;
+                let drained = slot.unread() == 0;
+                let rearm = !slot.recv_armed && slot.unread() < INPUT_CAP;
+                if drained {
+                    slot.consumed = 0;
+                    let input = std::mem::take(&mut slot.input);
+                    inner.give_buffer(input);
+                }
+                if rearm {
+                    inner.arm_recv(index);
+                    driver.kick();
+                }
+                return Poll::Ready(Ok(()));
             }
-            if rearm {
+            if slot.read_error != 0 {
+                return Poll::Ready(Err(io::Error::from_raw_os_error(slot.read_error)));
+            }
+            if slot.eof {
+                return Poll::Ready(Ok(()));
+            }
+            match &slot.read_waker {
+                Some(waker) if waker.will_wake(cx.waker()) => {}
+                _ => slot.read_waker = Some(cx.waker().clone()),
+            }
+            if !slot.recv_armed {
                 inner.arm_recv(index);
-                self.driver.kick();
+                driver.kick();
             }
-            return Poll::Ready(Ok(()));
-        }
-        if slot.read_error != 0 {
-            return Poll::Ready(Err(io::Error::from_raw_os_error(slot.read_error)));
-        }
-        if slot.eof {
-            return Poll::Ready(Ok(()));
-        }
-        match &slot.read_waker {
-            Some(waker) if waker.will_wake(cx.waker()) => {}
-            _ => slot.read_waker = Some(cx.waker().clone()),
-        }
-        if !slot.recv_armed {
-            inner.arm_recv(index);
-            self.driver.kick();
-        }
-        Poll::Pending
+            Poll::Pending
+        })
     }
 
     pub(crate) fn poll_write_priv(
@@ -713,46 +765,50 @@ impl UringStream {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if data.is_empty() {
-            return Poll::Ready(Ok(0));
-        }
-        let mut inner = self.driver.inner.borrow_mut();
-        let inner = &mut *inner;
-        let index = self.index;
-        let slot = &mut inner.slots[index as usize];
-        if slot.write_error != 0 {
-            return Poll::Ready(Err(io::Error::from_raw_os_error(slot.write_error)));
-        }
-        let unsent = slot.unsent();
-        if unsent >= WRITE_CAP {
-            slot.write_waker = Some(cx.waker().clone());
-            return Poll::Pending;
-        }
-        let n = data.len().min(WRITE_CAP - unsent);
-        if slot.filling.capacity() == 0 {
-            let buffer = inner.take_buffer();
-            inner.slots[index as usize].filling = buffer;
-        }
-        let slot = &mut inner.slots[index as usize];
-        slot.filling.extend_from_slice(&data[..n]);
-        if !slot.send_in_flight {
-            inner.start_send(index);
-            self.driver.kick();
-        }
-        Poll::Ready(Ok(n))
+        self.on_driver(|driver| {
+            if data.is_empty() {
+                return Poll::Ready(Ok(0));
+            }
+            let mut inner = driver.inner.borrow_mut();
+            let inner = &mut *inner;
+            let index = self.index;
+            let slot = &mut inner.slots[index as usize];
+            if slot.write_error != 0 {
+                return Poll::Ready(Err(io::Error::from_raw_os_error(slot.write_error)));
+            }
+            let unsent = slot.unsent();
+            if unsent >= WRITE_CAP {
+                slot.write_waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            let n = data.len().min(WRITE_CAP - unsent);
+            if slot.filling.capacity() == 0 {
+                let buffer = inner.take_buffer();
+                inner.slots[index as usize].filling = buffer;
+            }
+            let slot = &mut inner.slots[index as usize];
+            slot.filling.extend_from_slice(&data[..n]);
+            if !slot.send_in_flight {
+                inner.start_send(index);
+                driver.kick();
+            }
+            Poll::Ready(Ok(n))
+        })
     }
 
     pub(crate) fn poll_flush_priv(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let mut inner = self.driver.inner.borrow_mut();
-        let slot = &mut inner.slots[self.index as usize];
-        if slot.write_error != 0 {
-            return Poll::Ready(Err(io::Error::from_raw_os_error(slot.write_error)));
-        }
-        if slot.unsent() == 0 {
-            return Poll::Ready(Ok(()));
-        }
-        slot.write_waker = Some(cx.waker().clone());
-        Poll::Pending
+        self.on_driver(|driver| {
+            let mut inner = driver.inner.borrow_mut();
+            let slot = &mut inner.slots[self.index as usize];
+            if slot.write_error != 0 {
+                return Poll::Ready(Err(io::Error::from_raw_os_error(slot.write_error)));
+            }
+            if slot.unsent() == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            slot.write_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
     }
 
     pub(crate) fn poll_shutdown_priv(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -769,34 +825,15 @@ impl UringStream {
 
 impl Drop for UringStream {
     fn drop(&mut self) {
-        let Ok(mut inner) = self.driver.inner.try_borrow_mut() else {
-            // Only reachable if a stream were dropped inside the driver's own turn;
-            // the slot then stays (a leak of one slot, never a use of freed memory).
-            return;
-        };
-        let inner = &mut *inner;
-        let index = self.index;
-        let slot = &mut inner.slots[index as usize];
-        slot.closed = true;
-        slot.read_waker = None;
-        slot.write_waker = None;
-        let (recv, send) = (slot.recv_armed, slot.send_in_flight);
-        // The descriptor is closed when `self.fd` drops, right after this; operations in
-        // flight hold the kernel's own reference to the socket until they are cancelled.
-        if recv {
-            inner.cancel(index, OP_RECV);
-        }
-        if send {
-            inner.cancel(index, OP_SEND);
-        }
-        if recv || send {
-            self.driver.kick();
-        } else {
-            // Nothing in flight: free the slot now.
-            let slot = &mut inner.slots[index as usize];
-            slot.ops += 1;
-            inner.op_done(index);
-        }
+        CURRENT.with(|current| {
+            if let Ok(current) = current.try_borrow() {
+                if let Some(driver) = current.as_ref().filter(|d| d.id == self.driver) {
+                    driver.release(self.index);
+                }
+            }
+            // Otherwise the driver is gone (the worker is ending, the ring closed with
+            // it) or this is not its thread: the descriptor closes, the slot stays.
+        });
     }
 }
 
