@@ -175,6 +175,10 @@ pub struct UringCounters {
 
 #[derive(Default)]
 struct Slot {
+    /// The socket, owned here rather than by the stream: it is closed only when the slot
+    /// is freed, after the last completion of an operation on it, so a submission never
+    /// names a descriptor that was closed (or reused by another connection) meanwhile.
+    socket: Option<OwnedFd>,
     fd: RawFd,
     in_use: bool,
     /// The stream was dropped: the slot goes once `ops` is 0.
@@ -390,8 +394,9 @@ impl Driver {
         slot.read_waker = None;
         slot.write_waker = None;
         let (recv, send) = (slot.recv_armed, slot.send_in_flight);
-        // The descriptor is closed by the stream right after this; operations in flight
-        // hold the kernel's own reference to the socket until they are cancelled.
+        // What is queued goes out first (a TLS alert written just before the drop is
+        // sent; the cancels are submitted after it), then the socket closes with the
+        // slot, once the cancelled operations have completed.
         if recv {
             inner.cancel(index, OP_RECV);
         }
@@ -407,7 +412,8 @@ impl Driver {
         }
     }
 
-    fn register(&self, fd: RawFd) -> u32 {
+    fn register(&self, socket: OwnedFd) -> u32 {
+        let fd = socket.as_raw_fd();
         let mut inner = self.inner.borrow_mut();
         let index = match inner.free.pop() {
             Some(index) => index,
@@ -418,6 +424,7 @@ impl Driver {
         };
         let slot = &mut inner.slots[index as usize];
         *slot = Slot {
+            socket: Some(socket),
             fd,
             in_use: true,
             ..Slot::default()
@@ -574,6 +581,8 @@ impl Inner {
         slot.ops = slot.ops.saturating_sub(1);
         if slot.closed && slot.ops == 0 && slot.in_use {
             let slot = std::mem::take(slot);
+            // Closes the socket: nothing refers to it any more.
+            drop(slot.socket);
             for buffer in [slot.input, slot.sending, slot.filling] {
                 if buffer.capacity() > 0 {
                     self.give_buffer(buffer);
@@ -675,7 +684,9 @@ impl Inner {
 pub struct UringStream {
     driver: u32,
     index: u32,
-    fd: OwnedFd,
+    /// The slot's socket, which stays open at least as long as this stream (the
+    /// `'static` is this struct's promise, never handed out: see `socket`).
+    fd: std::os::fd::BorrowedFd<'static>,
 }
 
 impl std::fmt::Debug for UringStream {
@@ -693,11 +704,14 @@ impl UringStream {
         // Blocking mode: io_uring then waits for readiness itself instead of failing
         // the operation with EAGAIN (see the module header).
         socket2::SockRef::from(&socket).set_nonblocking(false)?;
-        let index = driver.register(socket.as_raw_fd());
+        // SAFETY: the slot owns the descriptor and closes it only after this stream is
+        // dropped (and the slot's operations are done), so it is open while `fd` is used.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(socket.as_raw_fd()) };
+        let index = driver.register(socket);
         Ok(UringStream {
             driver: driver.id,
             index,
-            fd: socket,
+            fd,
         })
     }
 
