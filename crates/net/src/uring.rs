@@ -514,21 +514,14 @@ impl Inner {
 
     /// Queues a send of the slot's filling buffer (none may be in flight).
     fn start_send(&mut self, index: u32) {
-        let fresh = self.take_buffer();
         let slot = &mut self.slots[index as usize];
-        let old = std::mem::replace(&mut slot.sending, std::mem::take(&mut slot.filling));
-        slot.filling = old;
+        // The two buffers take turns: the one filled is sent, the one sent (empty, or
+        // no allocation at all) fills next; `poll_write` takes a pooled one if needed.
+        std::mem::swap(&mut slot.sending, &mut slot.filling);
         slot.sent = 0;
-        if slot.sending.is_empty() {
-            self.give_buffer(fresh);
-            return;
+        if !slot.sending.is_empty() {
+            self.submit_send(index);
         }
-        if slot.filling.capacity() == 0 {
-            slot.filling = fresh;
-        } else {
-            self.give_buffer(fresh);
-        }
-        self.submit_send(index);
     }
 
     /// Queues a send of what is left of the slot's `sending` buffer.
@@ -665,6 +658,16 @@ impl Inner {
             slot.sent = 0;
             if !slot.filling.is_empty() && !slot.closed {
                 self.start_send(index);
+            } else {
+                // Everything is sent: both buffers go back to the pool, so a connection
+                // that is idle again holds none.
+                let sending = std::mem::take(&mut slot.sending);
+                let filling = std::mem::take(&mut slot.filling);
+                for buffer in [sending, filling] {
+                    if buffer.capacity() > 0 {
+                        self.give_buffer(buffer);
+                    }
+                }
             }
         }
         let slot = &mut self.slots[index as usize];
@@ -1054,9 +1057,9 @@ mod tests {
         )
     }
 
-    fn both_modes(
-        test: fn(Rc<Driver>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>,
-    ) {
+    type LocalTest = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+    fn both_modes(test: fn(Rc<Driver>) -> LocalTest) {
         for defer_taskrun in [true, false] {
             with_driver(UringOptions { defer_taskrun }, test);
         }
@@ -1193,6 +1196,14 @@ mod tests {
                 let mut line = [0u8; 9];
                 peer.read_exact(&mut line).expect("peer reads");
                 assert_eq!(&line, b"version\r\n");
+            }
+            // Once sent (and nothing received), a connection holds no buffer.
+            for (ours, _) in &streams {
+                let inner = driver.inner.borrow();
+                let slot = &inner.slots[ours.index as usize];
+                let held =
+                    slot.input.capacity() + slot.sending.capacity() + slot.filling.capacity();
+                assert_eq!(held, 0, "slot {} holds {held} bytes of buffers", ours.index);
             }
         });
     }
