@@ -1065,6 +1065,16 @@ mod tests {
         }
     }
 
+    /// Layout, not timing: what every connection costs in the driver's slab, and that the
+    /// stream handle keeps `Stream` small.
+    #[test]
+    fn a_slot_and_a_stream_stay_small() {
+        let slot = std::mem::size_of::<Slot>();
+        eprintln!("slot {slot} bytes, stream {} bytes", std::mem::size_of::<UringStream>());
+        assert!(slot <= 160, "slot {slot} bytes");
+        assert!(std::mem::size_of::<UringStream>() <= 16);
+    }
+
     #[test]
     fn bytes_go_both_ways_and_a_late_write_wakes_the_reader() {
         both_modes(|driver| {
