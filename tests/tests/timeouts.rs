@@ -62,6 +62,10 @@ fn stalled_backend_times_out_others_keep_working_and_it_recovers() {
     let mut c = s.proxy.connect();
 
     let frozen = s.servers[s.victim].stop();
+    // Replies that are the pool timeout itself (`BackendError::Timeout`), each counted once in
+    // the server's `timeouts` stat; the others are a re-opened connection failing.
+    let exact_timeout = format!("SERVER_ERROR backend {addr} timed out\r\n");
+    let mut timed_out = 0u64;
     // The first request to the frozen server: a timeout error, within the client's generous
     // read timeout (read_line panics otherwise).
     let reply = c.roundtrip_line(format!("get {}\r\n", s.victim_keys[0]).as_bytes());
@@ -71,6 +75,7 @@ fn stalled_backend_times_out_others_keep_working_and_it_recovers() {
         show(&reply),
         s.proxy.log_text()
     );
+    timed_out += u64::from(reply == exact_timeout.as_bytes());
     // Meanwhile: every stalled key gets a timeout error, each other key its value, on the
     // same connection, interleaved.
     // (A few stalled keys are enough: each may wait the full pool timeout.)
@@ -91,6 +96,7 @@ fn stalled_backend_times_out_others_keep_working_and_it_recovers() {
                 show(request.as_bytes()),
                 show(&reply)
             );
+            timed_out += u64::from(reply == exact_timeout.as_bytes());
         }
         assert_eq!(
             c.get(live).as_deref(),
@@ -112,7 +118,11 @@ fn stalled_backend_times_out_others_keep_working_and_it_recovers() {
         .find(|(k, _)| k == &format!("server:main:{addr}:timeouts"))
         .map(|(_, v)| v.parse().expect("numeric stat"))
         .unwrap_or_else(|| panic!("no timeouts stat for {addr}: {stats:?}"));
-    assert!(timeouts >= 1, "timeouts counted for {addr}: {timeouts}");
+    assert!(timed_out >= 1, "no reply was the pool timeout itself");
+    assert_eq!(
+        timeouts, timed_out,
+        "timeouts counted for {addr} vs pool-timeout replies seen"
+    );
 
     frozen.resume();
 

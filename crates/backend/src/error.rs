@@ -26,6 +26,11 @@ pub enum BackendError {
     /// memroute itself is stopping this connection.
     #[error("backend {server} connection closed by proxy")]
     Closed { server: Arc<str> },
+    /// The reply was to come from a task inside the proxy (a backend connection, a route's
+    /// child request) that ended without giving it: while a worker stops, or after a
+    /// connection's reply slot was dropped. Not a fault of any one server, so none is named.
+    #[error("no reply: the proxy task that was to deliver it ended")]
+    Lost,
     /// A DNS-discovered pool's host name could not be resolved to any address.
     #[error("cannot resolve {host}: {reason}")]
     Resolve { host: Arc<str>, reason: Arc<str> },
@@ -42,6 +47,9 @@ impl BackendError {
             BackendError::Timeout { .. } => Arc::from("timed out"),
             BackendError::BadReply { .. } => Arc::from("sent a malformed reply"),
             BackendError::Closed { .. } => Arc::from("connection closed by proxy"),
+            BackendError::Lost => {
+                Arc::from("no reply: the proxy task that was to deliver it ended")
+            }
         }
     }
 
@@ -102,6 +110,7 @@ mod tests {
                 server: server.clone(),
             },
             BackendError::Closed { server },
+            BackendError::Lost,
         ] {
             assert!(!sent.never_sent(), "{sent}");
         }

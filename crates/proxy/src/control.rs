@@ -61,19 +61,26 @@ enum Event {
 /// Builds generations and owns what outlives one: health, discovered addresses, counters.
 #[derive(Debug)]
 pub(crate) struct Controller {
-    /// The config as the operator wrote it (DNS pools without servers).
+    /// The config as the operator wrote it (DNS pools without servers). Its own lock, so
+    /// reading it never waits for an apply (which may be doing a DNS lookup).
     base: Mutex<Arc<Config>>,
-    /// Serialises apply(): a reload and a DNS change never build generations at once.
-    applying: Mutex<()>,
-    discovered: Mutex<BTreeMap<String, Discovered>>,
-    health: Mutex<Vec<(HealthKey, Arc<ServerHealth>)>>,
-    connectors: Mutex<crate::transport::Connectors>,
-    epochs: Mutex<HashMap<String, Arc<AtomicU64>>>,
-    route_stats: Mutex<HashMap<String, Arc<RouteStats>>>,
-    shadow_stats: Mutex<HashMap<String, Arc<ShadowStats>>>,
+    /// What outlives a generation. One lock, held for a whole apply: a reload and a DNS
+    /// change never build generations at once.
+    known: Mutex<Known>,
     pub shared: Arc<SharedStats>,
     generation: watch::Sender<Arc<Generation>>,
     events: mpsc::UnboundedSender<Event>,
+}
+
+/// The state one generation hands to the next, kept by name or address across reloads.
+#[derive(Debug, Default)]
+struct Known {
+    discovered: BTreeMap<String, Discovered>,
+    health: Vec<(HealthKey, Arc<ServerHealth>)>,
+    connectors: crate::transport::Connectors,
+    epochs: HashMap<String, Arc<AtomicU64>>,
+    route_stats: HashMap<String, Arc<RouteStats>>,
+    shadow_stats: HashMap<String, Arc<ShadowStats>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -121,13 +128,7 @@ impl Controller {
         let (generation, receiver) = watch::channel(placeholder);
         let controller = Arc::new(Controller {
             base: Mutex::new(config.clone()),
-            applying: Mutex::new(()),
-            discovered: Mutex::new(BTreeMap::new()),
-            health: Mutex::new(Vec::new()),
-            connectors: Mutex::new(Default::default()),
-            epochs: Mutex::new(HashMap::new()),
-            route_stats: Mutex::new(HashMap::new()),
-            shadow_stats: Mutex::new(HashMap::new()),
+            known: Mutex::new(Known::default()),
             shared,
             generation,
             events,
@@ -154,17 +155,22 @@ impl Controller {
         &self,
         config: Config,
     ) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
-        let _applying = lock(&self.applying);
-        self.apply_locked(config)
+        self.apply_locked(&mut lock(&self.known), config)
     }
 
-    /// apply() for a caller that holds `applying`.
-    fn apply_locked(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
-        let effective = self.with_discovered_servers(&config);
+    /// apply() for a caller that holds `known`.
+    fn apply_locked(
+        &self,
+        known: &mut Known,
+        config: Config,
+    ) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
+        let effective = with_discovered_servers(&mut known.discovered, &config);
         let routes = Arc::new(RouteTable::build(&effective.routing_spec())?);
         let effective = Arc::new(effective);
         let server_stats = self.shared.for_config(&effective, &routes);
-        let connectors = lock(&self.connectors).for_config(&routes.pool_names, &effective)?;
+        let connectors = known
+            .connectors
+            .for_config(&routes.pool_names, &effective)?;
         self.shared.set_connectors(
             routes
                 .pool_names
@@ -173,10 +179,10 @@ impl Controller {
                 .flat_map(|(pool, servers)| servers.iter().map(|c| (pool.clone(), c.clone())))
                 .collect(),
         );
-        let (health, pool_epochs) = self.health_for(&routes, &effective);
+        let (health, pool_epochs) = health_for(known, &routes, &effective);
         self.shared
             .set_health(health.iter().flatten().cloned().collect());
-        let (route_stats, shadow_stats) = self.policy_stats(&routes);
+        let (route_stats, shadow_stats) = self.policy_stats(known, &routes);
         let (applied, acks) = std::sync::mpsc::channel();
         let generation = Arc::new(Generation {
             config: effective,
@@ -195,54 +201,15 @@ impl Controller {
         Ok(acks)
     }
 
-    /// `config` with every DNS pool's servers filled in: the last addresses found for the
-    /// same spec, else a lookup now (a failed one leaves the pool empty until a refresh
-    /// finds servers).
-    fn with_discovered_servers(&self, config: &Config) -> Config {
-        let mut effective = config.clone();
-        let mut discovered = lock(&self.discovered);
-        discovered.retain(|pool, d| {
-            config
-                .pools
-                .get(pool)
-                .is_some_and(|p| p.discovery.as_ref() == Some(&d.spec))
-        });
-        for (name, pool) in effective.pools.iter_mut() {
-            let Some(spec) = &pool.discovery else {
-                continue;
-            };
-            let servers = match discovered.get(name) {
-                Some(known) => known.servers.clone(),
-                None => match memroute_backend::lookup_blocking(spec, &config.discovery) {
-                    Ok(found) => {
-                        tracing::info!(pool = %name, host = %spec.host, servers = ?shown(&found.servers), ttl = ?found.ttl, "discovered servers");
-                        discovered.insert(
-                            name.clone(),
-                            Discovered {
-                                spec: spec.clone(),
-                                servers: found.servers.clone(),
-                                found_at: std::time::Instant::now(),
-                                ttl: found.ttl,
-                            },
-                        );
-                        found.servers
-                    }
-                    Err(error) => {
-                        tracing::warn!(pool = %name, host = %spec.host, %error, "discovery lookup failed; the pool has no servers until a lookup succeeds");
-                        Vec::new()
-                    }
-                },
-            };
-            pool.servers = servers.iter().map(server_of).collect();
-        }
-        effective
-    }
-
     /// How long a new watcher of `pool` waits before its first lookup: what is left of the
     /// last lookup's refresh (or TTL); at most the TTL floor when the pool has no servers
     /// yet (its lookup at start failed), so an empty pool is retried soon.
     fn first_wait(&self, pool: &str, spec: &DnsDiscovery) -> std::time::Duration {
-        match lock(&self.discovered).get(pool).filter(|d| &d.spec == spec) {
+        match lock(&self.known)
+            .discovered
+            .get(pool)
+            .filter(|d| &d.spec == spec)
+        {
             Some(known) => memroute_backend::next_refresh(spec, known.ttl)
                 .saturating_sub(known.found_at.elapsed()),
             None => spec.refresh.min(memroute_backend::MIN_TTL_REFRESH),
@@ -257,11 +224,11 @@ impl Controller {
         servers: Vec<FoundServer>,
         ttl: Option<std::time::Duration>,
     ) {
-        // Held from before the base config is read until the generation is sent: a reload
+        // `known` is held from before the base config is read until the generation is sent: a reload
         // applied meanwhile would otherwise be undone by this older base.
-        let _applying = lock(&self.applying);
+        let mut known = lock(&self.known);
         {
-            let mut discovered = lock(&self.discovered);
+            let discovered = &mut known.discovered;
             if let Some(same) = discovered
                 .get_mut(pool)
                 .filter(|d| &d.spec == spec && d.servers == servers)
@@ -282,73 +249,28 @@ impl Controller {
             );
         }
         let base = (*self.base()).clone();
-        if let Err(error) = self.apply_locked(base) {
+        if let Err(error) = self.apply_locked(&mut known, base) {
             tracing::error!(pool, %error, "cannot serve the discovered servers; keeping the running config");
         }
     }
 
-    /// One health object per server, reused for servers that stay with the same settings.
-    fn health_for(
-        &self,
-        routes: &RouteTable,
-        config: &Config,
-    ) -> (Vec<Vec<Arc<ServerHealth>>>, Vec<Arc<AtomicU64>>) {
-        let mut known = lock(&self.health);
-        let mut epochs = lock(&self.epochs);
-        let mut next = Vec::new();
-        let mut table = Vec::with_capacity(routes.pool_names.len());
-        let mut pool_epochs = Vec::with_capacity(routes.pool_names.len());
-        for name in &routes.pool_names {
-            let Some(pool) = config.pools.get(name) else {
-                table.push(Vec::new());
-                pool_epochs.push(Arc::default());
-                continue;
-            };
-            let epoch = epochs.entry(name.clone()).or_default().clone();
-            let settings = health_settings(pool);
-            let servers = pool
-                .servers
-                .iter()
-                .map(|server| {
-                    let key = HealthKey {
-                        pool: name.clone(),
-                        address: server.address.clone(),
-                        settings: settings.clone(),
-                    };
-                    let health = known
-                        .iter()
-                        .find(|(k, _)| *k == key)
-                        .map(|(_, h)| h.clone())
-                        .unwrap_or_else(|| {
-                            ServerHealth::new(
-                                Arc::from(name.as_str()),
-                                Arc::from(server.address.as_str()),
-                                settings.clone(),
-                                epoch.clone(),
-                            )
-                        });
-                    next.push((key, health.clone()));
-                    health
-                })
-                .collect();
-            table.push(servers);
-            pool_epochs.push(epoch);
-        }
-        *known = next;
-        epochs.retain(|name, _| config.pools.contains_key(name));
-        (table, pool_epochs)
-    }
-
     /// Counters per policy route node and per shadow route, kept across reloads by name.
-    fn policy_stats(&self, routes: &RouteTable) -> (Vec<Arc<RouteStats>>, Vec<Arc<ShadowStats>>) {
-        let mut known = lock(&self.route_stats);
+    fn policy_stats(
+        &self,
+        known: &mut Known,
+        routes: &RouteTable,
+    ) -> (Vec<Arc<RouteStats>>, Vec<Arc<ShadowStats>>) {
+        let Known {
+            route_stats: known,
+            shadow_stats: shadows,
+            ..
+        } = known;
         let route_stats: Vec<Arc<RouteStats>> = (0..routes.node_count())
             .map(|id| {
                 let name = routes.node_name(id as memroute_routing::NodeId);
                 known.entry(name.to_string()).or_default().clone()
             })
             .collect();
-        let mut shadows = lock(&self.shadow_stats);
         let shadow_stats: Vec<Arc<ShadowStats>> = routes
             .shadow_names
             .iter()
@@ -373,6 +295,106 @@ impl Controller {
         self.shared.set_policy_stats(listed, shadow_list);
         (route_stats, shadow_stats)
     }
+}
+
+/// `config` with every DNS pool's servers filled in: the last addresses found for the
+/// same spec, else a lookup now (a failed one leaves the pool empty until a refresh
+/// finds servers).
+fn with_discovered_servers(
+    discovered: &mut BTreeMap<String, Discovered>,
+    config: &Config,
+) -> Config {
+    let mut effective = config.clone();
+    discovered.retain(|pool, d| {
+        config
+            .pools
+            .get(pool)
+            .is_some_and(|p| p.discovery.as_ref() == Some(&d.spec))
+    });
+    for (name, pool) in effective.pools.iter_mut() {
+        let Some(spec) = &pool.discovery else {
+            continue;
+        };
+        let servers = match discovered.get(name) {
+            Some(known) => known.servers.clone(),
+            None => match memroute_backend::lookup_blocking(spec, &config.discovery) {
+                Ok(found) => {
+                    tracing::info!(pool = %name, host = %spec.host, servers = ?shown(&found.servers), ttl = ?found.ttl, "discovered servers");
+                    discovered.insert(
+                        name.clone(),
+                        Discovered {
+                            spec: spec.clone(),
+                            servers: found.servers.clone(),
+                            found_at: std::time::Instant::now(),
+                            ttl: found.ttl,
+                        },
+                    );
+                    found.servers
+                }
+                Err(error) => {
+                    tracing::warn!(pool = %name, host = %spec.host, %error, "discovery lookup failed; the pool has no servers until a lookup succeeds");
+                    Vec::new()
+                }
+            },
+        };
+        pool.servers = servers.iter().map(server_of).collect();
+    }
+    effective
+}
+
+/// One health object per server, reused for servers that stay with the same settings.
+fn health_for(
+    known: &mut Known,
+    routes: &RouteTable,
+    config: &Config,
+) -> (Vec<Vec<Arc<ServerHealth>>>, Vec<Arc<AtomicU64>>) {
+    let Known {
+        health: known,
+        epochs,
+        ..
+    } = known;
+    let mut next = Vec::new();
+    let mut table = Vec::with_capacity(routes.pool_names.len());
+    let mut pool_epochs = Vec::with_capacity(routes.pool_names.len());
+    for name in &routes.pool_names {
+        let Some(pool) = config.pools.get(name) else {
+            table.push(Vec::new());
+            pool_epochs.push(Arc::default());
+            continue;
+        };
+        let epoch = epochs.entry(name.clone()).or_default().clone();
+        let settings = health_settings(pool);
+        let servers = pool
+            .servers
+            .iter()
+            .map(|server| {
+                let key = HealthKey {
+                    pool: name.clone(),
+                    address: server.address.clone(),
+                    settings: settings.clone(),
+                };
+                let health = known
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, h)| h.clone())
+                    .unwrap_or_else(|| {
+                        ServerHealth::new(
+                            Arc::from(name.as_str()),
+                            Arc::from(server.address.as_str()),
+                            settings.clone(),
+                            epoch.clone(),
+                        )
+                    });
+                next.push((key, health.clone()));
+                health
+            })
+            .collect();
+        table.push(servers);
+        pool_epochs.push(epoch);
+    }
+    *known = next;
+    epochs.retain(|name, _| config.pools.contains_key(name));
+    (table, pool_epochs)
 }
 
 /// A discovered server as a pool's server: `ip:port` (IPv6 in brackets) is its address; its

@@ -2,7 +2,6 @@
 //! answer of a flush_all sent to several servers or routes, a null route's answers, the
 //! immediate acknowledgement of an `all-async` write. A leaf: the dispatcher and the route
 //! executor build the same bytes from here.
-use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use memroute_backend::BackendError;
@@ -12,11 +11,9 @@ use memroute_protocol::Command;
 pub(crate) type Reply = Result<Bytes, BackendError>;
 
 /// The error for a reply that will never come: the connection (or the task) that was
-/// to deliver it is gone.
+/// to deliver it is gone. It names no server: it is not one server's fault.
 pub(crate) fn connection_gone() -> BackendError {
-    BackendError::Closed {
-        server: Arc::from("(worker stopping)"),
-    }
+    BackendError::Lost
 }
 
 /// `SERVER_ERROR <error>` for a request that failed.
@@ -131,7 +128,7 @@ mod tests {
         let mut gone = FlushAllMerge::default();
         gone.add(Err(connection_gone()));
         gone.add(Ok(Bytes::from_static(b"SERVER_ERROR busy\r\n")));
-        assert!(matches!(gone.finish(), Err(BackendError::Closed { .. })));
+        assert!(matches!(gone.finish(), Err(BackendError::Lost)));
 
         let mut bare = FlushAllMerge::default();
         bare.add(Ok(Bytes::from_static(b"OK")));
