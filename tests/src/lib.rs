@@ -548,9 +548,9 @@ pub struct Memroute {
     _dir: TempDir,
 }
 
-/// `MEMROUTE_TEST_IO=io_uring` runs every memroute the harness starts with that
-/// `proxy.io` (unless the config names one): `MEMROUTE_TEST_IO=io_uring cargo test -p
-/// memroute-tests --test conformance` runs a suite through the io_uring mode.
+/// `MEMROUTE_TEST_IO=epoll` runs every memroute the harness starts with that `proxy.io`
+/// (unless the config names one): `MEMROUTE_TEST_IO=epoll cargo test -p memroute-tests
+/// --test conformance` runs a suite through the epoll mode (the default is io_uring).
 pub fn with_io_mode(toml: &str) -> String {
     match std::env::var("MEMROUTE_TEST_IO") {
         Ok(mode) if !mode.is_empty() && !toml.contains("\nio = ") => {

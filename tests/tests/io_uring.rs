@@ -6,7 +6,9 @@
 //! closing mid-request, a backend killed and restarted, and TLS on both sides (a rustls
 //! client and `openssl s_client` in front, `memcached -Z` behind).
 //!
-//! Any other suite runs in this mode with `MEMROUTE_TEST_IO=io_uring` (see the harness).
+//! io_uring is the default, so every other suite runs in this mode too where the kernel
+//! allows it; `MEMROUTE_TEST_IO=epoll` runs them on epoll (see the harness). The last test
+//! here keeps `proxy.io = "epoll"` covered in every run.
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -269,4 +271,24 @@ fn tls_on_both_sides_over_io_uring() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("VALUE tk0 0 102400\r\n"), "{stdout}");
     assert!(stdout.contains("VERSION "), "{stdout}");
+}
+
+#[test]
+fn epoll_mode_still_serves_without_a_ring() {
+    let backend = Memcached::start();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let toml = uring_config(
+        &listen,
+        1,
+        &format!("[pools.main]\nservers = [{:?}]\n", backend.addr()),
+    )
+    .replace("io = \"io_uring\"", "io = \"epoll\"");
+    let proxy = Memroute::start(&toml);
+    let mut c = proxy.connect();
+    let keys = numbered_keys("ep", 50);
+    c.set_many(&keys, |k| k.to_string());
+    c.send(format!("get {}\r\n", keys.join(" ")).as_bytes());
+    let values = parse_values(&c.read_get_reply()).expect("values");
+    assert_eq!(values.len(), keys.len());
+    assert_eq!(proxy.log_count(URING_LINE), 0, "{}", proxy.log_text());
 }

@@ -68,10 +68,12 @@ pub struct ProxyConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum IoMode {
     /// Readiness through epoll (tokio's reactor), a recv / send syscall per operation.
-    #[default]
     Epoll,
     /// One io_uring per worker: the recvs and sends of a turn in one `io_uring_enter`;
-    /// falls back to epoll (logged once) where io_uring cannot be set up.
+    /// falls back to epoll (logged once) where io_uring cannot be set up. The default:
+    /// 0.82-0.87x epoll's proxy CPU per request in scenarios (a) and (b)
+    /// (docs/benchmarks.md, "io_uring").
+    #[default]
     IoUring,
 }
 

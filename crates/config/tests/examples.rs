@@ -128,7 +128,7 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!(c.proxy.shutdown_timeout, std::time::Duration::from_secs(10));
     assert_eq!(c.proxy.max_connections, 0);
     assert_eq!(c.proxy.drain_delay, std::time::Duration::from_secs(5));
-    assert_eq!(c.proxy.io, memroute_config::IoMode::Epoll);
+    assert_eq!(c.proxy.io, memroute_config::IoMode::IoUring);
     assert_eq!(c.proxy.max_buffered_replies, 64 * 1024 * 1024);
     assert_eq!(
         c.proxy.slow_client_timeout,

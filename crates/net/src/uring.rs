@@ -1070,7 +1070,10 @@ mod tests {
     #[test]
     fn a_slot_and_a_stream_stay_small() {
         let slot = std::mem::size_of::<Slot>();
-        eprintln!("slot {slot} bytes, stream {} bytes", std::mem::size_of::<UringStream>());
+        eprintln!(
+            "slot {slot} bytes, stream {} bytes",
+            std::mem::size_of::<UringStream>()
+        );
         assert!(slot <= 160, "slot {slot} bytes");
         assert!(std::mem::size_of::<UringStream>() <= 16);
     }
