@@ -1,18 +1,18 @@
 //! `proxy.io = "io_uring"` end to end, with real parts: memroute's workers read and write
 //! every client and backend socket through their io_uring (the log says so, or the test
-//! fails: a silent fallback to epoll would make the rest prove nothing). The conformance
-//! scripts against a reference memcached, pipelining, a multi-get over several servers,
+//! fails: a silent fallback to epoll would make the rest prove nothing). Pipelining, a
+//! multi-get over several servers,
 //! values larger than a provided buffer and than the per-connection write cap, a client
 //! closing mid-request, a backend killed and restarted, and TLS on both sides (a rustls
 //! client and `openssl s_client` in front, `memcached -Z` behind).
 //!
-//! io_uring is the default, so every other suite runs in this mode too where the kernel
-//! allows it; `MEMROUTE_TEST_IO=epoll` runs them on epoll (see the harness). The last test
-//! here keeps `proxy.io = "epoll"` covered in every run.
+//! io_uring is the default, so every other suite runs in this mode too (the conformance
+//! scripts of tests/conformance.rs among them, which also run them on epoll);
+//! `MEMROUTE_TEST_IO=epoll` runs a suite on epoll (see the harness). The last test here
+//! keeps `proxy.io = "epoll"` serving in every run.
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use memroute_tests::scripts::{self, compare, Side};
 use memroute_tests::tls::{client_config, Pki, TlsConn};
 use memroute_tests::*;
 
@@ -45,29 +45,6 @@ fn assert_uring(proxy: &Memroute, workers: usize) {
         proxy.wait_log_count(URING_LINE, workers, WAIT),
         "memroute did not run its workers on io_uring:\n{}",
         proxy.log_text()
-    );
-}
-
-#[test]
-fn conformance_scripts_match_memcached_through_io_uring() {
-    let mut failures = Vec::new();
-    let all = [scripts::text_scripts(), scripts::meta_scripts()].concat();
-    for script in &all {
-        let reference = Memcached::start();
-        let backend = Memcached::start();
-        let proxy = start_uring(&[backend.addr()], 1, "");
-        let mut want = Side::new(reference.connect());
-        let mut got = Side::new(proxy.connect());
-        if let Err(e) = compare(script, &mut want, &mut got) {
-            failures.push(e);
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {} scripts differ:\n\n{}",
-        failures.len(),
-        all.len(),
-        failures.join("\n\n")
     );
 }
 
