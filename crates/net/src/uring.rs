@@ -242,8 +242,8 @@ impl Driver {
         } else {
             builder.setup_coop_taskrun().setup_taskrun_flag();
         }
-        let ring = builder.build(SQ_ENTRIES)?;
-        let buffers = ProvidedBuffers::new(&ring)?;
+        // The eventfd first: every later step that fails drops `inner`, which closes the
+        // ring before it releases the buffers registered with it.
         // SAFETY: eventfd(2) with constant flags; the result is checked before use.
         let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -251,7 +251,22 @@ impl Driver {
         }
         // SAFETY: a new descriptor that nothing else owns.
         let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
-        ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
+        let ring = builder.build(SQ_ENTRIES)?;
+        let buffers = ProvidedBuffers::new(&ring)?;
+        let inner = Inner {
+            ring,
+            buffers,
+            slots: Vec::new(),
+            free: Vec::new(),
+            pool: Vec::new(),
+            starved: Vec::new(),
+            wake: Vec::new(),
+            counters: UringCounters::default(),
+        };
+        inner
+            .ring
+            .submitter()
+            .register_eventfd(eventfd.as_raw_fd())?;
         // SAFETY: an OwnedFd stays open, on the same descriptor, for as long as it is owned.
         let eventfd =
             unsafe { AsyncFd::register_with_interest(eventfd, tokio::io::Interest::READABLE) }
@@ -259,16 +274,7 @@ impl Driver {
         static IDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         Ok(Driver {
             id: IDS.fetch_add(1, Ordering::Relaxed),
-            inner: RefCell::new(Inner {
-                ring,
-                buffers,
-                slots: Vec::new(),
-                free: Vec::new(),
-                pool: Vec::new(),
-                starved: Vec::new(),
-                wake: Vec::new(),
-                counters: UringCounters::default(),
-            }),
+            inner: RefCell::new(inner),
             eventfd,
             kicked: Cell::new(false),
             waker: RefCell::new(None),
@@ -437,7 +443,11 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Operations may still be in flight in the kernel while the ring shuts down
         // (cancellation on close is asynchronous): the memory they point at is leaked,
-        // never freed. Workers end only when the process does.
+        // never freed. Workers end only when the process does. A ring that never entered
+        // the kernel (set-up failed half way) has nothing in flight: freed as usual.
+        if self.counters.enters == 0 {
+            return;
+        }
         for slot in &mut self.slots {
             if slot.send_in_flight {
                 std::mem::forget(std::mem::take(&mut slot.sending));
