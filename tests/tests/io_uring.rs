@@ -1,15 +1,16 @@
 //! `proxy.io = "io_uring"` end to end, with real parts: memroute's workers read and write
 //! every client and backend socket through their io_uring (the log says so, or the test
 //! fails: a silent fallback to epoll would make the rest prove nothing). Pipelining, a
-//! multi-get over several servers,
-//! values larger than a provided buffer and than the per-connection write cap, a client
-//! closing mid-request, a backend killed and restarted, and TLS on both sides (a rustls
-//! client and `openssl s_client` in front, `memcached -Z` behind).
+//! multi-get over several servers, values larger than a provided buffer and than the
+//! per-connection write cap, a client closing mid-request, a backend killed and
+//! restarted, and TLS on both sides (a rustls client and `openssl s_client` in front,
+//! `memcached -Z` behind).
 //!
 //! io_uring is the default, so every other suite runs in this mode too (the conformance
 //! scripts of tests/conformance.rs among them, which also run them on epoll);
-//! `MEMROUTE_TEST_IO=epoll` runs a suite on epoll (see the harness). The last test here
-//! keeps `proxy.io = "epoll"` serving in every run.
+//! `MEMROUTE_TEST_IO=epoll` runs a suite on epoll (see the harness). The last two tests
+//! keep `proxy.io = "epoll"` serving in every run, and the fallback to epoll where a
+//! seccomp profile forbids io_uring (as Docker's default one does).
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -268,4 +269,66 @@ fn epoll_mode_still_serves_without_a_ring() {
     let values = parse_values(&c.read_get_reply()).expect("values");
     assert_eq!(values.len(), keys.len());
     assert_eq!(proxy.log_count(URING_LINE), 0, "{}", proxy.log_text());
+}
+
+/// Runs `argv` with `io_uring_setup` denied (EPERM) by a seccomp filter, as Docker's and
+/// containerd's default profiles deny it. x86_64 syscall number; the filter is installed
+/// with `no_new_privs`, so it needs no privilege.
+const DENY_IO_URING: &str = r#"
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+IO_URING_SETUP = 425
+EPERM = 1
+def ins(code, jt, jf, k): return struct.pack("HBBI", code, jt, jf, k)
+prog = b"".join([
+    ins(0x20, 0, 0, 0),                      # ld [nr]
+    ins(0x15, 0, 1, IO_URING_SETUP),         # jeq io_uring_setup
+    ins(0x06, 0, 0, 0x00050000 | EPERM),     # ret ERRNO(EPERM)
+    ins(0x06, 0, 0, 0x7fff0000),             # ret ALLOW
+])
+buf = ctypes.create_string_buffer(prog)
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
+    sys.exit("seccomp: " + os.strerror(ctypes.get_errno()))
+os.execv(sys.argv[1], sys.argv[1:])
+"#;
+
+#[test]
+fn where_io_uring_is_forbidden_workers_fall_back_to_epoll_and_say_so_once() {
+    assert_eq!(
+        std::env::consts::ARCH,
+        "x86_64",
+        "the seccomp filter names x86_64's io_uring_setup"
+    );
+    let backend = Memcached::start();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let toml = uring_config(
+        &listen,
+        2,
+        &format!("[pools.main]\nservers = [{:?}]\n", backend.addr()),
+    );
+    let dir = TempDir::new("uring-denied");
+    let config = dir.write("memroute.toml", &toml);
+    let mut command = Command::new("python3");
+    command
+        .args(["-c", DENY_IO_URING])
+        .arg(memroute_binary())
+        .arg("--config")
+        .arg(&config);
+    let proxy = Memroute::start_command(command, &toml, config, dir);
+    let mut c = proxy.connect();
+    c.set("fallback", b"served");
+    assert_eq!(c.get("fallback").as_deref(), Some(&b"served"[..]));
+    let fallback = "io_uring cannot be set up here; serving with epoll";
+    assert!(proxy.wait_log(fallback, WAIT), "{}", proxy.log_text());
+    // Two workers, one line; and no worker claims to use io_uring.
+    assert_eq!(proxy.log_count(fallback), 1, "{}", proxy.log_text());
+    assert_eq!(proxy.log_count(URING_LINE), 0, "{}", proxy.log_text());
+    assert!(
+        proxy.log_text().contains("Operation not permitted"),
+        "the error is named: {}",
+        proxy.log_text()
+    );
 }
