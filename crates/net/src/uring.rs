@@ -349,9 +349,11 @@ impl Driver {
             }
             inner.reap();
             inner.buffers.publish();
-            for index in std::mem::take(&mut inner.starved) {
+            let mut starved = std::mem::take(&mut inner.starved);
+            for index in starved.drain(..) {
                 inner.arm_recv(index);
             }
+            inner.starved = starved;
             if must_enter {
                 inner.ring.completion().enable_eventfd();
                 // Work the kernel queued while the eventfd was off set the taskrun flag
@@ -370,9 +372,14 @@ impl Driver {
     }
 
     fn wake_tasks(&self) {
-        let wake = std::mem::take(&mut self.inner.borrow_mut().wake);
-        for waker in wake {
+        let mut wake = std::mem::take(&mut self.inner.borrow_mut().wake);
+        for waker in wake.drain(..) {
             waker.wake();
+        }
+        // The list's storage is kept for the next turn: no allocation per turn.
+        let mut inner = self.inner.borrow_mut();
+        if inner.wake.is_empty() {
+            inner.wake = wake;
         }
     }
 
