@@ -615,6 +615,18 @@ fn failover_route_uses_the_next_child_on_error_and_on_miss() {
         Some(&b"bee"[..]),
         "with a dead, gets are answered by b"
     );
+    // Pipelined: every get fails on a first and goes on to b, those behind the head of the
+    // queue too; the replies come back whole and in the client's order.
+    let pipelined: String = (0..20).map(|i| format!("get after{i}\r\n")).collect();
+    c.send(pipelined.as_bytes());
+    for i in 0..20 {
+        let reply = c.read_get_reply();
+        assert_eq!(
+            String::from_utf8_lossy(&reply),
+            format!("VALUE after{i} 0 3\r\ntwo\r\nEND\r\n"),
+            "pipelined get {i} with a dead"
+        );
+    }
 }
 
 /// `mg KEY t v f` on `server` directly: (remaining ttl, flags, value), or None on a miss.

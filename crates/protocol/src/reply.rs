@@ -104,6 +104,48 @@ fn value_header_length(line: &[u8]) -> Result<Option<&[u8]>, ProtocolError> {
     }
 }
 
+/// A `VALUE <key> <flags> <bytes>[ <cas>]` line as memcached writes it, read in one pass:
+/// the key's end (as an offset in `line`) and the data length. `None` for anything else
+/// (the careful readers above then say what is wrong): the same lines are accepted.
+#[inline]
+fn well_formed_value_line(line: &[u8]) -> Option<(usize, usize)> {
+    let rest = line.strip_prefix(b"VALUE ")?;
+    let key_end = memchr::memchr(b' ', rest)?;
+    if key_end == 0 {
+        return None;
+    }
+    let digits = |from: usize| {
+        let count = rest[from..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        (count > 0).then_some(from + count)
+    };
+    // flags, then a space
+    let flags_end = digits(key_end + 1)?;
+    if rest.get(flags_end) != Some(&b' ') {
+        return None;
+    }
+    let bytes_start = flags_end + 1;
+    let bytes_end = digits(bytes_start)?;
+    if bytes_end - bytes_start > 19 {
+        return None;
+    }
+    let len = rest[bytes_start..bytes_end]
+        .iter()
+        .fold(0usize, |v, &d| v * 10 + usize::from(d - b'0'));
+    if len > MAX_REPLY_VALUE_LEN {
+        return None;
+    }
+    // An optional cas, then the end of the line.
+    match rest.get(bytes_end) {
+        None => {}
+        Some(b' ') if digits(bytes_end + 1)? == rest.len() => {}
+        Some(_) => return None,
+    }
+    Some((6 + key_end, len))
+}
+
 /// The largest value a reply may carry: memcached's hard item size maximum (`-I 1g`).
 /// Replies are framed independently of the client-side `Limits::max_value_len`: a backend
 /// may hold larger values (a bigger `-I`, or values grown with append/prepend), and
@@ -208,10 +250,13 @@ pub fn parse_reply(
                 if line == b"END" {
                     return Ok(ReplyParse::Complete(line_end + 2));
                 }
-                if !line.starts_with(b"VALUE ") {
-                    return Err(ProtocolError::BadReply("expected VALUE or END"));
-                }
-                let len = data_len(value_header_length(line)?)?;
+                let len = match well_formed_value_line(line) {
+                    Some((_, len)) => len,
+                    None if !line.starts_with(b"VALUE ") => {
+                        return Err(ProtocolError::BadReply("expected VALUE or END"));
+                    }
+                    None => data_len(value_header_length(line)?)?,
+                };
                 pos = match data_after(buf, line_end, len)? {
                     Some(end) => end,
                     None => return Ok(ReplyParse::Incomplete),
@@ -291,8 +336,13 @@ pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
     // "VALUE \n" puts line_end before key_start: `get` makes that a None, not a panic
     // (found by fuzzing; a framed reply always has the `\r`).
     let key_start = pos + 6;
-    let key_end = key_start + memchr::memchr(b' ', reply.get(key_start..line_end)?)?;
-    let len = data_len(word(line, 3)).ok()?;
+    let (key_end, len) = match well_formed_value_line(line) {
+        Some((key_end, len)) => (pos + key_end, len),
+        None => (
+            key_start + memchr::memchr(b' ', reply.get(key_start..line_end)?)?,
+            data_len(word(line, 3)).ok()?,
+        ),
+    };
     let end = line_end + 2 + len + 2;
     (end <= reply.len()).then_some(ValueBlock {
         key: key_start..key_end,
@@ -350,5 +400,53 @@ pub fn quiet_suppresses(command: Command, first_line: &[u8]) -> bool {
         | Command::Stats
         | Command::Quit
         | Command::Shutdown => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass reader accepts exactly the lines the word-by-word readers accept, with
+    /// the same key and length.
+    #[test]
+    fn the_one_pass_value_line_reader_agrees_with_the_careful_one() {
+        let lines: [&[u8]; 22] = [
+            b"VALUE k 0 5",
+            b"VALUE key:1 4294967295 64 123456789",
+            b"VALUE k 0 0",
+            b"VALUE k 0 5 ",
+            b"VALUE k 0 5  7",
+            b"VALUE k  0 5",
+            b"VALUE  k 0 5",
+            b"VALUE k 0",
+            b"VALUE k 0 ",
+            b"VALUE k x 5",
+            b"VALUE k 0 5x",
+            b"VALUE k 0 5 7 8",
+            b"VALUE k 0 5 x",
+            b"VALUE k 0 1073741824",
+            b"VALUE k 0 1073741825",
+            b"VALUE k 0 99999999999999999999",
+            b"VALUE k 0 0000000000000000005",
+            b"VALUE k",
+            b"VALUE ",
+            b"VALUEk 0 5",
+            b"VALUE k\r 0 5",
+            b"VALUE k 0 5\r",
+        ];
+        for line in lines {
+            let careful = value_header_length(line)
+                .and_then(data_len)
+                .ok()
+                .map(|len| (6 + memchr::memchr(b' ', &line[6..]).unwrap_or(0), len))
+                .filter(|_| line.starts_with(b"VALUE "));
+            assert_eq!(
+                well_formed_value_line(line),
+                careful,
+                "{:?}",
+                String::from_utf8_lossy(line)
+            );
+        }
     }
 }

@@ -13,9 +13,9 @@ use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, BatchLines, Job, MultiJob};
+use crate::execute::{self, BatchLines, FailoverRest, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
-use crate::pending::{Fanout, Flow, Leg, MultiGet, Pending};
+use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -189,6 +189,25 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 slot,
                 echo: meta_echo(&request),
             };
+            // A read through a failover (or replicated) route whose first child is a pool:
+            // sent to that pool as a plain pool's request is; the executor runs only for
+            // the later children, if the first answer is a failure.
+            if let (false, Some((pool, more))) =
+                (operation.is_write(), execute::first_pool(routing, node))
+            {
+                if let Some(server) = routing.server_for(pool, key) {
+                    let connection = routing.pools[pool].servers[server].pick(slot);
+                    let receiver = connection.send(job.parts.clone(), kind);
+                    return Pending::FirstTry(Box::new(FirstTry {
+                        routing: routing.clone(),
+                        leg: Leg::new(receiver, pool, server, started).on_route(node),
+                        rest: more.then_some(job),
+                        node,
+                        command: request.command,
+                        noreply: request.noreply,
+                    }));
+                }
+            }
             return Pending::Routed {
                 routing: routing.clone(),
                 routed: execute::start(routing, node, job, started),
@@ -312,10 +331,17 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         usize::MAX
     };
     let root = routes.root();
-    if !matches!(
+    let policy_root = !matches!(
         routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
-    ) {
+    );
+    // A failover (or replicated) root whose first child is a pool: every key is planned
+    // over that pool as the session's own legs, as a plain pool's are.
+    let first_pool = match policy_root {
+        true => execute::first_pool(routing, root),
+        false => None,
+    };
+    if policy_root && first_pool.is_none() {
         // The root is a policy route: every key reaches it, one group, nothing to plan here.
         for _ in 0..request.keys.len() {
             routing.metrics.count(root as usize, request.command);
@@ -331,7 +357,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             slot,
             byte_cap,
         };
-        let routed = vec![execute::start_multi(
+        let routed = smallvec::smallvec![execute::start_multi(
             routing,
             root,
             job,
@@ -344,19 +370,29 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             legs: SmallVec::new(),
             routed,
             key_leg,
+            failover: None,
         }));
     }
     // Where each key goes, decided as the plan's one pass reaches it.
     let targets = request.keys().map(|key| {
-        let node = routes.select(routes.root(), operation, key);
+        let (node, pool) = match first_pool {
+            Some((pool, _)) => (root, Some(pool)),
+            None => {
+                let node = routes.select(root, operation, key);
+                match routes.node(node) {
+                    &Node::Pool(pool) => (node, Some(pool)),
+                    _ => (node, None),
+                }
+            }
+        };
         // One count per key, as cmd_get counts keys.
         routing.metrics.count(node as usize, request.command);
-        let target = match routes.node(node) {
-            &Node::Pool(pool) => match routing.server_for(pool, key) {
+        let target = match pool {
+            Some(pool) => match routing.server_for(pool, key) {
                 Some(server) => KeyTarget::Server(pool as u32, server as u32),
                 None => KeyTarget::Nowhere(pool as u32),
             },
-            _ => KeyTarget::Executor,
+            None => KeyTarget::Executor,
         };
         (key, target)
     });
@@ -380,7 +416,12 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                 pool, server, key, ..
             } => {
                 lines.open(pool, server, key);
-                legs.push(Leg::writing(pool, server, routing.metrics.now()));
+                let leg = Leg::writing(pool, server, routing.metrics.now());
+                // Through a policy root, latency is recorded under the root's name.
+                legs.push(match first_pool {
+                    Some(_) => leg.on_route(root),
+                    None => leg,
+                });
             }
             Step::Add { leg, key } => lines.add(leg, key),
             Step::Close { leg } => {
@@ -407,7 +448,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     if let Err(pool) = planned {
         return no_servers_reply(routing, pool);
     }
-    let mut routed = Vec::new();
+    let mut routed = SmallVec::new();
     if !groups.is_empty() {
         // The plan numbered the executor keys' legs after its batches, one per key; one
         // leg per group instead, in the same place.
@@ -420,7 +461,6 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             *leg = batches + group;
         }
         let started = routing.metrics.now();
-        routed.reserve_exact(groups.len());
         for (node, keys) in groups {
             let job = MultiJob {
                 operation,
@@ -432,12 +472,24 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             routed.push(execute::start_multi(routing, node, job, started));
         }
     }
+    // Keys of a batch that fails on the first pool go on to the root's later children.
+    let failover = match first_pool {
+        Some((_, true)) => Some(FailoverRest {
+            node: root,
+            operation,
+            head: head_bytes.clone(),
+            slot,
+            byte_cap,
+        }),
+        _ => None,
+    };
     Pending::MultiGet(Homed::new(MultiGet {
         routing: routing.clone(),
         request,
         legs,
         routed,
         key_leg,
+        failover,
     }))
 }
 

@@ -5,6 +5,9 @@
 //! ```text
 //!   dispatch: route is a plain pool? --yes--> fast path (dispatch.rs, no task, no allocation)
 //!                 | no
+//!             a read through a failover/replicated route over a pool first (first_pool)?
+//!                 --yes--> sent to that pool as a plain request; here only on a failure
+//!                 | no     (start_after_first, FailoverRest: the later children)
 //!                 v
 //!   start(node, job) -> Routed: run(node) polled once now (sends go out in the client's
 //!                         |     order), then in place by the session from its pending entry
@@ -84,16 +87,66 @@ pub(crate) struct Routed {
 
 enum RoutedState {
     Running(BoxedReply),
-    /// A multi-key job: its reply and how many of its keys hit.
-    RunningKeys(Pin<Box<dyn Future<Output = (Reply, u32)>>>),
-    Done(Option<Reply>, u32),
+    Done(Option<Reply>),
+}
+
+/// The keys of a multi-get that reach one policy route, in flight: polled in place like
+/// `Routed`, then its outcome, kept unmerged (it lives in the multi-get's pooled entry,
+/// so its size costs no single-key request anything).
+pub(crate) struct RoutedKeys {
+    state: KeysState,
+    /// The route node the keys reached and when the request was read.
+    pub route: NodeId,
+    pub started: Instant,
+}
+
+// Inline on purpose: one per multi-get group, inside its pooled entry (see `RoutedKeys`).
+#[allow(clippy::large_enum_variant)]
+enum KeysState {
+    Running(Pin<Box<dyn Future<Output = MultiReply>>>),
+    Done(Option<MultiReply>),
+}
+
+/// What a multi-key job answers, for the session's merge.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per job, in its pending entry; never in bulk
+pub(crate) enum MultiReply {
+    /// A pool answered every batch (the common case): the servers' replies as they are,
+    /// with each of the job's keys' batch (`key_leg`, in the job's key order). The
+    /// session merges them straight into the client's reply: one parse, one copy.
+    Batches {
+        replies: SmallVec<[Bytes; 4]>,
+        key_leg: multiget::KeyLegs,
+    },
+    /// Built per key: the hits as `VALUE` blocks in key order then `END` (or the failure
+    /// that fails the multi-get), and how many keys hit.
+    Built(Reply, u32),
+}
+
+impl MultiReply {
+    /// The job's reply as bytes (hits in key order then `END`) and its hit count; `keys`
+    /// are the job's keys, in its order.
+    pub(crate) fn into_reply<'k>(self, keys: impl Iterator<Item = &'k [u8]>) -> (Reply, u32) {
+        match self {
+            MultiReply::Built(reply, hits) => (reply, hits),
+            MultiReply::Batches { replies, key_leg } => {
+                let length = replies.iter().map(Bytes::len).sum::<usize>() + 5;
+                let mut out = BytesMut::with_capacity(length);
+                match multiget::merge(&replies, keys, &key_leg, &mut out) {
+                    Some((hits, _)) => (Ok(out.freeze()), hits as u32),
+                    // An error line (never in Batches): it is the whole reply.
+                    None => (Ok(out.freeze()), 0),
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Routed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.state {
-            RoutedState::Running(_) | RoutedState::RunningKeys(_) => "running",
-            RoutedState::Done(..) => "done",
+            RoutedState::Running(_) => "running",
+            RoutedState::Done(_) => "done",
         };
         f.debug_struct("Routed")
             .field("state", &state)
@@ -106,17 +159,10 @@ impl Routed {
     /// Polls the request on; `Ready` once its reply is in.
     pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
         match &mut self.state {
-            RoutedState::Done(..) => Poll::Ready(()),
+            RoutedState::Done(_) => Poll::Ready(()),
             RoutedState::Running(future) => match future.as_mut().poll(context) {
                 Poll::Ready(reply) => {
-                    self.state = RoutedState::Done(Some(reply), 0);
-                    Poll::Ready(())
-                }
-                Poll::Pending => Poll::Pending,
-            },
-            RoutedState::RunningKeys(future) => match future.as_mut().poll(context) {
-                Poll::Ready((reply, hits)) => {
-                    self.state = RoutedState::Done(Some(reply), hits);
+                    self.state = RoutedState::Done(Some(reply));
                     Poll::Ready(())
                 }
                 Poll::Pending => Poll::Pending,
@@ -138,17 +184,53 @@ impl Routed {
     /// The reply (once complete).
     pub(crate) fn take(&mut self) -> Reply {
         match &mut self.state {
-            RoutedState::Done(reply, _) => reply.take().unwrap_or_else(|| Err(connection_gone())),
-            RoutedState::Running(_) | RoutedState::RunningKeys(_) => Err(connection_gone()),
+            RoutedState::Done(reply) => reply.take().unwrap_or_else(|| Err(connection_gone())),
+            RoutedState::Running(_) => Err(connection_gone()),
+        }
+    }
+}
+
+impl std::fmt::Debug for RoutedKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            KeysState::Running(_) => "running",
+            KeysState::Done(_) => "done",
+        };
+        f.debug_struct("RoutedKeys")
+            .field("state", &state)
+            .field("route", &self.route)
+            .finish()
+    }
+}
+
+impl RoutedKeys {
+    /// Polls the keys on; `Ready` once their outcome is in.
+    pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
+        let KeysState::Running(future) = &mut self.state else {
+            return Poll::Ready(());
+        };
+        match future.as_mut().poll(context) {
+            Poll::Ready(replies) => {
+                self.state = KeysState::Done(Some(replies));
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
-    /// For a multi-key job once complete: how many of its keys hit.
-    pub(crate) fn hits(&self) -> u32 {
-        match self.state {
-            RoutedState::Done(_, hits) => hits,
-            _ => 0,
+    /// Polls without a waker, as `Routed::try_complete` does.
+    pub(crate) fn try_complete(&mut self) -> bool {
+        let mut context = Context::from_waker(std::task::Waker::noop());
+        self.poll(&mut context).is_ready()
+    }
+
+    /// The outcome (once complete).
+    pub(crate) fn take(&mut self) -> MultiReply {
+        match &mut self.state {
+            KeysState::Done(replies) => replies.take(),
+            KeysState::Running(_) => None,
         }
+        .unwrap_or_else(|| MultiReply::Built(Err(connection_gone()), 0))
     }
 }
 
@@ -165,6 +247,36 @@ pub(crate) fn start(
     started_now(RoutedState::Running(future), node, started)
 }
 
+/// The children after the first of a `first_pool` route, and what moves a read on to them.
+fn after_first(routing: &RouteSnapshot, node: NodeId) -> (&[NodeId], FailoverOn) {
+    match routing.routes.node(node) {
+        Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
+        Node::Replicated { children, .. } => {
+            (children.get(1..).unwrap_or_default(), FailoverOn::Error)
+        }
+        _ => (&[], FailoverOn::Error),
+    }
+}
+
+/// Starts a read whose first try, on the first child of failover (or replicated) route
+/// `node` (a pool: `first_pool`), failed: through the later children, as `failover` goes on
+/// after its first child.
+pub(crate) fn start_after_first(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    started: Instant,
+) -> Routed {
+    routing.route_stats(node).failovers.fetch_add(1, Relaxed);
+    let routing = routing.clone();
+    let future: BoxedReply = Box::pin(async move {
+        let job = Rc::new(job);
+        let (children, on) = after_first(&routing, node);
+        failover(&routing, node, children, on, &job).await
+    });
+    started_now(RoutedState::Running(future), node, started)
+}
+
 /// Starts the keys of a multi-get that reach policy route `node`; the reply is their hits
 /// as `VALUE` blocks in key order then `END` (or the failure that fails the multi-get):
 /// when they are all of the multi-get's keys, the client's reply as it is.
@@ -173,15 +285,120 @@ pub(crate) fn start_multi(
     node: NodeId,
     job: MultiJob,
     started: Instant,
-) -> Routed {
+) -> RoutedKeys {
     let routing = routing.clone();
     let future = Box::pin(async move {
         let count = job.keys.len() as u32;
         let job = Rc::new(job);
         let replies = run_multi(routing, node, job.clone(), (0..count).collect()).await;
-        retrieval_reply(replies, &job)
+        multi_reply(replies)
     });
-    started_now(RoutedState::RunningKeys(future), node, started)
+    keys_started(future, node, started)
+}
+
+fn multi_reply(replies: KeyReplies) -> MultiReply {
+    match replies {
+        KeyReplies::Batches { replies, key_leg } => MultiReply::Batches { replies, key_leg },
+        KeyReplies::Keys(replies) => {
+            let (reply, hits) = retrieval_reply(replies);
+            MultiReply::Built(reply, hits)
+        }
+    }
+}
+
+/// Polled once now, as `start` does: its batches go out in the client's order.
+fn keys_started(
+    mut future: Pin<Box<dyn Future<Output = MultiReply>>>,
+    node: NodeId,
+    started: Instant,
+) -> RoutedKeys {
+    let mut context = Context::from_waker(std::task::Waker::noop());
+    let state = match future.as_mut().poll(&mut context) {
+        Poll::Ready(replies) => KeysState::Done(Some(replies)),
+        Poll::Pending => KeysState::Running(future),
+    };
+    RoutedKeys {
+        state,
+        route: node,
+        started,
+    }
+}
+
+/// For a multi-get through policy route `node`: the pool every key goes to first, when the
+/// route is a failover (on errors) or a replicated route reading with failover or from its
+/// first replica, and its first child is a pool with servers; and whether later children
+/// take the keys of a batch that failed. Such a multi-get is planned over that pool as a
+/// plain pool's (the session's own legs, merged once), without the executor: only the
+/// keys of a failed batch go through it, to the later children (`FailoverRest`).
+pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize, bool)> {
+    let routes = &routing.routes;
+    let (first, more) = match routes.node(node) {
+        Node::Failover {
+            children,
+            on: FailoverOn::Error,
+        }
+        | Node::Replicated {
+            children,
+            reads: ReadPolicy::Failover,
+            ..
+        } => (*children.first()?, children.len() > 1),
+        Node::Replicated {
+            children,
+            reads: ReadPolicy::First,
+            ..
+        } => (*children.first()?, false),
+        _ => return None,
+    };
+    match routes.node(first) {
+        Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some((*pool, more)),
+        _ => None,
+    }
+}
+
+/// What a multi-get planned over a failover's first pool (`first_pool`) needs to send the
+/// keys of a failed batch on to the route's later children.
+#[derive(Debug)]
+pub(crate) struct FailoverRest {
+    /// The failover (or replicated) route.
+    pub node: NodeId,
+    pub operation: Operation,
+    /// The batch line's start before its keys.
+    pub head: Bytes,
+    pub slot: usize,
+    pub byte_cap: usize,
+}
+
+impl FailoverRest {
+    /// Starts `keys` (in the client's order), whose batches failed on the first child,
+    /// through the later children, as `failover_multi` goes on after its first child.
+    pub(crate) fn start(
+        self,
+        routing: &Rc<RouteSnapshot>,
+        keys: Vec<Bytes>,
+        started: Instant,
+    ) -> RoutedKeys {
+        routing
+            .route_stats(self.node)
+            .failovers
+            .fetch_add(keys.len() as u64, Relaxed);
+        let node = self.node;
+        let routing = routing.clone();
+        let job = MultiJob {
+            operation: self.operation,
+            head: self.head,
+            keys,
+            slot: self.slot,
+            byte_cap: self.byte_cap,
+        };
+        let future = Box::pin(async move {
+            let count = job.keys.len();
+            let job = Rc::new(job);
+            let keys = (0..count as u32).collect();
+            let (children, on) = after_first(&routing, node);
+            multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
+        });
+        keys_started(future, node, started)
+    }
 }
 
 fn started_now(mut state: RoutedState, node: NodeId, started: Instant) -> Routed {
@@ -189,15 +406,10 @@ fn started_now(mut state: RoutedState, node: NodeId, started: Instant) -> Routed
     match &mut state {
         RoutedState::Running(future) => {
             if let Poll::Ready(reply) = future.as_mut().poll(&mut context) {
-                state = RoutedState::Done(Some(reply), 0);
+                state = RoutedState::Done(Some(reply));
             }
         }
-        RoutedState::RunningKeys(future) => {
-            if let Poll::Ready((reply, hits)) = future.as_mut().poll(&mut context) {
-                state = RoutedState::Done(Some(reply), hits);
-            }
-        }
-        RoutedState::Done(..) => {}
+        RoutedState::Done(_) => {}
     }
     Routed {
         state,
@@ -774,25 +986,11 @@ fn per_key(replies: &[Reply], key_leg: &[u32], job: &MultiJob, keys: &[u32]) -> 
         .collect()
 }
 
-/// The reply of a multi-key job: the hits in key order then `END`, and their count; the
-/// first failure instead when a key failed (one failed key fails a multi-get, as a failed
-/// server does).
-fn retrieval_reply(replies: KeyReplies, job: &MultiJob) -> (Reply, u32) {
-    let replies = match replies {
-        KeyReplies::Keys(replies) => replies,
-        // Batches reach here only from a pool asked for every key of the job, in order
-        // (passed through failover/replicated/shadow unchanged): merge them as they are.
-        KeyReplies::Batches { replies, key_leg } => {
-            let length = replies.iter().map(Bytes::len).sum::<usize>() + 5;
-            let mut out = BytesMut::with_capacity(length);
-            let keys = job.keys.iter().map(|key| &key[..]);
-            return match multiget::merge(&replies, keys, &key_leg, &mut out) {
-                Some((hits, _)) => (Ok(out.freeze()), hits as u32),
-                // An error line (never in Batches): it is the whole reply.
-                None => (Ok(out.freeze()), 0),
-            };
-        }
-    };
+/// The reply of a multi-key job answered per key: the hits in key order then `END`, and
+/// their count; the first failure instead when a key failed (one failed key fails a
+/// multi-get, as a failed server does). (A pool's batches, the other outcome, reach the
+/// session unmerged: `MultiReply::Batches`.)
+fn retrieval_reply(replies: Vec<KeyReply>) -> (Reply, u32) {
     let (mut length, mut hits) = (5, 0);
     for reply in &replies {
         match reply {

@@ -12,11 +12,12 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use memroute_backend::{ReplyReceiver, TryRecvError};
 use memroute_protocol::{quiet_suppresses, retrieval_error, Command, Request};
+use memroute_routing::{classify_reply, NodeId, ReplyClass};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::Routed;
+use crate::execute::{self, FailoverRest, Job, MultiReply, Routed, RoutedKeys};
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -78,6 +79,39 @@ impl Leg {
         self.receiver = Some(receiver);
     }
 
+    /// Records the leg's latency under route node `route` (a policy route it went through)
+    /// rather than under its pool.
+    pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
+        self.route = route;
+        self
+    }
+
+    /// `try_complete`, registering the session's waker for the reply.
+    fn poll_complete(&mut self, context: &mut std::task::Context<'_>) -> bool {
+        if self.reply.is_some() {
+            return true;
+        }
+        let Some(receiver) = &mut self.receiver else {
+            self.reply = Some(Err(connection_gone()));
+            return true;
+        };
+        match std::pin::Pin::new(receiver).poll(context) {
+            std::task::Poll::Ready(reply) => {
+                self.reply = Some(reply.unwrap_or_else(|_| Err(connection_gone())));
+                true
+            }
+            std::task::Poll::Pending => false,
+        }
+    }
+
+    /// Whether the (complete) leg failed: no reply, or an error line for a retrieval.
+    fn failed(&self) -> bool {
+        match &self.reply {
+            Some(Ok(bytes)) => retrieval_error(bytes).is_some(),
+            _ => true,
+        }
+    }
+
     /// Records this leg's latency, as of the worker's clock.
     fn observe(&self, routing: &RouteSnapshot) {
         routing
@@ -127,6 +161,46 @@ impl Leg {
     }
 }
 
+/// A read through a failover (or replicated) route, first sent to the route's first pool
+/// as a plain pool's request is (`execute::first_pool`); the executor takes it on to the
+/// later children only if that answer is a failure.
+#[derive(Debug)]
+pub(crate) struct FirstTry {
+    pub routing: Rc<RouteSnapshot>,
+    /// To the first pool; its latency is recorded under the route.
+    pub leg: Leg,
+    /// The request again, for the later children (`None`: no later child to ask).
+    pub rest: Option<Job>,
+    pub node: NodeId,
+    pub command: Command,
+    pub noreply: bool,
+}
+
+impl FirstTry {
+    /// Once the first answer is in: when it is a failure and there is a later child, the
+    /// request as the executor's, on its way to the later children (the failure counted
+    /// against its server).
+    fn fail_over(&mut self) -> Option<Pending> {
+        let failed = match &self.leg.reply {
+            Some(Ok(bytes)) => classify_reply(bytes) == ReplyClass::Error,
+            _ => true,
+        };
+        if !failed || self.rest.is_none() {
+            return None;
+        }
+        let job = self.rest.take()?;
+        let _ = self.leg.take(&self.routing);
+        let (command, noreply) = (job.command, self.noreply);
+        let routed = execute::start_after_first(&self.routing, self.node, job, self.leg.started);
+        Some(Pending::Routed {
+            routing: self.routing.clone(),
+            routed,
+            command,
+            noreply,
+        })
+    }
+}
+
 /// A multi-key retrieval split over servers.
 #[derive(Debug)]
 pub(crate) struct MultiGet {
@@ -136,9 +210,47 @@ pub(crate) struct MultiGet {
     /// The keys that reach policy routes, one group per route node, each run by the
     /// route executor in place; their replies merge after the legs' (leg index
     /// `legs.len() + group` in `key_leg`).
-    pub routed: Vec<Routed>,
+    pub routed: SmallVec<[RoutedKeys; 1]>,
     /// For each of the request's keys, the leg that carries it.
     pub key_leg: crate::multiget::KeyLegs,
+    /// Planned over a failover route's first pool (`execute::first_pool`): where the
+    /// keys of a failed batch go once every leg has answered; taken when looked at.
+    pub failover: Option<FailoverRest>,
+}
+
+impl MultiGet {
+    /// Once every leg has answered: the keys of the batches that failed go on to the
+    /// failover route's later children, as one more group (counting each failure against
+    /// its server, as a failed leg always is); the failed legs then stand for no key.
+    /// True when such a group was started.
+    fn fail_over(&mut self) -> bool {
+        let Some(rest) = self.failover.take() else {
+            return false;
+        };
+        let failed: SmallVec<[u32; 4]> = (0..self.legs.len() as u32)
+            .filter(|&leg| self.legs[leg as usize].failed())
+            .collect();
+        if failed.is_empty() {
+            return false;
+        }
+        let group = (self.legs.len() + self.routed.len()) as u32;
+        let mut keys = Vec::new();
+        for (range, leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
+            if failed.contains(leg) {
+                keys.push(self.request.frame.slice(range));
+                *leg = group;
+            }
+        }
+        for &leg in &failed {
+            let leg = &mut self.legs[leg as usize];
+            let _ = leg.take(&self.routing);
+            leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+        }
+        let started = self.legs.first().map(|leg| leg.started);
+        let started = started.unwrap_or_else(|| self.routing.metrics.now());
+        self.routed.push(rest.start(&self.routing, keys, started));
+        true
+    }
 }
 
 /// The same request sent to every server of a pool (flush_all).
@@ -178,6 +290,8 @@ pub(crate) enum Pending {
         command: Command,
         noreply: bool,
     },
+    /// A read through a failover route, its first try sent as a plain request.
+    FirstTry(Box<FirstTry>),
     /// In a pooled home: most entries are smaller, and a multi-get allocates no box.
     MultiGet(Homed<MultiGet>),
     Fanout(Box<Fanout>),
@@ -195,10 +309,24 @@ impl Pending {
             } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
             Pending::Single { leg, .. } => leg.try_complete(),
             Pending::Routed { routed, .. } => routed.try_complete(),
+            Pending::FirstTry(first) => {
+                if !first.leg.try_complete() {
+                    return false;
+                }
+                match first.fail_over() {
+                    Some(next) => {
+                        *self = next;
+                        self.try_complete()
+                    }
+                    None => true,
+                }
+            }
             Pending::MultiGet(multi) => match multi.get_mut() {
                 Some(multi) => {
-                    multi.legs.iter_mut().all(Leg::try_complete)
-                        && multi.routed.iter_mut().all(Routed::try_complete)
+                    multi.legs.iter_mut().all(Leg::try_complete) && {
+                        multi.fail_over();
+                        multi.routed.iter_mut().all(RoutedKeys::try_complete)
+                    }
                 }
                 None => true,
             },
@@ -217,32 +345,26 @@ impl Pending {
             } => metrics.flush.wait(*ticket, *deadline).await,
             Pending::Single { leg, .. } => leg.wait().await,
             Pending::Routed { routed, .. } => routed.wait().await,
+            Pending::FirstTry(first) => {
+                first.leg.wait().await;
+                if let Some(next) = first.fail_over() {
+                    *self = next;
+                    if let Pending::Routed { routed, .. } = self {
+                        routed.wait().await;
+                    }
+                }
+            }
             Pending::MultiGet(multi) => {
-                let Some(MultiGet { legs, routed, .. }) = multi.get_mut() else {
+                let Some(multi) = multi.get_mut() else {
                     return;
                 };
-                let mut legs = std::pin::pin!(async {
-                    for leg in legs.iter_mut() {
-                        leg.wait().await;
+                loop {
+                    wait_legs_and_groups(multi).await;
+                    // A failed batch of a failover's first pool: its keys go on, waited for too.
+                    if !multi.fail_over() {
+                        break;
                     }
-                });
-                // The routed groups are polled alongside the legs, not after them: a
-                // failover's next child must not wait for the plain pools' batches.
-                let mut legs_done = false;
-                std::future::poll_fn(|context| {
-                    let mut done = true;
-                    for routed in routed.iter_mut() {
-                        done &= routed.poll(context).is_ready();
-                    }
-                    if !legs_done {
-                        legs_done = legs.as_mut().poll(context).is_ready();
-                    }
-                    match done && legs_done {
-                        true => std::task::Poll::Ready(()),
-                        false => std::task::Poll::Pending,
-                    }
-                })
-                .await
+                }
             }
             Pending::Fanout(fanout) => {
                 for leg in &mut fanout.legs {
@@ -259,8 +381,26 @@ impl Pending {
             Pending::Routed { routed, .. } => {
                 let _ = routed.poll(context);
             }
+            Pending::FirstTry(first) => {
+                // Only an entry with a later child to ask has anything to move on.
+                let answered = first.rest.is_some() && first.leg.poll_complete(context);
+                if let Some(next) = answered.then(|| first.fail_over()).flatten() {
+                    *self = next;
+                    if let Pending::Routed { routed, .. } = self {
+                        let _ = routed.poll(context);
+                    }
+                }
+            }
             Pending::MultiGet(multi) => {
-                for routed in multi.get_mut().into_iter().flat_map(|m| &mut m.routed) {
+                let Some(multi) = multi.get_mut() else {
+                    return;
+                };
+                if multi.failover.is_some()
+                    && multi.legs.iter_mut().all(|leg| leg.poll_complete(context))
+                {
+                    multi.fail_over();
+                }
+                for routed in &mut multi.routed {
                     let _ = routed.poll(context);
                 }
             }
@@ -298,6 +438,17 @@ impl Pending {
                     .observe_since(routed.route as usize, routed.started);
                 finish_single(context, routed.take(), command, noreply, out)
             }
+            Pending::FirstTry(first) => {
+                let FirstTry {
+                    routing,
+                    mut leg,
+                    command,
+                    noreply,
+                    ..
+                } = *first;
+                leg.observe(&routing);
+                finish_single(context, leg.take(&routing), command, noreply, out)
+            }
             Pending::MultiGet(multi) => {
                 if let Some(multi) = multi.into_inner() {
                     finish_multi_get(context, multi, out);
@@ -307,6 +458,33 @@ impl Pending {
         }
         Flow::Continue
     }
+}
+
+/// Waits until every leg of a multi-get has answered and every group is complete.
+async fn wait_legs_and_groups(multi: &mut MultiGet) {
+    let MultiGet { legs, routed, .. } = multi;
+    let mut legs = std::pin::pin!(async {
+        for leg in legs.iter_mut() {
+            leg.wait().await;
+        }
+    });
+    // The routed groups are polled alongside the legs, not after them: a failover's next
+    // child must not wait for the plain pools' batches.
+    let mut legs_done = false;
+    std::future::poll_fn(|context| {
+        let mut done = true;
+        for routed in routed.iter_mut() {
+            done &= routed.poll(context).is_ready();
+        }
+        if !legs_done {
+            legs_done = legs.as_mut().poll(context).is_ready();
+        }
+        match done && legs_done {
+            true => std::task::Poll::Ready(()),
+            false => std::task::Poll::Pending,
+        }
+    })
+    .await
 }
 
 fn finish_single(
@@ -356,9 +534,20 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
             .observe_since(first.route as usize, first.started);
     }
     if let ([], [group]) = (&multi.legs[..], &mut multi.routed[..]) {
-        // Every key went through one policy route: its reply is the client's, in order.
-        let hits = u64::from(group.hits());
-        match group.take() {
+        // Every key went through one policy route, in the client's order: a pool's batches
+        // are merged straight into the client's reply, a reply built per key is the client's.
+        let (reply, hits) = match group.take() {
+            MultiReply::Batches { replies, key_leg } => {
+                let keys = multi.request.keys();
+                if let Some((hits, misses)) = multiget::merge(&replies, keys, &key_leg, out) {
+                    WorkerMetrics::add(&context.stats().get_hits, hits);
+                    WorkerMetrics::add(&context.stats().get_misses, misses);
+                }
+                return;
+            }
+            MultiReply::Built(reply, hits) => (reply, u64::from(hits)),
+        };
+        match reply {
             Ok(bytes) => {
                 out.extend_from_slice(&bytes);
                 if retrieval_error(&bytes).is_none() {
@@ -379,8 +568,15 @@ fn finish_multi_get(context: &WorkerContext, mut multi: MultiGet, out: &mut Byte
             Err(error) => return server_error(out, &error),
         }
     }
-    for routed in &mut multi.routed {
-        match routed.take() {
+    let batches = multi.legs.len() as u32;
+    for (group, routed) in multi.routed.iter_mut().enumerate() {
+        // The group's keys: the client's keys its leg carries, in order.
+        let leg = batches + group as u32;
+        let keys = multi.request.keys().zip(&multi.key_leg);
+        let keys = keys
+            .filter(|(_, &key_leg)| key_leg == leg)
+            .map(|(key, _)| key);
+        match routed.take().into_reply(keys).0 {
             Ok(bytes) => replies.push(bytes),
             Err(error) => return server_error(out, &error),
         }
