@@ -548,6 +548,18 @@ pub struct Memroute {
     _dir: TempDir,
 }
 
+/// `MEMROUTE_TEST_IO=epoll` runs every memroute the harness starts with that `proxy.io`
+/// (unless the config names one): `MEMROUTE_TEST_IO=epoll cargo test -p memroute-tests
+/// --test conformance` runs a suite through the epoll mode (the default is io_uring).
+pub fn with_io_mode(toml: &str) -> String {
+    match std::env::var("MEMROUTE_TEST_IO") {
+        Ok(mode) if !mode.is_empty() && !toml.contains("\nio = ") => {
+            toml.replacen("[proxy]\n", &format!("[proxy]\nio = \"{mode}\"\n"), 1)
+        }
+        _ => toml.to_string(),
+    }
+}
+
 /// `[proxy]` + one ketama/fnv1a_64 pool `main` over `servers`.
 /// Servers are twemproxy-style strings ("host:port" or "host:port:weight name").
 pub fn simple_config(listen: &str, servers: &[String], extra_pool_lines: &str) -> String {
@@ -601,6 +613,7 @@ impl Memroute {
 
     /// Same, with extra command-line arguments (`--no-watch`).
     pub fn start_args(toml: &str, args: &[&str]) -> Memroute {
+        let toml = &with_io_mode(toml);
         let dir = TempDir::new("memroute");
         let conf = dir.write("memroute.toml", toml);
         let mut command = Command::new(memroute_binary());

@@ -3,7 +3,8 @@
 //! per script and see the same sequence, so even cas uniques agree.
 //! `version`, `verbosity` and `stats` are answered by memroute itself and are tested apart.
 //! The shared script lists also run through a TLS pool (memroute speaks TLS to a real
-//! `memcached -Z` B): the replies must not depend on the transport.
+//! `memcached -Z` B) and on both I/O modes (io_uring, the default, and `proxy.io =
+//! "epoll"`): the replies must not depend on the transport.
 use memroute_tests::scripts::{self, compare, Script, Side};
 use memroute_tests::tls::Pki;
 use memroute_tests::*;
@@ -12,6 +13,8 @@ use memroute_tests::*;
 enum Path<'a> {
     /// memroute, plaintext both sides.
     Plain,
+    /// memroute, plaintext, with `proxy.io = "epoll"` (the default is io_uring).
+    Epoll,
     /// memroute with a TLS pool to `memcached -Z` serving `pki.server`.
     TlsPool(&'a Pki),
 }
@@ -24,6 +27,16 @@ impl Path<'_> {
                 let backend = Memcached::start();
                 let proxy = Memroute::start_pool(&[backend.addr()]);
                 (backend, proxy)
+            }
+            Path::Epoll => {
+                let backend = Memcached::start();
+                let listen = format!("127.0.0.1:{}", free_port());
+                let toml = simple_config(&listen, &[backend.addr()], "").replacen(
+                    "[proxy]\n",
+                    "[proxy]\nio = \"epoll\"\n",
+                    1,
+                );
+                (backend, Memroute::start(&toml))
             }
             Path::TlsPool(pki) => {
                 let backend = Memcached::start_with_args(
@@ -76,6 +89,12 @@ fn text_protocol_matches_memcached() {
 #[test]
 fn meta_protocol_matches_memcached() {
     run(scripts::meta_scripts());
+}
+
+#[test]
+fn text_and_meta_protocols_match_memcached_on_epoll() {
+    let all = [scripts::text_scripts(), scripts::meta_scripts()].concat();
+    run_through(all, &Path::Epoll);
 }
 
 #[test]

@@ -60,6 +60,21 @@ pub struct ProxyConfig {
     pub slow_client_timeout: Duration,
     /// TLS of listeners, session resumption, TCP Fast Open.
     pub transport: crate::transport::TransportConfig,
+    /// How workers do socket I/O (`proxy.io`); needs a restart to change.
+    pub io: IoMode,
+}
+
+/// How a worker reads and writes its sockets (`proxy.io`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// Readiness through epoll (tokio's reactor), a recv / send syscall per operation.
+    Epoll,
+    /// One io_uring per worker: the recvs and sends of a turn in one `io_uring_enter`;
+    /// falls back to epoll (logged once) where io_uring cannot be set up. The default:
+    /// 0.82-0.87x epoll's proxy CPU per request in scenarios (a) and (b)
+    /// (docs/benchmarks.md, "io_uring").
+    #[default]
+    IoUring,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -20,7 +20,7 @@ use toml::{Table, Value};
 
 use crate::checked::{
     AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind, FailoverOn,
-    HashName, ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig,
+    HashName, IoMode, ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig,
     ServerConfig, ShadowSelect, WritePolicy,
 };
 use crate::{ConfigError, ConfigErrors};
@@ -42,6 +42,7 @@ const PROXY_KEYS: &[&str] = &[
     "drain_delay",
     "max_buffered_replies",
     "slow_client_timeout",
+    "io",
 ];
 const ADMIN_KEYS: &[&str] = &["listen", "ready_fraction"];
 const POOL_KEYS: &[&str] = &[
@@ -737,9 +738,23 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         errs,
     );
 
+    let io = match get_str(t, "io", path, errs) {
+        None => IoMode::default(),
+        Some("epoll") => IoMode::Epoll,
+        Some("io_uring") => IoMode::IoUring,
+        Some(other) => {
+            errs.push(
+                &join(path, "io"),
+                format!("unknown I/O mode `{other}`; expected \"epoll\" or \"io_uring\""),
+            );
+            IoMode::default()
+        }
+    };
+
     ProxyConfig {
         listen,
         workers,
+        io,
         backlog,
         route,
         max_value_size,

@@ -128,6 +128,7 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!(c.proxy.shutdown_timeout, std::time::Duration::from_secs(10));
     assert_eq!(c.proxy.max_connections, 0);
     assert_eq!(c.proxy.drain_delay, std::time::Duration::from_secs(5));
+    assert_eq!(c.proxy.io, memroute_config::IoMode::IoUring);
     assert_eq!(c.proxy.max_buffered_replies, 64 * 1024 * 1024);
     assert_eq!(
         c.proxy.slow_client_timeout,
@@ -244,7 +245,7 @@ hashh = "md5"
         e,
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
-            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout, fastopen, fastopen_connect, tls_handshake_timeout, tls_ticket_lifetime, tls_session_cache)",
+            "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout, io, fastopen, fastopen_connect, tls_handshake_timeout, tls_ticket_lifetime, tls_session_cache)",
             "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max, tls)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
@@ -319,6 +320,20 @@ max_keys_per_request = "10"
 }
 
 #[test]
+fn io_mode_is_epoll_or_io_uring() {
+    for (text, mode) in [
+        ("epoll", memroute_config::IoMode::Epoll),
+        ("io_uring", memroute_config::IoMode::IoUring),
+    ] {
+        let c = parse(&format!(
+            "[proxy]\nio = \"{text}\"\n[pools.only]\nservers = [\"10.0.0.1:11211\"]\n"
+        ))
+        .expect("parses");
+        assert_eq!(c.proxy.io, mode);
+    }
+}
+
+#[test]
 fn bad_proxy_values_are_all_reported() {
     let e = errors(
         r#"
@@ -329,6 +344,7 @@ backlog = 0
 max_value_size = "1 PiB"
 max_line_size = 10
 max_client_pending = 0
+io = "uring"
 [admin]
 listen = "localhost"
 [pools.main]
@@ -346,6 +362,7 @@ servers = ["10.0.0.1:11211"]
             "proxy.max_value_size: invalid size \"1 PiB\" (expected a size such as \"1MiB\", \"512KiB\" or an integer number of bytes)",
             "proxy.max_line_size: must be at least 1024 bytes",
             "proxy.max_client_pending: must be > 0",
+            "proxy.io: unknown I/O mode `uring`; expected \"epoll\" or \"io_uring\"",
             "admin.listen: invalid address \"localhost\" (expected host:port with a numeric port)",
         ]
     );

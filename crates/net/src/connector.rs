@@ -73,15 +73,34 @@ impl Connector {
         let tcp = self.connect_tcp().await?;
         // Small requests must not wait for Nagle: latency is the product.
         let _ = tcp.set_nodelay(true);
+        let socket = Stream::from_tcp(tcp).map_err(NetError::Connect)?;
         let Some(tls) = &self.tls else {
-            return Ok(Stream::Tcp(tcp));
+            return Ok(socket);
         };
+        match socket {
+            Stream::Tcp(tcp) => Ok(Stream::ClientTls(Box::new(self.handshake(tls, tcp).await?))),
+            Stream::Uring(socket) => Ok(Stream::UringClientTls(Box::new(
+                self.handshake(tls, socket).await?,
+            ))),
+            other => Ok(other),
+        }
+    }
+
+    /// The client side of a TLS handshake over `socket` (a tokio or an io_uring socket).
+    async fn handshake<S>(
+        &self,
+        tls: &ClientTls,
+        socket: S,
+    ) -> Result<tokio_rustls::client::TlsStream<S>, NetError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
         let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
-        match connector.connect(tls.server_name.clone(), tcp).await {
+        match connector.connect(tls.server_name.clone(), socket).await {
             Ok(stream) => {
                 self.counters
                     .count_kind(stream.get_ref().1.handshake_kind());
-                Ok(Stream::ClientTls(Box::new(stream)))
+                Ok(stream)
             }
             // With TCP Fast Open and a cookie for this server, `connect` returned before any
             // packet left (the SYN waits for the first write, the ClientHello), so a server

@@ -20,6 +20,7 @@ mod listener;
 pub mod sockopt;
 mod stream;
 mod tls;
+pub mod uring;
 
 pub use connector::Connector;
 pub use error::NetError;

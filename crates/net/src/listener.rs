@@ -203,11 +203,12 @@ impl Listener {
                 let (stream, peer) = l.accept().await?;
                 // Small replies must not wait for Nagle: latency is the product.
                 let _ = stream.set_nodelay(true);
-                (Stream::Tcp(stream), peer.to_string())
+                (Stream::from_tcp(stream)?, peer.to_string())
             }
-            AttachedSocket::Unix(l) => {
-                (Stream::Unix(l.accept().await?.0), "unix-socket".to_string())
-            }
+            AttachedSocket::Unix(l) => (
+                Stream::from_unix(l.accept().await?.0)?,
+                "unix-socket".to_string(),
+            ),
         };
         Ok(Incoming {
             stream,
@@ -223,7 +224,7 @@ impl Incoming {
     /// storing) the handshake's future.
     pub fn into_plain(self) -> Result<Stream, Incoming> {
         match (&self.tls, &self.stream) {
-            (Some(_), Stream::Tcp(_)) => Err(self),
+            (Some(_), Stream::Tcp(_) | Stream::Uring(_)) => Err(self),
             _ => Ok(self.stream),
         }
     }
@@ -235,31 +236,46 @@ impl Incoming {
         let Some(tls) = self.tls else {
             return Ok(self.stream);
         };
-        let Stream::Tcp(tcp) = self.stream else {
+        match self.stream {
+            Stream::Tcp(tcp) => Ok(Stream::ServerTls(Box::new(handshake(&tls, tcp).await?))),
+            Stream::Uring(socket) => Ok(Stream::UringServerTls(Box::new(
+                handshake(&tls, socket).await?,
+            ))),
             // Config validation allows TLS on TCP listeners only.
-            return Ok(self.stream);
-        };
-        let counters = &tls.counters;
-        // Boxed: the handshake's state (rustls's connection, the timer) is large, and an
-        // inline future would size every session's task for it, plaintext ones included,
-        // for the connection's whole life. The box is freed once the handshake is over.
-        let handshake = Box::pin(tokio::time::timeout(
-            tls.handshake_timeout(),
-            tls.acceptor().accept(tcp),
-        ));
-        match handshake.await {
-            Ok(Ok(stream)) => {
-                counters.count_kind(stream.get_ref().1.handshake_kind());
-                Ok(Stream::ServerTls(Box::new(stream)))
-            }
-            Ok(Err(error)) => {
-                counters.failed.fetch_add(1, Relaxed);
-                Err(NetError::Handshake(Arc::from(error.to_string())))
-            }
-            Err(_) => {
-                counters.timed_out.fetch_add(1, Relaxed);
-                Err(NetError::HandshakeTimeout)
-            }
+            other => Ok(other),
+        }
+    }
+}
+
+/// The server side of a TLS handshake over `socket` (a tokio or an io_uring socket),
+/// bounded by the listener's handshake timeout; every outcome is counted.
+async fn handshake<S>(
+    tls: &ServerTls,
+    socket: S,
+) -> Result<tokio_rustls::server::TlsStream<S>, NetError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let counters = &tls.counters;
+    // Boxed: the handshake's state (rustls's connection, the timer) is large, and an
+    // inline future would size every session's task for it, plaintext ones included,
+    // for the connection's whole life. The box is freed once the handshake is over.
+    let handshake = Box::pin(tokio::time::timeout(
+        tls.handshake_timeout(),
+        tls.acceptor().accept(socket),
+    ));
+    match handshake.await {
+        Ok(Ok(stream)) => {
+            counters.count_kind(stream.get_ref().1.handshake_kind());
+            Ok(stream)
+        }
+        Ok(Err(error)) => {
+            counters.failed.fetch_add(1, Relaxed);
+            Err(NetError::Handshake(Arc::from(error.to_string())))
+        }
+        Err(_) => {
+            counters.timed_out.fetch_add(1, Relaxed);
+            Err(NetError::HandshakeTimeout)
         }
     }
 }

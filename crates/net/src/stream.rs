@@ -1,7 +1,8 @@
-//! One byte stream type for sessions and backend connections, plain or TLS, so the code
-//! above it never names rustls. Splitting borrows the stream: the plain halves are tokio's
-//! zero-cost TCP/unix halves; a TLS stream (one state machine for both directions) is
-//! shared by its halves through `tokio::io::split`.
+//! One byte stream type for sessions and backend connections, plain or TLS, over epoll
+//! (tokio's sockets) or the worker's io_uring (`uring`), so the code above it never names
+//! rustls or a ring. Splitting borrows the stream: the plain halves are tokio's zero-cost
+//! TCP/unix halves, or two references to one io_uring stream; a TLS stream (one state
+//! machine for both directions) is shared by its halves through `tokio::io::split`.
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,8 +10,12 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::uring::UringStream;
+
 type ServerTlsStream = tokio_rustls::server::TlsStream<TcpStream>;
 type ClientTlsStream = tokio_rustls::client::TlsStream<TcpStream>;
+type UringServerTlsStream = tokio_rustls::server::TlsStream<UringStream>;
+type UringClientTlsStream = tokio_rustls::client::TlsStream<UringStream>;
 
 /// A connection: accepted from a client or opened to a backend.
 #[derive(Debug)]
@@ -21,6 +26,12 @@ pub enum Stream {
     ServerTls(Box<ServerTlsStream>),
     /// A TLS connection to a backend.
     ClientTls(Box<ClientTlsStream>),
+    /// A TCP or unix socket served by the worker's io_uring (`proxy.io = "io_uring"`).
+    Uring(UringStream),
+    /// `ServerTls` over the worker's io_uring.
+    UringServerTls(Box<UringServerTlsStream>),
+    /// `ClientTls` over the worker's io_uring.
+    UringClientTls(Box<UringClientTlsStream>),
 }
 
 /// The reading half of a borrowed [`Stream`].
@@ -30,6 +41,9 @@ pub enum ReadHalf<'a> {
     Unix(tokio::net::unix::ReadHalf<'a>),
     ServerTls(tokio::io::ReadHalf<&'a mut ServerTlsStream>),
     ClientTls(tokio::io::ReadHalf<&'a mut ClientTlsStream>),
+    Uring(&'a UringStream),
+    UringServerTls(tokio::io::ReadHalf<&'a mut UringServerTlsStream>),
+    UringClientTls(tokio::io::ReadHalf<&'a mut UringClientTlsStream>),
 }
 
 /// The writing half of a borrowed [`Stream`].
@@ -39,9 +53,35 @@ pub enum WriteHalf<'a> {
     Unix(tokio::net::unix::WriteHalf<'a>),
     ServerTls(tokio::io::WriteHalf<&'a mut ServerTlsStream>),
     ClientTls(tokio::io::WriteHalf<&'a mut ClientTlsStream>),
+    Uring(&'a UringStream),
+    UringServerTls(tokio::io::WriteHalf<&'a mut UringServerTlsStream>),
+    UringClientTls(tokio::io::WriteHalf<&'a mut UringClientTlsStream>),
 }
 
 impl Stream {
+    /// A connected TCP socket, served by this worker's io_uring when it runs one
+    /// (`proxy.io = "io_uring"`), else by tokio's epoll reactor.
+    pub(crate) fn from_tcp(tcp: TcpStream) -> std::io::Result<Stream> {
+        match crate::uring::current() {
+            None => Ok(Stream::Tcp(tcp)),
+            Some(driver) => {
+                let std = tcp.into_std()?;
+                Ok(Stream::Uring(UringStream::new(&driver, std.into())?))
+            }
+        }
+    }
+
+    /// A connected unix socket, as [`Stream::from_tcp`].
+    pub(crate) fn from_unix(unix: UnixStream) -> std::io::Result<Stream> {
+        match crate::uring::current() {
+            None => Ok(Stream::Unix(unix)),
+            Some(driver) => {
+                let std = unix.into_std()?;
+                Ok(Stream::Uring(UringStream::new(&driver, std.into())?))
+            }
+        }
+    }
+
     /// Halves that read and write concurrently (a session's reader and writer, a backend
     /// connection's two tasks).
     pub fn split(&mut self) -> (ReadHalf<'_>, WriteHalf<'_>) {
@@ -62,6 +102,15 @@ impl Stream {
                 let (r, w) = tokio::io::split(&mut **s);
                 (ReadHalf::ClientTls(r), WriteHalf::ClientTls(w))
             }
+            Stream::Uring(s) => (ReadHalf::Uring(s), WriteHalf::Uring(s)),
+            Stream::UringServerTls(s) => {
+                let (r, w) = tokio::io::split(&mut **s);
+                (ReadHalf::UringServerTls(r), WriteHalf::UringServerTls(w))
+            }
+            Stream::UringClientTls(s) => {
+                let (r, w) = tokio::io::split(&mut **s);
+                (ReadHalf::UringClientTls(r), WriteHalf::UringClientTls(w))
+            }
         }
     }
 
@@ -73,13 +122,30 @@ impl Stream {
             Stream::Unix(_) => return "unix-socket".to_string(),
             Stream::ServerTls(s) => s.get_ref().0.peer_addr(),
             Stream::ClientTls(s) => s.get_ref().0.peer_addr(),
+            Stream::Uring(s) => return uring_peer(s),
+            Stream::UringServerTls(s) => return uring_peer(s.get_ref().0),
+            Stream::UringClientTls(s) => return uring_peer(s.get_ref().0),
         };
         address.map_or_else(|_| "unknown".to_string(), |a| a.to_string())
     }
 
     /// Whether this stream is encrypted.
     pub fn is_tls(&self) -> bool {
-        matches!(self, Stream::ServerTls(_) | Stream::ClientTls(_))
+        matches!(
+            self,
+            Stream::ServerTls(_)
+                | Stream::ClientTls(_)
+                | Stream::UringServerTls(_)
+                | Stream::UringClientTls(_)
+        )
+    }
+
+    /// Whether this stream is served by the worker's io_uring.
+    pub fn is_uring(&self) -> bool {
+        matches!(
+            self,
+            Stream::Uring(_) | Stream::UringServerTls(_) | Stream::UringClientTls(_)
+        )
     }
 }
 
@@ -91,6 +157,9 @@ macro_rules! each {
             $enum::Unix($s) => $call,
             $enum::ServerTls($s) => $call,
             $enum::ClientTls($s) => $call,
+            $enum::Uring($s) => $call,
+            $enum::UringServerTls($s) => $call,
+            $enum::UringClientTls($s) => $call,
         }
     };
 }
@@ -140,6 +209,16 @@ macro_rules! write_impl {
             }
         }
     };
+}
+
+fn uring_peer(stream: &UringStream) -> String {
+    match stream.socket().peer_addr() {
+        Ok(address) => match address.as_socket() {
+            Some(address) => address.to_string(),
+            None => "unix-socket".to_string(),
+        },
+        Err(_) => "unknown".to_string(),
+    }
 }
 
 read_impl!(Stream, Stream);

@@ -172,6 +172,7 @@ impl ProxyHandle {
         config.proxy.transport.fastopen = current.proxy.transport.fastopen;
         config.proxy.workers = current.proxy.workers;
         config.proxy.backlog = current.proxy.backlog;
+        config.proxy.io = current.proxy.io;
         // Only the admin address needs a restart; its readiness fraction follows the file.
         let ready_fraction = config.admin.as_ref().map(|a| a.ready_fraction);
         config.admin = current.admin.clone();
@@ -234,6 +235,9 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.proxy.backlog != new.proxy.backlog {
         keys.push("proxy.backlog");
     }
+    if old.proxy.io != new.proxy.io {
+        keys.push("proxy.io");
+    }
     if old.proxy.transport.fastopen != new.proxy.transport.fastopen {
         keys.push("proxy.fastopen");
     }
@@ -260,6 +264,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     // Before the admin endpoint, which may render `reload_state.counts`.
     let reload_state = reload::ReloadState::default();
     let admin_listen = config.admin.as_ref().map(|a| a.listen.clone());
+    let io = config.proxy.io;
     let (controller, generation_rx, inbox) = control::Controller::new(config, shared.clone())?;
     shared.set_reload_counts(reload_state.counts.clone());
     let admin = Arc::new(admin::AdminState::new(shared, controller.clone()));
@@ -282,6 +287,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             index,
             generation: generation_rx.clone(),
             listeners: bound,
+            io,
             shared: controller.shared.clone(),
             shutdown: shutdown_rx.clone(),
         };

@@ -2,6 +2,11 @@
 //! session task per client (`session`). Workers share only the route table and the stats
 //! shards; the per-worker state sessions read is in `context`.
 //!
+//! With `proxy.io = "io_uring"` the worker also runs an io_uring driver task
+//! (`memroute_net::uring`): the sockets it accepts and connects are then read and written
+//! through the worker's ring instead of tokio's epoll reactor; everything above the
+//! stream is the same.
+//!
 //! A reload arrives as a new [`Generation`] on a watch channel. The worker builds a new
 //! [`RouteSnapshot`] off to the side (`snapshot`: keeping the connections of servers whose
 //! connection settings did not change) and swaps it in; every request takes one `Rc` of
@@ -12,6 +17,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use memroute_config::IoMode;
+use memroute_net::uring::{Driver, UringOptions};
 use memroute_net::{BoundListener, Listener};
 use tokio::sync::{mpsc, watch};
 
@@ -25,6 +32,8 @@ pub(crate) struct Worker {
     pub index: usize,
     pub generation: watch::Receiver<Arc<Generation>>,
     pub listeners: Vec<BoundListener>,
+    /// `proxy.io` at start.
+    pub io: IoMode,
     pub shared: Arc<SharedStats>,
     pub shutdown: watch::Receiver<bool>,
 }
@@ -43,9 +52,18 @@ impl Worker {
         };
         let local = tokio::task::LocalSet::new();
         local.block_on(&runtime, self.serve());
+        // The tasks (and the streams they hold) go first, then the io_uring driver, while
+        // the runtime its eventfd is registered with still exists.
+        drop(local);
+        Driver::uninstall();
     }
 
     async fn serve(mut self) {
+        // Before anything opens a socket: every stream of this worker uses the same mode.
+        let uring = match self.io {
+            IoMode::IoUring => start_uring(self.index),
+            IoMode::Epoll => None,
+        };
         let first = self.generation.borrow_and_update().clone();
         let metrics = Rc::new(WorkerMetrics::new(self.index, self.shared.clone()));
         let context = Rc::new(WorkerContext::new(
@@ -85,8 +103,43 @@ impl Worker {
         }
         reloads.abort();
         flusher.abort();
+        if let Some(driver) = uring {
+            driver.abort();
+        }
         context.metrics.flush();
         tracing::debug!(worker = self.index, "worker stopped");
+    }
+}
+
+/// Sets up this worker's io_uring and starts its driver task; `None` (epoll) where
+/// io_uring is unavailable (an old kernel, a container's seccomp profile, the
+/// `kernel.io_uring_disabled` sysctl), said once per process.
+fn start_uring(worker: usize) -> Option<tokio::task::JoinHandle<()>> {
+    static FALLBACK_LOGGED: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+    let options = UringOptions {
+        // A benchmarking aid (docs/benchmarks.md), not a setting: the ring without
+        // DEFER_TASKRUN, for comparison.
+        defer_taskrun: std::env::var_os("MEMROUTE_URING_NO_DEFER_TASKRUN").is_none(),
+    };
+    match Driver::install(options) {
+        Ok(driver) => {
+            tracing::info!(
+                worker,
+                defer_taskrun = options.defer_taskrun,
+                "worker serves its sockets through io_uring"
+            );
+            Some(tokio::task::spawn_local(driver.run()))
+        }
+        Err(error) => {
+            if !FALLBACK_LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    %error,
+                    "proxy.io = \"io_uring\" but io_uring cannot be set up here; serving with epoll"
+                );
+            }
+            None
+        }
     }
 }
 
