@@ -78,9 +78,14 @@ const PROVIDED_BUFFERS: u16 = 256;
 const PROVIDED_SIZE: usize = 4096;
 const BUFFER_GROUP: u16 = 0;
 /// Bytes received but not yet read by a connection's task before its recv is cancelled.
-pub const INPUT_CAP: usize = 256 * 1024;
+/// Small: this is process memory a client that stops reading its replies can pin (the
+/// session stops reading requests then), outside the process-wide reply budget; in epoll
+/// mode those bytes would wait in the kernel's socket buffer. 64 KiB x 15,000 such clients
+/// is under 1 GiB; a busy connection drains it every turn, so the cap is rarely reached.
+pub const INPUT_CAP: usize = 64 * 1024;
 /// Bytes written but not yet sent on a connection before `poll_write` returns Pending.
-pub const WRITE_CAP: usize = 256 * 1024;
+/// Small for the same reason: replies written here have left the reply budget.
+pub const WRITE_CAP: usize = 64 * 1024;
 /// Slot buffers (input, sending, filling) come from and go back to a per-driver pool of
 /// this size; bigger ones (a large value grew them) are freed instead.
 const POOLED_CAPACITY: usize = 16 * 1024;
