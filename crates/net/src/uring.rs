@@ -157,6 +157,10 @@ struct Inner {
     pool: Vec<Vec<u8>>,
     /// Slots whose multishot recv ended with ENOBUFS: re-armed at the end of the turn.
     starved: Vec<u32>,
+    /// Submissions that found the queue full while the kernel refused an enter: they go
+    /// to the queue, in order, at the start of the driver's next turn (a worker never
+    /// spins on a refusing kernel; nothing queued is dropped).
+    backlog: std::collections::VecDeque<squeue::Entry>,
     /// Tasks to wake once the borrow of `inner` is released.
     wake: Vec<Waker>,
     /// Counted operations, for tests and `Driver::counters`.
@@ -265,6 +269,7 @@ impl Driver {
             free: Vec::new(),
             pool: Vec::new(),
             starved: Vec::new(),
+            backlog: std::collections::VecDeque::new(),
             wake: Vec::new(),
             counters: UringCounters::default(),
         };
@@ -332,6 +337,7 @@ impl Driver {
         let mut inner = self.inner.borrow_mut();
         let inner = &mut *inner;
         for _ in 0..4 {
+            inner.drain_backlog();
             let must_enter = {
                 let sq = inner.ring.submission();
                 !sq.is_empty() || sq.taskrun() || sq.cq_overflow()
@@ -370,7 +376,7 @@ impl Driver {
                 sq.taskrun() || sq.cq_overflow()
             };
             if !waiting && inner.ring.completion().is_empty() {
-                return !inner.ring.submission().is_empty();
+                return !inner.ring.submission().is_empty() || !inner.backlog.is_empty();
             }
         }
         true
@@ -475,15 +481,36 @@ impl Inner {
     /// # Safety
     /// Whatever `entry` points at must stay valid and unmoved until its completion.
     unsafe fn push(&mut self, entry: squeue::Entry) {
-        loop {
+        // Behind earlier entries still waiting: keep the order (one connection's sends).
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(entry);
+            return;
+        }
+        // SAFETY: forwarded from the caller.
+        if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+            return;
+        }
+        self.counters.enters += 1;
+        match self.ring.submit() {
             // SAFETY: forwarded from the caller.
-            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+            Ok(_) if unsafe { self.ring.submission().push(&entry) }.is_ok() => {}
+            Ok(_) => self.backlog.push_back(entry),
+            Err(error) => {
+                tracing::warn!(%error, "io_uring_enter failed with a full submission queue; retrying next turn");
+                self.backlog.push_back(entry);
+            }
+        }
+    }
+
+    /// Moves waiting submissions into the queue while it has room.
+    fn drain_backlog(&mut self) {
+        while let Some(entry) = self.backlog.front() {
+            // SAFETY: each entry met `push`'s contract when it was queued, and what it
+            // points at is kept for it (its slot counts it as an operation in flight).
+            if unsafe { self.ring.submission().push(entry) }.is_err() {
                 return;
             }
-            self.counters.enters += 1;
-            if let Err(error) = self.ring.submit() {
-                tracing::warn!(%error, "io_uring_enter failed with a full submission queue");
-            }
+            self.backlog.pop_front();
         }
     }
 
