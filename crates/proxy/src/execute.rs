@@ -76,36 +76,28 @@ pub(crate) struct MultiJob {
     pub byte_cap: usize,
 }
 
-/// A policy-route request in flight: its future, polled in place by the session that
-/// holds it in its pending queue (no task, no channel), then its reply.
-pub(crate) struct Routed {
-    state: RoutedState,
+/// A policy route's work in flight: its future, polled in place by the session that holds
+/// it in its pending queue (no task, no channel), then its output.
+pub(crate) struct InPlace<T> {
+    state: InPlaceState<T>,
     /// The route node the request reached and when it was read (its latency sample).
     pub route: NodeId,
     pub started: Instant,
 }
 
-enum RoutedState {
-    Running(BoxedReply),
-    Done(Option<Reply>),
-}
-
-/// The keys of a multi-get that reach one policy route, in flight: polled in place like
-/// `Routed`, then its outcome, kept unmerged (it lives in the multi-get's pooled entry,
-/// so its size costs no single-key request anything).
-pub(crate) struct RoutedKeys {
-    state: KeysState,
-    /// The route node the keys reached and when the request was read.
-    pub route: NodeId,
-    pub started: Instant,
-}
-
-// Inline on purpose: one per multi-get group, inside its pooled entry (see `RoutedKeys`).
+// Inline on purpose: a multi-get's group lives in its pooled entry, so its size costs no
+// single-key request anything.
 #[allow(clippy::large_enum_variant)]
-enum KeysState {
-    Running(Pin<Box<dyn Future<Output = MultiReply>>>),
-    Done(Option<MultiReply>),
+enum InPlaceState<T> {
+    Running(Pin<Box<dyn Future<Output = T>>>),
+    Done(Option<T>),
 }
+
+/// A single-key (or flush_all) request through a policy route.
+pub(crate) type Routed = InPlace<Reply>;
+
+/// The keys of a multi-get that reach one policy route, their outcome kept unmerged.
+pub(crate) type RoutedKeys = InPlace<MultiReply>;
 
 /// What a multi-key job answers, for the session's merge.
 #[derive(Debug)]
@@ -142,31 +134,45 @@ impl MultiReply {
     }
 }
 
-impl std::fmt::Debug for Routed {
+impl<T> std::fmt::Debug for InPlace<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.state {
-            RoutedState::Running(_) => "running",
-            RoutedState::Done(_) => "done",
+            InPlaceState::Running(_) => "running",
+            InPlaceState::Done(_) => "done",
         };
-        f.debug_struct("Routed")
+        f.debug_struct("InPlace")
             .field("state", &state)
             .field("route", &self.route)
             .finish()
     }
 }
 
-impl Routed {
-    /// Polls the request on; `Ready` once its reply is in.
+impl<T> InPlace<T> {
+    /// Polled once now, so that every request it can send without waiting goes out before
+    /// the client's next request is dispatched (a `set` through a replicated route reaches
+    /// the servers before the `get` pipelined behind it; a multi-get's batches leave in
+    /// the client's order).
+    fn started(future: Pin<Box<dyn Future<Output = T>>>, node: NodeId, started: Instant) -> Self {
+        let mut in_place = InPlace {
+            state: InPlaceState::Running(future),
+            route: node,
+            started,
+        };
+        in_place.try_complete();
+        in_place
+    }
+
+    /// Polls the work on; `Ready` once its output is in.
     pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
-        match &mut self.state {
-            RoutedState::Done(_) => Poll::Ready(()),
-            RoutedState::Running(future) => match future.as_mut().poll(context) {
-                Poll::Ready(reply) => {
-                    self.state = RoutedState::Done(Some(reply));
-                    Poll::Ready(())
-                }
-                Poll::Pending => Poll::Pending,
-            },
+        let InPlaceState::Running(future) = &mut self.state else {
+            return Poll::Ready(());
+        };
+        match future.as_mut().poll(context) {
+            Poll::Ready(output) => {
+                self.state = InPlaceState::Done(Some(output));
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -181,56 +187,27 @@ impl Routed {
         std::future::poll_fn(|context| self.poll(context)).await
     }
 
+    /// The output (once complete), or `lost()` when there is none.
+    fn take_or(&mut self, lost: impl FnOnce() -> T) -> T {
+        match &mut self.state {
+            InPlaceState::Done(output) => output.take(),
+            InPlaceState::Running(_) => None,
+        }
+        .unwrap_or_else(lost)
+    }
+}
+
+impl InPlace<Reply> {
     /// The reply (once complete).
     pub(crate) fn take(&mut self) -> Reply {
-        match &mut self.state {
-            RoutedState::Done(reply) => reply.take().unwrap_or_else(|| Err(connection_gone())),
-            RoutedState::Running(_) => Err(connection_gone()),
-        }
+        self.take_or(|| Err(connection_gone()))
     }
 }
 
-impl std::fmt::Debug for RoutedKeys {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match self.state {
-            KeysState::Running(_) => "running",
-            KeysState::Done(_) => "done",
-        };
-        f.debug_struct("RoutedKeys")
-            .field("state", &state)
-            .field("route", &self.route)
-            .finish()
-    }
-}
-
-impl RoutedKeys {
-    /// Polls the keys on; `Ready` once their outcome is in.
-    pub(crate) fn poll(&mut self, context: &mut Context<'_>) -> Poll<()> {
-        let KeysState::Running(future) = &mut self.state else {
-            return Poll::Ready(());
-        };
-        match future.as_mut().poll(context) {
-            Poll::Ready(replies) => {
-                self.state = KeysState::Done(Some(replies));
-                Poll::Ready(())
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    /// Polls without a waker, as `Routed::try_complete` does.
-    pub(crate) fn try_complete(&mut self) -> bool {
-        let mut context = Context::from_waker(std::task::Waker::noop());
-        self.poll(&mut context).is_ready()
-    }
-
+impl InPlace<MultiReply> {
     /// The outcome (once complete).
     pub(crate) fn take(&mut self) -> MultiReply {
-        match &mut self.state {
-            KeysState::Done(replies) => replies.take(),
-            KeysState::Running(_) => None,
-        }
-        .unwrap_or_else(|| MultiReply::Built(Err(connection_gone()), 0))
+        self.take_or(|| MultiReply::Built(Err(connection_gone()), 0))
     }
 }
 
@@ -244,7 +221,7 @@ pub(crate) fn start(
     started: Instant,
 ) -> Routed {
     let future = run(routing.clone(), node, Rc::new(job));
-    started_now(RoutedState::Running(future), node, started)
+    InPlace::started(future, node, started)
 }
 
 /// The children after the first of a `first_pool` route, and what moves a read on to them.
@@ -274,7 +251,7 @@ pub(crate) fn start_after_first(
         let (children, on) = after_first(&routing, node);
         failover(&routing, node, children, on, &job).await
     });
-    started_now(RoutedState::Running(future), node, started)
+    InPlace::started(future, node, started)
 }
 
 /// Starts the keys of a multi-get that reach policy route `node`; the reply is their hits
@@ -293,7 +270,7 @@ pub(crate) fn start_multi(
         let replies = run_multi(routing, node, job.clone(), (0..count).collect()).await;
         multi_reply(replies)
     });
-    keys_started(future, node, started)
+    InPlace::started(future, node, started)
 }
 
 fn multi_reply(replies: KeyReplies) -> MultiReply {
@@ -303,24 +280,6 @@ fn multi_reply(replies: KeyReplies) -> MultiReply {
             let (reply, hits) = retrieval_reply(replies);
             MultiReply::Built(reply, hits)
         }
-    }
-}
-
-/// Polled once now, as `start` does: its batches go out in the client's order.
-fn keys_started(
-    mut future: Pin<Box<dyn Future<Output = MultiReply>>>,
-    node: NodeId,
-    started: Instant,
-) -> RoutedKeys {
-    let mut context = Context::from_waker(std::task::Waker::noop());
-    let state = match future.as_mut().poll(&mut context) {
-        Poll::Ready(replies) => KeysState::Done(Some(replies)),
-        Poll::Pending => KeysState::Running(future),
-    };
-    RoutedKeys {
-        state,
-        route: node,
-        started,
     }
 }
 
@@ -397,24 +356,7 @@ impl FailoverRest {
             let (children, on) = after_first(&routing, node);
             multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
         });
-        keys_started(future, node, started)
-    }
-}
-
-fn started_now(mut state: RoutedState, node: NodeId, started: Instant) -> Routed {
-    let mut context = Context::from_waker(std::task::Waker::noop());
-    match &mut state {
-        RoutedState::Running(future) => {
-            if let Poll::Ready(reply) = future.as_mut().poll(&mut context) {
-                state = RoutedState::Done(Some(reply));
-            }
-        }
-        RoutedState::Done(_) => {}
-    }
-    Routed {
-        state,
-        route: node,
-        started,
+        InPlace::started(future, node, started)
     }
 }
 
