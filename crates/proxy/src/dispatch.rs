@@ -8,12 +8,12 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
-use memroute_routing::{operation_of, Node};
+use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, BatchLines, FailoverRest, Job, MultiJob};
+use crate::execute::{self, BatchLines, FollowUp, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
 use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending};
 use crate::snapshot::RouteSnapshot;
@@ -335,14 +335,18 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
     );
-    // A failover (or replicated) root whose first child is a pool: every key is planned
-    // over that pool as the session's own legs, as a plain pool's are.
-    let first_pool = match policy_root {
-        true => execute::first_pool(routing, root),
-        false => None,
-    };
-    if policy_root && first_pool.is_none() {
-        // The root is a policy route: every key reaches it, one group, nothing to plan here.
+    // Routes a key can reach whose multi-gets are planned here anyway: the random routes'
+    // picks for this multi-get, the shadow routes a key passed through, and per shadow
+    // route the keys it copies (`execute::multi_get_pool`).
+    let mut picks = execute::RandomPicks::new();
+    let mut shadowed: SmallVec<[NodeId; 2]> = SmallVec::new();
+    let mut copies: SmallVec<[(NodeId, Vec<Bytes>); 1]> = SmallVec::new();
+    let first_key = request.keys().next().unwrap_or_default();
+    if policy_root
+        && execute::multi_get_pool(routing, root, first_key, &mut picks, &mut shadowed).is_none()
+    {
+        // The root is a policy route the session cannot plan (a fastest read, an
+        // error-or-miss failover, ...): every key reaches it, one group, nothing to plan here.
         for _ in 0..request.keys.len() {
             routing.metrics.count(root as usize, request.command);
         }
@@ -370,23 +374,46 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             legs: SmallVec::new(),
             routed,
             key_leg,
-            failover: None,
+            follow_up: None,
         }));
     }
+    shadowed.clear();
+    // The route node of the key the plan is at (its legs' latency is recorded under it),
+    // and what goes on after the legs' answers (a failover's failed batches, a warm-up's
+    // cold misses): `None`, `Some(false)` (failed batches only), `Some(true)` (misses too).
+    let current = std::cell::Cell::new(root);
+    let mut goes_on: Option<bool> = None;
     // Where each key goes, decided as the plan's one pass reaches it.
     let targets = request.keys().map(|key| {
-        let (node, pool) = match first_pool {
-            Some((pool, _)) => (root, Some(pool)),
-            None => {
-                let node = routes.select(root, operation, key);
-                match routes.node(node) {
-                    &Node::Pool(pool) => (node, Some(pool)),
-                    _ => (node, None),
-                }
-            }
-        };
+        let node = routes.select(root, operation, key);
         // One count per key, as cmd_get counts keys.
         routing.metrics.count(node as usize, request.command);
+        current.set(node);
+        let pool = match routes.node(node) {
+            &Node::Pool(pool) => Some(pool),
+            // A policy route: planned here too where its semantics allow.
+            _ => {
+                let pool = execute::multi_get_pool(routing, node, key, &mut picks, &mut shadowed);
+                for shadow in shadowed.drain(..) {
+                    let at = match copies.iter().position(|(n, _)| *n == shadow) {
+                        Some(at) => at,
+                        None => {
+                            copies.push((shadow, Vec::new()));
+                            copies.len() - 1
+                        }
+                    };
+                    copies[at].1.push(request.frame.slice_ref(key));
+                }
+                if pool.is_some() {
+                    match execute::goes_on(routing, node) {
+                        execute::GoesOn::Never => {}
+                        execute::GoesOn::Failed => goes_on = Some(goes_on.unwrap_or(false)),
+                        execute::GoesOn::Missed => goes_on = Some(true),
+                    }
+                }
+                pool
+            }
+        };
         let target = match pool {
             Some(pool) => match routing.server_for(pool, key) {
                 Some(server) => KeyTarget::Server(pool as u32, server as u32),
@@ -416,12 +443,9 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                 pool, server, key, ..
             } => {
                 lines.open(pool, server, key);
+                // Through a policy route, latency is recorded under the route's name.
                 let leg = Leg::writing(pool, server, routing.metrics.now());
-                // Through a policy root, latency is recorded under the root's name.
-                legs.push(match first_pool {
-                    Some(_) => leg.on_route(root),
-                    None => leg,
-                });
+                legs.push(leg.on_route(current.get()));
             }
             Step::Add { leg, key } => lines.add(leg, key),
             Step::Close { leg } => {
@@ -472,24 +496,34 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             routed.push(execute::start_multi(routing, node, job, started));
         }
     }
-    // Keys of a batch that fails on the first pool go on to the root's later children.
-    let failover = match first_pool {
-        Some((_, true)) => Some(FailoverRest {
-            node: root,
+    // The shadow routes' copies of the keys in their ranges, one batch per route.
+    for (node, keys) in copies {
+        let job = MultiJob {
             operation,
             head: head_bytes.clone(),
+            keys,
             slot,
             byte_cap,
-        }),
-        _ => None,
-    };
+        };
+        execute::shadow_copy_keys(routing, node, job);
+    }
+    // Keys of a batch that fails on a failover's first pool go on to its later children,
+    // a warm-up's cold misses to warm.
+    let follow_up = goes_on.map(|misses| FollowUp {
+        root,
+        operation,
+        head: head_bytes.clone(),
+        slot,
+        byte_cap,
+        misses,
+    });
     Pending::MultiGet(Homed::new(MultiGet {
         routing: routing.clone(),
         request,
         legs,
         routed,
         key_leg,
-        failover,
+        follow_up,
     }))
 }
 

@@ -314,49 +314,184 @@ pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize
     }
 }
 
-/// What a multi-get planned over a failover's first pool (`first_pool`) needs to send the
-/// keys of a failed batch on to the route's later children.
+/// The random choices of one multi-get: every key that reaches a random route goes to the
+/// same child, as a group run by the executor would (one pick per route per multi-get).
+pub(crate) type RandomPicks = SmallVec<[(NodeId, NodeId); 1]>;
+
+/// For a multi-get key that reached policy route `node` (the first node after prefix and
+/// operation routes): the pool whose server the key is planned on as a plain pool's key
+/// is (the session's own legs, merged once), when the route's multi-get semantics allow
+/// it; `None` when the key must go through the executor.
+///
+/// - failover (on errors) / replicated (reads `failover`/`first`) over a pool first:
+///   that pool (`first_pool`); a failed batch's keys go on later (`FollowUp`);
+/// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm`
+///   later (`FollowUp`);
+/// - shadow and random routes down to a pool: that pool. Each shadow route on the way
+///   whose range holds the key is pushed to `shadows` (its copy is the caller's to send);
+///   a random route's child is the one picked in `picks` for this multi-get.
+///
+/// What a failover or warm-up needs after the first answers is looked up again from the
+/// route node at that point, so only routes reached directly (not under a shadow or a
+/// random route) take that path.
+pub(crate) fn multi_get_pool(
+    routing: &RouteSnapshot,
+    node: NodeId,
+    key: &[u8],
+    picks: &mut RandomPicks,
+    shadows: &mut SmallVec<[NodeId; 2]>,
+) -> Option<usize> {
+    let routes = &routing.routes;
+    match routes.node(node) {
+        Node::Failover { .. } | Node::Replicated { .. } => {
+            return first_pool(routing, node).map(|(pool, _)| pool)
+        }
+        Node::WarmUp { cold, .. } => return pool_with_servers(routing, *cold),
+        _ => {}
+    }
+    let on_the_way = shadows.len();
+    let mut at = node;
+    loop {
+        match routes.node(at) {
+            Node::Pool(pool) => return Some(*pool),
+            Node::Shadow { primary, range, .. } => {
+                if range.contains_key(key) {
+                    shadows.push(at);
+                }
+                at = *primary;
+            }
+            Node::Random { children } => {
+                at = match picks.iter().find(|(random, _)| *random == at) {
+                    Some(&(_, child)) => child,
+                    None => {
+                        let child = pick_random(children);
+                        picks.push((at, child));
+                        child
+                    }
+                };
+            }
+            _ => {
+                // The executor takes the key, shadow copies included.
+                shadows.truncate(on_the_way);
+                return None;
+            }
+        }
+    }
+}
+
+fn pool_with_servers(routing: &RouteSnapshot, node: NodeId) -> Option<usize> {
+    match routing.routes.node(node) {
+        Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some(*pool),
+        _ => None,
+    }
+}
+
+/// Which keys of a multi-get's legs planned over route `node`'s first pool
+/// (`multi_get_pool`) go on once the legs have answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GoesOn {
+    /// Nothing: a plain pool, a shadow or random route, or a route without a later child.
+    Never,
+    /// The keys of a batch that failed, to a failover's (or replicated read's) later children.
+    Failed,
+    /// The keys a batch answered as misses, to a warm-up's `warm` (filled into `cold`).
+    Missed,
+}
+
+/// `GoesOn` for keys planned over the first pool of route `node`.
+pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
+    match routing.routes.node(node) {
+        Node::Pool(_) => GoesOn::Never,
+        Node::WarmUp { .. } => GoesOn::Missed,
+        _ => match first_pool(routing, node) {
+            Some((_, true)) => GoesOn::Failed,
+            _ => GoesOn::Never,
+        },
+    }
+}
+
+/// What a multi-get planned over failover or warm-up routes' first pools (`multi_get_pool`)
+/// needs to send keys on from there once its legs have answered: a failed batch's keys to
+/// a failover's later children, a warm-up's cold misses to warm.
 #[derive(Debug)]
-pub(crate) struct FailoverRest {
-    /// The failover (or replicated) route.
-    pub node: NodeId,
+pub(crate) struct FollowUp {
+    /// Where the keys' routes are selected from (`RouteTable::select`): the route table's
+    /// root, or a policy root itself.
+    pub root: NodeId,
     pub operation: Operation,
     /// The batch line's start before its keys.
     pub head: Bytes,
     pub slot: usize,
     pub byte_cap: usize,
+    /// Whether a warm-up route's keys are among the legs' (their misses must be looked for
+    /// in every answered batch; otherwise only failed batches are looked at).
+    pub misses: bool,
 }
 
-impl FailoverRest {
-    /// Starts `keys` (in the client's order), whose batches failed on the first child,
-    /// through the later children, as `failover_multi` goes on after its first child.
+impl FollowUp {
+    /// Starts `keys` (in the client's order), which reached route `node` and went on from
+    /// its first pool (`goes_on`): through a failover's later children, as
+    /// `failover_multi` goes on after its first child, or to a warm-up's warm, as
+    /// `warm_up_multi` asks it for cold's misses.
     pub(crate) fn start(
-        self,
+        &self,
         routing: &Rc<RouteSnapshot>,
+        node: NodeId,
         keys: Vec<Bytes>,
         started: Instant,
     ) -> RoutedKeys {
-        routing
-            .route_stats(self.node)
-            .failovers
-            .fetch_add(keys.len() as u64, Relaxed);
-        let node = self.node;
-        let routing = routing.clone();
         let job = MultiJob {
             operation: self.operation,
-            head: self.head,
+            head: self.head.clone(),
             keys,
             slot: self.slot,
             byte_cap: self.byte_cap,
         };
-        let future = Box::pin(async move {
-            let count = job.keys.len();
-            let job = Rc::new(job);
-            let keys = (0..count as u32).collect();
-            let (children, on) = after_first(&routing, node);
-            multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
-        });
+        let count = job.keys.len() as u32;
+        let routing = routing.clone();
+        let future: Pin<Box<dyn Future<Output = MultiReply>>> = match *routing.routes.node(node) {
+            Node::WarmUp { cold, warm, ttl } => Box::pin(async move {
+                let job = Rc::new(job);
+                let keys = (0..count).collect();
+                let replies = warm_misses(&routing, node, cold, warm, ttl, &job, keys).await;
+                multi_reply(KeyReplies::Keys(replies))
+            }),
+            _ => {
+                routing
+                    .route_stats(node)
+                    .failovers
+                    .fetch_add(u64::from(count), Relaxed);
+                Box::pin(async move {
+                    let job = Rc::new(job);
+                    let keys = (0..count).collect();
+                    let (children, on) = after_first(&routing, node);
+                    multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
+                })
+            }
+        };
         InPlace::started(future, node, started)
+    }
+}
+
+/// Copies `job`'s keys (the keys of a multi-get in shadow route `node`'s range, planned
+/// by the session) to the shadow target, as `run_multi` does for a shadow route's keys.
+pub(crate) fn shadow_copy_keys(routing: &Rc<RouteSnapshot>, node: NodeId, job: MultiJob) {
+    if let Node::Shadow {
+        shadow,
+        max_in_flight,
+        shadow_index,
+        ..
+    } = *routing.routes.node(node)
+    {
+        let keys = (0..job.keys.len() as u32).collect();
+        shadow_copy_multi(
+            routing,
+            shadow,
+            shadow_index,
+            max_in_flight,
+            &Rc::new(job),
+            keys,
+        );
     }
 }
 
@@ -1317,20 +1452,44 @@ async fn warm_up_multi(
         return KeyReplies::Keys(replies);
     }
     let asked: Vec<u32> = missed.iter().map(|&p| keys[p]).collect();
+    let from_warm = warm_misses(routing, node, cold, warm, ttl, job, asked).await;
+    for (&position, reply) in missed.iter().zip(from_warm) {
+        // Warm had nothing (or failed): cold's miss is the honest answer.
+        if let KeyReply::Hit(_) = reply {
+            replies[position] = reply;
+        }
+    }
+    KeyReplies::Keys(replies)
+}
+
+/// Cold's misses `asked` (indexes into `job.keys`) asked of warm: per key, warm's hit
+/// (filled into cold with an `add`, asynchronously, on one task for the whole batch) or a
+/// miss (warm had nothing, or failed: cold's miss is the honest answer).
+async fn warm_misses(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    cold: NodeId,
+    warm: NodeId,
+    ttl: u32,
+    job: &Rc<MultiJob>,
+    asked: Vec<u32>,
+) -> Vec<KeyReply> {
     let from_warm = run_multi_child(routing, warm, job, asked.clone())
         .await
         .into_keys(job, &asked);
     let mut fills: Vec<BoxedReply> = Vec::new();
-    for (&position, reply) in missed.iter().zip(from_warm) {
-        // Warm had nothing (or failed): cold's miss is the honest answer.
-        let KeyReply::Hit(block) = &reply else {
-            continue;
-        };
-        if let Some(fill) = fill_job(block, ttl, job.slot) {
-            fills.push(run(routing.clone(), cold, Rc::new(fill)));
-        }
-        replies[position] = reply;
-    }
+    let replies = from_warm
+        .into_iter()
+        .map(|reply| match reply {
+            KeyReply::Hit(block) => {
+                if let Some(fill) = fill_job(&block, ttl, job.slot) {
+                    fills.push(run(routing.clone(), cold, Rc::new(fill)));
+                }
+                KeyReply::Hit(block)
+            }
+            _ => KeyReply::Miss,
+        })
+        .collect();
     if !fills.is_empty() {
         routing
             .route_stats(node)
@@ -1340,7 +1499,7 @@ async fn warm_up_multi(
             join_all(fills).await;
         }));
     }
-    KeyReplies::Keys(replies)
+    replies
 }
 
 /// Copies the keys of a multi-get in the shadow range to the shadow target, on a task of
