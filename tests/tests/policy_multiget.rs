@@ -882,3 +882,54 @@ fn prefix_routed_shadow_and_random_multigets_answer_from_the_primary_and_one_ran
         |s| stat_u64(s, "shadow:sh:errors").unwrap_or(0) > 0,
     );
 }
+
+#[test]
+fn error_or_miss_failover_multiget_keeps_a_first_miss_over_a_later_error() {
+    let a = Memcached::start();
+    let mut b = Memcached::start();
+    let proxy = Memroute::start_routes(
+        "root",
+        &[
+            pool("a", &[&a]),
+            pool("b", &[&b]),
+            "[routes.root]\ntype = \"failover\"\nchildren = [\"a\", \"b\"]\non = \"error-or-miss\"\n\n"
+                .to_string(),
+        ],
+    );
+    let keys = numbered_keys("em", 30);
+    let in_a: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let in_b: Vec<String> = keys.iter().skip(1).step_by(4).cloned().collect();
+    store_all(&a, &in_a, "a");
+    store_all(&b, &in_b, "b");
+    let mut c = proxy.connect();
+    let before_b = counters(&b);
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> = keys
+        .iter()
+        .filter_map(|k| match () {
+            _ if in_a.contains(k) => Some((k.clone(), format!("a-{k}"))),
+            _ if in_b.contains(k) => Some((k.clone(), format!("b-{k}"))),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, expected, "a's hits, then b's for a's misses, in order");
+    let (b_keys, b_bytes) = read_since(&b, &before_b);
+    let missed: Vec<&String> = keys.iter().filter(|k| !in_a.contains(k)).collect();
+    assert_eq!(
+        b_keys,
+        missed.len() as u64,
+        "b is asked only for a's misses"
+    );
+    assert_eq!(b_bytes, line_bytes(&missed).0, "as one get line");
+    assert_eq!(
+        stat_u64(&proxy.stats(), "route:root:failovers"),
+        Some(missed.len() as u64)
+    );
+
+    // b dead: a's misses stay misses (a miss from an earlier child beats a later error).
+    b.kill();
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> =
+        in_a.iter().map(|k| (k.clone(), format!("a-{k}"))).collect();
+    assert_eq!(got, expected, "a's hits only, no error");
+}

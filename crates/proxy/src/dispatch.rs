@@ -408,7 +408,9 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                     match execute::goes_on(routing, node) {
                         execute::GoesOn::Never => {}
                         execute::GoesOn::Failed => goes_on = Some(goes_on.unwrap_or(false)),
-                        execute::GoesOn::Missed => goes_on = Some(true),
+                        execute::GoesOn::Missed | execute::GoesOn::FailedOrMissed => {
+                            goes_on = Some(true)
+                        }
                     }
                 }
                 pool

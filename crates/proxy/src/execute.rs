@@ -327,7 +327,10 @@ pub(crate) type RandomPicks = SmallVec<[(NodeId, NodeId); 1]>;
 ///   that pool (`first_pool`); a failed batch's keys go on later (`FollowUp`);
 /// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm`
 ///   later (`FollowUp`);
-/// - shadow and random routes down to a pool: that pool. Each shadow route on the way
+/// - failover on `error-or-miss` over a pool first: that pool; a failed batch's keys and
+///   the keys a batch missed go on later (`FollowUp`);
+/// - shadow and random routes (and replicated routes reading from a random replica) down
+///   to a pool: that pool. Each shadow route on the way
 ///   whose range holds the key is pushed to `shadows` (its copy is the caller's to send);
 ///   a random route's child is the one picked in `picks` for this multi-get.
 ///
@@ -343,9 +346,15 @@ pub(crate) fn multi_get_pool(
 ) -> Option<usize> {
     let routes = &routing.routes;
     match routes.node(node) {
-        Node::Failover { .. } | Node::Replicated { .. } => {
-            return first_pool(routing, node).map(|(pool, _)| pool)
-        }
+        Node::Failover {
+            children,
+            on: FailoverOn::ErrorOrMiss,
+        } => return pool_with_servers(routing, *children.first()?),
+        Node::Failover { .. }
+        | Node::Replicated {
+            reads: ReadPolicy::First | ReadPolicy::Failover,
+            ..
+        } => return first_pool(routing, node).map(|(pool, _)| pool),
         Node::WarmUp { cold, .. } => return pool_with_servers(routing, *cold),
         _ => {}
     }
@@ -360,7 +369,13 @@ pub(crate) fn multi_get_pool(
                 }
                 at = *primary;
             }
-            Node::Random { children } => {
+            // A replicated route reading from a random replica: one replica per multi-get.
+            Node::Random { children }
+            | Node::Replicated {
+                children,
+                reads: ReadPolicy::Random,
+                ..
+            } => {
                 at = match picks.iter().find(|(random, _)| *random == at) {
                     Some(&(_, child)) => child,
                     None => {
@@ -396,6 +411,15 @@ pub(crate) enum GoesOn {
     Failed,
     /// The keys a batch answered as misses, to a warm-up's `warm` (filled into `cold`).
     Missed,
+    /// Both: an `error-or-miss` failover's.
+    FailedOrMissed,
+}
+
+impl GoesOn {
+    /// Whether a key whose batch failed (`Failed`) or missed it (`Missed`) goes on.
+    pub(crate) fn takes(self, outcome: GoesOn) -> bool {
+        self == outcome || (self == GoesOn::FailedOrMissed && outcome != GoesOn::Never)
+    }
 }
 
 /// `GoesOn` for keys planned over the first pool of route `node`.
@@ -403,6 +427,10 @@ pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
     match routing.routes.node(node) {
         Node::Pool(_) => GoesOn::Never,
         Node::WarmUp { .. } => GoesOn::Missed,
+        Node::Failover {
+            children,
+            on: FailoverOn::ErrorOrMiss,
+        } if children.len() > 1 => GoesOn::FailedOrMissed,
         _ => match first_pool(routing, node) {
             Some((_, true)) => GoesOn::Failed,
             _ => GoesOn::Never,
@@ -433,11 +461,14 @@ impl FollowUp {
     /// its first pool (`goes_on`): through a failover's later children, as
     /// `failover_multi` goes on after its first child, or to a warm-up's warm, as
     /// `warm_up_multi` asks it for cold's misses.
+    /// `missed[i]`, when given, says the first pool answered `keys[i]` with a miss (an
+    /// `error-or-miss` failover's): that miss beats a later child's error.
     pub(crate) fn start(
         &self,
         routing: &Rc<RouteSnapshot>,
         node: NodeId,
         keys: Vec<Bytes>,
+        missed: Option<Vec<bool>>,
         started: Instant,
     ) -> RoutedKeys {
         let job = MultiJob {
@@ -463,9 +494,20 @@ impl FollowUp {
                     .fetch_add(u64::from(count), Relaxed);
                 Box::pin(async move {
                     let job = Rc::new(job);
-                    let keys = (0..count).collect();
+                    let keys: Vec<u32> = (0..count).collect();
                     let (children, on) = after_first(&routing, node);
-                    multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
+                    let replies = failover_multi(&routing, node, children, on, &job, keys.clone());
+                    let replies = replies.await;
+                    let Some(missed) = missed else {
+                        return multi_reply(replies);
+                    };
+                    let mut replies = replies.into_keys(&job, &keys);
+                    for (reply, missed) in replies.iter_mut().zip(missed) {
+                        if missed && reply.class() == ReplyClass::Error {
+                            *reply = KeyReply::Miss;
+                        }
+                    }
+                    multi_reply(KeyReplies::Keys(replies))
                 })
             }
         };
@@ -1525,7 +1567,7 @@ fn shadow_copy_multi(
     state.stats.sent.fetch_add(count, Relaxed);
     let (routing, job) = (routing.clone(), job.clone());
     tokio::task::spawn_local(eager(async move {
-        let replies = run_multi(routing.clone(), shadow, job, keys).await;
+        let replies = run_multi_child(&routing, shadow, &job, keys).await;
         if let Some(state) = routing.shadows.get(index) {
             let errors = match &replies {
                 KeyReplies::Batches { .. } => 0,

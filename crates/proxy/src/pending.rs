@@ -238,7 +238,8 @@ impl MultiGet {
         }
         let routes = &self.routing.routes;
         let first_group = batches + self.routed.len() as u32;
-        let mut groups: SmallVec<[(NodeId, Vec<Bytes>); 1]> = SmallVec::new();
+        // Per route: its keys, and (an `error-or-miss` failover's) which of them missed.
+        let mut groups: SmallVec<[(NodeId, Vec<Bytes>, Vec<bool>); 1]> = SmallVec::new();
         // Per leg: where its next VALUE block starts, and (a failed leg) whether a key stays.
         let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches as usize];
         let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches as usize];
@@ -261,22 +262,25 @@ impl MultiGet {
                 _ => continue,
             };
             let node = routes.select(rest.root, rest.operation, key);
-            if execute::goes_on(&self.routing, node) != goes {
+            let route_goes = execute::goes_on(&self.routing, node);
+            if !route_goes.takes(goes) {
                 // A plain pool's key in a failed batch fails the multi-get; a miss
-                // anywhere but a warm-up is a miss.
+                // anywhere but a warm-up or an error-or-miss failover is a miss.
                 stays[leg] |= goes == GoesOn::Failed;
                 continue;
             }
-            let group = match groups.iter().position(|(n, _)| *n == node) {
+            let group = match groups.iter().position(|(n, ..)| *n == node) {
                 Some(group) => group,
                 None => {
-                    groups.push((node, Vec::new()));
+                    groups.push((node, Vec::new(), Vec::new()));
                     groups.len() - 1
                 }
             };
-            groups[group]
-                .1
-                .push(self.request.frame.slice(range.clone()));
+            let (_, keys, missed) = &mut groups[group];
+            keys.push(self.request.frame.slice(range.clone()));
+            if route_goes == GoesOn::FailedOrMissed {
+                missed.push(goes == GoesOn::Missed);
+            }
             *key_leg = first_group + group as u32;
         }
         for &leg in &failed {
@@ -292,8 +296,9 @@ impl MultiGet {
         }
         let started = self.legs.first().map(|leg| leg.started);
         let started = started.unwrap_or_else(|| self.routing.metrics.now());
-        for (node, keys) in groups {
-            let routed = rest.start(&self.routing, node, keys, started);
+        for (node, keys, missed) in groups {
+            let missed = (!missed.is_empty()).then_some(missed);
+            let routed = rest.start(&self.routing, node, keys, missed, started);
             self.routed.push(routed);
         }
         true
