@@ -438,6 +438,17 @@ pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
     }
 }
 
+/// The keys of a multi-get that go on from route `node`'s first pool (`GoesOn`), in the
+/// client's order.
+#[derive(Debug)]
+pub(crate) struct GoingOn {
+    pub node: NodeId,
+    pub keys: Vec<Bytes>,
+    /// For an `error-or-miss` failover (empty otherwise): per key, whether the first pool
+    /// answered it with a miss, which beats a later child's error.
+    pub missed: Vec<bool>,
+}
+
 /// What a multi-get planned over failover or warm-up routes' first pools (`multi_get_pool`)
 /// needs to send keys on from there once its legs have answered: a failed batch's keys to
 /// a failover's later children, a warm-up's cold misses to warm.
@@ -457,20 +468,17 @@ pub(crate) struct FollowUp {
 }
 
 impl FollowUp {
-    /// Starts `keys` (in the client's order), which reached route `node` and went on from
-    /// its first pool (`goes_on`): through a failover's later children, as
-    /// `failover_multi` goes on after its first child, or to a warm-up's warm, as
-    /// `warm_up_multi` asks it for cold's misses.
-    /// `missed[i]`, when given, says the first pool answered `keys[i]` with a miss (an
-    /// `error-or-miss` failover's): that miss beats a later child's error.
+    /// Starts the keys of `going` (in the client's order), which reached route
+    /// `going.node` and went on from its first pool (`goes_on`): through a failover's later
+    /// children, as `failover_multi` goes on after its first child, or to a warm-up's
+    /// warm, as `warm_up_multi` asks it for cold's misses.
     pub(crate) fn start(
         &self,
         routing: &Rc<RouteSnapshot>,
-        node: NodeId,
-        keys: Vec<Bytes>,
-        missed: Option<Vec<bool>>,
+        going: GoingOn,
         started: Instant,
     ) -> RoutedKeys {
+        let GoingOn { node, keys, missed } = going;
         let job = MultiJob {
             operation: self.operation,
             head: self.head.clone(),
@@ -498,9 +506,9 @@ impl FollowUp {
                     let (children, on) = after_first(&routing, node);
                     let replies = failover_multi(&routing, node, children, on, &job, keys.clone());
                     let replies = replies.await;
-                    let Some(missed) = missed else {
+                    if missed.is_empty() {
                         return multi_reply(replies);
-                    };
+                    }
                     let mut replies = replies.into_keys(&job, &keys);
                     for (reply, missed) in replies.iter_mut().zip(missed) {
                         if missed && reply.class() == ReplyClass::Error {

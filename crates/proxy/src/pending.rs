@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, FollowUp, GoesOn, Job, MultiReply, Routed, RoutedKeys};
+use crate::execute::{self, FollowUp, GoesOn, GoingOn, Job, MultiReply, Routed, RoutedKeys};
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -238,8 +238,7 @@ impl MultiGet {
         }
         let routes = &self.routing.routes;
         let first_group = batches + self.routed.len() as u32;
-        // Per route: its keys, and (an `error-or-miss` failover's) which of them missed.
-        let mut groups: SmallVec<[(NodeId, Vec<Bytes>, Vec<bool>); 1]> = SmallVec::new();
+        let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
         // Per leg: where its next VALUE block starts, and (a failed leg) whether a key stays.
         let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches as usize];
         let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches as usize];
@@ -269,17 +268,21 @@ impl MultiGet {
                 stays[leg] |= goes == GoesOn::Failed;
                 continue;
             }
-            let group = match groups.iter().position(|(n, ..)| *n == node) {
+            let group = match groups.iter().position(|g| g.node == node) {
                 Some(group) => group,
                 None => {
-                    groups.push((node, Vec::new(), Vec::new()));
+                    groups.push(GoingOn {
+                        node,
+                        keys: Vec::new(),
+                        missed: Vec::new(),
+                    });
                     groups.len() - 1
                 }
             };
-            let (_, keys, missed) = &mut groups[group];
-            keys.push(self.request.frame.slice(range.clone()));
+            let going = &mut groups[group];
+            going.keys.push(self.request.frame.slice(range.clone()));
             if route_goes == GoesOn::FailedOrMissed {
-                missed.push(goes == GoesOn::Missed);
+                going.missed.push(goes == GoesOn::Missed);
             }
             *key_leg = first_group + group as u32;
         }
@@ -296,9 +299,8 @@ impl MultiGet {
         }
         let started = self.legs.first().map(|leg| leg.started);
         let started = started.unwrap_or_else(|| self.routing.metrics.now());
-        for (node, keys, missed) in groups {
-            let missed = (!missed.is_empty()).then_some(missed);
-            let routed = rest.start(&self.routing, node, keys, missed, started);
+        for going in groups {
+            let routed = rest.start(&self.routing, going, started);
             self.routed.push(routed);
         }
         true
