@@ -342,9 +342,11 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     let mut shadowed: SmallVec<[NodeId; 2]> = SmallVec::new();
     let mut copies: SmallVec<[(NodeId, Vec<Bytes>); 1]> = SmallVec::new();
     let first_key = request.keys().next().unwrap_or_default();
-    if policy_root
-        && execute::multi_get_pool(routing, root, first_key, &mut picks, &mut shadowed).is_none()
-    {
+    let root_planned = match policy_root {
+        true => execute::multi_get_pool(routing, root, first_key, &mut picks, &mut shadowed),
+        false => None,
+    };
+    if policy_root && root_planned.is_none() {
         // The root is a policy route the session cannot plan (a fastest read, an
         // error-or-miss failover, ...): every key reaches it, one group, nothing to plan here.
         for _ in 0..request.keys.len() {
@@ -383,38 +385,55 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     // cold misses): `None`, `Some(false)` (failed batches only), `Some(true)` (misses too).
     let current = std::cell::Cell::new(root);
     let mut goes_on: Option<bool> = None;
+    // A policy root whose every key is planned the same way (no shadow range on the way):
+    // looked up once, above.
+    let fixed = root_planned.filter(|p| !p.keyed);
+    if let Some(planned) = fixed {
+        goes_on = with_goes_on(goes_on, planned.goes_on);
+    }
+    // Per route node reached, where its keys are planned (unless a shadow route's range
+    // decides per key).
+    let mut last: Option<(NodeId, Option<execute::Planned>)> = None;
     // Where each key goes, decided as the plan's one pass reaches it.
     let targets = request.keys().map(|key| {
-        let node = routes.select(root, operation, key);
+        let (node, pool) = match fixed {
+            Some(planned) => (root, Some(planned.pool)),
+            None => {
+                let node = routes.select(root, operation, key);
+                current.set(node);
+                (node, None)
+            }
+        };
         // One count per key, as cmd_get counts keys.
         routing.metrics.count(node as usize, request.command);
-        current.set(node);
-        let pool = match routes.node(node) {
-            &Node::Pool(pool) => Some(pool),
-            // A policy route: planned here too where its semantics allow.
-            _ => {
-                let pool = execute::multi_get_pool(routing, node, key, &mut picks, &mut shadowed);
-                for shadow in shadowed.drain(..) {
-                    let at = match copies.iter().position(|(n, _)| *n == shadow) {
-                        Some(at) => at,
-                        None => {
-                            copies.push((shadow, Vec::new()));
-                            copies.len() - 1
-                        }
-                    };
-                    copies[at].1.push(request.frame.slice_ref(key));
-                }
-                if pool.is_some() {
-                    match execute::goes_on(routing, node) {
-                        execute::GoesOn::Never => {}
-                        execute::GoesOn::Failed => goes_on = Some(goes_on.unwrap_or(false)),
-                        execute::GoesOn::Missed | execute::GoesOn::FailedOrMissed => {
-                            goes_on = Some(true)
-                        }
+        let pool = match (pool, routes.node(node)) {
+            (Some(pool), _) | (None, &Node::Pool(pool)) => Some(pool),
+            // A policy route: planned here too where its semantics allow (looked up once
+            // per route node, unless a shadow route's range decides per key).
+            (None, _) => match last {
+                Some((at, planned)) if at == node => planned.map(|p| p.pool),
+                _ => {
+                    let planned =
+                        execute::multi_get_pool(routing, node, key, &mut picks, &mut shadowed);
+                    for shadow in shadowed.drain(..) {
+                        let at = match copies.iter().position(|(n, _)| *n == shadow) {
+                            Some(at) => at,
+                            None => {
+                                copies.push((shadow, Vec::new()));
+                                copies.len() - 1
+                            }
+                        };
+                        copies[at].1.push(request.frame.slice_ref(key));
                     }
+                    if let Some(planned) = planned {
+                        goes_on = with_goes_on(goes_on, planned.goes_on);
+                    }
+                    if !planned.is_some_and(|p| p.keyed) {
+                        last = Some((node, planned));
+                    }
+                    planned.map(|p| p.pool)
                 }
-                pool
-            }
+            },
         };
         let target = match pool {
             Some(pool) => match routing.server_for(pool, key) {
@@ -527,6 +546,17 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         key_leg,
         follow_up,
     }))
+}
+
+/// What goes on after a multi-get's legs answer (`None`: nothing; `Some(misses)`: failed
+/// batches, and with `misses` the keys answered as misses too), once keys of a route
+/// that `goes` on were planned.
+fn with_goes_on(so_far: Option<bool>, goes: execute::GoesOn) -> Option<bool> {
+    match goes {
+        execute::GoesOn::Never => so_far,
+        execute::GoesOn::Failed => Some(so_far.unwrap_or(false)),
+        execute::GoesOn::Missed | execute::GoesOn::FailedOrMissed => Some(true),
+    }
 }
 
 fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {

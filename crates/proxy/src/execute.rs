@@ -318,6 +318,19 @@ pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize
 /// same child, as a group run by the executor would (one pick per route per multi-get).
 pub(crate) type RandomPicks = SmallVec<[(NodeId, NodeId); 1]>;
 
+/// Where a multi-get key that reached a policy route is planned (`multi_get_pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Planned {
+    /// The pool whose server the key is batched on, as a plain pool's key is.
+    pub pool: usize,
+    /// What goes on after the pool's answer (a failover's failed batches, a warm-up's
+    /// misses); `GoesOn::Never` for routes reached under a shadow or random route.
+    pub goes_on: GoesOn,
+    /// A shadow route is on the way: whether the key is copied depends on the key, so the
+    /// answer for one key is not the answer for the next key that reaches the route.
+    pub keyed: bool,
+}
+
 /// For a multi-get key that reached policy route `node` (the first node after prefix and
 /// operation routes): the pool whose server the key is planned on as a plain pool's key
 /// is (the session's own legs, merged once), when the route's multi-get semantics allow
@@ -325,45 +338,59 @@ pub(crate) type RandomPicks = SmallVec<[(NodeId, NodeId); 1]>;
 ///
 /// - failover (on errors) / replicated (reads `failover`/`first`) over a pool first:
 ///   that pool (`first_pool`); a failed batch's keys go on later (`FollowUp`);
-/// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm`
-///   later (`FollowUp`);
 /// - failover on `error-or-miss` over a pool first: that pool; a failed batch's keys and
-///   the keys a batch missed go on later (`FollowUp`);
+///   the keys a batch missed go on later;
+/// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm` later;
 /// - shadow and random routes (and replicated routes reading from a random replica) down
-///   to a pool: that pool. Each shadow route on the way
-///   whose range holds the key is pushed to `shadows` (its copy is the caller's to send);
-///   a random route's child is the one picked in `picks` for this multi-get.
+///   to a pool: that pool. Each shadow route on the way whose range holds the key is
+///   pushed to `shadows` (its copy is the caller's to send); a random route's child is
+///   the one picked in `picks` for this multi-get.
 ///
-/// What a failover or warm-up needs after the first answers is looked up again from the
-/// route node at that point, so only routes reached directly (not under a shadow or a
-/// random route) take that path.
+/// What a failover or warm-up does after the first answers is looked up again from the
+/// route node at that point (`goes_on`), so only routes reached directly (not under a
+/// shadow or a random route) take that path.
 pub(crate) fn multi_get_pool(
     routing: &RouteSnapshot,
     node: NodeId,
     key: &[u8],
     picks: &mut RandomPicks,
     shadows: &mut SmallVec<[NodeId; 2]>,
-) -> Option<usize> {
+) -> Option<Planned> {
     let routes = &routing.routes;
+    let first = |pool: Option<usize>| {
+        pool.map(|pool| Planned {
+            pool,
+            goes_on: goes_on(routing, node),
+            keyed: false,
+        })
+    };
     match routes.node(node) {
         Node::Failover {
             children,
             on: FailoverOn::ErrorOrMiss,
-        } => return pool_with_servers(routing, *children.first()?),
+        } => return first(pool_with_servers(routing, *children.first()?)),
         Node::Failover { .. }
         | Node::Replicated {
             reads: ReadPolicy::First | ReadPolicy::Failover,
             ..
-        } => return first_pool(routing, node).map(|(pool, _)| pool),
-        Node::WarmUp { cold, .. } => return pool_with_servers(routing, *cold),
+        } => return first(first_pool(routing, node).map(|(pool, _)| pool)),
+        Node::WarmUp { cold, .. } => return first(pool_with_servers(routing, *cold)),
         _ => {}
     }
     let on_the_way = shadows.len();
+    let mut keyed = false;
     let mut at = node;
     loop {
         match routes.node(at) {
-            Node::Pool(pool) => return Some(*pool),
+            Node::Pool(pool) => {
+                return Some(Planned {
+                    pool: *pool,
+                    goes_on: GoesOn::Never,
+                    keyed,
+                })
+            }
             Node::Shadow { primary, range, .. } => {
+                keyed = true;
                 if range.contains_key(key) {
                     shadows.push(at);
                 }
