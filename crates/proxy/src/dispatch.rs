@@ -335,20 +335,16 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
     );
-    // Routes a key can reach whose multi-gets are planned here anyway: the random routes'
-    // picks for this multi-get, the shadow routes a key passed through, and per shadow
-    // route the keys it copies (`execute::multi_get_pool`).
+    // The random routes' picks for this multi-get (`execute::multi_get_pool`).
     let mut picks = execute::RandomPicks::new();
-    let mut shadowed: SmallVec<[NodeId; 2]> = SmallVec::new();
-    let mut copies: SmallVec<[(NodeId, Vec<Bytes>); 1]> = SmallVec::new();
-    let first_key = request.keys().next().unwrap_or_default();
     let root_planned = match policy_root {
-        true => execute::multi_get_pool(routing, root, first_key, &mut picks, &mut shadowed),
+        true => execute::multi_get_pool(routing, root, &mut picks),
         false => None,
     };
     if policy_root && root_planned.is_none() {
-        // The root is a policy route the session cannot plan (a fastest read, an
-        // error-or-miss failover, ...): every key reaches it, one group, nothing to plan here.
+        // The root is a policy route the session cannot plan (a fastest read, a failover
+        // whose first child is a route, ...): every key reaches it, one group, nothing to
+        // plan here.
         for _ in 0..request.keys.len() {
             routing.metrics.count(root as usize, request.command);
         }
@@ -379,68 +375,68 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             follow_up: None,
         }));
     }
-    shadowed.clear();
     // The route node of the key the plan is at (its legs' latency is recorded under it),
     // and what goes on after the legs' answers (a failover's failed batches, a warm-up's
     // cold misses): `None`, `Some(false)` (failed batches only), `Some(true)` (misses too).
     let current = std::cell::Cell::new(root);
     let mut goes_on: Option<bool> = None;
-    // A policy root whose every key is planned the same way (no shadow range on the way):
-    // looked up once, above.
-    let fixed = root_planned.filter(|p| !p.keyed);
-    if let Some(planned) = fixed {
+    if let Some(planned) = root_planned {
         goes_on = with_goes_on(goes_on, planned.goes_on);
     }
-    // Per route node reached, where its keys are planned (unless a shadow route's range
-    // decides per key).
+    // Per route node reached, where its keys are planned (looked up once per multi-get).
     let mut last: Option<(NodeId, Option<execute::Planned>)> = None;
+    // Per shadow route, the keys in its range it copies.
+    let mut copies: SmallVec<[(NodeId, Vec<Bytes>); 1]> = SmallVec::new();
     // Where each key goes, decided as the plan's one pass reaches it.
     let targets = request.keys().map(|key| {
-        let (node, pool) = match fixed {
-            Some(planned) => (root, Some(planned.pool)),
+        let (node, planned) = match root_planned {
+            // A policy root: every key planned the same way, looked up once above.
+            Some(planned) => (root, Some(planned)),
             None => {
                 let node = routes.select(root, operation, key);
                 current.set(node);
-                (node, None)
+                let planned = match routes.node(node) {
+                    &Node::Pool(pool) => Some(execute::Planned {
+                        pool,
+                        goes_on: execute::GoesOn::Never,
+                        shadow: None,
+                    }),
+                    // A policy route: planned here too where its semantics allow.
+                    _ => match last {
+                        Some((at, planned)) if at == node => planned,
+                        _ => {
+                            let planned = execute::multi_get_pool(routing, node, &mut picks);
+                            if let Some(planned) = planned {
+                                goes_on = with_goes_on(goes_on, planned.goes_on);
+                            }
+                            last = Some((node, planned));
+                            planned
+                        }
+                    },
+                };
+                (node, planned)
             }
         };
         // One count per key, as cmd_get counts keys.
         routing.metrics.count(node as usize, request.command);
-        let pool = match (pool, routes.node(node)) {
-            (Some(pool), _) | (None, &Node::Pool(pool)) => Some(pool),
-            // A policy route: planned here too where its semantics allow (looked up once
-            // per route node, unless a shadow route's range decides per key).
-            (None, _) => match last {
-                Some((at, planned)) if at == node => planned.map(|p| p.pool),
-                _ => {
-                    let planned =
-                        execute::multi_get_pool(routing, node, key, &mut picks, &mut shadowed);
-                    for shadow in shadowed.drain(..) {
-                        let at = match copies.iter().position(|(n, _)| *n == shadow) {
-                            Some(at) => at,
-                            None => {
-                                copies.push((shadow, Vec::new()));
-                                copies.len() - 1
-                            }
-                        };
-                        copies[at].1.push(request.frame.slice_ref(key));
-                    }
-                    if let Some(planned) = planned {
-                        goes_on = with_goes_on(goes_on, planned.goes_on);
-                    }
-                    if !planned.is_some_and(|p| p.keyed) {
-                        last = Some((node, planned));
-                    }
-                    planned.map(|p| p.pool)
-                }
-            },
+        let Some(planned) = planned else {
+            return (key, KeyTarget::Executor);
         };
-        let target = match pool {
-            Some(pool) => match routing.server_for(pool, key) {
-                Some(server) => KeyTarget::Server(pool as u32, server as u32),
-                None => KeyTarget::Nowhere(pool as u32),
-            },
-            None => KeyTarget::Executor,
+        if let Some(shadow) = planned.shadow {
+            if execute::shadows_key(routing, shadow, key) {
+                let at = match copies.iter().position(|(n, _)| *n == shadow) {
+                    Some(at) => at,
+                    None => {
+                        copies.push((shadow, Vec::new()));
+                        copies.len() - 1
+                    }
+                };
+                copies[at].1.push(request.frame.slice_ref(key));
+            }
+        }
+        let target = match routing.server_for(planned.pool, key) {
+            Some(server) => KeyTarget::Server(planned.pool as u32, server as u32),
+            None => KeyTarget::Nowhere(planned.pool as u32),
         };
         (key, target)
     });

@@ -318,33 +318,33 @@ pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize
 /// same child, as a group run by the executor would (one pick per route per multi-get).
 pub(crate) type RandomPicks = SmallVec<[(NodeId, NodeId); 1]>;
 
-/// Where a multi-get key that reached a policy route is planned (`multi_get_pool`).
+/// Where the multi-get keys that reach a policy route are planned (`multi_get_pool`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Planned {
-    /// The pool whose server the key is batched on, as a plain pool's key is.
+    /// The pool whose servers the keys are batched on, as a plain pool's keys are.
     pub pool: usize,
     /// What goes on after the pool's answer (a failover's failed batches, a warm-up's
     /// misses); `GoesOn::Never` for routes reached under a shadow or random route.
     pub goes_on: GoesOn,
-    /// A shadow route is on the way: whether the key is copied depends on the key, so the
-    /// answer for one key is not the answer for the next key that reaches the route.
-    pub keyed: bool,
+    /// The shadow route on the way, if any: the keys in its range are also copied to its
+    /// shadow target (the caller's to send, `shadow_copy_keys`).
+    pub shadow: Option<NodeId>,
 }
 
-/// For a multi-get key that reached policy route `node` (the first node after prefix and
-/// operation routes): the pool whose server the key is planned on as a plain pool's key
-/// is (the session's own legs, merged once), when the route's multi-get semantics allow
-/// it; `None` when the key must go through the executor.
+/// For the multi-get keys that reach policy route `node` (the first node after prefix and
+/// operation routes): the pool whose servers they are planned on as a plain pool's keys
+/// are (the session's own legs, merged once), when the route's multi-get semantics allow
+/// it; `None` when they go through the executor. The same for every key: a caller looks
+/// it up once per route node and multi-get.
 ///
 /// - failover (on errors) / replicated (reads `failover`/`first`) over a pool first:
 ///   that pool (`first_pool`); a failed batch's keys go on later (`FollowUp`);
 /// - failover on `error-or-miss` over a pool first: that pool; a failed batch's keys and
 ///   the keys a batch missed go on later;
 /// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm` later;
-/// - shadow and random routes (and replicated routes reading from a random replica) down
-///   to a pool: that pool. Each shadow route on the way whose range holds the key is
-///   pushed to `shadows` (its copy is the caller's to send); a random route's child is
-///   the one picked in `picks` for this multi-get.
+/// - at most one shadow route and any random routes (or replicated routes reading from a
+///   random replica) down to a pool: that pool, with the shadow route to copy the keys in
+///   its range to; a random route's child is the one picked in `picks` for this multi-get.
 ///
 /// What a failover or warm-up does after the first answers is looked up again from the
 /// route node at that point (`goes_on`), so only routes reached directly (not under a
@@ -352,16 +352,14 @@ pub(crate) struct Planned {
 pub(crate) fn multi_get_pool(
     routing: &RouteSnapshot,
     node: NodeId,
-    key: &[u8],
     picks: &mut RandomPicks,
-    shadows: &mut SmallVec<[NodeId; 2]>,
 ) -> Option<Planned> {
     let routes = &routing.routes;
     let first = |pool: Option<usize>| {
         pool.map(|pool| Planned {
             pool,
             goes_on: goes_on(routing, node),
-            keyed: false,
+            shadow: None,
         })
     };
     match routes.node(node) {
@@ -377,8 +375,7 @@ pub(crate) fn multi_get_pool(
         Node::WarmUp { cold, .. } => return first(pool_with_servers(routing, *cold)),
         _ => {}
     }
-    let on_the_way = shadows.len();
-    let mut keyed = false;
+    let mut shadow = None;
     let mut at = node;
     loop {
         match routes.node(at) {
@@ -386,14 +383,13 @@ pub(crate) fn multi_get_pool(
                 return Some(Planned {
                     pool: *pool,
                     goes_on: GoesOn::Never,
-                    keyed,
+                    shadow,
                 })
             }
-            Node::Shadow { primary, range, .. } => {
-                keyed = true;
-                if range.contains_key(key) {
-                    shadows.push(at);
-                }
+            // A second shadow route on the way: the executor copies for both.
+            Node::Shadow { .. } if shadow.is_some() => return None,
+            Node::Shadow { primary, .. } => {
+                shadow = Some(at);
                 at = *primary;
             }
             // A replicated route reading from a random replica: one replica per multi-get.
@@ -412,12 +408,16 @@ pub(crate) fn multi_get_pool(
                     }
                 };
             }
-            _ => {
-                // The executor takes the key, shadow copies included.
-                shadows.truncate(on_the_way);
-                return None;
-            }
+            _ => return None,
         }
+    }
+}
+
+/// Whether `key` is in shadow route `node`'s range (is copied to its shadow target).
+pub(crate) fn shadows_key(routing: &RouteSnapshot, node: NodeId, key: &[u8]) -> bool {
+    match routing.routes.node(node) {
+        Node::Shadow { range, .. } => range.contains_key(key),
+        _ => false,
     }
 }
 
