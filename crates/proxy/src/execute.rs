@@ -7,7 +7,12 @@
 //!                 | no
 //!             a read through a failover/replicated route over a pool first (first_pool)?
 //!                 --yes--> sent to that pool as a plain request; here only on a failure
-//!                 | no     (start_after_first, FailoverRest: the later children)
+//!                 | no     (start_after_first: the later children)
+//!             a multi-get's keys through failover, replicated, warm-up, shadow or random
+//!             routes down to a pool (multi_get_pool)?
+//!                 --yes--> planned over that pool as a plain pool's keys (dispatch); here
+//!                 | no     only the keys that go on (FollowUp: a failed batch's keys to the
+//!                 |        later children, a warm-up's misses to warm) and shadow copies
 //!                 v
 //!   start(node, job) -> Routed: run(node) polled once now (sends go out in the client's
 //!                         |     order), then in place by the session from its pending entry
