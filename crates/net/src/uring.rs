@@ -17,8 +17,10 @@
 //!  it (and with tokio through AsyncFd) when completions are waiting.
 //! ```
 //!
-//! Reads: each connection has at most one multishot recv over the worker's ring of
-//! provided buffers, armed when its reader first finds nothing to read, so an idle
+//! Reads: each connection has at most one multishot recv over one of the worker's two
+//! groups of provided buffers (many small ones for client connections, fewer large ones
+//! for backend connections, whose batched replies would otherwise be cut into several
+//! completions), armed when its reader first finds nothing to read, so an idle
 //! connection holds no buffer of its own: the kernel picks a provided buffer only when
 //! bytes arrive. The bytes are copied out of the provided buffer into the connection's
 //! slot (a buffer from the worker's pool) as soon as the completion is reaped and the
@@ -49,11 +51,13 @@
 //!   moved out of nor dropped until that send's completion is reaped (a slot whose stream
 //!   is dropped stays until every operation on it has completed, and at driver teardown
 //!   such buffers are leaked rather than freed);
-//! - a recv writes only into provided buffers: one allocation that lives as long as the
-//!   ring, registered with it, and leaked (never freed) if the driver goes away while an
-//!   operation might still be in flight;
-//! - the ring of provided-buffer entries is a page-aligned allocation registered with the
-//!   ring and freed only after the ring itself is closed;
+//! - a recv writes only into provided buffers: one allocation per buffer group that lives
+//!   as long as the ring, registered with it, and leaked (never freed) if the driver goes
+//!   away while an operation might still be in flight; a completion's buffer id is looked
+//!   up in the group its slot's recv named (a slot's group is fixed from registration to
+//!   its last completion);
+//! - each group's ring of provided-buffer entries is a page-aligned allocation registered
+//!   with the ring and freed only after the ring itself is closed;
 //! - every file descriptor named in a submission is open when it is submitted (the
 //!   kernel takes its own reference to the file then); a cancel names operations by
 //!   `user_data`, and a slot index is reused only after its last completion;
@@ -1257,15 +1261,10 @@ mod tests {
 
     /// Arms `ours`'s recv, has the peer write `bytes` in one write, and returns what was
     /// read and how many completions the driver reaped for it.
-    async fn one_write_received(
-        driver: &Rc<Driver>,
-        peer: Peer,
-        bytes: &[u8],
-    ) -> (Vec<u8>, u64) {
+    async fn one_write_received(driver: &Rc<Driver>, peer: Peer, bytes: &[u8]) -> (Vec<u8>, u64) {
         let (mut ours, mut other) = pair_as(driver, peer);
         let mut first = [0u8; 1];
-        let waiting =
-            tokio::time::timeout(Duration::from_millis(20), ours.read(&mut first)).await;
+        let waiting = tokio::time::timeout(Duration::from_millis(20), ours.read(&mut first)).await;
         assert!(waiting.is_err(), "nothing to read yet");
         let before = driver.counters();
         // From this thread, while the driver cannot run: loopback queues the whole write
@@ -1351,7 +1350,10 @@ mod tests {
                 tokio::task::yield_now().await;
             };
             let held = driver.inner.borrow().slots[ours.index as usize].unread();
-            assert!(held <= INPUT_CAP + 64 * CLIENT_BUFFERS.size, "held {held} bytes");
+            assert!(
+                held <= INPUT_CAP + 64 * CLIENT_BUFFERS.size,
+                "held {held} bytes"
+            );
             assert!(driver.counters().throttled >= 1, "{:?}", driver.counters());
             assert!(
                 sent > held,
