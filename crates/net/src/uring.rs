@@ -22,11 +22,14 @@
 //! for backend connections, whose batched replies would otherwise be cut into several
 //! completions), armed when its reader first finds nothing to read, so an idle
 //! connection holds no buffer of its own: the kernel picks a provided buffer only when
-//! bytes arrive. The bytes are copied out of the provided buffer into the connection's
-//! slot (a buffer from the worker's pool) as soon as the completion is reaped and the
+//! bytes arrive. A client connection's bytes are copied out of the provided buffer into
+//! its slot (a buffer from the worker's pool) as soon as the completion is reaped and the
 //! provided buffer goes straight back to the ring: a client that stops reading its replies
 //! (its session stops reading requests) can hold no provided buffer, so it cannot starve
-//! the other connections of the worker. Past [`INPUT_CAP`] bytes waiting in a slot its recv
+//! the other connections of the worker. A backend connection's reader is memroute's own
+//! backend task, which reads whenever bytes wait: its slot keeps one provided buffer until
+//! the task has read it (one copy instead of two), at most half the backend group in all
+//! slots together; bytes arriving meanwhile are copied behind it as a client's are. Past [`INPUT_CAP`] bytes waiting in a slot its recv
 //! is cancelled, leaving further bytes in the socket where TCP flow control holds them, and
 //! re-armed once the reader has taken them. `ENOBUFS` (the ring ran dry during one burst)
 //! ends a multishot recv; the connection is re-armed at the end of the turn, when the
@@ -51,7 +54,9 @@
 //!   moved out of nor dropped until that send's completion is reaped (a slot whose stream
 //!   is dropped stays until every operation on it has completed, and at driver teardown
 //!   such buffers are leaked rather than freed);
-//! - a recv writes only into provided buffers: one allocation per buffer group that lives
+//! - a recv writes only into provided buffers in the ring (a buffer a backend slot holds
+//!   is out of the ring, so user space reads it while the kernel cannot write it, until it
+//!   is given back): one allocation per buffer group that lives
 //!   as long as the ring, registered with it, and leaked (never freed) if the driver goes
 //!   away while an operation might still be in flight; a completion's buffer id is looked
 //!   up in the group its slot's recv named (a slot's group is fixed from registration to
@@ -192,6 +197,9 @@ struct Inner {
     slots: Vec<Slot>,
     free: Vec<u32>,
     pool: Vec<Vec<u8>>,
+    /// Backend provided buffers held by slots (`Slot::held`): at most half the group, so
+    /// the others' receives always find buffers.
+    backend_held: u16,
     /// Slots whose multishot recv ended with ENOBUFS: re-armed at the end of the turn.
     starved: Vec<u32>,
     /// Submissions that found the queue full while the kernel refused an enter: they go
@@ -240,7 +248,10 @@ struct Slot {
     ops: u8,
     read_error: i32,
     write_error: i32,
-    /// Bytes received and not yet read by the task, from `consumed` on.
+    /// A backend connection's bytes received last, still in their provided buffer (not
+    /// yet copied): read before `input`'s (see `Inner::received`).
+    held: Option<HeldBuffer>,
+    /// Bytes received and not yet read by the task, from `consumed` on (after `held`'s).
     input: Vec<u8>,
     consumed: usize,
     /// The bytes of the send in flight (untouched until its completion), from `sent` on.
@@ -253,9 +264,23 @@ struct Slot {
     write_waker: Option<Waker>,
 }
 
+/// Bytes `start..end` of backend provided buffer `bid`, received and not yet read.
+#[derive(Debug, Clone, Copy)]
+struct HeldBuffer {
+    bid: u16,
+    start: u16,
+    end: u16,
+}
+
+impl HeldBuffer {
+    fn unread(&self) -> usize {
+        usize::from(self.end - self.start)
+    }
+}
+
 impl Slot {
     fn unread(&self) -> usize {
-        self.input.len() - self.consumed
+        self.input.len() - self.consumed + self.held.map_or(0, |held| held.unread())
     }
 
     fn unsent(&self) -> usize {
@@ -309,6 +334,7 @@ impl Driver {
             slots: Vec::new(),
             free: Vec::new(),
             pool: Vec::new(),
+            backend_held: 0,
             starved: Vec::new(),
             backlog: std::collections::VecDeque::new(),
             wake: Vec::new(),
@@ -379,6 +405,8 @@ impl Driver {
         let inner = &mut *inner;
         for _ in 0..4 {
             inner.drain_backlog();
+            // Buffers read out of slots since the last turn are the kernel's again.
+            inner.backend_buffers.publish();
             let must_enter = {
                 let sq = inner.ring.submission();
                 !sq.is_empty() || sq.taskrun() || sq.cq_overflow()
@@ -673,6 +701,9 @@ impl Inner {
             let slot = std::mem::take(slot);
             // Closes the socket: nothing refers to it any more.
             drop(slot.socket);
+            if let Some(held) = slot.held {
+                self.give_back_held(held);
+            }
             for buffer in [slot.input, slot.sending, slot.filling] {
                 if buffer.capacity() > 0 {
                     self.give_buffer(buffer);
@@ -688,7 +719,28 @@ impl Inner {
             // A slot's peer is fixed while it has an operation in flight: the buffer
             // came from the group its recv named.
             let peer = self.slots.get(index as usize).map(|s| s.peer);
+            let mut keep = false;
             if result > 0 && self.slots.get(index as usize).is_some_and(|s| !s.closed) {
+                // A backend connection's reader is memroute's own backend task, which
+                // reads whenever bytes wait (never held up by a client): its bytes stay
+                // in the provided buffer until it reads them, one copy instead of two.
+                // Only when nothing else waits in the slot (order), and one buffer per
+                // slot, at most half the group.
+                let slot = &mut self.slots[index as usize];
+                if peer == Some(Peer::Backend)
+                    && slot.unread() == 0
+                    && self.backend_held < BACKEND_BUFFERS.count / 2
+                {
+                    slot.held = Some(HeldBuffer {
+                        bid,
+                        start: 0,
+                        end: (result as usize).min(BACKEND_BUFFERS.size) as u16,
+                    });
+                    self.backend_held += 1;
+                    keep = true;
+                }
+            }
+            if !keep && result > 0 && self.slots.get(index as usize).is_some_and(|s| !s.closed) {
                 let mut input = std::mem::take(&mut self.slots[index as usize].input);
                 if input.capacity() == 0 {
                     input = self.take_buffer();
@@ -701,6 +753,7 @@ impl Inner {
                 self.slots[index as usize].input = input;
             }
             match peer {
+                _ if keep => {}
                 Some(Peer::Backend) => self.backend_buffers.give_back(bid),
                 _ => self.client_buffers.give_back(bid),
             }
@@ -743,6 +796,12 @@ impl Inner {
         if !more {
             self.op_done(index);
         }
+    }
+
+    /// A slot's held buffer is read (or the slot gone): the kernel may fill it again.
+    fn give_back_held(&mut self, held: HeldBuffer) {
+        self.backend_buffers.give_back(held.bid);
+        self.backend_held = self.backend_held.saturating_sub(1);
     }
 
     fn sent(&mut self, index: u32, result: i32) {
@@ -852,12 +911,26 @@ impl UringStream {
             let index = self.index;
             let slot = &mut inner.slots[index as usize];
             if slot.unread() > 0 {
-                let n = slot.unread().min(buf.remaining());
+                if let Some(held) = &mut slot.held {
+                    let end = usize::from(held.end);
+                    let bytes =
+                        &inner.backend_buffers.bytes(held.bid, end)[usize::from(held.start)..];
+                    let n = bytes.len().min(buf.remaining());
+                    buf.put_slice(&bytes[..n]);
+                    held.start += n as u16;
+                    if held.unread() == 0 {
+                        let held = *held;
+                        slot.held = None;
+                        inner.give_back_held(held);
+                    }
+                }
+                let slot = &mut inner.slots[index as usize];
+                let n = (slot.input.len() - slot.consumed).min(buf.remaining());
                 buf.put_slice(&slot.input[slot.consumed..slot.consumed + n]);
                 slot.consumed += n;
                 let drained = slot.unread() == 0;
                 let rearm = !slot.recv_armed && slot.unread() < INPUT_CAP;
-                if drained {
+                if drained && slot.input.capacity() > 0 {
                     slot.consumed = 0;
                     let input = std::mem::take(&mut slot.input);
                     inner.give_buffer(input);
@@ -1317,6 +1390,54 @@ mod tests {
                 ours.read_exact(&mut got).await.expect("read");
                 writer.join().expect("writer");
                 assert!(got == burst, "3 MiB arrive in order");
+            })
+        });
+    }
+
+    #[test]
+    fn a_backend_slot_holds_its_provided_buffer_until_read_and_keeps_order() {
+        both_modes(|driver| {
+            Box::pin(async move {
+                let (mut ours, mut other) = pair_as(&driver, Peer::Backend);
+                let mut first = [0u8; 1];
+                let waiting =
+                    tokio::time::timeout(Duration::from_millis(20), ours.read(&mut first)).await;
+                assert!(waiting.is_err(), "nothing to read yet");
+                other.write_all(b"VALUE a 0 1\r\n").expect("peer writes");
+                // The completion is reaped, the task not yet run: the bytes wait in the
+                // provided buffer, none copied.
+                while driver.inner.borrow().slots[ours.index as usize].unread() == 0 {
+                    tokio::task::yield_now().await;
+                }
+                {
+                    let inner = driver.inner.borrow();
+                    let slot = &inner.slots[ours.index as usize];
+                    assert!(slot.held.is_some(), "held");
+                    assert_eq!(slot.input.capacity(), 0, "nothing copied");
+                    assert_eq!(inner.backend_held, 1);
+                }
+                // More bytes arrive behind the held ones; a reader reading in small
+                // pieces gets them all in order.
+                let rest: Vec<u8> = (0..200_000u32).map(|i| (i % 239) as u8).collect();
+                let expected = rest.clone();
+                let writer = std::thread::spawn(move || {
+                    other.write_all(&expected).expect("peer writes");
+                    other
+                });
+                let mut got = Vec::new();
+                let mut piece = [0u8; 100];
+                while got.len() < 13 + rest.len() {
+                    let n = ours.read(&mut piece).await.expect("read");
+                    assert!(n > 0, "no early end");
+                    got.extend_from_slice(&piece[..n]);
+                }
+                let _other = writer.join().expect("writer");
+                assert_eq!(&got[..13], b"VALUE a 0 1\r\n");
+                assert!(got[13..] == rest[..], "in order");
+                // Everything read: no buffer held, every backend buffer back in the ring.
+                let inner = driver.inner.borrow();
+                assert!(inner.slots[ours.index as usize].held.is_none());
+                assert_eq!(inner.backend_held, 0);
             })
         });
     }
