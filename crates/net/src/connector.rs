@@ -12,6 +12,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::sockopt::{self, FASTOPEN_SYSCTL};
 use crate::tls::{ClientTls, TlsCounters};
+use crate::uring::Peer;
 use crate::{NetError, Stream};
 
 /// How to reach one backend server.
@@ -73,7 +74,8 @@ impl Connector {
         let tcp = self.connect_tcp().await?;
         // Small requests must not wait for Nagle: latency is the product.
         let _ = tcp.set_nodelay(true);
-        let socket = Stream::from_tcp(tcp).map_err(NetError::Connect)?;
+        // A backend's replies arrive in batches: its receives use the larger buffers.
+        let socket = Stream::from_tcp(tcp, Peer::Backend).map_err(NetError::Connect)?;
         let Some(tls) = &self.tls else {
             return Ok(socket);
         };

@@ -15,6 +15,7 @@ use memroute_config::ListenAddress;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::sockopt::{self, FASTOPEN_SYSCTL};
+use crate::uring::Peer;
 use crate::{NetError, ServerTls, Stream};
 
 /// How listening sockets are set up.
@@ -203,10 +204,10 @@ impl Listener {
                 let (stream, peer) = l.accept().await?;
                 // Small replies must not wait for Nagle: latency is the product.
                 let _ = stream.set_nodelay(true);
-                (Stream::from_tcp(stream)?, peer.to_string())
+                (Stream::from_tcp(stream, Peer::Client)?, peer.to_string())
             }
             AttachedSocket::Unix(l) => (
-                Stream::from_unix(l.accept().await?.0)?,
+                Stream::from_unix(l.accept().await?.0, Peer::Client)?,
                 "unix-socket".to_string(),
             ),
         };

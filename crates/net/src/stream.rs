@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::uring::UringStream;
+use crate::uring::{Peer, UringStream};
 
 type ServerTlsStream = tokio_rustls::server::TlsStream<TcpStream>;
 type ClientTlsStream = tokio_rustls::client::TlsStream<TcpStream>;
@@ -59,25 +59,25 @@ pub enum WriteHalf<'a> {
 }
 
 impl Stream {
-    /// A connected TCP socket, served by this worker's io_uring when it runs one
-    /// (`proxy.io = "io_uring"`), else by tokio's epoll reactor.
-    pub(crate) fn from_tcp(tcp: TcpStream) -> std::io::Result<Stream> {
+    /// A connected TCP socket to or from `peer`, served by this worker's io_uring when it
+    /// runs one (`proxy.io = "io_uring"`), else by tokio's epoll reactor.
+    pub(crate) fn from_tcp(tcp: TcpStream, peer: Peer) -> std::io::Result<Stream> {
         match crate::uring::current() {
             None => Ok(Stream::Tcp(tcp)),
             Some(driver) => {
                 let std = tcp.into_std()?;
-                Ok(Stream::Uring(UringStream::new(&driver, std.into())?))
+                Ok(Stream::Uring(UringStream::new(&driver, std.into(), peer)?))
             }
         }
     }
 
     /// A connected unix socket, as [`Stream::from_tcp`].
-    pub(crate) fn from_unix(unix: UnixStream) -> std::io::Result<Stream> {
+    pub(crate) fn from_unix(unix: UnixStream, peer: Peer) -> std::io::Result<Stream> {
         match crate::uring::current() {
             None => Ok(Stream::Unix(unix)),
             Some(driver) => {
                 let std = unix.into_std()?;
-                Ok(Stream::Uring(UringStream::new(&driver, std.into())?))
+                Ok(Stream::Uring(UringStream::new(&driver, std.into(), peer)?))
             }
         }
     }

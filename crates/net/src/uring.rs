@@ -17,14 +17,19 @@
 //!  it (and with tokio through AsyncFd) when completions are waiting.
 //! ```
 //!
-//! Reads: each connection has at most one multishot recv over the worker's ring of
-//! provided buffers, armed when its reader first finds nothing to read, so an idle
+//! Reads: each connection has at most one multishot recv over one of the worker's two
+//! groups of provided buffers (many small ones for client connections, fewer large ones
+//! for backend connections, whose batched replies would otherwise be cut into several
+//! completions), armed when its reader first finds nothing to read, so an idle
 //! connection holds no buffer of its own: the kernel picks a provided buffer only when
-//! bytes arrive. The bytes are copied out of the provided buffer into the connection's
-//! slot (a buffer from the worker's pool) as soon as the completion is reaped and the
+//! bytes arrive. A client connection's bytes are copied out of the provided buffer into
+//! its slot (a buffer from the worker's pool) as soon as the completion is reaped and the
 //! provided buffer goes straight back to the ring: a client that stops reading its replies
 //! (its session stops reading requests) can hold no provided buffer, so it cannot starve
-//! the other connections of the worker. Past [`INPUT_CAP`] bytes waiting in a slot its recv
+//! the other connections of the worker. A backend connection's reader is memroute's own
+//! backend task, which reads whenever bytes wait: its slot keeps one provided buffer until
+//! the task has read it (one copy instead of two), at most half the backend group in all
+//! slots together; bytes arriving meanwhile are copied behind it as a client's are. Past [`INPUT_CAP`] bytes waiting in a slot its recv
 //! is cancelled, leaving further bytes in the socket where TCP flow control holds them, and
 //! re-armed once the reader has taken them. `ENOBUFS` (the ring ran dry during one burst)
 //! ends a multishot recv; the connection is re-armed at the end of the turn, when the
@@ -49,11 +54,15 @@
 //!   moved out of nor dropped until that send's completion is reaped (a slot whose stream
 //!   is dropped stays until every operation on it has completed, and at driver teardown
 //!   such buffers are leaked rather than freed);
-//! - a recv writes only into provided buffers: one allocation that lives as long as the
-//!   ring, registered with it, and leaked (never freed) if the driver goes away while an
-//!   operation might still be in flight;
-//! - the ring of provided-buffer entries is a page-aligned allocation registered with the
-//!   ring and freed only after the ring itself is closed;
+//! - a recv writes only into provided buffers in the ring (a buffer a backend slot holds
+//!   is out of the ring, so user space reads it while the kernel cannot write it, until it
+//!   is given back): one allocation per buffer group that lives
+//!   as long as the ring, registered with it, and leaked (never freed) if the driver goes
+//!   away while an operation might still be in flight; a completion's buffer id is looked
+//!   up in the group its slot's recv named (a slot's group is fixed from registration to
+//!   its last completion);
+//! - each group's ring of provided-buffer entries is a page-aligned allocation registered
+//!   with the ring and freed only after the ring itself is closed;
 //! - every file descriptor named in a submission is open when it is submitted (the
 //!   kernel takes its own reference to the file then); a cancel names operations by
 //!   `user_data`, and a slot index is reused only after its last completion;
@@ -72,11 +81,41 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use tokio::io::unix::AsyncFd;
 use tokio::io::ReadBuf;
 
-/// Provided buffers of the ring: how many and how big. 256 x 4 KiB = 1 MiB per worker,
-/// touched only as bytes arrive. Small requests use one each; a large value several.
-const PROVIDED_BUFFERS: u16 = 256;
-const PROVIDED_SIZE: usize = 4096;
-const BUFFER_GROUP: u16 = 0;
+/// Provided buffers of the ring, two groups (each one allocation, touched only as bytes
+/// arrive). Client connections, many and mostly idle, with requests of a few hundred bytes:
+/// 256 x 4 KiB = 1 MiB per worker. Backend connections, few per worker and each carrying
+/// the batched replies of many clients (3.5 KiB and more per read in a 20-key multi-get
+/// load, which 4 KiB buffers cut into two completions one time in three): 64 x 16 KiB =
+/// 1 MiB per worker. A large value uses several of either.
+const CLIENT_BUFFERS: BufferGroup = BufferGroup {
+    id: 0,
+    count: 256,
+    size: 4096,
+};
+const BACKEND_BUFFERS: BufferGroup = BufferGroup {
+    id: 1,
+    count: 64,
+    size: 16 * 1024,
+};
+
+/// One group of provided buffers: its id with the ring, how many buffers (a power of two)
+/// and how big.
+#[derive(Debug, Clone, Copy)]
+struct BufferGroup {
+    id: u16,
+    count: u16,
+    size: usize,
+}
+
+/// Whose bytes a connection receives, which picks its provided buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Peer {
+    /// A client: small requests, many connections, most of them idle.
+    #[default]
+    Client,
+    /// A backend server: batched replies, few connections, all of them busy.
+    Backend,
+}
 /// Bytes received but not yet read by a connection's task before its recv is cancelled.
 /// Small: this is process memory a client that stops reading its replies can pin (the
 /// session stops reading requests then), outside the process-wide reply budget; in epoll
@@ -151,10 +190,16 @@ impl std::fmt::Debug for Driver {
 struct Inner {
     /// Declared first: closed before the memory it uses is released.
     ring: IoUring,
-    buffers: ProvidedBuffers,
+    /// Receive buffers of client connections (`CLIENT_BUFFERS`).
+    client_buffers: ProvidedBuffers,
+    /// Receive buffers of backend connections (`BACKEND_BUFFERS`).
+    backend_buffers: ProvidedBuffers,
     slots: Vec<Slot>,
     free: Vec<u32>,
     pool: Vec<Vec<u8>>,
+    /// Backend provided buffers held by slots (`Slot::held`): at most half the group, so
+    /// the others' receives always find buffers.
+    backend_held: u16,
     /// Slots whose multishot recv ended with ENOBUFS: re-armed at the end of the turn.
     starved: Vec<u32>,
     /// Submissions that found the queue full while the kernel refused an enter: they go
@@ -189,6 +234,8 @@ struct Slot {
     /// names a descriptor that was closed (or reused by another connection) meanwhile.
     socket: Option<OwnedFd>,
     fd: RawFd,
+    /// Whose bytes arrive here: which group of provided buffers its recv names.
+    peer: Peer,
     in_use: bool,
     /// The stream was dropped: the slot goes once `ops` is 0.
     closed: bool,
@@ -201,7 +248,10 @@ struct Slot {
     ops: u8,
     read_error: i32,
     write_error: i32,
-    /// Bytes received and not yet read by the task, from `consumed` on.
+    /// A backend connection's bytes received last, still in their provided buffer (not
+    /// yet copied): read before `input`'s (see `Inner::received`).
+    held: Option<HeldBuffer>,
+    /// Bytes received and not yet read by the task, from `consumed` on (after `held`'s).
     input: Vec<u8>,
     consumed: usize,
     /// The bytes of the send in flight (untouched until its completion), from `sent` on.
@@ -214,9 +264,23 @@ struct Slot {
     write_waker: Option<Waker>,
 }
 
+/// Bytes `start..end` of backend provided buffer `bid`, received and not yet read.
+#[derive(Debug, Clone, Copy)]
+struct HeldBuffer {
+    bid: u16,
+    start: u16,
+    end: u16,
+}
+
+impl HeldBuffer {
+    fn unread(&self) -> usize {
+        usize::from(self.end - self.start)
+    }
+}
+
 impl Slot {
     fn unread(&self) -> usize {
-        self.input.len() - self.consumed
+        self.input.len() - self.consumed + self.held.map_or(0, |held| held.unread())
     }
 
     fn unsent(&self) -> usize {
@@ -261,13 +325,16 @@ impl Driver {
         // SAFETY: a new descriptor that nothing else owns.
         let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
         let ring = builder.build(SQ_ENTRIES)?;
-        let buffers = ProvidedBuffers::new(&ring)?;
+        let client_buffers = ProvidedBuffers::new(&ring, CLIENT_BUFFERS)?;
+        let backend_buffers = ProvidedBuffers::new(&ring, BACKEND_BUFFERS)?;
         let inner = Inner {
             ring,
-            buffers,
+            client_buffers,
+            backend_buffers,
             slots: Vec::new(),
             free: Vec::new(),
             pool: Vec::new(),
+            backend_held: 0,
             starved: Vec::new(),
             backlog: std::collections::VecDeque::new(),
             wake: Vec::new(),
@@ -338,6 +405,8 @@ impl Driver {
         let inner = &mut *inner;
         for _ in 0..4 {
             inner.drain_backlog();
+            // Buffers read out of slots since the last turn are the kernel's again.
+            inner.backend_buffers.publish();
             let must_enter = {
                 let sq = inner.ring.submission();
                 !sq.is_empty() || sq.taskrun() || sq.cq_overflow()
@@ -359,7 +428,8 @@ impl Driver {
                 }
             }
             inner.reap();
-            inner.buffers.publish();
+            inner.client_buffers.publish();
+            inner.backend_buffers.publish();
             let mut starved = std::mem::take(&mut inner.starved);
             for index in starved.drain(..) {
                 inner.arm_recv(index);
@@ -436,7 +506,7 @@ impl Driver {
         }
     }
 
-    fn register(&self, socket: OwnedFd) -> u32 {
+    fn register(&self, socket: OwnedFd, peer: Peer) -> u32 {
         let fd = socket.as_raw_fd();
         let mut inner = self.inner.borrow_mut();
         let index = match inner.free.pop() {
@@ -450,6 +520,7 @@ impl Driver {
         *slot = Slot {
             socket: Some(socket),
             fd,
+            peer,
             in_use: true,
             ..Slot::default()
         };
@@ -471,7 +542,8 @@ impl Drop for Inner {
                 std::mem::forget(std::mem::take(&mut slot.sending));
             }
         }
-        self.buffers.leak();
+        self.client_buffers.leak();
+        self.backend_buffers.leak();
     }
 }
 
@@ -542,7 +614,11 @@ impl Inner {
         }
         slot.recv_armed = true;
         slot.ops += 1;
-        let entry = opcode::RecvMulti::new(types::Fd(slot.fd), BUFFER_GROUP)
+        let group = match slot.peer {
+            Peer::Client => CLIENT_BUFFERS.id,
+            Peer::Backend => BACKEND_BUFFERS.id,
+        };
+        let entry = opcode::RecvMulti::new(types::Fd(slot.fd), group)
             .build()
             .user_data(token(index, OP_RECV));
         self.counters.recvs_armed += 1;
@@ -625,6 +701,9 @@ impl Inner {
             let slot = std::mem::take(slot);
             // Closes the socket: nothing refers to it any more.
             drop(slot.socket);
+            if let Some(held) = slot.held {
+                self.give_back_held(held);
+            }
             for buffer in [slot.input, slot.sending, slot.filling] {
                 if buffer.capacity() > 0 {
                     self.give_buffer(buffer);
@@ -637,15 +716,47 @@ impl Inner {
     fn received(&mut self, index: u32, result: i32, flags: u32) {
         let more = cqueue::more(flags);
         if let Some(bid) = cqueue::buffer_select(flags) {
+            // A slot's peer is fixed while it has an operation in flight: the buffer
+            // came from the group its recv named.
+            let peer = self.slots.get(index as usize).map(|s| s.peer);
+            let mut keep = false;
             if result > 0 && self.slots.get(index as usize).is_some_and(|s| !s.closed) {
+                // A backend connection's reader is memroute's own backend task, which
+                // reads whenever bytes wait (never held up by a client): its bytes stay
+                // in the provided buffer until it reads them, one copy instead of two.
+                // Only when nothing else waits in the slot (order), and one buffer per
+                // slot, at most half the group.
+                let slot = &mut self.slots[index as usize];
+                if peer == Some(Peer::Backend)
+                    && slot.unread() == 0
+                    && self.backend_held < BACKEND_BUFFERS.count / 2
+                {
+                    slot.held = Some(HeldBuffer {
+                        bid,
+                        start: 0,
+                        end: (result as usize).min(BACKEND_BUFFERS.size) as u16,
+                    });
+                    self.backend_held += 1;
+                    keep = true;
+                }
+            }
+            if !keep && result > 0 && self.slots.get(index as usize).is_some_and(|s| !s.closed) {
                 let mut input = std::mem::take(&mut self.slots[index as usize].input);
                 if input.capacity() == 0 {
                     input = self.take_buffer();
                 }
-                input.extend_from_slice(self.buffers.bytes(bid, result as usize));
+                let buffers = match peer {
+                    Some(Peer::Backend) => &self.backend_buffers,
+                    _ => &self.client_buffers,
+                };
+                input.extend_from_slice(buffers.bytes(bid, result as usize));
                 self.slots[index as usize].input = input;
             }
-            self.buffers.give_back(bid);
+            match peer {
+                _ if keep => {}
+                Some(Peer::Backend) => self.backend_buffers.give_back(bid),
+                _ => self.client_buffers.give_back(bid),
+            }
         }
         let Some(slot) = self.slots.get_mut(index as usize) else {
             return;
@@ -685,6 +796,12 @@ impl Inner {
         if !more {
             self.op_done(index);
         }
+    }
+
+    /// A slot's held buffer is read (or the slot gone): the kernel may fill it again.
+    fn give_back_held(&mut self, held: HeldBuffer) {
+        self.backend_buffers.give_back(held.bid);
+        self.backend_held = self.backend_held.saturating_sub(1);
     }
 
     fn sent(&mut self, index: u32, result: i32) {
@@ -751,15 +868,16 @@ impl std::fmt::Debug for UringStream {
 }
 
 impl UringStream {
-    /// Serves `socket` (a connected TCP or unix stream socket) through `driver`.
-    pub fn new(driver: &Driver, socket: OwnedFd) -> io::Result<UringStream> {
+    /// Serves `socket` (a connected TCP or unix stream socket to or from `peer`) through
+    /// `driver`.
+    pub fn new(driver: &Driver, socket: OwnedFd, peer: Peer) -> io::Result<UringStream> {
         // Blocking mode: io_uring then waits for readiness itself instead of failing
         // the operation with EAGAIN (see the module header).
         socket2::SockRef::from(&socket).set_nonblocking(false)?;
         // SAFETY: the slot owns the descriptor and closes it only after this stream is
         // dropped (and the slot's operations are done), so it is open while `fd` is used.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(socket.as_raw_fd()) };
-        let index = driver.register(socket);
+        let index = driver.register(socket, peer);
         Ok(UringStream {
             driver: driver.id,
             index,
@@ -793,12 +911,26 @@ impl UringStream {
             let index = self.index;
             let slot = &mut inner.slots[index as usize];
             if slot.unread() > 0 {
-                let n = slot.unread().min(buf.remaining());
+                if let Some(held) = &mut slot.held {
+                    let end = usize::from(held.end);
+                    let bytes =
+                        &inner.backend_buffers.bytes(held.bid, end)[usize::from(held.start)..];
+                    let n = bytes.len().min(buf.remaining());
+                    buf.put_slice(&bytes[..n]);
+                    held.start += n as u16;
+                    if held.unread() == 0 {
+                        let held = *held;
+                        slot.held = None;
+                        inner.give_back_held(held);
+                    }
+                }
+                let slot = &mut inner.slots[index as usize];
+                let n = (slot.input.len() - slot.consumed).min(buf.remaining());
                 buf.put_slice(&slot.input[slot.consumed..slot.consumed + n]);
                 slot.consumed += n;
                 let drained = slot.unread() == 0;
                 let rearm = !slot.recv_armed && slot.unread() < INPUT_CAP;
-                if drained {
+                if drained && slot.input.capacity() > 0 {
                     slot.consumed = 0;
                     let input = std::mem::take(&mut slot.input);
                     inner.give_buffer(input);
@@ -923,6 +1055,7 @@ impl Drop for UringStream {
 /// The ring of provided buffers: a page-aligned ring of `{addr, len, bid}` entries
 /// shared with the kernel, and the buffers themselves in one allocation.
 struct ProvidedBuffers {
+    group: BufferGroup,
     entries: *mut types::BufRingEntry,
     layout: std::alloc::Layout,
     /// Our copy of the tail, published to the kernel by `publish`.
@@ -932,9 +1065,10 @@ struct ProvidedBuffers {
 }
 
 impl ProvidedBuffers {
-    fn new(ring: &IoUring) -> io::Result<ProvidedBuffers> {
+    fn new(ring: &IoUring, group: BufferGroup) -> io::Result<ProvidedBuffers> {
+        debug_assert!(group.count.is_power_of_two());
         let layout = std::alloc::Layout::from_size_align(
-            PROVIDED_BUFFERS as usize * std::mem::size_of::<types::BufRingEntry>(),
+            group.count as usize * std::mem::size_of::<types::BufRingEntry>(),
             4096,
         )
         .map_err(io::Error::other)?;
@@ -946,25 +1080,22 @@ impl ProvidedBuffers {
             ));
         }
         let mut buffers = ProvidedBuffers {
+            group,
             entries,
             layout,
             tail: 0,
             published: 0,
-            data: vec![0u8; PROVIDED_BUFFERS as usize * PROVIDED_SIZE].into_boxed_slice(),
+            data: vec![0u8; group.count as usize * group.size].into_boxed_slice(),
         };
-        for bid in 0..PROVIDED_BUFFERS {
+        for bid in 0..group.count {
             buffers.give_back(bid);
         }
         buffers.publish();
-        // SAFETY: `entries` is page-aligned and PROVIDED_BUFFERS long, and is freed only
+        // SAFETY: `entries` is page-aligned and `group.count` long, and is freed only
         // after the ring is closed (`Inner` drops `ring` first) or leaked.
         let registered = unsafe {
-            ring.submitter().register_buf_ring_with_flags(
-                entries as u64,
-                PROVIDED_BUFFERS,
-                BUFFER_GROUP,
-                0,
-            )
+            ring.submitter()
+                .register_buf_ring_with_flags(entries as u64, group.count, group.id, 0)
         };
         if let Err(error) = registered {
             // SAFETY: allocated above with this layout; the kernel never saw it.
@@ -977,15 +1108,16 @@ impl ProvidedBuffers {
 
     /// Queues buffer `bid` for the kernel again (visible after `publish`).
     fn give_back(&mut self, bid: u16) {
-        if bid >= PROVIDED_BUFFERS {
+        let BufferGroup { count, size, .. } = self.group;
+        if bid >= count {
             return;
         }
-        let slot = (self.tail & (PROVIDED_BUFFERS - 1)) as usize;
-        // SAFETY: `slot` < PROVIDED_BUFFERS; the kernel reads entries only up to the
-        // published tail, and this one is past it.
+        let slot = (self.tail & (count - 1)) as usize;
+        // SAFETY: `slot` < `count`; the kernel reads entries only up to the published
+        // tail, and this one is past it.
         let entry = unsafe { &mut *self.entries.add(slot) };
-        entry.set_addr(self.data[bid as usize * PROVIDED_SIZE..].as_ptr() as u64);
-        entry.set_len(PROVIDED_SIZE as u32);
+        entry.set_addr(self.data[bid as usize * size..].as_ptr() as u64);
+        entry.set_len(size as u32);
         entry.set_bid(bid);
         self.tail = self.tail.wrapping_add(1);
     }
@@ -1004,8 +1136,9 @@ impl ProvidedBuffers {
     }
 
     fn bytes(&self, bid: u16, len: usize) -> &[u8] {
-        let start = (bid as usize).min(PROVIDED_BUFFERS as usize - 1) * PROVIDED_SIZE;
-        &self.data[start..start + len.min(PROVIDED_SIZE)]
+        let BufferGroup { count, size, .. } = self.group;
+        let start = (bid as usize).min(count as usize - 1) * size;
+        &self.data[start..start + len.min(size)]
     }
 
     /// Gives up the memory without freeing it (see `Inner`'s Drop).
@@ -1101,7 +1234,7 @@ mod tests {
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let (ours, _) = listener.accept().expect("accept");
         (
-            UringStream::new(driver, OwnedFd::from(ours)).expect("register"),
+            UringStream::new(driver, OwnedFd::from(ours), Peer::Client).expect("register"),
             peer,
         )
     }
@@ -1181,7 +1314,130 @@ mod tests {
                 assert!(back == payload, "the echo came back in order");
                 echo.join().expect("echo thread");
                 let counters = driver.counters();
-                assert!(counters.completions > (payload.len() / PROVIDED_SIZE) as u64);
+                assert!(counters.completions > (payload.len() / CLIENT_BUFFERS.size) as u64);
+            })
+        });
+    }
+
+    /// A connected pair whose our end receives as `peer` does.
+    fn pair_as(driver: &Rc<Driver>, peer: Peer) -> (UringStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let other =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        other.set_nodelay(true).expect("nodelay");
+        let (ours, _) = listener.accept().expect("accept");
+        (
+            UringStream::new(driver, OwnedFd::from(ours), peer).expect("register"),
+            other,
+        )
+    }
+
+    /// Arms `ours`'s recv, has the peer write `bytes` in one write, and returns what was
+    /// read and how many completions the driver reaped for it.
+    async fn one_write_received(driver: &Rc<Driver>, peer: Peer, bytes: &[u8]) -> (Vec<u8>, u64) {
+        let (mut ours, mut other) = pair_as(driver, peer);
+        let mut first = [0u8; 1];
+        let waiting = tokio::time::timeout(Duration::from_millis(20), ours.read(&mut first)).await;
+        assert!(waiting.is_err(), "nothing to read yet");
+        let before = driver.counters();
+        // From this thread, while the driver cannot run: loopback queues the whole write
+        // (one segment up to 64 KiB) before the recv's work runs.
+        other.write_all(bytes).expect("peer writes");
+        let mut got = vec![0u8; bytes.len()];
+        ours.read_exact(&mut got).await.expect("read");
+        let completions = driver.counters().completions - before.completions;
+        (got, completions)
+    }
+
+    #[test]
+    fn a_backend_reply_larger_than_a_client_buffer_arrives_in_one_completion() {
+        both_modes(|driver| {
+            Box::pin(async move {
+                // A batch of multi-get replies: bigger than a client buffer, smaller than
+                // a backend one.
+                let reply: Vec<u8> = b"VALUE key:000 0 64\r\n".repeat(300);
+                assert!(reply.len() > CLIENT_BUFFERS.size && reply.len() < BACKEND_BUFFERS.size);
+                let (got, completions) = one_write_received(&driver, Peer::Backend, &reply).await;
+                assert!(got == reply, "the bytes arrive in order");
+                assert_eq!(completions, 1, "{:?}", driver.counters());
+                // The same bytes on a client connection are cut by its 4 KiB buffers.
+                let (got, completions) = one_write_received(&driver, Peer::Client, &reply).await;
+                assert!(got == reply, "the bytes arrive in order");
+                assert_eq!(completions, 2, "{:?}", driver.counters());
+            })
+        });
+    }
+
+    #[test]
+    fn a_backend_value_larger_than_a_backend_buffer_spans_several_in_order() {
+        both_modes(|driver| {
+            Box::pin(async move {
+                let value: Vec<u8> = (0..60_000u32).map(|i| (i % 253) as u8).collect();
+                let (got, completions) = one_write_received(&driver, Peer::Backend, &value).await;
+                assert!(got == value, "the bytes arrive in order across buffers");
+                let least = value.len().div_ceil(BACKEND_BUFFERS.size) as u64;
+                assert!(completions >= least, "{completions} completions");
+                // Every backend buffer went back to the ring: a burst far larger than
+                // the whole group is still received.
+                let burst: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 241) as u8).collect();
+                let (mut ours, other) = pair_as(&driver, Peer::Backend);
+                let expected = burst.clone();
+                let writer = std::thread::spawn(move || {
+                    let mut other = other;
+                    other.write_all(&expected).expect("peer writes");
+                });
+                let mut got = vec![0u8; burst.len()];
+                ours.read_exact(&mut got).await.expect("read");
+                writer.join().expect("writer");
+                assert!(got == burst, "3 MiB arrive in order");
+            })
+        });
+    }
+
+    #[test]
+    fn a_backend_slot_holds_its_provided_buffer_until_read_and_keeps_order() {
+        both_modes(|driver| {
+            Box::pin(async move {
+                let (mut ours, mut other) = pair_as(&driver, Peer::Backend);
+                let mut first = [0u8; 1];
+                let waiting =
+                    tokio::time::timeout(Duration::from_millis(20), ours.read(&mut first)).await;
+                assert!(waiting.is_err(), "nothing to read yet");
+                other.write_all(b"VALUE a 0 1\r\n").expect("peer writes");
+                // The completion is reaped, the task not yet run: the bytes wait in the
+                // provided buffer, none copied.
+                while driver.inner.borrow().slots[ours.index as usize].unread() == 0 {
+                    tokio::task::yield_now().await;
+                }
+                {
+                    let inner = driver.inner.borrow();
+                    let slot = &inner.slots[ours.index as usize];
+                    assert!(slot.held.is_some(), "held");
+                    assert_eq!(slot.input.capacity(), 0, "nothing copied");
+                    assert_eq!(inner.backend_held, 1);
+                }
+                // More bytes arrive behind the held ones; a reader reading in small
+                // pieces gets them all in order.
+                let rest: Vec<u8> = (0..200_000u32).map(|i| (i % 239) as u8).collect();
+                let expected = rest.clone();
+                let writer = std::thread::spawn(move || {
+                    other.write_all(&expected).expect("peer writes");
+                    other
+                });
+                let mut got = Vec::new();
+                let mut piece = [0u8; 100];
+                while got.len() < 13 + rest.len() {
+                    let n = ours.read(&mut piece).await.expect("read");
+                    assert!(n > 0, "no early end");
+                    got.extend_from_slice(&piece[..n]);
+                }
+                let _other = writer.join().expect("writer");
+                assert_eq!(&got[..13], b"VALUE a 0 1\r\n");
+                assert!(got[13..] == rest[..], "in order");
+                // Everything read: no buffer held, every backend buffer back in the ring.
+                let inner = driver.inner.borrow();
+                assert!(inner.slots[ours.index as usize].held.is_none());
+                assert_eq!(inner.backend_held, 0);
             })
         });
     }
@@ -1215,7 +1471,10 @@ mod tests {
                 tokio::task::yield_now().await;
             };
             let held = driver.inner.borrow().slots[ours.index as usize].unread();
-            assert!(held <= INPUT_CAP + 64 * PROVIDED_SIZE, "held {held} bytes");
+            assert!(
+                held <= INPUT_CAP + 64 * CLIENT_BUFFERS.size,
+                "held {held} bytes"
+            );
             assert!(driver.counters().throttled >= 1, "{:?}", driver.counters());
             assert!(
                 sent > held,
