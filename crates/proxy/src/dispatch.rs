@@ -189,6 +189,24 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 slot,
                 echo: meta_echo(&request),
             };
+            // Through shadow and random routes down to a pool: sent to that pool as a plain
+            // pool's request is, with the shadow copy (if the key is in its range) on a
+            // task of its own, as the executor would send it.
+            if let Some((pool, shadow)) = execute::single_pool(routing, node) {
+                if let Some(server) = routing.server_for(pool, key) {
+                    let connection = routing.pools[pool].servers[server].pick(slot);
+                    let receiver = connection.send(job.parts.clone(), kind);
+                    if let Some(shadow) = shadow {
+                        execute::shadow_copy_single(routing, shadow, job);
+                    }
+                    return Pending::Single {
+                        routing: routing.clone(),
+                        leg: Leg::new(receiver, pool, server, started).on_route(node),
+                        command: request.command,
+                        noreply: request.noreply,
+                    };
+                }
+            }
             // A read through a failover (or replicated) route whose first child is a pool:
             // sent to that pool as a plain pool's request is; the executor runs only for
             // the later children, if the first answer is a failure.

@@ -418,6 +418,52 @@ pub(crate) fn multi_get_pool(
     }
 }
 
+/// For a single-key request that reached policy route `node`: the pool it is sent to as a
+/// plain pool's request is, when the way there is at most one shadow route and any random
+/// routes (picked now), and the shadow route on the way (its copy is the caller's to send,
+/// `shadow_copy_single`). `None` for every other route (the executor, or `first_pool`).
+pub(crate) fn single_pool(
+    routing: &RouteSnapshot,
+    node: NodeId,
+) -> Option<(usize, Option<NodeId>)> {
+    let mut shadow = None;
+    let mut at = node;
+    loop {
+        match routing.routes.node(at) {
+            Node::Pool(pool) => return Some((*pool, shadow)),
+            Node::Shadow { primary, .. } if shadow.is_none() => {
+                shadow = Some(at);
+                at = *primary;
+            }
+            Node::Random { children } => at = pick_random(children),
+            _ => return None,
+        }
+    }
+}
+
+/// Copies `job` to shadow route `node`'s shadow target when its key is in the route's
+/// range, as `run` does for a shadow route (on a task of its own; replies dropped).
+pub(crate) fn shadow_copy_single(routing: &Rc<RouteSnapshot>, node: NodeId, job: Job) {
+    if let Node::Shadow {
+        shadow,
+        range,
+        max_in_flight,
+        shadow_index,
+        ..
+    } = routing.routes.node(node)
+    {
+        if range.contains_key(&job.key) {
+            shadow_copy(
+                routing,
+                *shadow,
+                *shadow_index,
+                *max_in_flight,
+                &Rc::new(job),
+            );
+        }
+    }
+}
+
 /// Whether `key` is in shadow route `node`'s range (is copied to its shadow target).
 pub(crate) fn shadows_key(routing: &RouteSnapshot, node: NodeId, key: &[u8]) -> bool {
     match routing.routes.node(node) {
