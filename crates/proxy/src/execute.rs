@@ -8,6 +8,8 @@
 //!             a read through a failover/replicated route over a pool first (first_pool)?
 //!                 --yes--> sent to that pool as a plain request; here only on a failure
 //!                 | no     (start_after_first: the later children)
+//!             a request through shadow/random routes down to a pool (single_pool)?
+//!                 --yes--> sent to that pool as a plain request; the shadow copy on a task
 //!             a multi-get's keys through failover, replicated, warm-up, shadow or random
 //!             routes down to a pool (multi_get_pool)?
 //!                 --yes--> planned over that pool as a plain pool's keys (dispatch); here
