@@ -19,6 +19,7 @@ pub mod binary;
 mod error;
 mod reply;
 mod request;
+mod scan;
 
 pub use base64::decode_base64;
 pub use error::{ErrorReply, ProtocolError};

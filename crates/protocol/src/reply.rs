@@ -106,23 +106,16 @@ fn value_header_length(line: &[u8]) -> Result<Option<&[u8]>, ProtocolError> {
 
 /// A `VALUE <key> <flags> <bytes>[ <cas>]\r\n` line as memcached writes it, at the start of
 /// `rest`, read in one pass of byte compares: no search for the line's end or the key's
-/// (a reply carries one such line per value, and setting up a vectorised search costs more
-/// than a short key's bytes). `None` for anything else, a line not fully arrived included
+/// (a reply carries one such line per value; the key's end is found eight bytes at a time,
+/// see `scan`). `None` for anything else, a line not fully arrived included
 /// (the careful readers below then say what it is): the same lines are accepted, with the
 /// same key and length, as when the line is first cut at its `\r\n` and read word by word.
 #[inline]
 fn value_line(rest: &[u8]) -> Option<ValueLine> {
     let after = rest.strip_prefix(b"VALUE ")?;
     // The key runs to the next space; a newline first means this is not one whole line.
-    let mut i = 0;
-    loop {
-        match *after.get(i)? {
-            b' ' => break,
-            b'\n' => return None,
-            _ => i += 1,
-        }
-    }
-    if i == 0 {
+    let mut i = crate::scan::find_either(after, 0, b' ', b'\n')?;
+    if i == 0 || after[i] != b' ' {
         return None;
     }
     let key_end = i;
