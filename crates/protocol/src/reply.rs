@@ -114,14 +114,20 @@ fn value_header_length(line: &[u8]) -> Result<Option<&[u8]>, ProtocolError> {
 fn value_line(rest: &[u8]) -> Option<ValueLine> {
     let after = rest.strip_prefix(b"VALUE ")?;
     // The key runs to the next space; a newline first means this is not one whole line.
-    let mut i = crate::scan::find_either(after, 0, b' ', b'\n')?;
-    if i == 0 || after[i] != b' ' {
+    let key_end = crate::scan::find_either(after, 0, b' ', b'\n')?;
+    if key_end == 0 || after[key_end] != b' ' {
         return None;
     }
-    let key_end = i;
+    value_line_numbers(after, key_end)
+}
+
+/// The rest of a VALUE line after its key (`after` starts after `VALUE `, the key ends at
+/// `key_end`, where a space is): flags, data length, optional cas, `\r\n`.
+#[inline]
+fn value_line_numbers(after: &[u8], key_end: usize) -> Option<ValueLine> {
     // Flags: digits, then a space.
-    let flags_start = i + 1;
-    i = skip_digits(after, flags_start);
+    let flags_start = key_end + 1;
+    let mut i = skip_digits(after, flags_start);
     if i == flags_start || after.get(i) != Some(&b' ') {
         return None;
     }
@@ -422,6 +428,32 @@ pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
     })
 }
 
+/// The VALUE block at byte `pos` of a framed retrieval reply when it is `key`'s (a key
+/// as a client sends it: no spaces, no newline), else `None`: what [`value_block_at`] and a
+/// comparison of its key with `key` answer, without looking for the key's end when the
+/// reply's key is `key` (a multi-get's merge knows which key it expects next).
+pub fn value_block_for(reply: &[u8], pos: usize, key: &[u8]) -> Option<Range<usize>> {
+    let rest = reply.get(pos..)?;
+    let after = rest.strip_prefix(b"VALUE ")?;
+    let fast = match after.get(key.len()) {
+        Some(b' ') if !key.is_empty() && after.starts_with(key) => {
+            value_line_numbers(after, key.len())
+        }
+        _ => None,
+    };
+    let block = match fast {
+        Some(line) => pos..pos + line.data_start + line.len + 2,
+        None => {
+            let block = value_block_at(reply, pos)?;
+            if reply.get(block.key.clone())? != key {
+                return None;
+            }
+            block.block
+        }
+    };
+    (block.end <= reply.len()).then_some(block)
+}
+
 /// The first space-separated word of a reply line.
 fn first_word(line: &[u8]) -> &[u8] {
     match memchr::memchr(b' ', line) {
@@ -553,7 +585,9 @@ mod tests {
             Ok(ReplyParse::Complete(replies[2].len())),
             Err(ProtocolError::BadReply("malformed VALUE line")),
             Err(ProtocolError::BadReply("line not terminated by \\r\\n")),
-            Err(ProtocolError::BadReply("data block not terminated by \\r\\n")),
+            Err(ProtocolError::BadReply(
+                "data block not terminated by \\r\\n",
+            )),
             Err(ProtocolError::BadReply("line not terminated by \\r\\n")),
             Err(ProtocolError::BadReply("expected VALUE or END")),
             Err(ProtocolError::BadReply("expected VALUE or END")),
@@ -575,15 +609,39 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(
-            parse_reply(b"VALUE abc 0 1\r\n1\r\nEND\r\n", ReplyKind::Retrieval, &small),
+            parse_reply(
+                b"VALUE abc 0 1\r\n1\r\nEND\r\n",
+                ReplyKind::Retrieval,
+                &small
+            ),
             Err(ProtocolError::BadReply("line too long"))
         );
         // The merge's walk finds the same blocks.
         let blocks = value_blocks(replies[1]).expect("no error line");
         assert_eq!(blocks.len(), 2);
         assert_eq!(&replies[1][blocks[1].key.clone()], b"bb");
-        assert_eq!(&replies[1][blocks[1].block.clone()], b"VALUE bb 5 2 77\r\n22\r\n");
+        assert_eq!(
+            &replies[1][blocks[1].block.clone()],
+            b"VALUE bb 5 2 77\r\n22\r\n"
+        );
         assert_eq!(retrieval_error(replies[2]), Some(0..replies[2].len()));
+        // Looking for a given key: its block, or nothing when the block is another key's
+        // (a longer key, a shorter one, a prefix of it).
+        let reply = b"VALUE ab 0 1\r\n1\r\nVALUE abc 0 2 9\r\n22\r\nEND\r\n";
+        assert_eq!(value_block_for(reply, 0, b"ab"), Some(0..17));
+        for other in [&b"a"[..], b"abc", b"b", b""] {
+            assert_eq!(value_block_for(reply, 0, other), None);
+        }
+        assert_eq!(value_block_for(reply, 17, b"abc"), Some(17..38));
+        assert_eq!(value_block_for(reply, 38, b"abc"), None);
+        // A header the fast reader refuses is read by the careful one, as before.
+        let padded = b"VALUE k 0 1 \r\n1\r\nEND\r\n";
+        assert_eq!(
+            value_block_for(padded, 0, b"k"),
+            value_block_at(padded, 0).map(|b| b.block)
+        );
+        // Cut short: no block.
+        assert_eq!(value_block_for(&reply[..16], 0, b"ab"), None);
         assert_eq!(retrieval_error(replies[1]), None);
     }
 }

@@ -1041,7 +1041,10 @@ mod tests {
     /// at memcached's word limit too (the retrieval path stops after two words).
     #[test]
     fn words_split_in_two_steps_as_in_one() {
-        let many = (0..30).map(|i| format!("w{i}")).collect::<Vec<_>>().join("  ");
+        let many = (0..30)
+            .map(|i| format!("w{i}"))
+            .collect::<Vec<_>>()
+            .join("  ");
         let lines: [&[u8]; 7] = [
             b"",
             b"   ",

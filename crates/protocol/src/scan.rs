@@ -52,7 +52,10 @@ mod tests {
             for target in (0..=len).map(Some).chain([None]) {
                 for (f, &fill) in filler.iter().enumerate() {
                     let mut bytes: Vec<u8> = (0..len).map(|i| filler[(i + f) % 8] ^ fill).collect();
-                    bytes.iter_mut().filter(|b| **b == b' ' || **b == b'\n').for_each(|b| *b = b'x');
+                    bytes
+                        .iter_mut()
+                        .filter(|b| **b == b' ' || **b == b'\n')
+                        .for_each(|b| *b = b'x');
                     if let Some(t) = target.filter(|&t| t < len) {
                         bytes[t] = if t % 2 == 0 { b' ' } else { b'\n' };
                         if t + 1 < len {

@@ -493,7 +493,14 @@ mod tests {
 
     #[test]
     fn four_keys_at_once_hash_as_one_at_a_time() {
-        let keys: [&[u8]; 6] = [b"", b"a", b"user:1234567:profile", b"k\xe9y", b"xy", b"12345"];
+        let keys: [&[u8]; 6] = [
+            b"",
+            b"a",
+            b"user:1234567:profile",
+            b"k\xe9y",
+            b"xy",
+            b"12345",
+        ];
         for name in HashName::ALL {
             let f = HashFn(name);
             for first in 0..keys.len() {
