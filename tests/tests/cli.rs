@@ -55,7 +55,7 @@ default = "main"
         out.stderr
     );
     for needle in [
-        "proxy: listen 127.0.0.1:11999, unix:/tmp/memroute-cli-check.sock workers 3 backlog 1024 route by_prefix",
+        "proxy: listen 127.0.0.1:11999, unix:/tmp/memroute-cli-check.sock workers 3 io io_uring backlog 1024 route by_prefix",
         "pool main: 3 servers, distribution ketama, hash md5, timeout 400ms, connections 1",
         "  server 10.0.0.1:11211 weight 1\n",
         "  server 10.0.0.2:11211 weight 2 name mc-2",

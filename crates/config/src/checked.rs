@@ -77,6 +77,20 @@ pub enum IoMode {
     IoUring,
 }
 
+impl IoMode {
+    /// The spelling of each mode in `proxy.io`, also what `--check` and the logs print.
+    pub const NAMES: &'static [(&'static str, IoMode)] =
+        &[("epoll", IoMode::Epoll), ("io_uring", IoMode::IoUring)];
+
+    /// This mode as `proxy.io` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoMode::Epoll => "epoll",
+            IoMode::IoUring => "io_uring",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ListenAddress {
     Tcp(String),

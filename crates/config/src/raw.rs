@@ -740,15 +740,23 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
 
     let io = match get_str(t, "io", path, errs) {
         None => IoMode::default(),
-        Some("epoll") => IoMode::Epoll,
-        Some("io_uring") => IoMode::IoUring,
-        Some(other) => {
-            errs.push(
-                &join(path, "io"),
-                format!("unknown I/O mode `{other}`; expected \"epoll\" or \"io_uring\""),
-            );
-            IoMode::default()
-        }
+        Some(text) => match IoMode::NAMES.iter().find(|(name, _)| *name == text) {
+            Some(&(_, mode)) => mode,
+            None => {
+                let expected: Vec<String> = IoMode::NAMES
+                    .iter()
+                    .map(|(name, _)| format!("\"{name}\""))
+                    .collect();
+                errs.push(
+                    &join(path, "io"),
+                    format!(
+                        "unknown I/O mode `{text}`; expected {}",
+                        expected.join(" or ")
+                    ),
+                );
+                IoMode::default()
+            }
+        },
     };
 
     ProxyConfig {

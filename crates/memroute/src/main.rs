@@ -277,9 +277,10 @@ fn describe(config: &Config) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "proxy: listen {} workers {} backlog {} route {}",
+        "proxy: listen {} workers {} io {} backlog {} route {}",
         listen.join(", "),
         config.proxy.workers,
+        config.proxy.io.name(),
         config.proxy.backlog,
         config.proxy.route
     );
