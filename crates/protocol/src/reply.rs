@@ -123,7 +123,7 @@ fn value_line(rest: &[u8]) -> Option<ValueLine> {
 
 /// The rest of a VALUE line after its key (`after` starts after `VALUE `, the key ends at
 /// `key_end`, where a space is): flags, data length, optional cas, `\r\n`.
-#[inline]
+#[inline(always)]
 fn value_line_numbers(after: &[u8], key_end: usize) -> Option<ValueLine> {
     // Flags: digits, then a space.
     let flags_start = key_end + 1;
@@ -175,7 +175,7 @@ struct ValueLine {
 }
 
 /// The end of the run of ASCII digits starting at `from` (`from` itself when none).
-#[inline]
+#[inline(always)]
 fn skip_digits(bytes: &[u8], mut from: usize) -> usize {
     while bytes.get(from).is_some_and(u8::is_ascii_digit) {
         from += 1;
@@ -561,6 +561,103 @@ mod tests {
         // A line that ends (at a newline) inside what would be its key is not one.
         assert_eq!(value_line(b"VALUE k\n 0 5\r\n"), None);
         assert_eq!(value_line(b"VALUE k 0 5\n"), None);
+    }
+
+    /// Random replies (VALUE lines with odd spacing, numbers and lengths, error lines, cut
+    /// short, bytes flipped): the framing with its one-pass reader answers exactly what the
+    /// careful readers alone answer, and the merge's `value_block_for` what `value_block_at`
+    /// and a key comparison answer.
+    #[test]
+    fn one_pass_readers_agree_with_the_careful_ones_on_random_replies() {
+        let limits = Limits {
+            max_line_len: 40,
+            ..Limits::default()
+        };
+        let careful = |buf: &[u8]| -> Result<ReplyParse, ProtocolError> {
+            let Some(first_end) = line_at(buf, 0, &limits)? else {
+                return Ok(ReplyParse::Incomplete);
+            };
+            if is_error_line(&buf[..first_end]) {
+                return Ok(ReplyParse::Complete(first_end + 2));
+            }
+            retrieval_lines(buf, 0, first_end, &limits)
+        };
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below as u64) as usize
+        };
+        let pieces: [&[u8]; 14] = [
+            b"VALUE ",
+            b"k",
+            b"key:12",
+            b" ",
+            b"  ",
+            b"0",
+            b"17",
+            b"3",
+            b"x",
+            b"\r\n",
+            b"\n",
+            b"\r",
+            b"END",
+            b"SERVER_ERROR oops",
+        ];
+        // Complete, incomplete, refused: each must come up often for the test to say much.
+        let mut outcomes = [0usize; 3];
+        for _ in 0..20_000 {
+            let mut reply = Vec::new();
+            for _ in 0..next(4) {
+                // Mostly well-formed blocks, some with a piece swapped or added.
+                let key = [&b"k"[..], b"key:12", b"ab"][next(3)];
+                let len = next(4);
+                let mut line = format!(" {} {}", next(3), len).into_bytes();
+                if next(3) == 0 {
+                    line.extend_from_slice(format!(" {}", next(100)).as_bytes());
+                }
+                reply.extend_from_slice(b"VALUE ");
+                reply.extend_from_slice(key);
+                reply.extend_from_slice(&line);
+                reply.extend_from_slice(b"\r\n");
+                reply.extend(std::iter::repeat_n(b'v', len));
+                reply.extend_from_slice(b"\r\n");
+                if next(4) == 0 {
+                    let at = next(reply.len() + 1);
+                    let piece = pieces[next(pieces.len())];
+                    reply.splice(at..at, piece.iter().copied());
+                }
+            }
+            reply.extend_from_slice(
+                [&b"END\r\n"[..], b"SERVER_ERROR oops\r\n"][usize::from(next(8) == 0)],
+            );
+            if next(3) == 0 {
+                let at = next(reply.len());
+                reply[at] = b"VALUE k0123\r\n \n"[next(15)];
+            }
+            let cut = match next(3) {
+                0 => next(reply.len() + 1),
+                _ => reply.len(),
+            };
+            let buf = &reply[..cut];
+            let framed = parse_reply(buf, ReplyKind::Retrieval, &limits);
+            assert_eq!(framed, careful(buf), "{:?}", String::from_utf8_lossy(buf));
+            outcomes[match framed {
+                Ok(ReplyParse::Complete(_)) => 0,
+                Ok(ReplyParse::Incomplete) => 1,
+                Err(_) => 2,
+            }] += 1;
+            for pos in 0..buf.len() {
+                for key in [&b"k"[..], b"key:12", b"ab", b"a"] {
+                    let expected = value_block_at(buf, pos)
+                        .filter(|block| &buf[block.key.clone()] == key)
+                        .map(|block| block.block);
+                    assert_eq!(value_block_for(buf, pos, key), expected);
+                }
+            }
+        }
+        assert!(outcomes.iter().all(|&n| n > 1_000), "{outcomes:?}");
     }
 
     /// Replies as memcached writes them are framed by the one-pass reader; anything else
