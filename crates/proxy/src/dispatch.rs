@@ -319,6 +319,10 @@ fn compact_head(request: &Request) -> Bytes {
     compact.freeze()
 }
 
+/// How many of a multi-get's keys are placed at once when they all go to one pool: a
+/// 20-key get in two steps, room on the stack for both arrays, none on the heap.
+const PLACED_AHEAD: usize = 16;
+
 fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let operation = operation_of(&request);
     let routes = &routing.routes;
@@ -373,28 +377,52 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             failover: None,
         }));
     }
-    // Where each key goes, decided as the plan's one pass reaches it.
-    let targets = request.keys().map(|key| {
-        let (node, pool) = match first_pool {
-            Some((pool, _)) => (root, Some(pool)),
-            None => {
-                let node = routes.select(root, operation, key);
-                match routes.node(node) {
-                    &Node::Pool(pool) => (node, Some(pool)),
-                    _ => (node, None),
-                }
-            }
-        };
+    // Where each key goes, decided as the plan's one pass reaches it. When every key goes
+    // to one pool (a plain pool's root, or a failover's first pool), keys are placed a
+    // chunk ahead, together (`RouteSnapshot::servers_for`: their hashes interleaved).
+    let one_pool = match (first_pool, routes.node(root)) {
+        (Some((pool, _)), _) | (None, &Node::Pool(pool)) => Some(pool),
+        _ => None,
+    };
+    let mut keys = request.keys();
+    let mut ahead_keys: [&[u8]; PLACED_AHEAD] = [&[]; PLACED_AHEAD];
+    let mut ahead: [u32; PLACED_AHEAD] = [0; PLACED_AHEAD];
+    let (mut at, mut placed, mut nowhere) = (0, 0, false);
+    let command = request.command;
+    let targets = std::iter::from_fn(move || {
         // One count per key, as cmd_get counts keys.
-        routing.metrics.count(node as usize, request.command);
-        let target = match pool {
-            Some(pool) => match routing.server_for(pool, key) {
-                Some(server) => KeyTarget::Server(pool as u32, server as u32),
-                None => KeyTarget::Nowhere(pool as u32),
-            },
-            None => KeyTarget::Executor,
+        let Some(pool) = one_pool else {
+            let key = keys.next()?;
+            let node = routes.select(root, operation, key);
+            routing.metrics.count(node as usize, command);
+            let target = match routes.node(node) {
+                &Node::Pool(pool) => match routing.server_for(pool, key) {
+                    Some(server) => KeyTarget::Server(pool as u32, server as u32),
+                    None => KeyTarget::Nowhere(pool as u32),
+                },
+                _ => KeyTarget::Executor,
+            };
+            return Some((key, target));
         };
-        (key, target)
+        if at == placed {
+            placed = 0;
+            for (slot, key) in ahead_keys.iter_mut().zip(&mut keys) {
+                *slot = key;
+                placed += 1;
+            }
+            if placed == 0 {
+                return None;
+            }
+            at = 0;
+            nowhere = !routing.servers_for(pool, &ahead_keys[..placed], &mut ahead[..placed]);
+        }
+        let (key, server) = (ahead_keys[at], ahead[at]);
+        at += 1;
+        routing.metrics.count(root as usize, command);
+        Some(match nowhere {
+            true => (key, KeyTarget::Nowhere(pool as u32)),
+            false => (key, KeyTarget::Server(pool as u32, server)),
+        })
     });
     let mut key_leg = multiget::KeyLegs::new();
     key_leg.reserve_exact(request.keys.len());
