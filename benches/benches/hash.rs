@@ -10,6 +10,8 @@
 //!   (a plain pool, and a prefix route nested in an operation route).
 //! - `multiget_split/<distribution>/<servers>`: placing the 20 keys of one multi-get and
 //!   grouping them by server, as the proxy does before sending one batch per server.
+//! - `multiget_place/{one_by_one,together}/ketama-<hash>/4`: the 20 keys of one multi-get
+//!   over scenario (b)'s 4-server pool, placed one at a time or with `servers_for`.
 //! - `route/with_live/ketama/50`: rebuilding a 50-server ketama ring without one server
 //!   (what each worker does once when a server of an ejecting pool goes down or up).
 use std::hint::black_box;
@@ -117,6 +119,46 @@ fn bench_multiget_split(c: &mut Criterion) {
     group.finish();
 }
 
+/// The 20 keys of one multi-get (memroute-load's 14-byte keys) over a 4-server ketama pool
+/// (scenario (b)'s), placed one
+/// key at a time (`server_for`) and together (`servers_for`: twemproxy's fnv1a four keys
+/// at a time, their multiply chains interleaved).
+fn bench_multiget_place(c: &mut Criterion) {
+    let names: Vec<Vec<u8>> = (0..1024)
+        .map(|i| format!("bench:{i:08}").into_bytes())
+        .collect();
+    let keys: Vec<&[u8]> = names.iter().map(|k| &k[..]).collect();
+    let mut group = c.benchmark_group("multiget_place");
+    group.throughput(Throughput::Elements(20));
+    for hash in [HashName::Fnv1a_64, HashName::Md5] {
+        let placement = Placement::new(&pool(4, DistributionName::Ketama, hash));
+        let id = format!("ketama-{}/4", hash.as_str());
+        group.bench_function(format!("one_by_one/{id}"), |b| {
+            let mut start = 0usize;
+            let mut servers = [0u32; 20];
+            b.iter(|| {
+                start = (start + 20) & 1023;
+                let batch = black_box(&keys[start.min(1004)..start.min(1004) + 20]);
+                for (server, key) in servers.iter_mut().zip(batch) {
+                    *server = placement.server_for(key) as u32;
+                }
+                black_box(&servers);
+            })
+        });
+        group.bench_function(format!("together/{id}"), |b| {
+            let mut start = 0usize;
+            let mut servers = [0u32; 20];
+            b.iter(|| {
+                start = (start + 20) & 1023;
+                let batch = black_box(&keys[start.min(1004)..start.min(1004) + 20]);
+                placement.servers_for(batch, &mut servers);
+                black_box(&servers);
+            })
+        });
+    }
+    group.finish();
+}
+
 fn bench_route(c: &mut Criterion) {
     let keys: Vec<Vec<u8>> = (0..1024)
         .map(|i| format!("{}:{i:07}:profile", ["user", "session", "feed"][i % 3]).into_bytes())
@@ -159,6 +201,7 @@ criterion_group!(
     bench_hashes,
     bench_server_for,
     bench_multiget_split,
+    bench_multiget_place,
     bench_route
 );
 criterion_main!(benches);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use memroute_net::{Connector, NetError, Stream};
 use memroute_protocol::{parse_reply, Limits, ReplyKind, ReplyParse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -281,6 +281,17 @@ impl RequestWriter<'_> {
     pub fn append(&mut self, bytes: &[u8]) {
         if self.refused.is_none() {
             self.shared.outgoing.borrow_mut().extend_from_slice(bytes);
+        }
+    }
+
+    /// Appends a space and `word` (a multi-get's next key): one borrow, one reserve.
+    #[inline]
+    pub fn append_word(&mut self, word: &[u8]) {
+        if self.refused.is_none() {
+            let mut outgoing = self.shared.outgoing.borrow_mut();
+            outgoing.reserve(1 + word.len());
+            outgoing.put_u8(b' ');
+            outgoing.extend_from_slice(word);
         }
     }
 

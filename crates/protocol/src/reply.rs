@@ -104,46 +104,83 @@ fn value_header_length(line: &[u8]) -> Result<Option<&[u8]>, ProtocolError> {
     }
 }
 
-/// A `VALUE <key> <flags> <bytes>[ <cas>]` line as memcached writes it, read in one pass:
-/// the key's end (as an offset in `line`) and the data length. `None` for anything else
-/// (the careful readers above then say what is wrong): the same lines are accepted.
+/// A `VALUE <key> <flags> <bytes>[ <cas>]\r\n` line as memcached writes it, at the start of
+/// `rest`, read in one pass of byte compares: no search for the line's end or the key's
+/// (a reply carries one such line per value; the key's end is found eight bytes at a time,
+/// see `scan`). `None` for anything else, a line not fully arrived included
+/// (the careful readers below then say what it is): the same lines are accepted, with the
+/// same key and length, as when the line is first cut at its `\r\n` and read word by word.
 #[inline]
-fn well_formed_value_line(line: &[u8]) -> Option<(usize, usize)> {
-    let rest = line.strip_prefix(b"VALUE ")?;
-    let key_end = memchr::memchr(b' ', rest)?;
-    if key_end == 0 {
+fn value_line(rest: &[u8]) -> Option<ValueLine> {
+    let after = rest.strip_prefix(b"VALUE ")?;
+    // The key runs to the next space; a newline first means this is not one whole line.
+    let key_end = crate::scan::find_either(after, 0, b' ', b'\n')?;
+    if key_end == 0 || after[key_end] != b' ' {
         return None;
     }
-    let digits = |from: usize| {
-        let count = rest[from..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        (count > 0).then_some(from + count)
-    };
-    // flags, then a space
-    let flags_end = digits(key_end + 1)?;
-    if rest.get(flags_end) != Some(&b' ') {
+    value_line_numbers(after, key_end)
+}
+
+/// The rest of a VALUE line after its key (`after` starts after `VALUE `, the key ends at
+/// `key_end`, where a space is): flags, data length, optional cas, `\r\n`.
+#[inline(always)]
+fn value_line_numbers(after: &[u8], key_end: usize) -> Option<ValueLine> {
+    // Flags: digits, then a space.
+    let flags_start = key_end + 1;
+    let mut i = skip_digits(after, flags_start);
+    if i == flags_start || after.get(i) != Some(&b' ') {
         return None;
     }
-    let bytes_start = flags_end + 1;
-    let bytes_end = digits(bytes_start)?;
-    if bytes_end - bytes_start > 19 {
-        return None;
+    // The data length: at most 19 digits (so no overflow), at most memcached's maximum.
+    let bytes_start = i + 1;
+    let mut len = 0usize;
+    i = bytes_start;
+    while let Some(&digit) = after.get(i).filter(|b| b.is_ascii_digit()) {
+        if i - bytes_start == 19 {
+            return None;
+        }
+        len = len * 10 + usize::from(digit - b'0');
+        i += 1;
     }
-    let len = rest[bytes_start..bytes_end]
-        .iter()
-        .fold(0usize, |v, &d| v * 10 + usize::from(d - b'0'));
-    if len > MAX_REPLY_VALUE_LEN {
+    if i == bytes_start || len > MAX_REPLY_VALUE_LEN {
         return None;
     }
     // An optional cas, then the end of the line.
-    match rest.get(bytes_end) {
-        None => {}
-        Some(b' ') if digits(bytes_end + 1)? == rest.len() => {}
-        Some(_) => return None,
+    if after.get(i) == Some(&b' ') {
+        let cas_start = i + 1;
+        i = skip_digits(after, cas_start);
+        if i == cas_start {
+            return None;
+        }
     }
-    Some((6 + key_end, len))
+    if after.get(i..i + 2) != Some(b"\r\n") {
+        return None;
+    }
+    Some(ValueLine {
+        key_end: 6 + key_end,
+        len,
+        data_start: 6 + i + 2,
+    })
+}
+
+/// A VALUE line read by [`value_line`]; offsets from the line's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ValueLine {
+    /// Where the key ends (it starts at 6, after `VALUE `).
+    key_end: usize,
+    /// The data block's length, without its `\r\n`.
+    len: usize,
+    /// Just past the line's `\r\n`: where the data block starts.
+    data_start: usize,
+}
+
+/// The end of the run of ASCII digits starting at `from` (`from` itself when none).
+#[inline(always)]
+fn skip_digits(bytes: &[u8], mut from: usize) -> usize {
+    while bytes.get(from).is_some_and(u8::is_ascii_digit) {
+        from += 1;
+    }
+    from
 }
 
 /// The largest value a reply may carry: memcached's hard item size maximum (`-I 1g`).
@@ -200,6 +237,33 @@ pub fn parse_reply(
     kind: ReplyKind,
     limits: &Limits,
 ) -> Result<ReplyParse, ProtocolError> {
+    if kind == ReplyKind::Retrieval {
+        // VALUE blocks as memcached writes them and the END line, each line read in one
+        // pass; the first line that is anything else (an error line, a line not fully
+        // arrived, a malformed one) is read again below by the careful readers.
+        let mut pos = 0;
+        loop {
+            let rest = &buf[pos..];
+            if rest.starts_with(b"END\r\n") {
+                return Ok(ReplyParse::Complete(pos + 5));
+            }
+            let Some(line) = value_line(rest).filter(|line| line.data_start <= limits.max_line_len)
+            else {
+                break;
+            };
+            pos = match data_after(buf, pos + line.data_start - 2, line.len)? {
+                Some(end) => end,
+                None => return Ok(ReplyParse::Incomplete),
+            };
+        }
+        if pos > 0 {
+            let line_end = match line_at(buf, pos, limits)? {
+                Some(e) => e,
+                None => return Ok(ReplyParse::Incomplete),
+            };
+            return retrieval_lines(buf, pos, line_end, limits);
+        }
+    }
     let first_end = match line_at(buf, 0, limits)? {
         Some(e) => e,
         None => return Ok(ReplyParse::Incomplete),
@@ -243,29 +307,7 @@ pub fn parse_reply(
             if is_error_line(first) {
                 return Ok(ReplyParse::Complete(first_end + 2));
             }
-            let mut pos = 0;
-            let mut line_end = first_end;
-            loop {
-                let line = &buf[pos..line_end];
-                if line == b"END" {
-                    return Ok(ReplyParse::Complete(line_end + 2));
-                }
-                let len = match well_formed_value_line(line) {
-                    Some((_, len)) => len,
-                    None if !line.starts_with(b"VALUE ") => {
-                        return Err(ProtocolError::BadReply("expected VALUE or END"));
-                    }
-                    None => data_len(value_header_length(line)?)?,
-                };
-                pos = match data_after(buf, line_end, len)? {
-                    Some(end) => end,
-                    None => return Ok(ReplyParse::Incomplete),
-                };
-                line_end = match line_at(buf, pos, limits)? {
-                    Some(e) => e,
-                    None => return Ok(ReplyParse::Incomplete),
-                };
-            }
+            retrieval_lines(buf, 0, first_end, limits)
         }
         ReplyKind::Stats => {
             // Sub-commands that answer with one line instead of a listing.
@@ -296,6 +338,34 @@ pub fn parse_reply(
     }
 }
 
+/// The rest of a retrieval reply from its line at `pos` (content ending at `line_end`),
+/// each line read word by word.
+fn retrieval_lines(
+    buf: &[u8],
+    mut pos: usize,
+    mut line_end: usize,
+    limits: &Limits,
+) -> Result<ReplyParse, ProtocolError> {
+    loop {
+        let line = &buf[pos..line_end];
+        if line == b"END" {
+            return Ok(ReplyParse::Complete(line_end + 2));
+        }
+        if !line.starts_with(b"VALUE ") {
+            return Err(ProtocolError::BadReply("expected VALUE or END"));
+        }
+        let len = data_len(value_header_length(line)?)?;
+        pos = match data_after(buf, line_end, len)? {
+            Some(end) => end,
+            None => return Ok(ReplyParse::Incomplete),
+        };
+        line_end = match line_at(buf, pos, limits)? {
+            Some(e) => e,
+            None => return Ok(ReplyParse::Incomplete),
+        };
+    }
+}
+
 /// The VALUE blocks of a complete retrieval reply (as framed by `parse_reply`), in order.
 /// A reply that is a single error line (e.g. `SERVER_ERROR ...`) yields `Err` with that line's range.
 ///
@@ -317,6 +387,10 @@ pub fn value_blocks(reply: &[u8]) -> Result<Vec<ValueBlock>, Range<usize>> {
 /// When a framed retrieval reply is a single error line instead of VALUE blocks, that line's
 /// range (with its terminator).
 pub fn retrieval_error(reply: &[u8]) -> Option<Range<usize>> {
+    // The usual replies, told apart without looking for the line's end.
+    if reply.starts_with(b"VALUE ") || reply.starts_with(b"END\r\n") {
+        return None;
+    }
     let nl = memchr::memchr(b'\n', reply)?;
     let line_end = nl.saturating_sub(1);
     is_error_line(&reply[..line_end]).then_some(0..(nl + 1))
@@ -327,6 +401,13 @@ pub fn retrieval_error(reply: &[u8]) -> Option<Range<usize>> {
 /// without collecting its blocks: `pos` of the next block is the returned `block.end`.
 pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
     let rest = reply.get(pos..)?;
+    if let Some(line) = value_line(rest) {
+        let end = pos + line.data_start + line.len + 2;
+        return (end <= reply.len()).then_some(ValueBlock {
+            key: pos + 6..pos + line.key_end,
+            block: pos..end,
+        });
+    }
     if !rest.starts_with(b"VALUE ") {
         return None;
     }
@@ -336,18 +417,41 @@ pub fn value_block_at(reply: &[u8], pos: usize) -> Option<ValueBlock> {
     // "VALUE \n" puts line_end before key_start: `get` makes that a None, not a panic
     // (found by fuzzing; a framed reply always has the `\r`).
     let key_start = pos + 6;
-    let (key_end, len) = match well_formed_value_line(line) {
-        Some((key_end, len)) => (pos + key_end, len),
-        None => (
-            key_start + memchr::memchr(b' ', reply.get(key_start..line_end)?)?,
-            data_len(word(line, 3)).ok()?,
-        ),
-    };
+    let (key_end, len) = (
+        key_start + memchr::memchr(b' ', reply.get(key_start..line_end)?)?,
+        data_len(word(line, 3)).ok()?,
+    );
     let end = line_end + 2 + len + 2;
     (end <= reply.len()).then_some(ValueBlock {
         key: key_start..key_end,
         block: pos..end,
     })
+}
+
+/// The VALUE block at byte `pos` of a framed retrieval reply when it is `key`'s (a key
+/// as a client sends it: no spaces, no newline), else `None`: what [`value_block_at`] and a
+/// comparison of its key with `key` answer, without looking for the key's end when the
+/// reply's key is `key` (a multi-get's merge knows which key it expects next).
+pub fn value_block_for(reply: &[u8], pos: usize, key: &[u8]) -> Option<Range<usize>> {
+    let rest = reply.get(pos..)?;
+    let after = rest.strip_prefix(b"VALUE ")?;
+    let fast = match after.get(key.len()) {
+        Some(b' ') if !key.is_empty() && after.starts_with(key) => {
+            value_line_numbers(after, key.len())
+        }
+        _ => None,
+    };
+    let block = match fast {
+        Some(line) => pos..pos + line.data_start + line.len + 2,
+        None => {
+            let block = value_block_at(reply, pos)?;
+            if reply.get(block.key.clone())? != key {
+                return None;
+            }
+            block.block
+        }
+    };
+    (block.end <= reply.len()).then_some(block)
 }
 
 /// The first space-separated word of a reply line.
@@ -441,12 +545,200 @@ mod tests {
                 .ok()
                 .map(|len| (6 + memchr::memchr(b' ', &line[6..]).unwrap_or(0), len))
                 .filter(|_| line.starts_with(b"VALUE "));
+            let whole = [line, b"\r\n"].concat();
+            let read = value_line(&whole).map(|v| {
+                assert_eq!(v.data_start, whole.len());
+                (v.key_end, v.len)
+            });
+            assert_eq!(read, careful, "{:?}", String::from_utf8_lossy(line));
+            // Followed by its data: the same; cut anywhere before its end: not read.
+            let followed = [&whole[..], b"xxxxx\r\nEND\r\n"].concat();
+            assert_eq!(value_line(&followed).map(|v| (v.key_end, v.len)), careful);
+            for cut in 0..whole.len() {
+                assert_eq!(value_line(&whole[..cut]), None);
+            }
+        }
+        // A line that ends (at a newline) inside what would be its key is not one.
+        assert_eq!(value_line(b"VALUE k\n 0 5\r\n"), None);
+        assert_eq!(value_line(b"VALUE k 0 5\n"), None);
+    }
+
+    /// Random replies (VALUE lines with odd spacing, numbers and lengths, error lines, cut
+    /// short, bytes flipped): the framing with its one-pass reader answers exactly what the
+    /// careful readers alone answer, and the merge's `value_block_for` what `value_block_at`
+    /// and a key comparison answer.
+    #[test]
+    fn one_pass_readers_agree_with_the_careful_ones_on_random_replies() {
+        let limits = Limits {
+            max_line_len: 40,
+            ..Limits::default()
+        };
+        let careful = |buf: &[u8]| -> Result<ReplyParse, ProtocolError> {
+            let Some(first_end) = line_at(buf, 0, &limits)? else {
+                return Ok(ReplyParse::Incomplete);
+            };
+            if is_error_line(&buf[..first_end]) {
+                return Ok(ReplyParse::Complete(first_end + 2));
+            }
+            retrieval_lines(buf, 0, first_end, &limits)
+        };
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below as u64) as usize
+        };
+        let pieces: [&[u8]; 14] = [
+            b"VALUE ",
+            b"k",
+            b"key:12",
+            b" ",
+            b"  ",
+            b"0",
+            b"17",
+            b"3",
+            b"x",
+            b"\r\n",
+            b"\n",
+            b"\r",
+            b"END",
+            b"SERVER_ERROR oops",
+        ];
+        // Complete, incomplete, refused: each must come up often for the test to say much.
+        let mut outcomes = [0usize; 3];
+        for _ in 0..20_000 {
+            let mut reply = Vec::new();
+            for _ in 0..next(4) {
+                // Mostly well-formed blocks, some with a piece swapped or added.
+                let key = [&b"k"[..], b"key:12", b"ab"][next(3)];
+                let len = next(4);
+                let mut line = format!(" {} {}", next(3), len).into_bytes();
+                if next(3) == 0 {
+                    line.extend_from_slice(format!(" {}", next(100)).as_bytes());
+                }
+                reply.extend_from_slice(b"VALUE ");
+                reply.extend_from_slice(key);
+                reply.extend_from_slice(&line);
+                reply.extend_from_slice(b"\r\n");
+                reply.extend(std::iter::repeat_n(b'v', len));
+                reply.extend_from_slice(b"\r\n");
+                if next(4) == 0 {
+                    let at = next(reply.len() + 1);
+                    let piece = pieces[next(pieces.len())];
+                    reply.splice(at..at, piece.iter().copied());
+                }
+            }
+            reply.extend_from_slice(
+                [&b"END\r\n"[..], b"SERVER_ERROR oops\r\n"][usize::from(next(8) == 0)],
+            );
+            if next(3) == 0 {
+                let at = next(reply.len());
+                reply[at] = b"VALUE k0123\r\n \n"[next(15)];
+            }
+            let cut = match next(3) {
+                0 => next(reply.len() + 1),
+                _ => reply.len(),
+            };
+            let buf = &reply[..cut];
+            let framed = parse_reply(buf, ReplyKind::Retrieval, &limits);
+            assert_eq!(framed, careful(buf), "{:?}", String::from_utf8_lossy(buf));
+            outcomes[match framed {
+                Ok(ReplyParse::Complete(_)) => 0,
+                Ok(ReplyParse::Incomplete) => 1,
+                Err(_) => 2,
+            }] += 1;
+            for pos in 0..buf.len() {
+                for key in [&b"k"[..], b"key:12", b"ab", b"a"] {
+                    let expected = value_block_at(buf, pos)
+                        .filter(|block| &buf[block.key.clone()] == key)
+                        .map(|block| block.block);
+                    assert_eq!(value_block_for(buf, pos, key), expected);
+                }
+            }
+        }
+        assert!(outcomes.iter().all(|&n| n > 1_000), "{outcomes:?}");
+    }
+
+    /// Replies as memcached writes them are framed by the one-pass reader; anything else
+    /// (error lines, malformed or cut lines anywhere in the reply) exactly as before.
+    #[test]
+    fn retrieval_framing_agrees_on_whole_cut_and_broken_replies() {
+        let limits = Limits::default();
+        let replies: [&[u8]; 9] = [
+            b"END\r\n",
+            b"VALUE a 0 1\r\n1\r\nVALUE bb 5 2 77\r\n22\r\nEND\r\n",
+            b"SERVER_ERROR out of memory\r\n",
+            b"VALUE a 0 1\r\n1\r\nVALUE b  0 1\r\n2\r\nEND\r\n",
+            b"VALUE a 0 1\r\n1\r\nVALUE b 0 1\n2\r\nEND\r\n",
+            b"VALUE a 0 1\r\n12\r\nEND\r\n",
+            b"VALUE a 0 1\r\n1\r\nEND\n",
+            b"VALUE a 0 1\r\n1\r\nSTAT x\r\nEND\r\n",
+            b"VALUE a 0 1\r\n1\r\nERROR\r\n",
+        ];
+        let expected = [
+            Ok(ReplyParse::Complete(5)),
+            Ok(ReplyParse::Complete(replies[1].len())),
+            Ok(ReplyParse::Complete(replies[2].len())),
+            Err(ProtocolError::BadReply("malformed VALUE line")),
+            Err(ProtocolError::BadReply("line not terminated by \\r\\n")),
+            Err(ProtocolError::BadReply(
+                "data block not terminated by \\r\\n",
+            )),
+            Err(ProtocolError::BadReply("line not terminated by \\r\\n")),
+            Err(ProtocolError::BadReply("expected VALUE or END")),
+            Err(ProtocolError::BadReply("expected VALUE or END")),
+        ];
+        for (reply, expected) in replies.iter().zip(expected) {
+            assert_eq!(parse_reply(reply, ReplyKind::Retrieval, &limits), expected);
+        }
+        // Every cut of a good reply waits for more.
+        for cut in 0..replies[1].len() {
             assert_eq!(
-                well_formed_value_line(line),
-                careful,
-                "{:?}",
-                String::from_utf8_lossy(line)
+                parse_reply(&replies[1][..cut], ReplyKind::Retrieval, &limits),
+                Ok(ReplyParse::Incomplete),
+                "cut at {cut}"
             );
         }
+        // A VALUE line longer than the line limit is refused, as before.
+        let small = Limits {
+            max_line_len: 12,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse_reply(
+                b"VALUE abc 0 1\r\n1\r\nEND\r\n",
+                ReplyKind::Retrieval,
+                &small
+            ),
+            Err(ProtocolError::BadReply("line too long"))
+        );
+        // The merge's walk finds the same blocks.
+        let blocks = value_blocks(replies[1]).expect("no error line");
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(&replies[1][blocks[1].key.clone()], b"bb");
+        assert_eq!(
+            &replies[1][blocks[1].block.clone()],
+            b"VALUE bb 5 2 77\r\n22\r\n"
+        );
+        assert_eq!(retrieval_error(replies[2]), Some(0..replies[2].len()));
+        // Looking for a given key: its block, or nothing when the block is another key's
+        // (a longer key, a shorter one, a prefix of it).
+        let reply = b"VALUE ab 0 1\r\n1\r\nVALUE abc 0 2 9\r\n22\r\nEND\r\n";
+        assert_eq!(value_block_for(reply, 0, b"ab"), Some(0..17));
+        for other in [&b"a"[..], b"abc", b"b", b""] {
+            assert_eq!(value_block_for(reply, 0, other), None);
+        }
+        assert_eq!(value_block_for(reply, 17, b"abc"), Some(17..38));
+        assert_eq!(value_block_for(reply, 38, b"abc"), None);
+        // A header the fast reader refuses is read by the careful one, as before.
+        let padded = b"VALUE k 0 1 \r\n1\r\nEND\r\n";
+        assert_eq!(
+            value_block_for(padded, 0, b"k"),
+            value_block_at(padded, 0).map(|b| b.block)
+        );
+        // Cut short: no block.
+        assert_eq!(value_block_for(&reply[..16], 0, b"ab"), None);
+        assert_eq!(retrieval_error(replies[1]), None);
     }
 }

@@ -307,32 +307,50 @@ struct Words {
 }
 
 impl Words {
+    #[cfg(test)]
     fn split(line: &[u8]) -> Words {
-        let mut w = [(0usize, 0usize); MAX_WORDS];
-        let mut n = 0;
-        let mut i = 0;
+        let mut words = Words::split_up_to(line, 2);
+        words.split_more(line);
+        words
+    }
+
+    /// The first `most` words only (a retrieval line's keys are scanned on their own).
+    fn split_up_to(line: &[u8], most: usize) -> Words {
+        let mut words = Words {
+            w: [(0usize, 0usize); MAX_WORDS],
+            n: 0,
+            ntokens: 1,
+        };
+        words.split_from(line, 0, most.min(MAX_WORDS));
+        words
+    }
+
+    /// Goes on splitting after the words found so far, as `split` would have.
+    fn split_more(&mut self, line: &[u8]) {
+        let from = match self.n {
+            0 => line.len(),
+            n => self.w[n - 1].1,
+        };
+        self.split_from(line, from, MAX_WORDS);
+    }
+
+    fn split_from(&mut self, line: &[u8], mut i: usize, most: usize) {
         while i < line.len() {
             if line[i] == b' ' {
                 i += 1;
                 continue;
             }
-            if n == MAX_WORDS {
-                // memcached stops here too; its ntokens saturates at 24.
+            if self.n == most {
+                // memcached stops at MAX_WORDS too; its ntokens saturates at 24.
                 break;
             }
-            let end = match memchr::memchr(b' ', &line[i..]) {
-                Some(off) => i + off,
-                None => line.len(),
-            };
-            w[n] = (i, end);
-            n += 1;
+            // Words are short: a byte loop, not a vectorised search set up per word.
+            let end = word_end(line, i);
+            self.w[self.n] = (i, end);
+            self.n += 1;
             i = end;
         }
-        Words {
-            w,
-            n,
-            ntokens: n + 1,
-        }
+        self.ntokens = self.n + 1;
     }
     fn get<'a>(&self, line: &'a [u8], i: usize) -> &'a [u8] {
         let (s, e) = self.w[i];
@@ -344,6 +362,16 @@ impl Words {
         }
         self.get(line, self.n - 1)
     }
+}
+
+/// The end of the word starting at `from`: the next space, or the end of the line.
+#[inline]
+fn word_end(line: &[u8], from: usize) -> usize {
+    let mut end = from;
+    while end < line.len() && line[end] != b' ' {
+        end += 1;
+    }
+    end
 }
 
 /// C's isspace() in the "C" locale.
@@ -567,7 +595,9 @@ fn without_nul_tail(mut request: Request, cut: usize) -> Request {
 /// anything after a NUL); `line_total` is where the next line or the data block starts.
 fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: usize) -> Parse {
     let line = &buf[..line_end];
-    let words = Words::split(line);
+    // The command and its first argument; the rest of the line is split below, once the
+    // command says how (a retrieval line may carry any number of keys).
+    let mut words = Words::split_up_to(line, 2);
     // No valid command is shorter than two bytes.
     if words.n == 0 || words.w[0].1 - words.w[0].0 < 2 {
         return reject(buf, line_total, ErrorReply::Error, 0, false);
@@ -604,10 +634,11 @@ fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: 
         // not proxy (slabs, lru, watch, ...).
         _ => return reject(buf, line_total, ErrorReply::Error, 0, false),
     };
+    if let Command::Get | Command::Gets | Command::Gat | Command::Gats = command {
+        return parse_retrieval(buf, limits, command, &words, line_end, line_total);
+    }
+    words.split_more(line);
     match command {
-        Command::Get | Command::Gets | Command::Gat | Command::Gats => {
-            parse_retrieval(buf, limits, command, &words, line_end, line_total)
-        }
         Command::Set
         | Command::Add
         | Command::Replace
@@ -707,10 +738,9 @@ fn parse_retrieval(
             pos += 1;
             continue;
         }
-        let end = match memchr::memchr(b' ', &line[pos..]) {
-            Some(off) => pos + off,
-            None => line.len(),
-        };
+        // Keys are found eight bytes at a time; a line holds no newline (or it would
+        // have ended there), so the space is the only byte looked for.
+        let end = crate::scan::find_either(line, pos, b' ', b' ').unwrap_or(line.len());
         if end - pos > limits.max_key_len {
             return reject(buf, line_total, BAD_FORMAT, 0, false);
         }
@@ -1001,4 +1031,54 @@ fn parse_simple(
         _ => {}
     }
     finish(buf, line_total, line_total, h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Splitting a line's first words and then the rest finds what one whole split does,
+    /// at memcached's word limit too (the retrieval path stops after two words).
+    #[test]
+    fn words_split_in_two_steps_as_in_one() {
+        let many = (0..30)
+            .map(|i| format!("w{i}"))
+            .collect::<Vec<_>>()
+            .join("  ");
+        let lines: [&[u8]; 7] = [
+            b"",
+            b"   ",
+            b"get",
+            b" get  k1 ",
+            b"set k 0 0 5 noreply",
+            b"a b c d e f g h i j k l m n o p q r s t u v w x y z",
+            many.as_bytes(),
+        ];
+        // The one-step split as it was: every word up to the limit, memchr for each end.
+        let whole = |line: &[u8]| {
+            let mut words = Vec::new();
+            let mut i = 0;
+            while i < line.len() {
+                if line[i] == b' ' {
+                    i += 1;
+                    continue;
+                }
+                if words.len() == MAX_WORDS {
+                    break;
+                }
+                let end = memchr::memchr(b' ', &line[i..]).map_or(line.len(), |off| i + off);
+                words.push((i, end));
+                i = end;
+            }
+            words
+        };
+        for line in lines {
+            let expected = whole(line);
+            let split = Words::split(line);
+            assert_eq!(&split.w[..split.n], &expected[..]);
+            assert_eq!(split.ntokens, expected.len() + 1);
+            let head = Words::split_up_to(line, 2);
+            assert_eq!(&head.w[..head.n], &expected[..expected.len().min(2)]);
+        }
+    }
 }

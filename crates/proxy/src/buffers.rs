@@ -147,7 +147,7 @@ pub(crate) fn end_busy<F: Future + 'static>(mut home: Pin<Box<Option<F>>>) {
 /// heap allocation per request once the pool has warmed up.
 #[derive(Debug)]
 pub(crate) struct Homed<T: 'static> {
-    /// `Some` from [`Homed::new`] until [`Homed::into_inner`], which consumes the `Homed`.
+    /// `Some` from [`Homed::new`] until [`Homed::release`], which consumes the `Homed`.
     home: Box<Option<T>>,
 }
 
@@ -164,17 +164,17 @@ impl<T: 'static> Homed<T> {
         }
     }
 
-    /// The value, its home given back to the pool. (A `Homed` dropped whole, as when its
-    /// session closes with the request in flight, just frees its home.)
-    pub(crate) fn into_inner(self) -> Option<T> {
+    /// Drops the value where it lives and gives its home back to the pool. (A `Homed`
+    /// dropped whole, as when its session closes with the request in flight, just frees
+    /// its home.)
+    pub(crate) fn release(self) {
         let Homed { mut home } = self;
-        let value = home.take();
+        *home = None;
         with_busy_pool(|pool: &mut Vec<Box<Option<T>>>| {
             if pool.len() < BUSY_POOL_LIMIT {
                 pool.push(home);
             }
         });
-        value
     }
 
     pub(crate) fn get_mut(&mut self) -> Option<&mut T> {

@@ -337,6 +337,10 @@ fn compact_head(request: &Request) -> Bytes {
     compact.freeze()
 }
 
+/// How many of a multi-get's keys are placed at once when they all go to one pool: a
+/// 20-key get in two steps, room on the stack for both arrays, none on the heap.
+const PLACED_AHEAD: usize = 16;
+
 fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
     let operation = operation_of(&request);
     let routes = &routing.routes;
@@ -404,59 +408,85 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     // Per route node reached, where its keys are planned (looked up once per multi-get).
     let mut last: Option<(NodeId, Option<execute::Planned>)> = None;
     // Per shadow route, the keys in its range it copies.
-    let mut copies: SmallVec<[(NodeId, Vec<Bytes>); 1]> = SmallVec::new();
-    // Where each key goes, decided as the plan's one pass reaches it.
-    let targets = request.keys().map(|key| {
-        let (node, planned) = match root_planned {
-            // A policy root: every key planned the same way, looked up once above.
-            Some(planned) => (root, Some(planned)),
-            None => {
-                let node = routes.select(root, operation, key);
-                current.set(node);
-                let planned = match routes.node(node) {
-                    &Node::Pool(pool) => Some(execute::Planned {
-                        pool,
-                        goes_on: execute::GoesOn::Never,
-                        shadow: None,
-                    }),
-                    // A policy route: planned here too where its semantics allow.
-                    _ => match last {
-                        Some((at, planned)) if at == node => planned,
-                        _ => {
-                            let planned = execute::multi_get_pool(routing, node, &mut picks);
-                            if let Some(planned) = planned {
-                                goes_on = with_goes_on(goes_on, planned.goes_on);
-                            }
-                            last = Some((node, planned));
-                            planned
-                        }
-                    },
-                };
-                (node, planned)
-            }
-        };
+    let mut copies: ShadowCopies = SmallVec::new();
+    // Where each key goes, decided as the plan's one pass reaches it. When every key goes
+    // to one pool (a plain pool's root, or a policy root planned over a pool), keys are
+    // placed a chunk ahead, together (`RouteSnapshot::servers_for`: their hashes
+    // interleaved).
+    let one_pool = match (root_planned, routes.node(root)) {
+        (Some(planned), _) => Some(planned.pool),
+        (None, &Node::Pool(pool)) => Some(pool),
+        _ => None,
+    };
+    let root_shadow = root_planned.and_then(|planned| planned.shadow);
+    let mut keys = request.keys();
+    let mut ahead_keys: [&[u8]; PLACED_AHEAD] = [&[]; PLACED_AHEAD];
+    let mut ahead: [u32; PLACED_AHEAD] = [0; PLACED_AHEAD];
+    let (mut at, mut placed, mut nowhere) = (0, 0, false);
+    let command = request.command;
+    let frame = &request.frame;
+    let (current_at, goes_on_at, last_at, copies_at, picks_at) =
+        (&current, &mut goes_on, &mut last, &mut copies, &mut picks);
+    let targets = std::iter::from_fn(move || {
         // One count per key, as cmd_get counts keys.
-        routing.metrics.count(node as usize, request.command);
-        let Some(planned) = planned else {
-            return (key, KeyTarget::Executor);
-        };
-        if let Some(shadow) = planned.shadow {
-            if execute::shadows_key(routing, shadow, key) {
-                let at = match copies.iter().position(|(n, _)| *n == shadow) {
-                    Some(at) => at,
-                    None => {
-                        copies.push((shadow, Vec::new()));
-                        copies.len() - 1
+        let Some(pool) = one_pool else {
+            let key = keys.next()?;
+            let node = routes.select(root, operation, key);
+            current_at.set(node);
+            routing.metrics.count(node as usize, command);
+            let planned = match routes.node(node) {
+                &Node::Pool(pool) => Some(execute::Planned {
+                    pool,
+                    goes_on: execute::GoesOn::Never,
+                    shadow: None,
+                }),
+                // A policy route: planned here too where its semantics allow.
+                _ => match *last_at {
+                    Some((seen, planned)) if seen == node => planned,
+                    _ => {
+                        let planned = execute::multi_get_pool(routing, node, picks_at);
+                        if let Some(planned) = planned {
+                            *goes_on_at = with_goes_on(*goes_on_at, planned.goes_on);
+                        }
+                        *last_at = Some((node, planned));
+                        planned
                     }
-                };
-                copies[at].1.push(request.frame.slice_ref(key));
+                },
+            };
+            let Some(planned) = planned else {
+                return Some((key, KeyTarget::Executor));
+            };
+            if let Some(shadow) = planned.shadow {
+                add_copy(copies_at, routing, shadow, frame, key);
             }
-        }
-        let target = match routing.server_for(planned.pool, key) {
-            Some(server) => KeyTarget::Server(planned.pool as u32, server as u32),
-            None => KeyTarget::Nowhere(planned.pool as u32),
+            let target = match routing.server_for(planned.pool, key) {
+                Some(server) => KeyTarget::Server(planned.pool as u32, server as u32),
+                None => KeyTarget::Nowhere(planned.pool as u32),
+            };
+            return Some((key, target));
         };
-        (key, target)
+        if at == placed {
+            placed = 0;
+            for (slot, key) in ahead_keys.iter_mut().zip(&mut keys) {
+                *slot = key;
+                placed += 1;
+            }
+            if placed == 0 {
+                return None;
+            }
+            at = 0;
+            nowhere = !routing.servers_for(pool, &ahead_keys[..placed], &mut ahead[..placed]);
+        }
+        let (key, server) = (ahead_keys[at], ahead[at]);
+        at += 1;
+        routing.metrics.count(root as usize, command);
+        if let Some(shadow) = root_shadow {
+            add_copy(copies_at, routing, shadow, frame, key);
+        }
+        Some(match nowhere {
+            true => (key, KeyTarget::Nowhere(pool as u32)),
+            false => (key, KeyTarget::Server(pool as u32, server)),
+        })
     });
     let mut key_leg = multiget::KeyLegs::new();
     key_leg.reserve_exact(request.keys.len());
@@ -560,6 +590,32 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         key_leg,
         follow_up,
     }))
+}
+
+/// Per shadow route a multi-get's keys pass through, the keys in its range (views of the
+/// client's frame), copied as one batch once the multi-get is planned.
+type ShadowCopies = SmallVec<[(NodeId, Vec<Bytes>); 1]>;
+
+/// Adds `key` (in the client's `frame`) to shadow route `shadow`'s copy when it is in the
+/// route's range.
+fn add_copy(
+    copies: &mut ShadowCopies,
+    routing: &RouteSnapshot,
+    shadow: NodeId,
+    frame: &Bytes,
+    key: &[u8],
+) {
+    if !execute::shadows_key(routing, shadow, key) {
+        return;
+    }
+    let at = match copies.iter().position(|(node, _)| *node == shadow) {
+        Some(at) => at,
+        None => {
+            copies.push((shadow, Vec::new()));
+            copies.len() - 1
+        }
+    };
+    copies[at].1.push(frame.slice_ref(key));
 }
 
 /// What goes on after a multi-get's legs answer (`None`: nothing; `Some(misses)`: failed

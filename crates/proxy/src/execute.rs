@@ -1368,8 +1368,7 @@ impl<'r> BatchLines<'r> {
     /// Adds `key` to leg `leg`'s open line.
     pub(crate) fn add(&mut self, leg: usize, key: &[u8]) {
         if let Some(writer) = &mut self.writers[leg] {
-            writer.append(b" ");
-            writer.append(key);
+            writer.append_word(key);
         }
     }
 

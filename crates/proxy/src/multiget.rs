@@ -15,7 +15,7 @@
 //! Per key the plan keeps one `u32` (its leg); the keys themselves stay in the client's
 //! line, and each is copied once, into the outgoing buffer of its server's connection.
 use bytes::{Bytes, BytesMut};
-use memroute_protocol::{retrieval_error, value_block_at};
+use memroute_protocol::{retrieval_error, value_block_for};
 use smallvec::SmallVec;
 
 /// Where one key of a multi-get goes: a server of a plain pool (batched with the other
@@ -176,13 +176,15 @@ pub(crate) fn merge<'k>(
     for (i, key) in keys.enumerate() {
         let leg = key_leg[i] as usize;
         let reply = &replies[leg];
-        match value_block_at(reply, cursor[leg]) {
-            Some(block) if &reply[block.key.clone()] == key => {
-                out.extend_from_slice(&reply[block.block.clone()]);
-                cursor[leg] = block.block.end;
+        // The block is this key's when its header names it (found without reading the
+        // header's key a second time: `value_block_for` compares it with this key).
+        match value_block_for(reply, cursor[leg], key) {
+            Some(block) => {
+                out.extend_from_slice(&reply[block.clone()]);
+                cursor[leg] = block.end;
                 hits += 1;
             }
-            _ => misses += 1,
+            None => misses += 1,
         }
     }
     out.extend_from_slice(b"END\r\n");

@@ -141,6 +141,31 @@ impl RouteSnapshot {
         })
     }
 
+    /// [`RouteSnapshot::server_for`] of each of `keys`, into `servers` (as long as `keys`),
+    /// placed together (`Placement::servers_for`: a multi-get's keys hashed four at a
+    /// time). False when the pool has no servers.
+    pub(crate) fn servers_for(&self, pool: usize, keys: &[&[u8]], servers: &mut [u32]) -> bool {
+        let connections = &self.pools[pool];
+        if connections.servers.is_empty() {
+            return false;
+        }
+        let placement = &self.routes.placements[pool];
+        let Some(ejection) = &connections.ejection else {
+            placement.servers_for(keys, servers);
+            return true;
+        };
+        let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
+        if ejection.live.borrow().0 != epoch {
+            let reduced = reduced_placement(ejection, &connections.servers);
+            *ejection.live.borrow_mut() = (epoch, reduced);
+        }
+        match &ejection.live.borrow().1 {
+            Some(reduced) => reduced.servers_for(keys, servers),
+            None => placement.servers_for(keys, servers),
+        }
+        true
+    }
+
     /// The error for a request to a pool without servers.
     pub(crate) fn no_servers(&self, pool: usize) -> BackendError {
         let name = &self.pools[pool].name;

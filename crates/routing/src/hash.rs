@@ -50,6 +50,40 @@ impl HashFn {
     }
 }
 
+impl HashFn {
+    /// [`HashFn::hash`] of four keys. An FNV hash is one chain of dependent steps per key
+    /// (xor, then a multiply: about four cycles a byte, ~70 for a 17-byte key, however wide
+    /// the CPU); four keys' chains interleaved byte by byte run side by side in about the
+    /// time of one. Other functions hash the keys one after another.
+    #[inline]
+    pub fn hash4(&self, keys: [&[u8]; 4]) -> [u32; 4] {
+        match self.0 {
+            HashName::Fnv1a_64 => fnv1a_x4(keys, FNV_64_INIT as u32, FNV_64_PRIME as u32),
+            HashName::Fnv1a_32 => fnv1a_x4(keys, FNV_32_INIT, FNV_32_PRIME),
+            _ => keys.map(|key| self.hash(key)),
+        }
+    }
+}
+
+/// FNV-1a (32-bit state, signed bytes) of four keys, interleaved over their common length.
+#[inline]
+fn fnv1a_x4(keys: [&[u8]; 4], init: u32, prime: u32) -> [u32; 4] {
+    let step = |h: u32, b: u8| (h ^ widen_signed(b)).wrapping_mul(prime);
+    let common = keys.iter().map(|key| key.len()).min().unwrap_or(0);
+    let [a, b, c, d] = keys.map(|key| &key[..common]);
+    let mut h = [init; 4];
+    for (((&x, &y), &z), &w) in a.iter().zip(b).zip(c).zip(d) {
+        h[0] = step(h[0], x);
+        h[1] = step(h[1], y);
+        h[2] = step(h[2], z);
+        h[3] = step(h[3], w);
+    }
+    for (h, key) in h.iter_mut().zip(keys) {
+        *h = key[common..].iter().fold(*h, |h, &b| step(h, b));
+    }
+    h
+}
+
 /// twemproxy's hash_tag: when the key contains the tag's opening byte followed later by
 /// the closing byte, and the part between them is non-empty, only that part is hashed.
 ///
@@ -453,6 +487,25 @@ mod tests {
         for (name, values) in expected {
             for (key, value) in keys.iter().zip(values) {
                 assert_eq!(HashFn(name).hash(key), value, "{name:?} of {key:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn four_keys_at_once_hash_as_one_at_a_time() {
+        let keys: [&[u8]; 6] = [
+            b"",
+            b"a",
+            b"user:1234567:profile",
+            b"k\xe9y",
+            b"xy",
+            b"12345",
+        ];
+        for name in HashName::ALL {
+            let f = HashFn(name);
+            for first in 0..keys.len() {
+                let four = [0, 1, 2, 3].map(|i| keys[(first + i) % keys.len()]);
+                assert_eq!(f.hash4(four), four.map(|key| f.hash(key)), "{name:?}");
             }
         }
     }

@@ -12,7 +12,7 @@ const KETAMA_POINTS_PER_HASH: u32 = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Ketama {
-    hash: HashFn,
+    pub(crate) hash: HashFn,
     pub(crate) continuum: Continuum,
 }
 

@@ -207,6 +207,41 @@ impl Placement {
         self.members.get(member).map_or(0, |&m| m as usize)
     }
 
+    /// [`Placement::server_for`] of each of `keys`, into `servers` (as long as `keys`).
+    /// twemproxy's ketama and modula hash four keys at once ([`HashFn::hash4`]): a
+    /// multi-get places all its keys together.
+    pub fn servers_for(&self, keys: &[&[u8]], servers: &mut [u32]) {
+        let hash = match &self.kind {
+            Kind::Ketama(ketama) if self.members.len() > 1 => ketama.hash,
+            Kind::Modula(modula) if self.members.len() > 1 => modula.hash,
+            _ => {
+                for (key, server) in keys.iter().zip(servers.iter_mut()) {
+                    *server = self.server_for(key) as u32;
+                }
+                return;
+            }
+        };
+        let mut keys4 = keys.chunks_exact(4);
+        let mut servers4 = servers.chunks_exact_mut(4);
+        for (keys, servers) in (&mut keys4).zip(&mut servers4) {
+            let parts = [0, 1, 2, 3].map(|i| hash_key_part(keys[i], self.hash_tag));
+            let hashes = hash.hash4(parts);
+            for ((server, part), hashed) in servers.iter_mut().zip(parts).zip(hashes) {
+                // twemproxy hashes an empty key to 0 (see `twemproxy_key_hash`).
+                let hashed = if part.is_empty() { 0 } else { hashed };
+                let member = match &self.kind {
+                    Kind::Ketama(ketama) => ketama.continuum.lookup(hashed),
+                    Kind::Modula(modula) => modula.slot(hashed),
+                    _ => 0,
+                };
+                *server = self.members.get(member).copied().unwrap_or(0);
+            }
+        }
+        for (key, server) in keys4.remainder().iter().zip(servers4.into_remainder()) {
+            *server = self.server_for(key) as u32;
+        }
+    }
+
     /// How many servers this placement chooses among: the pool's size for
     /// [`Placement::new`], the live servers for [`Placement::with_live`].
     pub fn server_count(&self) -> usize {
@@ -313,6 +348,43 @@ mod tests {
         assert!(last < u32::MAX);
         let i = points.partition_point(|&(pt, _)| pt < u32::MAX);
         assert_eq!(i, points.len());
+    }
+
+    /// Placing a multi-get's keys together answers what placing each key does, for every
+    /// distribution and hash, any number of keys (four at a time and the rest), hash tags,
+    /// an empty key, one server, and a placement over the live servers only.
+    #[test]
+    fn servers_for_places_keys_as_server_for_does() {
+        let names: Vec<Vec<u8>> = (0..11)
+            .map(|i| format!("user:{i:03}:{{t{}}}", i % 3).into_bytes())
+            .chain([Vec::new(), b"\xe9\xff".to_vec()])
+            .collect();
+        let keys: Vec<&[u8]> = names.iter().map(|k| &k[..]).collect();
+        for d in DistributionName::ALL {
+            for h in [HashName::Fnv1a_64, HashName::Fnv1a_32, HashName::Md5] {
+                for (servers, tag) in [(1, None), (5, None), (5, Some(*b"{}"))] {
+                    let mut p = pool(servers, d, h);
+                    p.hash_tag = tag;
+                    let mut live = vec![true; servers];
+                    live[servers - 1] = servers == 1;
+                    for placement in [Placement::new(&p), Placement::with_live(&p, &live)] {
+                        for n in 0..=keys.len() {
+                            let mut placed = vec![u32::MAX; n];
+                            placement.servers_for(&keys[..n], &mut placed);
+                            let one_by_one: Vec<u32> = keys[..n]
+                                .iter()
+                                .map(|key| placement.server_for(key) as u32)
+                                .collect();
+                            if d == DistributionName::Random {
+                                assert!(placed.iter().all(|&s| (s as usize) < servers));
+                            } else {
+                                assert_eq!(placed, one_by_one, "{d:?} {h:?} {servers} {n}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

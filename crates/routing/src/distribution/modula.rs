@@ -7,7 +7,7 @@ use crate::hash::HashFn;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Modula {
-    hash: HashFn,
+    pub(crate) hash: HashFn,
     /// Member position of each slot.
     slots: Vec<u32>,
 }
@@ -22,15 +22,20 @@ impl Modula {
         }
         Modula { hash, slots }
     }
+
+    /// The member owning a key of hash `hash`.
+    #[inline]
+    pub(crate) fn slot(&self, hash: u32) -> usize {
+        match self.slots.len() {
+            0 => 0,
+            slots => self.slots[hash as usize % slots] as usize,
+        }
+    }
 }
 
 impl Distribution for Modula {
     #[inline]
     fn pick(&self, part: &[u8]) -> usize {
-        if self.slots.is_empty() {
-            return 0;
-        }
-        let slot = twemproxy_key_hash(self.hash, part) as usize % self.slots.len();
-        self.slots[slot] as usize
+        self.slot(twemproxy_key_hash(self.hash, part))
     }
 }
