@@ -252,4 +252,62 @@ fn main() {
         proxy.shutdown();
         proxy.join();
     }
+    policy_routes(&list(&servers));
+}
+
+/// The 20-key multi-get through each kind of policy route, over two pools of the same 4
+/// servers (`main` answers every key): issue 10 item 5 wants them batched per server as
+/// a plain pool's are, so they should allocate what the plain pool's does.
+fn policy_routes(servers: &str) {
+    let routes: [(&str, &str); 6] = [
+        ("failover", "[routes.root]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n"),
+        (
+            "prefix -> failover",
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"zz:\" = \"main\" }\ndefault = \"fo\"\n\
+             [routes.fo]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n",
+        ),
+        (
+            "shadow (fraction 0)",
+            "[routes.root]\ntype = \"shadow\"\nprimary = \"main\"\nshadow = \"spare\"\nfraction = 0.0\n",
+        ),
+        (
+            "shadow (fraction 0.1)",
+            "[routes.root]\ntype = \"shadow\"\nprimary = \"main\"\nshadow = \"spare\"\nfraction = 0.1\n",
+        ),
+        ("warm-up (cold hits)", "[routes.root]\ntype = \"warm-up\"\ncold = \"main\"\nwarm = \"spare\"\n"),
+        ("random", "[routes.root]\ntype = \"random\"\nchildren = [\"main\", \"spare\"]\n"),
+    ];
+    println!("get, 20 keys, through a policy route over 4 servers");
+    for (name, route) in routes {
+        let text = format!(
+            "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nroute = \"root\"\n\
+             [pools.main]\nservers = [{servers}]\n[pools.spare]\nservers = [{servers}]\n{route}",
+            free_port()
+        );
+        let config = memroute_config::parse(&text).expect("bench config");
+        let proxy = memroute_proxy::start(config).expect("start memroute");
+        let port: u16 = proxy.local_addresses[0]
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("proxy port");
+        let mut stream = connect(port);
+        let mut buffer = vec![0u8; 1 << 20];
+        let keys: Vec<String> = (0..20).map(|i| format!("alloc:key:{i}")).collect();
+        for key in &keys {
+            let set = format!("set {key} 0 0 64\r\n{}\r\n", "v".repeat(64));
+            round_trip(&mut stream, set.as_bytes(), b"STORED\r\n", &mut buffer);
+        }
+        let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
+        let counted = count(&mut stream, &multi, b"END\r\n", REQUESTS);
+        println!(
+            "{:<44}{:>14.2}{:>20.2}",
+            format!("  {name}"),
+            counted.busy,
+            counted.idle
+        );
+        drop(stream);
+        proxy.shutdown();
+        proxy.join();
+    }
 }

@@ -477,3 +477,459 @@ fn a_multiget_mixing_plain_pool_and_policy_keys_merges_in_client_order() {
         "b is asked only for a's misses (error-or-miss)"
     );
 }
+
+/// Interleaves the keys of several routes (`a0 b0 c0 a1 b1 c1 ...`): a multi-get whose
+/// keys part ways at a prefix route on every key.
+fn interleave(lists: &[&[String]]) -> Vec<String> {
+    let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
+    (0..longest)
+        .flat_map(|i| lists.iter().filter_map(move |l| l.get(i).cloned()))
+        .collect()
+}
+
+#[test]
+fn prefix_routed_failover_multiget_with_its_first_server_dead_moves_only_its_keys() {
+    let mut main = [Memcached::start(), Memcached::start()];
+    let spare = Memcached::start();
+    let plain = Memcached::start();
+    let proxy = Memroute::start_routes(
+        "root",
+        &[
+            pool("main", &[&main[0], &main[1]]),
+            pool("spare", &[&spare]),
+            pool("plain", &[&plain]),
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"fo:\" = \"fo\", \"main:\" = \"main\" }\ndefault = \"plain\"\n\n"
+                .to_string(),
+            "[routes.fo]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n\n".to_string(),
+        ],
+    );
+    let fo_keys = numbered_keys("fo:", 40);
+    let plain_keys = numbered_keys("pl", 40);
+    store_all(&main[0], &fo_keys, "main");
+    store_all(&main[1], &fo_keys, "main");
+    store_all(&spare, &fo_keys, "spare");
+    store_all(&plain, &plain_keys, "plain");
+    // A key nobody holds, in the middle: a miss, left out of the reply.
+    let mut keys = interleave(&[&plain_keys, &fo_keys]);
+    keys.insert(11, "fo:nowhere".to_string());
+    let mut c = proxy.connect();
+    let got = multi_get(&mut c, &keys);
+    assert_eq!(
+        got.len(),
+        keys.len() - 1,
+        "every server alive: every key but one hits"
+    );
+
+    main[0].kill();
+    let before_spare = counters(&spare);
+    let stats = proxy.stats();
+    let hits_before = stat_u64(&stats, "get_hits").unwrap_or(0);
+    let misses_before = stat_u64(&stats, "get_misses").unwrap_or(0);
+    let got = multi_get(&mut c, &keys);
+    let answered: Vec<&String> = got.iter().map(|(k, _)| k).collect();
+    let expected: Vec<&String> = keys.iter().filter(|k| *k != "fo:nowhere").collect();
+    assert_eq!(
+        answered, expected,
+        "every held key answered, in the client's order"
+    );
+    let from_spare: Vec<&String> = got
+        .iter()
+        .filter(|(k, v)| *v == format!("spare-{k}"))
+        .map(|(k, _)| k)
+        .collect();
+    for (k, v) in &got {
+        let tag = match k.starts_with("fo:") {
+            true if from_spare.contains(&k) => "spare",
+            true => "main",
+            false => "plain",
+        };
+        assert_eq!(*v, format!("{tag}-{k}"));
+    }
+    assert!(
+        !from_spare.is_empty() && from_spare.len() < fo_keys.len(),
+        "the dead server's keys (and only those) come from the spare: {}",
+        from_spare.len()
+    );
+    let (spare_keys, spare_bytes) = read_since(&spare, &before_spare);
+    // The spare may also be asked for fo:nowhere, when the dead server owns it.
+    let nowhere_moved = spare_keys - from_spare.len() as u64;
+    assert!(
+        nowhere_moved <= 1,
+        "the spare was asked for {spare_keys} keys"
+    );
+    let mut asked = from_spare.clone();
+    let nowhere = "fo:nowhere".to_string();
+    if nowhere_moved == 1 {
+        let at = keys.iter().position(|k| *k == nowhere).unwrap_or(0);
+        let before = keys[..at].iter().filter(|k| asked.contains(k)).count();
+        asked.insert(before, &nowhere);
+    }
+    assert_eq!(
+        spare_bytes,
+        line_bytes(&asked).0,
+        "the failed keys reach the spare as one get line"
+    );
+    let stats = proxy.stats();
+    assert_eq!(
+        stat_u64(&stats, "route:fo:failovers"),
+        Some(spare_keys),
+        "failovers count the keys moved on: {stats:?}"
+    );
+    assert_eq!(
+        stat_u64(&stats, "get_hits"),
+        Some(hits_before + got.len() as u64)
+    );
+    assert_eq!(stat_u64(&stats, "get_misses"), Some(misses_before + 1));
+
+    // The same pool reached as a plain pool ("main:"): its dead server fails the multi-get
+    // (a partial answer would look like misses), even with failover keys in its batch.
+    let direct = numbered_keys("main:", 30);
+    let mixed = interleave(&[&direct, &fo_keys]);
+    c.send(format!("get {}\r\n", mixed.join(" ")).as_bytes());
+    let reply = c.read_until(b"\r\n");
+    assert!(
+        reply.starts_with(b"SERVER_ERROR "),
+        "a plain pool's dead server in a mixed multi-get: {}",
+        show(&reply)
+    );
+    // The connection goes on, and the failover keys alone are answered.
+    let got = multi_get(&mut c, &fo_keys);
+    assert_eq!(
+        got.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        fo_keys.iter().collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn prefix_routed_warm_up_multiget_asks_warm_only_for_its_own_misses_and_fills_cold() {
+    let cold = Memcached::start();
+    let mut warm = Memcached::start();
+    let proxy = Memroute::start_routes(
+        "root",
+        &[
+            pool("cold", &[&cold]),
+            pool("warm", &[&warm]),
+            // Plain keys go to the cold pool directly: the same server, the same batches.
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"wu:\" = \"wu\" }\ndefault = \"cold\"\n\n"
+                .to_string(),
+            "[routes.wu]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
+                .to_string(),
+        ],
+    );
+    let wu_keys = numbered_keys("wu:", 45);
+    let plain_keys = numbered_keys("pl", 45);
+    // Warm holds every key (a plain key asked of warm would show up as a hit).
+    store_all(&warm, &wu_keys, "warm");
+    store_all(&warm, &plain_keys, "warm");
+    // Cold holds a third of the warm-up keys and half of the plain ones.
+    let wu_in_cold: Vec<String> = wu_keys.iter().step_by(3).cloned().collect();
+    let plain_in_cold: Vec<String> = plain_keys.iter().step_by(2).cloned().collect();
+    store_all(&cold, &wu_in_cold, "cold");
+    store_all(&cold, &plain_in_cold, "cold");
+    let mut keys = interleave(&[&plain_keys, &wu_keys]);
+    keys.insert(20, "wu:nowhere".to_string());
+    let mut c = proxy.connect();
+    let before_warm = counters(&warm);
+    let before_cold = counters(&cold);
+    let stats = proxy.stats();
+    let hits_before = stat_u64(&stats, "get_hits").unwrap_or(0);
+    let misses_before = stat_u64(&stats, "get_misses").unwrap_or(0);
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> = keys
+        .iter()
+        .filter_map(|k| {
+            let tag = match () {
+                _ if wu_in_cold.contains(k) || plain_in_cold.contains(k) => "cold",
+                _ if wu_keys.contains(k) => "warm",
+                _ => return None,
+            };
+            Some((k.clone(), format!("{tag}-{k}")))
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "cold's hits, warm's answers for the warm-up keys cold missed, in the client's order"
+    );
+    let wu_missed: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with("wu:") && !wu_in_cold.contains(k))
+        .collect();
+    let (warm_keys, warm_bytes) = read_since(&warm, &before_warm);
+    assert_eq!(
+        warm_keys,
+        wu_missed.len() as u64,
+        "warm is asked only for the warm-up keys cold missed (wu:nowhere included)"
+    );
+    assert_eq!(warm_bytes, line_bytes(&wu_missed).0, "as one get line");
+    let filled: Vec<String> = wu_missed
+        .iter()
+        .filter(|k| **k != "wu:nowhere")
+        .map(|k| k.to_string())
+        .collect();
+    // Watched by cold's item count: asking cold with gets would count in its cmd_get.
+    let items = (wu_in_cold.len() + plain_in_cold.len() + filled.len()) as u64;
+    let mut polls = 0;
+    assert!(
+        poll_until(ASYNC_DEADLINE, || {
+            polls += 1;
+            cold.stat("curr_items") == items
+        }),
+        "cold was not filled with warm's values"
+    );
+    // The multi-get's line and the fills' adds, nothing else (each poll's `stats\r\n`
+    // taken out as `read_since` takes out its own).
+    let (cold_keys, cold_bytes) = read_since(&cold, &before_cold);
+    let per_stats = {
+        let first = counters(&cold).bytes_read;
+        counters(&cold).bytes_read - first
+    };
+    let cold_bytes = cold_bytes - polls * per_stats;
+    assert_eq!(
+        cold_keys,
+        keys.len() as u64,
+        "cold is asked for every key once"
+    );
+    let all: Vec<&String> = keys.iter().collect();
+    let fill_bytes: u64 = filled
+        .iter()
+        .map(|k| {
+            let value = format!("warm-{k}");
+            format!("add {k} 0 3600 {}\r\n{value}\r\n", value.len()).len() as u64
+        })
+        .sum();
+    assert_eq!(
+        cold_bytes,
+        line_bytes(&all).0 + fill_bytes,
+        "plain and warm-up keys share one get line to cold (then the fills)"
+    );
+    let held = cold.held(&filled);
+    for k in &filled {
+        assert_eq!(
+            held[k],
+            format!("warm-{k}").as_bytes(),
+            "{k} filled from warm"
+        );
+    }
+    let stats = proxy.stats();
+    assert_eq!(
+        stat_u64(&stats, "route:wu:fills"),
+        Some(filled.len() as u64)
+    );
+    assert_eq!(
+        stat_u64(&stats, "get_hits"),
+        Some(hits_before + got.len() as u64)
+    );
+    assert_eq!(
+        stat_u64(&stats, "get_misses"),
+        Some(misses_before + (keys.len() - got.len()) as u64)
+    );
+    let plain_missing: Vec<String> = plain_keys
+        .iter()
+        .filter(|k| !plain_in_cold.contains(k))
+        .cloned()
+        .collect();
+    assert!(
+        cold.held(&plain_missing).is_empty(),
+        "a plain key's miss is never filled"
+    );
+
+    // Warm gone: a warm-up key cold misses is a miss (cold's answer), not an error.
+    warm.kill();
+    let fresh = numbered_keys("wu:fresh", 10);
+    let mut asked = interleave(&[&fresh, &wu_keys[..10]]);
+    asked.push(plain_keys[0].clone());
+    let got = multi_get(&mut c, &asked);
+    let expected: Vec<(String, String)> = asked
+        .iter()
+        .filter(|k| !fresh.contains(k))
+        .map(|k| {
+            let tag = match wu_in_cold.contains(k) || plain_in_cold.contains(k) {
+                true => "cold",
+                false => "warm",
+            };
+            (k.clone(), format!("{tag}-{k}"))
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "cold's hits (and fills), warm's failure a miss"
+    );
+}
+
+#[test]
+fn prefix_routed_shadow_and_random_multigets_answer_from_the_primary_and_one_random_child() {
+    let primary = Memcached::start();
+    let mut shadow = Memcached::start();
+    let r = [Memcached::start(), Memcached::start()];
+    let plain = Memcached::start();
+    let proxy = Memroute::start_routes(
+        "root",
+        &[
+            pool("p", &[&primary]),
+            pool("s", &[&shadow]),
+            pool("r1", &[&r[0]]),
+            pool("r2", &[&r[1]]),
+            pool("plain", &[&plain]),
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"sh:\" = \"sh\", \"rnd:\" = \"rnd\" }\ndefault = \"plain\"\n\n"
+                .to_string(),
+            "[routes.sh]\ntype = \"shadow\"\nprimary = \"p\"\nshadow = \"s\"\nfraction = 0.5\n\n"
+                .to_string(),
+            "[routes.rnd]\ntype = \"random\"\nchildren = [\"r1\", \"r2\"]\n\n".to_string(),
+        ],
+    );
+    let sh_keys = numbered_keys("sh:", 40);
+    let rnd_keys = numbered_keys("rnd:", 40);
+    let plain_keys = numbered_keys("pl", 40);
+    store_all(&primary, &sh_keys, "p");
+    store_all(&r[0], &rnd_keys, "r1");
+    store_all(&r[1], &rnd_keys, "r2");
+    store_all(&plain, &plain_keys, "plain");
+    let keys = interleave(&[&sh_keys, &rnd_keys, &plain_keys]);
+    let mut c = proxy.connect();
+    let before = counters(&shadow);
+    let got = multi_get(&mut c, &keys);
+    let answered: Vec<&String> = got.iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        answered,
+        keys.iter().collect::<Vec<_>>(),
+        "every key answered, in the client's order"
+    );
+    let random_tag = |got: &[(String, String)]| -> Vec<String> {
+        let mut tags: Vec<String> = got
+            .iter()
+            .filter(|(k, _)| k.starts_with("rnd:"))
+            .map(|(k, v)| v.strip_suffix(&format!("-{k}")).unwrap_or(v).to_string())
+            .collect();
+        tags.dedup();
+        tags
+    };
+    assert_eq!(
+        random_tag(&got).len(),
+        1,
+        "a multi-get's random keys all go to one child: {got:?}"
+    );
+    for (k, v) in got.iter().filter(|(k, _)| !k.starts_with("rnd:")) {
+        let tag = match k.starts_with("sh:") {
+            true => "p",
+            false => "plain",
+        };
+        assert_eq!(*v, format!("{tag}-{k}"));
+    }
+    let stats = proxy.wait_stats("the shadow copy settled", ASYNC_DEADLINE, |s| {
+        match (
+            stat_u64(s, "shadow:sh:sent"),
+            stat_u64(s, "shadow:sh:completed"),
+        ) {
+            (Some(sent), Some(completed)) => sent > 0 && completed == sent,
+            _ => false,
+        }
+    });
+    let sent = stat_u64(&stats, "shadow:sh:sent").unwrap_or(0);
+    assert!(
+        sent > 0 && sent < sh_keys.len() as u64,
+        "fraction 0.5 copied {sent} of {} keys",
+        sh_keys.len()
+    );
+    let (asked, bytes) = read_since(&shadow, &before);
+    assert_eq!(
+        asked, sent,
+        "the shadow is asked for the keys in its range only"
+    );
+    // Which keys: the ones a set through memroute copies (the same key-hash range).
+    let mut setter = proxy.connect();
+    for k in &sh_keys {
+        setter.set(k, format!("p-{k}").as_bytes());
+    }
+    proxy.wait_stats("the sets' shadow copies settled", ASYNC_DEADLINE, |s| {
+        stat_u64(s, "shadow:sh:sent") == stat_u64(s, "shadow:sh:completed")
+    });
+    let held = shadow.held(&sh_keys);
+    let in_range: Vec<&String> = sh_keys.iter().filter(|k| held.contains_key(*k)).collect();
+    assert_eq!(in_range.len() as u64, sent, "sets copy the same keys");
+    assert_eq!(
+        bytes,
+        line_bytes(&in_range).0,
+        "the copy went as one get line"
+    );
+
+    // Random picks spread over multi-gets (one pick each): both children answer in time.
+    let mut seen: Vec<String> = Vec::new();
+    for _ in 0..64 {
+        for tag in random_tag(&multi_get(&mut c, &rnd_keys[..10])) {
+            if !seen.contains(&tag) {
+                seen.push(tag);
+            }
+        }
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 2, "random multi-gets reached {seen:?} only");
+
+    // A dead shadow never fails or changes the client's reply.
+    shadow.kill();
+    let got = multi_get(&mut c, &sh_keys);
+    assert_eq!(
+        got,
+        sh_keys
+            .iter()
+            .map(|k| (k.clone(), format!("p-{k}")))
+            .collect::<Vec<_>>()
+    );
+    proxy.wait_stats(
+        "the dead shadow's copy counted as an error",
+        ASYNC_DEADLINE,
+        |s| stat_u64(s, "shadow:sh:errors").unwrap_or(0) > 0,
+    );
+}
+
+#[test]
+fn error_or_miss_failover_multiget_keeps_a_first_miss_over_a_later_error() {
+    let a = Memcached::start();
+    let mut b = Memcached::start();
+    let proxy = Memroute::start_routes(
+        "root",
+        &[
+            pool("a", &[&a]),
+            pool("b", &[&b]),
+            "[routes.root]\ntype = \"failover\"\nchildren = [\"a\", \"b\"]\non = \"error-or-miss\"\n\n"
+                .to_string(),
+        ],
+    );
+    let keys = numbered_keys("em", 30);
+    let in_a: Vec<String> = keys.iter().step_by(2).cloned().collect();
+    let in_b: Vec<String> = keys.iter().skip(1).step_by(4).cloned().collect();
+    store_all(&a, &in_a, "a");
+    store_all(&b, &in_b, "b");
+    let mut c = proxy.connect();
+    let before_b = counters(&b);
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> = keys
+        .iter()
+        .filter_map(|k| match () {
+            _ if in_a.contains(k) => Some((k.clone(), format!("a-{k}"))),
+            _ if in_b.contains(k) => Some((k.clone(), format!("b-{k}"))),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, expected, "a's hits, then b's for a's misses, in order");
+    let (b_keys, b_bytes) = read_since(&b, &before_b);
+    let missed: Vec<&String> = keys.iter().filter(|k| !in_a.contains(k)).collect();
+    assert_eq!(
+        b_keys,
+        missed.len() as u64,
+        "b is asked only for a's misses"
+    );
+    assert_eq!(b_bytes, line_bytes(&missed).0, "as one get line");
+    assert_eq!(
+        stat_u64(&proxy.stats(), "route:root:failovers"),
+        Some(missed.len() as u64)
+    );
+
+    // b dead: a's misses stay misses (a miss from an earlier child beats a later error).
+    b.kill();
+    let got = multi_get(&mut c, &keys);
+    let expected: Vec<(String, String)> =
+        in_a.iter().map(|k| (k.clone(), format!("a-{k}"))).collect();
+    assert_eq!(got, expected, "a's hits only, no error");
+}

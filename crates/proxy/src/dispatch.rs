@@ -8,12 +8,12 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
-use memroute_routing::{operation_of, Node};
+use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, BatchLines, FailoverRest, Job, MultiJob};
+use crate::execute::{self, BatchLines, FollowUp, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
 use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending};
 use crate::snapshot::RouteSnapshot;
@@ -189,6 +189,24 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 slot,
                 echo: meta_echo(&request),
             };
+            // Through shadow and random routes down to a pool: sent to that pool as a plain
+            // pool's request is, with the shadow copy (if the key is in its range) on a
+            // task of its own, as the executor would send it.
+            if let Some((pool, shadow)) = execute::single_pool(routing, node) {
+                if let Some(server) = routing.server_for(pool, key) {
+                    let connection = routing.pools[pool].servers[server].pick(slot);
+                    let receiver = connection.send(job.parts.clone(), kind);
+                    if let Some(shadow) = shadow {
+                        execute::shadow_copy_single(routing, shadow, job);
+                    }
+                    return Pending::Single {
+                        routing: routing.clone(),
+                        leg: Leg::new(receiver, pool, server, started).on_route(node),
+                        command: request.command,
+                        noreply: request.noreply,
+                    };
+                }
+            }
             // A read through a failover (or replicated) route whose first child is a pool:
             // sent to that pool as a plain pool's request is; the executor runs only for
             // the later children, if the first answer is a failure.
@@ -339,14 +357,16 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
     );
-    // A failover (or replicated) root whose first child is a pool: every key is planned
-    // over that pool as the session's own legs, as a plain pool's are.
-    let first_pool = match policy_root {
-        true => execute::first_pool(routing, root),
+    // The random routes' picks for this multi-get (`execute::multi_get_pool`).
+    let mut picks = execute::RandomPicks::new();
+    let root_planned = match policy_root {
+        true => execute::multi_get_pool(routing, root, &mut picks),
         false => None,
     };
-    if policy_root && first_pool.is_none() {
-        // The root is a policy route: every key reaches it, one group, nothing to plan here.
+    if policy_root && root_planned.is_none() {
+        // The root is a policy route the session cannot plan (a fastest read, a failover
+        // whose first child is a route, ...): every key reaches it, one group, nothing to
+        // plan here.
         for _ in 0..request.keys.len() {
             routing.metrics.count(root as usize, request.command);
         }
@@ -374,33 +394,74 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             legs: SmallVec::new(),
             routed,
             key_leg,
-            failover: None,
+            follow_up: None,
         }));
     }
+    // The route node of the key the plan is at (its legs' latency is recorded under it),
+    // and what goes on after the legs' answers (a failover's failed batches, a warm-up's
+    // cold misses): `None`, `Some(false)` (failed batches only), `Some(true)` (misses too).
+    let current = std::cell::Cell::new(root);
+    let mut goes_on: Option<bool> = None;
+    if let Some(planned) = root_planned {
+        goes_on = with_goes_on(goes_on, planned.goes_on);
+    }
+    // Per route node reached, where its keys are planned (looked up once per multi-get).
+    let mut last: Option<(NodeId, Option<execute::Planned>)> = None;
+    // Per shadow route, the keys in its range it copies.
+    let mut copies: ShadowCopies = SmallVec::new();
     // Where each key goes, decided as the plan's one pass reaches it. When every key goes
-    // to one pool (a plain pool's root, or a failover's first pool), keys are placed a
-    // chunk ahead, together (`RouteSnapshot::servers_for`: their hashes interleaved).
-    let one_pool = match (first_pool, routes.node(root)) {
-        (Some((pool, _)), _) | (None, &Node::Pool(pool)) => Some(pool),
+    // to one pool (a plain pool's root, or a policy root planned over a pool), keys are
+    // placed a chunk ahead, together (`RouteSnapshot::servers_for`: their hashes
+    // interleaved).
+    let one_pool = match (root_planned, routes.node(root)) {
+        (Some(planned), _) => Some(planned.pool),
+        (None, &Node::Pool(pool)) => Some(pool),
         _ => None,
     };
+    let root_shadow = root_planned.and_then(|planned| planned.shadow);
     let mut keys = request.keys();
     let mut ahead_keys: [&[u8]; PLACED_AHEAD] = [&[]; PLACED_AHEAD];
     let mut ahead: [u32; PLACED_AHEAD] = [0; PLACED_AHEAD];
     let (mut at, mut placed, mut nowhere) = (0, 0, false);
     let command = request.command;
+    let frame = &request.frame;
+    let (current_at, goes_on_at, last_at, copies_at, picks_at) =
+        (&current, &mut goes_on, &mut last, &mut copies, &mut picks);
     let targets = std::iter::from_fn(move || {
         // One count per key, as cmd_get counts keys.
         let Some(pool) = one_pool else {
             let key = keys.next()?;
             let node = routes.select(root, operation, key);
+            current_at.set(node);
             routing.metrics.count(node as usize, command);
-            let target = match routes.node(node) {
-                &Node::Pool(pool) => match routing.server_for(pool, key) {
-                    Some(server) => KeyTarget::Server(pool as u32, server as u32),
-                    None => KeyTarget::Nowhere(pool as u32),
+            let planned = match routes.node(node) {
+                &Node::Pool(pool) => Some(execute::Planned {
+                    pool,
+                    goes_on: execute::GoesOn::Never,
+                    shadow: None,
+                }),
+                // A policy route: planned here too where its semantics allow.
+                _ => match *last_at {
+                    Some((seen, planned)) if seen == node => planned,
+                    _ => {
+                        let planned = execute::multi_get_pool(routing, node, picks_at);
+                        if let Some(planned) = planned {
+                            *goes_on_at = with_goes_on(*goes_on_at, planned.goes_on);
+                        }
+                        *last_at = Some((node, planned));
+                        planned
+                    }
                 },
-                _ => KeyTarget::Executor,
+            };
+            let Some(planned) = planned else {
+                return Some((key, KeyTarget::Executor));
+            };
+            if let Some(shadow) = planned.shadow {
+                add_copy(copies_at, routing, shadow, frame, key);
+            }
+            let target = match routing.server_for(planned.pool, key) {
+                Some(server) => KeyTarget::Server(planned.pool as u32, server as u32),
+                None => KeyTarget::Nowhere(planned.pool as u32),
             };
             return Some((key, target));
         };
@@ -419,6 +480,9 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         let (key, server) = (ahead_keys[at], ahead[at]);
         at += 1;
         routing.metrics.count(root as usize, command);
+        if let Some(shadow) = root_shadow {
+            add_copy(copies_at, routing, shadow, frame, key);
+        }
         Some(match nowhere {
             true => (key, KeyTarget::Nowhere(pool as u32)),
             false => (key, KeyTarget::Server(pool as u32, server)),
@@ -444,12 +508,9 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                 pool, server, key, ..
             } => {
                 lines.open(pool, server, key);
+                // Through a policy route, latency is recorded under the route's name.
                 let leg = Leg::writing(pool, server, routing.metrics.now());
-                // Through a policy root, latency is recorded under the root's name.
-                legs.push(match first_pool {
-                    Some(_) => leg.on_route(root),
-                    None => leg,
-                });
+                legs.push(leg.on_route(current.get()));
             }
             Step::Add { leg, key } => lines.add(leg, key),
             Step::Close { leg } => {
@@ -500,25 +561,72 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
             routed.push(execute::start_multi(routing, node, job, started));
         }
     }
-    // Keys of a batch that fails on the first pool go on to the root's later children.
-    let failover = match first_pool {
-        Some((_, true)) => Some(FailoverRest {
-            node: root,
+    // The shadow routes' copies of the keys in their ranges, one batch per route.
+    for (node, keys) in copies {
+        let job = MultiJob {
             operation,
             head: head_bytes.clone(),
+            keys,
             slot,
             byte_cap,
-        }),
-        _ => None,
-    };
+        };
+        execute::shadow_copy_keys(routing, node, job);
+    }
+    // Keys of a batch that fails on a failover's first pool go on to its later children,
+    // a warm-up's cold misses to warm.
+    let follow_up = goes_on.map(|misses| FollowUp {
+        root,
+        operation,
+        head: head_bytes.clone(),
+        slot,
+        byte_cap,
+        misses,
+    });
     Pending::MultiGet(Homed::new(MultiGet {
         routing: routing.clone(),
         request,
         legs,
         routed,
         key_leg,
-        failover,
+        follow_up,
     }))
+}
+
+/// Per shadow route a multi-get's keys pass through, the keys in its range (views of the
+/// client's frame), copied as one batch once the multi-get is planned.
+type ShadowCopies = SmallVec<[(NodeId, Vec<Bytes>); 1]>;
+
+/// Adds `key` (in the client's `frame`) to shadow route `shadow`'s copy when it is in the
+/// route's range.
+fn add_copy(
+    copies: &mut ShadowCopies,
+    routing: &RouteSnapshot,
+    shadow: NodeId,
+    frame: &Bytes,
+    key: &[u8],
+) {
+    if !execute::shadows_key(routing, shadow, key) {
+        return;
+    }
+    let at = match copies.iter().position(|(node, _)| *node == shadow) {
+        Some(at) => at,
+        None => {
+            copies.push((shadow, Vec::new()));
+            copies.len() - 1
+        }
+    };
+    copies[at].1.push(frame.slice_ref(key));
+}
+
+/// What goes on after a multi-get's legs answer (`None`: nothing; `Some(misses)`: failed
+/// batches, and with `misses` the keys answered as misses too), once keys of a route
+/// that `goes` on were planned.
+fn with_goes_on(so_far: Option<bool>, goes: execute::GoesOn) -> Option<bool> {
+    match goes {
+        execute::GoesOn::Never => so_far,
+        execute::GoesOn::Failed => Some(so_far.unwrap_or(false)),
+        execute::GoesOn::Missed | execute::GoesOn::FailedOrMissed => Some(true),
+    }
 }
 
 fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {

@@ -7,7 +7,14 @@
 //!                 | no
 //!             a read through a failover/replicated route over a pool first (first_pool)?
 //!                 --yes--> sent to that pool as a plain request; here only on a failure
-//!                 | no     (start_after_first, FailoverRest: the later children)
+//!                 | no     (start_after_first: the later children)
+//!             a request through shadow/random routes down to a pool (single_pool)?
+//!                 --yes--> sent to that pool as a plain request; the shadow copy on a task
+//!             a multi-get's keys through failover, replicated, warm-up, shadow or random
+//!             routes down to a pool (multi_get_pool)?
+//!                 --yes--> planned over that pool as a plain pool's keys (dispatch); here
+//!                 | no     only the keys that go on (FollowUp: a failed batch's keys to the
+//!                 |        later children, a warm-up's misses to warm) and shadow copies
 //!                 v
 //!   start(node, job) -> Routed: run(node) polled once now (sends go out in the client's
 //!                         |     order), then in place by the session from its pending entry
@@ -314,49 +321,307 @@ pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize
     }
 }
 
-/// What a multi-get planned over a failover's first pool (`first_pool`) needs to send the
-/// keys of a failed batch on to the route's later children.
+/// The random choices of one multi-get: every key that reaches a random route goes to the
+/// same child, as a group run by the executor would (one pick per route per multi-get).
+pub(crate) type RandomPicks = SmallVec<[(NodeId, NodeId); 1]>;
+
+/// Where the multi-get keys that reach a policy route are planned (`multi_get_pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Planned {
+    /// The pool whose servers the keys are batched on, as a plain pool's keys are.
+    pub pool: usize,
+    /// What goes on after the pool's answer (a failover's failed batches, a warm-up's
+    /// misses); `GoesOn::Never` for routes reached under a shadow or random route.
+    pub goes_on: GoesOn,
+    /// The shadow route on the way, if any: the keys in its range are also copied to its
+    /// shadow target (the caller's to send, `shadow_copy_keys`).
+    pub shadow: Option<NodeId>,
+}
+
+/// For the multi-get keys that reach policy route `node` (the first node after prefix and
+/// operation routes): the pool whose servers they are planned on as a plain pool's keys
+/// are (the session's own legs, merged once), when the route's multi-get semantics allow
+/// it; `None` when they go through the executor. The same for every key: a caller looks
+/// it up once per route node and multi-get.
+///
+/// - failover (on errors) / replicated (reads `failover`/`first`) over a pool first:
+///   that pool (`first_pool`); a failed batch's keys go on later (`FollowUp`);
+/// - failover on `error-or-miss` over a pool first: that pool; a failed batch's keys and
+///   the keys a batch missed go on later;
+/// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm` later;
+/// - at most one shadow route and any random routes (or replicated routes reading from a
+///   random replica) down to a pool: that pool, with the shadow route to copy the keys in
+///   its range to; a random route's child is the one picked in `picks` for this multi-get.
+///
+/// What a failover or warm-up does after the first answers is looked up again from the
+/// route node at that point (`goes_on`), so only routes reached directly (not under a
+/// shadow or a random route) take that path.
+pub(crate) fn multi_get_pool(
+    routing: &RouteSnapshot,
+    node: NodeId,
+    picks: &mut RandomPicks,
+) -> Option<Planned> {
+    let routes = &routing.routes;
+    let first = |pool: Option<usize>| {
+        pool.map(|pool| Planned {
+            pool,
+            goes_on: goes_on(routing, node),
+            shadow: None,
+        })
+    };
+    match routes.node(node) {
+        Node::Failover {
+            children,
+            on: FailoverOn::ErrorOrMiss,
+        } => return first(pool_with_servers(routing, *children.first()?)),
+        Node::Failover { .. }
+        | Node::Replicated {
+            reads: ReadPolicy::First | ReadPolicy::Failover,
+            ..
+        } => return first(first_pool(routing, node).map(|(pool, _)| pool)),
+        Node::WarmUp { cold, .. } => return first(pool_with_servers(routing, *cold)),
+        _ => {}
+    }
+    let mut shadow = None;
+    let mut at = node;
+    loop {
+        match routes.node(at) {
+            Node::Pool(pool) => {
+                return Some(Planned {
+                    pool: *pool,
+                    goes_on: GoesOn::Never,
+                    shadow,
+                })
+            }
+            // A second shadow route on the way: the executor copies for both.
+            Node::Shadow { .. } if shadow.is_some() => return None,
+            Node::Shadow { primary, .. } => {
+                shadow = Some(at);
+                at = *primary;
+            }
+            // A replicated route reading from a random replica: one replica per multi-get.
+            Node::Random { children }
+            | Node::Replicated {
+                children,
+                reads: ReadPolicy::Random,
+                ..
+            } => {
+                at = match picks.iter().find(|(random, _)| *random == at) {
+                    Some(&(_, child)) => child,
+                    None => {
+                        let child = pick_random(children);
+                        picks.push((at, child));
+                        child
+                    }
+                };
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// For a single-key request that reached policy route `node`: the pool it is sent to as a
+/// plain pool's request is, when the way there is at most one shadow route and any random
+/// routes (picked now), and the shadow route on the way (its copy is the caller's to send,
+/// `shadow_copy_single`). `None` for every other route (the executor, or `first_pool`).
+pub(crate) fn single_pool(
+    routing: &RouteSnapshot,
+    node: NodeId,
+) -> Option<(usize, Option<NodeId>)> {
+    let mut shadow = None;
+    let mut at = node;
+    loop {
+        match routing.routes.node(at) {
+            Node::Pool(pool) => return Some((*pool, shadow)),
+            Node::Shadow { primary, .. } if shadow.is_none() => {
+                shadow = Some(at);
+                at = *primary;
+            }
+            Node::Random { children } => at = pick_random(children),
+            _ => return None,
+        }
+    }
+}
+
+/// Copies `job` to shadow route `node`'s shadow target when its key is in the route's
+/// range, as `run` does for a shadow route (on a task of its own; replies dropped).
+pub(crate) fn shadow_copy_single(routing: &Rc<RouteSnapshot>, node: NodeId, job: Job) {
+    if let Node::Shadow {
+        shadow,
+        range,
+        max_in_flight,
+        shadow_index,
+        ..
+    } = routing.routes.node(node)
+    {
+        if range.contains_key(&job.key) {
+            shadow_copy(
+                routing,
+                *shadow,
+                *shadow_index,
+                *max_in_flight,
+                &Rc::new(job),
+            );
+        }
+    }
+}
+
+/// Whether `key` is in shadow route `node`'s range (is copied to its shadow target).
+pub(crate) fn shadows_key(routing: &RouteSnapshot, node: NodeId, key: &[u8]) -> bool {
+    match routing.routes.node(node) {
+        Node::Shadow { range, .. } => range.contains_key(key),
+        _ => false,
+    }
+}
+
+fn pool_with_servers(routing: &RouteSnapshot, node: NodeId) -> Option<usize> {
+    match routing.routes.node(node) {
+        Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some(*pool),
+        _ => None,
+    }
+}
+
+/// Which keys of a multi-get's legs planned over route `node`'s first pool
+/// (`multi_get_pool`) go on once the legs have answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GoesOn {
+    /// Nothing: a plain pool, a shadow or random route, or a route without a later child.
+    Never,
+    /// The keys of a batch that failed, to a failover's (or replicated read's) later children.
+    Failed,
+    /// The keys a batch answered as misses, to a warm-up's `warm` (filled into `cold`).
+    Missed,
+    /// Both: an `error-or-miss` failover's.
+    FailedOrMissed,
+}
+
+impl GoesOn {
+    /// Whether a key whose batch failed (`Failed`) or missed it (`Missed`) goes on.
+    pub(crate) fn takes(self, outcome: GoesOn) -> bool {
+        self == outcome || (self == GoesOn::FailedOrMissed && outcome != GoesOn::Never)
+    }
+}
+
+/// `GoesOn` for keys planned over the first pool of route `node`.
+pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
+    match routing.routes.node(node) {
+        Node::Pool(_) => GoesOn::Never,
+        Node::WarmUp { .. } => GoesOn::Missed,
+        Node::Failover {
+            children,
+            on: FailoverOn::ErrorOrMiss,
+        } if children.len() > 1 => GoesOn::FailedOrMissed,
+        _ => match first_pool(routing, node) {
+            Some((_, true)) => GoesOn::Failed,
+            _ => GoesOn::Never,
+        },
+    }
+}
+
+/// The keys of a multi-get that go on from route `node`'s first pool (`GoesOn`), in the
+/// client's order.
 #[derive(Debug)]
-pub(crate) struct FailoverRest {
-    /// The failover (or replicated) route.
+pub(crate) struct GoingOn {
     pub node: NodeId,
+    pub keys: Vec<Bytes>,
+    /// For an `error-or-miss` failover (empty otherwise): per key, whether the first pool
+    /// answered it with a miss, which beats a later child's error.
+    pub missed: Vec<bool>,
+}
+
+/// What a multi-get planned over failover or warm-up routes' first pools (`multi_get_pool`)
+/// needs to send keys on from there once its legs have answered: a failed batch's keys to
+/// a failover's later children, a warm-up's cold misses to warm.
+#[derive(Debug)]
+pub(crate) struct FollowUp {
+    /// Where the keys' routes are selected from (`RouteTable::select`): the route table's
+    /// root, or a policy root itself.
+    pub root: NodeId,
     pub operation: Operation,
     /// The batch line's start before its keys.
     pub head: Bytes,
     pub slot: usize,
     pub byte_cap: usize,
+    /// Whether a warm-up route's keys are among the legs' (their misses must be looked for
+    /// in every answered batch; otherwise only failed batches are looked at).
+    pub misses: bool,
 }
 
-impl FailoverRest {
-    /// Starts `keys` (in the client's order), whose batches failed on the first child,
-    /// through the later children, as `failover_multi` goes on after its first child.
+impl FollowUp {
+    /// Starts the keys of `going` (in the client's order), which reached route
+    /// `going.node` and went on from its first pool (`goes_on`): through a failover's later
+    /// children, as `failover_multi` goes on after its first child, or to a warm-up's
+    /// warm, as `warm_up_multi` asks it for cold's misses.
     pub(crate) fn start(
-        self,
+        &self,
         routing: &Rc<RouteSnapshot>,
-        keys: Vec<Bytes>,
+        going: GoingOn,
         started: Instant,
     ) -> RoutedKeys {
-        routing
-            .route_stats(self.node)
-            .failovers
-            .fetch_add(keys.len() as u64, Relaxed);
-        let node = self.node;
-        let routing = routing.clone();
+        let GoingOn { node, keys, missed } = going;
         let job = MultiJob {
             operation: self.operation,
-            head: self.head,
+            head: self.head.clone(),
             keys,
             slot: self.slot,
             byte_cap: self.byte_cap,
         };
-        let future = Box::pin(async move {
-            let count = job.keys.len();
-            let job = Rc::new(job);
-            let keys = (0..count as u32).collect();
-            let (children, on) = after_first(&routing, node);
-            multi_reply(failover_multi(&routing, node, children, on, &job, keys).await)
-        });
+        let count = job.keys.len() as u32;
+        let routing = routing.clone();
+        let future: Pin<Box<dyn Future<Output = MultiReply>>> = match *routing.routes.node(node) {
+            Node::WarmUp { cold, warm, ttl } => Box::pin(async move {
+                let job = Rc::new(job);
+                let keys = (0..count).collect();
+                let replies = warm_misses(&routing, node, cold, warm, ttl, &job, keys).await;
+                multi_reply(KeyReplies::Keys(replies))
+            }),
+            _ => {
+                routing
+                    .route_stats(node)
+                    .failovers
+                    .fetch_add(u64::from(count), Relaxed);
+                Box::pin(async move {
+                    let job = Rc::new(job);
+                    let keys: Vec<u32> = (0..count).collect();
+                    let (children, on) = after_first(&routing, node);
+                    let replies = failover_multi(&routing, node, children, on, &job, keys.clone());
+                    let replies = replies.await;
+                    if missed.is_empty() {
+                        return multi_reply(replies);
+                    }
+                    let mut replies = replies.into_keys(&job, &keys);
+                    for (reply, missed) in replies.iter_mut().zip(missed) {
+                        if missed && reply.class() == ReplyClass::Error {
+                            *reply = KeyReply::Miss;
+                        }
+                    }
+                    multi_reply(KeyReplies::Keys(replies))
+                })
+            }
+        };
         InPlace::started(future, node, started)
+    }
+}
+
+/// Copies `job`'s keys (the keys of a multi-get in shadow route `node`'s range, planned
+/// by the session) to the shadow target, as `run_multi` does for a shadow route's keys.
+pub(crate) fn shadow_copy_keys(routing: &Rc<RouteSnapshot>, node: NodeId, job: MultiJob) {
+    if let Node::Shadow {
+        shadow,
+        max_in_flight,
+        shadow_index,
+        ..
+    } = *routing.routes.node(node)
+    {
+        let keys = (0..job.keys.len() as u32).collect();
+        shadow_copy_multi(
+            routing,
+            shadow,
+            shadow_index,
+            max_in_flight,
+            &Rc::new(job),
+            keys,
+        );
     }
 }
 
@@ -1316,20 +1581,44 @@ async fn warm_up_multi(
         return KeyReplies::Keys(replies);
     }
     let asked: Vec<u32> = missed.iter().map(|&p| keys[p]).collect();
+    let from_warm = warm_misses(routing, node, cold, warm, ttl, job, asked).await;
+    for (&position, reply) in missed.iter().zip(from_warm) {
+        // Warm had nothing (or failed): cold's miss is the honest answer.
+        if let KeyReply::Hit(_) = reply {
+            replies[position] = reply;
+        }
+    }
+    KeyReplies::Keys(replies)
+}
+
+/// Cold's misses `asked` (indexes into `job.keys`) asked of warm: per key, warm's hit
+/// (filled into cold with an `add`, asynchronously, on one task for the whole batch) or a
+/// miss (warm had nothing, or failed: cold's miss is the honest answer).
+async fn warm_misses(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    cold: NodeId,
+    warm: NodeId,
+    ttl: u32,
+    job: &Rc<MultiJob>,
+    asked: Vec<u32>,
+) -> Vec<KeyReply> {
     let from_warm = run_multi_child(routing, warm, job, asked.clone())
         .await
         .into_keys(job, &asked);
     let mut fills: Vec<BoxedReply> = Vec::new();
-    for (&position, reply) in missed.iter().zip(from_warm) {
-        // Warm had nothing (or failed): cold's miss is the honest answer.
-        let KeyReply::Hit(block) = &reply else {
-            continue;
-        };
-        if let Some(fill) = fill_job(block, ttl, job.slot) {
-            fills.push(run(routing.clone(), cold, Rc::new(fill)));
-        }
-        replies[position] = reply;
-    }
+    let replies = from_warm
+        .into_iter()
+        .map(|reply| match reply {
+            KeyReply::Hit(block) => {
+                if let Some(fill) = fill_job(&block, ttl, job.slot) {
+                    fills.push(run(routing.clone(), cold, Rc::new(fill)));
+                }
+                KeyReply::Hit(block)
+            }
+            _ => KeyReply::Miss,
+        })
+        .collect();
     if !fills.is_empty() {
         routing
             .route_stats(node)
@@ -1339,7 +1628,7 @@ async fn warm_up_multi(
             join_all(fills).await;
         }));
     }
-    KeyReplies::Keys(replies)
+    replies
 }
 
 /// Copies the keys of a multi-get in the shadow range to the shadow target, on a task of
@@ -1365,7 +1654,7 @@ fn shadow_copy_multi(
     state.stats.sent.fetch_add(count, Relaxed);
     let (routing, job) = (routing.clone(), job.clone());
     tokio::task::spawn_local(eager(async move {
-        let replies = run_multi(routing.clone(), shadow, job, keys).await;
+        let replies = run_multi_child(&routing, shadow, &job, keys).await;
         if let Some(state) = routing.shadows.get(index) {
             let errors = match &replies {
                 KeyReplies::Batches { .. } => 0,

@@ -11,13 +11,13 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use memroute_backend::{ReplyReceiver, TryRecvError};
-use memroute_protocol::{quiet_suppresses, retrieval_error, Command, Request};
+use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_at, Command, Request};
 use memroute_routing::{classify_reply, NodeId, ReplyClass};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, FailoverRest, Job, MultiReply, Routed, RoutedKeys};
+use crate::execute::{self, FollowUp, GoesOn, GoingOn, Job, MultiReply, Routed, RoutedKeys};
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -213,42 +213,96 @@ pub(crate) struct MultiGet {
     pub routed: SmallVec<[RoutedKeys; 1]>,
     /// For each of the request's keys, the leg that carries it.
     pub key_leg: crate::multiget::KeyLegs,
-    /// Planned over a failover route's first pool (`execute::first_pool`): where the
-    /// keys of a failed batch go once every leg has answered; taken when looked at.
-    pub failover: Option<FailoverRest>,
+    /// Planned over failover or warm-up routes' first pools (`execute::multi_get_pool`):
+    /// where the keys of a failed batch (or a warm-up's misses) go once every leg has
+    /// answered; taken when looked at.
+    pub follow_up: Option<FollowUp>,
 }
 
 impl MultiGet {
-    /// Once every leg has answered: the keys of the batches that failed go on to the
-    /// failover route's later children, as one more group (counting each failure against
-    /// its server, as a failed leg always is); the failed legs then stand for no key.
-    /// True when such a group was started.
+    /// Once every leg has answered: the keys that go on from their route's first pool
+    /// (`execute::goes_on`) form one more group per route: a failover's keys of the batches
+    /// that failed (each failure counted against its server, as a failed leg always is; a
+    /// failed leg all of whose keys went on then stands for none), a warm-up's keys its
+    /// batch answered as misses. True when such a group was started.
     fn fail_over(&mut self) -> bool {
-        let Some(rest) = self.failover.take() else {
+        let Some(rest) = self.follow_up.take() else {
             return false;
         };
-        let failed: SmallVec<[u32; 4]> = (0..self.legs.len() as u32)
+        let batches = self.legs.len() as u32;
+        let failed: SmallVec<[u32; 4]> = (0..batches)
             .filter(|&leg| self.legs[leg as usize].failed())
             .collect();
-        if failed.is_empty() {
+        if failed.is_empty() && !rest.misses {
             return false;
         }
-        let group = (self.legs.len() + self.routed.len()) as u32;
-        let mut keys = Vec::new();
-        for (range, leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
-            if failed.contains(leg) {
-                keys.push(self.request.frame.slice(range));
-                *leg = group;
+        let routes = &self.routing.routes;
+        let first_group = batches + self.routed.len() as u32;
+        let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
+        // Per leg: where its next VALUE block starts, and (a failed leg) whether a key stays.
+        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches as usize];
+        let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches as usize];
+        for (range, key_leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
+            let leg = *key_leg as usize;
+            if leg >= batches as usize {
+                continue;
             }
+            let key = &self.request.frame[range.clone()];
+            let goes = match &self.legs[leg].reply {
+                _ if failed.contains(key_leg) => GoesOn::Failed,
+                Some(Ok(reply)) if rest.misses => match value_block_at(reply, cursor[leg]) {
+                    // A hit: its block is the leg's next (servers answer in the order asked).
+                    Some(block) if reply[block.key.clone()] == *key => {
+                        cursor[leg] = block.block.end;
+                        continue;
+                    }
+                    _ => GoesOn::Missed,
+                },
+                _ => continue,
+            };
+            let node = routes.select(rest.root, rest.operation, key);
+            let route_goes = execute::goes_on(&self.routing, node);
+            if !route_goes.takes(goes) {
+                // A plain pool's key in a failed batch fails the multi-get; a miss
+                // anywhere but a warm-up or an error-or-miss failover is a miss.
+                stays[leg] |= goes == GoesOn::Failed;
+                continue;
+            }
+            let group = match groups.iter().position(|g| g.node == node) {
+                Some(group) => group,
+                None => {
+                    groups.push(GoingOn {
+                        node,
+                        keys: Vec::new(),
+                        missed: Vec::new(),
+                    });
+                    groups.len() - 1
+                }
+            };
+            let going = &mut groups[group];
+            going.keys.push(self.request.frame.slice(range.clone()));
+            if route_goes == GoesOn::FailedOrMissed {
+                going.missed.push(goes == GoesOn::Missed);
+            }
+            *key_leg = first_group + group as u32;
         }
         for &leg in &failed {
+            if stays[leg as usize] {
+                continue;
+            }
             let leg = &mut self.legs[leg as usize];
             let _ = leg.take(&self.routing);
             leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
         }
+        if groups.is_empty() {
+            return false;
+        }
         let started = self.legs.first().map(|leg| leg.started);
         let started = started.unwrap_or_else(|| self.routing.metrics.now());
-        self.routed.push(rest.start(&self.routing, keys, started));
+        for going in groups {
+            let routed = rest.start(&self.routing, going, started);
+            self.routed.push(routed);
+        }
         true
     }
 }
@@ -395,7 +449,7 @@ impl Pending {
                 let Some(multi) = multi.get_mut() else {
                     return;
                 };
-                if multi.failover.is_some()
+                if multi.follow_up.is_some()
                     && multi.legs.iter_mut().all(|leg| leg.poll_complete(context))
                 {
                     multi.fail_over();
