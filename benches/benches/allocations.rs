@@ -95,6 +95,27 @@ fn connect(port: u16) -> TcpStream {
     }
 }
 
+/// Starts memroute in this process on `config_text`, connects one client to it and sets the
+/// 20 keys every multi-get here asks for (64-byte values); returns the proxy, the client
+/// and the keys.
+fn start_with_keys(config_text: &str) -> (memroute_proxy::ProxyHandle, TcpStream, Vec<String>) {
+    let config = memroute_config::parse(config_text).expect("bench config");
+    let proxy = memroute_proxy::start(config).expect("start memroute");
+    let port: u16 = proxy.local_addresses[0]
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("proxy port");
+    let mut stream = connect(port);
+    let mut buffer = vec![0u8; 1 << 20];
+    let keys: Vec<String> = (0..20).map(|i| format!("alloc:key:{i}")).collect();
+    for key in &keys {
+        let set = format!("set {key} 0 0 64\r\n{}\r\n", "v".repeat(64));
+        round_trip(&mut stream, set.as_bytes(), b"STORED\r\n", &mut buffer);
+    }
+    (proxy, stream, keys)
+}
+
 /// Sends `request` and reads until the reply ends with `end`, allocation-free.
 fn round_trip(stream: &mut TcpStream, request: &[u8], end: &[u8], buffer: &mut [u8]) {
     stream.write_all(request).expect("write");
@@ -198,21 +219,7 @@ fn main() {
         "request", "per request", "idle (same time)"
     );
     for (name, text) in [("1 server", single), ("4 servers", sharded)] {
-        let config = memroute_config::parse(&text).expect("bench config");
-        let proxy = memroute_proxy::start(config).expect("start memroute");
-        let address = proxy.local_addresses[0].clone();
-        let port: u16 = address
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("proxy port");
-        let mut stream = connect(port);
-        let mut buffer = vec![0u8; 1 << 20];
-        let keys: Vec<String> = (0..20).map(|i| format!("alloc:key:{i}")).collect();
-        for key in &keys {
-            let set = format!("set {key} 0 0 64\r\n{}\r\n", "v".repeat(64));
-            round_trip(&mut stream, set.as_bytes(), b"STORED\r\n", &mut buffer);
-        }
+        let (proxy, mut stream, keys) = start_with_keys(&text);
         let get = b"get alloc:key:0\r\n".to_vec();
         let set = format!("set alloc:key:0 0 0 64\r\n{}\r\n", "v".repeat(64)).into_bytes();
         let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
@@ -284,20 +291,7 @@ fn policy_routes(servers: &str) {
              [pools.main]\nservers = [{servers}]\n[pools.spare]\nservers = [{servers}]\n{route}",
             free_port()
         );
-        let config = memroute_config::parse(&text).expect("bench config");
-        let proxy = memroute_proxy::start(config).expect("start memroute");
-        let port: u16 = proxy.local_addresses[0]
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("proxy port");
-        let mut stream = connect(port);
-        let mut buffer = vec![0u8; 1 << 20];
-        let keys: Vec<String> = (0..20).map(|i| format!("alloc:key:{i}")).collect();
-        for key in &keys {
-            let set = format!("set {key} 0 0 64\r\n{}\r\n", "v".repeat(64));
-            round_trip(&mut stream, set.as_bytes(), b"STORED\r\n", &mut buffer);
-        }
+        let (proxy, mut stream, keys) = start_with_keys(&text);
         let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
         let counted = count(&mut stream, &multi, b"END\r\n", REQUESTS);
         println!(
