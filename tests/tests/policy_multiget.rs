@@ -933,3 +933,51 @@ fn error_or_miss_failover_multiget_keeps_a_first_miss_over_a_later_error() {
         in_a.iter().map(|k| (k.clone(), format!("a-{k}"))).collect();
     assert_eq!(got, expected, "a's hits only, no error");
 }
+
+/// A random route over a pool and a route that is not a pool (here an error route) picks
+/// each child half the time, for single-key gets and multi-gets alike: the fast path must
+/// not draw, find a non-pool child, and leave the executor to draw again (which gave the
+/// pool 3/4 of the requests).
+#[test]
+fn random_route_over_a_pool_and_a_route_picks_each_child_evenly() {
+    let server = Memcached::start();
+    let proxy = Memroute::start_routes(
+        "rnd",
+        &[
+            pool("p", &[&server]),
+            "[routes.err]\ntype = \"error\"\nmessage = \"picked the error child\"\n\n".to_string(),
+            "[routes.rnd]\ntype = \"random\"\nchildren = [\"p\", \"err\"]\n\n".to_string(),
+        ],
+    );
+    let keys = numbered_keys("even:", 2);
+    store_all(&server, &keys, "p");
+    let mut c = proxy.connect();
+    // 400 draws of a fair coin: the error child's share is 0.5 +- 0.025 (one standard
+    // deviation); 0.35-0.65 is six of them either way, while the biased draw gave 0.25.
+    const DRAWS: usize = 400;
+    for (what, request) in [
+        ("single-key gets", format!("get {}\r\n", keys[0])),
+        ("multi-gets", format!("get {}\r\n", keys.join(" "))),
+    ] {
+        let mut errors = 0;
+        for _ in 0..DRAWS {
+            c.send(request.as_bytes());
+            let reply = c.read_get_reply();
+            if reply.starts_with(b"SERVER_ERROR") {
+                assert!(
+                    show(&reply).contains("picked the error child"),
+                    "{}",
+                    show(&reply)
+                );
+                errors += 1;
+            } else {
+                assert!(reply.starts_with(b"VALUE "), "{}", show(&reply));
+            }
+        }
+        let share = errors as f64 / DRAWS as f64;
+        assert!(
+            (0.35..=0.65).contains(&share),
+            "{what}: the error child was picked {errors} times of {DRAWS} ({share:.2}), not about half"
+        );
+    }
+}

@@ -98,6 +98,9 @@ const BACKEND_BUFFERS: BufferGroup = BufferGroup {
     size: 16 * 1024,
 };
 
+// A held backend buffer's offsets are u16 (`HeldBuffer`): its buffers must stay below 64 KiB.
+const _: () = assert!(BACKEND_BUFFERS.size <= u16::MAX as usize);
+
 /// One group of provided buffers: its id with the ring, how many buffers (a power of two)
 /// and how big.
 #[derive(Debug, Clone, Copy)]

@@ -349,8 +349,8 @@ pub(crate) struct Planned {
 /// - failover on `error-or-miss` over a pool first: that pool; a failed batch's keys and
 ///   the keys a batch missed go on later;
 /// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm` later;
-/// - at most one shadow route and any random routes (or replicated routes reading from a
-///   random replica) down to a pool: that pool, with the shadow route to copy the keys in
+/// - at most one shadow route and any random routes over pools only (or replicated routes
+///   reading from a random replica of pools; see `only_pools`) down to a pool: that pool, with the shadow route to copy the keys in
 ///   its range to; a random route's child is the one picked in `picks` for this multi-get.
 ///
 /// What a failover or warm-up does after the first answers is looked up again from the
@@ -400,12 +400,14 @@ pub(crate) fn multi_get_pool(
                 at = *primary;
             }
             // A replicated route reading from a random replica: one replica per multi-get.
+            // Only over pools: a pick that led elsewhere would be thrown away and drawn
+            // again by the executor, favouring the pools (`only_pools`).
             Node::Random { children }
             | Node::Replicated {
                 children,
                 reads: ReadPolicy::Random,
                 ..
-            } => {
+            } if only_pools(routing, children) => {
                 at = match picks.iter().find(|(random, _)| *random == at) {
                     Some(&(_, child)) => child,
                     None => {
@@ -422,7 +424,7 @@ pub(crate) fn multi_get_pool(
 
 /// For a single-key request that reached policy route `node`: the pool it is sent to as a
 /// plain pool's request is, when the way there is at most one shadow route and any random
-/// routes (picked now), and the shadow route on the way (its copy is the caller's to send,
+/// routes over pools only (picked now, `only_pools`), and the shadow route on the way (its copy is the caller's to send,
 /// `shadow_copy_single`). `None` for every other route (the executor, or `first_pool`).
 pub(crate) fn single_pool(
     routing: &RouteSnapshot,
@@ -437,10 +439,22 @@ pub(crate) fn single_pool(
                 shadow = Some(at);
                 at = *primary;
             }
-            Node::Random { children } => at = pick_random(children),
+            Node::Random { children } if only_pools(routing, children) => {
+                at = pick_random(children)
+            }
             _ => return None,
         }
     }
+}
+
+/// Whether every child of a random route is a pool: only then is its pick made on the fast
+/// path (`single_pool`, `multi_get_pool`). A pick that led to another route would be
+/// discarded there and drawn again by the executor, so children that are routes would be
+/// chosen less often than 1/n; the executor draws once for those.
+fn only_pools(routing: &RouteSnapshot, children: &[NodeId]) -> bool {
+    children
+        .iter()
+        .all(|&child| matches!(routing.routes.node(child), Node::Pool(_)))
 }
 
 /// Copies `job` to shadow route `node`'s shadow target when its key is in the route's
