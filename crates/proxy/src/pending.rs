@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use memroute_backend::{ReplyReceiver, TryRecvError};
-use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_at, Command, Request};
+use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_for, Command, Request};
 use memroute_routing::{classify_reply, NodeId, ReplyClass};
 use smallvec::SmallVec;
 
@@ -250,13 +250,14 @@ impl MultiGet {
             let key = &self.request.frame[range.clone()];
             let goes = match &self.legs[leg].reply {
                 _ if failed.contains(key_leg) => GoesOn::Failed,
-                Some(Ok(reply)) if rest.misses => match value_block_at(reply, cursor[leg]) {
-                    // A hit: its block is the leg's next (servers answer in the order asked).
-                    Some(block) if reply[block.key.clone()] == *key => {
-                        cursor[leg] = block.block.end;
+                Some(Ok(reply)) if rest.misses => match value_block_for(reply, cursor[leg], key) {
+                    // A hit: its block is the leg's next (servers answer in the order asked),
+                    // found as the merge finds it (the header compared with this key).
+                    Some(block) => {
+                        cursor[leg] = block.end;
                         continue;
                     }
-                    _ => GoesOn::Missed,
+                    None => GoesOn::Missed,
                 },
                 _ => continue,
             };
