@@ -537,6 +537,14 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     if let Err(pool) = planned {
         return no_servers_reply(routing, pool);
     }
+    // The executor's groups and the shadow copies ask with the client's command line head.
+    let job_of = |keys| MultiJob {
+        operation,
+        head: head_bytes.clone(),
+        keys,
+        slot,
+        byte_cap,
+    };
     let mut routed = SmallVec::new();
     if !groups.is_empty() {
         // The plan numbered the executor keys' legs after its batches, one per key; one
@@ -551,26 +559,12 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
         }
         let started = routing.metrics.now();
         for (node, keys) in groups {
-            let job = MultiJob {
-                operation,
-                head: head_bytes.clone(),
-                keys,
-                slot,
-                byte_cap,
-            };
-            routed.push(execute::start_multi(routing, node, job, started));
+            routed.push(execute::start_multi(routing, node, job_of(keys), started));
         }
     }
     // The shadow routes' copies of the keys in their ranges, one batch per route.
     for (node, keys) in copies {
-        let job = MultiJob {
-            operation,
-            head: head_bytes.clone(),
-            keys,
-            slot,
-            byte_cap,
-        };
-        execute::shadow_copy_keys(routing, node, job);
+        execute::shadow_copy_keys(routing, node, job_of(keys));
     }
     // Keys of a batch that fails on a failover's first pool go on to its later children,
     // a warm-up's cold misses to warm.
