@@ -260,6 +260,7 @@ fn main() {
         proxy.join();
     }
     policy_routes(&list(&servers));
+    policy_writes(&list(&servers));
 }
 
 /// The 20-key multi-get through each kind of policy route, over two pools of the same 4
@@ -294,6 +295,48 @@ fn policy_routes(servers: &str) {
         let (proxy, mut stream, keys) = start_with_keys(&text);
         let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
         let counted = count(&mut stream, &multi, b"END\r\n", REQUESTS);
+        println!(
+            "{:<44}{:>14.2}{:>20.2}",
+            format!("  {name}"),
+            counted.busy,
+            counted.idle
+        );
+        drop(stream);
+        proxy.shutdown();
+        proxy.join();
+    }
+}
+
+/// A single-key set through replicated and failover routes over two pools of the same 4
+/// servers (issue 10 item 5: a replicated or failover write should cost about what a
+/// plain pool's does, plus the second backend write). A plain pool's set is the
+/// `set, 64-byte value [4 servers]` line above.
+fn policy_writes(servers: &str) {
+    let replicated = |writes: &str| {
+        format!(
+            "[routes.root]\ntype = \"replicated\"\nchildren = [\"main\", \"spare\"]\nwrites = \"{writes}\"\n"
+        )
+    };
+    let routes: [(&str, String); 5] = [
+        ("replicated all-sync", replicated("all-sync")),
+        ("replicated all-initial", replicated("all-initial")),
+        ("replicated all-majority", replicated("all-majority")),
+        ("replicated all-async", replicated("all-async")),
+        (
+            "failover",
+            "[routes.root]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n".to_string(),
+        ),
+    ];
+    println!("set, 64-byte value, through a policy route over 4 servers");
+    for (name, route) in routes {
+        let text = format!(
+            "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nroute = \"root\"\n\
+             [pools.main]\nservers = [{servers}]\n[pools.spare]\nservers = [{servers}]\n{route}",
+            free_port()
+        );
+        let (proxy, mut stream, _) = start_with_keys(&text);
+        let set = format!("set alloc:key:0 0 0 64\r\n{}\r\n", "v".repeat(64)).into_bytes();
+        let counted = count(&mut stream, &set, b"STORED\r\n", REQUESTS);
         println!(
             "{:<44}{:>14.2}{:>20.2}",
             format!("  {name}"),

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_config::Operation;
+use memroute_config::{Operation, WritePolicy};
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
@@ -15,7 +15,8 @@ use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::execute::{self, BatchLines, FollowUp, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
-use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending};
+use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending, ReplicatedWrite};
+use crate::reply::immediate_ack;
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -176,6 +177,37 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
         // A policy route (shadow, replicated, failover, ...) is on the way: its future
         // lives in the pending entry.
         _ => {
+            // A write through a replicated route over pools: sent to every replica as a
+            // plain pool's request is, the replies judged in place (`ReplicatedWrite`).
+            if operation.is_write() {
+                if let Some((policy, servers)) =
+                    execute::replicated_write_servers(routing, node, key)
+                {
+                    let legs = servers
+                        .iter()
+                        .map(|&(pool, server)| {
+                            let connection = routing.pools[pool].servers[server].pick(slot);
+                            let receiver = connection.send(parts.clone(), kind);
+                            Leg::new(receiver, pool, server, started).on_route(node)
+                        })
+                        .collect();
+                    let ack = match policy {
+                        WritePolicy::AllAsync => immediate_ack(request.command),
+                        _ => None,
+                    };
+                    return Pending::Replicated(Homed::new(ReplicatedWrite {
+                        routing: routing.clone(),
+                        legs,
+                        node,
+                        policy,
+                        ack,
+                        decision: None,
+                        command: request.command,
+                        noreply: request.noreply,
+                        started,
+                    }));
+                }
+            }
             let job = Job {
                 operation,
                 command: request.command,
@@ -207,12 +239,15 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                     };
                 }
             }
-            // A read through a failover (or replicated) route whose first child is a pool:
-            // sent to that pool as a plain pool's request is; the executor runs only for
-            // the later children, if the first answer is a failure.
-            if let (false, Some((pool, more))) =
-                (operation.is_write(), execute::first_pool(routing, node))
-            {
+            // A read through a failover (or replicated) route whose first child is a pool,
+            // or a write through such a failover route: sent to that pool as a plain
+            // pool's request is; the executor runs only for the later children, if the
+            // first answer is a failure (and a write may be repeated: `FirstTry`).
+            let first = match operation.is_write() {
+                false => execute::first_pool(routing, node),
+                true => execute::failover_write_pool(routing, node),
+            };
+            if let Some((pool, more)) = first {
                 if let Some(server) = routing.server_for(pool, key) {
                     let connection = routing.pools[pool].servers[server].pick(slot);
                     let receiver = connection.send(job.parts.clone(), kind);

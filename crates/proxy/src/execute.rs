@@ -773,7 +773,7 @@ fn pick_random(children: &[NodeId]) -> NodeId {
 }
 
 /// A reply that met the request: anything but a transport failure or an error line.
-fn answered(reply: &Reply) -> bool {
+pub(crate) fn answered(reply: &Reply) -> bool {
     matches!(reply, Ok(bytes) if classify_reply(bytes) != ReplyClass::Error)
 }
 
@@ -947,17 +947,73 @@ async fn replicated_write(
             }
             WriteDecision::Fail { failed, total } => {
                 set.detach();
-                routing
-                    .route_stats(node)
-                    .write_failures
-                    .fetch_add(1, Relaxed);
-                return Ok(Bytes::from(format!(
-                    "SERVER_ERROR replicated write failed on {failed} of {total} replicas ({})\r\n",
-                    policy.as_str()
-                )));
+                return Ok(write_failed(routing, node, policy, failed, total));
             }
         }
     }
+}
+
+/// The reply to a replicated write whose policy failed (`WriteDecision::Fail`), counted in
+/// the route's `write_failures`: the same for the executor and the session's legs
+/// (`replicated_write_servers`).
+pub(crate) fn write_failed(
+    routing: &RouteSnapshot,
+    node: NodeId,
+    policy: WritePolicy,
+    failed: usize,
+    total: usize,
+) -> Bytes {
+    routing
+        .route_stats(node)
+        .write_failures
+        .fetch_add(1, Relaxed);
+    Bytes::from(format!(
+        "SERVER_ERROR replicated write failed on {failed} of {total} replicas ({})\r\n",
+        policy.as_str()
+    ))
+}
+
+/// The servers a single-key write through replicated route `node` goes to, one per child
+/// in the route's order, when every child is a pool with a server for `key`: such a write
+/// is sent to them as a plain pool's request is (the session's own legs, their replies
+/// judged in place by `write_decision`), without the executor. `None` for any other
+/// replicated route (a child that is a route, a pool without servers, whose error the
+/// executor words) and every other node. At most a few replicas: on the stack.
+pub(crate) fn replicated_write_servers(
+    routing: &RouteSnapshot,
+    node: NodeId,
+    key: &[u8],
+) -> Option<(WritePolicy, ReplicaServers)> {
+    let Node::Replicated {
+        children, writes, ..
+    } = routing.routes.node(node)
+    else {
+        return None;
+    };
+    let mut servers = ReplicaServers::new();
+    for &child in children.iter() {
+        let Node::Pool(pool) = *routing.routes.node(child) else {
+            return None;
+        };
+        servers.push((pool, routing.server_for(pool, key)?));
+    }
+    Some((*writes, servers))
+}
+
+/// Per replica of a replicated write, (pool, server).
+pub(crate) type ReplicaServers = SmallVec<[(usize, usize); 3]>;
+
+/// For a single-key write through failover route `node` whose first child is a pool with
+/// servers: that pool, and whether there is a later child. Sent to that pool as a plain
+/// pool's request is (`pending::FirstTry`); the executor runs only for the later children,
+/// on a failure, and only when the request may be repeated (`FirstTry::fail_over`). A
+/// write moves on on an error only (never on a miss, whatever `on` says), as `failover`.
+pub(crate) fn failover_write_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize, bool)> {
+    let Node::Failover { children, .. } = routing.routes.node(node) else {
+        return None;
+    };
+    let pool = pool_with_servers(routing, *children.first()?)?;
+    Some((pool, children.len() > 1))
 }
 
 async fn replicated_read(

@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use memroute_backend::{ReplyReceiver, TryRecvError};
+use memroute_config::WritePolicy;
 use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_for, Command, Request};
-use memroute_routing::{classify_reply, NodeId, ReplyClass};
+use memroute_routing::{classify_reply, write_decision, NodeId, ReplyClass, WriteDecision};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
@@ -161,9 +162,10 @@ impl Leg {
     }
 }
 
-/// A read through a failover (or replicated) route, first sent to the route's first pool
-/// as a plain pool's request is (`execute::first_pool`); the executor takes it on to the
-/// later children only if that answer is a failure.
+/// A read through a failover (or replicated) route, or a write through a failover route,
+/// first sent to the route's first pool as a plain pool's request is (`execute::first_pool`,
+/// `execute::failover_write_pool`); the executor takes it on to the later children only if
+/// that answer is a failure (and, for a write, the request may be repeated).
 #[derive(Debug)]
 pub(crate) struct FirstTry {
     pub routing: Rc<RouteSnapshot>,
@@ -188,6 +190,17 @@ impl FirstTry {
         if !failed || self.rest.is_none() {
             return None;
         }
+        // As `execute::failover`: a request whose repetition changes the result (incr,
+        // decr, append, prepend, cas) moves on only when the first pool never received it;
+        // otherwise the client gets that failure. (Every read is repeatable.)
+        let repeatable = self
+            .rest
+            .as_ref()
+            .is_some_and(|job| job.operation.is_idempotent())
+            || matches!(&self.leg.reply, Some(Err(error)) if error.never_sent());
+        if !repeatable {
+            return None;
+        }
         let job = self.rest.take()?;
         let _ = self.leg.take(&self.routing);
         let (command, noreply) = (job.command, self.noreply);
@@ -198,6 +211,100 @@ impl FirstTry {
             command,
             noreply,
         })
+    }
+}
+
+/// A single-key write through a replicated route whose children are all pools
+/// (`execute::replicated_write_servers`): sent to each replica's server as a plain pool's
+/// request is, one leg per child in the route's order, and answered as the executor's
+/// `replicated_write` answers: the write policy (`write_decision`) is asked after each
+/// reply, in child order, and its first decision stands. No task and no allocation per
+/// write (its home is pooled) unless replicas are still writing when the client is
+/// answered (all-async, all-initial, all-majority): those finish on one task that counts
+/// their failures, as the executor's detached children do.
+#[derive(Debug)]
+pub(crate) struct ReplicatedWrite {
+    pub routing: Rc<RouteSnapshot>,
+    pub legs: SmallVec<[Leg; 3]>,
+    pub node: NodeId,
+    pub policy: WritePolicy,
+    /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
+    pub ack: Option<&'static [u8]>,
+    /// The policy's decision once made (never `Wait`).
+    pub decision: Option<WriteDecision>,
+    pub command: Command,
+    pub noreply: bool,
+    pub started: Instant,
+}
+
+impl ReplicatedWrite {
+    /// Takes in the legs' replies that `arrived` (in child order) until the policy decides;
+    /// true once it has (or nothing is awaited: all-async's ack).
+    fn decide(&mut self, mut arrived: impl FnMut(&mut Leg) -> bool) -> bool {
+        if self.decision.is_some() || self.ack.is_some() {
+            return true;
+        }
+        for at in 0..self.legs.len() {
+            // A reply taken in on an earlier look was judged then.
+            if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
+                continue;
+            }
+            let outcomes: SmallVec<[Option<bool>; 3]> = self
+                .legs
+                .iter()
+                .map(|leg| leg.reply.as_ref().map(execute::answered))
+                .collect();
+            match write_decision(self.policy, &outcomes) {
+                WriteDecision::Wait => {}
+                decision => {
+                    self.decision = Some(decision);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// The client's reply; the other replicas' failures counted against their servers, and
+    /// those still writing left to finish on a task (their replies dropped).
+    fn finish(&mut self, context: &WorkerContext, out: &mut BytesMut) {
+        let routing = &self.routing;
+        routing
+            .metrics
+            .observe_since(self.node as usize, self.started);
+        let (reply, answer) = match (self.ack, self.decision) {
+            (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
+            (None, Some(WriteDecision::Answer { child })) => match self.legs.get_mut(child) {
+                Some(leg) => (leg.take(routing), Some(child)),
+                None => (Err(connection_gone()), None),
+            },
+            (None, Some(WriteDecision::Fail { failed, total })) => {
+                let failed = execute::write_failed(routing, self.node, self.policy, failed, total);
+                (Ok(failed), None)
+            }
+            // Not reached: finished only once decided.
+            (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
+        };
+        let mut writing: SmallVec<[Leg; 3]> = SmallVec::new();
+        for (at, mut leg) in self.legs.drain(..).enumerate() {
+            if Some(at) == answer {
+                continue;
+            }
+            match leg.reply.is_some() || leg.receiver.is_none() {
+                true => drop(leg.take(routing)),
+                false => writing.push(leg),
+            }
+        }
+        if !writing.is_empty() {
+            let routing = routing.clone();
+            tokio::task::spawn_local(async move {
+                for mut leg in writing {
+                    leg.wait().await;
+                    let _ = leg.take(&routing);
+                }
+            });
+        }
+        finish_single(context, reply, self.command, self.noreply, out);
     }
 }
 
@@ -347,6 +454,8 @@ pub(crate) enum Pending {
     },
     /// A read through a failover route, its first try sent as a plain request.
     FirstTry(Box<FirstTry>),
+    /// A single-key write through a replicated route over pools, one leg per replica.
+    Replicated(Homed<ReplicatedWrite>),
     /// In a pooled home: most entries are smaller, and a multi-get allocates no box.
     MultiGet(Homed<MultiGet>),
     Fanout(Box<Fanout>),
@@ -386,6 +495,10 @@ impl Pending {
                 None => true,
             },
             Pending::Fanout(fanout) => fanout.legs.iter_mut().all(Leg::try_complete),
+            Pending::Replicated(write) => match write.get_mut() {
+                Some(write) => write.decide(Leg::try_complete),
+                None => true,
+            },
         }
     }
 
@@ -425,6 +538,18 @@ impl Pending {
                 for leg in &mut fanout.legs {
                     leg.wait().await;
                 }
+            }
+            Pending::Replicated(write) => {
+                let Some(write) = write.get_mut() else {
+                    return;
+                };
+                std::future::poll_fn(|context| {
+                    match write.decide(|leg| leg.poll_complete(context)) {
+                        true => std::task::Poll::Ready(()),
+                        false => std::task::Poll::Pending,
+                    }
+                })
+                .await
             }
         }
     }
@@ -512,6 +637,12 @@ impl Pending {
                 multi.release();
             }
             Pending::Fanout(fanout) => finish_fanout(*fanout, out),
+            Pending::Replicated(mut write) => {
+                if let Some(write) = write.get_mut() {
+                    write.finish(context, out);
+                }
+                write.release();
+            }
         }
         Flow::Continue
     }
