@@ -183,21 +183,13 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                 if let Some((policy, servers)) =
                     execute::replicated_write_servers(routing, node, key)
                 {
-                    let legs = servers
-                        .iter()
-                        .map(|&(pool, server)| {
-                            let connection = routing.pools[pool].servers[server].pick(slot);
-                            let receiver = connection.send(parts.clone(), kind);
-                            Leg::new(receiver, pool, server, started).on_route(node)
-                        })
-                        .collect();
                     let ack = match policy {
                         WritePolicy::AllAsync => immediate_ack(request.command),
                         _ => None,
                     };
-                    return Pending::Replicated(Homed::new(ReplicatedWrite {
+                    let mut write = Homed::new(ReplicatedWrite {
                         routing: routing.clone(),
-                        legs,
+                        legs: SmallVec::new(),
                         node,
                         policy,
                         ack,
@@ -205,7 +197,18 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                         command: request.command,
                         noreply: request.noreply,
                         started,
-                    }));
+                    });
+                    // The legs go straight into their home (not moved there afterwards).
+                    if let Some(write) = write.get_mut() {
+                        for &(pool, server) in &servers {
+                            let connection = routing.pools[pool].servers[server].pick(slot);
+                            let receiver = connection.send(parts.clone(), kind);
+                            write
+                                .legs
+                                .push(Leg::new(receiver, pool, server, started).on_route(node));
+                        }
+                    }
+                    return Pending::Replicated(write);
                 }
             }
             let job = Job {

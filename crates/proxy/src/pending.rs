@@ -244,17 +244,22 @@ impl ReplicatedWrite {
         if self.decision.is_some() || self.ack.is_some() {
             return true;
         }
+        if self.policy == WritePolicy::AllSync {
+            // all-sync decides only once every replica has answered (`write_decision`
+            // waits until then), so the order the replies are taken in cannot change its
+            // answer: wait for all (as a fan-out does), then judge once.
+            if !self.legs.iter_mut().all(|leg| leg.reply.is_some() || arrived(leg)) {
+                return false;
+            }
+            self.decision = Some(write_decision(self.policy, &self.outcomes()));
+            return true;
+        }
         for at in 0..self.legs.len() {
             // A reply taken in on an earlier look was judged then.
             if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
                 continue;
             }
-            let outcomes: SmallVec<[Option<bool>; 3]> = self
-                .legs
-                .iter()
-                .map(|leg| leg.reply.as_ref().map(execute::answered))
-                .collect();
-            match write_decision(self.policy, &outcomes) {
+            match write_decision(self.policy, &self.outcomes()) {
                 WriteDecision::Wait => {}
                 decision => {
                     self.decision = Some(decision);
@@ -263,6 +268,12 @@ impl ReplicatedWrite {
             }
         }
         false
+    }
+
+    /// Per leg, whether its reply (if in) met the request.
+    fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
+        let outcome = |leg: &Leg| leg.reply.as_ref().map(execute::answered);
+        self.legs.iter().map(outcome).collect()
     }
 
     /// The client's reply; the other replicas' failures counted against their servers, and
@@ -285,17 +296,23 @@ impl ReplicatedWrite {
             // Not reached: finished only once decided.
             (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
         };
-        let mut writing: SmallVec<[Leg; 3]> = SmallVec::new();
-        for (at, mut leg) in self.legs.drain(..).enumerate() {
+        // In place, no move of the legs (the common case: every replica answered). A leg
+        // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
+        let mut writing = false;
+        for (at, leg) in self.legs.iter_mut().enumerate() {
             if Some(at) == answer {
-                continue;
-            }
-            match leg.reply.is_some() || leg.receiver.is_none() {
-                true => drop(leg.take(routing)),
-                false => writing.push(leg),
+                leg.receiver = None;
+            } else if leg.reply.is_some() {
+                drop(leg.take(routing));
+                leg.receiver = None;
+            } else {
+                writing = true;
             }
         }
-        if !writing.is_empty() {
+        if writing {
+            let legs = std::mem::take(&mut self.legs).into_iter();
+            let writing: SmallVec<[Leg; 3]> =
+                legs.filter(|leg| leg.receiver.is_some()).collect();
             let routing = routing.clone();
             tokio::task::spawn_local(async move {
                 for mut leg in writing {
