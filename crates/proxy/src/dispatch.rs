@@ -202,7 +202,7 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                     if let Some(write) = write.get_mut() {
                         for &(pool, server) in &servers {
                             let connection = routing.pools[pool].servers[server].pick(slot);
-                            let receiver = connection.send(parts.clone(), kind);
+                            let receiver = send_copy(connection, &parts, kind);
                             write
                                 .legs
                                 .push(Leg::new(receiver, pool, server, started).on_route(node));
@@ -253,8 +253,8 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
             if let Some((pool, more)) = first {
                 if let Some(server) = routing.server_for(pool, key) {
                     let connection = routing.pools[pool].servers[server].pick(slot);
-                    let receiver = connection.send(job.parts.clone(), kind);
-                    return Pending::FirstTry(Box::new(FirstTry {
+                    let receiver = send_copy(connection, &job.parts, kind);
+                    return Pending::FirstTry(Homed::new(FirstTry {
                         routing: routing.clone(),
                         leg: Leg::new(receiver, pool, server, started).on_route(node),
                         rest: more.then_some(job),
@@ -278,6 +278,22 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
         command: request.command,
         noreply: request.noreply,
     }
+}
+
+/// Queues `parts` on `connection` without taking them: copied into its outgoing buffer as
+/// `BackendHandle::send` copies them, without a clone (two reference counts up and down)
+/// of bytes that are sent again (another replica) or kept (a failover's later children).
+fn send_copy(
+    connection: &memroute_backend::BackendHandle,
+    parts: &(Bytes, Option<Bytes>),
+    kind: ReplyKind,
+) -> memroute_backend::ReplyReceiver {
+    let mut request = connection.writer();
+    request.append(&parts.0);
+    if let Some(rest) = &parts.1 {
+        request.append(rest);
+    }
+    request.finish(kind)
 }
 
 /// The flags memcached echoes on a meta reply that carries no data (`EN`, `NS`, `NF`, `HD`):

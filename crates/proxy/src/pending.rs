@@ -248,7 +248,11 @@ impl ReplicatedWrite {
             // all-sync decides only once every replica has answered (`write_decision`
             // waits until then), so the order the replies are taken in cannot change its
             // answer: wait for all (as a fan-out does), then judge once.
-            if !self.legs.iter_mut().all(|leg| leg.reply.is_some() || arrived(leg)) {
+            if !self
+                .legs
+                .iter_mut()
+                .all(|leg| leg.reply.is_some() || arrived(leg))
+            {
                 return false;
             }
             self.decision = Some(write_decision(self.policy, &self.outcomes()));
@@ -311,8 +315,7 @@ impl ReplicatedWrite {
         }
         if writing {
             let legs = std::mem::take(&mut self.legs).into_iter();
-            let writing: SmallVec<[Leg; 3]> =
-                legs.filter(|leg| leg.receiver.is_some()).collect();
+            let writing: SmallVec<[Leg; 3]> = legs.filter(|leg| leg.receiver.is_some()).collect();
             let routing = routing.clone();
             tokio::task::spawn_local(async move {
                 for mut leg in writing {
@@ -469,8 +472,9 @@ pub(crate) enum Pending {
         command: Command,
         noreply: bool,
     },
-    /// A read through a failover route, its first try sent as a plain request.
-    FirstTry(Box<FirstTry>),
+    /// A read through a failover route (or a write through one), its first try sent as a
+    /// plain request. In a pooled home: no allocation per request.
+    FirstTry(Homed<FirstTry>),
     /// A single-key write through a replicated route over pools, one leg per replica.
     Replicated(Homed<ReplicatedWrite>),
     /// In a pooled home: most entries are smaller, and a multi-get allocates no box.
@@ -491,12 +495,15 @@ impl Pending {
             Pending::Single { leg, .. } => leg.try_complete(),
             Pending::Routed { routed, .. } => routed.try_complete(),
             Pending::FirstTry(first) => {
+                let Some(first) = first.get_mut() else {
+                    return true;
+                };
                 if !first.leg.try_complete() {
                     return false;
                 }
                 match first.fail_over() {
                     Some(next) => {
-                        *self = next;
+                        self.replace(next);
                         self.try_complete()
                     }
                     None => true,
@@ -531,9 +538,12 @@ impl Pending {
             Pending::Single { leg, .. } => leg.wait().await,
             Pending::Routed { routed, .. } => routed.wait().await,
             Pending::FirstTry(first) => {
+                let Some(first) = first.get_mut() else {
+                    return;
+                };
                 first.leg.wait().await;
                 if let Some(next) = first.fail_over() {
-                    *self = next;
+                    self.replace(next);
                     if let Pending::Routed { routed, .. } = self {
                         routed.wait().await;
                     }
@@ -571,6 +581,16 @@ impl Pending {
         }
     }
 
+    /// Replaces this entry with `next` (a first try gone on to the executor), giving a
+    /// pooled home back.
+    fn replace(&mut self, next: Pending) {
+        match std::mem::replace(self, next) {
+            Pending::FirstTry(home) => home.release(),
+            Pending::Replicated(home) => home.release(),
+            _ => {}
+        }
+    }
+
     /// Moves a policy-route request on that is not at the head of the queue (a failover's
     /// next child, a warm-up's ask of warm): it is polled by the session, not by a task.
     fn poll_progress(&mut self, context: &mut std::task::Context<'_>) {
@@ -579,10 +599,13 @@ impl Pending {
                 let _ = routed.poll(context);
             }
             Pending::FirstTry(first) => {
+                let Some(first) = first.get_mut() else {
+                    return;
+                };
                 // Only an entry with a later child to ask has anything to move on.
                 let answered = first.rest.is_some() && first.leg.poll_complete(context);
                 if let Some(next) = answered.then(|| first.fail_over()).flatten() {
-                    *self = next;
+                    self.replace(next);
                     if let Pending::Routed { routed, .. } = self {
                         let _ = routed.poll(context);
                     }
@@ -635,16 +658,15 @@ impl Pending {
                     .observe_since(routed.route as usize, routed.started);
                 finish_single(context, routed.take(), command, noreply, out)
             }
-            Pending::FirstTry(first) => {
-                let FirstTry {
-                    routing,
-                    mut leg,
-                    command,
-                    noreply,
-                    ..
-                } = *first;
-                leg.observe(&routing);
-                finish_single(context, leg.take(&routing), command, noreply, out)
+            Pending::FirstTry(mut home) => {
+                // Finished where it lives (no move out of its home).
+                if let Some(first) = home.get_mut() {
+                    let routing = &first.routing;
+                    first.leg.observe(routing);
+                    let reply = first.leg.take(routing);
+                    finish_single(context, reply, first.command, first.noreply, out);
+                }
+                home.release();
             }
             Pending::MultiGet(mut multi) => {
                 // Finished where it lives (it is ~620 bytes: no moves out of its home).
