@@ -171,7 +171,8 @@ pub(crate) struct FirstTry {
     pub routing: Rc<RouteSnapshot>,
     /// To the first pool; its latency is recorded under the route.
     pub leg: Leg,
-    /// The request again, for the later children (`None`: no later child to ask).
+    /// The request again, for the later children (`None`: no later child to ask, or the
+    /// first answer was judged not a failure).
     pub rest: Option<Job>,
     pub node: NodeId,
     pub command: Command,
@@ -183,11 +184,15 @@ impl FirstTry {
     /// request as the executor's, on its way to the later children (the failure counted
     /// against its server).
     fn fail_over(&mut self) -> Option<Pending> {
+        self.rest.as_ref()?;
         let failed = match &self.leg.reply {
             Some(Ok(bytes)) => classify_reply(bytes) == ReplyClass::Error,
             _ => true,
         };
-        if !failed || self.rest.is_none() {
+        if !failed {
+            // Judged once: the request is not needed again (nor is this entry moved on
+            // by `poll_progress`).
+            self.rest = None;
             return None;
         }
         // As `execute::failover`: a request whose repetition changes the result (incr,
