@@ -5,7 +5,12 @@
 //! ```text
 //!   dispatch: route is a plain pool? --yes--> fast path (dispatch.rs, no task, no allocation)
 //!                 | no
-//!             a read through a failover/replicated route over a pool first (first_pool)?
+//!             a write through a replicated route whose children are all pools
+//!             (replicated_write_servers)?
+//!                 --yes--> sent to every replica as plain requests, judged in place by
+//!                 | no     write_decision (pending::ReplicatedWrite); not here
+//!             a read through a failover/replicated route over a pool first (first_pool),
+//!             or a write through a failover route over a pool first (failover_write_pool)?
 //!                 --yes--> sent to that pool as a plain request; here only on a failure
 //!                 | no     (start_after_first: the later children)
 //!             a request through shadow/random routes down to a pool (single_pool)?
