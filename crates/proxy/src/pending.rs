@@ -104,6 +104,11 @@ impl Leg {
         }
     }
 
+    /// For a retrieval reply from a connection: how many VALUE blocks it holds.
+    fn value_blocks(&self) -> Option<u32> {
+        self.receiver.as_ref().and_then(ReplyReceiver::value_blocks)
+    }
+
     /// Whether the (complete) leg failed: no reply, or an error line for a retrieval.
     fn failed(&self) -> bool {
         match &self.reply {
@@ -225,32 +230,82 @@ impl MultiGet {
     /// that failed (each failure counted against its server, as a failed leg always is; a
     /// failed leg all of whose keys went on then stands for none), a warm-up's keys its
     /// batch answered as misses. True when such a group was started.
+    ///
+    /// Nothing goes on when a failed batch stays (one of its keys has no later child to
+    /// go to): the client's reply is that failure whatever the later children answer, so
+    /// their backend work would be wasted.
     fn fail_over(&mut self) -> bool {
         let Some(rest) = self.follow_up.take() else {
             return false;
         };
-        let batches = self.legs.len() as u32;
-        let failed: SmallVec<[u32; 4]> = (0..batches)
-            .filter(|&leg| self.legs[leg as usize].failed())
-            .collect();
-        if failed.is_empty() && !rest.misses {
+        let batches = self.legs.len();
+        // Per leg: failed, or (with misses to look for) answered with fewer VALUE blocks
+        // than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
+        // servers answer each key asked at most once, in the order asked, so a batch whose
+        // count is its key count hit every key and is not walked here: only the merge
+        // walks it (when cold hits every key, the common case, nothing is walked twice).
+        let mut failed: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
+        let mut missed: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
+        let mut asked: SmallVec<[u32; 4]> = smallvec::smallvec![0; batches];
+        if rest.misses {
+            for &leg in &self.key_leg {
+                if let Some(asked) = asked.get_mut(leg as usize) {
+                    *asked += 1;
+                }
+            }
+        }
+        for (index, leg) in self.legs.iter().enumerate() {
+            failed[index] = leg.failed();
+            missed[index] =
+                rest.misses && !failed[index] && leg.value_blocks() != Some(asked[index]);
+        }
+        let any_failed = failed.contains(&true);
+        if !any_failed && !missed.contains(&true) {
             return false;
         }
         let routes = &self.routing.routes;
-        let first_group = batches + self.routed.len() as u32;
+        // Where a key goes on from (`goes`: why it would), or `None` when it stays.
+        let going_on = |key: &[u8], goes: GoesOn| {
+            let node = routes.select(rest.root, rest.operation, key);
+            let route_goes = execute::goes_on(&self.routing, node);
+            route_goes.takes(goes).then_some((node, route_goes))
+        };
+        if any_failed {
+            // Per failed leg: whether a key stays (a plain pool's key in a failed batch
+            // fails the multi-get).
+            let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
+            for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
+                let leg = leg as usize;
+                if failed.get(leg) == Some(&true) && !stays[leg] {
+                    let key = &self.request.frame[range.clone()];
+                    stays[leg] = going_on(key, GoesOn::Failed).is_none();
+                }
+            }
+            if stays.contains(&true) {
+                // The reply is decided: the first failure of a batch that stays, as when
+                // the others' keys had gone on (their failures counted, not shown).
+                for (leg, _) in self.legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
+                    if leg.failed() {
+                        let _ = leg.take(&self.routing);
+                        leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+                    }
+                }
+                return false;
+            }
+        }
+        let first_group = (batches + self.routed.len()) as u32;
         let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
-        // Per leg: where its next VALUE block starts, and (a failed leg) whether a key stays.
-        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches as usize];
-        let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches as usize];
+        // Per leg walked for misses: where its next VALUE block starts.
+        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches];
         for (range, key_leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
             let leg = *key_leg as usize;
-            if leg >= batches as usize {
+            if leg >= batches {
                 continue;
             }
             let key = &self.request.frame[range.clone()];
             let goes = match &self.legs[leg].reply {
-                _ if failed.contains(key_leg) => GoesOn::Failed,
-                Some(Ok(reply)) if rest.misses => match value_block_for(reply, cursor[leg], key) {
+                _ if failed[leg] => GoesOn::Failed,
+                Some(Ok(reply)) if missed[leg] => match value_block_for(reply, cursor[leg], key) {
                     // A hit: its block is the leg's next (servers answer in the order asked),
                     // found as the merge finds it (the header compared with this key).
                     Some(block) => {
@@ -261,14 +316,10 @@ impl MultiGet {
                 },
                 _ => continue,
             };
-            let node = routes.select(rest.root, rest.operation, key);
-            let route_goes = execute::goes_on(&self.routing, node);
-            if !route_goes.takes(goes) {
-                // A plain pool's key in a failed batch fails the multi-get; a miss
-                // anywhere but a warm-up or an error-or-miss failover is a miss.
-                stays[leg] |= goes == GoesOn::Failed;
+            // A miss anywhere but a warm-up or an error-or-miss failover is a miss.
+            let Some((node, route_goes)) = going_on(key, goes) else {
                 continue;
-            }
+            };
             let group = match groups.iter().position(|g| g.node == node) {
                 Some(group) => group,
                 None => {
@@ -287,11 +338,8 @@ impl MultiGet {
             }
             *key_leg = first_group + group as u32;
         }
-        for &leg in &failed {
-            if stays[leg as usize] {
-                continue;
-            }
-            let leg = &mut self.legs[leg as usize];
+        // Every key of a failed batch went on: the batch stands for none.
+        for (leg, _) in self.legs.iter_mut().zip(&failed).filter(|(_, &f)| f) {
             let _ = leg.take(&self.routing);
             leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
         }
