@@ -244,23 +244,32 @@ impl MultiGet {
         // servers answer each key asked at most once, in the order asked, so a batch whose
         // count is its key count hit every key and is not walked here: only the merge
         // walks it (when cold hits every key, the common case, nothing is walked twice).
-        let mut failed: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
-        let mut missed: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
-        let mut asked: SmallVec<[u32; 4]> = smallvec::smallvec![0; batches];
+        let mut outcomes: SmallVec<[Batch; 8]> = smallvec::smallvec![Batch::Hit; batches];
+        let outcomes = &mut outcomes[..];
         if rest.misses {
+            let mut asked: SmallVec<[u32; 8]> = smallvec::smallvec![0; batches];
+            let asked = &mut asked[..];
             for &leg in &self.key_leg {
                 if let Some(asked) = asked.get_mut(leg as usize) {
                     *asked += 1;
                 }
             }
+            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&self.legs).zip(&*asked) {
+                *outcome = match leg.failed() {
+                    true => Batch::Failed,
+                    false if leg.value_blocks() == Some(asked) => Batch::Hit,
+                    false => Batch::Missed,
+                };
+            }
+        } else {
+            for (outcome, leg) in outcomes.iter_mut().zip(&self.legs) {
+                if leg.failed() {
+                    *outcome = Batch::Failed;
+                }
+            }
         }
-        for (index, leg) in self.legs.iter().enumerate() {
-            failed[index] = leg.failed();
-            missed[index] =
-                rest.misses && !failed[index] && leg.value_blocks() != Some(asked[index]);
-        }
-        let any_failed = failed.contains(&true);
-        if !any_failed && !missed.contains(&true) {
+        let any_failed = outcomes.contains(&Batch::Failed);
+        if !any_failed && !outcomes.contains(&Batch::Missed) {
             return false;
         }
         let routes = &self.routing.routes;
@@ -276,7 +285,7 @@ impl MultiGet {
             let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
             for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
                 let leg = leg as usize;
-                if failed.get(leg) == Some(&true) && !stays[leg] {
+                if outcomes.get(leg) == Some(&Batch::Failed) && !stays[leg] {
                     let key = &self.request.frame[range.clone()];
                     stays[leg] = going_on(key, GoesOn::Failed).is_none();
                 }
@@ -303,17 +312,20 @@ impl MultiGet {
                 continue;
             }
             let key = &self.request.frame[range.clone()];
-            let goes = match &self.legs[leg].reply {
-                _ if failed[leg] => GoesOn::Failed,
-                Some(Ok(reply)) if missed[leg] => match value_block_for(reply, cursor[leg], key) {
-                    // A hit: its block is the leg's next (servers answer in the order asked),
-                    // found as the merge finds it (the header compared with this key).
-                    Some(block) => {
-                        cursor[leg] = block.end;
-                        continue;
+            let goes = match (outcomes[leg], &self.legs[leg].reply) {
+                (Batch::Hit, _) => continue,
+                (Batch::Failed, _) => GoesOn::Failed,
+                (Batch::Missed, Some(Ok(reply))) => {
+                    match value_block_for(reply, cursor[leg], key) {
+                        // A hit: its block is the leg's next (servers answer in the order asked),
+                        // found as the merge finds it (the header compared with this key).
+                        Some(block) => {
+                            cursor[leg] = block.end;
+                            continue;
+                        }
+                        None => GoesOn::Missed,
                     }
-                    None => GoesOn::Missed,
-                },
+                }
                 _ => continue,
             };
             // A miss anywhere but a warm-up or an error-or-miss failover is a miss.
@@ -339,9 +351,11 @@ impl MultiGet {
             *key_leg = first_group + group as u32;
         }
         // Every key of a failed batch went on: the batch stands for none.
-        for (leg, _) in self.legs.iter_mut().zip(&failed).filter(|(_, &f)| f) {
-            let _ = leg.take(&self.routing);
-            leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+        for (leg, &outcome) in self.legs.iter_mut().zip(&*outcomes) {
+            if outcome == Batch::Failed {
+                let _ = leg.take(&self.routing);
+                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+            }
         }
         if groups.is_empty() {
             return false;
@@ -354,6 +368,17 @@ impl MultiGet {
         }
         true
     }
+}
+
+/// What a multi-get's batch answered, as `MultiGet::fail_over` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    /// Every key asked (or no misses looked for).
+    Hit,
+    /// Answered, with fewer VALUE blocks than keys asked: walked for the misses.
+    Missed,
+    /// No answer, or an error line.
+    Failed,
 }
 
 /// The same request sent to every server of a pool (flush_all).
