@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::ReplyReceiver;
 use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node, NodeId};
@@ -193,19 +194,25 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
             // pool's request is, with the shadow copy (if the key is in its range) on a
             // task of its own, as the executor would send it.
             if let Some((pool, shadow)) = execute::single_pool(routing, node) {
-                if let Some(server) = routing.server_for(pool, key) {
-                    let connection = routing.pools[pool].servers[server].pick(slot);
-                    let receiver = connection.send(job.parts.clone(), kind);
-                    if let Some(shadow) = shadow {
-                        execute::shadow_copy_single(routing, shadow, job);
+                // A pool without servers yet (DNS discovery) answers as the executor does
+                // for it; the executor is not asked, as it would draw a random route's
+                // child again (favouring the children with servers).
+                let (receiver, server) = match routing.server_for(pool, key) {
+                    Some(server) => {
+                        let connection = routing.pools[pool].servers[server].pick(slot);
+                        (connection.send(job.parts.clone(), kind), server)
                     }
-                    return Pending::Single {
-                        routing: routing.clone(),
-                        leg: Leg::new(receiver, pool, server, started).on_route(node),
-                        command: request.command,
-                        noreply: request.noreply,
-                    };
+                    None => (ReplyReceiver::ready(Err(routing.no_servers(pool))), 0),
+                };
+                if let Some(shadow) = shadow {
+                    execute::shadow_copy_single(routing, shadow, job);
                 }
+                return Pending::Single {
+                    routing: routing.clone(),
+                    leg: Leg::new(receiver, pool, server, started).on_route(node),
+                    command: request.command,
+                    noreply: request.noreply,
+                };
             }
             // A read through a failover (or replicated) route whose first child is a pool:
             // sent to that pool as a plain pool's request is; the executor runs only for
