@@ -16,7 +16,7 @@ use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::execute::{self, BatchLines, FollowUp, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
-use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending};
+use crate::pending::{Fanout, FirstTry, Flow, Leg, MovesOn, MultiGet, Pending};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -214,6 +214,33 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                     noreply: request.noreply,
                 };
             }
+            // A request through a warm-up route whose cold is a pool: sent to cold as a
+            // plain pool's request is; a read cold missed goes on to warm (the executor).
+            if let Some(pool) = execute::warm_up_cold(routing, node) {
+                if let Some(server) = routing.server_for(pool, key) {
+                    let connection = routing.pools[pool].servers[server].pick(slot);
+                    let receiver = connection.send(job.parts.clone(), kind);
+                    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+                    let (command, noreply) = (request.command, request.noreply);
+                    if !execute::warms_up(command) {
+                        return Pending::Single {
+                            routing: routing.clone(),
+                            leg,
+                            command,
+                            noreply,
+                        };
+                    }
+                    return Pending::FirstTry(Box::new(FirstTry {
+                        routing: routing.clone(),
+                        leg,
+                        rest: Some(job),
+                        node,
+                        command,
+                        noreply,
+                        moves_on: MovesOn::Miss,
+                    }));
+                }
+            }
             // A read through a failover (or replicated) route whose first child is a pool:
             // sent to that pool as a plain pool's request is; the executor runs only for
             // the later children, if the first answer is a failure.
@@ -230,6 +257,7 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                         node,
                         command: request.command,
                         noreply: request.noreply,
+                        moves_on: MovesOn::Failure,
                     }));
                 }
             }

@@ -168,7 +168,9 @@ impl Leg {
 
 /// A read through a failover (or replicated) route, first sent to the route's first pool
 /// as a plain pool's request is (`execute::first_pool`); the executor takes it on to the
-/// later children only if that answer is a failure.
+/// later children only if that answer is a failure. Or a read through a warm-up route,
+/// first sent to its cold pool (`execute::warm_up_cold`); the executor asks warm only if
+/// cold missed.
 #[derive(Debug)]
 pub(crate) struct FirstTry {
     pub routing: Rc<RouteSnapshot>,
@@ -179,24 +181,43 @@ pub(crate) struct FirstTry {
     pub node: NodeId,
     pub command: Command,
     pub noreply: bool,
+    /// Which first answer goes on to the executor.
+    pub moves_on: MovesOn,
+}
+
+/// Which first answer of a `FirstTry` goes on to the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MovesOn {
+    /// A failure, to a failover's later children.
+    Failure,
+    /// A miss, to a warm-up's warm (cold's miss kept as the answer if warm has nothing).
+    Miss,
 }
 
 impl FirstTry {
     /// Once the first answer is in: when it is a failure and there is a later child, the
     /// request as the executor's, on its way to the later children (the failure counted
-    /// against its server).
+    /// against its server); for a warm-up, when it is a miss, on its way to warm.
     fn fail_over(&mut self) -> Option<Pending> {
-        let failed = match &self.leg.reply {
-            Some(Ok(bytes)) => classify_reply(bytes) == ReplyClass::Error,
-            _ => true,
+        let class = match &self.leg.reply {
+            Some(Ok(bytes)) => classify_reply(bytes),
+            _ => ReplyClass::Error,
         };
-        if !failed || self.rest.is_none() {
+        let goes_on = match self.moves_on {
+            MovesOn::Failure => class == ReplyClass::Error,
+            MovesOn::Miss => class == ReplyClass::Miss,
+        };
+        if !goes_on || self.rest.is_none() {
             return None;
         }
         let job = self.rest.take()?;
-        let _ = self.leg.take(&self.routing);
+        let first = self.leg.take(&self.routing);
         let (command, noreply) = (job.command, self.noreply);
-        let routed = execute::start_after_first(&self.routing, self.node, job, self.leg.started);
+        let (routing, node, started) = (&self.routing, self.node, self.leg.started);
+        let routed = match self.moves_on {
+            MovesOn::Failure => execute::start_after_first(routing, node, job, started),
+            MovesOn::Miss => execute::start_after_cold(routing, node, job, first, started),
+        };
         Some(Pending::Routed {
             routing: self.routing.clone(),
             routed,
