@@ -10,6 +10,9 @@
 //!                 | no     (start_after_first: the later children)
 //!             a request through shadow/random routes down to a pool (single_pool)?
 //!                 --yes--> sent to that pool as a plain request; the shadow copy on a task
+//!             a request through a warm-up route whose cold is a pool (warm_up_cold)?
+//!                 --yes--> sent to cold as a plain request; here only a read cold missed
+//!                          (start_after_cold: ask warm, fill cold)
 //!             a multi-get's keys through failover, replicated, warm-up, shadow or random
 //!             routes down to a pool (multi_get_pool)?
 //!                 --yes--> planned over that pool as a plain pool's keys (dispatch); here
