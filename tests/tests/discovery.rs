@@ -291,25 +291,10 @@ fn random_route_over_a_pool_without_servers_yet_draws_once() {
         ("single-key gets", format!("get {}\r\n", keys[0])),
         ("multi-gets", format!("get {}\r\n", keys.join(" "))),
     ] {
-        let mut errors = 0;
-        for _ in 0..DRAWS {
-            c.send(request.as_bytes());
-            let reply = c.read_get_reply();
-            if reply.starts_with(b"SERVER_ERROR") {
-                assert!(
-                    show(&reply).contains("pool has no servers"),
-                    "{}",
-                    show(&reply)
-                );
-                errors += 1;
-            } else {
-                assert!(reply.starts_with(b"VALUE "), "{}", show(&reply));
-            }
-        }
-        let share = errors as f64 / DRAWS as f64;
+        let share = error_share(&mut c, request.as_bytes(), DRAWS, "pool has no servers");
         assert!(
             (0.35..=0.65).contains(&share),
-            "{what}: the empty pool was picked {errors} times of {DRAWS} ({share:.2}), not about half"
+            "{what}: the empty pool's share of {DRAWS} draws was {share:.2}, not about half"
         );
     }
 }

@@ -959,25 +959,10 @@ fn random_route_over_a_pool_and_a_route_picks_each_child_evenly() {
         ("single-key gets", format!("get {}\r\n", keys[0])),
         ("multi-gets", format!("get {}\r\n", keys.join(" "))),
     ] {
-        let mut errors = 0;
-        for _ in 0..DRAWS {
-            c.send(request.as_bytes());
-            let reply = c.read_get_reply();
-            if reply.starts_with(b"SERVER_ERROR") {
-                assert!(
-                    show(&reply).contains("picked the error child"),
-                    "{}",
-                    show(&reply)
-                );
-                errors += 1;
-            } else {
-                assert!(reply.starts_with(b"VALUE "), "{}", show(&reply));
-            }
-        }
-        let share = errors as f64 / DRAWS as f64;
+        let share = error_share(&mut c, request.as_bytes(), DRAWS, "picked the error child");
         assert!(
             (0.35..=0.65).contains(&share),
-            "{what}: the error child was picked {errors} times of {DRAWS} ({share:.2}), not about half"
+            "{what}: the error child's share of {DRAWS} draws was {share:.2}, not about half"
         );
     }
 }

@@ -653,19 +653,24 @@ fn meta_get(server: &Memcached, key: &str) -> Option<(i64, u32, Vec<u8>)> {
     Some((ttl.expect("t flag"), flags.expect("f flag"), data))
 }
 
+/// memroute with a warm-up root over pools `cold` and `warm` (fills live 1h).
+fn warm_up_route(cold: &Memcached, warm: &Memcached) -> Memroute {
+    Memroute::start_routes(
+        "root",
+        &[
+            pool("cold", cold),
+            pool("warm", warm),
+            "[routes.root]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
+                .to_string(),
+        ],
+    )
+}
+
 #[test]
 fn warm_up_fills_the_cold_pool_from_the_warm_one() {
     let cold = Memcached::start();
     let warm = Memcached::start();
-    let proxy = Memroute::start_routes(
-        "root",
-        &[
-            pool("cold", &cold),
-            pool("warm", &warm),
-            "[routes.root]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
-                .to_string(),
-        ],
-    );
+    let proxy = warm_up_route(&cold, &warm);
     let mut c = proxy.connect();
     assert_eq!(
         warm.connect()
@@ -714,15 +719,7 @@ fn warm_up_fills_the_cold_pool_from_the_warm_one() {
 fn warm_up_single_key_reads_pipelined_come_back_in_order() {
     let cold = Memcached::start();
     let warm = Memcached::start();
-    let proxy = Memroute::start_routes(
-        "root",
-        &[
-            pool("cold", &cold),
-            pool("warm", &warm),
-            "[routes.root]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
-                .to_string(),
-        ],
-    );
+    let proxy = warm_up_route(&cold, &warm);
     for (server, key) in [
         (&warm, "a"),
         (&warm, "c"),
