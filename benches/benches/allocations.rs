@@ -301,6 +301,16 @@ fn policy_routes(servers: &str) {
             counted.busy,
             counted.idle
         );
+        // The same route's single-key get (a hit): the fast paths that skip the executor
+        // (a failover's or warm-up's first pool, a shadow's or random route's pool).
+        let single = format!("get {}\r\n", keys[0]).into_bytes();
+        let counted = count(&mut stream, &single, b"END\r\n", REQUESTS);
+        println!(
+            "{:<44}{:>14.2}{:>20.2}",
+            format!("  {name}, 1-key get"),
+            counted.busy,
+            counted.idle
+        );
         drop(stream);
         proxy.shutdown();
         proxy.join();

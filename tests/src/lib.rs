@@ -1137,6 +1137,24 @@ pub fn stat_u64(stats: &[(String, String)], name: &str) -> Option<u64> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
+/// A random route's draws: sends `request` (a get) `draws` times on `c` and returns the share
+/// answered `SERVER_ERROR` naming `error` (the child that fails); every other reply must be
+/// a hit.
+pub fn error_share(c: &mut Conn, request: &[u8], draws: usize, error: &str) -> f64 {
+    let mut errors = 0;
+    for _ in 0..draws {
+        c.send(request);
+        let reply = c.read_get_reply();
+        if reply.starts_with(b"SERVER_ERROR") {
+            assert!(show(&reply).contains(error), "{}", show(&reply));
+            errors += 1;
+        } else {
+            assert!(reply.starts_with(b"VALUE "), "{}", show(&reply));
+        }
+    }
+    errors as f64 / draws as f64
+}
+
 /// `prefix0`, `prefix1`, ... : `n` distinct keys.
 pub fn numbered_keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()

@@ -959,25 +959,87 @@ fn random_route_over_a_pool_and_a_route_picks_each_child_evenly() {
         ("single-key gets", format!("get {}\r\n", keys[0])),
         ("multi-gets", format!("get {}\r\n", keys.join(" "))),
     ] {
-        let mut errors = 0;
-        for _ in 0..DRAWS {
-            c.send(request.as_bytes());
-            let reply = c.read_get_reply();
-            if reply.starts_with(b"SERVER_ERROR") {
-                assert!(
-                    show(&reply).contains("picked the error child"),
-                    "{}",
-                    show(&reply)
-                );
-                errors += 1;
-            } else {
-                assert!(reply.starts_with(b"VALUE "), "{}", show(&reply));
-            }
-        }
-        let share = errors as f64 / DRAWS as f64;
+        let share = error_share(&mut c, request.as_bytes(), DRAWS, "picked the error child");
         assert!(
             (0.35..=0.65).contains(&share),
-            "{what}: the error child was picked {errors} times of {DRAWS} ({share:.2}), not about half"
+            "{what}: the error child's share of {DRAWS} draws was {share:.2}, not about half"
         );
     }
+}
+
+/// A multi-get whose reply is already decided as an error (a plain pool's key in a batch
+/// to a dead server: nowhere else to ask it) sends nothing on: neither the failover keys
+/// of that dead server to the failover's spare nor the warm-up keys cold missed to warm.
+/// Their backend work would be wasted. Read from the servers' own `cmd_get`; the same
+/// keys without the plain pool's then do go on (so the first reading is not vacuous).
+#[test]
+fn a_multiget_failed_by_a_plain_pool_sends_no_failover_or_warm_up_follow_ups() {
+    let mut main = [Memcached::start(), Memcached::start()];
+    let spare = Memcached::start();
+    let cold = Memcached::start();
+    let warm = Memcached::start();
+    let proxy = Memroute::start_routes(
+        "root",
+        &[
+            pool("main", &[&main[0], &main[1]]),
+            pool("spare", &[&spare]),
+            pool("cold", &[&cold]),
+            pool("warm", &[&warm]),
+            "[routes.root]\ntype = \"prefix\"\nprefixes = { \"fo:\" = \"fo\", \"wu:\" = \"wu\" }\ndefault = \"main\"\n\n"
+                .to_string(),
+            "[routes.fo]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n\n".to_string(),
+            "[routes.wu]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
+                .to_string(),
+        ],
+    );
+    let direct = numbered_keys("main:", 30);
+    let fo_keys = numbered_keys("fo:", 30);
+    let wu_keys = numbered_keys("wu:", 30);
+    store_all(&spare, &fo_keys, "spare");
+    // Cold holds none of the warm-up keys: every one is a miss that would go to warm.
+    store_all(&warm, &wu_keys, "warm");
+    let mut c = proxy.connect();
+    // Open memroute's connections first, with every server alive.
+    assert_eq!(multi_get(&mut c, &direct).len(), 0);
+
+    main[0].kill();
+    let (before_spare, before_warm) = (counters(&spare), counters(&warm));
+    let mixed = interleave(&[&direct, &fo_keys, &wu_keys]);
+    c.send(format!("get {}\r\n", mixed.join(" ")).as_bytes());
+    let reply = c.read_until(b"\r\n");
+    assert!(
+        reply.starts_with(b"SERVER_ERROR "),
+        "a plain pool's dead server fails the multi-get: {}",
+        show(&reply)
+    );
+    // The reply was written once the entry was complete: a follow-up, had one started,
+    // would have been answered (so counted by its server) before it.
+    assert_eq!(
+        read_since(&spare, &before_spare).0,
+        0,
+        "the failover's spare asked for keys of a multi-get that had failed"
+    );
+    assert_eq!(
+        read_since(&warm, &before_warm).0,
+        0,
+        "warm asked for the misses of a multi-get that had failed"
+    );
+
+    // Without the plain pool's keys the same keys go on: the dead server's failover keys
+    // to the spare, the warm-up's misses to warm.
+    let (before_spare, before_warm) = (counters(&spare), counters(&warm));
+    let got = multi_get(&mut c, &interleave(&[&fo_keys, &wu_keys]));
+    let (spare_asked, warm_asked) = (
+        read_since(&spare, &before_spare).0,
+        read_since(&warm, &before_warm).0,
+    );
+    assert!(
+        spare_asked > 0 && spare_asked < fo_keys.len() as u64,
+        "the dead server's failover keys go to the spare: {spare_asked}"
+    );
+    assert_eq!(warm_asked, wu_keys.len() as u64, "cold's misses go to warm");
+    let from_spare = got.iter().filter(|(k, _)| k.starts_with("fo:")).count();
+    assert_eq!(from_spare as u64, spare_asked, "the spare answered them");
+    let from_warm = got.iter().filter(|(k, _)| k.starts_with("wu:")).count();
+    assert_eq!(from_warm, wu_keys.len(), "warm answered them");
 }

@@ -653,19 +653,24 @@ fn meta_get(server: &Memcached, key: &str) -> Option<(i64, u32, Vec<u8>)> {
     Some((ttl.expect("t flag"), flags.expect("f flag"), data))
 }
 
+/// memroute with a warm-up root over pools `cold` and `warm` (fills live 1h).
+fn warm_up_route(cold: &Memcached, warm: &Memcached) -> Memroute {
+    Memroute::start_routes(
+        "root",
+        &[
+            pool("cold", cold),
+            pool("warm", warm),
+            "[routes.root]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
+                .to_string(),
+        ],
+    )
+}
+
 #[test]
 fn warm_up_fills_the_cold_pool_from_the_warm_one() {
     let cold = Memcached::start();
     let warm = Memcached::start();
-    let proxy = Memroute::start_routes(
-        "root",
-        &[
-            pool("cold", &cold),
-            pool("warm", &warm),
-            "[routes.root]\ntype = \"warm-up\"\ncold = \"cold\"\nwarm = \"warm\"\nttl = \"1h\"\n\n"
-                .to_string(),
-        ],
-    );
+    let proxy = warm_up_route(&cold, &warm);
     let mut c = proxy.connect();
     assert_eq!(
         warm.connect()
@@ -705,6 +710,50 @@ fn warm_up_fills_the_cold_pool_from_the_warm_one() {
     c.set("new", b"n");
     assert_eq!(cold.connect().get("new").as_deref(), Some(&b"n"[..]));
     assert_eq!(warm.connect().get("new"), None);
+}
+
+/// Single-key reads through a warm-up route, pipelined in one write: cold's hits, warm's
+/// answers for cold's misses (a meta get's too) and misses in both come back in the
+/// client's order, and warm is asked only for what cold missed.
+#[test]
+fn warm_up_single_key_reads_pipelined_come_back_in_order() {
+    let cold = Memcached::start();
+    let warm = Memcached::start();
+    let proxy = warm_up_route(&cold, &warm);
+    for (server, key) in [
+        (&warm, "a"),
+        (&warm, "c"),
+        (&warm, "m"),
+        (&cold, "b"),
+        (&cold, "c"),
+    ] {
+        let tag = if std::ptr::eq(server, &warm) {
+            "warm"
+        } else {
+            "cold"
+        };
+        server.connect().set(key, format!("{tag}-{key}").as_bytes());
+    }
+    let warm_gets = warm.stat("cmd_get");
+    let mut c = proxy.connect();
+    let reply = c.roundtrip_lines(
+        b"get a\r\nget b\r\nget c\r\nmg m v\r\nget none\r\nmg none v\r\n",
+        3 + 3 + 3 + 2 + 1 + 1,
+    );
+    assert_eq!(
+        show(&reply),
+        show(
+            b"VALUE a 0 6\r\nwarm-a\r\nEND\r\nVALUE b 0 6\r\ncold-b\r\nEND\r\n\
+              VALUE c 0 6\r\ncold-c\r\nEND\r\nVA 6\r\nwarm-m\r\nEND\r\nEN\r\n"
+        ),
+        "answers in the client's order"
+    );
+    // a, m and none twice: the keys cold missed.
+    assert_eq!(
+        warm.stat("cmd_get") - warm_gets,
+        4,
+        "warm asked only for cold's misses"
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_net::{Connector, NetError, Stream};
-use memroute_protocol::{parse_reply, Limits, ReplyKind, ReplyParse};
+use memroute_protocol::{parse_reply_counting, Limits, ReplyKind, ReplyParse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -614,8 +614,8 @@ async fn read_replies(
             let Some(kind) = in_flight.borrow().front().map(|f| f.kind) else {
                 break;
             };
-            match parse_reply(&buffer, kind, &settings.limits) {
-                Ok(ReplyParse::Complete(len)) => {
+            match parse_reply_counting(&buffer, kind, &settings.limits) {
+                Ok((ReplyParse::Complete(len), value_blocks)) => {
                     let reply = buffer.split_to(len).freeze();
                     if let Some(request) = in_flight.borrow_mut().pop_front() {
                         // No clock read of its own: the batch's write time and the time
@@ -625,12 +625,19 @@ async fn read_replies(
                                 last_progress.saturating_duration_since(request.sent_at),
                             );
                         }
-                        request.reply.send(Ok(reply));
+                        // A retrieval's count of VALUE blocks goes with it: a warm-up
+                        // knows from it whether cold missed a key of the batch.
+                        match kind {
+                            ReplyKind::Retrieval => {
+                                request.reply.send_retrieval(reply, value_blocks)
+                            }
+                            _ => request.reply.send(Ok(reply)),
+                        }
                     }
                     link.answered.set(true);
                     settings.health.record_success();
                 }
-                Ok(ReplyParse::Incomplete) => break,
+                Ok((ReplyParse::Incomplete, _)) => break,
                 Err(_) => return Err(bad_reply()),
             }
         }

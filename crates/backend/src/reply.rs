@@ -31,6 +31,9 @@ pub type Reply = Result<Bytes, BackendError>;
 #[derive(Default)]
 struct State {
     reply: Option<Reply>,
+    /// For a retrieval reply framed by a connection: how many `VALUE` blocks it holds
+    /// (`send_retrieval`). Kept after the reply is taken, for as long as the receiver lives.
+    value_blocks: Option<u32>,
     /// The receiver's task, when it waits.
     waker: Option<Waker>,
 }
@@ -66,6 +69,7 @@ fn release(cell: &Cell) {
     // Taken out before being dropped, so no borrow is held while a reply's bytes go.
     let (reply, waker) = {
         let mut state = cell.borrow_mut();
+        state.value_blocks = None;
         (state.reply.take(), state.waker.take())
     };
     drop((reply, waker));
@@ -87,9 +91,21 @@ impl ReplySender {
     /// Stores the reply and wakes the receiver. A reply to a receiver already dropped is
     /// dropped with the slot.
     pub fn send(self, reply: Reply) {
+        self.send_counted(reply, None);
+    }
+
+    /// `send` for a retrieval reply whose `VALUE` blocks the connection's framing counted
+    /// (`parse_reply_counting`): the receiver's `value_blocks`. A multi-get leg whose count
+    /// is the number of keys it asked for had no miss, without a walk of its reply.
+    pub fn send_retrieval(self, reply: Bytes, value_blocks: u32) {
+        self.send_counted(Ok(reply), Some(value_blocks));
+    }
+
+    fn send_counted(self, reply: Reply, value_blocks: Option<u32>) {
         let waker = {
             let mut state = self.cell.borrow_mut();
             state.reply = Some(reply);
+            state.value_blocks = value_blocks;
             state.waker.take()
         };
         if let Some(waker) = waker {
@@ -143,6 +159,14 @@ impl ReplyReceiver {
         let (sender, receiver) = reply_slot();
         sender.send(reply);
         receiver
+    }
+
+    /// How many `VALUE` blocks the reply holds, when it is a retrieval reply framed by a
+    /// connection (`ReplySender::send_retrieval`); `None` for any other reply (an error,
+    /// one made up without a server) and before the reply arrived. Still there after the
+    /// reply was taken.
+    pub fn value_blocks(&self) -> Option<u32> {
+        self.cell.borrow().value_blocks
     }
 
     /// Takes the reply if it has arrived, without waiting.
@@ -296,6 +320,24 @@ mod tests {
             Some(TryRecvError::Empty),
             "a reused slot must be empty"
         );
+    }
+
+    #[test]
+    fn a_retrieval_reply_keeps_its_block_count_until_the_slot_is_reused() {
+        let (sender, mut receiver) = reply_slot();
+        assert_eq!(receiver.value_blocks(), None);
+        sender.send_retrieval(Bytes::from_static(b"VALUE a 0 1\r\n1\r\nEND\r\n"), 1);
+        assert!(receiver.try_recv().is_ok());
+        assert_eq!(
+            receiver.value_blocks(),
+            Some(1),
+            "kept after the reply is taken"
+        );
+        drop(receiver);
+        // The same cell, reused: no count from the reply before.
+        let (sender, receiver) = reply_slot();
+        sender.send(ok(b"END\r\n"));
+        assert_eq!(receiver.value_blocks(), None);
     }
 
     #[test]

@@ -11,12 +11,15 @@
 //! are replaced: an atomic rename (`mv new memroute.toml`) swaps the directory entry, and a
 //! Kubernetes ConfigMap volume updates by renaming a `..data` symlink to a new timestamped
 //! directory (`memroute.toml -> ..data/memroute.toml`), so no event ever names the file
-//! itself. Any change in the directory asks for a reload; the reload reads the file and does
-//! nothing when its bytes are those it read last, so unrelated files cost one read.
+//! itself. An event asks for a reload when it names the config's own file name, the file a
+//! symlinked config resolves to, or `..data` (the ConfigMap swap), or when inotify lost events
+//! (a rescan); other files in the directory (logs, editors' swap files, sibling configs) are
+//! ignored. A reload that reads the same bytes as last time does nothing.
 //!
 //! Debouncing bounds the work of a storm (an editor's several writes, a script rewriting the
 //! file in a loop): at most one reload per QUIET period of silence, and never more than
 //! MAX_DELAY late under continuous writes, so the last write is always picked up.
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -47,12 +50,39 @@ fn directory_of(config: &Path) -> PathBuf {
     }
 }
 
+/// The file names whose events ask for a reload: the config's own, the file it resolves
+/// to when it is a symlink (`memroute.toml -> real.toml`, or a file in another directory),
+/// and `..data`, the symlink a Kubernetes ConfigMap volume renames to publish an update.
+fn names_of(config: &Path) -> Vec<OsString> {
+    let mut names: Vec<OsString> = [Some(config), std::fs::canonicalize(config).ok().as_deref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|path| path.file_name().map(OsStr::to_os_string))
+        .collect();
+    names.push(OsString::from("..data"));
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Whether `event` may have changed the config: it names one of `names`, or it names no
+/// file at all (inotify's queue overflowed and events were lost: assume the worst).
+fn concerns_config(event: &notify::Event, names: &[OsString]) -> bool {
+    event.need_rescan()
+        || event.paths.is_empty()
+        || event.paths.iter().any(|path| {
+            path.file_name()
+                .is_some_and(|name| names.iter().any(|wanted| wanted == name))
+        })
+}
+
 /// Starts watching `config`'s directory; `changed` gets one message per debounced burst.
 pub fn start(
     config: &Path,
     changed: tokio::sync::mpsc::UnboundedSender<()>,
 ) -> anyhow::Result<ConfigWatch> {
     let directory = directory_of(config);
+    let names = names_of(config);
     let (events, bursts) = mpsc::channel::<()>();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         match event {
@@ -67,9 +97,10 @@ pub fn start(
                             | notify::event::AccessKind::Close(notify::event::AccessMode::Read)
                     )
                 ) => {}
-            Ok(_) => {
+            Ok(event) if concerns_config(&event, &names) => {
                 let _ = events.send(());
             }
+            Ok(_) => {}
             Err(error) => tracing::warn!(%error, "config watch error"),
         }
     })
@@ -132,6 +163,78 @@ mod tests {
             directory_of(Path::new("/etc/memroute/memroute.toml")),
             Path::new("/etc/memroute")
         );
+    }
+
+    fn event(kind: EventKind, paths: &[&str]) -> notify::Event {
+        paths.iter().fold(notify::Event::new(kind), |event, path| {
+            event.add_path(PathBuf::from(path))
+        })
+    }
+
+    #[test]
+    fn only_events_that_name_the_config_ask_for_a_reload() {
+        use notify::event::{CreateKind, ModifyKind, RenameMode};
+        let names = names_of(Path::new("/etc/memroute/memroute.toml"));
+        let write = EventKind::Modify(ModifyKind::Any);
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        // An in-place edit, an atomic rename over the file, a ConfigMap's `..data` swap.
+        assert!(concerns_config(
+            &event(write, &["/etc/memroute/memroute.toml"]),
+            &names
+        ));
+        assert!(concerns_config(
+            &event(
+                rename,
+                &[
+                    "/etc/memroute/.memroute.toml.swp",
+                    "/etc/memroute/memroute.toml"
+                ]
+            ),
+            &names
+        ));
+        assert!(concerns_config(
+            &event(
+                rename,
+                &["/etc/memroute/..data_tmp", "/etc/memroute/..data"]
+            ),
+            &names
+        ));
+        // Lost events: reload to be safe.
+        assert!(concerns_config(&event(EventKind::Other, &[]), &names));
+        // A log, a sibling config, an editor's swap file: not ours.
+        assert!(!concerns_config(
+            &event(write, &["/etc/memroute/access.log"]),
+            &names
+        ));
+        assert!(!concerns_config(
+            &event(
+                EventKind::Create(CreateKind::File),
+                &["/etc/memroute/other.toml"]
+            ),
+            &names
+        ));
+        assert!(!concerns_config(
+            &event(write, &["/etc/memroute/.memroute.toml.swp"]),
+            &names
+        ));
+    }
+
+    #[test]
+    fn a_symlinked_config_is_known_by_the_name_it_resolves_to() {
+        let dir = std::env::temp_dir().join(format!("memroute-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join("real.toml"), "").expect("real file");
+        let link = dir.join("memroute.toml");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("real.toml", &link).expect("symlink");
+        let names = names_of(&link);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+        let write = EventKind::Modify(notify::event::ModifyKind::Any);
+        assert!(concerns_config(&event(write, &["/x/real.toml"]), &names));
+        assert!(concerns_config(
+            &event(write, &["/x/memroute.toml"]),
+            &names
+        ));
     }
 
     #[test]

@@ -237,15 +237,30 @@ pub fn parse_reply(
     kind: ReplyKind,
     limits: &Limits,
 ) -> Result<ReplyParse, ProtocolError> {
+    parse_reply_counting(buf, kind, limits).map(|(parse, _)| parse)
+}
+
+/// [`parse_reply`], and with a complete retrieval reply how many `VALUE` blocks it holds
+/// (0 for an error line and for every other kind). Counted as the framing reads them: a
+/// caller that must know whether every key of a batch was answered (a warm-up asks warm
+/// only for cold's misses) compares the count with the keys it asked for instead of
+/// walking the reply again.
+pub fn parse_reply_counting(
+    buf: &[u8],
+    kind: ReplyKind,
+    limits: &Limits,
+) -> Result<(ReplyParse, u32), ProtocolError> {
+    let complete = |len| Ok((ReplyParse::Complete(len), 0));
+    let incomplete = || Ok((ReplyParse::Incomplete, 0));
     if kind == ReplyKind::Retrieval {
         // VALUE blocks as memcached writes them and the END line, each line read in one
         // pass; the first line that is anything else (an error line, a line not fully
         // arrived, a malformed one) is read again below by the careful readers.
-        let mut pos = 0;
+        let (mut pos, mut blocks) = (0, 0u32);
         loop {
             let rest = &buf[pos..];
             if rest.starts_with(b"END\r\n") {
-                return Ok(ReplyParse::Complete(pos + 5));
+                return Ok((ReplyParse::Complete(pos + 5), blocks));
             }
             let Some(line) = value_line(rest).filter(|line| line.data_start <= limits.max_line_len)
             else {
@@ -253,20 +268,21 @@ pub fn parse_reply(
             };
             pos = match data_after(buf, pos + line.data_start - 2, line.len)? {
                 Some(end) => end,
-                None => return Ok(ReplyParse::Incomplete),
+                None => return incomplete(),
             };
+            blocks = blocks.saturating_add(1);
         }
         if pos > 0 {
             let line_end = match line_at(buf, pos, limits)? {
                 Some(e) => e,
-                None => return Ok(ReplyParse::Incomplete),
+                None => return incomplete(),
             };
-            return retrieval_lines(buf, pos, line_end, limits);
+            return retrieval_lines(buf, pos, line_end, limits, blocks);
         }
     }
     let first_end = match line_at(buf, 0, limits)? {
         Some(e) => e,
-        None => return Ok(ReplyParse::Incomplete),
+        None => return incomplete(),
     };
     let first = &buf[..first_end];
     match kind {
@@ -281,45 +297,43 @@ pub fn parse_reply(
                 ));
             }
             match first.first() {
-                Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => {
-                    Ok(ReplyParse::Complete(first_end + 2))
-                }
+                Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => complete(first_end + 2),
                 _ => Err(ProtocolError::BadReply("unexpected reply line")),
             }
         }
         ReplyKind::MetaGet => {
             if first.starts_with(b"VA ") {
                 let len = data_len(word(first, 1))?;
-                return Ok(match data_after(buf, first_end, len)? {
-                    Some(end) => ReplyParse::Complete(end),
-                    None => ReplyParse::Incomplete,
-                });
+                return match data_after(buf, first_end, len)? {
+                    Some(end) => complete(end),
+                    None => incomplete(),
+                };
             }
             match first.first() {
                 Some(_) if announces_data(first) => {
                     Err(ProtocolError::BadReply("unexpected meta reply"))
                 }
-                Some(c) if c.is_ascii_uppercase() => Ok(ReplyParse::Complete(first_end + 2)),
+                Some(c) if c.is_ascii_uppercase() => complete(first_end + 2),
                 _ => Err(ProtocolError::BadReply("unexpected meta reply")),
             }
         }
         ReplyKind::Retrieval => {
             if is_error_line(first) {
-                return Ok(ReplyParse::Complete(first_end + 2));
+                return complete(first_end + 2);
             }
-            retrieval_lines(buf, 0, first_end, limits)
+            retrieval_lines(buf, 0, first_end, limits, 0)
         }
         ReplyKind::Stats => {
             // Sub-commands that answer with one line instead of a listing.
             if is_error_line(first) || first == b"RESET" || first == b"OK" {
-                return Ok(ReplyParse::Complete(first_end + 2));
+                return complete(first_end + 2);
             }
             let mut pos = 0;
             let mut line_end = first_end;
             loop {
                 let line = &buf[pos..line_end];
                 if line == b"END" {
-                    return Ok(ReplyParse::Complete(line_end + 2));
+                    return complete(line_end + 2);
                 }
                 // STAT for stats listings, ITEM for cachedump, PREFIX for detail dump.
                 if !(line.starts_with(b"STAT ")
@@ -331,7 +345,7 @@ pub fn parse_reply(
                 pos = line_end + 2;
                 line_end = match line_at(buf, pos, limits)? {
                     Some(e) => e,
-                    None => return Ok(ReplyParse::Incomplete),
+                    None => return incomplete(),
                 };
             }
         }
@@ -345,11 +359,12 @@ fn retrieval_lines(
     mut pos: usize,
     mut line_end: usize,
     limits: &Limits,
-) -> Result<ReplyParse, ProtocolError> {
+    mut blocks: u32,
+) -> Result<(ReplyParse, u32), ProtocolError> {
     loop {
         let line = &buf[pos..line_end];
         if line == b"END" {
-            return Ok(ReplyParse::Complete(line_end + 2));
+            return Ok((ReplyParse::Complete(line_end + 2), blocks));
         }
         if !line.starts_with(b"VALUE ") {
             return Err(ProtocolError::BadReply("expected VALUE or END"));
@@ -357,11 +372,12 @@ fn retrieval_lines(
         let len = data_len(value_header_length(line)?)?;
         pos = match data_after(buf, line_end, len)? {
             Some(end) => end,
-            None => return Ok(ReplyParse::Incomplete),
+            None => return Ok((ReplyParse::Incomplete, 0)),
         };
+        blocks = blocks.saturating_add(1);
         line_end = match line_at(buf, pos, limits)? {
             Some(e) => e,
-            None => return Ok(ReplyParse::Incomplete),
+            None => return Ok((ReplyParse::Incomplete, 0)),
         };
     }
 }
@@ -580,7 +596,7 @@ mod tests {
             if is_error_line(&buf[..first_end]) {
                 return Ok(ReplyParse::Complete(first_end + 2));
             }
-            retrieval_lines(buf, 0, first_end, &limits)
+            retrieval_lines(buf, 0, first_end, &limits, 0).map(|(parse, _)| parse)
         };
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |below: usize| {
@@ -643,6 +659,18 @@ mod tests {
             let buf = &reply[..cut];
             let framed = parse_reply(buf, ReplyKind::Retrieval, &limits);
             assert_eq!(framed, careful(buf), "{:?}", String::from_utf8_lossy(buf));
+            // The count the framing keeps is the number of blocks a walk of the reply finds.
+            if let Ok((ReplyParse::Complete(len), blocks)) =
+                parse_reply_counting(buf, ReplyKind::Retrieval, &limits)
+            {
+                let walked = value_blocks(&buf[..len]).map_or(0, |blocks| blocks.len());
+                assert_eq!(
+                    blocks as usize,
+                    walked,
+                    "{:?}",
+                    String::from_utf8_lossy(buf)
+                );
+            }
             outcomes[match framed {
                 Ok(ReplyParse::Complete(_)) => 0,
                 Ok(ReplyParse::Incomplete) => 1,

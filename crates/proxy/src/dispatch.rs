@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::ReplyReceiver;
 use memroute_config::{Operation, WritePolicy};
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
 use memroute_routing::{operation_of, Node, NodeId};
@@ -15,7 +16,7 @@ use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::execute::{self, BatchLines, FollowUp, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
-use crate::pending::{Fanout, FirstTry, Flow, Leg, MultiGet, Pending, ReplicatedWrite};
+use crate::pending::{Fanout, FirstTry, Flow, Leg, MovesOn, MultiGet, Pending, ReplicatedWrite};
 use crate::reply::immediate_ack;
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
@@ -228,18 +229,51 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
             // pool's request is, with the shadow copy (if the key is in its range) on a
             // task of its own, as the executor would send it.
             if let Some((pool, shadow)) = execute::single_pool(routing, node) {
+                // A pool without servers yet (DNS discovery) answers as the executor does
+                // for it; the executor is not asked, as it would draw a random route's
+                // child again (favouring the children with servers).
+                let (receiver, server) = match routing.server_for(pool, key) {
+                    Some(server) => {
+                        let connection = routing.pools[pool].servers[server].pick(slot);
+                        (connection.send(job.parts.clone(), kind), server)
+                    }
+                    None => (ReplyReceiver::ready(Err(routing.no_servers(pool))), 0),
+                };
+                if let Some(shadow) = shadow {
+                    execute::shadow_copy_single(routing, shadow, job);
+                }
+                return Pending::Single {
+                    routing: routing.clone(),
+                    leg: Leg::new(receiver, pool, server, started).on_route(node),
+                    command: request.command,
+                    noreply: request.noreply,
+                };
+            }
+            // A request through a warm-up route whose cold is a pool: sent to cold as a
+            // plain pool's request is; a read cold missed goes on to warm (the executor).
+            if let Some(pool) = execute::warm_up_cold(routing, node) {
                 if let Some(server) = routing.server_for(pool, key) {
                     let connection = routing.pools[pool].servers[server].pick(slot);
                     let receiver = connection.send(job.parts.clone(), kind);
-                    if let Some(shadow) = shadow {
-                        execute::shadow_copy_single(routing, shadow, job);
+                    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+                    let (command, noreply) = (request.command, request.noreply);
+                    if !execute::warms_up(command) {
+                        return Pending::Single {
+                            routing: routing.clone(),
+                            leg,
+                            command,
+                            noreply,
+                        };
                     }
-                    return Pending::Single {
+                    return Pending::FirstTry(Homed::new(FirstTry {
                         routing: routing.clone(),
-                        leg: Leg::new(receiver, pool, server, started).on_route(node),
-                        command: request.command,
-                        noreply: request.noreply,
-                    };
+                        leg,
+                        rest: Some(job),
+                        node,
+                        command,
+                        noreply,
+                        moves_on: MovesOn::Miss,
+                    }));
                 }
             }
             // A read through a failover (or replicated) route whose first child is a pool,
@@ -261,6 +295,7 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
                         node,
                         command: request.command,
                         noreply: request.noreply,
+                        moves_on: MovesOn::Failure,
                     }));
                 }
             }
@@ -287,7 +322,7 @@ fn send_copy(
     connection: &memroute_backend::BackendHandle,
     parts: &(Bytes, Option<Bytes>),
     kind: ReplyKind,
-) -> memroute_backend::ReplyReceiver {
+) -> ReplyReceiver {
     let mut request = connection.writer();
     request.append(&parts.0);
     if let Some(rest) = &parts.1 {

@@ -15,6 +15,9 @@
 //!                 | no     (start_after_first: the later children)
 //!             a request through shadow/random routes down to a pool (single_pool)?
 //!                 --yes--> sent to that pool as a plain request; the shadow copy on a task
+//!             a request through a warm-up route whose cold is a pool (warm_up_cold)?
+//!                 --yes--> sent to cold as a plain request; here only a read cold missed
+//!                          (start_after_cold: ask warm, fill cold)
 //!             a multi-get's keys through failover, replicated, warm-up, shadow or random
 //!             routes down to a pool (multi_get_pool)?
 //!                 --yes--> planned over that pool as a plain pool's keys (dispatch); here
@@ -1101,14 +1104,64 @@ async fn warm_up(
     ttl: u32,
     job: &Rc<Job>,
 ) -> Reply {
-    let classic = matches!(
-        job.command,
-        Command::Get | Command::Gets | Command::Gat | Command::Gats
-    );
-    if !classic && job.command != Command::MetaGet {
+    if !warms_up(job.command) {
         return run_child(routing, cold, job).await;
     }
     let from_cold = run_child(routing, cold, job).await;
+    after_cold(routing, node, cold, warm, ttl, job, from_cold).await
+}
+
+/// Whether a warm-up route asks warm for `command` when cold missed it: reads (the
+/// classic retrievals and meta get); everything else goes to cold only.
+pub(crate) fn warms_up(command: Command) -> bool {
+    matches!(
+        command,
+        Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
+    )
+}
+
+/// For a single-key request that reached policy route `node`: when it is a warm-up route
+/// whose cold is a pool with servers, that pool. The request is sent to it as a plain
+/// pool's request is; a read cold missed goes on to warm (`start_after_cold`).
+pub(crate) fn warm_up_cold(routing: &RouteSnapshot, node: NodeId) -> Option<usize> {
+    match routing.routes.node(node) {
+        Node::WarmUp { cold, .. } => pool_with_servers(routing, *cold),
+        _ => None,
+    }
+}
+
+/// Starts a read that warm-up route `node`'s cold pool (`warm_up_cold`) answered with
+/// `from_cold`, a miss: asked of warm (and filled into cold), as `warm_up` goes on after
+/// cold.
+pub(crate) fn start_after_cold(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    from_cold: Reply,
+    started: Instant,
+) -> Routed {
+    let routing = routing.clone();
+    let future: BoxedReply = Box::pin(async move {
+        let Node::WarmUp { cold, warm, ttl } = *routing.routes.node(node) else {
+            return from_cold;
+        };
+        let job = Rc::new(job);
+        after_cold(&routing, node, cold, warm, ttl, &job, from_cold).await
+    });
+    InPlace::started(future, node, started)
+}
+
+/// A warm-up read once cold answered `from_cold`: a hit (or a failure) is the answer; a
+/// miss is asked of warm, and warm's hit filled into cold.
+async fn after_cold(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    cold: NodeId,
+    warm: NodeId,
+    ttl: u32,
+    job: &Rc<Job>,
+    from_cold: Reply,
+) -> Reply {
     if class_of(&from_cold) != ReplyClass::Miss {
         return from_cold;
     }
@@ -1117,6 +1170,8 @@ async fn warm_up(
         // Warm had nothing (or failed): the cold miss is the honest answer.
         return from_cold;
     }
+    // A meta get's hit is not filled (its reply is not a `VALUE` block to `add` from).
+    let classic = job.command != Command::MetaGet;
     if classic {
         if let Some(fill) = from_warm
             .as_ref()

@@ -105,6 +105,11 @@ impl Leg {
         }
     }
 
+    /// For a retrieval reply from a connection: how many VALUE blocks it holds.
+    fn value_blocks(&self) -> Option<u32> {
+        self.receiver.as_ref().and_then(ReplyReceiver::value_blocks)
+    }
+
     /// Whether the (complete) leg failed: no reply, or an error line for a retrieval.
     fn failed(&self) -> bool {
         match &self.reply {
@@ -165,7 +170,9 @@ impl Leg {
 /// A read through a failover (or replicated) route, or a write through a failover route,
 /// first sent to the route's first pool as a plain pool's request is (`execute::first_pool`,
 /// `execute::failover_write_pool`); the executor takes it on to the later children only if
-/// that answer is a failure (and, for a write, the request may be repeated).
+/// that answer is a failure (and, for a write, the request may be repeated). Or a read
+/// through a warm-up route, first sent to its cold pool (`execute::warm_up_cold`); the
+/// executor asks warm only if cold missed.
 #[derive(Debug)]
 pub(crate) struct FirstTry {
     pub routing: Rc<RouteSnapshot>,
@@ -177,39 +184,56 @@ pub(crate) struct FirstTry {
     pub node: NodeId,
     pub command: Command,
     pub noreply: bool,
+    /// Which first answer goes on to the executor.
+    pub moves_on: MovesOn,
+}
+
+/// Which first answer of a `FirstTry` goes on to the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MovesOn {
+    /// A failure, to a failover's later children.
+    Failure,
+    /// A miss, to a warm-up's warm (cold's miss kept as the answer if warm has nothing).
+    Miss,
 }
 
 impl FirstTry {
     /// Once the first answer is in: when it is a failure and there is a later child, the
     /// request as the executor's, on its way to the later children (the failure counted
-    /// against its server).
+    /// against its server); for a warm-up, when it is a miss, on its way to warm.
     fn fail_over(&mut self) -> Option<Pending> {
         self.rest.as_ref()?;
-        let failed = match &self.leg.reply {
-            Some(Ok(bytes)) => classify_reply(bytes) == ReplyClass::Error,
-            _ => true,
+        let class = match &self.leg.reply {
+            Some(Ok(bytes)) => classify_reply(bytes),
+            _ => ReplyClass::Error,
         };
-        if !failed {
+        let goes_on = match self.moves_on {
+            MovesOn::Failure => class == ReplyClass::Error,
+            MovesOn::Miss => class == ReplyClass::Miss,
+        };
+        // As `execute::failover`: a request whose repetition changes the result (incr,
+        // decr, append, prepend, cas) moves on only when the first pool never received it;
+        // otherwise the client gets that failure. (Every read is repeatable.)
+        let repeatable = || {
+            self.rest
+                .as_ref()
+                .is_some_and(|job| job.operation.is_idempotent())
+                || matches!(&self.leg.reply, Some(Err(error)) if error.never_sent())
+        };
+        if !goes_on || !repeatable() {
             // Judged once: the request is not needed again (nor is this entry moved on
             // by `poll_progress`).
             self.rest = None;
             return None;
         }
-        // As `execute::failover`: a request whose repetition changes the result (incr,
-        // decr, append, prepend, cas) moves on only when the first pool never received it;
-        // otherwise the client gets that failure. (Every read is repeatable.)
-        let repeatable = self
-            .rest
-            .as_ref()
-            .is_some_and(|job| job.operation.is_idempotent())
-            || matches!(&self.leg.reply, Some(Err(error)) if error.never_sent());
-        if !repeatable {
-            return None;
-        }
         let job = self.rest.take()?;
-        let _ = self.leg.take(&self.routing);
+        let first = self.leg.take(&self.routing);
         let (command, noreply) = (job.command, self.noreply);
-        let routed = execute::start_after_first(&self.routing, self.node, job, self.leg.started);
+        let (routing, node, started) = (&self.routing, self.node, self.leg.started);
+        let routed = match self.moves_on {
+            MovesOn::Failure => execute::start_after_first(routing, node, job, started),
+            MovesOn::Miss => execute::start_after_cold(routing, node, job, first, started),
+        };
         Some(Pending::Routed {
             routing: self.routing.clone(),
             routed,
@@ -357,50 +381,108 @@ impl MultiGet {
     /// that failed (each failure counted against its server, as a failed leg always is; a
     /// failed leg all of whose keys went on then stands for none), a warm-up's keys its
     /// batch answered as misses. True when such a group was started.
+    ///
+    /// Nothing goes on when a failed batch stays (one of its keys has no later child to
+    /// go to): the client's reply is that failure whatever the later children answer, so
+    /// their backend work would be wasted.
     fn fail_over(&mut self) -> bool {
         let Some(rest) = self.follow_up.take() else {
             return false;
         };
-        let batches = self.legs.len() as u32;
-        let failed: SmallVec<[u32; 4]> = (0..batches)
-            .filter(|&leg| self.legs[leg as usize].failed())
-            .collect();
-        if failed.is_empty() && !rest.misses {
+        let batches = self.legs.len();
+        // Per leg: failed, or (with misses to look for) answered with fewer VALUE blocks
+        // than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
+        // servers answer each key asked at most once, in the order asked, so a batch whose
+        // count is its key count hit every key and is not walked here: only the merge
+        // walks it (when cold hits every key, the common case, nothing is walked twice).
+        let mut outcomes: SmallVec<[Batch; 8]> = smallvec::smallvec![Batch::Hit; batches];
+        let outcomes = &mut outcomes[..];
+        if rest.misses {
+            let mut asked: SmallVec<[u32; 8]> = smallvec::smallvec![0; batches];
+            let asked = &mut asked[..];
+            for &leg in &self.key_leg {
+                if let Some(asked) = asked.get_mut(leg as usize) {
+                    *asked += 1;
+                }
+            }
+            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&self.legs).zip(&*asked) {
+                *outcome = match leg.failed() {
+                    true => Batch::Failed,
+                    false if leg.value_blocks() == Some(asked) => Batch::Hit,
+                    false => Batch::Missed,
+                };
+            }
+        } else {
+            for (outcome, leg) in outcomes.iter_mut().zip(&self.legs) {
+                if leg.failed() {
+                    *outcome = Batch::Failed;
+                }
+            }
+        }
+        let any_failed = outcomes.contains(&Batch::Failed);
+        if !any_failed && !outcomes.contains(&Batch::Missed) {
             return false;
         }
         let routes = &self.routing.routes;
-        let first_group = batches + self.routed.len() as u32;
+        // Where a key goes on from (`goes`: why it would), or `None` when it stays.
+        let going_on = |key: &[u8], goes: GoesOn| {
+            let node = routes.select(rest.root, rest.operation, key);
+            let route_goes = execute::goes_on(&self.routing, node);
+            route_goes.takes(goes).then_some((node, route_goes))
+        };
+        if any_failed {
+            // Per failed leg: whether a key stays (a plain pool's key in a failed batch
+            // fails the multi-get).
+            let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
+            for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
+                let leg = leg as usize;
+                if outcomes.get(leg) == Some(&Batch::Failed) && !stays[leg] {
+                    let key = &self.request.frame[range.clone()];
+                    stays[leg] = going_on(key, GoesOn::Failed).is_none();
+                }
+            }
+            if stays.contains(&true) {
+                // The reply is decided: the first failure of a batch that stays, as when
+                // the others' keys had gone on (their failures counted, not shown).
+                for (leg, _) in self.legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
+                    if leg.failed() {
+                        let _ = leg.take(&self.routing);
+                        leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+                    }
+                }
+                return false;
+            }
+        }
+        let first_group = (batches + self.routed.len()) as u32;
         let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
-        // Per leg: where its next VALUE block starts, and (a failed leg) whether a key stays.
-        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches as usize];
-        let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches as usize];
+        // Per leg walked for misses: where its next VALUE block starts.
+        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches];
         for (range, key_leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
             let leg = *key_leg as usize;
-            if leg >= batches as usize {
+            if leg >= batches {
                 continue;
             }
             let key = &self.request.frame[range.clone()];
-            let goes = match &self.legs[leg].reply {
-                _ if failed.contains(key_leg) => GoesOn::Failed,
-                Some(Ok(reply)) if rest.misses => match value_block_for(reply, cursor[leg], key) {
-                    // A hit: its block is the leg's next (servers answer in the order asked),
-                    // found as the merge finds it (the header compared with this key).
-                    Some(block) => {
-                        cursor[leg] = block.end;
-                        continue;
+            let goes = match (outcomes[leg], &self.legs[leg].reply) {
+                (Batch::Hit, _) => continue,
+                (Batch::Failed, _) => GoesOn::Failed,
+                (Batch::Missed, Some(Ok(reply))) => {
+                    match value_block_for(reply, cursor[leg], key) {
+                        // A hit: its block is the leg's next (servers answer in the order asked),
+                        // found as the merge finds it (the header compared with this key).
+                        Some(block) => {
+                            cursor[leg] = block.end;
+                            continue;
+                        }
+                        None => GoesOn::Missed,
                     }
-                    None => GoesOn::Missed,
-                },
+                }
                 _ => continue,
             };
-            let node = routes.select(rest.root, rest.operation, key);
-            let route_goes = execute::goes_on(&self.routing, node);
-            if !route_goes.takes(goes) {
-                // A plain pool's key in a failed batch fails the multi-get; a miss
-                // anywhere but a warm-up or an error-or-miss failover is a miss.
-                stays[leg] |= goes == GoesOn::Failed;
+            // A miss anywhere but a warm-up or an error-or-miss failover is a miss.
+            let Some((node, route_goes)) = going_on(key, goes) else {
                 continue;
-            }
+            };
             let group = match groups.iter().position(|g| g.node == node) {
                 Some(group) => group,
                 None => {
@@ -419,13 +501,12 @@ impl MultiGet {
             }
             *key_leg = first_group + group as u32;
         }
-        for &leg in &failed {
-            if stays[leg as usize] {
-                continue;
+        // Every key of a failed batch went on: the batch stands for none.
+        for (leg, &outcome) in self.legs.iter_mut().zip(&*outcomes) {
+            if outcome == Batch::Failed {
+                let _ = leg.take(&self.routing);
+                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
             }
-            let leg = &mut self.legs[leg as usize];
-            let _ = leg.take(&self.routing);
-            leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
         }
         if groups.is_empty() {
             return false;
@@ -438,6 +519,17 @@ impl MultiGet {
         }
         true
     }
+}
+
+/// What a multi-get's batch answered, as `MultiGet::fail_over` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    /// Every key asked (or no misses looked for).
+    Hit,
+    /// Answered, with fewer VALUE blocks than keys asked: walked for the misses.
+    Missed,
+    /// No answer, or an error line.
+    Failed,
 }
 
 /// The same request sent to every server of a pool (flush_all).

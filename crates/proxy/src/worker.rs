@@ -121,12 +121,15 @@ fn start_uring(worker: usize) -> Option<tokio::task::JoinHandle<()>> {
         // A benchmarking aid (docs/benchmarks.md), not a setting: the ring without
         // DEFER_TASKRUN, for comparison.
         defer_taskrun: std::env::var_os("MEMROUTE_URING_NO_DEFER_TASKRUN").is_none(),
+        // Likewise: sockets named by descriptor only, no table of fixed files.
+        fixed_files: std::env::var_os("MEMROUTE_URING_NO_FIXED_FILES").is_none(),
     };
     match Driver::install(options) {
         Ok(driver) => {
             tracing::info!(
                 worker,
                 defer_taskrun = options.defer_taskrun,
+                fixed_files = options.fixed_files,
                 "worker serves its sockets through io_uring"
             );
             Some(tokio::task::spawn_local(driver.run()))
