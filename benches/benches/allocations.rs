@@ -287,30 +287,16 @@ fn policy_routes(servers: &str) {
     ];
     println!("get, 20 keys, through a policy route over 4 servers");
     for (name, route) in routes {
-        let text = format!(
-            "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nroute = \"root\"\n\
-             [pools.main]\nservers = [{servers}]\n[pools.spare]\nservers = [{servers}]\n{route}",
-            free_port()
-        );
+        let text = two_pools(servers, route);
         let (proxy, mut stream, keys) = start_with_keys(&text);
         let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
         let counted = count(&mut stream, &multi, b"END\r\n", REQUESTS);
-        println!(
-            "{:<44}{:>14.2}{:>20.2}",
-            format!("  {name}"),
-            counted.busy,
-            counted.idle
-        );
+        print_row(&format!("  {name}"), &counted);
         // The same route's single-key get (a hit): the fast paths that skip the executor
         // (a failover's or warm-up's first pool, a shadow's or random route's pool).
         let single = format!("get {}\r\n", keys[0]).into_bytes();
         let counted = count(&mut stream, &single, b"END\r\n", REQUESTS);
-        println!(
-            "{:<44}{:>14.2}{:>20.2}",
-            format!("  {name}, 1-key get"),
-            counted.busy,
-            counted.idle
-        );
+        print_row(&format!("  {name}, 1-key get"), &counted);
         drop(stream);
         proxy.shutdown();
         proxy.join();
@@ -342,22 +328,27 @@ fn policy_writes(servers: &str) {
     ];
     println!("set, 64-byte value, through a policy route over 4 servers");
     for (name, route) in routes {
-        let text = format!(
-            "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nroute = \"root\"\n\
-             [pools.main]\nservers = [{servers}]\n[pools.spare]\nservers = [{servers}]\n{route}",
-            free_port()
-        );
+        let text = two_pools(servers, &route);
         let (proxy, mut stream, _) = start_with_keys(&text);
         let set = format!("set alloc:key:0 0 0 64\r\n{}\r\n", "v".repeat(64)).into_bytes();
         let counted = count(&mut stream, &set, b"STORED\r\n", REQUESTS);
-        println!(
-            "{:<44}{:>14.2}{:>20.2}",
-            format!("  {name}"),
-            counted.busy,
-            counted.idle
-        );
+        print_row(&format!("  {name}"), &counted);
         drop(stream);
         proxy.shutdown();
         proxy.join();
     }
+}
+
+/// memroute (one worker) with the root `route` over two pools, `main` and `spare`, of the
+/// same `servers`.
+fn two_pools(servers: &str, route: &str) -> String {
+    format!(
+        "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nroute = \"root\"\n\
+         [pools.main]\nservers = [{servers}]\n[pools.spare]\nservers = [{servers}]\n{route}",
+        free_port()
+    )
+}
+
+fn print_row(label: &str, counted: &Counted) {
+    println!("{label:<44}{:>14.2}{:>20.2}", counted.busy, counted.idle);
 }
