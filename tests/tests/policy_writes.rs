@@ -243,3 +243,41 @@ fn a_failover_write_moves_on_only_when_it_may_be_repeated() {
     assert_eq!(a.connect().get("g:n").as_deref(), Some(&b"6"[..]));
     assert_eq!(route_stat(&proxy, "after_gone", "failovers"), 2);
 }
+
+/// Pipelined writes of one key that all fail on a failover's first pool reach the next
+/// pool in the client's order, so the last write wins there as it would on one server.
+/// (Found in review: the session moved on the requests behind the head before the head
+/// itself, so when several first answers failed in one wake-up a later `set` was sent on
+/// before an earlier one and `a` kept a stale value after every `set` answered STORED.)
+#[test]
+fn pipelined_failover_writes_reach_the_next_pool_in_order() {
+    let a = Memcached::start();
+    let busy = busy_server();
+    let proxy = Memroute::start_routes(
+        "root",
+        &[
+            pool("busy", &busy),
+            pool("a", &a.addr()),
+            "[routes.root]\ntype = \"failover\"\nchildren = [\"busy\", \"a\"]\n\n".to_string(),
+        ],
+    );
+    let mut client = proxy.connect();
+    for round in 0..20 {
+        let mut pipeline = Vec::new();
+        for i in 0..20 {
+            let value = format!("{round}-{i}");
+            pipeline
+                .extend_from_slice(format!("set k 0 0 {}\r\n{value}\r\n", value.len()).as_bytes());
+        }
+        client.send(&pipeline);
+        for _ in 0..20 {
+            assert_eq!(client.read_line(), b"STORED\r\n");
+        }
+        let last = format!("{round}-19");
+        assert_eq!(
+            a.connect().get("k").as_deref(),
+            Some(last.as_bytes()),
+            "round {round}: the next pool holds an earlier write"
+        );
+    }
+}

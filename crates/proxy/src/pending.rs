@@ -942,10 +942,18 @@ pub(crate) async fn wait_head<T>(queue: &mut VecDeque<T>, entry: fn(&mut T) -> &
     };
     let mut head = std::pin::pin!(entry(head).wait());
     std::future::poll_fn(|context| {
-        for item in rest.iter_mut().chain(back.iter_mut()).take(PROGRESS_WINDOW) {
-            entry(item).poll_progress(context);
+        // The head first, then the rest in the client's order: when several first tries
+        // failed in one wake-up, their retries must leave in the order the client sent
+        // them (pipelined writes of one key through a failover: the last one must win on
+        // the next pool too). A head that is done returns at once; the entries behind it
+        // move on when the session waits for the next head.
+        let head = head.as_mut().poll(context);
+        if head.is_pending() {
+            for item in rest.iter_mut().chain(back.iter_mut()).take(PROGRESS_WINDOW) {
+                entry(item).poll_progress(context);
+            }
         }
-        head.as_mut().poll(context)
+        head
     })
     .await
 }
