@@ -334,8 +334,10 @@ mod tests {
             "kept after the reply is taken"
         );
         drop(receiver);
-        // The same cell, reused: no count from the reply before.
+        // The same cell, reused: no count from the reply before, already before anything
+        // is sent on it (`send` clears the count too, so looking after it proves nothing).
         let (sender, receiver) = reply_slot();
+        assert_eq!(receiver.value_blocks(), None, "release clears the count");
         sender.send(ok(b"END\r\n"));
         assert_eq!(receiver.value_blocks(), None);
     }
