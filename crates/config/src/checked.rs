@@ -152,6 +152,9 @@ pub struct PoolConfig {
     /// Largest number of keys in one backend get; larger multi-gets are split into
     /// batches sent in parallel (default 100).
     pub max_keys_per_request: usize,
+    /// Consecutive `get`s (or `gets`) waiting for the same connection's next write go to
+    /// the server as one command of at most `max_keys_per_request` keys (default true).
+    pub coalesce_gets: bool,
     /// TLS to this pool's servers (`None`: plaintext).
     pub tls: Option<crate::transport::BackendTls>,
 }
@@ -179,6 +182,7 @@ impl PoolConfig {
             timeout,
             connect_timeout: timeout,
             max_keys_per_request: defaults::MAX_KEYS_PER_REQUEST,
+            coalesce_gets: true,
             tls: None,
         }
     }

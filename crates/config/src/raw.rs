@@ -57,6 +57,7 @@ const POOL_KEYS: &[&str] = &[
     "timeout",
     "connect_timeout",
     "max_keys_per_request",
+    "coalesce_gets",
     "failure_limit",
     "eject",
     "max_ejected_fraction",
@@ -978,6 +979,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         defaults::MAX_KEYS_PER_REQUEST,
         errs,
     );
+    let coalesce_gets = get_bool(t, "coalesce_gets", path, true, errs);
     let default_timeout = Duration::from_millis(defaults::TIMEOUT_MS);
     let timeout = get_duration(t, "timeout", path, default_timeout, errs);
     let connect_timeout = get_duration(t, "connect_timeout", path, timeout, errs);
@@ -1042,6 +1044,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         timeout,
         connect_timeout,
         max_keys_per_request,
+        coalesce_gets,
     })
 }
 

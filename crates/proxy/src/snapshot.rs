@@ -42,6 +42,8 @@ struct ConnectionKey {
     connect_timeout: Duration,
     connections: usize,
     limits: (usize, usize, usize),
+    /// `ConnectionSettings::coalesce_keys`.
+    coalesce_keys: usize,
 }
 
 /// The connections of one server, owned by one worker.
@@ -239,6 +241,10 @@ impl RouteSnapshot {
                                 limits.max_line_len,
                                 limits.max_value_len,
                             ),
+                            coalesce_keys: match pool.coalesce_gets {
+                                true => pool.max_keys_per_request,
+                                false => 0,
+                            },
                         };
                         let connections = match reusable.get_mut(&key).and_then(Vec::pop) {
                             Some(kept) => kept.connections.clone(),
@@ -255,6 +261,7 @@ impl RouteSnapshot {
                                     round_trips: Some(round_trip_observer(
                                         metrics.round_trip(name, &server.address),
                                     )),
+                                    coalesce_keys: key.coalesce_keys,
                                 };
                                 (0..key.connections)
                                     .map(|_| spawn_connection(settings.clone()))
