@@ -95,6 +95,9 @@ struct Cache {
     hits: Vec<String>,
     /// Keys never stored (some long, some a stored key with a suffix).
     misses: Vec<String>,
+    /// Keys never stored that are the start of stored keys (`hit:`, a long key cut short):
+    /// a reply's VALUE key must match whole, not by its start.
+    prefixes: Vec<String>,
     /// Keys with ~100 KB values.
     big: Vec<String>,
     /// Keys with ~900 KB values.
@@ -219,12 +222,28 @@ impl Cache {
             cache.items.insert(key.to_string(), item);
             cache.hits.push(key.to_string());
         }
+        let long_hits: Vec<String> = cache
+            .hits
+            .iter()
+            .filter(|k| k.len() > 100)
+            .cloned()
+            .collect();
         for i in 0..misses {
             cache.misses.push(match i % 3 {
                 0 => format!("miss:{i}"),
                 1 => long_key(rng, &format!("miss:{i}:"), 250),
                 _ => format!("hit:{}:gone", i % hits.max(1)),
             });
+        }
+        let cut_short = long_hits.iter().take(misses / 4).map(|stored| {
+            let mut cut = stored.clone();
+            cut.pop();
+            cut
+        });
+        let starts = ["hit", "hit:", "VALU", "E", "M"].map(String::from);
+        cache.prefixes = starts.into_iter().chain(cut_short).collect();
+        for key in cache.misses.iter().chain(&cache.prefixes) {
+            assert!(!cache.items.contains_key(key), "{key:?} is stored");
         }
         for (n, size, list) in [
             (big, 100_000, &mut cache.big),
@@ -444,41 +463,76 @@ fn read_up_to(stream: &mut TcpStream, want: usize) -> Vec<u8> {
 }
 
 /// A reusable start line: every party waits until all have arrived, then all go at once.
+/// A party that panics breaks it (see [`Gate::leave_on_panic`]), so the others stop at
+/// their next wait instead of waiting for it in vain.
 #[derive(Debug)]
 struct Gate {
-    /// (arrived in this generation, generation)
-    state: Mutex<(usize, u64)>,
+    state: Mutex<GateState>,
     all_here: Condvar,
     parties: usize,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// Parties waiting in this generation.
+    arrived: usize,
+    /// Rounds opened so far.
+    generation: u64,
+    /// A party failed.
+    broken: bool,
 }
 
 impl Gate {
     fn new(parties: usize) -> Gate {
         Gate {
-            state: Mutex::new((0, 0)),
+            state: Mutex::new(GateState::default()),
             all_here: Condvar::new(),
             parties,
         }
     }
 
-    /// Waits for the others, bounded by [`GATE_TIMEOUT`] (a client that failed never comes).
+    /// Waits for the others, bounded by [`GATE_TIMEOUT`].
     fn wait(&self, who: &str) {
-        let mut state = self.state.lock().expect("gate lock");
-        let generation = state.1;
-        state.0 += 1;
-        if state.0 == self.parties {
-            *state = (0, generation + 1);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(!state.broken, "{who}: stopped, another client failed");
+        let generation = state.generation;
+        state.arrived += 1;
+        if state.arrived == self.parties {
+            state.arrived = 0;
+            state.generation += 1;
             self.all_here.notify_all();
             return;
         }
-        let (_state, waited) = self
+        let (state, waited) = self
             .all_here
-            .wait_timeout_while(state, GATE_TIMEOUT, |s| s.1 == generation)
-            .expect("gate lock");
+            .wait_timeout_while(state, GATE_TIMEOUT, |s| {
+                s.generation == generation && !s.broken
+            })
+            .unwrap_or_else(|e| e.into_inner());
+        assert!(!state.broken, "{who}: stopped, another client failed");
         assert!(
             !waited.timed_out(),
-            "{who}: the other clients did not reach the gate within {GATE_TIMEOUT:?} (one failed?)"
+            "{who}: the other clients did not reach the gate within {GATE_TIMEOUT:?}"
         );
+    }
+
+    /// A guard to hold for a party's whole run: if the party panics, the gate breaks.
+    fn leave_on_panic(&self) -> LeaveOnPanic<'_> {
+        LeaveOnPanic(self)
+    }
+}
+
+/// Breaks its gate when dropped by a panicking thread.
+#[derive(Debug)]
+struct LeaveOnPanic<'a>(&'a Gate);
+
+impl Drop for LeaveOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.broken = true;
+            self.0.all_here.notify_all();
+        }
     }
 }
 
@@ -525,7 +579,8 @@ enum Keys {
 fn shared_key(rng: &mut Rng, cache: &Cache) -> String {
     match rng.below(200) {
         0 if !cache.big.is_empty() => rng.pick(&cache.big).clone(),
-        1..=59 => rng.pick(&cache.misses).clone(),
+        1..=14 if !cache.prefixes.is_empty() => rng.pick(&cache.prefixes).clone(),
+        15..=59 => rng.pick(&cache.misses).clone(),
         _ => rng.pick(&cache.hits).clone(),
     }
 }
@@ -761,6 +816,20 @@ fn text_pipeline(rng: &mut Rng, cache: &Cache, own: &mut Own, n: usize) -> Pipel
                 request.extend_from_slice(format!("junk {}\r\n", after.join(" ")).as_bytes());
                 p.push(&request, &retrieval_reply(cache, own, &before, false));
             }
+            // Framing memcached accepts: a bare `\n`, runs of spaces, a trailing space.
+            94..=95 => {
+                let n = rng.between(1, 4);
+                let keys = some_keys(rng, cache, own, Keys::Any, n);
+                let (line, end) = match rng.below(3) {
+                    0 => (keys.join(" "), "\n"),
+                    1 => (keys.join("   "), "\r\n"),
+                    _ => (format!(" {} ", keys.join(" ")), "\r\n"),
+                };
+                p.push(
+                    format!("get {line}{end}").as_bytes(),
+                    &retrieval_reply(cache, own, &keys, false),
+                );
+            }
             _ => {
                 let keys = some_keys(rng, cache, own, Keys::Shared, 1);
                 let command = if rng.percent(50) { "get" } else { "gets" };
@@ -822,6 +891,7 @@ fn run_text_clients(
         for c in 0..clients {
             let gate = &gate;
             scope.spawn(move || {
+                let _leave = gate.leave_on_panic();
                 let name = format!("client {c} (seed {seed})");
                 let mut rng = Rng::new(seed * 1000 + c as u64);
                 let mut own = Own::new(format!("own:{seed}:{c}:"));
@@ -891,21 +961,23 @@ fn concurrent_pipelines_with_capped_backend_batches_get_exact_replies() {
     text_clients_scenario(3, "max_keys_per_request = 3", 3);
 }
 
-/// Long keys in many-key gets: a merged line of several clients' requests would be tens of KB
-/// (100 keys of 200-250 bytes each); 100-key gets all go to one server, 150-key ones are
-/// split into two batches, and single gets sit between them.
+/// Long keys and many keys: 240-250 byte keys a few to a request (a few such requests make a
+/// line of KBs, so a merged line reaches any length cap after a handful), 20-60 short keys to
+/// a request (a few reach any key-count cap), 100-key gets (as many as memroute sends in one
+/// backend get) and 101-150-key gets (split into two batches), all to one server.
 #[test]
-fn hundred_key_gets_of_long_keys_from_several_clients_get_exact_replies() {
-    let server = Memcached::start();
-    let servers = [server];
+fn long_keys_and_many_key_gets_from_several_clients_get_exact_replies() {
+    let servers = [Memcached::start()];
     let proxy = proxy_over(&servers, "");
     let mut rng = Rng::new(4);
     let mut cache = Cache::default();
-    let mut long_keys = Vec::new();
-    for i in 0..400 {
-        let key = {
+    let (mut long_keys, mut short_keys) = (Vec::new(), Vec::new());
+    for i in 0..600 {
+        let key = if i % 2 == 0 {
             let n = rng.between(240, 250);
             long_key(&mut rng, &format!("long:{i}:"), n)
+        } else {
+            format!("s:{i}")
         };
         // Two of every three are stored.
         if i % 3 != 0 {
@@ -919,7 +991,11 @@ fn hundred_key_gets_of_long_keys_from_several_clients_get_exact_replies() {
         } else {
             cache.misses.push(key.clone());
         }
-        long_keys.push(key);
+        if i % 2 == 0 {
+            long_keys.push(key);
+        } else {
+            short_keys.push(key);
+        }
     }
     cache.store(&proxy, &servers);
     let before = connections_accepted(&servers);
@@ -928,26 +1004,28 @@ fn hundred_key_gets_of_long_keys_from_several_clients_get_exact_replies() {
     let started = std::time::Instant::now();
     std::thread::scope(|scope| {
         for c in 0..clients {
-            let (gate, cache, long_keys, proxy) = (&gate, &cache, &long_keys, &proxy);
+            let (gate, cache, proxy) = (&gate, &cache, &proxy);
+            let (long_keys, short_keys) = (&long_keys, &short_keys);
             scope.spawn(move || {
+                let _leave = gate.leave_on_panic();
                 let name = format!("long-key client {c}");
                 let mut rng = Rng::new(400 + c as u64);
                 let own = Own::new(String::new());
                 let mut client = Client::connect(&proxy.listen, &name);
                 for round in 0..3 {
                     let mut p = Pipeline::default();
-                    for _ in 0..15 {
-                        let n = match rng.below(10) {
-                            0..=5 => 100,
-                            6..=7 => rng.between(101, 150),
-                            _ => rng.between(2, 99),
+                    for _ in 0..40 {
+                        let (n, from) = match rng.below(20) {
+                            0..=5 => (rng.between(1, 3), long_keys),
+                            6..=10 => (rng.between(20, 60), short_keys),
+                            11..=12 => (100, short_keys),
+                            13 => (100, long_keys),
+                            14..=15 => (rng.between(101, 150), short_keys),
+                            _ => (1, short_keys),
                         };
-                        let keys: Vec<String> =
-                            (0..n).map(|_| rng.pick(long_keys).clone()).collect();
+                        let keys: Vec<String> = (0..n).map(|_| rng.pick(from).clone()).collect();
                         let command = if rng.percent(70) { "get" } else { "gets" };
                         push_retrieval(&mut p, cache, &own, command, &keys);
-                        let single = vec![rng.pick(long_keys).clone()];
-                        push_retrieval(&mut p, cache, &own, "get", &single);
                     }
                     let p = p.fenced();
                     gate.wait(&name);
@@ -958,7 +1036,7 @@ fn hundred_key_gets_of_long_keys_from_several_clients_get_exact_replies() {
         }
     });
     println!(
-        "coalesced gets: 6 clients x 3 rounds x 15 long-key multi-gets: {:?}",
+        "coalesced gets: 6 clients x 3 rounds x 40 long-key and many-key gets: {:?}",
         started.elapsed()
     );
     assert_no_reconnect(&servers, &before, "after the long-key clients");
@@ -1083,6 +1161,7 @@ fn binary_and_meta_gets_among_text_gets_get_exact_replies() {
         .hits
         .iter()
         .chain(&cache.misses)
+        .chain(&cache.prefixes)
         .chain(&cache.big)
         .filter(|k| k.bytes().all(|b| b.is_ascii_graphic()))
         .cloned()
@@ -1098,6 +1177,7 @@ fn binary_and_meta_gets_among_text_gets_get_exact_replies() {
         for c in 0..text_clients + binary_clients {
             let (gate, cache, binary_keys, proxy) = (&gate, &cache, &binary_keys, &proxy);
             scope.spawn(move || {
+                let _leave = gate.leave_on_panic();
                 let binary = c >= text_clients;
                 let name = format!("{} client {c}", if binary { "binary" } else { "text" });
                 let mut rng = Rng::new(500 + c as u64);
@@ -1140,6 +1220,7 @@ fn clients_hanging_up_mid_pipeline_do_not_disturb_the_others() {
         for c in 0..checkers + quitters {
             let (gate, cache, proxy, hung_up) = (&gate, &cache, &proxy, &hung_up);
             scope.spawn(move || {
+                let _leave = gate.leave_on_panic();
                 let name = format!("client {c}");
                 let mut rng = Rng::new(600 + c as u64);
                 let mut own = Own::new(format!("own:q:{c}:"));
@@ -1199,4 +1280,141 @@ fn clients_hanging_up_mid_pipeline_do_not_disturb_the_others() {
     let p = text_pipeline(&mut rng, &cache, &mut own, 80);
     Client::connect(&proxy.listen, "newcomer").exchange(&p);
     assert_no_reconnect(&servers, &before, "after clients hung up");
+}
+
+// ---- a backend lost with gets in flight ---------------------------------------------------
+
+/// From /proc/net/tcp, summed over established connections: bytes received and not yet
+/// read by the sockets whose local port is `port` (a server's accepted connections), and
+/// bytes written and not yet sent (or not yet acknowledged) by the sockets connected to
+/// remote port `port` (its clients).
+fn socket_queues(port: u16) -> (u64, u64) {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let (mut unread, mut unsent) = (0, 0);
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port_of = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|a| a.rsplit_once(':'))
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+        };
+        let queues = fields
+            .get(4)
+            .and_then(|q| q.split_once(':'))
+            .and_then(|(tx, rx)| {
+                Some((
+                    u64::from_str_radix(tx, 16).ok()?,
+                    u64::from_str_radix(rx, 16).ok()?,
+                ))
+            });
+        let (Some((tx, rx)), Some("01")) = (queues, fields.get(3).copied()) else {
+            continue;
+        };
+        if port_of(1) == Some(port) {
+            unread += rx;
+        }
+        if port_of(2) == Some(port) {
+            unsent += tx;
+        }
+    }
+    (unread, unsent)
+}
+
+/// Clients pipeline gets to a memcached frozen with SIGSTOP, so they sit on memroute's
+/// connection, merged or not, written and unanswered; the server is then killed. Every one
+/// of those gets is answered `SERVER_ERROR`, and once the server is back (restarted, empty,
+/// filled again) clients get exact replies: nothing of the lost connection's runs is left
+/// to misassign the new connection's replies.
+#[test]
+fn a_backend_lost_with_gets_in_flight_leaves_nothing_behind() {
+    let mut server = Memcached::start();
+    let proxy = proxy_over(std::slice::from_ref(&server), "");
+    let mut rng = Rng::new(7);
+    let mut cache = Cache::plan(&mut rng, 120, 40, 1, 0);
+    cache.store(&proxy, std::slice::from_ref(&server));
+
+    let stopped = server.stop();
+    let proxy_port: u16 = proxy
+        .listen
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("memroute's port");
+    let long_hits: Vec<String> = cache
+        .hits
+        .iter()
+        .filter(|k| k.len() > 100)
+        .cloned()
+        .collect();
+    let mut clients: Vec<(Conn, usize)> = Vec::new();
+    // First wave: 6 MB of 100-key gets of long keys (25 KB lines, never merged), more than
+    // the frozen server's socket and memroute's send buffer (at most 4 MB here) take, so
+    // memroute's write blocks with gets in flight. Second wave: short gets, merged or not,
+    // queued unsent behind that write. 30 requests a client: within a new session's window
+    // of 32 unanswered requests, so memroute reads and sends on all of them.
+    for (wave, clients_in_wave, keys_per_get) in [(1, 8, 100), (2, 4, 3)] {
+        for _ in 0..clients_in_wave {
+            let mut conn = proxy.connect();
+            let mut request = Vec::new();
+            let requests = 30;
+            for _ in 0..requests {
+                let keys: Vec<&str> = (0..keys_per_get)
+                    .map(|_| rng.pick(&long_hits).as_str())
+                    .collect();
+                let command = if rng.percent(70) { "get" } else { "gets" };
+                request.extend_from_slice(format!("{command} {}\r\n", keys.join(" ")).as_bytes());
+            }
+            request.extend_from_slice(b"mn\r\n");
+            conn.send(&request);
+            clients.push((conn, requests));
+        }
+        // memroute read everything the clients wrote (and so queued it), and its requests
+        // wait at the server: unread there, and (first wave) unsent in memroute's socket.
+        let settled = || {
+            let (unread_by_proxy, unsent_to_proxy) = socket_queues(proxy_port);
+            let (unread_by_server, unsent_to_server) = socket_queues(server.port);
+            unread_by_proxy == 0
+                && unsent_to_proxy == 0
+                && unread_by_server > 0
+                && (wave > 1 || unsent_to_server > 0)
+        };
+        assert!(
+            poll_until(Duration::from_secs(10), settled),
+            "wave {wave}: memroute {:?} (unread, unsent by its clients), server {:?}",
+            socket_queues(proxy_port),
+            socket_queues(server.port)
+        );
+    }
+    let in_flight = socket_queues(server.port);
+    server.kill();
+    drop(stopped);
+    for (i, (conn, requests)) in clients.iter_mut().enumerate() {
+        for r in 0..*requests {
+            let reply = conn.read_get_reply();
+            assert!(
+                reply.starts_with(b"SERVER_ERROR "),
+                "client {i}, request {r}: {}",
+                show(&reply)
+            );
+        }
+        assert_eq!(show(&conn.read_line()), show(b"MN\r\n"), "client {i}");
+    }
+    println!(
+        "coalesced gets: request bytes unread by the server, unsent to it when it was killed: {in_flight:?}"
+    );
+
+    server.restart();
+    let mut probe = proxy.connect();
+    assert!(
+        poll_until(Duration::from_secs(10), || {
+            probe.send(b"get hit:0\r\n");
+            probe.read_get_reply() == b"END\r\n"
+        }),
+        "memroute did not reach the restarted server"
+    );
+    let servers = [server];
+    cache.store(&proxy, &servers);
+    let before = connections_accepted(&servers);
+    run_text_clients(&proxy, &cache, 4, 2, 60, 7);
+    assert_no_reconnect(&servers, &before, "after the server came back");
 }
