@@ -644,53 +644,32 @@ fn push_meta_get(rng: &mut Rng, p: &mut Pipeline, cache: &Cache, own: &mut Own) 
         .get(&key)
         .map(|item| (item.flags, &item.value, Some(item.cas)))
         .or_else(|| own.items.get(&key).map(|(f, v)| (*f, v, None)));
-    let (request, expected) = match (shape, found) {
-        // Own keys: value and flags.
-        (0, Some((flags, value, _))) => (
-            format!("mg {key} v f\r\n"),
-            [
-                format!("VA {} f{flags}\r\n", value.len()).as_bytes(),
-                value,
-                b"\r\n",
-            ]
-            .concat(),
-        ),
-        // Shared keys: value, flags and cas.
-        (1, Some((flags, value, Some(cas)))) => (
-            format!("mg {key} v f c\r\n"),
-            [
-                format!("VA {} f{flags} c{cas}\r\n", value.len()).as_bytes(),
-                value,
-                b"\r\n",
-            ]
-            .concat(),
-        ),
-        // The key echoed back.
-        (2, Some((_, value, _))) => (
-            format!("mg {key} k v\r\n"),
-            [
-                format!("VA {} k{key}\r\n", value.len()).as_bytes(),
-                value,
-                b"\r\n",
-            ]
-            .concat(),
-        ),
-        // Quiet: a hit as usual, a miss answers nothing.
-        (3, Some((_, value, _))) => (
-            format!("mg {key} v q\r\n"),
-            [format!("VA {}\r\n", value.len()).as_bytes(), value, b"\r\n"].concat(),
-        ),
-        (3, None) => (format!("mg {key} v q\r\n"), Vec::new()),
-        (0, None) => (format!("mg {key} v f\r\n"), b"EN\r\n".to_vec()),
-        (1, None) => (format!("mg {key} v f c\r\n"), b"EN\r\n".to_vec()),
-        // A miss echoes the key too.
-        (_, None) => (
-            format!("mg {key} k v\r\n"),
-            format!("EN k{key}\r\n").into_bytes(),
-        ),
-        (_, Some(_)) => unreachable!("shape 1 is only asked of shared keys, which have a cas"),
+    // What is asked (shape 0: own keys; 1-3: shared keys, which have a cas) and what a
+    // miss answers: the key echoed with `k`, nothing when quiet.
+    let (asked, miss) = match shape {
+        0 => ("v f", b"EN\r\n".to_vec()),
+        1 => ("v f c", b"EN\r\n".to_vec()),
+        2 => ("k v", format!("EN k{key}\r\n").into_bytes()),
+        _ => ("v q", Vec::new()),
     };
-    p.push(request.as_bytes(), &expected);
+    let hit = found.map(|(flags, value, cas)| {
+        let returned = match (shape, cas) {
+            (0, _) => format!(" f{flags}"),
+            (1, Some(cas)) => format!(" f{flags} c{cas}"),
+            (2, _) => format!(" k{key}"),
+            _ => String::new(),
+        };
+        [
+            format!("VA {}{returned}\r\n", value.len()).as_bytes(),
+            value,
+            b"\r\n",
+        ]
+        .concat()
+    });
+    p.push(
+        format!("mg {key} {asked}\r\n").as_bytes(),
+        &hit.unwrap_or(miss),
+    );
 }
 
 /// Appends a write to one of the client's own keys (set or delete, noreply sometimes) and a
@@ -856,6 +835,25 @@ fn proxy_over(servers: &[Memcached], extra: &str) -> Memroute {
     ))
 }
 
+/// The size of a [`Cache::plan`]: stored small keys, misses, 100 KB and 900 KB values.
+type CacheSize = (usize, usize, usize, usize);
+
+/// `servers` memcached behind memroute (`extra` pool lines), and a cache of `size` planned
+/// from `rng` and stored through it.
+fn filled(
+    servers: usize,
+    extra: &str,
+    rng: &mut Rng,
+    size: CacheSize,
+) -> (Vec<Memcached>, Memroute, Cache) {
+    let servers: Vec<Memcached> = (0..servers).map(|_| Memcached::start()).collect();
+    let proxy = proxy_over(&servers, extra);
+    let (hits, misses, big, huge) = size;
+    let mut cache = Cache::plan(rng, hits, misses, big, huge);
+    cache.store(&proxy, &servers);
+    (servers, proxy, cache)
+}
+
 /// Connections each server has accepted so far (the asking connection included).
 fn connections_accepted(servers: &[Memcached]) -> Vec<u64> {
     servers
@@ -909,11 +907,8 @@ fn run_text_clients(
 
 /// The whole scenario over `servers` memcached processes: fill, run, check nothing was reset.
 fn text_clients_scenario(servers: usize, extra: &str, seed: u64) {
-    let servers: Vec<Memcached> = (0..servers).map(|_| Memcached::start()).collect();
-    let proxy = proxy_over(&servers, extra);
     let mut rng = Rng::new(seed);
-    let mut cache = Cache::plan(&mut rng, 300, 90, 3, 2);
-    cache.store(&proxy, &servers);
+    let (servers, proxy, cache) = filled(servers, extra, &mut rng, (300, 90, 3, 2));
     if servers.len() > 1 {
         for server in &servers {
             assert!(
@@ -959,6 +954,13 @@ fn concurrent_pipelines_over_a_three_server_pool_get_exact_replies() {
 #[test]
 fn concurrent_pipelines_with_capped_backend_batches_get_exact_replies() {
     text_clients_scenario(3, "max_keys_per_request = 3", 3);
+}
+
+/// The same with merging turned off (`coalesce_gets = false`): each get goes to memcached as
+/// the client's own command, with the same replies.
+#[test]
+fn concurrent_pipelines_with_coalescing_off_get_exact_replies() {
+    text_clients_scenario(1, "coalesce_gets = false", 8);
 }
 
 /// Long keys and many keys: 240-250 byte keys a few to a request (a few such requests make a
@@ -1151,11 +1153,8 @@ fn binary_pipeline(rng: &mut Rng, cache: &Cache, keys: &[String], n: usize) -> P
 /// text clients (get/gets/gat/gats/mg, own writes) at once over one backend connection.
 #[test]
 fn binary_and_meta_gets_among_text_gets_get_exact_replies() {
-    let servers = [Memcached::start()];
-    let proxy = proxy_over(&servers, "");
     let mut rng = Rng::new(5);
-    let mut cache = Cache::plan(&mut rng, 200, 60, 2, 1);
-    cache.store(&proxy, &servers);
+    let (servers, proxy, cache) = filled(1, "", &mut rng, (200, 60, 2, 1));
     // Keys a binary client can send as they are (memroute sends others base64 in meta).
     let binary_keys: Vec<String> = cache
         .hits
@@ -1207,11 +1206,8 @@ fn binary_and_meta_gets_among_text_gets_get_exact_replies() {
 /// anyone else's.
 #[test]
 fn clients_hanging_up_mid_pipeline_do_not_disturb_the_others() {
-    let servers = [Memcached::start()];
-    let proxy = proxy_over(&servers, "");
     let mut rng = Rng::new(6);
-    let mut cache = Cache::plan(&mut rng, 200, 60, 3, 2);
-    cache.store(&proxy, &servers);
+    let (servers, proxy, cache) = filled(1, "", &mut rng, (200, 60, 3, 2));
     let before = connections_accepted(&servers);
     let (checkers, quitters, rounds) = (4, 2, 4);
     let gate = Gate::new(checkers + quitters);
@@ -1328,11 +1324,9 @@ fn socket_queues(port: u16) -> (u64, u64) {
 /// to misassign the new connection's replies.
 #[test]
 fn a_backend_lost_with_gets_in_flight_leaves_nothing_behind() {
-    let mut server = Memcached::start();
-    let proxy = proxy_over(std::slice::from_ref(&server), "");
     let mut rng = Rng::new(7);
-    let mut cache = Cache::plan(&mut rng, 120, 40, 1, 0);
-    cache.store(&proxy, std::slice::from_ref(&server));
+    let (mut servers, proxy, mut cache) = filled(1, "", &mut rng, (120, 40, 1, 0));
+    let server = &mut servers[0];
 
     let stopped = server.stop();
     let proxy_port: u16 = proxy
@@ -1412,7 +1406,6 @@ fn a_backend_lost_with_gets_in_flight_leaves_nothing_behind() {
         }),
         "memroute did not reach the restarted server"
     );
-    let servers = [server];
     cache.store(&proxy, &servers);
     let before = connections_accepted(&servers);
     run_text_clients(&proxy, &cache, 4, 2, 60, 7);
