@@ -250,13 +250,42 @@ pub fn parse_reply_counting(
     kind: ReplyKind,
     limits: &Limits,
 ) -> Result<(ReplyParse, u32), ProtocolError> {
+    parse_reply_blocks(buf, 0, kind, limits, &mut |_| {})
+}
+
+/// [`parse_reply_counting`] for a retrieval reply that also tells `block_end` where each
+/// `VALUE` block ends, in order, as the framing passes it. Whoever must split a reply by
+/// its blocks (a coalesced get's reply, per request) then needs no second parse of each
+/// block's numbers.
+///
+/// `from` is where to start: 0, or the end of the last block told by an earlier attempt
+/// on the same reply that was still incomplete (a long reply arriving in several reads is
+/// framed once, not again from its start at every read). The count returned is of the
+/// blocks from there.
+pub fn parse_retrieval_blocks(
+    buf: &[u8],
+    from: usize,
+    limits: &Limits,
+    block_end: &mut impl FnMut(usize),
+) -> Result<(ReplyParse, u32), ProtocolError> {
+    parse_reply_blocks(buf, from, ReplyKind::Retrieval, limits, block_end)
+}
+
+#[inline(always)]
+fn parse_reply_blocks(
+    buf: &[u8],
+    from: usize,
+    kind: ReplyKind,
+    limits: &Limits,
+    block_end: &mut impl FnMut(usize),
+) -> Result<(ReplyParse, u32), ProtocolError> {
     let complete = |len| Ok((ReplyParse::Complete(len), 0));
     let incomplete = || Ok((ReplyParse::Incomplete, 0));
     if kind == ReplyKind::Retrieval {
         // VALUE blocks as memcached writes them and the END line, each line read in one
         // pass; the first line that is anything else (an error line, a line not fully
         // arrived, a malformed one) is read again below by the careful readers.
-        let (mut pos, mut blocks) = (0, 0u32);
+        let (mut pos, mut blocks) = (from, 0u32);
         loop {
             let rest = &buf[pos..];
             if rest.starts_with(b"END\r\n") {
@@ -270,6 +299,7 @@ pub fn parse_reply_counting(
                 Some(end) => end,
                 None => return incomplete(),
             };
+            block_end(pos);
             blocks = blocks.saturating_add(1);
         }
         if pos > 0 {
@@ -277,7 +307,7 @@ pub fn parse_reply_counting(
                 Some(e) => e,
                 None => return incomplete(),
             };
-            return retrieval_lines(buf, pos, line_end, limits, blocks);
+            return retrieval_lines(buf, pos, line_end, limits, blocks, block_end);
         }
     }
     let first_end = match line_at(buf, 0, limits)? {
@@ -321,7 +351,7 @@ pub fn parse_reply_counting(
             if is_error_line(first) {
                 return complete(first_end + 2);
             }
-            retrieval_lines(buf, 0, first_end, limits, 0)
+            retrieval_lines(buf, 0, first_end, limits, 0, block_end)
         }
         ReplyKind::Stats => {
             // Sub-commands that answer with one line instead of a listing.
@@ -360,6 +390,7 @@ fn retrieval_lines(
     mut line_end: usize,
     limits: &Limits,
     mut blocks: u32,
+    block_end: &mut impl FnMut(usize),
 ) -> Result<(ReplyParse, u32), ProtocolError> {
     loop {
         let line = &buf[pos..line_end];
@@ -374,6 +405,7 @@ fn retrieval_lines(
             Some(end) => end,
             None => return Ok((ReplyParse::Incomplete, 0)),
         };
+        block_end(pos);
         blocks = blocks.saturating_add(1);
         line_end = match line_at(buf, pos, limits)? {
             Some(e) => e,
@@ -596,7 +628,7 @@ mod tests {
             if is_error_line(&buf[..first_end]) {
                 return Ok(ReplyParse::Complete(first_end + 2));
             }
-            retrieval_lines(buf, 0, first_end, &limits, 0).map(|(parse, _)| parse)
+            retrieval_lines(buf, 0, first_end, &limits, 0, &mut |_| {}).map(|(parse, _)| parse)
         };
         let mut seed = 0x2545_f491_4f6c_dd1d_u64;
         let mut next = move |below: usize| {

@@ -1491,7 +1491,7 @@ impl<'r> BatchLines<'r> {
             .pick(self.slot)
             .writer();
         writer.append(self.head);
-        writer.append(key);
+        writer.append_key(key);
         self.writers.push(Some(writer));
     }
 
