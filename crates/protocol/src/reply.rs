@@ -559,6 +559,43 @@ pub fn quiet_suppresses(command: Command, first_line: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// Block ends are told once each, in order, however the reply arrives: fed one byte
+    /// more at a time and resumed from the last end told (as the backend reader does), the
+    /// ends and the length match one framing of the whole reply.
+    #[test]
+    fn retrieval_block_ends_resume_across_partial_reads() {
+        let reply: &[u8] =
+            b"VALUE a 0 1\r\nx\r\nVALUE bb 5 3 77\r\nEND\r\nVALUE c 0 2 9\r\nyy\r\nEND\r\n";
+        let limits = Limits::default();
+        let mut whole = Vec::new();
+        let framed = parse_retrieval_blocks(reply, 0, &limits, &mut |end| whole.push(end));
+        assert_eq!(
+            framed.expect("framed"),
+            (ReplyParse::Complete(reply.len()), 3)
+        );
+        assert_eq!(whole, vec![16, 38, 57]);
+        let mut ends: Vec<usize> = Vec::new();
+        for len in 0..=reply.len() {
+            let from = ends.last().copied().unwrap_or(0);
+            let parse =
+                parse_retrieval_blocks(&reply[..len], from, &limits, &mut |end| ends.push(end))
+                    .expect("a prefix of a good reply frames or waits");
+            match parse.0 {
+                ReplyParse::Incomplete => assert!(len < reply.len()),
+                ReplyParse::Complete(n) => {
+                    assert_eq!((len, n), (reply.len(), reply.len()));
+                }
+            }
+        }
+        assert_eq!(ends, whole);
+        // An error line has no blocks; the count is the framing's.
+        let mut none = Vec::new();
+        let error =
+            parse_retrieval_blocks(b"SERVER_ERROR busy\r\n", 0, &limits, &mut |e| none.push(e));
+        assert_eq!(error.expect("framed"), (ReplyParse::Complete(19), 0));
+        assert!(none.is_empty());
+    }
+
     /// The one-pass reader accepts exactly the lines the word-by-word readers accept, with
     /// the same key and length.
     #[test]
