@@ -819,55 +819,31 @@ async fn read_replies(
     let bad_reply = || BackendError::BadReply {
         server: settings.address.clone(),
     };
-    // Where the replies of coalesced requests but the last of each run are copied to,
-    // each with its own END (`split_run`), and the scratch list of where each one's VALUE
-    // blocks are: both kept, so steady traffic allocates nothing for them.
-    let mut run_replies = BytesMut::new();
-    let mut run_bounds = Vec::new();
-    let mut run_blocks = Vec::new();
+    // The reply to a run of coalesced gets is handed out request by request as its
+    // blocks arrive (`RunReader`).
+    let mut run_reader = RunReader::default();
     loop {
         loop {
             let Some((kind, run)) = in_flight.borrow().front().map(|f| (f.kind, f.run)) else {
                 break;
             };
-            // A run's reply: where each VALUE block ends is noted as it is framed, and
-            // kept while the reply is incomplete (the next read resumes after its last
-            // whole block; `run_blocks` is cleared once a reply is complete).
-            let framed = match run.legs {
-                1 => parse_reply_counting(&buffer, kind, &settings.limits),
-                _ => {
-                    let from = run_blocks.last().copied().unwrap_or(0);
-                    parse_retrieval_blocks(&buffer, from, &settings.limits, &mut |end| {
-                        run_blocks.push(end)
-                    })
-                }
-            };
-            match framed {
-                Ok((ReplyParse::Complete(len), _)) if run.legs > 1 => {
-                    let reply = buffer.split_to(len);
-                    let split = split_run(
-                        reply,
-                        &run_blocks,
-                        run.legs as usize,
-                        link,
-                        &mut run_replies,
-                        &mut run_bounds,
-                        |request, reply, value_blocks| {
-                            if let Some(round_trips) = &settings.round_trips {
-                                (round_trips.0)(
-                                    last_progress.saturating_duration_since(request.sent_at),
-                                );
-                            }
-                            request.reply.send_retrieval(reply, value_blocks);
-                        },
-                    );
-                    run_blocks.clear();
-                    if split.is_none() {
-                        return Err(bad_reply());
+            if run.legs > 1 || run_reader.left > 0 {
+                let answer = |request: InFlight, reply: Bytes, value_blocks: u32| {
+                    // No clock read of its own, as below.
+                    if let Some(round_trips) = &settings.round_trips {
+                        (round_trips.0)(last_progress.saturating_duration_since(request.sent_at));
                     }
+                    request.reply.send_retrieval(reply, value_blocks);
                     link.answered.set(true);
                     settings.health.record_success();
+                };
+                match run_reader.read(&mut buffer, run.legs, &settings.limits, link, answer) {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(()) => return Err(bad_reply()),
                 }
+            }
+            match parse_reply_counting(&buffer, kind, &settings.limits) {
                 Ok((ReplyParse::Complete(len), value_blocks)) => {
                     let reply = buffer.split_to(len).freeze();
                     if let Some(request) = in_flight.borrow_mut().pop_front() {
@@ -942,113 +918,155 @@ async fn read_replies(
     }
 }
 
-/// Splits the reply to a run of `legs` coalesced gets (the first `legs` requests in
-/// flight) back into one reply per request, each its own VALUE blocks and an `END`, and
-/// hands each to `deliver` with its block count, in order. The run's keys come off the
-/// front of the key journal.
+/// The reader's way through the reply to a run of coalesced gets: one `get` on the wire
+/// for several requests (`Shared::queue`), whose blocks are handed to each request as soon
+/// as its keys are settled, so a run of large values is never held whole (memory, and the
+/// first request's latency, stay what they were with one command per request).
 ///
-/// memcached answers a `get` with a VALUE block for each key it has, in the order the
-/// keys were asked, so walking the journaled keys in order, each key either owns the
-/// next block or missed. A reply that does not fit that walk (a key nobody asked, blocks
-/// out of order, bytes after the last key's block other than `END`) is a server out of
-/// step: `None`, before any request is answered, and the connection is reset. An error
-/// line instead of blocks (`SERVER_ERROR ...`) answers every request of the run.
-fn split_run(
-    mut reply: BytesMut,
-    block_ends: &[usize],
-    legs: usize,
-    link: &Link,
-    copies: &mut BytesMut,
-    bounds: &mut Vec<(usize, usize, u32)>,
-    mut deliver: impl FnMut(InFlight, Bytes, u32),
-) -> Option<()> {
-    let keys = {
-        let in_flight = link.in_flight.borrow();
-        if in_flight.len() < legs {
-            return None;
+/// memcached answers a `get` with a `VALUE` block for each key it has, in the order the
+/// keys were asked, then `END`. Walking a request's keys (its text in the key journal)
+/// against the blocks framed so far, each key either owns the next block or missed; a key
+/// is settled once the block after the last one matched has arrived (or `END`). A request
+/// gets its blocks and an `END` of its own (copied; the run's last one takes the bytes as
+/// they are, with the run's `END`). A reply that does not fit the walk (a block for a key
+/// nobody asked, blocks out of order: blocks left when the last request is settled) is a
+/// server out of step: an error, and the connection is reset; the requests answered before
+/// it got blocks of the keys they asked. An error line where blocks were expected answers
+/// every request of the run still waiting.
+#[derive(Default)]
+struct RunReader {
+    /// Requests of the run under way not answered yet (0: none under way).
+    left: u32,
+    /// Where each block framed but not handed out yet ends, in the read buffer.
+    block_ends: Vec<usize>,
+    /// Where requests' blocks are copied, each with its own `END`: reclaimed in place once
+    /// earlier copies are gone, so steady traffic allocates nothing here.
+    copies: BytesMut,
+}
+
+impl RunReader {
+    /// Hands out what the bytes in `buffer` settle. `head_legs` is the front request's
+    /// `RunPart::legs` (a run starts when it is more than 1). `Ok(true)`: the run is done
+    /// (the next request is at the front); `Ok(false)`: more bytes are needed.
+    fn read(
+        &mut self,
+        buffer: &mut BytesMut,
+        head_legs: u32,
+        limits: &Limits,
+        link: &Link,
+        mut answer: impl FnMut(InFlight, Bytes, u32),
+    ) -> Result<bool, ()> {
+        if self.left == 0 {
+            self.left = head_legs;
+            self.block_ends.clear();
         }
-        in_flight
-            .iter()
-            .take(legs)
-            .map(|r| r.run.keys as usize)
-            .sum::<usize>()
-    };
-    let next = |deliver: &mut dyn FnMut(InFlight)| {
+        let from = self.block_ends.last().copied().unwrap_or(0);
+        let ends = &mut self.block_ends;
+        let mut complete =
+            match parse_retrieval_blocks(buffer, from, limits, &mut |end| ends.push(end)) {
+                Ok((ReplyParse::Complete(len), _)) => Some(len),
+                Ok((ReplyParse::Incomplete, _)) => None,
+                Err(_) => return Err(()),
+            };
         // Popped in a borrow of its own: answering wakes a session, never re-enters.
-        let request = link.in_flight.borrow_mut().pop_front();
-        if let Some(request) = request {
-            deliver(request);
-        }
-    };
-    if link.run_keys.borrow().len() < keys {
-        return None;
-    }
-    if retrieval_error(&reply).is_some() {
-        link.run_keys.borrow_mut().advance(keys);
-        let reply = reply.freeze();
-        for _ in 0..legs {
-            next(&mut |request| deliver(request, reply.clone(), 0));
-        }
-        return Some(());
-    }
-    bounds.clear();
-    {
-        let journal = link.run_keys.borrow();
-        let in_flight = link.in_flight.borrow();
-        // The framing checked every block; a block starts with `VALUE `, and its key
-        // runs to the next space.
-        let block_of = |pos: usize, key: &[u8]| {
-            reply.get(pos + 6..pos + 6 + key.len()) == Some(key)
-                && reply.get(pos + 6 + key.len()) == Some(&b' ')
-        };
-        let (mut pos, mut at, mut next_block) = (0, 0, 0);
-        for request in in_flight.iter().take(legs) {
-            let (start, mut blocks) = (pos, 0u32);
-            let text = &journal[at..at + request.run.keys as usize];
-            at += text.len();
-            for key in journal_keys(text) {
-                if next_block < block_ends.len() && block_of(pos, key) {
-                    pos = block_ends[next_block];
-                    next_block += 1;
-                    blocks += 1;
+        let next = || link.in_flight.borrow_mut().pop_front();
+        if let Some(len) = complete.filter(|_| self.block_ends.is_empty()) {
+            if retrieval_error(&buffer[..len]).is_some() {
+                let error = buffer.split_to(len).freeze();
+                while self.left > 0 {
+                    let keys = link.in_flight.borrow().front().map(|r| r.run.keys);
+                    link.run_keys
+                        .borrow_mut()
+                        .advance(keys.unwrap_or(0) as usize);
+                    let request = next().ok_or(())?;
+                    answer(request, error.clone(), 0);
+                    self.left -= 1;
                 }
+                return Ok(true);
             }
-            bounds.push((start, pos, blocks));
         }
-        if next_block != block_ends.len() || reply.get(pos..) != Some(&b"END\r\n"[..]) {
-            return None;
-        }
-    }
-    link.run_keys.borrow_mut().advance(keys);
-    let last = bounds.len() - 1;
-    for (leg, &(start, end, blocks)) in bounds.iter().enumerate() {
-        let bytes = match () {
-            _ if blocks == 0 => Bytes::from_static(b"END\r\n"),
-            // The last request's blocks are followed by the run's END already.
-            _ if leg == last => {
-                reply.advance(start);
-                std::mem::take(&mut reply).freeze()
-            }
-            _ => {
-                let len = end - start + 5;
-                // Like the read buffer: reclaimed in place once earlier copies are gone.
-                if copies.capacity() - copies.len() < len && !copies.try_reclaim(len.max(16 * 1024))
-                {
-                    copies.reserve(len.max(16 * 1024));
+        while self.left > 0 {
+            // Settle the front request's keys against the blocks framed so far.
+            let (pos, settled, blocks, text_len) = {
+                let journal = link.run_keys.borrow();
+                let in_flight = link.in_flight.borrow();
+                let text_len = in_flight.front().ok_or(())?.run.keys as usize;
+                let text = journal.get(..text_len).ok_or(())?;
+                let (mut pos, mut settled, mut blocks) = (0, true, 0usize);
+                for key in journal_keys(text) {
+                    match self.block_ends.get(blocks) {
+                        // A block starts with `VALUE `; its key runs to the next space.
+                        Some(&end) => {
+                            if buffer.get(pos + 6..pos + 6 + key.len()) == Some(key)
+                                && buffer.get(pos + 6 + key.len()) == Some(&b' ')
+                            {
+                                pos = end;
+                                blocks += 1;
+                            }
+                        }
+                        None if complete.is_some() => {}
+                        None => {
+                            settled = false;
+                            break;
+                        }
+                    }
                 }
-                copies.extend_from_slice(&reply[start..end]);
+                (pos, settled, blocks, text_len)
+            };
+            if !settled {
+                return Ok(false);
+            }
+            let reply = if self.left == 1 {
+                // The last request: its blocks and the run's END, once all are there and
+                // nothing is left over.
+                let Some(len) = complete else {
+                    return Ok(false);
+                };
+                if blocks != self.block_ends.len() || buffer.get(pos..len) != Some(b"END\r\n") {
+                    return Err(());
+                }
+                self.block_ends.clear();
+                buffer.split_to(len).freeze()
+            } else if blocks == 0 {
+                Bytes::from_static(b"END\r\n")
+            } else {
+                let copies = &mut self.copies;
+                let len = pos + 5;
+                // Small copies share 16 KiB blocks; large values share blocks of at least
+                // 256 KiB, as large replies share the read buffer's (grown by doubling):
+                // a block that size is its own mapping, given back to the system when its
+                // last reply goes, where 100 KiB copies one by one would fragment the heap
+                // and stay (tests/reply_budget.rs measures it).
+                let block = match len > 16 * 1024 {
+                    true => len.max(256 * 1024),
+                    false => 16 * 1024,
+                };
+                if copies.capacity() - copies.len() < len && !copies.try_reclaim(block) {
+                    copies.reserve(block);
+                }
+                copies.extend_from_slice(&buffer[..pos]);
                 copies.extend_from_slice(b"END\r\n");
+                buffer.advance(pos);
+                self.block_ends.drain(..blocks);
+                for end in &mut self.block_ends {
+                    *end -= pos;
+                }
+                complete = complete.map(|len| len - pos);
                 copies.split().freeze()
-            }
-        };
-        next(&mut |request| deliver(request, bytes.clone(), blocks));
+            };
+            link.run_keys.borrow_mut().advance(text_len);
+            let request = next().ok_or(())?;
+            answer(request, reply, blocks as u32);
+            self.left -= 1;
+        }
+        Ok(true)
     }
-    Some(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reply::TryRecvError;
     use crate::HealthSettings;
     use std::sync::atomic::AtomicU64;
     use tokio::net::TcpListener;
@@ -1639,9 +1657,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reply_that_does_not_match_the_keys_asked_fails_the_whole_run() {
-        // A key nobody asked, and the keys' blocks out of order: no request gets a part of
-        // a reply it cannot trust; the connection is reset (BadReply).
+    async fn a_reply_that_does_not_match_the_keys_asked_is_out_of_step() {
+        // A key nobody asked, and the keys' blocks out of order. Requests are answered as
+        // their keys are settled, so the first one takes its miss (the block before it is
+        // not its key's); the blocks left over when the last request is settled make the
+        // reply out of step: that request fails with BadReply and the connection is
+        // reset. No request gets a block for a key it did not ask.
         for answer in [
             &b"VALUE zz 0 1\r\nx\r\nEND\r\n"[..],
             &b"VALUE b 0 1\r\nx\r\nVALUE a 0 1\r\ny\r\nEND\r\n"[..],
@@ -1650,21 +1671,71 @@ mod tests {
                 .run_until(async {
                     let address = fake_server(Fake::Answer(answer)).await;
                     let handle = spawn_connection(settings(&address, 3));
-                    let replies = [
-                        send_line(&handle, b"get a\r\n"),
-                        send_line(&handle, b"get b\r\n"),
-                    ];
-                    for reply in replies {
-                        let reply = within(reply).await.expect("reply slot");
-                        assert!(
-                            matches!(reply, Err(BackendError::BadReply { .. })),
-                            "{:?} for {:?}",
-                            reply,
-                            String::from_utf8_lossy(answer)
-                        );
-                    }
+                    let first = send_line(&handle, b"get a\r\n");
+                    let last = send_line(&handle, b"get b\r\n");
+                    let first = within(first).await.expect("reply slot");
+                    assert_eq!(
+                        first.as_deref().ok(),
+                        Some(&b"END\r\n"[..]),
+                        "{:?}",
+                        String::from_utf8_lossy(answer)
+                    );
+                    let last = within(last).await.expect("reply slot");
+                    assert!(
+                        matches!(last, Err(BackendError::BadReply { .. })),
+                        "{:?} for {:?}",
+                        last,
+                        String::from_utf8_lossy(answer)
+                    );
                 })
                 .await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_run_is_answered_request_by_request_as_its_blocks_arrive() {
+        LocalSet::new()
+            .run_until(async {
+                // A server that answers the run's first blocks, then the rest when told.
+                let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                let address = listener.local_addr().expect("local addr").to_string();
+                let (rest_tx, rest_rx) = tokio::sync::oneshot::channel::<()>();
+                tokio::task::spawn_local(async move {
+                    let (mut stream, _) = listener.accept().await.expect("accept");
+                    let mut request = [0u8; 1024];
+                    let n = stream.read(&mut request).await.expect("read");
+                    assert_eq!(&request[..n], b"get a b c\r\n");
+                    stream
+                        .write_all(b"VALUE a 0 1\r\n1\r\nVALUE b 0 1\r\n2\r\nVAL")
+                        .await
+                        .expect("write");
+                    let _ = rest_rx.await;
+                    stream
+                        .write_all(b"UE c 0 1\r\n3\r\nEND\r\n")
+                        .await
+                        .expect("write");
+                    let _ = stream.read(&mut request).await;
+                });
+                let handle = spawn_connection(settings(&address, 3));
+                let a = send_line(&handle, b"get a\r\n");
+                let b = send_line(&handle, b"get b\r\n");
+                let mut c = send_line(&handle, b"get c\r\n");
+                // a and b are settled by the blocks that came; c's block is still partial.
+                assert_eq!(
+                    reply_of(a).await,
+                    (b"VALUE a 0 1\r\n1\r\nEND\r\n".to_vec(), Some(1))
+                );
+                assert_eq!(
+                    reply_of(b).await,
+                    (b"VALUE b 0 1\r\n2\r\nEND\r\n".to_vec(), Some(1))
+                );
+                assert_eq!(c.try_recv().err(), Some(TryRecvError::Empty));
+                rest_tx.send(()).expect("server waiting");
+                assert_eq!(
+                    reply_of(c).await,
+                    (b"VALUE c 0 1\r\n3\r\nEND\r\n".to_vec(), Some(1))
+                );
+            })
+            .await;
     }
 }
