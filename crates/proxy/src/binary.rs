@@ -25,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::buffers;
 use crate::context::WorkerContext;
-use crate::dispatch::dispatch;
+use crate::dispatch::{dispatch, Origin};
 use crate::pending::{Flow, Pending};
 use crate::snapshot::RouteSnapshot;
 
@@ -100,7 +100,7 @@ impl Frame {
 
 pub(crate) async fn run<R, W>(
     context: Rc<WorkerContext>,
-    slot: usize,
+    origin: Origin,
     mut input: BytesMut,
     mut reader: R,
     mut writer: W,
@@ -138,7 +138,7 @@ pub(crate) async fn run<R, W>(
                         &context,
                         &peer,
                         &routing,
-                        slot,
+                        origin,
                         request,
                         &mut input,
                         &mut pending,
@@ -344,7 +344,7 @@ fn translate(
     context: &WorkerContext,
     peer: &crate::client_log::Peer,
     routing: &Rc<RouteSnapshot>,
-    slot: usize,
+    origin: Origin,
     request: BinaryRequest,
     input: &mut BytesMut,
     pending: &mut VecDeque<(Pending, Shape)>,
@@ -376,7 +376,7 @@ fn translate(
     let mut line = BytesMut::with_capacity(64 + request.key.len() * 2);
     let shape = match request.opcode {
         op::GETQ | op::GETKQ if text_safe(&request.key) => {
-            return batch_quiet_gets(context, routing, slot, request, input, pending, spare);
+            return batch_quiet_gets(context, routing, origin, request, input, pending, spare);
         }
         op::GET | op::GETQ | op::GETK | op::GETKQ => {
             line.put_slice(b"mg ");
@@ -532,14 +532,14 @@ fn translate(
             return Flow::Close;
         }
     };
-    send(context, routing, slot, line, shape, pending, spare)
+    send(context, routing, origin, line, shape, pending, spare)
 }
 
 /// Frames the translated line with the text parser and dispatches it like a client's.
 fn send(
     context: &WorkerContext,
     routing: &Rc<RouteSnapshot>,
-    slot: usize,
+    origin: Origin,
     mut line: BytesMut,
     shape: Shape,
     pending: &mut VecDeque<(Pending, Shape)>,
@@ -552,7 +552,7 @@ fn send(
     };
     match parse_request(&mut line, &limits) {
         Parse::Request(text) => {
-            let flow = dispatch(context, routing, slot, text, spare);
+            let flow = dispatch(context, routing, origin, text, spare);
             let mut shape = Some(shape);
             for entry in spare.drain(..) {
                 pending.push_back((entry, shape.take().unwrap_or(Shape::Raw)));
@@ -583,7 +583,7 @@ fn send(
 fn batch_quiet_gets(
     context: &WorkerContext,
     routing: &Rc<RouteSnapshot>,
-    slot: usize,
+    origin: Origin,
     first: BinaryRequest,
     input: &mut BytesMut,
     pending: &mut VecDeque<(Pending, Shape)>,
@@ -610,7 +610,7 @@ fn batch_quiet_gets(
     send(
         context,
         routing,
-        slot,
+        origin,
         line,
         Shape::MultiGet(frames),
         pending,

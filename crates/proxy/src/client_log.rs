@@ -45,6 +45,8 @@ pub(crate) struct Peer {
 /// Atomic counters, touched only on errors and once per binary connection.
 #[derive(Debug)]
 pub(crate) struct ListenerEvents {
+    /// The listener's place in `proxy.listen` (its root route: `RouteSnapshot::root_of`).
+    pub index: usize,
     client_errors: prometheus::IntCounter,
     oversized_values: prometheus::IntCounter,
     framing_closes: prometheus::IntCounter,
@@ -52,8 +54,13 @@ pub(crate) struct ListenerEvents {
 }
 
 impl ListenerEvents {
-    pub(crate) fn new(metrics: &crate::stats::Metrics, listener: &str) -> ListenerEvents {
+    pub(crate) fn new(
+        metrics: &crate::stats::Metrics,
+        index: usize,
+        listener: &str,
+    ) -> ListenerEvents {
         ListenerEvents {
+            index,
             client_errors: metrics.listener_event(listener, "client_error"),
             oversized_values: metrics.listener_event(listener, "oversized_value"),
             framing_closes: metrics.listener_event(listener, "framing_close"),

@@ -21,14 +21,25 @@ use crate::reply::immediate_ack;
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
+/// Where a session's requests come from: the listener it was accepted on (whose root
+/// route they take) and which of each server's connections it uses.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Origin {
+    pub slot: usize,
+    pub listener: usize,
+}
+
 /// Routes one request with `routing` (the session's snapshot) and appends its pending reply.
 pub(crate) fn dispatch(
     context: &WorkerContext,
     routing: &Rc<RouteSnapshot>,
-    slot: usize,
+    origin: Origin,
     request: Request,
     pending: &mut std::collections::VecDeque<Pending>,
 ) -> Flow {
+    let Origin { slot, listener } = origin;
+    // The root route of the listener the client came in on.
+    let root = routing.root_of(listener);
     let stats = context.stats();
     let count = WorkerMetrics::add;
     let command = request.command;
@@ -47,20 +58,20 @@ pub(crate) fn dispatch(
                     Command::Get => request
                         .keys()
                         .next()
-                        .and_then(|key| crate::mcrouter_admin::answer(routing, key)),
+                        .and_then(|key| crate::mcrouter_admin::answer(routing, root, key)),
                     _ => None,
                 };
                 match admin {
                     Some(reply) => pending.push_back(Pending::Ready(reply)),
-                    None => pending.push_back(send_single(routing, slot, request)),
+                    None => pending.push_back(send_single(routing, root, slot, request)),
                 }
             } else {
-                pending.push_back(split_multi_get(routing, slot, request));
+                pending.push_back(split_multi_get(routing, root, slot, request));
             }
         }
         Command::MetaGet => {
             count(&stats.get_keys, 1);
-            pending.push_back(send_single(routing, slot, request));
+            pending.push_back(send_single(routing, root, slot, request));
         }
         Command::Set
         | Command::Add
@@ -70,11 +81,11 @@ pub(crate) fn dispatch(
         | Command::Cas
         | Command::MetaSet => {
             count(&stats.set_requests, 1);
-            pending.push_back(send_single(routing, slot, request));
+            pending.push_back(send_single(routing, root, slot, request));
         }
         Command::Touch => {
             count(&stats.touch_keys, 1);
-            pending.push_back(send_single(routing, slot, request));
+            pending.push_back(send_single(routing, root, slot, request));
         }
         Command::Delete
         | Command::Incr
@@ -82,11 +93,11 @@ pub(crate) fn dispatch(
         | Command::MetaDelete
         | Command::MetaArithmetic
         | Command::MetaDebug => {
-            pending.push_back(send_single(routing, slot, request));
+            pending.push_back(send_single(routing, root, slot, request));
         }
         Command::FlushAll => {
             count(&stats.flush_requests, 1);
-            pending.push_back(fan_out_flush(routing, slot, request));
+            pending.push_back(fan_out_flush(routing, root, slot, request));
         }
         Command::Version => {
             pending.push_back(Pending::Ready(Bytes::from(crate::version::version_line())))
@@ -146,7 +157,12 @@ fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
 }
 
-fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
+fn send_single(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
+    slot: usize,
+    request: Request,
+) -> Pending {
     let Some(key) = request.keys().next() else {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
         return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
@@ -163,7 +179,7 @@ fn send_single(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pe
     };
     let kind = ReplyKind::for_command(request.command);
     let routes = &routing.routes;
-    let node = routes.select(routes.root(), operation, key);
+    let node = routes.select(root, operation, key);
     routing.metrics.count(node as usize, request.command);
     let started = routing.metrics.now();
     let leg = match routes.node(node) {
@@ -430,7 +446,12 @@ fn compact_head(request: &Request) -> Bytes {
 /// 20-key get in two steps, room on the stack for both arrays, none on the heap.
 const PLACED_AHEAD: usize = 16;
 
-fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
+fn split_multi_get(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
+    slot: usize,
+    request: Request,
+) -> Pending {
     let operation = operation_of(&request);
     let routes = &routing.routes;
     let head_bytes = compact_head(&request);
@@ -441,7 +462,6 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
     } else {
         usize::MAX
     };
-    let root = routes.root();
     let policy_root = !matches!(
         routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
@@ -608,7 +628,7 @@ fn split_multi_get(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -
                 }
             }
             Step::Executor { key, .. } => {
-                let node = routes.select(routes.root(), operation, key);
+                let node = routes.select(root, operation, key);
                 let group = match groups.iter().position(|(n, _)| *n == node) {
                     Some(group) => group,
                     None => {
@@ -712,10 +732,14 @@ fn with_goes_on(so_far: Option<bool>, goes: execute::GoesOn) -> Option<bool> {
     }
 }
 
-fn fan_out_flush(routing: &Rc<RouteSnapshot>, slot: usize, request: Request) -> Pending {
+fn fan_out_flush(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
+    slot: usize,
+    request: Request,
+) -> Pending {
     let routes = &routing.routes;
     let parts = request.forward_parts();
-    let root = routes.root();
     routing.metrics.count(root as usize, request.command);
     let started = routing.metrics.now();
     let pool = match routes.node(root) {

@@ -36,7 +36,7 @@ pub fn set_config_file(path: PathBuf) {
 }
 
 /// The reply to `get KEY` when KEY is an mcrouter admin query, else `None`.
-pub(crate) fn answer(routing: &RouteSnapshot, key: &[u8]) -> Option<Bytes> {
+pub(crate) fn answer(routing: &RouteSnapshot, root: NodeId, key: &[u8]) -> Option<Bytes> {
     let query = key.strip_prefix(PREFIX)?;
     let value = match query {
         b"version" => Ok(format!("memroute-{}", crate::version::VERSION)),
@@ -46,11 +46,11 @@ pub(crate) fn answer(routing: &RouteSnapshot, key: &[u8]) -> Option<Bytes> {
         },
         other => match parse_route_query(other) {
             Some((b"route", operation, routed_key)) => {
-                Ok(destinations(routing, operation, routed_key).join("\r\n"))
+                Ok(destinations(routing, root, operation, routed_key).join("\r\n"))
             }
             Some((b"route_handles", operation, routed_key)) => {
                 let mut out = String::new();
-                route_handles(routing, routing.routes.root(), operation, routed_key, 0, &mut out);
+                route_handles(routing, root, operation, routed_key, 0, &mut out);
                 Ok(out.trim_end().to_string())
             }
             _ => Err(format!(
@@ -93,7 +93,12 @@ fn parse_route_query(query: &[u8]) -> Option<(&[u8], Operation, &[u8])> {
 /// fail over) reports the first child that has a server not marked down; writes to a
 /// replicated route report every child; a shadow is reported when the key is in its range;
 /// a random route reports every child it may choose; a warm-up get reports cold then warm.
-fn destinations(routing: &RouteSnapshot, operation: Operation, key: &[u8]) -> Vec<String> {
+fn destinations(
+    routing: &RouteSnapshot,
+    root: NodeId,
+    operation: Operation,
+    key: &[u8],
+) -> Vec<String> {
     let mut out = Vec::new();
     let mut walk = Walk {
         routing,
@@ -105,7 +110,7 @@ fn destinations(routing: &RouteSnapshot, operation: Operation, key: &[u8]) -> Ve
         // walk long: it stops after this many steps rather than hold up the worker.
         budget: MAX_WALK_STEPS,
     };
-    walk.collect(routing.routes.root(), &mut out);
+    walk.collect(root, &mut out);
     out
 }
 

@@ -39,7 +39,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::budget::{Charge, ChargeMemory};
 use crate::buffers::{self, QueuePool, CHUNK};
 use crate::context::WorkerContext;
-use crate::dispatch::dispatch;
+use crate::dispatch::{dispatch, Origin};
 use crate::pending::{Flow, Pending};
 
 /// A client connection as accepted: it becomes a byte stream (after a TLS handshake, for
@@ -253,9 +253,13 @@ where
                             listener: this.open.listener.clone(),
                         };
                         let (reader, writer) = tokio::io::split(stream);
+                        let origin = Origin {
+                            slot: this.slot,
+                            listener: listener_index(&this.open.listener),
+                        };
                         this.state = State::Binary(Box::pin(crate::binary::run(
                             context.clone(),
-                            this.slot,
+                            origin,
                             input,
                             reader,
                             writer,
@@ -310,6 +314,10 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         memory,
     } = start;
     let context = &*context;
+    let origin = Origin {
+        slot,
+        listener: listener_index(&listener),
+    };
     let mut output = BytesMut::new();
     let mut pending: VecDeque<Pending> = VecDeque::new();
     // Bytes of a rejected data block still to be discarded as they arrive.
@@ -347,7 +355,7 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             }
             match parse_request(&mut input, &routing.limits) {
                 Parse::Request(request) => {
-                    if dispatch(context, &routing, slot, request, &mut pending) == Flow::Close {
+                    if dispatch(context, &routing, origin, request, &mut pending) == Flow::Close {
                         reading = false;
                     }
                 }
@@ -444,6 +452,12 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             _ = crate::session_wakers::drained(&context.sessions), if reading && !draining => draining = true,
         }
     }
+}
+
+/// The place in `proxy.listen` of the listener a client came in on (0, the first, for a
+/// session not accepted by a listener).
+fn listener_index(listener: &Option<Rc<crate::client_log::ListenerEvents>>) -> usize {
+    listener.as_ref().map_or(0, |events| events.index)
 }
 
 /// The read that ends an idle wait, into a buffer borrowed from the worker's pool and

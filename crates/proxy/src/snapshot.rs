@@ -119,6 +119,12 @@ pub(crate) struct RouteSnapshot {
 }
 
 impl RouteSnapshot {
+    /// The root route of the `listener`-th entry of `proxy.listen`.
+    #[inline]
+    pub(crate) fn root_of(&self, _listener: usize) -> NodeId {
+        self.routes.root()
+    }
+
     /// The server of `pool` that serves `key`, with down servers of an ejecting pool left
     /// out of the ring. `None` when the pool has no servers (a DNS pool not resolved yet).
     #[inline]

@@ -78,12 +78,12 @@ impl Worker {
         // Every session holds a clone of `alive`; when all are dropped, `all_done` yields None.
         let (alive, mut all_done) = mpsc::channel::<()>(1);
         let mut accepts = Vec::new();
-        for listener in self.listeners {
+        for (index, listener) in self.listeners.into_iter().enumerate() {
             let context = context.clone();
             let shutdown = self.shutdown.clone();
             let alive = alive.clone();
             accepts.push(tokio::task::spawn_local(accept_loop(
-                listener, context, shutdown, alive,
+                index, listener, context, shutdown, alive,
             )));
         }
         drop(alive);
@@ -165,7 +165,9 @@ async fn apply_reloads(
     }
 }
 
+/// Accepts on the `index`-th listener of `proxy.listen` until shutdown.
 async fn accept_loop(
+    index: usize,
     listener: BoundListener,
     context: Rc<WorkerContext>,
     mut shutdown: watch::Receiver<bool>,
@@ -175,6 +177,7 @@ async fn accept_loop(
     let accepted = context.metrics.shared.listener_event(&name, "accepted");
     let events = Rc::new(crate::client_log::ListenerEvents::new(
         &context.metrics.shared,
+        index,
         &name,
     ));
     let listener = match Listener::attach(listener) {
