@@ -125,10 +125,9 @@ struct Run {
     keys: u32,
 }
 
-/// A coalesced command line is kept under this many bytes, so memcached reads it as it
-/// reads any short line (a line it finds no end for in its first 2 KB takes its slower
-/// large-multiget path).
-const MAX_COALESCED_LINE: usize = 2048;
+/// A coalesced command line is kept under memcached's short-line size, so memcached reads
+/// it as it reads any short line rather than on its slower large-multiget path.
+const MAX_COALESCED_LINE: usize = memroute_protocol::MAX_SHORT_LINE;
 
 /// When `request` is one `get`/`gets` line ending in `\r\n`: whether it is `gets`, and
 /// where its keys start.

@@ -28,4 +28,6 @@ pub use reply::{
     value_block_at, value_block_for, value_blocks, ReplyKind, ReplyParse, ValueBlock,
     MAX_REPLY_VALUE_LEN,
 };
-pub use request::{parse_request, Command, KeyRanges, Limits, Parse, Request};
+pub use request::{
+    parse_request, Command, KeyRanges, Limits, Parse, Request, MAX_KEY_LEN, MAX_SHORT_LINE,
+};
