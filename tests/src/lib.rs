@@ -1100,7 +1100,7 @@ pub fn parse_values(reply: &[u8]) -> Option<Vec<(String, u32, Vec<u8>)>> {
     }
 }
 
-// ---- Helpers for route, health and discovery tests (issue 3) ----
+// ---- Helpers for route, health and discovery tests ----
 
 /// Pause between polls of a condition (stats, a server's contents). A poll interval, not
 /// synchronisation: every poll loop decides by the condition and gives up at its deadline.
