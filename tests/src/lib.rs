@@ -23,6 +23,27 @@ use std::time::{Duration, Instant};
 pub mod scripts;
 pub mod tls;
 
+/// Where `scripts/test` collects the tests that could not run here (one line each).
+pub const SKIP_LOG_VAR: &str = "MEMROUTE_SKIP_LOG";
+
+/// Records that `test` did not run, and why: said on stderr, and appended to the file
+/// named by `MEMROUTE_SKIP_LOG`, which `scripts/test` counts and lists in its summary, so a
+/// skipped test never reads as a pass.
+pub fn skipped(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(path) = std::env::var_os(SKIP_LOG_VAR) {
+        let line = format!("{test}: {}\n", reason.replace('\n', " "));
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut file| file.write_all(line.as_bytes()));
+        if let Err(error) = appended {
+            panic!("cannot record the skip of {test} in {path:?}: {error}");
+        }
+    }
+}
+
 /// How long any process gets to become ready.
 pub const START_DEADLINE: Duration = Duration::from_secs(10);
 /// Socket read/write timeout: a reply that takes longer than this is a failure, not a wait.
