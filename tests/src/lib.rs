@@ -1127,6 +1127,31 @@ pub fn parse_values(reply: &[u8]) -> Option<Vec<(String, u32, Vec<u8>)>> {
 /// synchronisation: every poll loop decides by the condition and gives up at its deadline.
 pub const POLL: Duration = POLL_INTERVAL;
 
+/// Sets `key` to `again` through `c` until memroute answers STORED: the way to wait for a
+/// server that was stopped or frozen to be used again. Until then every reply must be a
+/// `SERVER_ERROR`; after `within` the test fails with `log` (memroute's log).
+pub fn set_until_stored(c: &mut Conn, key: &str, within: Duration, log: impl Fn() -> String) {
+    let deadline = Instant::now() + within;
+    loop {
+        let reply = c.roundtrip_line(format!("set {key} 0 0 5\r\nagain\r\n").as_bytes());
+        if reply == b"STORED\r\n" {
+            return;
+        }
+        assert!(
+            reply.starts_with(b"SERVER_ERROR "),
+            "while the server comes back: {}",
+            show(&reply)
+        );
+        assert!(
+            Instant::now() < deadline,
+            "memroute did not use the server again within {within:?}\n{}",
+            log()
+        );
+        // Poll interval between retries; success is decided by the reply, bounded above.
+        std::thread::sleep(POLL);
+    }
+}
+
 /// Polls `condition` until it holds or `timeout` passes; returns whether it held.
 pub fn poll_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
