@@ -297,7 +297,6 @@ pub enum Parse {
 /// lines get the same answer (`ERROR`) as memcached gives them.
 const MAX_WORDS: usize = 23;
 
-
 /// Meta commands with this many words or more are rejected (memcached's
 /// MFLAG_MAX_OPT_LENGTH compared against ntokens).
 const META_MAX_WORDS: usize = 20;

@@ -97,7 +97,10 @@ fn meta_get_replies() {
     check_whole(b"EN\r\n", ReplyKind::MetaGet);
     check_whole(b"NF O1 kfoo\r\n", ReplyKind::MetaGet);
     check_whole(b"CLIENT_ERROR invalid flag\r\n", ReplyKind::MetaGet);
-    assert_eq!(frame(b"VA x\r\n", ReplyKind::MetaGet), bad("bad data length"));
+    assert_eq!(
+        frame(b"VA x\r\n", ReplyKind::MetaGet),
+        bad("bad data length")
+    );
     assert_eq!(
         frame(b"VA 1\r\nxy\r\n", ReplyKind::MetaGet),
         bad("data block not terminated by \\r\\n")
@@ -122,7 +125,10 @@ fn line_replies() {
     ] {
         check_whole(r, ReplyKind::Line);
     }
-    assert_eq!(frame(b"\r\n", ReplyKind::Line), bad("unexpected reply line"));
+    assert_eq!(
+        frame(b"\r\n", ReplyKind::Line),
+        bad("unexpected reply line")
+    );
     assert_eq!(
         frame(b"stored\r\n", ReplyKind::Line),
         bad("unexpected reply line")
