@@ -16,6 +16,21 @@ pub const MAX_KEY_LEN: usize = 250;
 /// below this; a coalesced get line stays below it too, to keep memcached's fast path.
 pub const MAX_SHORT_LINE: usize = 2048;
 
+/// When `frame` is exactly one `get` or `gets` line ending in `\r\n`: whether it is `gets`,
+/// and where its keys start. A frame ending in a bare `\n`, or holding more than one line,
+/// is `None`.
+#[inline]
+pub fn single_get_line(frame: &[u8]) -> Option<(bool, usize)> {
+    let (gets, keys_start) = match frame {
+        [b'g', b'e', b't', b' ', ..] => (false, 4),
+        [b'g', b'e', b't', b's', b' ', ..] => (true, 5),
+        _ => return None,
+    };
+    let first_newline = memchr::memchr(b'\n', frame)?;
+    (first_newline + 1 == frame.len() && frame[first_newline - 1] == b'\r')
+        .then_some((gets, keys_start))
+}
+
 /// Scanning limits. Defaults follow memcached 1.6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -1042,6 +1057,16 @@ fn parse_simple(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn single_get_line_is_one_whole_get_or_gets_line() {
+        assert_eq!(single_get_line(b"get a b\r\n"), Some((false, 4)));
+        assert_eq!(single_get_line(b"gets a\r\n"), Some((true, 5)));
+        assert_eq!(single_get_line(b"get a\n"), None, "bare newline");
+        assert_eq!(single_get_line(b"get a\r\nget b\r\n"), None, "two lines");
+        assert_eq!(single_get_line(b"gat 0 a\r\n"), None);
+        assert_eq!(single_get_line(b"get a"), None, "no newline");
+    }
 
     /// Splitting a line's first words and then the rest finds what one whole split does,
     /// at memcached's word limit too (the retrieval path stops after two words).
