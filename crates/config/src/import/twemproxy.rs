@@ -108,19 +108,7 @@ pub fn import(yaml: &str) -> Result<String, ConfigErrors> {
         return Err(ConfigErrors(errs));
     }
 
-    let text = render(&pools, first);
-    // The output must load; if it does not, that is a bug here or a value the checks
-    // above let through (a bad address, say): report it rather than print a bad file.
-    match crate::parse(&text) {
-        Ok(_) => Ok(text),
-        Err(ConfigErrors(es)) => Err(ConfigErrors(
-            es.into_iter()
-                .map(|e| {
-                    ConfigError::new(e.path, format!("{} (in the imported config)", e.message))
-                })
-                .collect(),
-        )),
-    }
+    super::checked(render(&pools, first))
 }
 
 /// A YAML scalar as text (twemproxy reads every value as a string).
