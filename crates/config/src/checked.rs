@@ -30,11 +30,16 @@ pub struct DiscoveryConfig {
 pub struct ProxyConfig {
     /// Addresses to listen on: `host:port` or `unix:/path`.
     pub listen: Vec<ListenAddress>,
+    /// The listeners that name their own root (`{ address = "...", route = "x" }`), by
+    /// address; every other listener serves `route`. Kept apart from `listen` because a
+    /// reload may change a listener's root but not its address.
+    pub listen_routes: BTreeMap<ListenAddress, String>,
     /// Worker threads; 0 in the file means one per core, resolved here to the real count.
     pub workers: usize,
     /// Listen backlog asked for (capped by the kernel's somaxconn).
     pub backlog: u32,
-    /// Name of the root target (a pool or a route).
+    /// Name of the default root target (a pool or a route): the root of every listener
+    /// that does not name its own.
     pub route: String,
     /// Largest value accepted from clients (bytes). Default 1 MiB.
     pub max_value_size: usize,
@@ -62,6 +67,20 @@ pub struct ProxyConfig {
     pub transport: crate::transport::TransportConfig,
     /// How workers do socket I/O (`proxy.io`); needs a restart to change.
     pub io: IoMode,
+}
+
+impl ProxyConfig {
+    /// The root target the clients of the listener at `address` are served by.
+    pub fn route_of(&self, address: &ListenAddress) -> &str {
+        self.listen_routes.get(address).unwrap_or(&self.route)
+    }
+
+    /// Each listener with its root target, in `proxy.listen` order.
+    pub fn listener_roots(&self) -> impl Iterator<Item = (&ListenAddress, &str)> {
+        self.listen
+            .iter()
+            .map(|address| (address, self.route_of(address)))
+    }
 }
 
 /// How a worker reads and writes its sockets (`proxy.io`).
@@ -95,6 +114,16 @@ impl IoMode {
 pub enum ListenAddress {
     Tcp(String),
     Unix(std::path::PathBuf),
+}
+
+/// As written in `proxy.listen`: `host:port` or `unix:/path`.
+impl std::fmt::Display for ListenAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddress::Tcp(address) => f.write_str(address),
+            ListenAddress::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

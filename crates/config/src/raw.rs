@@ -385,7 +385,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     check_keys(top, "", TOP_KEYS, errs);
     let empty = Table::new();
     let proxy_table = get_table(top, "proxy", "", errs).unwrap_or(&empty);
-    let mut proxy = check_proxy(proxy_table, errs);
+    let (mut proxy, listener_targets) = check_proxy(proxy_table, errs);
     let admin = get_table(top, "admin", "", errs).map(|t| check_admin(t, errs));
     let discovery = get_table(top, "discovery", "", errs)
         .map(|t| check_discovery(t, errs))
@@ -447,19 +447,36 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     let known =
         |t: &str| pool_names.contains(&t.to_string()) || route_names.contains(&t.to_string());
 
-    // The root route: defaults to the only pool.
+    let unknown_target =
+        |target: &str| format!("unknown target \"{target}\" (no pool or route has that name)");
+    for (key_path, target) in &listener_targets {
+        if !known(target) {
+            errs.push(key_path, unknown_target(target));
+        }
+    }
+
+    // The default root: the only pool, or when every listener names its own root, the
+    // first listener's (so `memroute route` and `RouteTable::root` have one to show).
+    let every_listener_routed = proxy
+        .listen
+        .iter()
+        .all(|address| proxy.listen_routes.contains_key(address));
     match proxy_table.get("route") {
         Some(Value::String(r)) => {
             if !known(r) {
-                errs.push(
-                    "proxy.route",
-                    format!("unknown target \"{r}\" (no pool or route has that name)"),
-                );
+                errs.push("proxy.route", unknown_target(r));
             }
         }
         Some(_) => {} // wrong type, reported by check_proxy
         None => {
-            if pool_names.len() == 1 {
+            let first_listener_route = proxy
+                .listen
+                .first()
+                .and_then(|address| proxy.listen_routes.get(address))
+                .filter(|_| every_listener_routed);
+            if let Some(first) = first_listener_route {
+                proxy.route = first.clone();
+            } else if pool_names.len() == 1 {
                 if let Some(only) = pool_names.iter().next() {
                     proxy.route = (*only).clone();
                 }
@@ -473,10 +490,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
         let path = join("routes", name);
         for (key_path, target) in route_edges(&path, route) {
             if !known(&target) {
-                errs.push(
-                    &key_path,
-                    format!("unknown target \"{target}\" (no pool or route has that name)"),
-                );
+                errs.push(&key_path, unknown_target(&target));
             }
         }
     }
@@ -607,7 +621,9 @@ fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {
     }
 }
 
-fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
+/// `[proxy]`, and the targets its listeners name, each with its key path (checked against
+/// the pools and routes once those are known).
+fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, String)>) {
     let path = "proxy";
     let allowed: Vec<&str> = PROXY_KEYS
         .iter()
@@ -618,6 +634,8 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
     let mut transport = crate::transport::check_proxy_transport(t, path, errs);
 
     let mut listen = Vec::new();
+    let mut listen_routes = BTreeMap::new();
+    let mut route_paths = Vec::new();
     match t.get("listen") {
         None => listen.push(ListenAddress::Tcp(defaults::LISTEN.to_string())),
         Some(Value::String(s)) => {
@@ -641,6 +659,10 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
                         }
                     }
                     Value::Table(entry) => {
+                        let route = get_str(entry, "route", &p, errs);
+                        if let Some(route) = route {
+                            route_paths.push((join(&p, "route"), route.to_string()));
+                        }
                         let Some((s, tls)) = crate::transport::check_listen_entry(entry, &p, errs)
                         else {
                             continue;
@@ -651,6 +673,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
                             }
                             if let Some(tls) = tls {
                                 transport.listen_tls.insert(a.clone(), tls);
+                            }
+                            if let Some(route) = route {
+                                listen_routes.insert(a.clone(), route.to_string());
                             }
                             listen.push(a);
                         }
@@ -760,8 +785,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         },
     };
 
-    ProxyConfig {
+    let proxy = ProxyConfig {
         listen,
+        listen_routes,
         workers,
         io,
         backlog,
@@ -775,7 +801,8 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         max_buffered_replies,
         slow_client_timeout,
         transport,
-    }
+    };
+    (proxy, route_paths)
 }
 
 fn get_size(

@@ -35,7 +35,7 @@ pub(crate) const PROXY_TRANSPORT_KEYS: &[&str] = &[
     "tls_ticket_lifetime",
     "tls_session_cache",
 ];
-const LISTENER_ENTRY_KEYS: &[&str] = &["address", "tls"];
+const LISTENER_ENTRY_KEYS: &[&str] = &["address", "route", "tls"];
 const LISTENER_TLS_KEYS: &[&str] = &["cert", "key", "client_ca"];
 const BACKEND_TLS_KEYS: &[&str] = &["ca", "server_name", "cert", "key", "insecure_skip_verify"];
 
@@ -152,7 +152,8 @@ pub(crate) fn check_proxy_transport(t: &Table, path: &str, errs: &mut Errors) ->
     }
 }
 
-/// `{ address = "...", tls = { ... } }` in `proxy.listen`: the address text and its TLS.
+/// `{ address = "...", route = "...", tls = { ... } }` in `proxy.listen`: the address
+/// text and its TLS (`route` is checked with the other targets, in raw.rs).
 pub(crate) fn check_listen_entry<'a>(
     t: &'a Table,
     path: &str,

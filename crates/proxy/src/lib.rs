@@ -253,7 +253,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let workers = config.proxy.workers.max(1);
     let backlog = effective_backlog(config.proxy.backlog);
     let (listeners, tls_listeners) = transport::bind_listeners(&config, backlog, workers)?;
-    let local_addresses: Vec<String> = listeners[0].iter().map(|l| l.describe()).collect();
+    let local_addresses: Vec<String> = listeners[0].iter().map(|(_, l)| l.describe()).collect();
     let shared = Arc::new(stats::SharedStats::new(workers));
     shared.set_tls_listeners(
         tls_listeners

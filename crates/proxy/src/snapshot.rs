@@ -121,8 +121,8 @@ pub(crate) struct RouteSnapshot {
 impl RouteSnapshot {
     /// The root route of the `listener`-th entry of `proxy.listen`.
     #[inline]
-    pub(crate) fn root_of(&self, _listener: usize) -> NodeId {
-        self.routes.root()
+    pub(crate) fn root_of(&self, listener: usize) -> NodeId {
+        self.routes.root_of(listener)
     }
 
     /// The server of `pool` that serves `key`, with down servers of an ejecting pool left

@@ -31,7 +31,8 @@ use crate::stats::{SharedStats, WorkerMetrics};
 pub(crate) struct Worker {
     pub index: usize,
     pub generation: watch::Receiver<Arc<Generation>>,
-    pub listeners: Vec<BoundListener>,
+    /// This worker's sockets, each with its address's index in `proxy.listen`.
+    pub listeners: Vec<crate::transport::IndexedListener>,
     /// `proxy.io` at start.
     pub io: IoMode,
     pub shared: Arc<SharedStats>,
@@ -78,7 +79,7 @@ impl Worker {
         // Every session holds a clone of `alive`; when all are dropped, `all_done` yields None.
         let (alive, mut all_done) = mpsc::channel::<()>(1);
         let mut accepts = Vec::new();
-        for (index, listener) in self.listeners.into_iter().enumerate() {
+        for (index, listener) in self.listeners {
             let context = context.clone();
             let shutdown = self.shutdown.clone();
             let alive = alive.clone();
