@@ -1,0 +1,283 @@
+//! A twemproxy config with three memcached pools, each on its own port, moved to one memroute
+//! with `memroute import-twemproxy`: every key written through nutcracker on a pool's port is
+//! found, with the same value, through memroute on that pool's port.
+//!
+//! ```text
+//!   test --set--> nutcracker :sessions (ketama md5)                   --> memcached s0 s1 s2
+//!                            :feed     (modula fnv1a_64, weights)     --> memcached f0 f1 f2
+//!                            :users    (ketama fnv1a_32, "{}", names) --> memcached u0 u1
+//!   test --get--> memroute   :sessions' :feed' :users'  (the imported config, listeners moved
+//!                                                        to free ports)
+//! ```
+//!
+//! The three pools hold the same keys with different values, so a listener that served the
+//! wrong pool would answer with another pool's value, not only miss.
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use memroute_tests::*;
+
+/// A CLI run that does not serve anything finishes at once; this only bounds a hang.
+const CLI_DEADLINE: Duration = Duration::from_secs(20);
+
+/// One twemproxy pool of the test: its placement keys and its own memcached servers.
+struct TestPool {
+    name: &'static str,
+    /// The pool's YAML lines other than `listen` and `servers`.
+    placement: &'static str,
+    /// `host:port:weight [name]` after the address, per server.
+    server_suffixes: &'static [&'static str],
+    servers: Vec<Memcached>,
+    nutcracker_listen: String,
+    memroute_listen: String,
+}
+
+impl TestPool {
+    fn start(
+        name: &'static str,
+        placement: &'static str,
+        server_suffixes: &'static [&'static str],
+    ) -> TestPool {
+        TestPool {
+            name,
+            placement,
+            server_suffixes,
+            servers: server_suffixes
+                .iter()
+                .map(|_| Memcached::start_on("127.0.0.1", free_port(), 8))
+                .collect(),
+            nutcracker_listen: format!("127.0.0.1:{}", free_port()),
+            memroute_listen: format!("127.0.0.1:{}", free_port()),
+        }
+    }
+
+    fn yaml(&self) -> String {
+        let servers: String = self
+            .servers
+            .iter()
+            .zip(self.server_suffixes)
+            .map(|(m, suffix)| format!("   - {}:{suffix}\n", m.addr()))
+            .collect();
+        format!(
+            "{}:\n  listen: {}\n{}  timeout: 2000\n  servers:\n{servers}",
+            self.name, self.nutcracker_listen, self.placement
+        )
+    }
+
+    fn value(&self, key: &str) -> String {
+        format!("{}={key}", self.name)
+    }
+}
+
+fn three_pools() -> Vec<TestPool> {
+    vec![
+        TestPool::start(
+            "sessions",
+            "  hash: md5\n  distribution: ketama\n",
+            &["1", "1", "1"],
+        ),
+        TestPool::start(
+            "feed",
+            "  hash: fnv1a_64\n  distribution: modula\n",
+            &["1", "2", "3"],
+        ),
+        TestPool::start(
+            "users",
+            "  hash: fnv1a_32\n  hash_tag: \"{}\"\n  distribution: ketama\n",
+            &["1 users-a", "2 users-b"],
+        ),
+    ]
+}
+
+/// 240 keys in groups of four sharing a hash tag, and 60 without one (hashed whole).
+fn keys() -> Vec<String> {
+    let tagged = (0..240).map(|i| format!("user:{{{}}}:field{}", i / 4, i % 4));
+    let plain = (0..60).map(|i| format!("plain:{i}"));
+    tagged.chain(plain).collect()
+}
+
+/// nutcracker binds its pools' listeners one after another, and `Nutcracker::start` waits
+/// for the first only: wait, bounded, for the others to accept too.
+fn wait_accepting(addr: &str) {
+    let deadline = Instant::now() + START_DEADLINE;
+    while TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "nothing accepts on {addr}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The imported config with each pool's listener moved from nutcracker's address to
+/// memroute's own, so both proxies run side by side over the same servers.
+fn moved_listeners(imported: &str, pools: &[TestPool]) -> String {
+    let mut toml = imported.to_string();
+    for p in pools {
+        let from = format!(
+            "address = \"{}\", route = \"{}\"",
+            p.nutcracker_listen, p.name
+        );
+        let to = format!(
+            "address = \"{}\", route = \"{}\"",
+            p.memroute_listen, p.name
+        );
+        assert_eq!(
+            toml.matches(&from).count(),
+            1,
+            "pool {}'s listener in:\n{imported}",
+            p.name
+        );
+        toml = toml.replace(&from, &to);
+    }
+    toml
+}
+
+/// Sets every key through `conn` (pipelined), expecting STORED for each.
+fn set_all(conn: &mut Conn, pool: &TestPool, keys: &[String]) {
+    let mut batch = Vec::new();
+    for k in keys {
+        let v = pool.value(k);
+        batch.extend_from_slice(format!("set {k} 0 0 {}\r\n{v}\r\n", v.len()).as_bytes());
+    }
+    let replies = conn.roundtrip_lines(&batch, keys.len());
+    assert_eq!(
+        show(&replies),
+        show(&b"STORED\r\n".repeat(keys.len())),
+        "sets through nutcracker's {} port",
+        pool.name
+    );
+}
+
+/// Which of the pool's servers holds `key`, read from the servers directly.
+fn holder(pool: &TestPool, conns: &mut [Conn], key: &str) -> Option<usize> {
+    let holders: Vec<usize> = conns
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, c)| c.get(key).map(|_| i))
+        .collect();
+    assert!(
+        holders.len() <= 1,
+        "{key} of pool {} is on servers {holders:?}",
+        pool.name
+    );
+    holders.first().copied()
+}
+
+/// The keys are spread over every server of the pool, and keys sharing a hash tag share a
+/// server where the pool has `hash_tag`: a placement that puts everything on one server
+/// would prove little.
+fn assert_spread(pool: &TestPool, keys: &[String]) {
+    let mut conns: Vec<Conn> = pool.servers.iter().map(Memcached::connect).collect();
+    let mut per_server = vec![0usize; conns.len()];
+    let mut tag_holder: Vec<(String, usize)> = Vec::new();
+    for k in keys {
+        let at = holder(pool, &mut conns, k).unwrap_or_else(|| {
+            panic!(
+                "{k} set through nutcracker is on no server of {}",
+                pool.name
+            )
+        });
+        per_server[at] += 1;
+        if pool.placement.contains("hash_tag") {
+            if let Some(tag) = k.split(['{', '}']).nth(1) {
+                match tag_holder.iter().find(|(t, _)| t == tag) {
+                    Some((_, first)) => {
+                        assert_eq!(*first, at, "tag {{{tag}}} split in {}", pool.name)
+                    }
+                    None => tag_holder.push((tag.to_string(), at)),
+                }
+            }
+        }
+    }
+    assert!(
+        per_server.iter().all(|n| *n > 0),
+        "pool {}: keys per server {per_server:?}",
+        pool.name
+    );
+}
+
+/// Every key read through memroute on the pool's port, one get each and as one multi-get,
+/// has the pool's value.
+fn assert_all_found(pool: &TestPool, keys: &[String], toml: &str) {
+    let mut conn = Conn::connect(&pool.memroute_listen);
+    let mut missed = Vec::new();
+    for k in keys {
+        match conn.get(k) {
+            Some(v) => assert_eq!(
+                show(&v),
+                show(pool.value(k).as_bytes()),
+                "{k} through memroute's {} port",
+                pool.name
+            ),
+            None => missed.push(k.as_str()),
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "{} of {} keys written through nutcracker's {} port missed through memroute's: {:?}\nconfig:\n{toml}",
+        missed.len(),
+        keys.len(),
+        pool.name,
+        &missed[..missed.len().min(20)],
+    );
+
+    conn.send(format!("get {}\r\n", keys.join(" ")).as_bytes());
+    let reply = conn.read_get_reply();
+    let values = parse_values(&reply)
+        .unwrap_or_else(|| panic!("multi-get through {}: {}", pool.name, show(&reply)));
+    let got: Vec<(String, String)> = values
+        .into_iter()
+        .map(|(k, _, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect();
+    let want: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), pool.value(k))).collect();
+    assert_eq!(got, want, "multi-get through memroute's {} port", pool.name);
+}
+
+#[test]
+fn three_nutcracker_pools_are_served_on_their_own_ports_with_the_same_placement() {
+    let pools = three_pools();
+    let yaml: String = pools.iter().map(|p| p.yaml() + "\n").collect();
+    let dir = TempDir::new("import-pools");
+    let yaml_path = dir.write("nutcracker.yml", &yaml);
+
+    let import = run_memroute_cli(
+        &["import-twemproxy".as_ref(), yaml_path.as_os_str()],
+        CLI_DEADLINE,
+    );
+    assert!(
+        import.status.success(),
+        "import-twemproxy exited {}\nstderr:\n{}",
+        import.status,
+        import.stderr
+    );
+    let imported_path = dir.write("imported.toml", &import.stdout);
+    let checked = run_memroute_cli(
+        &[
+            "--check".as_ref(),
+            "--config".as_ref(),
+            imported_path.as_os_str(),
+        ],
+        CLI_DEADLINE,
+    );
+    assert!(
+        checked.status.success(),
+        "--check rejects the imported config\nstderr:\n{}\nconfig:\n{}",
+        checked.stderr,
+        import.stdout
+    );
+
+    let nutcracker = Nutcracker::start(&yaml);
+    for p in &pools {
+        wait_accepting(&p.nutcracker_listen);
+    }
+    let toml = moved_listeners(&import.stdout, &pools);
+    let _memroute = Memroute::start(&toml);
+
+    let keys = keys();
+    for p in &pools {
+        set_all(&mut Conn::connect(&p.nutcracker_listen), p, &keys);
+    }
+    drop(nutcracker);
+    for p in &pools {
+        assert_spread(p, &keys);
+        assert_all_found(p, &keys, &toml);
+    }
+}
