@@ -11,8 +11,12 @@
 //! ```
 //!
 //! The three pools hold the same keys with different values, so a listener that served the
-//! wrong pool would answer with another pool's value, not only miss.
+//! wrong pool would answer with another pool's value, not only miss. A pool on a unix socket
+//! is served on a unix socket.
+use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use memroute_tests::*;
@@ -280,4 +284,132 @@ fn three_nutcracker_pools_are_served_on_their_own_ports_with_the_same_placement(
         assert_spread(p, &keys);
         assert_all_found(p, &keys, &toml);
     }
+}
+
+/// Sends `request` over the unix socket at `path` and reads until `complete` says the reply
+/// is whole (every read bounded by `IO_TIMEOUT`).
+fn unix_roundtrip(path: &Path, request: &[u8], complete: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    let mut stream =
+        UnixStream::connect(path).unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
+    stream
+        .set_read_timeout(Some(IO_TIMEOUT))
+        .expect("read timeout");
+    stream.write_all(request).expect("write");
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while !complete(&reply) {
+        match stream.read(&mut chunk) {
+            Ok(n) if n > 0 => reply.extend_from_slice(&chunk[..n]),
+            other => panic!(
+                "reading over {} after {}: {other:?}",
+                path.display(),
+                show(&reply)
+            ),
+        }
+    }
+    reply
+}
+
+#[test]
+fn a_pool_on_a_unix_socket_is_served_on_a_unix_socket() {
+    let dir = TempDir::new("import-unix");
+    let tcp_server = Memcached::start_on("127.0.0.1", free_port(), 8);
+    let unix_servers: Vec<Memcached> = (0..2)
+        .map(|_| Memcached::start_on("127.0.0.1", free_port(), 8))
+        .collect();
+    let nutcracker_tcp = format!("127.0.0.1:{}", free_port());
+    let memroute_tcp = format!("127.0.0.1:{}", free_port());
+    let nutcracker_socket = dir.path().join("nutcracker.sock");
+    let memroute_socket = dir.path().join("memroute.sock");
+    // `Nutcracker::start` waits for the first listener, which must be TCP.
+    let yaml = format!(
+        "web:\n  listen: {nutcracker_tcp}\n  timeout: 2000\n  servers:\n   - {}:1\n\n\
+         local:\n  listen: {} 0600\n  hash: md5\n  distribution: ketama\n  timeout: 2000\n  \
+         servers:\n   - {}:1 local-a\n   - {}:1 local-b\n",
+        tcp_server.addr(),
+        nutcracker_socket.display(),
+        unix_servers[0].addr(),
+        unix_servers[1].addr(),
+    );
+    let yaml_path = dir.write("nutcracker.yml", &yaml);
+    let import = run_memroute_cli(
+        &["import-twemproxy".as_ref(), yaml_path.as_os_str()],
+        CLI_DEADLINE,
+    );
+    assert!(import.status.success(), "{}", import.stderr);
+    assert!(
+        import.stdout.contains("listen mode 0600"),
+        "{}",
+        import.stdout
+    );
+    let mut toml = import.stdout.clone();
+    for (from, to) in [
+        (
+            format!("address = \"{nutcracker_tcp}\", route = \"web\""),
+            format!("address = \"{memroute_tcp}\", route = \"web\""),
+        ),
+        (
+            format!(
+                "address = \"unix:{}\", route = \"local\"",
+                nutcracker_socket.display()
+            ),
+            format!(
+                "address = \"unix:{}\", route = \"local\"",
+                memroute_socket.display()
+            ),
+        ),
+    ] {
+        assert_eq!(toml.matches(&from).count(), 1, "{from} in:\n{toml}");
+        toml = toml.replace(&from, &to);
+    }
+
+    let nutcracker = Nutcracker::start(&yaml);
+    let deadline = Instant::now() + START_DEADLINE;
+    while UnixStream::connect(&nutcracker_socket).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nutcracker never listened on its socket"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _memroute = Memroute::start(&toml);
+
+    let keys: Vec<String> = (0..200).map(|i| format!("local:{i}")).collect();
+    let mut sets = Vec::new();
+    for k in &keys {
+        sets.extend_from_slice(format!("set {k} 0 0 {}\r\n{k}\r\n", k.len()).as_bytes());
+    }
+    let stored = b"STORED\r\n".repeat(keys.len());
+    let reply = unix_roundtrip(&nutcracker_socket, &sets, |r| r.len() >= stored.len());
+    assert_eq!(
+        show(&reply),
+        show(&stored),
+        "sets through nutcracker's socket"
+    );
+    drop(nutcracker);
+    for server in &unix_servers {
+        let mut conn = server.connect();
+        assert!(
+            keys.iter().any(|k| conn.get(k).is_some()),
+            "no key on {}: the placement check would prove little",
+            server.addr()
+        );
+    }
+
+    let reply = unix_roundtrip(
+        &memroute_socket,
+        format!("get {}\r\n", keys.join(" ")).as_bytes(),
+        |r| r.ends_with(b"END\r\n"),
+    );
+    let values = parse_values(&reply)
+        .unwrap_or_else(|| panic!("multi-get over memroute's socket: {}", show(&reply)));
+    let got: Vec<(String, Vec<u8>)> = values.into_iter().map(|(k, _, v)| (k, v)).collect();
+    let want: Vec<(String, Vec<u8>)> = keys
+        .iter()
+        .map(|k| (k.clone(), k.as_bytes().to_vec()))
+        .collect();
+    assert_eq!(
+        got, want,
+        "keys set through nutcracker's socket, read through memroute's"
+    );
 }
