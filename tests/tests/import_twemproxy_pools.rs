@@ -101,11 +101,14 @@ fn keys() -> Vec<String> {
 }
 
 /// nutcracker binds its pools' listeners one after another, and `Nutcracker::start` waits
-/// for the first only: wait, bounded, for the others to accept too.
-fn wait_accepting(addr: &str) {
+/// for the first only: polls (up to `START_DEADLINE`) until `connects` succeeds for another.
+fn wait_listening(what: &str, connects: impl Fn() -> bool) {
     let deadline = Instant::now() + START_DEADLINE;
-    while TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "nothing accepts on {addr}");
+    while !connects() {
+        assert!(
+            Instant::now() < deadline,
+            "nutcracker never listened on {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -270,7 +273,9 @@ fn three_nutcracker_pools_are_served_on_their_own_ports_with_the_same_placement(
 
     let nutcracker = Nutcracker::start(&yaml);
     for p in &pools {
-        wait_accepting(&p.nutcracker_listen);
+        wait_listening(&p.nutcracker_listen, || {
+            TcpStream::connect(&p.nutcracker_listen).is_ok()
+        });
     }
     let toml = moved_listeners(&import.stdout, &pools);
     let _memroute = Memroute::start(&toml);
@@ -364,14 +369,9 @@ fn a_pool_on_a_unix_socket_is_served_on_a_unix_socket() {
     }
 
     let nutcracker = Nutcracker::start(&yaml);
-    let deadline = Instant::now() + START_DEADLINE;
-    while UnixStream::connect(&nutcracker_socket).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nutcracker never listened on its socket"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_listening(&nutcracker_socket.display().to_string(), || {
+        UnixStream::connect(&nutcracker_socket).is_ok()
+    });
     let _memroute = Memroute::start(&toml);
 
     let keys: Vec<String> = (0..200).map(|i| format!("local:{i}")).collect();
