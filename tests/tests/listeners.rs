@@ -273,6 +273,20 @@ fn route_cli_and_admin_answer_for_the_listener_asked() {
     let (status, body) = admin_http(&admin, "GET", "/route?key=k&listener=nowhere");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("no listener \"nowhere\""), "{body}");
+
+    // mcrouter's admin query answers for the listener it is sent to.
+    for (listener, server) in [(&plain, a.addr()), (&routed, b.addr())] {
+        let mut client = Conn::connect(listener);
+        client.send(b"get __mcrouter__.route(get,k)\r\n");
+        let reply = client.read_get_reply();
+        let values = parse_values(&reply).unwrap_or_else(|| panic!("{}", show(&reply)));
+        assert_eq!(values.len(), 1, "{}", show(&reply));
+        assert_eq!(
+            String::from_utf8_lossy(&values[0].2),
+            server,
+            "via {listener}"
+        );
+    }
     drop(proxy);
 }
 
