@@ -1,6 +1,9 @@
 //! Validated configuration: every value here has been checked and defaulted.
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::defaults;
 
 /// The whole, validated configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,7 +67,7 @@ pub struct ProxyConfig {
     /// (default 10s).
     pub slow_client_timeout: Duration,
     /// TLS of listeners, session resumption, TCP Fast Open.
-    pub transport: crate::transport::TransportConfig,
+    pub transport: TransportConfig,
     /// How workers do socket I/O (`proxy.io`); needs a restart to change.
     pub io: IoMode,
 }
@@ -185,13 +188,12 @@ pub struct PoolConfig {
     /// the server as one command of at most `max_keys_per_request` keys (default true).
     pub coalesce_gets: bool,
     /// TLS to this pool's servers (`None`: plaintext).
-    pub tls: Option<crate::transport::BackendTls>,
+    pub tls: Option<BackendTls>,
 }
 
 impl PoolConfig {
     /// A pool of `servers` with every other setting at its default (for tests and tools).
     pub fn new(servers: Vec<ServerConfig>) -> PoolConfig {
-        use crate::defaults;
         let timeout = Duration::from_millis(defaults::TIMEOUT_MS);
         PoolConfig {
             servers,
@@ -239,4 +241,64 @@ pub enum DnsKind {
     /// `srv = "_service._proto.name"`: every SRV record, its target's addresses with the
     /// record's port (a Kubernetes headless service publishes one per ready pod).
     Srv,
+}
+
+/// Process-wide transport settings (`[proxy]`) and the TLS of each listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportConfig {
+    /// TCP Fast Open queue length of every TCP listener; 0 turns listener TFO off.
+    pub fastopen: u32,
+    /// TCP Fast Open on backend connects (`TCP_FASTOPEN_CONNECT`).
+    pub fastopen_connect: bool,
+    /// A client must finish its TLS handshake within this long, or it is closed (counted).
+    pub tls_handshake_timeout: Duration,
+    /// Ticket key rotation period; a ticket is accepted for up to twice this long.
+    pub tls_ticket_lifetime: Duration,
+    /// TLS 1.2 sessions kept for resumption by session id, per listener.
+    pub tls_session_cache: usize,
+    /// The listeners that speak TLS, by address (the others are plaintext).
+    pub listen_tls: BTreeMap<ListenAddress, ListenerTls>,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            fastopen: defaults::FASTOPEN,
+            fastopen_connect: defaults::FASTOPEN_CONNECT,
+            tls_handshake_timeout: Duration::from_millis(defaults::TLS_HANDSHAKE_TIMEOUT_MS),
+            tls_ticket_lifetime: Duration::from_secs(defaults::TLS_TICKET_LIFETIME_SECS),
+            tls_session_cache: defaults::TLS_SESSION_CACHE,
+            listen_tls: BTreeMap::new(),
+        }
+    }
+}
+
+/// `tls = { cert, key, client_ca }` on a listen entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// Certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs (PEM).
+    pub client_ca: Option<PathBuf>,
+    /// Where this table is in the config (`proxy.listen[1].tls`), for error messages.
+    pub key_path: String,
+}
+
+/// `[pools.X] tls = { ca, server_name, cert, key, insecure_skip_verify }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendTls {
+    /// CAs that sign the servers' certificates (PEM). Required unless
+    /// `insecure_skip_verify` is set.
+    pub ca: Option<PathBuf>,
+    /// Name the servers' certificates must carry; default: each server's host.
+    pub server_name: Option<String>,
+    /// Client certificate and key, for memcached's `ssl_verify_mode`.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// Accept any server certificate. Loud on purpose: logged at every start and reload.
+    pub insecure_skip_verify: bool,
+    /// Where this table is in the config (`pools.main.tls`), for error messages.
+    pub key_path: String,
 }
