@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Nothing on the request path takes a lock shared across workers: the route table
-//! is an `Arc` snapshot, counters are per-worker atomics summed when `stats` asks.
+//! is an `Arc` snapshot, counters are per-worker cells moved into the shared registry
+//! every second and whenever `stats` or a scrape asks (`stats`).
 //!
 //! [`ProxyHandle::reload`] builds a new route table off to the side (`control`, a
 //! `generation::Generation`) and hands it to every worker over a watch channel; each worker
