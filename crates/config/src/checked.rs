@@ -140,15 +140,20 @@ pub struct AdminConfig {
 /// The names, policies and route shapes routing is built from: one spelling each,
 /// defined by memroute-routing (see [`memroute_routing::spec`]).
 pub use memroute_routing::spec::{
-    DistributionName, FailoverOn, HashName, Operation, ReadPolicy, RouteSpec as RouteConfig,
-    ServerSpec as ServerConfig, ShadowSelect, WritePolicy,
+    DistributionName, FailoverOn, HashName, Operation, PoolSpec, ReadPolicy,
+    RouteSpec as RouteConfig, ServerSpec as ServerConfig, ShadowSelect, WritePolicy,
 };
 
+/// One pool: its placement as routing sees it (servers, distribution, hash, hash_tag,
+/// vnodes, weights, salt: [`PoolSpec`], written once) and how memroute reaches and watches
+/// its servers. The placement's fields read as the pool's own (`pool.servers`,
+/// `pool.hash`) through `Deref`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
-    /// The servers, in config order. For a DNS pool (`discovery` is set) this is empty
-    /// after validation; the proxy fills it with the resolved addresses.
-    pub servers: Vec<ServerConfig>,
+    /// Where keys go. Its servers are in config order; for a DNS pool (`discovery` is set)
+    /// they are empty after validation and the proxy fills them with the resolved
+    /// addresses (`placement.discovered` is set exactly when `discovery` is).
+    pub placement: PoolSpec,
     /// `servers = { dns = "name:port", refresh = "5s" }`: find the servers by DNS.
     pub discovery: Option<DnsDiscovery>,
     /// Consecutive failed requests (timeouts, broken connections) after which a server is
@@ -164,17 +169,6 @@ pub struct PoolConfig {
     /// grows the interval by half, with jitter, up to `probe_interval_max` (default 500ms).
     pub probe_interval: Duration,
     pub probe_interval_max: Duration,
-    pub distribution: DistributionName,
-    pub hash: HashName,
-    /// twemproxy's hash_tag: two bytes, e.g. `{}`; only the part between them is hashed.
-    pub hash_tag: Option<[u8; 2]>,
-    /// Virtual nodes per server for `ring` (default 256).
-    pub vnodes: u32,
-    /// `wch3` only: one weight in [0, 1] per server, in server order (mcrouter's
-    /// `weights`); a server without one weighs 0.5, as in mcrouter.
-    pub weights: Vec<f64>,
-    /// `ch3`, `wch3`, `crc32` only: mcrouter's hash `salt` (empty: none).
-    pub salt: String,
     /// Connections per worker per server (default 1).
     pub connections: usize,
     /// Request timeout (default 250ms).
@@ -196,19 +190,13 @@ impl PoolConfig {
     pub fn new(servers: Vec<ServerConfig>) -> PoolConfig {
         let timeout = Duration::from_millis(defaults::TIMEOUT_MS);
         PoolConfig {
-            servers,
+            placement: PoolSpec::new(servers),
             discovery: None,
             failure_limit: defaults::FAILURE_LIMIT,
             eject: false,
             max_ejected_fraction: defaults::MAX_EJECTED_FRACTION,
             probe_interval: Duration::from_millis(defaults::PROBE_INTERVAL_MS),
             probe_interval_max: Duration::from_millis(defaults::PROBE_INTERVAL_MAX_MS),
-            distribution: DistributionName::Ketama,
-            hash: HashName::Fnv1a_64,
-            hash_tag: None,
-            vnodes: defaults::VNODES,
-            weights: Vec::new(),
-            salt: String::new(),
             connections: defaults::CONNECTIONS,
             timeout,
             connect_timeout: timeout,
@@ -216,6 +204,20 @@ impl PoolConfig {
             coalesce_gets: true,
             tls: None,
         }
+    }
+}
+
+impl std::ops::Deref for PoolConfig {
+    type Target = PoolSpec;
+
+    fn deref(&self) -> &PoolSpec {
+        &self.placement
+    }
+}
+
+impl std::ops::DerefMut for PoolConfig {
+    fn deref_mut(&mut self) -> &mut PoolSpec {
+        &mut self.placement
     }
 }
 

@@ -20,8 +20,8 @@ use toml::{Table, Value};
 
 use crate::checked::{
     AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind, FailoverOn,
-    HashName, IoMode, ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig,
-    ServerConfig, ShadowSelect, WritePolicy,
+    HashName, IoMode, ListenAddress, Operation, PoolConfig, PoolSpec, ProxyConfig, ReadPolicy,
+    RouteConfig, ServerConfig, ShadowSelect, WritePolicy,
 };
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_int, get_size, get_str, get_table, join,
@@ -825,19 +825,22 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
 
     (errs.0.len() == before).then_some(PoolConfig {
         tls,
-        servers,
+        placement: PoolSpec {
+            servers,
+            distribution,
+            hash,
+            hash_tag,
+            vnodes,
+            weights,
+            salt,
+            discovered: discovery.is_some(),
+        },
         discovery,
         failure_limit,
         eject,
         max_ejected_fraction,
         probe_interval,
         probe_interval_max,
-        distribution,
-        hash,
-        hash_tag,
-        vnodes,
-        weights,
-        salt,
         connections,
         timeout,
         connect_timeout,
