@@ -3,6 +3,7 @@
 //! that port's pool (checked on the real memcached servers), and a reload that changes a
 //! listener's route takes effect for the next request on connections already open.
 use std::io::{Read, Write};
+use std::time::Duration;
 
 use memroute_tests::*;
 
@@ -127,4 +128,200 @@ fn a_reload_that_swaps_a_listeners_route_applies_to_open_connections() {
     let plain_keys = numbered_keys("plain:", 8);
     set_through(&format!("127.0.0.1:{plain}"), 2, &plain_keys);
     held_only_by(&plain_keys, &a, &b, "the listener without a route");
+}
+
+/// The value of the first `/metrics` sample line that starts with `series` (name and labels).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Polls `/metrics` (bounded) until every `(series, value)` holds; panics with the last
+/// scrape otherwise.
+fn wait_metrics(admin: &str, expected: &[(String, f64)]) {
+    let mut last = String::new();
+    let reached = poll_until(Duration::from_secs(10), || {
+        last = admin_http(admin, "GET", "/metrics").1;
+        expected
+            .iter()
+            .all(|(series, value)| sample(&last, series) == Some(*value))
+    });
+    assert!(reached, "expected {expected:?} in /metrics:\n{last}");
+}
+
+/// Two listeners over pools `a` and `b` (the first without a route, so on `proxy.route`),
+/// with an admin endpoint: (config, plain listener, routed listener, admin address).
+fn routed_config(a: &Memcached, b: &Memcached) -> (String, String, String, String) {
+    let plain = format!("127.0.0.1:{}", free_port());
+    let routed = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let toml = format!(
+        "[proxy]\n\
+         listen = [\"{plain}\", {{ address = \"{routed}\", route = \"b\" }}]\n\
+         workers = 2\nroute = \"a\"\n\n\
+         [admin]\nlisten = \"{admin}\"\n\n{}",
+        two_pools(a, b)
+    );
+    (toml, plain, routed, admin)
+}
+
+#[test]
+fn stats_and_metrics_show_each_listeners_route_connections_and_requests() {
+    let (a, b) = (Memcached::start(), Memcached::start());
+    let (toml, plain, routed, admin) = routed_config(&a, &b);
+    let proxy = Memroute::start(&toml);
+    let mut routed_conns: Vec<Conn> = (0..3).map(|_| Conn::connect(&routed)).collect();
+    for i in 0..10 {
+        routed_conns[i % 3].set(&format!("r{i}"), b"v");
+    }
+    let mut plain_conn = Conn::connect(&plain);
+    for i in 0..4 {
+        plain_conn.set(&format!("p{i}"), b"v");
+    }
+    let series = |name: &str, listener: &str| format!("{name}{{listener=\"{listener}\"}}");
+    let requests = "memroute_listener_requests_total";
+    let connections = "memroute_listener_connections_current";
+    wait_metrics(
+        &admin,
+        &[
+            (series(requests, &routed), 10.0),
+            (series(requests, &plain), 4.0),
+            (series(connections, &routed), 3.0),
+            (series(connections, &plain), 1.0),
+            (
+                format!("memroute_listener_route_info{{listener=\"{routed}\",route=\"b\"}}"),
+                1.0,
+            ),
+            (
+                format!("memroute_listener_route_info{{listener=\"{plain}\",route=\"a\"}}"),
+                1.0,
+            ),
+        ],
+    );
+
+    // Closed connections leave the count; `stats` has the same numbers, a line each.
+    drop(routed_conns);
+    wait_metrics(&admin, &[(series(connections, &routed), 0.0)]);
+    let stats = proxy.wait_stats("per-listener stats", Duration::from_secs(10), |stats| {
+        let value = |name: String| stats.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
+        value(format!("listener:{routed}:route")).is_some_and(|v| v == "b")
+            && value(format!("listener:{plain}:route")).is_some_and(|v| v == "a")
+            && value(format!("listener:{routed}:requests")).is_some_and(|v| v == "10")
+            && value(format!("listener:{routed}:connections")).is_some_and(|v| v == "0")
+    });
+    let plain_requests = stat_u64(&stats, &format!("listener:{plain}:requests"));
+    // The 4 sets, the `stats` requests the wait sent through the first listener.
+    assert!(
+        plain_requests.is_some_and(|n| n >= 5),
+        "{plain_requests:?} in {stats:?}"
+    );
+    drop(plain_conn);
+}
+
+#[test]
+fn route_cli_and_admin_answer_for_the_listener_asked() {
+    let (a, b) = (Memcached::start(), Memcached::start());
+    let (toml, plain, routed, admin) = routed_config(&a, &b);
+    let proxy = Memroute::start(&toml);
+    let config = proxy.config_path().as_os_str();
+    let route = |listen: Option<&str>| {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["route".as_ref(), "--config".as_ref(), config];
+        if let Some(listen) = listen {
+            args.extend(["--listen", listen].map(std::ffi::OsStr::new));
+        }
+        args.push("k".as_ref());
+        run_memroute_cli(&args, Duration::from_secs(20))
+    };
+    let on_a = format!("k: a => {} (primary)\n", a.addr());
+    let on_b = format!("k: b => {} (primary)\n", b.addr());
+    let first = route(None);
+    assert_eq!(first.stdout, on_a, "{}", first.stderr);
+    let routed_answer = route(Some(&routed));
+    assert_eq!(routed_answer.stdout, on_b, "{}", routed_answer.stderr);
+    let unknown = route(Some("127.0.0.1:1"));
+    assert!(!unknown.status.success());
+    assert!(
+        unknown.stderr.contains(&format!(
+            "no listener \"127.0.0.1:1\" in proxy.listen ({plain}, {routed})"
+        )),
+        "{}",
+        unknown.stderr
+    );
+
+    let check = run_memroute_cli(
+        &["--check".as_ref(), "--config".as_ref(), config],
+        Duration::from_secs(20),
+    );
+    for line in [
+        format!("listener {plain}: route a\n"),
+        format!("listener {routed}: route b\n"),
+    ] {
+        assert!(
+            check.stdout.contains(&line),
+            "{line:?} in:\n{}",
+            check.stdout
+        );
+    }
+
+    assert_eq!(admin_http(&admin, "GET", "/route?key=k"), (200, on_a));
+    assert_eq!(
+        admin_http(&admin, "GET", &format!("/route?key=k&listener={routed}")),
+        (200, on_b)
+    );
+    let (status, body) = admin_http(&admin, "GET", "/route?key=k&listener=nowhere");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no listener \"nowhere\""), "{body}");
+
+    // mcrouter's admin query answers for the listener it is sent to.
+    for (listener, server) in [(&plain, a.addr()), (&routed, b.addr())] {
+        let mut client = Conn::connect(listener);
+        client.send(b"get __mcrouter__.route(get,k)\r\n");
+        let reply = client.read_get_reply();
+        let values = parse_values(&reply).unwrap_or_else(|| panic!("{}", show(&reply)));
+        assert_eq!(values.len(), 1, "{}", show(&reply));
+        assert_eq!(
+            String::from_utf8_lossy(&values[0].2),
+            server,
+            "via {listener}"
+        );
+    }
+    drop(proxy);
+}
+
+#[test]
+fn adding_or_removing_a_listener_on_reload_needs_a_restart_and_says_so() {
+    let (a, b) = (Memcached::start(), Memcached::start());
+    let (toml, plain, routed, _) = routed_config(&a, &b);
+    let proxy = Memroute::start(&toml);
+    let added = format!("127.0.0.1:{}", free_port());
+    let reloaded = toml.replace(
+        &format!("{{ address = \"{routed}\", route = \"b\" }}"),
+        &format!("{{ address = \"{added}\", route = \"b\" }}"),
+    );
+    assert_ne!(reloaded, toml);
+    assert!(proxy.reload(&reloaded), "{}", proxy.log_text());
+    let said = format!(
+        "proxy.listen: adding or removing a listener needs a restart; kept the running listeners \
+         ({plain}, {routed}); not bound: {added}; still serving, with proxy.route: {routed}"
+    );
+    assert!(
+        proxy.log_text().contains(&said),
+        "{said:?} in:\n{}",
+        proxy.log_text()
+    );
+    assert!(
+        std::net::TcpStream::connect(&added).is_err(),
+        "{added} was bound on reload"
+    );
+    // The listener the file no longer has still serves, now with proxy.route.
+    let mut kept = Conn::connect(&routed);
+    kept.set("kept:1", b"v");
+    held_only_by(
+        &["kept:1".to_string()],
+        &a,
+        &b,
+        "the listener removed from the file",
+    );
 }

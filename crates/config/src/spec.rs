@@ -28,15 +28,6 @@ impl Config {
 impl PoolConfig {
     /// What placement needs of this pool.
     pub fn placement_spec(&self) -> PoolSpec {
-        PoolSpec {
-            servers: self.servers.clone(),
-            distribution: self.distribution,
-            hash: self.hash,
-            hash_tag: self.hash_tag,
-            vnodes: self.vnodes,
-            weights: self.weights.clone(),
-            salt: self.salt.clone(),
-            discovered: self.discovery.is_some(),
-        }
+        self.placement.clone()
     }
 }

@@ -122,3 +122,24 @@ listen = [{{ address = "0.0.0.0:22121", route = "x" }},
         ]
     );
 }
+
+#[test]
+fn the_listeners_example_serves_each_pool_on_its_own_port() {
+    let path =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config/listeners.toml");
+    let c = memroute_config::load(&path).expect("config/listeners.toml parses");
+    let roots: Vec<(String, &str)> = c
+        .proxy
+        .listener_roots()
+        .map(|(address, root)| (address.to_string(), root))
+        .collect();
+    assert_eq!(
+        roots,
+        [
+            ("0.0.0.0:22121".to_string(), "sessions"),
+            ("0.0.0.0:22122".to_string(), "feed"),
+            ("0.0.0.0:22123".to_string(), "both"),
+            ("127.0.0.1:22120".to_string(), "sessions"),
+        ]
+    );
+}

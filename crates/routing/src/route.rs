@@ -259,11 +259,6 @@ impl RouteTable {
         }
     }
 
-    /// The root node of each listener, in listener order.
-    pub fn listener_roots(&self) -> &[NodeId] {
-        &self.listener_roots
-    }
-
     /// The node `id` (an id handed out by this table; others panic).
     #[inline]
     pub fn node(&self, id: NodeId) -> &Node {

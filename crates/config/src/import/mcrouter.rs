@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde_json::{Map, Value};
 
 use super::push_note;
-use crate::raw::{check_host_port, join, toml_key};
+use crate::raw::{check_host_port, toml_key};
+use crate::walk::join;
 use crate::{ConfigError, ConfigErrors};
 
 /// Route handles read here, by mcrouter's name.
