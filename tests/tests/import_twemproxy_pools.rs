@@ -270,6 +270,14 @@ fn three_nutcracker_pools_are_served_on_their_own_ports_with_the_same_placement(
         checked.stderr,
         import.stdout
     );
+    for p in &pools {
+        let listener = format!("listener {}: route {}\n", p.nutcracker_listen, p.name);
+        assert!(
+            checked.stdout.contains(&listener),
+            "--check lacks {listener:?}:\n{}",
+            checked.stdout
+        );
+    }
 
     let nutcracker = Nutcracker::start(&yaml);
     for p in &pools {
