@@ -1438,6 +1438,39 @@ mod tests {
     }
 
     #[test]
+    fn each_listener_has_its_route_connections_and_requests_in_stats() {
+        let metrics = Arc::new(Metrics::new(1));
+        metrics.set_listener_names(vec!["127.0.0.1:1".into(), "unix:/m.sock".into()]);
+        metrics.set_listener_routes(vec!["main".into(), "by_prefix".into()]);
+        metrics.listener_connections("127.0.0.1:1").inc();
+        let config =
+            memroute_config::parse("[pools.main]\nservers = [\"127.0.0.1:2\"]\n").expect("config");
+        let routes = RouteTable::build(&config.routing_spec()).expect("routes");
+        let worker = WorkerMetrics::new(0, metrics.clone());
+        let table = worker.for_routes(&routes);
+        table.count_listener(1);
+        table.count_listener(1);
+        table.count_listener(7); // no such listener: not counted, no panic
+        worker.flush();
+        let stats = metrics.render_stats(&metrics.registry.gather());
+        for line in [
+            "STAT listener:127.0.0.1:1:route main\r\n",
+            "STAT listener:unix:/m.sock:route by_prefix\r\n",
+            "STAT listener:127.0.0.1:1:connections 1\r\n",
+            "STAT listener:unix:/m.sock:requests 2\r\n",
+        ] {
+            assert!(stats.contains(line), "{line:?} in {stats}");
+        }
+        let text = Metrics::encode(&metrics.registry.gather());
+        assert!(
+            text.contains(
+                "memroute_listener_route_info{listener=\"unix:/m.sock\",route=\"by_prefix\"} 1\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn legacy_stat_names_are_kept() {
         assert_eq!(
             stat_name("memroute_backend_errors_total", &["main", "127.0.0.1:1"]),
