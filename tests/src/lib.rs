@@ -651,10 +651,14 @@ impl Memroute {
         config: PathBuf,
         dir: TempDir,
     ) -> Memroute {
+        // The first entry of `listen = [...]`, written as a string or as a table.
         let listen = toml
             .lines()
-            .find_map(|l| l.trim().strip_prefix("listen = [\""))
-            .and_then(|s| s.split('"').next())
+            .find_map(|l| {
+                let first = l.trim().strip_prefix("listen = [")?;
+                let first = first.strip_prefix("{ address = ").unwrap_or(first);
+                first.strip_prefix('"')?.split('"').next()
+            })
             .expect("config needs `listen = [\"host:port\", ...]` in [proxy]")
             .to_string();
         let conf = config;
