@@ -1,6 +1,6 @@
 //! From a parsed request to a pending reply: route single keys, split multi-gets per
 //! server (and into batches of `max_keys_per_request`, planned by `multiget`), fan
-//! flush_all out to a pool, hand policy routes to the route executor (`execute`), and
+//! flush_all out to a pool, hand policy routes to the route executor (`route`), and
 //! answer what memroute answers itself. The entries it queues are `pending::Pending`.
 use std::rc::Rc;
 use std::time::Instant;
@@ -14,10 +14,12 @@ use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, BatchLines, FollowUp, Job, MultiJob};
 use crate::multiget::{self, KeyTarget, Step};
 use crate::pending::{Fanout, FirstTry, Flow, Leg, MovesOn, MultiGet, Pending, ReplicatedWrite};
 use crate::reply::immediate_ack;
+use crate::route::{
+    self, failover, replicated, shadow, warm_up, BatchLines, FollowUp, Job, MultiJob,
+};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -197,9 +199,7 @@ fn send_single(
             // A write through a replicated route over pools: sent to every replica as a
             // plain pool's request is, the replies judged in place (`ReplicatedWrite`).
             if operation.is_write() {
-                if let Some((policy, servers)) =
-                    execute::replicated_write_servers(routing, node, key)
-                {
+                if let Some((policy, servers)) = replicated::write_servers(routing, node, key) {
                     let ack = match policy {
                         WritePolicy::AllAsync => immediate_ack(request.command),
                         _ => None,
@@ -244,7 +244,7 @@ fn send_single(
             // Through shadow and random routes down to a pool: sent to that pool as a plain
             // pool's request is, with the shadow copy (if the key is in its range) on a
             // task of its own, as the executor would send it.
-            if let Some((pool, shadow)) = execute::single_pool(routing, node) {
+            if let Some((pool, shadow)) = route::single_pool(routing, node) {
                 // A pool without servers yet (DNS discovery) answers as the executor does
                 // for it; the executor is not asked, as it would draw a random route's
                 // child again (favouring the children with servers).
@@ -256,7 +256,7 @@ fn send_single(
                     None => (ReplyReceiver::ready(Err(routing.no_servers(pool))), 0),
                 };
                 if let Some(shadow) = shadow {
-                    execute::shadow_copy_single(routing, shadow, job);
+                    shadow::copy_single(routing, shadow, job);
                 }
                 return Pending::Single {
                     routing: routing.clone(),
@@ -267,13 +267,13 @@ fn send_single(
             }
             // A request through a warm-up route whose cold is a pool: sent to cold as a
             // plain pool's request is; a read cold missed goes on to warm (the executor).
-            if let Some(pool) = execute::warm_up_cold(routing, node) {
+            if let Some(pool) = warm_up::cold_pool(routing, node) {
                 if let Some(server) = routing.server_for(pool, key) {
                     let connection = routing.pools[pool].servers[server].pick(slot);
                     let receiver = connection.send(job.parts.clone(), kind);
                     let leg = Leg::new(receiver, pool, server, started).on_route(node);
                     let (command, noreply) = (request.command, request.noreply);
-                    if !execute::warms_up(command) {
+                    if !warm_up::warms_up(command) {
                         return Pending::Single {
                             routing: routing.clone(),
                             leg,
@@ -297,8 +297,8 @@ fn send_single(
             // pool's request is; the executor runs only for the later children, if the
             // first answer is a failure (and a write may be repeated: `FirstTry`).
             let first = match operation.is_write() {
-                false => execute::first_pool(routing, node),
-                true => execute::failover_write_pool(routing, node),
+                false => failover::first_pool(routing, node),
+                true => failover::write_pool(routing, node),
             };
             if let Some((pool, more)) = first {
                 if let Some(server) = routing.server_for(pool, key) {
@@ -317,7 +317,7 @@ fn send_single(
             }
             return Pending::Routed {
                 routing: routing.clone(),
-                routed: execute::start(routing, node, job, started),
+                routed: route::start(routing, node, job, started),
                 command: request.command,
                 noreply: request.noreply,
             };
@@ -466,10 +466,10 @@ fn split_multi_get(
         routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
     );
-    // The random routes' picks for this multi-get (`execute::multi_get_pool`).
-    let mut picks = execute::RandomPicks::new();
+    // The random routes' picks for this multi-get (`route::multi_get_pool`).
+    let mut picks = route::RandomPicks::new();
     let root_planned = match policy_root {
-        true => execute::multi_get_pool(routing, root, &mut picks),
+        true => route::multi_get_pool(routing, root, &mut picks),
         false => None,
     };
     if policy_root && root_planned.is_none() {
@@ -490,7 +490,7 @@ fn split_multi_get(
             slot,
             byte_cap,
         };
-        let routed = smallvec::smallvec![execute::start_multi(
+        let routed = smallvec::smallvec![route::start_multi(
             routing,
             root,
             job,
@@ -515,7 +515,7 @@ fn split_multi_get(
         goes_on = with_goes_on(goes_on, planned.goes_on);
     }
     // Per route node reached, where its keys are planned (looked up once per multi-get).
-    let mut last: Option<(NodeId, Option<execute::Planned>)> = None;
+    let mut last: Option<(NodeId, Option<route::Planned>)> = None;
     // Per shadow route, the keys in its range it copies.
     let mut copies: ShadowCopies = SmallVec::new();
     // Where each key goes, decided as the plan's one pass reaches it. When every key goes
@@ -544,16 +544,16 @@ fn split_multi_get(
             current_at.set(node);
             routing.metrics.count(node as usize, command);
             let planned = match routes.node(node) {
-                &Node::Pool(pool) => Some(execute::Planned {
+                &Node::Pool(pool) => Some(route::Planned {
                     pool,
-                    goes_on: execute::GoesOn::Never,
+                    goes_on: route::GoesOn::Never,
                     shadow: None,
                 }),
                 // A policy route: planned here too where its semantics allow.
                 _ => match *last_at {
                     Some((seen, planned)) if seen == node => planned,
                     _ => {
-                        let planned = execute::multi_get_pool(routing, node, picks_at);
+                        let planned = route::multi_get_pool(routing, node, picks_at);
                         if let Some(planned) = planned {
                             *goes_on_at = with_goes_on(*goes_on_at, planned.goes_on);
                         }
@@ -668,12 +668,12 @@ fn split_multi_get(
         }
         let started = routing.metrics.now();
         for (node, keys) in groups {
-            routed.push(execute::start_multi(routing, node, job_of(keys), started));
+            routed.push(route::start_multi(routing, node, job_of(keys), started));
         }
     }
     // The shadow routes' copies of the keys in their ranges, one batch per route.
     for (node, keys) in copies {
-        execute::shadow_copy_keys(routing, node, job_of(keys));
+        shadow::copy_planned_keys(routing, node, job_of(keys));
     }
     // Keys of a batch that fails on a failover's first pool go on to its later children,
     // a warm-up's cold misses to warm.
@@ -708,7 +708,7 @@ fn add_copy(
     frame: &Bytes,
     key: &[u8],
 ) {
-    if !execute::shadows_key(routing, shadow, key) {
+    if !shadow::shadows_key(routing, shadow, key) {
         return;
     }
     let at = match copies.iter().position(|(node, _)| *node == shadow) {
@@ -724,11 +724,11 @@ fn add_copy(
 /// What goes on after a multi-get's legs answer (`None`: nothing; `Some(misses)`: failed
 /// batches, and with `misses` the keys answered as misses too), once keys of a route
 /// that `goes` on were planned.
-fn with_goes_on(so_far: Option<bool>, goes: execute::GoesOn) -> Option<bool> {
+fn with_goes_on(so_far: Option<bool>, goes: route::GoesOn) -> Option<bool> {
     match goes {
-        execute::GoesOn::Never => so_far,
-        execute::GoesOn::Failed => Some(so_far.unwrap_or(false)),
-        execute::GoesOn::Missed | execute::GoesOn::FailedOrMissed => Some(true),
+        route::GoesOn::Never => so_far,
+        route::GoesOn::Failed => Some(so_far.unwrap_or(false)),
+        route::GoesOn::Missed | route::GoesOn::FailedOrMissed => Some(true),
     }
 }
 
@@ -758,7 +758,7 @@ fn fan_out_flush(
             };
             return Pending::Routed {
                 routing: routing.clone(),
-                routed: execute::start(routing, root, job, started),
+                routed: route::start(routing, root, job, started),
                 command: request.command,
                 noreply: request.noreply,
             };

@@ -18,9 +18,12 @@ use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, FollowUp, GoesOn, GoingOn, Job, MultiReply, Routed, RoutedKeys};
 use crate::multiget;
 use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
+use crate::route::{
+    self, failover, replicated, warm_up, FollowUp, GoesOn, GoingOn, Job, MultiReply, Routed,
+    RoutedKeys,
+};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::{SharedStats, WorkerMetrics};
 
@@ -168,10 +171,10 @@ impl Leg {
 }
 
 /// A read through a failover (or replicated) route, or a write through a failover route,
-/// first sent to the route's first pool as a plain pool's request is (`execute::first_pool`,
-/// `execute::failover_write_pool`); the executor takes it on to the later children only if
+/// first sent to the route's first pool as a plain pool's request is (`failover::first_pool`,
+/// `failover::write_pool`); the executor takes it on to the later children only if
 /// that answer is a failure (and, for a write, the request may be repeated). Or a read
-/// through a warm-up route, first sent to its cold pool (`execute::warm_up_cold`); the
+/// through a warm-up route, first sent to its cold pool (`warm_up::cold_pool`); the
 /// executor asks warm only if cold missed.
 #[derive(Debug)]
 pub(crate) struct FirstTry {
@@ -211,7 +214,7 @@ impl FirstTry {
             MovesOn::Failure => class == ReplyClass::Error,
             MovesOn::Miss => class == ReplyClass::Miss,
         };
-        // As `execute::failover`: a request whose repetition changes the result (incr,
+        // As `failover::run`: a request whose repetition changes the result (incr,
         // decr, append, prepend, cas) moves on only when the first pool never received it;
         // otherwise the client gets that failure. (Every read is repeatable.)
         let repeatable = || {
@@ -231,8 +234,8 @@ impl FirstTry {
         let (command, noreply) = (job.command, self.noreply);
         let (routing, node, started) = (&self.routing, self.node, self.leg.started);
         let routed = match self.moves_on {
-            MovesOn::Failure => execute::start_after_first(routing, node, job, started),
-            MovesOn::Miss => execute::start_after_cold(routing, node, job, first, started),
+            MovesOn::Failure => failover::start_after_first(routing, node, job, started),
+            MovesOn::Miss => warm_up::start_after_cold(routing, node, job, first, started),
         };
         Some(Pending::Routed {
             routing: self.routing.clone(),
@@ -244,9 +247,9 @@ impl FirstTry {
 }
 
 /// A single-key write through a replicated route whose children are all pools
-/// (`execute::replicated_write_servers`): sent to each replica's server as a plain pool's
+/// (`replicated::write_servers`): sent to each replica's server as a plain pool's
 /// request is, one leg per child in the route's order, and answered as the executor's
-/// `replicated_write` answers: the write policy (`write_decision`) is asked after each
+/// `replicated::run` answers: the write policy (`write_decision`) is asked after each
 /// reply, in child order, and its first decision stands. No task and no allocation per
 /// write (its home is pooled) unless replicas are still writing when the client is
 /// answered (all-async, all-initial, all-majority): those finish on one task that counts
@@ -305,7 +308,7 @@ impl ReplicatedWrite {
 
     /// Per leg, whether its reply (if in) met the request.
     fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
-        let outcome = |leg: &Leg| leg.reply.as_ref().map(execute::answered);
+        let outcome = |leg: &Leg| leg.reply.as_ref().map(route::answered);
         self.legs.iter().map(outcome).collect()
     }
 
@@ -323,7 +326,8 @@ impl ReplicatedWrite {
                 None => (Err(connection_gone()), None),
             },
             (None, Some(WriteDecision::Fail { failed, total })) => {
-                let failed = execute::write_failed(routing, self.node, self.policy, failed, total);
+                let failed =
+                    replicated::write_failed(routing, self.node, self.policy, failed, total);
                 (Ok(failed), None)
             }
             // Not reached: finished only once decided.
@@ -369,7 +373,7 @@ pub(crate) struct MultiGet {
     pub routed: SmallVec<[RoutedKeys; 1]>,
     /// For each of the request's keys, the leg that carries it.
     pub key_leg: crate::multiget::KeyLegs,
-    /// Planned over failover or warm-up routes' first pools (`execute::multi_get_pool`):
+    /// Planned over failover or warm-up routes' first pools (`route::multi_get_pool`):
     /// where the keys of a failed batch (or a warm-up's misses) go once every leg has
     /// answered; taken when looked at.
     pub follow_up: Option<FollowUp>,
@@ -377,7 +381,7 @@ pub(crate) struct MultiGet {
 
 impl MultiGet {
     /// Once every leg has answered: the keys that go on from their route's first pool
-    /// (`execute::goes_on`) form one more group per route: a failover's keys of the batches
+    /// (`route::goes_on`) form one more group per route: a failover's keys of the batches
     /// that failed (each failure counted against its server, as a failed leg always is; a
     /// failed leg all of whose keys went on then stands for none), a warm-up's keys its
     /// batch answered as misses. True when such a group was started.
@@ -427,7 +431,7 @@ impl MultiGet {
         // Where a key goes on from (`goes`: why it would), or `None` when it stays.
         let going_on = |key: &[u8], goes: GoesOn| {
             let node = routes.select(rest.root, rest.operation, key);
-            let route_goes = execute::goes_on(&self.routing, node);
+            let route_goes = route::goes_on(&self.routing, node);
             route_goes.takes(goes).then_some((node, route_goes))
         };
         if any_failed {
