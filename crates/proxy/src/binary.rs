@@ -20,7 +20,7 @@ use memroute_protocol::binary::{
     encode_base64, encode_error, encode_response, is_storage, opcode as op, parse_binary,
     BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN,
 };
-use memroute_protocol::{parse_request, Limits, Parse};
+use memroute_protocol::{parse_request, Limits, Parse, MAX_KEY_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::buffers;
@@ -30,8 +30,6 @@ use crate::pending::{Flow, Pending};
 use crate::snapshot::RouteSnapshot;
 
 const READ_CHUNK: usize = 16 * 1024;
-/// Longest key memcached accepts (binary keys are checked against it before translation).
-const MAX_KEY_LEN: usize = 250;
 
 /// How to turn one pending entry's text reply into binary responses.
 #[derive(Debug)]
