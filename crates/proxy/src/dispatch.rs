@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_backend::ReplyReceiver;
 use memroute_config::{Operation, WritePolicy};
-use memroute_protocol::{decode_base64, Command, ReplyKind, Request};
+use memroute_protocol::{decode_base64, Command, ReplyKind, Request, MAX_SHORT_LINE};
 use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
@@ -385,9 +385,8 @@ fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {
     )))
 }
 
-/// Lines other than a get's stay below memcached's short-line buffer (see the constant).
-const MEMCACHED_LINE_LIMIT: usize = memroute_protocol::MAX_SHORT_LINE;
-
+/// Whether a command's line must stay below memcached's short-line buffer
+/// (`MAX_SHORT_LINE`): every line but a get's.
 fn line_limited(command: Command) -> bool {
     !matches!(command, Command::Get | Command::Gets)
 }
@@ -397,7 +396,7 @@ fn line_limited(command: Command) -> bool {
 /// a shared connection (padding spaces), the line rebuilt with single spaces. `None` when
 /// even the rebuilt line is too long.
 fn forwardable(request: &Request) -> Option<(Bytes, Option<Bytes>)> {
-    if request.line_len < MEMCACHED_LINE_LIMIT || !line_limited(request.command) {
+    if request.line_len < MAX_SHORT_LINE || !line_limited(request.command) {
         return Some(request.forward_parts());
     }
     let line = &request.frame[..request.line_len];
@@ -418,7 +417,7 @@ fn forwardable(request: &Request) -> Option<(Bytes, Option<Bytes>)> {
         rebuilt.put_slice(token);
     }
     rebuilt.put_slice(b"\r\n");
-    if rebuilt.len() >= MEMCACHED_LINE_LIMIT {
+    if rebuilt.len() >= MAX_SHORT_LINE {
         return None;
     }
     rebuilt.put_slice(&request.frame[request.line_len..]);
@@ -456,7 +455,7 @@ fn split_multi_get(
     let head = &head_bytes[..];
     // gat/gats lines must stay under memcached's line limit (get/gets lines may be longer).
     let byte_cap = if line_limited(request.command) {
-        MEMCACHED_LINE_LIMIT - 2
+        MAX_SHORT_LINE - 2
     } else {
         usize::MAX
     };

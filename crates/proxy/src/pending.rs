@@ -829,9 +829,8 @@ fn finish_single(
                 command,
                 Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
             ) {
-                let hit = bytes.starts_with(b"VALUE ")
-                    || bytes.starts_with(b"VA ")
-                    || bytes.starts_with(b"HD");
+                // Judged as the routes judge it; an error line counts as a miss.
+                let hit = classify_reply(&bytes) == ReplyClass::Hit;
                 let counter = if hit {
                     &context.stats().get_hits
                 } else {
