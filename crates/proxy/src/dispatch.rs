@@ -6,8 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_backend::ReplyReceiver;
-use memroute_config::{Operation, WritePolicy};
+use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request, MAX_SHORT_LINE};
 use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
@@ -15,11 +14,8 @@ use smallvec::SmallVec;
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::multiget::{self, KeyTarget, Step};
-use crate::pending::{Fanout, FirstTry, Flow, Leg, MovesOn, MultiGet, Pending, ReplicatedWrite};
-use crate::reply::immediate_ack;
-use crate::route::{
-    self, failover, replicated, shadow, warm_up, BatchLines, FollowUp, Job, MultiJob,
-};
+use crate::pending::{Fanout, Flow, Leg, MultiGet, Pending};
+use crate::route::{self, shadow, BatchLines, FollowUp, Job, MultiJob, Start};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -184,198 +180,33 @@ fn send_single(
     let node = routes.select(root, operation, key);
     routing.metrics.count(node as usize, request.command);
     let started = routing.metrics.now();
-    let leg = match routes.node(node) {
-        // The fast path: a plain pool, straight to its server's connection.
-        &Node::Pool(pool) => {
-            let Some(server) = routing.server_for(pool, key) else {
-                return no_servers_reply(routing, pool);
-            };
-            let connection = routing.pools[pool].servers[server].pick(slot);
-            Leg::new(connection.send(parts, kind), pool, server, started)
-        }
-        // A policy route (shadow, replicated, failover, ...) is on the way: its future
-        // lives in the pending entry.
-        _ => {
-            // A write through a replicated route over pools: sent to every replica as a
-            // plain pool's request is, the replies judged in place (`ReplicatedWrite`).
-            if operation.is_write() {
-                if let Some((policy, servers)) = replicated::write_servers(routing, node, key) {
-                    let ack = match policy {
-                        WritePolicy::AllAsync => immediate_ack(request.command),
-                        _ => None,
-                    };
-                    let mut write = Homed::new(ReplicatedWrite {
-                        routing: routing.clone(),
-                        legs: SmallVec::new(),
-                        node,
-                        policy,
-                        ack,
-                        decision: None,
-                        command: request.command,
-                        noreply: request.noreply,
-                        started,
-                    });
-                    // The legs go straight into their home (not moved there afterwards).
-                    if let Some(write) = write.get_mut() {
-                        for &(pool, server) in &servers {
-                            let connection = routing.pools[pool].servers[server].pick(slot);
-                            let receiver = send_copy(connection, &parts, kind);
-                            write
-                                .legs
-                                .push(Leg::new(receiver, pool, server, started).on_route(node));
-                        }
-                    }
-                    return Pending::Replicated(write);
-                }
-            }
-            let job = Job {
-                operation,
-                command: request.command,
-                // A view of the client's frame, unless it is a decoded base64 key.
-                key: match request.base64_key {
-                    true => Bytes::copy_from_slice(key),
-                    false => request.frame.slice_ref(key),
-                },
-                parts,
-                kind,
-                slot,
-                echo: meta_echo(&request),
-            };
-            // Through shadow and random routes down to a pool: sent to that pool as a plain
-            // pool's request is, with the shadow copy (if the key is in its range) on a
-            // task of its own, as the executor would send it.
-            if let Some((pool, shadow)) = route::single_pool(routing, node) {
-                // A pool without servers yet (DNS discovery) answers as the executor does
-                // for it; the executor is not asked, as it would draw a random route's
-                // child again (favouring the children with servers).
-                let (receiver, server) = match routing.server_for(pool, key) {
-                    Some(server) => {
-                        let connection = routing.pools[pool].servers[server].pick(slot);
-                        (connection.send(job.parts.clone(), kind), server)
-                    }
-                    None => (ReplyReceiver::ready(Err(routing.no_servers(pool))), 0),
-                };
-                if let Some(shadow) = shadow {
-                    shadow::copy_single(routing, shadow, job);
-                }
-                return Pending::Single {
-                    routing: routing.clone(),
-                    leg: Leg::new(receiver, pool, server, started).on_route(node),
-                    command: request.command,
-                    noreply: request.noreply,
-                };
-            }
-            // A request through a warm-up route whose cold is a pool: sent to cold as a
-            // plain pool's request is; a read cold missed goes on to warm (the executor).
-            if let Some(pool) = warm_up::cold_pool(routing, node) {
-                if let Some(server) = routing.server_for(pool, key) {
-                    let connection = routing.pools[pool].servers[server].pick(slot);
-                    let receiver = connection.send(job.parts.clone(), kind);
-                    let leg = Leg::new(receiver, pool, server, started).on_route(node);
-                    let (command, noreply) = (request.command, request.noreply);
-                    if !warm_up::warms_up(command) {
-                        return Pending::Single {
-                            routing: routing.clone(),
-                            leg,
-                            command,
-                            noreply,
-                        };
-                    }
-                    return Pending::FirstTry(Homed::new(FirstTry {
-                        routing: routing.clone(),
-                        leg,
-                        rest: Some(job),
-                        node,
-                        command,
-                        noreply,
-                        moves_on: MovesOn::Miss,
-                    }));
-                }
-            }
-            // A read through a failover (or replicated) route whose first child is a pool,
-            // or a write through such a failover route: sent to that pool as a plain
-            // pool's request is; the executor runs only for the later children, if the
-            // first answer is a failure (and a write may be repeated: `FirstTry`).
-            let first = match operation.is_write() {
-                false => failover::first_pool(routing, node),
-                true => failover::write_pool(routing, node),
-            };
-            if let Some((pool, more)) = first {
-                if let Some(server) = routing.server_for(pool, key) {
-                    let connection = routing.pools[pool].servers[server].pick(slot);
-                    let receiver = send_copy(connection, &job.parts, kind);
-                    return Pending::FirstTry(Homed::new(FirstTry {
-                        routing: routing.clone(),
-                        leg: Leg::new(receiver, pool, server, started).on_route(node),
-                        rest: more.then_some(job),
-                        node,
-                        command: request.command,
-                        noreply: request.noreply,
-                        moves_on: MovesOn::Failure,
-                    }));
-                }
-            }
-            return Pending::Routed {
-                routing: routing.clone(),
-                routed: route::start(routing, node, job, started),
-                command: request.command,
-                noreply: request.noreply,
-            };
-        }
+    let (command, noreply) = (request.command, request.noreply);
+    let single = route::Single {
+        request: &request,
+        key,
+        parts,
+        kind,
+        operation,
+        slot,
+        started,
     };
-    Pending::Single {
-        routing: routing.clone(),
-        leg,
-        command: request.command,
-        noreply: request.noreply,
+    match route::start_single(routing, node, single) {
+        Start::Leg(leg) => Pending::Single {
+            routing: routing.clone(),
+            leg,
+            command,
+            noreply,
+        },
+        Start::FirstTry(first) => Pending::FirstTry(first),
+        Start::Replicated(write) => Pending::Replicated(write),
+        Start::Routed(routed) => Pending::Routed {
+            routing: routing.clone(),
+            routed,
+            command,
+            noreply,
+        },
+        Start::NoServers(pool) => no_servers_reply(routing, pool),
     }
-}
-
-/// Queues `parts` on `connection` without taking them: copied into its outgoing buffer as
-/// `BackendHandle::send` copies them, without a clone (two reference counts up and down)
-/// of bytes that are sent again (another replica) or kept (a failover's later children).
-fn send_copy(
-    connection: &memroute_backend::BackendHandle,
-    parts: &(Bytes, Option<Bytes>),
-    kind: ReplyKind,
-) -> ReplyReceiver {
-    let mut request = connection.writer();
-    request.append(&parts.0);
-    if let Some(rest) = &parts.1 {
-        request.append(rest);
-    }
-    request.finish(kind)
-}
-
-/// The flags memcached echoes on a meta reply that carries no data (`EN`, `NS`, `NF`, `HD`):
-/// the opaque `O...`, the key `k` (as `k<key>`) and base64 `b`. Only routes that answer
-/// without a server (null) need them; `None` for non-meta commands.
-fn meta_echo(request: &Request) -> Option<Bytes> {
-    let is_meta = request.command.is_keyed_meta();
-    let key_range = request.keys.first()?;
-    if !is_meta {
-        return None;
-    }
-    let key = &request.frame[key_range.clone()];
-    let line = request.frame.get(key_range.end..request.line_len)?;
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut echo = BytesMut::new();
-    for flag in line.split(|&b| b == b' ').filter(|w| !w.is_empty()) {
-        match flag.first() {
-            Some(b'O') => {
-                echo.put_u8(b' ');
-                echo.put_slice(flag);
-            }
-            Some(b'k') => {
-                echo.put_slice(b" k");
-                echo.put_slice(key);
-            }
-            Some(b'b') if flag.len() == 1 => echo.put_slice(b" b"),
-            _ => {}
-        }
-    }
-    Some(echo.freeze())
 }
 
 fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {

@@ -10,19 +10,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use memroute_backend::{ReplyReceiver, TryRecvError};
-use memroute_config::WritePolicy;
 use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_for, Command, Request};
-use memroute_routing::{classify_reply, write_decision, NodeId, ReplyClass, WriteDecision};
+use memroute_routing::{classify_reply, ReplyClass};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::multiget;
-use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
+use crate::reply::{first_line, server_error, FlushAllMerge, Reply};
+pub(crate) use crate::route::Leg;
 use crate::route::{
-    self, failover, replicated, warm_up, FollowUp, GoesOn, GoingOn, Job, MultiReply, Routed,
-    RoutedKeys,
+    self, FirstTry, FollowUp, GoesOn, GoingOn, MultiReply, ReplicatedWrite, Routed, RoutedKeys,
 };
 use crate::snapshot::RouteSnapshot;
 use crate::stats::{SharedStats, WorkerMetrics};
@@ -32,333 +30,6 @@ use crate::stats::{SharedStats, WorkerMetrics};
 pub(crate) enum Flow {
     Continue,
     Close,
-}
-
-/// One backend sub-request and, once it arrived, its reply.
-#[derive(Debug)]
-pub(crate) struct Leg {
-    /// Where the reply comes; `None` only while a multi-get still writes this leg's batch
-    /// (it is set before the request is dispatched).
-    receiver: Option<ReplyReceiver>,
-    reply: Option<Reply>,
-    pool: u32,
-    server: u32,
-    /// The route node the request reached (a pool's node id is its pool id) and when it
-    /// was read: its latency is recorded under that node's name.
-    route: u32,
-    started: Instant,
-}
-
-impl Leg {
-    pub(crate) fn new(
-        receiver: ReplyReceiver,
-        pool: usize,
-        server: usize,
-        started: Instant,
-    ) -> Leg {
-        Leg {
-            receiver: Some(receiver),
-            reply: None,
-            pool: pool as u32,
-            server: server as u32,
-            route: pool as u32,
-            started,
-        }
-    }
-
-    /// A leg to `server` of `pool` whose request is still being written; see `sent`.
-    pub(crate) fn writing(pool: usize, server: usize, started: Instant) -> Leg {
-        Leg {
-            receiver: None,
-            reply: None,
-            pool: pool as u32,
-            server: server as u32,
-            route: pool as u32,
-            started,
-        }
-    }
-
-    /// The leg's request was queued; its reply comes on `receiver`.
-    pub(crate) fn sent(&mut self, receiver: ReplyReceiver) {
-        self.receiver = Some(receiver);
-    }
-
-    /// Records the leg's latency under route node `route` (a policy route it went through)
-    /// rather than under its pool.
-    pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
-        self.route = route;
-        self
-    }
-
-    /// `try_complete`, registering the session's waker for the reply.
-    fn poll_complete(&mut self, context: &mut std::task::Context<'_>) -> bool {
-        if self.reply.is_some() {
-            return true;
-        }
-        let Some(receiver) = &mut self.receiver else {
-            self.reply = Some(Err(connection_gone()));
-            return true;
-        };
-        match std::pin::Pin::new(receiver).poll(context) {
-            std::task::Poll::Ready(reply) => {
-                self.reply = Some(reply.unwrap_or_else(|_| Err(connection_gone())));
-                true
-            }
-            std::task::Poll::Pending => false,
-        }
-    }
-
-    /// For a retrieval reply from a connection: how many VALUE blocks it holds.
-    fn value_blocks(&self) -> Option<u32> {
-        self.receiver.as_ref().and_then(ReplyReceiver::value_blocks)
-    }
-
-    /// Whether the (complete) leg failed: no reply, or an error line for a retrieval.
-    fn failed(&self) -> bool {
-        match &self.reply {
-            Some(Ok(bytes)) => retrieval_error(bytes).is_some(),
-            _ => true,
-        }
-    }
-
-    /// Records this leg's latency, as of the worker's clock.
-    fn observe(&self, routing: &RouteSnapshot) {
-        routing
-            .metrics
-            .observe_since(self.route as usize, self.started);
-    }
-
-    fn try_complete(&mut self) -> bool {
-        if self.reply.is_some() {
-            return true;
-        }
-        let Some(receiver) = &mut self.receiver else {
-            self.reply = Some(Err(connection_gone()));
-            return true;
-        };
-        match receiver.try_recv() {
-            Ok(reply) => self.reply = Some(reply),
-            Err(TryRecvError::Empty) => return false,
-            Err(TryRecvError::Closed) => self.reply = Some(Err(connection_gone())),
-        }
-        true
-    }
-
-    async fn wait(&mut self) {
-        if self.reply.is_none() {
-            self.reply = Some(match &mut self.receiver {
-                Some(receiver) => receiver.await.unwrap_or_else(|_| Err(connection_gone())),
-                None => Err(connection_gone()),
-            });
-        }
-    }
-
-    /// The reply, counting a failure against its server (in the routing it was sent with).
-    /// Legs run by the route executor count their own failures.
-    fn take(&mut self, routing: &RouteSnapshot) -> Reply {
-        let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
-        if let Err(error) = &reply {
-            if let Some(server) = routing
-                .pools
-                .get(self.pool as usize)
-                .and_then(|p| p.servers.get(self.server as usize))
-            {
-                server.count_failure(error);
-            }
-        }
-        reply
-    }
-}
-
-/// A read through a failover (or replicated) route, or a write through a failover route,
-/// first sent to the route's first pool as a plain pool's request is (`failover::first_pool`,
-/// `failover::write_pool`); the executor takes it on to the later children only if
-/// that answer is a failure (and, for a write, the request may be repeated). Or a read
-/// through a warm-up route, first sent to its cold pool (`warm_up::cold_pool`); the
-/// executor asks warm only if cold missed.
-#[derive(Debug)]
-pub(crate) struct FirstTry {
-    pub routing: Rc<RouteSnapshot>,
-    /// To the first pool; its latency is recorded under the route.
-    pub leg: Leg,
-    /// The request again, for the later children (`None`: no later child to ask, or the
-    /// first answer was judged not a failure).
-    pub rest: Option<Job>,
-    pub node: NodeId,
-    pub command: Command,
-    pub noreply: bool,
-    /// Which first answer goes on to the executor.
-    pub moves_on: MovesOn,
-}
-
-/// Which first answer of a `FirstTry` goes on to the executor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MovesOn {
-    /// A failure, to a failover's later children.
-    Failure,
-    /// A miss, to a warm-up's warm (cold's miss kept as the answer if warm has nothing).
-    Miss,
-}
-
-impl FirstTry {
-    /// Once the first answer is in: when it is a failure and there is a later child, the
-    /// request as the executor's, on its way to the later children (the failure counted
-    /// against its server); for a warm-up, when it is a miss, on its way to warm.
-    fn fail_over(&mut self) -> Option<Pending> {
-        self.rest.as_ref()?;
-        let class = match &self.leg.reply {
-            Some(Ok(bytes)) => classify_reply(bytes),
-            _ => ReplyClass::Error,
-        };
-        let goes_on = match self.moves_on {
-            MovesOn::Failure => class == ReplyClass::Error,
-            MovesOn::Miss => class == ReplyClass::Miss,
-        };
-        // As `failover::run`: a request whose repetition changes the result (incr,
-        // decr, append, prepend, cas) moves on only when the first pool never received it;
-        // otherwise the client gets that failure. (Every read is repeatable.)
-        let repeatable = || {
-            self.rest
-                .as_ref()
-                .is_some_and(|job| job.operation.is_idempotent())
-                || matches!(&self.leg.reply, Some(Err(error)) if error.never_sent())
-        };
-        if !goes_on || !repeatable() {
-            // Judged once: the request is not needed again (nor is this entry moved on
-            // by `poll_progress`).
-            self.rest = None;
-            return None;
-        }
-        let job = self.rest.take()?;
-        let first = self.leg.take(&self.routing);
-        let (command, noreply) = (job.command, self.noreply);
-        let (routing, node, started) = (&self.routing, self.node, self.leg.started);
-        let routed = match self.moves_on {
-            MovesOn::Failure => failover::start_after_first(routing, node, job, started),
-            MovesOn::Miss => warm_up::start_after_cold(routing, node, job, first, started),
-        };
-        Some(Pending::Routed {
-            routing: self.routing.clone(),
-            routed,
-            command,
-            noreply,
-        })
-    }
-}
-
-/// A single-key write through a replicated route whose children are all pools
-/// (`replicated::write_servers`): sent to each replica's server as a plain pool's
-/// request is, one leg per child in the route's order, and answered as the executor's
-/// `replicated::run` answers: the write policy (`write_decision`) is asked after each
-/// reply, in child order, and its first decision stands. No task and no allocation per
-/// write (its home is pooled) unless replicas are still writing when the client is
-/// answered (all-async, all-initial, all-majority): those finish on one task that counts
-/// their failures, as the executor's detached children do.
-#[derive(Debug)]
-pub(crate) struct ReplicatedWrite {
-    pub routing: Rc<RouteSnapshot>,
-    pub legs: SmallVec<[Leg; 3]>,
-    pub node: NodeId,
-    pub policy: WritePolicy,
-    /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
-    pub ack: Option<&'static [u8]>,
-    /// The policy's decision once made (never `Wait`).
-    pub decision: Option<WriteDecision>,
-    pub command: Command,
-    pub noreply: bool,
-    pub started: Instant,
-}
-
-impl ReplicatedWrite {
-    /// Takes in the legs' replies that `arrived` (in child order) until the policy decides;
-    /// true once it has (or nothing is awaited: all-async's ack).
-    fn decide(&mut self, mut arrived: impl FnMut(&mut Leg) -> bool) -> bool {
-        if self.decision.is_some() || self.ack.is_some() {
-            return true;
-        }
-        if self.policy == WritePolicy::AllSync {
-            // all-sync decides only once every replica has answered (`write_decision`
-            // waits until then), so the order the replies are taken in cannot change its
-            // answer: wait for all (as a fan-out does), then judge once.
-            if !self
-                .legs
-                .iter_mut()
-                .all(|leg| leg.reply.is_some() || arrived(leg))
-            {
-                return false;
-            }
-            self.decision = Some(write_decision(self.policy, &self.outcomes()));
-            return true;
-        }
-        for at in 0..self.legs.len() {
-            // A reply taken in on an earlier look was judged then.
-            if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
-                continue;
-            }
-            match write_decision(self.policy, &self.outcomes()) {
-                WriteDecision::Wait => {}
-                decision => {
-                    self.decision = Some(decision);
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
-    /// Per leg, whether its reply (if in) met the request.
-    fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
-        let outcome = |leg: &Leg| leg.reply.as_ref().map(route::answered);
-        self.legs.iter().map(outcome).collect()
-    }
-
-    /// The client's reply; the other replicas' failures counted against their servers, and
-    /// those still writing left to finish on a task (their replies dropped).
-    fn finish(&mut self, context: &WorkerContext, out: &mut BytesMut) {
-        let routing = &self.routing;
-        routing
-            .metrics
-            .observe_since(self.node as usize, self.started);
-        let (reply, answer) = match (self.ack, self.decision) {
-            (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
-            (None, Some(WriteDecision::Answer { child })) => match self.legs.get_mut(child) {
-                Some(leg) => (leg.take(routing), Some(child)),
-                None => (Err(connection_gone()), None),
-            },
-            (None, Some(WriteDecision::Fail { failed, total })) => {
-                let failed =
-                    replicated::write_failed(routing, self.node, self.policy, failed, total);
-                (Ok(failed), None)
-            }
-            // Not reached: finished only once decided.
-            (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
-        };
-        // In place, no move of the legs (the common case: every replica answered). A leg
-        // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
-        let mut writing = false;
-        for (at, leg) in self.legs.iter_mut().enumerate() {
-            if Some(at) == answer {
-                leg.receiver = None;
-            } else if leg.reply.is_some() {
-                drop(leg.take(routing));
-                leg.receiver = None;
-            } else {
-                writing = true;
-            }
-        }
-        if writing {
-            let legs = std::mem::take(&mut self.legs).into_iter();
-            let writing: SmallVec<[Leg; 3]> = legs.filter(|leg| leg.receiver.is_some()).collect();
-            let routing = routing.clone();
-            tokio::task::spawn_local(async move {
-                for mut leg in writing {
-                    leg.wait().await;
-                    let _ = leg.take(&routing);
-                }
-            });
-        }
-        finish_single(context, reply, self.command, self.noreply, out);
-    }
 }
 
 /// A multi-key retrieval split over servers.
@@ -602,7 +273,7 @@ impl Pending {
                 if !first.leg.try_complete() {
                     return false;
                 }
-                match first.fail_over() {
+                match go_on(first) {
                     Some(next) => {
                         self.replace(next);
                         self.try_complete()
@@ -643,7 +314,7 @@ impl Pending {
                     return;
                 };
                 first.leg.wait().await;
-                if let Some(next) = first.fail_over() {
+                if let Some(next) = go_on(first) {
                     self.replace(next);
                     if let Pending::Routed { routed, .. } = self {
                         routed.wait().await;
@@ -704,8 +375,8 @@ impl Pending {
                     return;
                 };
                 // Only an entry with a later child to ask has anything to move on.
-                let answered = first.rest.is_some() && first.leg.poll_complete(context);
-                if let Some(next) = answered.then(|| first.fail_over()).flatten() {
+                let answered = first.may_go_on() && first.leg.poll_complete(context);
+                if let Some(next) = answered.then(|| go_on(first)).flatten() {
                     self.replace(next);
                     if let Pending::Routed { routed, .. } = self {
                         let _ = routed.poll(context);
@@ -779,13 +450,25 @@ impl Pending {
             Pending::Fanout(fanout) => finish_fanout(*fanout, out),
             Pending::Replicated(mut write) => {
                 if let Some(write) = write.get_mut() {
-                    write.finish(context, out);
+                    let reply = write.finish();
+                    finish_single(context, reply, write.command, write.noreply, out);
                 }
                 write.release();
             }
         }
         Flow::Continue
     }
+}
+
+/// A first try whose answer goes on (`FirstTry::go_on`): the entry that replaces it.
+fn go_on(first: &mut FirstTry) -> Option<Pending> {
+    let routed = first.go_on()?;
+    Some(Pending::Routed {
+        routing: first.routing.clone(),
+        routed,
+        command: first.command,
+        noreply: first.noreply,
+    })
 }
 
 /// Waits until every leg of a multi-get has answered and every group is complete.

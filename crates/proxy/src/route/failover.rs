@@ -17,9 +17,12 @@ use std::time::Instant;
 use memroute_config::{FailoverOn, ReadPolicy};
 use memroute_routing::{Node, NodeId, ReplyClass};
 
+use super::first_try::{FirstTry, Then};
 use super::in_place::{BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
 use super::{pool, run_child, run_multi_child, GoesOn};
+use super::{Leg, Start};
+use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -214,6 +217,59 @@ pub(super) async fn run_multi(
         .map(|outcome| outcome.unwrap_or(KeyReply::Failed(Err(connection_gone()))))
         .collect();
     KeyReplies::Keys(outcomes)
+}
+
+/// A request through failover route `node` (or a read through a replicated route that
+/// reads as one) whose first child is a pool with servers: sent to that pool as a plain
+/// pool's request is, waiting as a `FirstTry`; the later children are asked only if the
+/// first answer is a failure (`after_first_answer`). `Err(job)` otherwise.
+// `Err` hands the request back, unboxed (no allocation), to the general walk.
+#[allow(clippy::result_large_err)]
+pub(super) fn start(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    started: Instant,
+    noreply: bool,
+) -> Result<Start, Job> {
+    let first = match job.operation.is_write() {
+        false => first_pool(routing, node),
+        true => write_pool(routing, node),
+    };
+    let Some((pool, more)) = first else {
+        return Err(job);
+    };
+    let Some(server) = routing.server_for(pool, &job.key) else {
+        return Err(job);
+    };
+    let connection = routing.pools[pool].servers[server].pick(job.slot);
+    let receiver = pool::send_copy(connection, &job.parts, job.kind);
+    Ok(Start::FirstTry(Homed::new(FirstTry {
+        routing: routing.clone(),
+        leg: Leg::new(receiver, pool, server, started).on_route(node),
+        command: job.command,
+        noreply,
+        rest: more.then_some(job),
+        node,
+        then: Then::Failover,
+    })))
+}
+
+/// The continuation of a `FirstTry` to the first pool: a failure goes on to the later
+/// children, the failure counted against its server. A request whose repetition changes
+/// the result (incr, decr, append, prepend, cas) goes on only when the first pool never
+/// received it, as `run` decides; otherwise the client gets that failure. (Every read is
+/// repeatable.)
+pub(super) fn after_first_answer(first: &mut FirstTry) -> Option<Routed> {
+    let job = first.rest.as_ref()?;
+    let repeatable = job.operation.is_idempotent() || first.leg.never_sent();
+    if first.leg.class() != ReplyClass::Error || !repeatable {
+        return None;
+    }
+    let job = first.rest.take()?;
+    let _failure = first.leg.take(&first.routing);
+    let started = first.leg.started;
+    Some(start_after_first(&first.routing, first.node, job, started))
 }
 
 /// For a multi-get through failover (or failover-reading replicated) route `node`: the

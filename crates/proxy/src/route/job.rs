@@ -6,10 +6,11 @@ use std::pin::Pin;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
-use memroute_protocol::{retrieval_error, value_block_at, Command, ReplyKind};
+use memroute_protocol::{retrieval_error, value_block_at, Command, ReplyKind, Request};
 use memroute_routing::{classify_reply, ReplyClass};
 use smallvec::SmallVec;
 
+use super::Single;
 use crate::multiget;
 use crate::reply::{connection_gone, Reply};
 
@@ -27,6 +28,57 @@ pub(crate) struct Job {
     pub slot: usize,
     /// For meta commands: the flags a reply without data echoes (` O123 kfoo`).
     pub echo: Option<Bytes>,
+}
+
+impl Job {
+    /// A single-key request as the executor (or a first try's continuation) carries it.
+    pub(crate) fn single(single: Single<'_>) -> Job {
+        let request = single.request;
+        Job {
+            operation: single.operation,
+            command: request.command,
+            // A view of the client's frame, unless it is a decoded base64 key.
+            key: match request.base64_key {
+                true => Bytes::copy_from_slice(single.key),
+                false => request.frame.slice_ref(single.key),
+            },
+            parts: single.parts,
+            kind: single.kind,
+            slot: single.slot,
+            echo: meta_echo(request),
+        }
+    }
+}
+
+/// The flags memcached echoes on a meta reply that carries no data (`EN`, `NS`, `NF`, `HD`):
+/// the opaque `O...`, the key `k` (as `k<key>`) and base64 `b`. Only routes that answer
+/// without a server (null) need them; `None` for non-meta commands.
+fn meta_echo(request: &Request) -> Option<Bytes> {
+    let is_meta = request.command.is_keyed_meta();
+    let key_range = request.keys.first()?;
+    if !is_meta {
+        return None;
+    }
+    let key = &request.frame[key_range.clone()];
+    let line = request.frame.get(key_range.end..request.line_len)?;
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut echo = BytesMut::new();
+    for flag in line.split(|&b| b == b' ').filter(|w| !w.is_empty()) {
+        match flag.first() {
+            Some(b'O') => {
+                echo.put_u8(b' ');
+                echo.put_slice(flag);
+            }
+            Some(b'k') => {
+                echo.put_slice(b" k");
+                echo.put_slice(key);
+            }
+            Some(b'b') if flag.len() == 1 => echo.put_slice(b" b"),
+            _ => {}
+        }
+    }
+    Some(echo.freeze())
 }
 
 /// The keys of one multi-get (get/gets/gat/gats) that reach the same policy route.

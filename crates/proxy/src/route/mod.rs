@@ -33,13 +33,17 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use memroute_backend::ReplyReceiver;
 use memroute_config::{Operation, ReadPolicy};
+use memroute_protocol::{ReplyKind, Request};
 use memroute_routing::{Node, NodeId};
 
 pub(crate) mod failover;
+mod first_try;
 mod fixed;
 mod in_place;
 mod job;
+mod leg;
 pub(crate) mod pool;
 pub(crate) mod random;
 pub(crate) mod replicated;
@@ -47,15 +51,115 @@ mod select;
 pub(crate) mod shadow;
 pub(crate) mod warm_up;
 
+pub(crate) use first_try::FirstTry;
 pub(crate) use in_place::{InPlace, Routed, RoutedKeys};
-pub(crate) use job::{answered, Job, MultiJob, MultiReply};
 use job::{multi_reply, BoxedKeyReplies, BoxedReply, KeyReplies};
+pub(crate) use job::{Job, MultiJob, MultiReply};
+pub(crate) use leg::Leg;
 pub(crate) use pool::BatchLines;
 pub(crate) use random::RandomPicks;
 use random::{only_pools, pick as pick_random};
+pub(crate) use replicated::ReplicatedWrite;
 
+use crate::buffers::Homed;
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
+
+/// A single-key request as dispatch hands it to the node it selected.
+pub(crate) struct Single<'r> {
+    pub request: &'r Request,
+    /// The key the request is placed by (a base64 meta key decoded).
+    pub key: &'r [u8],
+    /// The bytes to send to a server (noreply/q stripped, padding squeezed out).
+    pub parts: (Bytes, Option<Bytes>),
+    pub kind: ReplyKind,
+    pub operation: Operation,
+    /// The client session's connection slot.
+    pub slot: usize,
+    /// When the request was read (its latency sample).
+    pub started: Instant,
+}
+
+/// How a single-key request starts: what the session's pending entry holds for it.
+pub(crate) enum Start {
+    /// A plain leg: to a pool, or through shadow and random routes down to one.
+    Leg(Leg),
+    /// A plain leg to a failover's first pool or a warm-up's cold, whose answer may go on.
+    FirstTry(Homed<FirstTry>),
+    /// One plain leg per replica of a replicated write, judged in place.
+    Replicated(Homed<ReplicatedWrite>),
+    /// The executor's walk, polled in place.
+    Routed(Routed),
+    /// The pool has no servers (yet: DNS discovery).
+    NoServers(usize),
+}
+
+/// Starts a single-key request at `node`. Each kind first tries its fast path (plain legs,
+/// as a pool's request is sent), and only then the general walk (`start`).
+pub(crate) fn start_single(routing: &Rc<RouteSnapshot>, node: NodeId, single: Single<'_>) -> Start {
+    let (started, noreply) = (single.started, single.request.noreply);
+    let job = match routing.routes.node(node) {
+        // The fast path: a plain pool, straight to its server's connection.
+        &Node::Pool(pool) => return pool::start(routing, pool, single),
+        Node::Replicated { .. } if single.operation.is_write() => {
+            match replicated::start_write(routing, node, &single) {
+                Some(start) => return start,
+                None => Job::single(single),
+            }
+        }
+        Node::Shadow { .. } | Node::Random { .. } => {
+            match start_through_shadow_or_random(routing, node, Job::single(single), started) {
+                Ok(start) => return start,
+                Err(job) => job,
+            }
+        }
+        Node::WarmUp { .. } => {
+            match warm_up::start(routing, node, Job::single(single), started, noreply) {
+                Ok(start) => return start,
+                Err(job) => job,
+            }
+        }
+        Node::Failover { .. } | Node::Replicated { .. } => {
+            match failover::start(routing, node, Job::single(single), started, noreply) {
+                Ok(start) => return start,
+                Err(job) => job,
+            }
+        }
+        _ => Job::single(single),
+    };
+    Start::Routed(start(routing, node, job, started))
+}
+
+/// Through shadow and random routes down to a pool (`single_pool`): sent to that pool as a
+/// plain pool's request is, with the shadow copy (if the key is in its range) on a task of
+/// its own, as the executor would send it. `Err(job)` when the way holds other routes.
+// `Err` hands the request back, unboxed (no allocation), to the general walk.
+#[allow(clippy::result_large_err)]
+fn start_through_shadow_or_random(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    started: Instant,
+) -> Result<Start, Job> {
+    let Some((pool, shadow)) = single_pool(routing, node) else {
+        return Err(job);
+    };
+    // A pool without servers yet (DNS discovery) answers as the executor does for it; the
+    // executor is not asked, as it would draw a random route's child again (favouring the
+    // children with servers).
+    let (receiver, server) = match routing.server_for(pool, &job.key) {
+        Some(server) => {
+            let connection = routing.pools[pool].servers[server].pick(job.slot);
+            (connection.send(job.parts.clone(), job.kind), server)
+        }
+        None => (ReplyReceiver::ready(Err(routing.no_servers(pool))), 0),
+    };
+    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+    if let Some(shadow) = shadow {
+        shadow::copy_single(routing, shadow, job);
+    }
+    Ok(Start::Leg(leg))
+}
 
 /// Starts `job` from `node`: polled once now, so that every request it can send without
 /// waiting goes out before the client's next request is dispatched (a `set` through a

@@ -10,7 +10,10 @@ use memroute_protocol::{retrieval_error, ReplyKind};
 use memroute_routing::{Node, NodeId};
 use smallvec::SmallVec;
 
+use bytes::Bytes;
+
 use super::job::{per_key, Job, KeyReplies, MultiJob};
+use super::{Leg, Single, Start};
 use crate::multiget::{self, KeyTarget, Step};
 use crate::reply::{connection_gone, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -22,6 +25,33 @@ pub(crate) fn with_servers(routing: &RouteSnapshot, node: NodeId) -> Option<usiz
         Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some(*pool),
         _ => None,
     }
+}
+
+/// The fast path: a single-key request to a plain pool, straight to its server's
+/// connection as a leg of the session's own (no task, no allocation).
+pub(super) fn start(routing: &RouteSnapshot, pool: usize, single: Single<'_>) -> Start {
+    let Some(server) = routing.server_for(pool, single.key) else {
+        return Start::NoServers(pool);
+    };
+    let connection = routing.pools[pool].servers[server].pick(single.slot);
+    let receiver = connection.send(single.parts, single.kind);
+    Start::Leg(Leg::new(receiver, pool, server, single.started))
+}
+
+/// Queues `parts` on `connection` without taking them: copied into its outgoing buffer as
+/// `BackendHandle::send` copies them, without a clone (two reference counts up and down)
+/// of bytes that are sent again (another replica) or kept (a failover's later children).
+pub(crate) fn send_copy(
+    connection: &memroute_backend::BackendHandle,
+    parts: &(Bytes, Option<Bytes>),
+    kind: ReplyKind,
+) -> ReplyReceiver {
+    let mut request = connection.writer();
+    request.append(&parts.0);
+    if let Some(rest) = &parts.1 {
+        request.append(rest);
+    }
+    request.finish(kind)
 }
 
 /// One request to the server that owns its key (flush_all: to every server).

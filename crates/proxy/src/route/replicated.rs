@@ -10,15 +10,18 @@
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::Poll;
+use std::time::Instant;
 
 use bytes::Bytes;
 use memroute_config::{FailoverOn, ReadPolicy, WritePolicy};
+use memroute_protocol::Command;
 use memroute_routing::{write_decision, Node, NodeId, WriteDecision};
 use smallvec::SmallVec;
 
 use super::in_place::start_all;
 use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
-use super::{failover, random, run_child, run_multi_child};
+use super::{failover, pool, random, run_child, run_multi_child, Leg, Single, Start};
+use crate::buffers::Homed;
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -150,6 +153,45 @@ pub(crate) fn write_servers(
     Some((*writes, servers))
 }
 
+/// A write through replicated route `node` whose children are all pools with a server for
+/// the key (`write_servers`): sent to every replica as a plain pool's request is, the
+/// replies judged in place (`ReplicatedWrite`). `None` for any other replicated route.
+pub(super) fn start_write(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    single: &Single<'_>,
+) -> Option<Start> {
+    let (policy, servers) = write_servers(routing, node, single.key)?;
+    let command = single.request.command;
+    let ack = match policy {
+        WritePolicy::AllAsync => immediate_ack(command),
+        _ => None,
+    };
+    let started = single.started;
+    let mut write = Homed::new(ReplicatedWrite {
+        routing: routing.clone(),
+        legs: SmallVec::new(),
+        node,
+        policy,
+        ack,
+        decision: None,
+        command,
+        noreply: single.request.noreply,
+        started,
+    });
+    // The legs go straight into their home (not moved there afterwards).
+    if let Some(write) = write.get_mut() {
+        for &(pool, server) in &servers {
+            let connection = routing.pools[pool].servers[server].pick(single.slot);
+            let receiver = pool::send_copy(connection, &single.parts, single.kind);
+            write
+                .legs
+                .push(Leg::new(receiver, pool, server, started).on_route(node));
+        }
+    }
+    Some(Start::Replicated(write))
+}
+
 /// Per replica of a replicated write, (pool, server).
 pub(crate) type ReplicaServers = SmallVec<[(usize, usize); 3]>;
 
@@ -221,4 +263,118 @@ async fn fastest_multi(
     .await
     .or(last)
     .unwrap_or_else(|| KeyReplies::failed(keys.len(), Err(connection_gone())))
+}
+
+/// A single-key write through a replicated route whose children are all pools
+/// (`write_servers`): sent to each replica's server as a plain pool's
+/// request is, one leg per child in the route's order, and answered as the executor's
+/// `run` answers: the write policy (`write_decision`) is asked after each
+/// reply, in child order, and its first decision stands. No task and no allocation per
+/// write (its home is pooled) unless replicas are still writing when the client is
+/// answered (all-async, all-initial, all-majority): those finish on one task that counts
+/// their failures, as the executor's detached children do.
+#[derive(Debug)]
+pub(crate) struct ReplicatedWrite {
+    pub routing: Rc<RouteSnapshot>,
+    pub legs: SmallVec<[Leg; 3]>,
+    pub node: NodeId,
+    pub policy: WritePolicy,
+    /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
+    pub ack: Option<&'static [u8]>,
+    /// The policy's decision once made (never `Wait`).
+    pub decision: Option<WriteDecision>,
+    pub command: Command,
+    pub noreply: bool,
+    pub started: Instant,
+}
+
+impl ReplicatedWrite {
+    /// Takes in the legs' replies that `arrived` (in child order) until the policy decides;
+    /// true once it has (or nothing is awaited: all-async's ack).
+    pub(crate) fn decide(&mut self, mut arrived: impl FnMut(&mut Leg) -> bool) -> bool {
+        if self.decision.is_some() || self.ack.is_some() {
+            return true;
+        }
+        if self.policy == WritePolicy::AllSync {
+            // all-sync decides only once every replica has answered (`write_decision`
+            // waits until then), so the order the replies are taken in cannot change its
+            // answer: wait for all (as a fan-out does), then judge once.
+            if !self
+                .legs
+                .iter_mut()
+                .all(|leg| leg.reply.is_some() || arrived(leg))
+            {
+                return false;
+            }
+            self.decision = Some(write_decision(self.policy, &self.outcomes()));
+            return true;
+        }
+        for at in 0..self.legs.len() {
+            // A reply taken in on an earlier look was judged then.
+            if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
+                continue;
+            }
+            match write_decision(self.policy, &self.outcomes()) {
+                WriteDecision::Wait => {}
+                decision => {
+                    self.decision = Some(decision);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Per leg, whether its reply (if in) met the request.
+    fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
+        let outcome = |leg: &Leg| leg.reply.as_ref().map(answered);
+        self.legs.iter().map(outcome).collect()
+    }
+
+    /// The client's reply; the other replicas' failures counted against their servers, and
+    /// those still writing left to finish on a task (their replies dropped).
+    pub(crate) fn finish(&mut self) -> Reply {
+        let routing = &self.routing;
+        routing
+            .metrics
+            .observe_since(self.node as usize, self.started);
+        let (reply, answer) = match (self.ack, self.decision) {
+            (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
+            (None, Some(WriteDecision::Answer { child })) => match self.legs.get_mut(child) {
+                Some(leg) => (leg.take(routing), Some(child)),
+                None => (Err(connection_gone()), None),
+            },
+            (None, Some(WriteDecision::Fail { failed, total })) => {
+                let failed = write_failed(routing, self.node, self.policy, failed, total);
+                (Ok(failed), None)
+            }
+            // Not reached: finished only once decided.
+            (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
+        };
+        // In place, no move of the legs (the common case: every replica answered). A leg
+        // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
+        let mut writing = false;
+        for (at, leg) in self.legs.iter_mut().enumerate() {
+            if Some(at) == answer {
+                leg.receiver = None;
+            } else if leg.reply.is_some() {
+                drop(leg.take(routing));
+                leg.receiver = None;
+            } else {
+                writing = true;
+            }
+        }
+        if writing {
+            let legs = std::mem::take(&mut self.legs).into_iter();
+            let writing: SmallVec<[Leg; 3]> = legs.filter(|leg| leg.receiver.is_some()).collect();
+            let routing = routing.clone();
+            tokio::task::spawn_local(async move {
+                for mut leg in writing {
+                    leg.wait().await;
+                    let _ = leg.take(&routing);
+                }
+            });
+        }
+        reply
+    }
 }

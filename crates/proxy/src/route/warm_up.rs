@@ -16,9 +16,12 @@ use memroute_config::Operation;
 use memroute_protocol::{Command, ReplyKind};
 use memroute_routing::{Node, NodeId, ReplyClass};
 
+use super::first_try::{FirstTry, Then};
 use super::in_place::{eager, join_all, BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
 use super::{pool, run_child, run_multi_child};
+use super::{Leg, Start};
+use crate::buffers::Homed;
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
 
@@ -77,6 +80,60 @@ pub(crate) fn start_after_cold(
         after_cold(&routing, node, cold, warm, ttl, &job, from_cold).await
     });
     InPlace::started(future, node, started)
+}
+
+/// A request through warm-up route `node` whose cold is a pool with servers: sent to cold
+/// as a plain pool's request is; a read (`warms_up`) waits as a `FirstTry` whose miss goes
+/// on to warm (`after_cold_answer`). `Err(job)` when cold is not such a pool.
+// `Err` hands the request back, unboxed (no allocation), to the general walk.
+#[allow(clippy::result_large_err)]
+pub(super) fn start(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    started: Instant,
+    noreply: bool,
+) -> Result<Start, Job> {
+    let Some(pool) = cold_pool(routing, node) else {
+        return Err(job);
+    };
+    let Some(server) = routing.server_for(pool, &job.key) else {
+        return Err(job);
+    };
+    let connection = routing.pools[pool].servers[server].pick(job.slot);
+    let receiver = connection.send(job.parts.clone(), job.kind);
+    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+    if !warms_up(job.command) {
+        return Ok(Start::Leg(leg));
+    }
+    Ok(Start::FirstTry(Homed::new(FirstTry {
+        routing: routing.clone(),
+        leg,
+        command: job.command,
+        noreply,
+        rest: Some(job),
+        node,
+        then: Then::WarmUp,
+    })))
+}
+
+/// The continuation of a `FirstTry` to cold's pool (made for reads only: `warms_up`):
+/// cold's miss goes on to warm, as `run` goes on after cold; a hit or a failure is the
+/// client's answer.
+pub(super) fn after_cold_answer(first: &mut FirstTry) -> Option<Routed> {
+    if first.leg.class() != ReplyClass::Miss {
+        return None;
+    }
+    let job = first.rest.take()?;
+    let from_cold = first.leg.take(&first.routing);
+    let started = first.leg.started;
+    Some(start_after_cold(
+        &first.routing,
+        first.node,
+        job,
+        from_cold,
+        started,
+    ))
 }
 
 /// A warm-up read once cold answered `from_cold`: a hit (or a failure) is the answer; a
