@@ -2,7 +2,9 @@
 //! each holding the snapshot its request was routed with and the backend legs its reply
 //! comes from. `try_complete`/`wait` collect the legs' replies; `finish` turns a completed
 //! entry into the client's bytes (hit/miss counts, a multi-get merged in client order by
-//! `multiget`, flush_all's replies merged by `reply::FlushAllMerge`).
+//! `multiget`, flush_all's replies merged by `reply::FlushAllMerge`). What a leg's answer
+//! leads to is its route kind's (`route::FirstTry::go_on`, `route::ReplicatedWrite::decide`,
+//! `route::MultiGet::fail_over`); this module only polls and writes.
 use std::collections::VecDeque;
 use std::future::Future;
 use std::rc::Rc;
@@ -10,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_for, Command, Request};
+use memroute_protocol::{quiet_suppresses, retrieval_error, Command};
 use memroute_routing::{classify_reply, ReplyClass};
 use smallvec::SmallVec;
 
@@ -18,10 +20,8 @@ use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::multiget;
 use crate::reply::{first_line, server_error, FlushAllMerge, Reply};
-pub(crate) use crate::route::Leg;
-use crate::route::{
-    self, FirstTry, FollowUp, GoesOn, GoingOn, MultiReply, ReplicatedWrite, Routed, RoutedKeys,
-};
+use crate::route::{FirstTry, MultiReply, ReplicatedWrite, Routed, RoutedKeys};
+pub(crate) use crate::route::{Leg, MultiGet};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::{SharedStats, WorkerMetrics};
 
@@ -30,181 +30,6 @@ use crate::stats::{SharedStats, WorkerMetrics};
 pub(crate) enum Flow {
     Continue,
     Close,
-}
-
-/// A multi-key retrieval split over servers.
-#[derive(Debug)]
-pub(crate) struct MultiGet {
-    pub routing: Rc<RouteSnapshot>,
-    pub request: Request,
-    pub legs: SmallVec<[Leg; 4]>,
-    /// The keys that reach policy routes, one group per route node, each run by the
-    /// route executor in place; their replies merge after the legs' (leg index
-    /// `legs.len() + group` in `key_leg`).
-    pub routed: SmallVec<[RoutedKeys; 1]>,
-    /// For each of the request's keys, the leg that carries it.
-    pub key_leg: crate::multiget::KeyLegs,
-    /// Planned over failover or warm-up routes' first pools (`route::multi_get_pool`):
-    /// where the keys of a failed batch (or a warm-up's misses) go once every leg has
-    /// answered; taken when looked at.
-    pub follow_up: Option<FollowUp>,
-}
-
-impl MultiGet {
-    /// Once every leg has answered: the keys that go on from their route's first pool
-    /// (`route::goes_on`) form one more group per route: a failover's keys of the batches
-    /// that failed (each failure counted against its server, as a failed leg always is; a
-    /// failed leg all of whose keys went on then stands for none), a warm-up's keys its
-    /// batch answered as misses. True when such a group was started.
-    ///
-    /// Nothing goes on when a failed batch stays (one of its keys has no later child to
-    /// go to): the client's reply is that failure whatever the later children answer, so
-    /// their backend work would be wasted.
-    fn fail_over(&mut self) -> bool {
-        let Some(rest) = self.follow_up.take() else {
-            return false;
-        };
-        let batches = self.legs.len();
-        // Per leg: failed, or (with misses to look for) answered with fewer VALUE blocks
-        // than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
-        // servers answer each key asked at most once, in the order asked, so a batch whose
-        // count is its key count hit every key and is not walked here: only the merge
-        // walks it (when cold hits every key, the common case, nothing is walked twice).
-        let mut outcomes: SmallVec<[Batch; 8]> = smallvec::smallvec![Batch::Hit; batches];
-        let outcomes = &mut outcomes[..];
-        if rest.misses {
-            let mut asked: SmallVec<[u32; 8]> = smallvec::smallvec![0; batches];
-            let asked = &mut asked[..];
-            for &leg in &self.key_leg {
-                if let Some(asked) = asked.get_mut(leg as usize) {
-                    *asked += 1;
-                }
-            }
-            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&self.legs).zip(&*asked) {
-                *outcome = match leg.failed() {
-                    true => Batch::Failed,
-                    false if leg.value_blocks() == Some(asked) => Batch::Hit,
-                    false => Batch::Missed,
-                };
-            }
-        } else {
-            for (outcome, leg) in outcomes.iter_mut().zip(&self.legs) {
-                if leg.failed() {
-                    *outcome = Batch::Failed;
-                }
-            }
-        }
-        let any_failed = outcomes.contains(&Batch::Failed);
-        if !any_failed && !outcomes.contains(&Batch::Missed) {
-            return false;
-        }
-        let routes = &self.routing.routes;
-        // Where a key goes on from (`goes`: why it would), or `None` when it stays.
-        let going_on = |key: &[u8], goes: GoesOn| {
-            let node = routes.select(rest.root, rest.operation, key);
-            let route_goes = route::goes_on(&self.routing, node);
-            route_goes.takes(goes).then_some((node, route_goes))
-        };
-        if any_failed {
-            // Per failed leg: whether a key stays (a plain pool's key in a failed batch
-            // fails the multi-get).
-            let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
-            for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
-                let leg = leg as usize;
-                if outcomes.get(leg) == Some(&Batch::Failed) && !stays[leg] {
-                    let key = &self.request.frame[range.clone()];
-                    stays[leg] = going_on(key, GoesOn::Failed).is_none();
-                }
-            }
-            if stays.contains(&true) {
-                // The reply is decided: the first failure of a batch that stays, as when
-                // the others' keys had gone on (their failures counted, not shown).
-                for (leg, _) in self.legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
-                    if leg.failed() {
-                        let _ = leg.take(&self.routing);
-                        leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
-                    }
-                }
-                return false;
-            }
-        }
-        let first_group = (batches + self.routed.len()) as u32;
-        let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
-        // Per leg walked for misses: where its next VALUE block starts.
-        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches];
-        for (range, key_leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
-            let leg = *key_leg as usize;
-            if leg >= batches {
-                continue;
-            }
-            let key = &self.request.frame[range.clone()];
-            let goes = match (outcomes[leg], &self.legs[leg].reply) {
-                (Batch::Hit, _) => continue,
-                (Batch::Failed, _) => GoesOn::Failed,
-                (Batch::Missed, Some(Ok(reply))) => {
-                    match value_block_for(reply, cursor[leg], key) {
-                        // A hit: its block is the leg's next (servers answer in the order asked),
-                        // found as the merge finds it (the header compared with this key).
-                        Some(block) => {
-                            cursor[leg] = block.end;
-                            continue;
-                        }
-                        None => GoesOn::Missed,
-                    }
-                }
-                _ => continue,
-            };
-            // A miss anywhere but a warm-up or an error-or-miss failover is a miss.
-            let Some((node, route_goes)) = going_on(key, goes) else {
-                continue;
-            };
-            let group = match groups.iter().position(|g| g.node == node) {
-                Some(group) => group,
-                None => {
-                    groups.push(GoingOn {
-                        node,
-                        keys: Vec::new(),
-                        missed: Vec::new(),
-                    });
-                    groups.len() - 1
-                }
-            };
-            let going = &mut groups[group];
-            going.keys.push(self.request.frame.slice(range.clone()));
-            if route_goes == GoesOn::FailedOrMissed {
-                going.missed.push(goes == GoesOn::Missed);
-            }
-            *key_leg = first_group + group as u32;
-        }
-        // Every key of a failed batch went on: the batch stands for none.
-        for (leg, &outcome) in self.legs.iter_mut().zip(&*outcomes) {
-            if outcome == Batch::Failed {
-                let _ = leg.take(&self.routing);
-                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
-            }
-        }
-        if groups.is_empty() {
-            return false;
-        }
-        let started = self.legs.first().map(|leg| leg.started);
-        let started = started.unwrap_or_else(|| self.routing.metrics.now());
-        for going in groups {
-            let routed = rest.start(&self.routing, going, started);
-            self.routed.push(routed);
-        }
-        true
-    }
-}
-
-/// What a multi-get's batch answered, as `MultiGet::fail_over` sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Batch {
-    /// Every key asked (or no misses looked for).
-    Hit,
-    /// Answered, with fewer VALUE blocks than keys asked: walked for the misses.
-    Missed,
-    /// No answer, or an error line.
-    Failed,
 }
 
 /// The same request sent to every server of a pool (flush_all).
