@@ -6,13 +6,12 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_config::Operation;
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request, MAX_SHORT_LINE};
-use memroute_routing::{operation_of, Node, NodeId};
+use memroute_routing::{operation_of, NodeId};
 
 use crate::context::WorkerContext;
-use crate::pending::{Fanout, Flow, Leg, Pending};
-use crate::route::{self, Job, Start};
+use crate::pending::{no_servers_reply, Flow, Pending};
+use crate::route;
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -187,30 +186,12 @@ fn send_single(
         slot,
         started,
     };
-    match route::start_single(routing, node, single) {
-        Start::Leg(leg) => Pending::Single {
-            routing: routing.clone(),
-            leg,
-            command,
-            noreply,
-        },
-        Start::FirstTry(first) => Pending::FirstTry(first),
-        Start::Replicated(write) => Pending::Replicated(write),
-        Start::Routed(routed) => Pending::Routed {
-            routing: routing.clone(),
-            routed,
-            command,
-            noreply,
-        },
-        Start::NoServers(pool) => no_servers_reply(routing, pool),
-    }
-}
-
-fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {
-    Pending::Ready(Bytes::from(format!(
-        "SERVER_ERROR {}\r\n",
-        routing.no_servers(pool)
-    )))
+    Pending::started(
+        routing,
+        route::start_single(routing, node, single),
+        command,
+        noreply,
+    )
 }
 
 /// Whether a command's line must stay below memcached's short-line buffer
@@ -291,51 +272,9 @@ fn fan_out_flush(
     slot: usize,
     request: Request,
 ) -> Pending {
-    let routes = &routing.routes;
-    let parts = request.forward_parts();
     routing.metrics.count(root as usize, request.command);
     let started = routing.metrics.now();
-    let pool = match routes.node(root) {
-        Node::Pool(pool) => *pool,
-        // A route decides where flush_all goes (every target of a prefix route, every
-        // replica, the operation route's flush_all target, ...).
-        _ => {
-            let job = Job {
-                operation: Operation::FlushAll,
-                command: request.command,
-                key: Bytes::new(),
-                parts,
-                kind: ReplyKind::Line,
-                slot,
-                echo: None,
-            };
-            return Pending::Routed {
-                routing: routing.clone(),
-                routed: route::start(routing, root, job, started),
-                command: request.command,
-                noreply: request.noreply,
-            };
-        }
-    };
-    if routing.pools[pool].servers.is_empty() {
-        return no_servers_reply(routing, pool);
-    }
-    let legs = routing.pools[pool]
-        .servers
-        .iter()
-        .enumerate()
-        .map(|(server, connections)| {
-            Leg::new(
-                connections.pick(slot).send(parts.clone(), ReplyKind::Line),
-                pool,
-                server,
-                started,
-            )
-        })
-        .collect();
-    Pending::Fanout(Box::new(Fanout {
-        routing: routing.clone(),
-        legs,
-        noreply: request.noreply,
-    }))
+    let (command, noreply) = (request.command, request.noreply);
+    let start = route::start_flush_all(routing, root, request.forward_parts(), slot, started);
+    Pending::started(routing, start, command, noreply)
 }

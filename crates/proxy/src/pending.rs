@@ -20,7 +20,7 @@ use crate::buffers::Homed;
 use crate::context::WorkerContext;
 use crate::multiget;
 use crate::reply::{first_line, server_error, FlushAllMerge, Reply};
-use crate::route::{FirstTry, MultiReply, ReplicatedWrite, Routed, RoutedKeys};
+use crate::route::{FirstTry, MultiReply, ReplicatedWrite, Routed, RoutedKeys, Start};
 pub(crate) use crate::route::{Leg, MultiGet};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::{SharedStats, WorkerMetrics};
@@ -80,6 +80,38 @@ pub(crate) enum Pending {
 }
 
 impl Pending {
+    /// The entry for a request its route started (`route::start_single`,
+    /// `route::start_flush_all`), holding `routing` until it is answered.
+    pub(crate) fn started(
+        routing: &Rc<RouteSnapshot>,
+        start: Start,
+        command: Command,
+        noreply: bool,
+    ) -> Pending {
+        match start {
+            Start::Leg(leg) => Pending::Single {
+                routing: routing.clone(),
+                leg,
+                command,
+                noreply,
+            },
+            Start::FirstTry(first) => Pending::FirstTry(first),
+            Start::Replicated(write) => Pending::Replicated(write),
+            Start::Routed(routed) => Pending::Routed {
+                routing: routing.clone(),
+                routed,
+                command,
+                noreply,
+            },
+            Start::Legs(legs) => Pending::Fanout(Box::new(Fanout {
+                routing: routing.clone(),
+                legs,
+                noreply,
+            })),
+            Start::NoServers(pool) => no_servers_reply(routing, pool),
+        }
+    }
+
     /// Collects whatever replies have arrived, without waiting. True when complete.
     pub(crate) fn try_complete(&mut self) -> bool {
         match self {
@@ -294,6 +326,14 @@ fn go_on(first: &mut FirstTry) -> Option<Pending> {
         command: first.command,
         noreply: first.noreply,
     })
+}
+
+/// A pool without servers yet (DNS discovery), answered as memcached answers a failure.
+pub(crate) fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {
+    Pending::Ready(Bytes::from(format!(
+        "SERVER_ERROR {}\r\n",
+        routing.no_servers(pool)
+    )))
 }
 
 /// Waits until every leg of a multi-get has answered and every group is complete.

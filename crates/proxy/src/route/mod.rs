@@ -35,7 +35,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use memroute_backend::ReplyReceiver;
 use memroute_config::{Operation, ReadPolicy};
-use memroute_protocol::{ReplyKind, Request};
+use memroute_protocol::{Command, ReplyKind, Request};
 use memroute_routing::{Node, NodeId};
 
 pub(crate) mod failover;
@@ -92,8 +92,35 @@ pub(crate) enum Start {
     Replicated(Homed<ReplicatedWrite>),
     /// The executor's walk, polled in place.
     Routed(Routed),
+    /// The same request to every server of a pool (flush_all).
+    Legs(Vec<Leg>),
     /// The pool has no servers (yet: DNS discovery).
     NoServers(usize),
+}
+
+/// Starts a flush_all (`parts`) at `node`: a pool's servers all get it as plain legs; a
+/// route decides where it goes (every target of a prefix route, every replica, the
+/// operation route's flush_all target, ...) on the general walk.
+pub(crate) fn start_flush_all(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    parts: (Bytes, Option<Bytes>),
+    slot: usize,
+    started: Instant,
+) -> Start {
+    if let Node::Pool(pool) = *routing.routes.node(node) {
+        return pool::start_flush_all(routing, pool, parts, slot, started);
+    }
+    let job = Job {
+        operation: Operation::FlushAll,
+        command: Command::FlushAll,
+        key: Bytes::new(),
+        parts,
+        kind: ReplyKind::Line,
+        slot,
+        echo: None,
+    };
+    Start::Routed(start(routing, node, job, started))
 }
 
 /// Starts a single-key request at `node`. Each kind first tries its fast path (plain legs,

@@ -3,6 +3,7 @@
 //! request never reaches here (dispatch sends it as a leg of its own); the executor comes
 //! here for a pool reached through a policy route.
 use std::rc::Rc;
+use std::time::Instant;
 
 use memroute_backend::{ReplyReceiver, RequestWriter};
 use memroute_config::Operation;
@@ -52,6 +53,29 @@ pub(crate) fn send_copy(
         request.append(rest);
     }
     request.finish(kind)
+}
+
+/// A flush_all to a pool: the same request to every server, a plain leg each.
+pub(super) fn start_flush_all(
+    routing: &RouteSnapshot,
+    pool: usize,
+    parts: (Bytes, Option<Bytes>),
+    slot: usize,
+    started: Instant,
+) -> Start {
+    let servers = &routing.pools[pool].servers;
+    if servers.is_empty() {
+        return Start::NoServers(pool);
+    }
+    let legs = servers
+        .iter()
+        .enumerate()
+        .map(|(server, connections)| {
+            let receiver = connections.pick(slot).send(parts.clone(), ReplyKind::Line);
+            Leg::new(receiver, pool, server, started)
+        })
+        .collect();
+    Start::Legs(legs)
 }
 
 /// One request to the server that owns its key (flush_all: to every server).
