@@ -3,10 +3,10 @@
 //! `failover` (or from its `first` replica) reads as one. Everything such a route does is
 //! here:
 //!
-//! - single key: `first_pool`/`write_pool` say whether a request starts as a plain leg to
-//!   the first child's pool; `FirstTry` (pending) holds that leg, and `start_after_first`
-//!   takes a failed first answer on to the later children; `run` is the whole walk when
-//!   the first child is not a pool;
+//! - single key: `start` sends a request as a plain leg to the first child's pool when it
+//!   is one (`first_pool`, `write_pool`), held as a `FirstTry`; `after_first_answer` is its
+//!   continuation (a failure goes on, through `start_after_first`, to the later children);
+//!   `run` is the whole walk when the first child is not a pool;
 //! - many keys: `multi_get_first_pool` and `goes_on` say whether a multi-get is planned
 //!   over the first pool as a plain pool's keys; `rest_multi` takes the keys of a failed
 //!   batch (and, with `error-or-miss`, the misses) on; `run_multi` is the whole walk.

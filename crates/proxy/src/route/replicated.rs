@@ -2,9 +2,10 @@
 //! is answered: `routing::write_decision`), reads to one child (`first`, `random`,
 //! `failover` as a failover route reads, or the `fastest`). Here:
 //!
-//! - single-key writes: `write_servers` says whether a write starts as one plain leg per
-//!   replica; `ReplicatedWrite` (pending) judges those legs in place with `write_decision`
-//!   and answers as `run` would; `write_failed` is the reply both give when the policy fails;
+//! - single-key writes: `start_write` sends a write as one plain leg per replica when every
+//!   child is a pool (`write_servers`); `ReplicatedWrite` (held by the session's pending
+//!   entry) judges those legs in place with `write_decision` and answers as `run` would;
+//!   `write_failed` is the reply both give when the policy fails;
 //! - reads start as a failover route's (`failover::first_pool`) or a random route's;
 //! - `run` and `run_multi`: the whole walk when the children are not all pools.
 use std::rc::Rc;

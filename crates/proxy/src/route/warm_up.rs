@@ -2,9 +2,10 @@
 //! hit filled into cold (an `add`, on a task of its own). Everything else goes to cold.
 //! Everything such a route does is here:
 //!
-//! - single key: `cold_pool` says whether a request starts as a plain leg to cold's pool
-//!   (`warms_up`: and whether a miss goes on); `start_after_cold` takes cold's miss on to
-//!   warm; `run` is the whole walk when cold is not a pool;
+//! - single key: `start` sends a request as a plain leg to cold's pool when it is one
+//!   (`cold_pool`), a read (`warms_up`) held as a `FirstTry` whose continuation,
+//!   `after_cold_answer`, takes cold's miss on to warm (`start_after_cold`); `run` is the
+//!   whole walk when cold is not a pool;
 //! - many keys: planned over cold's pool as a plain pool's keys (`route::multi_get_pool`),
 //!   cold's misses then asked of warm (`ask_warm_multi`); `run_multi` is the whole walk.
 use std::rc::Rc;
