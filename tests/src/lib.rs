@@ -128,6 +128,20 @@ pub fn require_program(name: &str) {
 /// or the deadline passes.
 fn wait_accepting(child: &mut Child, addr: &str, what: &str, log: Option<&Path>) {
     let sock: SocketAddr = addr.parse().unwrap();
+    wait_until_connects(child, addr, what, log, || {
+        TcpStream::connect_timeout(&sock, Duration::from_millis(200)).is_ok()
+    });
+}
+
+/// Polls `connects` until it succeeds (the child accepts on `addr`), failing the test with
+/// the child's log if it exits first or `START_DEADLINE` passes.
+fn wait_until_connects(
+    child: &mut Child,
+    addr: &str,
+    what: &str,
+    log: Option<&Path>,
+    connects: impl Fn() -> bool,
+) {
     let deadline = Instant::now() + START_DEADLINE;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -136,7 +150,7 @@ fn wait_accepting(child: &mut Child, addr: &str, what: &str, log: Option<&Path>)
                 .unwrap_or_default();
             panic!("{what} exited before accepting on {addr}: {status}\n{log}");
         }
-        if TcpStream::connect_timeout(&sock, Duration::from_millis(200)).is_ok() {
+        if connects() {
             return;
         }
         assert!(
@@ -364,13 +378,19 @@ pub struct Nutcracker {
 }
 
 impl Nutcracker {
-    /// Starts nutcracker on `yaml`; its first `listen:` address is what readiness waits for.
+    /// Starts nutcracker on `yaml` and waits until every pool's `listen:` address (TCP, or
+    /// a unix socket path with an optional mode after it) accepts: nutcracker binds them
+    /// one after another. `connect` uses the first.
     pub fn start(yaml: &str) -> Nutcracker {
         require_program("nutcracker");
-        let listen = yaml
+        let listens: Vec<String> = yaml
             .lines()
-            .find_map(|l| l.trim().strip_prefix("listen:"))
+            .filter_map(|l| l.trim().strip_prefix("listen:"))
             .map(|s| s.trim().to_string())
+            .collect();
+        let listen = listens
+            .first()
+            .cloned()
             .expect("nutcracker yaml needs a `listen:` line");
         let dir = TempDir::new("nutcracker");
         let conf = dir.write("nutcracker.yml", yaml);
@@ -394,7 +414,17 @@ impl Nutcracker {
             listen,
             _dir: dir,
         };
-        wait_accepting(&mut nc.child, &nc.listen, "nutcracker", Some(&log));
+        for address in &listens {
+            match address.strip_prefix('/') {
+                Some(_) => {
+                    let path = address.split(' ').next().unwrap_or(address);
+                    wait_until_connects(&mut nc.child, path, "nutcracker", Some(&log), || {
+                        std::os::unix::net::UnixStream::connect(path).is_ok()
+                    });
+                }
+                None => wait_accepting(&mut nc.child, address, "nutcracker", Some(&log)),
+            }
+        }
         nc
     }
 
@@ -651,10 +681,14 @@ impl Memroute {
         config: PathBuf,
         dir: TempDir,
     ) -> Memroute {
+        // The first entry of `listen = [...]`, written as a string or as a table.
         let listen = toml
             .lines()
-            .find_map(|l| l.trim().strip_prefix("listen = [\""))
-            .and_then(|s| s.split('"').next())
+            .find_map(|l| {
+                let first = l.trim().strip_prefix("listen = [")?;
+                let first = first.strip_prefix("{ address = ").unwrap_or(first);
+                first.strip_prefix('"')?.split('"').next()
+            })
             .expect("config needs `listen = [\"host:port\", ...]` in [proxy]")
             .to_string();
         let conf = config;

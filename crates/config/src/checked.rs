@@ -1,6 +1,9 @@
 //! Validated configuration: every value here has been checked and defaulted.
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::defaults;
 
 /// The whole, validated configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,11 +33,16 @@ pub struct DiscoveryConfig {
 pub struct ProxyConfig {
     /// Addresses to listen on: `host:port` or `unix:/path`.
     pub listen: Vec<ListenAddress>,
+    /// The listeners that name their own root (`{ address = "...", route = "x" }`), by
+    /// address; every other listener serves `route`. Kept apart from `listen` because a
+    /// reload may change a listener's root but not its address.
+    pub listen_routes: BTreeMap<ListenAddress, String>,
     /// Worker threads; 0 in the file means one per core, resolved here to the real count.
     pub workers: usize,
     /// Listen backlog asked for (capped by the kernel's somaxconn).
     pub backlog: u32,
-    /// Name of the root target (a pool or a route).
+    /// Name of the default root target (a pool or a route): the root of every listener
+    /// that does not name its own.
     pub route: String,
     /// Largest value accepted from clients (bytes). Default 1 MiB.
     pub max_value_size: usize,
@@ -59,9 +67,23 @@ pub struct ProxyConfig {
     /// (default 10s).
     pub slow_client_timeout: Duration,
     /// TLS of listeners, session resumption, TCP Fast Open.
-    pub transport: crate::transport::TransportConfig,
+    pub transport: TransportConfig,
     /// How workers do socket I/O (`proxy.io`); needs a restart to change.
     pub io: IoMode,
+}
+
+impl ProxyConfig {
+    /// The root target the clients of the listener at `address` are served by.
+    pub fn route_of(&self, address: &ListenAddress) -> &str {
+        self.listen_routes.get(address).unwrap_or(&self.route)
+    }
+
+    /// Each listener with its root target, in `proxy.listen` order.
+    pub fn listener_roots(&self) -> impl Iterator<Item = (&ListenAddress, &str)> {
+        self.listen
+            .iter()
+            .map(|address| (address, self.route_of(address)))
+    }
 }
 
 /// How a worker reads and writes its sockets (`proxy.io`).
@@ -97,6 +119,16 @@ pub enum ListenAddress {
     Unix(std::path::PathBuf),
 }
 
+/// As written in `proxy.listen`: `host:port` or `unix:/path`.
+impl std::fmt::Display for ListenAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddress::Tcp(address) => f.write_str(address),
+            ListenAddress::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     pub listen: String,
@@ -108,15 +140,20 @@ pub struct AdminConfig {
 /// The names, policies and route shapes routing is built from: one spelling each,
 /// defined by memroute-routing (see [`memroute_routing::spec`]).
 pub use memroute_routing::spec::{
-    DistributionName, FailoverOn, HashName, Operation, ReadPolicy, RouteSpec as RouteConfig,
-    ServerSpec as ServerConfig, ShadowSelect, WritePolicy,
+    DistributionName, FailoverOn, HashName, Operation, PoolSpec, ReadPolicy,
+    RouteSpec as RouteConfig, ServerSpec as ServerConfig, ShadowSelect, WritePolicy,
 };
 
+/// One pool: its placement as routing sees it (servers, distribution, hash, hash_tag,
+/// vnodes, weights, salt: [`PoolSpec`], written once) and how memroute reaches and watches
+/// its servers. The placement's fields read as the pool's own (`pool.servers`,
+/// `pool.hash`) through `Deref`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
-    /// The servers, in config order. For a DNS pool (`discovery` is set) this is empty
-    /// after validation; the proxy fills it with the resolved addresses.
-    pub servers: Vec<ServerConfig>,
+    /// Where keys go. Its servers are in config order; for a DNS pool (`discovery` is set)
+    /// they are empty after validation and the proxy fills them with the resolved
+    /// addresses (`placement.discovered` is set exactly when `discovery` is).
+    pub placement: PoolSpec,
     /// `servers = { dns = "name:port", refresh = "5s" }`: find the servers by DNS.
     pub discovery: Option<DnsDiscovery>,
     /// Consecutive failed requests (timeouts, broken connections) after which a server is
@@ -132,17 +169,6 @@ pub struct PoolConfig {
     /// grows the interval by half, with jitter, up to `probe_interval_max` (default 500ms).
     pub probe_interval: Duration,
     pub probe_interval_max: Duration,
-    pub distribution: DistributionName,
-    pub hash: HashName,
-    /// twemproxy's hash_tag: two bytes, e.g. `{}`; only the part between them is hashed.
-    pub hash_tag: Option<[u8; 2]>,
-    /// Virtual nodes per server for `ring` (default 256).
-    pub vnodes: u32,
-    /// `wch3` only: one weight in [0, 1] per server, in server order (mcrouter's
-    /// `weights`); a server without one weighs 0.5, as in mcrouter.
-    pub weights: Vec<f64>,
-    /// `ch3`, `wch3`, `crc32` only: mcrouter's hash `salt` (empty: none).
-    pub salt: String,
     /// Connections per worker per server (default 1).
     pub connections: usize,
     /// Request timeout (default 250ms).
@@ -156,28 +182,21 @@ pub struct PoolConfig {
     /// the server as one command of at most `max_keys_per_request` keys (default true).
     pub coalesce_gets: bool,
     /// TLS to this pool's servers (`None`: plaintext).
-    pub tls: Option<crate::transport::BackendTls>,
+    pub tls: Option<BackendTls>,
 }
 
 impl PoolConfig {
     /// A pool of `servers` with every other setting at its default (for tests and tools).
     pub fn new(servers: Vec<ServerConfig>) -> PoolConfig {
-        use crate::defaults;
         let timeout = Duration::from_millis(defaults::TIMEOUT_MS);
         PoolConfig {
-            servers,
+            placement: PoolSpec::new(servers),
             discovery: None,
             failure_limit: defaults::FAILURE_LIMIT,
             eject: false,
             max_ejected_fraction: defaults::MAX_EJECTED_FRACTION,
             probe_interval: Duration::from_millis(defaults::PROBE_INTERVAL_MS),
             probe_interval_max: Duration::from_millis(defaults::PROBE_INTERVAL_MAX_MS),
-            distribution: DistributionName::Ketama,
-            hash: HashName::Fnv1a_64,
-            hash_tag: None,
-            vnodes: defaults::VNODES,
-            weights: Vec::new(),
-            salt: String::new(),
             connections: defaults::CONNECTIONS,
             timeout,
             connect_timeout: timeout,
@@ -185,6 +204,20 @@ impl PoolConfig {
             coalesce_gets: true,
             tls: None,
         }
+    }
+}
+
+impl std::ops::Deref for PoolConfig {
+    type Target = PoolSpec;
+
+    fn deref(&self) -> &PoolSpec {
+        &self.placement
+    }
+}
+
+impl std::ops::DerefMut for PoolConfig {
+    fn deref_mut(&mut self) -> &mut PoolSpec {
+        &mut self.placement
     }
 }
 
@@ -210,4 +243,64 @@ pub enum DnsKind {
     /// `srv = "_service._proto.name"`: every SRV record, its target's addresses with the
     /// record's port (a Kubernetes headless service publishes one per ready pod).
     Srv,
+}
+
+/// Process-wide transport settings (`[proxy]`) and the TLS of each listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportConfig {
+    /// TCP Fast Open queue length of every TCP listener; 0 turns listener TFO off.
+    pub fastopen: u32,
+    /// TCP Fast Open on backend connects (`TCP_FASTOPEN_CONNECT`).
+    pub fastopen_connect: bool,
+    /// A client must finish its TLS handshake within this long, or it is closed (counted).
+    pub tls_handshake_timeout: Duration,
+    /// Ticket key rotation period; a ticket is accepted for up to twice this long.
+    pub tls_ticket_lifetime: Duration,
+    /// TLS 1.2 sessions kept for resumption by session id, per listener.
+    pub tls_session_cache: usize,
+    /// The listeners that speak TLS, by address (the others are plaintext).
+    pub listen_tls: BTreeMap<ListenAddress, ListenerTls>,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            fastopen: defaults::FASTOPEN,
+            fastopen_connect: defaults::FASTOPEN_CONNECT,
+            tls_handshake_timeout: Duration::from_millis(defaults::TLS_HANDSHAKE_TIMEOUT_MS),
+            tls_ticket_lifetime: Duration::from_secs(defaults::TLS_TICKET_LIFETIME_SECS),
+            tls_session_cache: defaults::TLS_SESSION_CACHE,
+            listen_tls: BTreeMap::new(),
+        }
+    }
+}
+
+/// `tls = { cert, key, client_ca }` on a listen entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// Certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs (PEM).
+    pub client_ca: Option<PathBuf>,
+    /// Where this table is in the config (`proxy.listen[1].tls`), for error messages.
+    pub key_path: String,
+}
+
+/// `[pools.X] tls = { ca, server_name, cert, key, insecure_skip_verify }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendTls {
+    /// CAs that sign the servers' certificates (PEM). Required unless
+    /// `insecure_skip_verify` is set.
+    pub ca: Option<PathBuf>,
+    /// Name the servers' certificates must carry; default: each server's host.
+    pub server_name: Option<String>,
+    /// Client certificate and key, for memcached's `ssl_verify_mode`.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// Accept any server certificate. Loud on purpose: logged at every start and reload.
+    pub insecure_skip_verify: bool,
+    /// Where this table is in the config (`pools.main.tls`), for error messages.
+    pub key_path: String,
 }

@@ -1,6 +1,6 @@
 //! Defaults, in one place so docs/configuration.md and the code agree. Its own module
-//! so that raw.rs (which applies them) and checked.rs (`PoolConfig::new`) both use it
-//! without importing each other.
+//! so that raw.rs and transport.rs (which apply them) and checked.rs (`PoolConfig::new`,
+//! `TransportConfig::default`) all use it without importing each other.
 
 /// Listen address when `proxy.listen` is absent: local only, memcached's port.
 pub const LISTEN: &str = "127.0.0.1:11211";
@@ -37,3 +37,17 @@ pub const PROBE_INTERVAL_MAX_MS: u64 = 500;
 pub const DNS_REFRESH_MS: u64 = 5_000;
 pub const SHADOW_MAX_IN_FLIGHT: usize = 1000;
 pub const ERROR_ROUTE_MESSAGE: &str = "error route";
+
+// Transport (`[proxy]` TLS and TCP Fast Open keys).
+/// Listener TCP Fast Open queue (pending TFO connections per listener); 0 = off.
+pub const FASTOPEN: u32 = 1024;
+/// On where the kernel allows it (`net.ipv4.tcp_fastopen` bit 1, the kernel default).
+/// It changes nothing until a server hands out a TFO cookie (memcached does not unless
+/// the sysctl has 0x400); see docs/configuration.md for what a deferred connect means.
+pub const FASTOPEN_CONNECT: bool = true;
+pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// How long one ticket key encrypts new tickets; tickets are accepted for twice this.
+/// rustls's ring ticketer rotates its own keys every 6 hours, which caps it.
+pub const TLS_TICKET_LIFETIME_SECS: u64 = 6 * 3600;
+/// TLS 1.2 sessions remembered for resumption by session id (TLS 1.3 uses tickets).
+pub const TLS_SESSION_CACHE: usize = 4096;

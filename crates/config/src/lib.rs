@@ -7,6 +7,16 @@
 //! `validate` reports *every* problem at once, each with the key path that is
 //! wrong (`pools.main.servers[1].weight: must be > 0`). Builds memroute-routing's spec
 //! ([`Config::routing_spec`]): the one workspace crate it depends on.
+//!
+//! Modules import one way:
+//!
+//! ```text
+//!   raw (RawConfig, each section's checks) --> transport (TLS / TFO checks) --> walk (TOML
+//!    |                                              |                          getters, Errors)
+//!    '--------------------------------------------->+--> checked (the validated types)
+//!                                                              '--> defaults
+//!   spec (Config -> routing's spec) --> checked        import/ --> raw, parse()
+//! ```
 #![forbid(unsafe_code)]
 
 mod checked;
@@ -16,14 +26,14 @@ pub mod import;
 pub mod raw;
 mod redact;
 mod spec;
-pub mod transport;
+mod transport;
+mod walk;
 /// Kept at its old path for callers from before importers had their own module.
 pub use import::twemproxy;
 
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};
 pub use redact::redacted;
-pub use transport::{BackendTls, ListenerTls, TransportConfig};
 
 /// Parses and validates a config from TOML text.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {

@@ -20,14 +20,22 @@ use toml::{Table, Value};
 
 use crate::checked::{
     AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind, FailoverOn,
-    HashName, IoMode, ListenAddress, Operation, PoolConfig, ProxyConfig, ReadPolicy, RouteConfig,
-    ServerConfig, ShadowSelect, WritePolicy,
+    HashName, IoMode, ListenAddress, Operation, PoolConfig, PoolSpec, ProxyConfig, ReadPolicy,
+    RouteConfig, ServerConfig, ShadowSelect, WritePolicy,
+};
+use crate::walk::{
+    check_keys, check_range, get_bool, get_duration, get_int, get_size, get_str, get_table, join,
+    usize_max, wrong_type, Errors,
 };
 use crate::{ConfigError, ConfigErrors};
 
 /// The defaults live in their own module (checked.rs uses them too); `raw::defaults`
 /// stays a valid path.
 pub use crate::defaults;
+/// For the importers, which write keys the way the walker reads them back.
+pub(crate) use crate::walk::toml_key;
+/// The value parsers live with the walker; these paths stay valid.
+pub use crate::walk::{parse_duration, parse_size};
 
 const PROXY_KEYS: &[&str] = &[
     "listen",
@@ -152,210 +160,6 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Errors(Vec<ConfigError>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, path: &str, message: impl Into<String>) {
-        self.0.push(ConfigError::new(path, message));
-    }
-}
-
-/// Appends a key to a path, quoting keys that are not bare TOML keys so the path
-/// reads back unambiguously (`routes.r.prefixes."user:"`).
-pub(crate) fn join(parent: &str, key: &str) -> String {
-    let key = toml_key(key);
-    if parent.is_empty() {
-        key
-    } else {
-        format!("{parent}.{key}")
-    }
-}
-
-/// A key as TOML would need it written: bare when possible, else a quoted string.
-pub(crate) fn toml_key(key: &str) -> String {
-    let bare = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if bare {
-        key.to_string()
-    } else {
-        Value::String(key.to_string()).to_string()
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::String(_) => "a string",
-        Value::Integer(_) => "an integer",
-        Value::Float(_) => "a float",
-        Value::Boolean(_) => "a boolean",
-        Value::Datetime(_) => "a datetime",
-        Value::Array(_) => "an array",
-        Value::Table(_) => "a table",
-    }
-}
-
-pub(crate) fn wrong_type(errs: &mut Errors, path: &str, expected: &str, found: &Value) {
-    errs.push(
-        path,
-        format!("expected {expected}, found {}", type_name(found)),
-    );
-}
-
-/// Reports every key of `table` not in `allowed`.
-pub(crate) fn check_keys(table: &Table, path: &str, allowed: &[&str], errs: &mut Errors) {
-    for key in table.keys() {
-        if !allowed.contains(&key.as_str()) {
-            errs.push(
-                &join(path, key),
-                format!("unknown key (expected one of: {})", allowed.join(", ")),
-            );
-        }
-    }
-}
-
-/// A sub-table, or None (with an error when present but not a table).
-fn get_table<'a>(table: &'a Table, key: &str, path: &str, errs: &mut Errors) -> Option<&'a Table> {
-    match table.get(key)? {
-        Value::Table(t) => Some(t),
-        other => {
-            wrong_type(errs, &join(path, key), "a table", other);
-            None
-        }
-    }
-}
-
-pub(crate) fn get_str<'a>(
-    table: &'a Table,
-    key: &str,
-    path: &str,
-    errs: &mut Errors,
-) -> Option<&'a str> {
-    match table.get(key)? {
-        Value::String(s) => Some(s),
-        other => {
-            wrong_type(errs, &join(path, key), "a string", other);
-            None
-        }
-    }
-}
-
-/// An integer key within `min..=max`, or the default when absent. On error the
-/// default is returned too, so checking continues and finds more problems.
-pub(crate) fn get_int<T>(
-    table: &Table,
-    key: &str,
-    path: &str,
-    min: i64,
-    max: u64,
-    default: T,
-    errs: &mut Errors,
-) -> T
-where
-    T: TryFrom<i64> + Copy,
-{
-    let Some(v) = table.get(key) else {
-        return default;
-    };
-    let p = join(path, key);
-    let Value::Integer(n) = v else {
-        wrong_type(errs, &p, "an integer", v);
-        return default;
-    };
-    check_range(*n, min, max, &p, default, errs)
-}
-
-fn check_range<T>(n: i64, min: i64, max: u64, path: &str, default: T, errs: &mut Errors) -> T
-where
-    T: TryFrom<i64> + Copy,
-{
-    if n < min {
-        let msg = match min {
-            0 => "must be >= 0".to_string(),
-            1 => "must be > 0".to_string(),
-            _ => format!("must be at least {min}"),
-        };
-        errs.push(path, msg);
-        return default;
-    }
-    if u64::try_from(n).map_or(true, |u| u > max) {
-        errs.push(path, format!("must be at most {max}"));
-        return default;
-    }
-    match T::try_from(n) {
-        Ok(v) => v,
-        Err(_) => {
-            errs.push(path, format!("must be at most {max}"));
-            default
-        }
-    }
-}
-
-fn usize_max() -> u64 {
-    u64::try_from(usize::MAX).unwrap_or(u64::MAX)
-}
-
-/// Parses a duration: an integer number of milliseconds, or a string `<int><unit>`
-/// with unit `us`, `ms`, `s`, `m` or `h` (`"250ms"`, `"1s"`, `"2m"`).
-pub fn parse_duration(v: &Value) -> Result<Duration, String> {
-    let expected = "expected a duration such as \"250ms\", \"1s\", \"2m\" or an integer number of milliseconds";
-    match v {
-        Value::Integer(n) => u64::try_from(*n)
-            .map(Duration::from_millis)
-            .map_err(|_| "must be >= 0".to_string()),
-        Value::String(s) => {
-            let s = s.trim();
-            let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-            let (digits, unit) = s.split_at(split);
-            let n: u64 = digits
-                .parse()
-                .map_err(|_| format!("invalid duration \"{s}\" ({expected})"))?;
-            let d = match unit.trim() {
-                "us" => Some(Duration::from_micros(n)),
-                "ms" => Some(Duration::from_millis(n)),
-                "s" => Some(Duration::from_secs(n)),
-                "m" => n.checked_mul(60).map(Duration::from_secs),
-                "h" => n.checked_mul(3600).map(Duration::from_secs),
-                _ => return Err(format!("invalid duration \"{s}\" ({expected})")),
-            };
-            d.ok_or_else(|| format!("duration \"{s}\" is too large"))
-        }
-        other => Err(format!("{expected}, found {}", type_name(other))),
-    }
-}
-
-/// Parses a byte size: an integer number of bytes, or a string `<int><unit>` with unit
-/// `B`, `KiB`, `MiB`, `GiB` (powers of 1024) or `KB`, `MB`, `GB` (powers of 1000).
-pub fn parse_size(v: &Value) -> Result<u64, String> {
-    let expected = "expected a size such as \"1MiB\", \"512KiB\" or an integer number of bytes";
-    match v {
-        Value::Integer(n) => u64::try_from(*n).map_err(|_| "must be >= 0".to_string()),
-        Value::String(s) => {
-            let s = s.trim();
-            let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-            let (digits, unit) = s.split_at(split);
-            let n: u64 = digits
-                .parse()
-                .map_err(|_| format!("invalid size \"{s}\" ({expected})"))?;
-            let mult: u64 = match unit.trim() {
-                "" | "B" => 1,
-                "KiB" => 1 << 10,
-                "MiB" => 1 << 20,
-                "GiB" => 1 << 30,
-                "KB" => 1_000,
-                "MB" => 1_000_000,
-                "GB" => 1_000_000_000,
-                _ => return Err(format!("invalid size \"{s}\" ({expected})")),
-            };
-            n.checked_mul(mult)
-                .ok_or_else(|| format!("size \"{s}\" is too large"))
-        }
-        other => Err(format!("{expected}, found {}", type_name(other))),
-    }
-}
-
 /// Checks `host:port` (or `[v6]:port`) with a numeric, non-zero port. Host names are
 /// allowed: they are resolved when connecting, not here.
 pub fn check_host_port(s: &str) -> Result<(), String> {
@@ -385,7 +189,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     check_keys(top, "", TOP_KEYS, errs);
     let empty = Table::new();
     let proxy_table = get_table(top, "proxy", "", errs).unwrap_or(&empty);
-    let mut proxy = check_proxy(proxy_table, errs);
+    let (mut proxy, listener_targets) = check_proxy(proxy_table, errs);
     let admin = get_table(top, "admin", "", errs).map(|t| check_admin(t, errs));
     let discovery = get_table(top, "discovery", "", errs)
         .map(|t| check_discovery(t, errs))
@@ -447,19 +251,36 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     let known =
         |t: &str| pool_names.contains(&t.to_string()) || route_names.contains(&t.to_string());
 
-    // The root route: defaults to the only pool.
+    let unknown_target =
+        |target: &str| format!("unknown target \"{target}\" (no pool or route has that name)");
+    for (key_path, target) in &listener_targets {
+        if !known(target) {
+            errs.push(key_path, unknown_target(target));
+        }
+    }
+
+    // The default root: the only pool, or when every listener names its own root, the
+    // first listener's (so `memroute route` and `RouteTable::root` have one to show).
+    let every_listener_routed = proxy
+        .listen
+        .iter()
+        .all(|address| proxy.listen_routes.contains_key(address));
     match proxy_table.get("route") {
         Some(Value::String(r)) => {
             if !known(r) {
-                errs.push(
-                    "proxy.route",
-                    format!("unknown target \"{r}\" (no pool or route has that name)"),
-                );
+                errs.push("proxy.route", unknown_target(r));
             }
         }
         Some(_) => {} // wrong type, reported by check_proxy
         None => {
-            if pool_names.len() == 1 {
+            let first_listener_route = proxy
+                .listen
+                .first()
+                .and_then(|address| proxy.listen_routes.get(address))
+                .filter(|_| every_listener_routed);
+            if let Some(first) = first_listener_route {
+                proxy.route = first.clone();
+            } else if pool_names.len() == 1 {
                 if let Some(only) = pool_names.iter().next() {
                     proxy.route = (*only).clone();
                 }
@@ -473,10 +294,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
         let path = join("routes", name);
         for (key_path, target) in route_edges(&path, route) {
             if !known(&target) {
-                errs.push(
-                    &key_path,
-                    format!("unknown target \"{target}\" (no pool or route has that name)"),
-                );
+                errs.push(&key_path, unknown_target(&target));
             }
         }
     }
@@ -607,7 +425,9 @@ fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {
     }
 }
 
-fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
+/// `[proxy]`, and the targets its listeners name, each with its key path (checked against
+/// the pools and routes once those are known).
+fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, String)>) {
     let path = "proxy";
     let allowed: Vec<&str> = PROXY_KEYS
         .iter()
@@ -618,6 +438,8 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
     let mut transport = crate::transport::check_proxy_transport(t, path, errs);
 
     let mut listen = Vec::new();
+    let mut listen_routes = BTreeMap::new();
+    let mut route_paths = Vec::new();
     match t.get("listen") {
         None => listen.push(ListenAddress::Tcp(defaults::LISTEN.to_string())),
         Some(Value::String(s)) => {
@@ -641,6 +463,10 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
                         }
                     }
                     Value::Table(entry) => {
+                        let route = get_str(entry, "route", &p, errs);
+                        if let Some(route) = route {
+                            route_paths.push((join(&p, "route"), route.to_string()));
+                        }
                         let Some((s, tls)) = crate::transport::check_listen_entry(entry, &p, errs)
                         else {
                             continue;
@@ -651,6 +477,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
                             }
                             if let Some(tls) = tls {
                                 transport.listen_tls.insert(a.clone(), tls);
+                            }
+                            if let Some(route) = route {
+                                listen_routes.insert(a.clone(), route.to_string());
                             }
                             listen.push(a);
                         }
@@ -760,8 +589,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         },
     };
 
-    ProxyConfig {
+    let proxy = ProxyConfig {
         listen,
+        listen_routes,
         workers,
         io,
         backlog,
@@ -775,40 +605,8 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> ProxyConfig {
         max_buffered_replies,
         slow_client_timeout,
         transport,
-    }
-}
-
-fn get_size(
-    t: &Table,
-    key: &str,
-    path: &str,
-    min: usize,
-    default: usize,
-    errs: &mut Errors,
-) -> usize {
-    let Some(v) = t.get(key) else { return default };
-    let p = join(path, key);
-    match parse_size(v) {
-        Ok(n) => match usize::try_from(n) {
-            Ok(n) if n >= min => n,
-            Ok(_) if min == 1 => {
-                errs.push(&p, "must be > 0");
-                default
-            }
-            Ok(_) => {
-                errs.push(&p, format!("must be at least {min} bytes"));
-                default
-            }
-            Err(_) => {
-                errs.push(&p, "is too large");
-                default
-            }
-        },
-        Err(m) => {
-            errs.push(&p, m);
-            default
-        }
-    }
+    };
+    (proxy, route_paths)
 }
 
 fn check_listen(s: &str, path: &str, errs: &mut Errors) -> Option<ListenAddress> {
@@ -1027,47 +825,28 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
 
     (errs.0.len() == before).then_some(PoolConfig {
         tls,
-        servers,
+        placement: PoolSpec {
+            servers,
+            distribution,
+            hash,
+            hash_tag,
+            vnodes,
+            weights,
+            salt,
+            discovered: discovery.is_some(),
+        },
         discovery,
         failure_limit,
         eject,
         max_ejected_fraction,
         probe_interval,
         probe_interval_max,
-        distribution,
-        hash,
-        hash_tag,
-        vnodes,
-        weights,
-        salt,
         connections,
         timeout,
         connect_timeout,
         max_keys_per_request,
         coalesce_gets,
     })
-}
-
-pub(crate) fn get_duration(
-    t: &Table,
-    key: &str,
-    path: &str,
-    default: Duration,
-    errs: &mut Errors,
-) -> Duration {
-    let Some(v) = t.get(key) else { return default };
-    let p = join(path, key);
-    match parse_duration(v) {
-        Ok(d) if d.is_zero() => {
-            errs.push(&p, "must be > 0");
-            default
-        }
-        Ok(d) => d,
-        Err(m) => {
-            errs.push(&p, m);
-            default
-        }
-    }
 }
 
 const NO_SERVERS: &str = "a pool needs at least one server (or servers = { dns = ... })";
@@ -1157,17 +936,6 @@ fn split_dns_spec(spec: &str) -> Result<(String, u16), String> {
     match port.parse::<u16>() {
         Ok(0) | Err(_) => Err(bad()),
         Ok(port) => Ok((host.to_string(), port)),
-    }
-}
-
-pub(crate) fn get_bool(t: &Table, key: &str, path: &str, default: bool, errs: &mut Errors) -> bool {
-    match t.get(key) {
-        None => default,
-        Some(Value::Boolean(b)) => *b,
-        Some(other) => {
-            wrong_type(errs, &join(path, key), "true or false", other);
-            default
-        }
     }
 }
 

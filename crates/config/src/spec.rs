@@ -5,7 +5,8 @@ use memroute_routing::spec::{PoolSpec, RoutingSpec};
 use crate::{Config, PoolConfig};
 
 impl Config {
-    /// The pools, routes and root the route table is built from.
+    /// The pools, routes and roots (the default one and each listener's) the route
+    /// table is built from.
     pub fn routing_spec(&self) -> RoutingSpec {
         RoutingSpec {
             pools: self
@@ -15,6 +16,11 @@ impl Config {
                 .collect(),
             routes: self.routes.clone(),
             root: self.proxy.route.clone(),
+            listener_roots: self
+                .proxy
+                .listener_roots()
+                .map(|(_, root)| root.to_string())
+                .collect(),
         }
     }
 }
@@ -22,15 +28,6 @@ impl Config {
 impl PoolConfig {
     /// What placement needs of this pool.
     pub fn placement_spec(&self) -> PoolSpec {
-        PoolSpec {
-            servers: self.servers.clone(),
-            distribution: self.distribution,
-            hash: self.hash,
-            hash_tag: self.hash_tag,
-            vnodes: self.vnodes,
-            weights: self.weights.clone(),
-            salt: self.salt.clone(),
-            discovered: self.discovery.is_some(),
-        }
+        self.placement.clone()
     }
 }

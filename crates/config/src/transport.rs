@@ -1,31 +1,17 @@
-//! Transport settings: TLS on listeners and to backends, TLS session resumption, TCP
-//! Fast Open. Checked here with the same key-path errors as the rest of the config; the
-//! files they name are read (and cert/key pairs matched) by memroute-net, which reports
-//! its errors with the same key paths ([`ListenerTls::key_path`], [`BackendTls::key_path`]).
+//! The checks of the transport settings: TLS on listeners and to backends, TLS session
+//! resumption, TCP Fast Open, with the same key-path errors as the rest of the config
+//! (the settings themselves are in `checked`, their defaults in `defaults`). The files
+//! they name are read (and cert/key pairs matched) by memroute-net, which reports its
+//! errors with the same key paths ([`ListenerTls::key_path`], [`BackendTls::key_path`]).
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::{Table, Value};
 
-use crate::checked::ListenAddress;
-use crate::raw::{check_keys, get_bool, get_duration, get_int, get_str, join, wrong_type, Errors};
-
-/// Defaults of the transport settings (docs/configuration.md lists the same values).
-pub mod defaults {
-    /// Listener TCP Fast Open queue (pending TFO connections per listener); 0 = off.
-    pub const FASTOPEN: u32 = 1024;
-    /// On where the kernel allows it (`net.ipv4.tcp_fastopen` bit 1, the kernel default).
-    /// It changes nothing until a server hands out a TFO cookie (memcached does not unless
-    /// the sysctl has 0x400); see docs/configuration.md for what a deferred connect means.
-    pub const FASTOPEN_CONNECT: bool = true;
-    pub const TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
-    /// How long one ticket key encrypts new tickets; tickets are accepted for twice this.
-    /// rustls's ring ticketer rotates its own keys every 6 hours, which caps it.
-    pub const TLS_TICKET_LIFETIME_SECS: u64 = 6 * 3600;
-    /// TLS 1.2 sessions remembered for resumption by session id (TLS 1.3 uses tickets).
-    pub const TLS_SESSION_CACHE: usize = 4096;
-}
+use crate::checked::{BackendTls, ListenerTls, TransportConfig};
+use crate::defaults;
+use crate::walk::{check_keys, get_bool, get_duration, get_int, get_str, join, wrong_type, Errors};
 
 /// `[proxy]` keys this module checks.
 pub(crate) const PROXY_TRANSPORT_KEYS: &[&str] = &[
@@ -35,69 +21,9 @@ pub(crate) const PROXY_TRANSPORT_KEYS: &[&str] = &[
     "tls_ticket_lifetime",
     "tls_session_cache",
 ];
-const LISTENER_ENTRY_KEYS: &[&str] = &["address", "tls"];
+const LISTENER_ENTRY_KEYS: &[&str] = &["address", "route", "tls"];
 const LISTENER_TLS_KEYS: &[&str] = &["cert", "key", "client_ca"];
 const BACKEND_TLS_KEYS: &[&str] = &["ca", "server_name", "cert", "key", "insecure_skip_verify"];
-
-/// Process-wide transport settings (`[proxy]`) and the TLS of each listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TransportConfig {
-    /// TCP Fast Open queue length of every TCP listener; 0 turns listener TFO off.
-    pub fastopen: u32,
-    /// TCP Fast Open on backend connects (`TCP_FASTOPEN_CONNECT`).
-    pub fastopen_connect: bool,
-    /// A client must finish its TLS handshake within this long, or it is closed (counted).
-    pub tls_handshake_timeout: Duration,
-    /// Ticket key rotation period; a ticket is accepted for up to twice this long.
-    pub tls_ticket_lifetime: Duration,
-    /// TLS 1.2 sessions kept for resumption by session id, per listener.
-    pub tls_session_cache: usize,
-    /// The listeners that speak TLS, by address (the others are plaintext).
-    pub listen_tls: BTreeMap<ListenAddress, ListenerTls>,
-}
-
-impl Default for TransportConfig {
-    fn default() -> Self {
-        TransportConfig {
-            fastopen: defaults::FASTOPEN,
-            fastopen_connect: defaults::FASTOPEN_CONNECT,
-            tls_handshake_timeout: Duration::from_millis(defaults::TLS_HANDSHAKE_TIMEOUT_MS),
-            tls_ticket_lifetime: Duration::from_secs(defaults::TLS_TICKET_LIFETIME_SECS),
-            tls_session_cache: defaults::TLS_SESSION_CACHE,
-            listen_tls: BTreeMap::new(),
-        }
-    }
-}
-
-/// `tls = { cert, key, client_ca }` on a listen entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenerTls {
-    /// Certificate chain (PEM), leaf first.
-    pub cert: PathBuf,
-    /// Private key (PEM: PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
-    /// When set, clients must present a certificate signed by one of these CAs (PEM).
-    pub client_ca: Option<PathBuf>,
-    /// Where this table is in the config (`proxy.listen[1].tls`), for error messages.
-    pub key_path: String,
-}
-
-/// `[pools.X] tls = { ca, server_name, cert, key, insecure_skip_verify }`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendTls {
-    /// CAs that sign the servers' certificates (PEM). Required unless
-    /// `insecure_skip_verify` is set.
-    pub ca: Option<PathBuf>,
-    /// Name the servers' certificates must carry; default: each server's host.
-    pub server_name: Option<String>,
-    /// Client certificate and key, for memcached's `ssl_verify_mode`.
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    /// Accept any server certificate. Loud on purpose: logged at every start and reload.
-    pub insecure_skip_verify: bool,
-    /// Where this table is in the config (`pools.main.tls`), for error messages.
-    pub key_path: String,
-}
 
 /// Checks the transport keys of `[proxy]`; `listen_tls` is filled by [`check_listen_entry`].
 pub(crate) fn check_proxy_transport(t: &Table, path: &str, errs: &mut Errors) -> TransportConfig {
@@ -152,7 +78,8 @@ pub(crate) fn check_proxy_transport(t: &Table, path: &str, errs: &mut Errors) ->
     }
 }
 
-/// `{ address = "...", tls = { ... } }` in `proxy.listen`: the address text and its TLS.
+/// `{ address = "...", route = "...", tls = { ... } }` in `proxy.listen`: the address
+/// text and its TLS (`route` is checked with the other targets, in raw.rs).
 pub(crate) fn check_listen_entry<'a>(
     t: &'a Table,
     path: &str,

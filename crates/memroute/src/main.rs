@@ -6,7 +6,9 @@
 //!   memroute --check --config FILE    validate, print what was understood, exit
 //!   memroute import-twemproxy FILE    print the memroute TOML for a nutcracker.yml
 //!   memroute import-mcrouter FILE     print the memroute TOML for an mcrouter JSON config
-//!   memroute route --config FILE KEY...   print where each key goes (route path, server)
+//!   memroute route --config FILE [--listen ADDRESS] KEY...
+//!                                     print where each key goes (route path, server) for
+//!                                     that listener's clients (default: the first listener)
 //! ```
 #![forbid(unsafe_code)]
 
@@ -51,6 +53,10 @@ enum Command {
         /// The operation to route (get, set, delete, ... as in operation routes).
         #[arg(long, default_value = "get")]
         operation: String,
+        /// The listener whose clients send the keys, as written in proxy.listen
+        /// (default: the first listener).
+        #[arg(long)]
+        listen: Option<String>,
         /// Keys to look up.
         #[arg(required = true)]
         keys: Vec<String>,
@@ -99,7 +105,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::ImportMcrouter { file }) => {
             return import(file, memroute_config::import::mcrouter::import)
         }
-        Some(Command::Route { operation, keys }) => Some((operation, keys)),
+        Some(Command::Route {
+            operation,
+            listen,
+            keys,
+        }) => Some((operation, listen, keys)),
         None => None,
     };
     let Some(path) = cli.config else {
@@ -110,8 +120,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .with_context(|| format!("invalid config {}: not UTF-8", path.display()))?;
     let config = memroute_config::parse(text)
         .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
-    if let Some((operation, keys)) = route_keys {
-        return route(&config, &operation, &keys);
+    if let Some((operation, listen, keys)) = route_keys {
+        return route(&config, &operation, listen.as_deref(), &keys);
     }
     if cli.check {
         write_stdout(&describe(&config));
@@ -126,14 +136,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     serve(config, bytes, &path, !cli.no_watch)
 }
 
-/// `memroute route`: where each key goes under `config`.
-fn route(config: &Config, operation: &str, keys: &[String]) -> anyhow::Result<()> {
+/// `memroute route`: where each key goes under `config` for the clients of `listen`.
+fn route(
+    config: &Config,
+    operation: &str,
+    listen: Option<&str>,
+    keys: &[String],
+) -> anyhow::Result<()> {
     let Some(operation) = memroute_proxy::operation_named(operation) else {
         anyhow::bail!("unknown --operation {operation:?} (get, set, delete, incr, ...)");
     };
+    let listener = match listen {
+        None => 0,
+        Some(address) => memroute_proxy::listener_named(config, address).with_context(|| {
+            format!(
+                "no listener {address:?} in proxy.listen ({})",
+                memroute_proxy::listener_list(config)
+            )
+        })?,
+    };
     let mut out = String::new();
     for key in keys {
-        let targets = memroute_proxy::route_key(config, operation, key.as_bytes())
+        let targets = memroute_proxy::route_key(config, listener, operation, key.as_bytes())
             .context("cannot build the routes")?;
         out.push_str(&memroute_proxy::describe_routes(key, &targets));
     }
@@ -266,15 +290,7 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
 fn describe(config: &Config) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let listen: Vec<String> = config
-        .proxy
-        .listen
-        .iter()
-        .map(|l| match l {
-            memroute_config::ListenAddress::Tcp(a) => a.clone(),
-            memroute_config::ListenAddress::Unix(p) => format!("unix:{}", p.display()),
-        })
-        .collect();
+    let listen: Vec<String> = config.proxy.listen.iter().map(|l| l.to_string()).collect();
     let _ = writeln!(
         out,
         "proxy: listen {} workers {} io {} backlog {} route {}",
@@ -283,6 +299,13 @@ fn describe(config: &Config) -> String {
         config.proxy.io.name(),
         config.proxy.backlog,
         config.proxy.route
+    );
+    for (address, root) in config.proxy.listener_roots() {
+        let _ = writeln!(out, "listener {address}: route {root}");
+    }
+    let _ = writeln!(
+        out,
+        "  (a reload may change a listener's route; adding or removing a listener, or TLS on one, needs a restart)"
     );
     if config.pools.values().any(|p| p.discovery.is_some()) {
         let nameservers = if config.discovery.nameservers.is_empty() {

@@ -8,7 +8,8 @@
 //!                       503 before that and while draining
 //!   GET  /config        the running config, secrets redacted, and its md5 hash
 //!   POST /reload        re-read the config file and reload (the binary does the reading)
-//!   GET  /route?key=K   where a key goes (repeat key=; op=set for another operation)
+//!   GET  /route?key=K   where a key goes (repeat key=; op=set for another operation;
+//!                       listener=ADDRESS for another listener than the first)
 //! ```
 //!
 //! Each connection is a task: a slow or silent client holds only its own task, never the
@@ -306,6 +307,7 @@ async fn reload(state: &AdminState) -> Reply {
 fn route(state: &AdminState, query: &str) -> Reply {
     let mut keys = Vec::new();
     let mut operation = memroute_config::Operation::Get;
+    let mut listener = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let Some(value) = percent_decode(value) else {
@@ -323,21 +325,41 @@ fn route(state: &AdminState, query: &str) -> Reply {
                 Some(op) => operation = op,
                 None => return text(StatusCode::BAD_REQUEST, "unknown op\n"),
             },
+            "listener" => listener = Some(String::from_utf8_lossy(&value).into_owned()),
             _ => {}
         }
     }
     if keys.is_empty() {
         return text(
             StatusCode::BAD_REQUEST,
-            "usage: /route?key=K[&key=K2][&op=set]\n",
+            "usage: /route?key=K[&key=K2][&op=set][&listener=ADDRESS]\n",
         );
     }
     let generation = state.controller.current();
+    // A listener as written in proxy.listen, or as bound (the port a `:0` got).
+    let listener = match listener {
+        None => 0,
+        Some(address) => match crate::route_lookup::listener_named(&generation.config, &address)
+            .or_else(|| state.metrics.listener_index(&address))
+        {
+            Some(index) => index,
+            None => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "no listener {address:?} (proxy.listen: {})\n",
+                        crate::route_lookup::listener_list(&generation.config)
+                    ),
+                )
+            }
+        },
+    };
     let mut out = String::new();
     for key in &keys {
         let targets = crate::route_lookup::route_key_in(
             &generation.config,
             &generation.routes,
+            listener,
             operation,
             key,
         );

@@ -183,6 +183,13 @@ impl Controller {
         self.shared
             .set_health(health.iter().flatten().cloned().collect());
         let (route_stats, shadow_stats) = self.policy_stats(known, &routes);
+        self.shared.set_listener_routes(
+            effective
+                .proxy
+                .listener_roots()
+                .map(|(_, root)| root.to_string())
+                .collect(),
+        );
         let (applied, acks) = std::sync::mpsc::channel();
         let generation = Arc::new(Generation {
             config: effective,

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Nothing on the request path takes a lock shared across workers: the route table
-//! is an `Arc` snapshot, counters are per-worker atomics summed when `stats` asks.
+//! is an `Arc` snapshot, counters are per-worker cells moved into the shared registry
+//! every second and whenever `stats` or a scrape asks (`stats`).
 //!
 //! [`ProxyHandle::reload`] builds a new route table off to the side (`control`, a
 //! `generation::Generation`) and hands it to every worker over a watch channel; each worker
@@ -40,6 +41,7 @@ mod pending;
 mod pool_settings;
 mod reload;
 mod reply;
+mod restart_only;
 mod route;
 mod route_lookup;
 mod session;
@@ -64,7 +66,9 @@ pub use error::ProxyError;
 pub use mcrouter_admin::set_config_file;
 pub use memroute_net::effective_backlog;
 pub use reload::{ReloadOutcome, ReloadTrigger};
-pub use route_lookup::{describe_routes, operation_named, route_key, RouteTarget};
+pub use route_lookup::{
+    describe_routes, listener_list, listener_named, operation_named, route_key, RouteTarget,
+};
 pub use transport::check_transport;
 pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 
@@ -119,8 +123,10 @@ impl ProxyHandle {
     /// route table off to the side (an error leaves the running config in place) and hands
     /// it to every worker, then waits (bounded) until each worker uses it for new requests.
     ///
-    /// Settings that need a restart (`proxy.listen`, `proxy.workers`, `proxy.backlog`,
+    /// Settings that need a restart (which addresses `proxy.listen` binds and whether each
+    /// speaks TLS, `proxy.workers`, `proxy.backlog`, `proxy.io`, `proxy.fastopen`,
     /// `admin.listen`) keep their running values; each changed one is logged as a warning.
+    /// A listener's route follows the new config.
     pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
         self.reload_inner(config)
     }
@@ -150,20 +156,30 @@ impl ProxyHandle {
         self.admin.not_ready_reasons()
     }
 
-    /// Every target `operation` on `key` reaches in the running config.
-    pub fn route(&self, operation: memroute_config::Operation, key: &[u8]) -> Vec<RouteTarget> {
+    /// Every target `operation` on `key` reaches in the running config, for a client of
+    /// the `listener`-th listener.
+    pub fn route(
+        &self,
+        listener: usize,
+        operation: memroute_config::Operation,
+        key: &[u8],
+    ) -> Vec<RouteTarget> {
         let generation = self.controller.current();
-        route_lookup::route_key_in(&generation.config, &generation.routes, operation, key)
+        route_lookup::route_key_in(
+            &generation.config,
+            &generation.routes,
+            listener,
+            operation,
+            key,
+        )
     }
 
     fn reload_inner(&self, mut config: Config) -> Result<(), ProxyError> {
         let _reloading = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.controller.base();
-        for key in restart_only_changes(&current, &config) {
-            tracing::warn!(
-                key,
-                "config reload: this setting needs a restart to change; keeping the running value"
-            );
+        for change in restart_only::changes(&current, &config) {
+            let key = change.key;
+            tracing::warn!(key, "config reload: {key}: {}", change.message);
         }
         // Certificates first: a bad one fails the reload and leaves everything running.
         let listen_tls = transport::reload_certificates(&self.tls_listeners, &current, &config)?;
@@ -215,46 +231,16 @@ impl ProxyHandle {
 /// How long `reload` waits for the workers to switch before it returns anyway.
 const RELOAD_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The keys that differ between `old` and `new` but can only change with a restart.
-fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut keys = Vec::new();
-    let tls_listeners = |c: &Config| {
-        c.proxy
-            .transport
-            .listen_tls
-            .keys()
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    if old.proxy.listen != new.proxy.listen || tls_listeners(old) != tls_listeners(new) {
-        keys.push("proxy.listen");
-    }
-    if old.proxy.workers != new.proxy.workers {
-        keys.push("proxy.workers");
-    }
-    if old.proxy.backlog != new.proxy.backlog {
-        keys.push("proxy.backlog");
-    }
-    if old.proxy.io != new.proxy.io {
-        keys.push("proxy.io");
-    }
-    if old.proxy.transport.fastopen != new.proxy.transport.fastopen {
-        keys.push("proxy.fastopen");
-    }
-    if old.admin.as_ref().map(|a| &a.listen) != new.admin.as_ref().map(|a| &a.listen) {
-        keys.push("admin.listen");
-    }
-    keys
-}
-
 /// Binds every listener and starts the workers. Errors (an address in use, a pool
 /// that cannot be routed) are returned before any worker starts serving.
 pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let workers = config.proxy.workers.max(1);
     let backlog = effective_backlog(config.proxy.backlog);
     let (listeners, tls_listeners) = transport::bind_listeners(&config, backlog, workers)?;
-    let local_addresses: Vec<String> = listeners[0].iter().map(|l| l.describe()).collect();
+    let local_addresses: Vec<String> = listeners[0].iter().map(|(_, l)| l.describe()).collect();
     let shared = Arc::new(stats::SharedStats::new(workers));
+    // Before the first generation, whose per-worker tables count requests per listener.
+    shared.set_listener_names(local_addresses.clone());
     shared.set_tls_listeners(
         tls_listeners
             .iter()

@@ -1,7 +1,8 @@
 //! Where does a key go: the route path and server of each target a request for a key
-//! reaches, for `memroute route --config F KEY...` and the admin `GET /route?key=K`.
+//! reaches from one listener, for `memroute route --config F [--listen A] KEY...` and the
+//! admin `GET /route?key=K&listener=A`.
 //!
-//! Sans-I/O: a walk of the route table from the root, as the executor would walk it, but
+//! Sans-I/O: a walk of the route table from the listener's root, as the executor would walk it, but
 //! visiting every child a policy route may use (each with its role) rather than running it.
 //! Ejection (down servers taken out of an ejecting pool's ring) is not applied: the
 //! answer is the configured placement.
@@ -13,7 +14,7 @@ use crate::error::ProxyError;
 /// One place a request for the key reaches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteTarget {
-    /// Route and pool names from `proxy.route` down to this target.
+    /// Route and pool names from the listener's root down to this target.
     pub path: Vec<String>,
     /// What the target is for: primary, shadow, replica, failover N, cold, warm, ...
     pub role: String,
@@ -35,20 +36,39 @@ pub fn operation_named(name: &str) -> Option<Operation> {
     Operation::ALL.into_iter().find(|op| op.as_str() == name)
 }
 
-/// Every target `operation` on `key` reaches under `config` (built into a route table).
+/// The place in `proxy.listen` of the listener written `address` there (`host:port` or
+/// `unix:/path`).
+pub fn listener_named(config: &Config, address: &str) -> Option<usize> {
+    config
+        .proxy
+        .listen
+        .iter()
+        .position(|listen| listen.to_string() == address)
+}
+
+/// The listeners of `config` as written, for messages that name the choices.
+pub fn listener_list(config: &Config) -> String {
+    let names: Vec<String> = config.proxy.listen.iter().map(|l| l.to_string()).collect();
+    names.join(", ")
+}
+
+/// Every target `operation` on `key` reaches under `config` (built into a route table) for
+/// a client of the `listener`-th listener.
 pub fn route_key(
     config: &Config,
+    listener: usize,
     operation: Operation,
     key: &[u8],
 ) -> Result<Vec<RouteTarget>, ProxyError> {
     let routes = RouteTable::build(&config.routing_spec())?;
-    Ok(route_key_in(config, &routes, operation, key))
+    Ok(route_key_in(config, &routes, listener, operation, key))
 }
 
 /// [`route_key`] with a route table already built from `config`.
 pub(crate) fn route_key_in(
     config: &Config,
     routes: &RouteTable,
+    listener: usize,
     operation: Operation,
     key: &[u8],
 ) -> Vec<RouteTarget> {
@@ -59,7 +79,7 @@ pub(crate) fn route_key_in(
         key,
         targets: Vec::new(),
     };
-    walk.visit(routes.root(), Vec::new(), "primary".to_string());
+    walk.visit(routes.root_of(listener), Vec::new(), "primary".to_string());
     walk.targets
 }
 
@@ -213,15 +233,44 @@ fraction = 1.0
 "#,
         )
         .expect("config");
-        let plain = route_key(&config, Operation::Get, b"x").expect("route");
+        let plain = route_key(&config, 0, Operation::Get, b"x").expect("route");
         assert_eq!(plain.len(), 1);
         assert_eq!(plain[0].path, ["split", "a"]);
         assert_eq!(plain[0].server.as_deref(), Some("127.0.0.1:1"));
-        let shadowed = route_key(&config, Operation::Set, b"s:1").expect("route");
+        let shadowed = route_key(&config, 0, Operation::Set, b"s:1").expect("route");
         assert_eq!(shadowed.len(), 2, "{shadowed:?}");
         assert_eq!(shadowed[0].path, ["split", "mirror", "b"]);
         assert_eq!(shadowed[1].role, "primary, shadow copy");
         assert_eq!(shadowed[1].server.as_deref(), Some("127.0.0.1:1"));
         assert_eq!(operation_named("delete"), Some(Operation::Delete));
+    }
+
+    #[test]
+    fn each_listener_is_answered_from_its_own_root() {
+        let config = memroute_config::parse(
+            r#"
+[proxy]
+listen = [{ address = "127.0.0.1:22121", route = "b" }, "127.0.0.1:22122", "unix:/run/m.sock"]
+route = "a"
+[pools.a]
+servers = ["127.0.0.1:1"]
+[pools.b]
+servers = ["127.0.0.1:2"]
+"#,
+        )
+        .expect("config");
+        assert_eq!(listener_named(&config, "127.0.0.1:22122"), Some(1));
+        assert_eq!(listener_named(&config, "unix:/run/m.sock"), Some(2));
+        assert_eq!(listener_named(&config, "127.0.0.1:1"), None);
+        assert_eq!(
+            listener_list(&config),
+            "127.0.0.1:22121, 127.0.0.1:22122, unix:/run/m.sock"
+        );
+        let first = route_key(&config, 0, Operation::Get, b"k").expect("route");
+        assert_eq!(first[0].path, ["b"]);
+        assert_eq!(first[0].server.as_deref(), Some("127.0.0.1:2"));
+        let second = route_key(&config, 1, Operation::Get, b"k").expect("route");
+        assert_eq!(second[0].path, ["a"]);
+        assert_eq!(second[0].server.as_deref(), Some("127.0.0.1:1"));
     }
 }

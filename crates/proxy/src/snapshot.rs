@@ -119,10 +119,12 @@ pub(crate) struct RouteSnapshot {
 }
 
 impl RouteSnapshot {
-    /// The root route of the `listener`-th entry of `proxy.listen`.
+    /// The root route of the `listener`-th entry of `proxy.listen`. Dispatch asks once per
+    /// request, so the request is counted on its listener here (a worker-local cell).
     #[inline]
-    pub(crate) fn root_of(&self, _listener: usize) -> NodeId {
-        self.routes.root()
+    pub(crate) fn root_of(&self, listener: usize) -> NodeId {
+        self.metrics.count_listener(listener);
+        self.routes.root_of(listener)
     }
 
     /// The server of `pool` that serves `key`, with down servers of an ejecting pool left

@@ -157,9 +157,12 @@ pub(crate) struct Metrics {
     backend_round_trip: HistogramVec,
     backend_errors: IntCounterVec,
     backend_timeouts: IntCounterVec,
-    // Per-listener families: events on one listen address (accepted connections today;
-    // TLS handshakes and client errors per listener belong here too).
+    // Per-listener families (label `listener`: the bound address, one per `proxy.listen`
+    // entry): events, requests and open connections; the route each serves and its TLS
+    // handshakes are read from `State` on gather.
     listener_events: IntCounterVec,
+    listener_requests: IntCounterVec,
+    listener_connections: IntGaugeVec,
     config_info: IntGaugeVec,
     config_reload_time: IntGauge,
     /// The config-dependent state the collector reads at gather time.
@@ -184,6 +187,10 @@ struct State {
     lookups: std::collections::BTreeMap<String, (u64, u64)>,
     /// Reloads from the config file (kept by `reload.rs`, the one reload path).
     reloads: Option<Arc<ReloadCounts>>,
+    /// Every listener's bound address, in `proxy.listen` order (set once at start).
+    listener_names: Vec<String>,
+    /// The root target each listener serves now, in the same order (set by every reload).
+    listener_routes: Vec<String>,
     /// TLS listeners (bound address, handshake counters) and backend connectors (pool).
     tls_listeners: Vec<(String, Arc<memroute_net::ServerTls>)>,
     connectors: Vec<(String, Arc<memroute_net::Connector>)>,
@@ -197,6 +204,13 @@ fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let vec = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, e));
+    register(registry, vec.clone(), name);
+    vec
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let vec = IntGaugeVec::new(Opts::new(name, help), labels)
         .unwrap_or_else(|e| unreachable_metric(name, e));
     register(registry, vec.clone(), name);
     vec
@@ -368,6 +382,18 @@ impl Metrics {
                 "Events per listen address: accepted (client connections accepted there).",
                 &["listener", "event"],
             ),
+            listener_requests: counter_vec(
+                r,
+                "memroute_listener_requests_total",
+                "Requests (commands, a multi-get counts once) read from the clients of a listen address.",
+                &["listener"],
+            ),
+            listener_connections: gauge_vec(
+                r,
+                "memroute_listener_connections_current",
+                "Client connections open now on a listen address.",
+                &["listener"],
+            ),
             config_info,
             config_reload_time,
             registry,
@@ -377,6 +403,24 @@ impl Metrics {
             flush: FlushBarrier::new(workers),
             replies,
         }
+    }
+
+    /// Every listener's bound address, in `proxy.listen` order.
+    pub(crate) fn set_listener_names(&self, names: Vec<String>) {
+        lock(&self.state).listener_names = names;
+    }
+
+    /// The place in `proxy.listen` of the listener bound at `name` (`127.0.0.1:40123`).
+    pub(crate) fn listener_index(&self, name: &str) -> Option<usize> {
+        lock(&self.state)
+            .listener_names
+            .iter()
+            .position(|bound| bound == name)
+    }
+
+    /// The root target each listener serves from now on, in `proxy.listen` order.
+    pub(crate) fn set_listener_routes(&self, routes: Vec<String>) {
+        lock(&self.state).listener_routes = routes;
     }
 
     pub(crate) fn set_tls_listeners(&self, listeners: Vec<(String, Arc<memroute_net::ServerTls>)>) {
@@ -422,6 +466,11 @@ impl Metrics {
     /// The counter of `event` on `listener` (resolve once per listener, then `inc()`).
     pub(crate) fn listener_event(&self, listener: &str, event: &str) -> IntCounter {
         self.listener_events.with_label_values(&[listener, event])
+    }
+
+    /// The open-connections gauge of `listener` (resolve once per listener).
+    pub(crate) fn listener_connections(&self, listener: &str) -> IntGauge {
+        self.listener_connections.with_label_values(&[listener])
     }
 
     /// Where reloads from the config file are counted (exported as
@@ -547,7 +596,13 @@ impl Metrics {
             }
             for metric in family.get_metric() {
                 let labels: Vec<&str> = metric.get_label().iter().map(|l| l.get_value()).collect();
-                stat(&stat_name(name, &labels), &(sample_value(metric) as u64));
+                match (name, &labels[..]) {
+                    // An info family: the value is in the label.
+                    (LISTENER_ROUTE_FAMILY, [listener, route]) => {
+                        stat(&format!("listener:{listener}:route"), route)
+                    }
+                    _ => stat(&stat_name(name, &labels), &(sample_value(metric) as u64)),
+                }
             }
         }
         out.push_str("END\r\n");
@@ -613,6 +668,8 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
             [event, listener] => format!("listener:{listener}:{event}"),
             _ => format!("listener:{joined}"),
         },
+        "memroute_listener_requests_total" => legacy("listener", "requests"),
+        "memroute_listener_connections_current" => legacy("listener", "connections"),
         // (listener, kind) -> listener:ADDR:tls_handshakes_KIND
         "memroute_listener_tls_handshakes_total" => match labels {
             [listener, kind] => format!("listener:{listener}:tls_handshakes_{kind}"),
@@ -750,6 +807,9 @@ pub(crate) struct RouteMetrics {
     counters: Vec<IntCounter>,
     /// Per node; plus [`LOCAL_ROUTE`] last.
     latency: Vec<LocalHistogram>,
+    /// Requests per listener, by its place in `proxy.listen`.
+    listener_counts: Vec<Cell<u64>>,
+    listener_counters: Vec<IntCounter>,
     nodes: usize,
     clock: Rc<Cell<Instant>>,
 }
@@ -778,6 +838,14 @@ impl RouteMetrics {
         }
     }
 
+    /// Counts one request read from a client of the `listener`-th listener.
+    #[inline]
+    pub(crate) fn count_listener(&self, listener: usize) {
+        if let Some(cell) = self.listener_counts.get(listener) {
+            cell.set(cell.get() + 1);
+        }
+    }
+
     /// Counts one request memroute answered itself.
     #[inline]
     pub(crate) fn count_local(&self, command: Command) {
@@ -793,7 +861,8 @@ impl RouteMetrics {
     }
 
     fn flush(&self) {
-        for (cell, counter) in self.counts.iter().zip(&self.counters) {
+        let counts = self.counts.iter().chain(&self.listener_counts);
+        for (cell, counter) in counts.zip(self.counters.iter().chain(&self.listener_counters)) {
             let n = cell.take();
             if n > 0 {
                 counter.inc_by(n);
@@ -863,10 +932,17 @@ impl WorkerMetrics {
                     .local()
             })
             .collect();
+        let listener_counters: Vec<IntCounter> = lock(&self.shared.state)
+            .listener_names
+            .iter()
+            .map(|name| self.shared.listener_requests.with_label_values(&[name]))
+            .collect();
         let table = Rc::new(RouteMetrics {
             counts: counters.iter().map(|_| Cell::new(0)).collect(),
             counters,
             latency,
+            listener_counts: listener_counters.iter().map(|_| Cell::new(0)).collect(),
+            listener_counters,
             nodes,
             clock: self.clock.clone(),
         });
@@ -962,8 +1038,11 @@ struct StateCollector {
     descs: Vec<Desc>,
 }
 
+/// The info family naming each listener's root target.
+const LISTENER_ROUTE_FAMILY: &str = "memroute_listener_route_info";
+
 /// (name, help, labels) of every family [`StateCollector`] produces.
-const STATE_FAMILIES: [(&str, &str, &[&str]); 19] = [
+const STATE_FAMILIES: [(&str, &str, &[&str]); 20] = [
     (
         "memroute_process_uptime_seconds",
         "Seconds since memroute started.",
@@ -1054,6 +1133,11 @@ const STATE_FAMILIES: [(&str, &str, &[&str]); 19] = [
         "memroute_backend_tls_handshakes_total",
         "TLS handshakes with servers by outcome (full, resumed, failed).",
         &["pool", "server", "kind"],
+    ),
+    (
+        LISTENER_ROUTE_FAMILY,
+        "1 for the pool or route a listen address serves now (its own route, or proxy.route).",
+        &["listener", "route"],
     ),
 ];
 
@@ -1273,6 +1357,15 @@ impl Collector for StateCollector {
             ),
             family(17, listener_tls_rows),
             family(18, backend_tls_rows),
+            family(
+                19,
+                state
+                    .listener_names
+                    .iter()
+                    .zip(&state.listener_routes)
+                    .map(|(listener, route)| (vec![listener.clone(), route.clone()], 1.0))
+                    .collect(),
+            ),
         ]
     }
 }
@@ -1342,6 +1435,39 @@ mod tests {
             "{text}"
         );
         assert!(stats.ends_with("END\r\n"));
+    }
+
+    #[test]
+    fn each_listener_has_its_route_connections_and_requests_in_stats() {
+        let metrics = Arc::new(Metrics::new(1));
+        metrics.set_listener_names(vec!["127.0.0.1:1".into(), "unix:/m.sock".into()]);
+        metrics.set_listener_routes(vec!["main".into(), "by_prefix".into()]);
+        metrics.listener_connections("127.0.0.1:1").inc();
+        let config =
+            memroute_config::parse("[pools.main]\nservers = [\"127.0.0.1:2\"]\n").expect("config");
+        let routes = RouteTable::build(&config.routing_spec()).expect("routes");
+        let worker = WorkerMetrics::new(0, metrics.clone());
+        let table = worker.for_routes(&routes);
+        table.count_listener(1);
+        table.count_listener(1);
+        table.count_listener(7); // no such listener: not counted, no panic
+        worker.flush();
+        let stats = metrics.render_stats(&metrics.registry.gather());
+        for line in [
+            "STAT listener:127.0.0.1:1:route main\r\n",
+            "STAT listener:unix:/m.sock:route by_prefix\r\n",
+            "STAT listener:127.0.0.1:1:connections 1\r\n",
+            "STAT listener:unix:/m.sock:requests 2\r\n",
+        ] {
+            assert!(stats.contains(line), "{line:?} in {stats}");
+        }
+        let text = Metrics::encode(&metrics.registry.gather());
+        assert!(
+            text.contains(
+                "memroute_listener_route_info{listener=\"unix:/m.sock\",route=\"by_prefix\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -22,14 +22,19 @@ pub(crate) struct TlsListener {
     pub tls: Arc<ServerTls>,
 }
 
+/// A bound socket and the place of its address in `proxy.listen` (which root its clients
+/// are served by). Only the first worker serves a unix socket, so a later worker's
+/// sockets are not numbered by their position in its list.
+pub(crate) type IndexedListener = (usize, BoundListener);
+
 /// Binds every configured address for every worker: the sockets of worker `i` are
-/// `result.0[i]`. Later workers bind the ports the first one got, so `:0` in a config
-/// still means one port shared by every worker.
+/// `result.0[i]`, each with its index in `proxy.listen`. Later workers bind the ports the
+/// first one got, so `:0` in a config still means one port shared by every worker.
 pub(crate) fn bind_listeners(
     config: &Config,
     backlog: u32,
     workers: usize,
-) -> Result<(Vec<Vec<BoundListener>>, Vec<TlsListener>), ProxyError> {
+) -> Result<(Vec<Vec<IndexedListener>>, Vec<TlsListener>), ProxyError> {
     let transport = &config.proxy.transport;
     let options = ListenOptions {
         backlog,
@@ -37,7 +42,7 @@ pub(crate) fn bind_listeners(
     };
     let mut first = Vec::new();
     let mut tls_listeners = Vec::new();
-    for address in &config.proxy.listen {
+    for (index, address) in config.proxy.listen.iter().enumerate() {
         let tls = match transport.listen_tls.get(address) {
             Some(settings) => Some(Arc::new(ServerTls::new(settings, transport)?)),
             None => None,
@@ -50,18 +55,19 @@ pub(crate) fn bind_listeners(
                     tls,
                 });
             }
-            first.push(bound);
+            first.push((index, bound));
         }
     }
     let mut all = Vec::with_capacity(workers);
     for _ in 1..workers {
         let mut bound = Vec::new();
-        for listener in &first {
+        for (index, listener) in &first {
             let Some(address) = listener.shared_address() else {
                 continue;
             };
             let tls = listener.tls().cloned();
-            bound.extend(memroute_net::bind(&address, options, tls, false)?);
+            let socket = memroute_net::bind(&address, options, tls, false)?;
+            bound.extend(socket.map(|socket| (*index, socket)));
         }
         all.push(bound);
     }

@@ -31,7 +31,8 @@ use crate::stats::{SharedStats, WorkerMetrics};
 pub(crate) struct Worker {
     pub index: usize,
     pub generation: watch::Receiver<Arc<Generation>>,
-    pub listeners: Vec<BoundListener>,
+    /// This worker's sockets, each with its address's index in `proxy.listen`.
+    pub listeners: Vec<crate::transport::IndexedListener>,
     /// `proxy.io` at start.
     pub io: IoMode,
     pub shared: Arc<SharedStats>,
@@ -78,7 +79,7 @@ impl Worker {
         // Every session holds a clone of `alive`; when all are dropped, `all_done` yields None.
         let (alive, mut all_done) = mpsc::channel::<()>(1);
         let mut accepts = Vec::new();
-        for (index, listener) in self.listeners.into_iter().enumerate() {
+        for (index, listener) in self.listeners {
             let context = context.clone();
             let shutdown = self.shutdown.clone();
             let alive = alive.clone();
@@ -175,9 +176,8 @@ async fn accept_loop(
 ) {
     let name = listener.describe();
     let accepted = context.metrics.shared.listener_event(&name, "accepted");
-    let events = Rc::new(crate::client_log::ListenerEvents::new(
+    let counters = Rc::new(crate::client_log::ListenerCounters::new(
         &context.metrics.shared,
-        index,
         &name,
     ));
     let listener = match Listener::attach(listener) {
@@ -192,7 +192,7 @@ async fn accept_loop(
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 // The TLS handshake runs in the session's task: a slow or silent client
                 // holds up nobody else (bounded by tls_handshake_timeout, counted).
-                Ok(incoming) => spawn_session(&context, &alive, &events, incoming),
+                Ok(incoming) => spawn_session(&context, &alive, (index, &counters), incoming),
                 Err(error) => accept_error(&name, error).await,
             },
             _ = shutdown.changed() => break,
@@ -207,10 +207,12 @@ async fn accept_error(name: &str, error: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
+/// Starts the session of a client accepted on the listener `(index in proxy.listen, its
+/// counters)`.
 fn spawn_session<C>(
     context: &Rc<WorkerContext>,
     alive: &mpsc::Sender<()>,
-    events: &Rc<crate::client_log::ListenerEvents>,
+    (listener, counters): (usize, &Rc<crate::client_log::ListenerCounters>),
     connection: C,
 ) where
     C: crate::session::ClientConnection + 'static,
@@ -224,8 +226,9 @@ fn spawn_session<C>(
         // Dropping the connection closes it, as memcached does at its limit.
         return;
     }
+    let events = crate::client_log::ListenerEvents::open(listener, counters.clone());
     let open =
-        crate::session::OpenSession::new(context.clone(), alive.clone(), Some(events.clone()));
+        crate::session::OpenSession::new(context.clone(), alive.clone(), Some(Rc::new(events)));
     // The session future is the task itself, built here and stored once: wrapping it in
     // another async block (or capturing it and then awaiting it) stores its arguments or
     // the whole future twice in the task cell.

@@ -1,12 +1,14 @@
 //! memroute-routing: where does a request go. Sans-I/O: no sockets, no clocks, no tokio.
 //!
 //! ```text
-//!   RoutingSpec (spec.rs: pools, routes, root; memroute-config builds it from TOML)
+//!   RoutingSpec (spec.rs: pools, routes, the default root and each listener's root;
+//!                memroute-config builds it from TOML)
 //!     --RouteTable::build-->
 //!
 //!   Request --operation_of--> Operation (meta commands as their classic equivalent)
 //!
-//!   RouteTable (built per config load; an arena of Nodes rooted at proxy.route)
+//!   RouteTable (built per config load; an arena of Nodes with one root per listener,
+//!               root_of(listener), and proxy.route's as the default, root())
 //!     select(root, operation, key): follow Prefix / Operation nodes
 //!       |-- Pool(id) ................ fast path (simple_pool): one pool, one server
 //!       '-- Shadow / Replicated / Failover / WarmUp / Random / Null / Error

@@ -182,14 +182,16 @@ pub struct RouteTable {
     nodes: Vec<Node>,
     /// The pool or route name of each node.
     node_names: Vec<String>,
-    /// The node of `proxy.route`.
+    /// The node of `proxy.route`, the default root.
     root: NodeId,
-    /// No node beyond Pool/Prefix/Operation is reachable from the root.
+    /// The root node of each listener, in listener order.
+    listener_roots: Vec<NodeId>,
+    /// No node beyond Pool/Prefix/Operation is reachable from any root.
     simple: bool,
 }
 
 impl RouteTable {
-    /// Resolves `spec.root` and everything it refers to, and builds every pool's
+    /// Resolves `spec.root`, each listener's root and everything they refer to, and builds every pool's
     /// placement. A pool without servers is an error unless it is found by DNS (it may
     /// start empty; its placement then has no servers).
     pub fn build(config: &RoutingSpec) -> Result<RouteTable, RoutingError> {
@@ -216,13 +218,19 @@ impl RouteTable {
             path: Vec::new(),
         };
         let root = resolver.resolve(&config.root)?;
+        let listener_roots = config
+            .listener_roots
+            .iter()
+            .map(|name| resolver.resolve(name))
+            .collect::<Result<Vec<_>, _>>()?;
         let Resolver {
             nodes,
             node_names,
             shadow_names,
             ..
         } = resolver;
-        let simple = only_plain_nodes_reachable(&nodes, root);
+        let roots = std::iter::once(root).chain(listener_roots.iter().copied());
+        let simple = only_plain_nodes_reachable(&nodes, roots);
         Ok(RouteTable {
             pool_names,
             placements,
@@ -230,14 +238,25 @@ impl RouteTable {
             nodes,
             node_names,
             root,
+            listener_roots,
             simple,
         })
     }
 
-    /// The node of `proxy.route`.
+    /// The node of `proxy.route`: the default root.
     #[inline]
     pub fn root(&self) -> NodeId {
         self.root
+    }
+
+    /// The root node of the `listener`-th listener (the default root for a listener the
+    /// spec did not list). One indexed load: it runs for every request.
+    #[inline]
+    pub fn root_of(&self, listener: usize) -> NodeId {
+        match self.listener_roots.get(listener) {
+            Some(&root) => root,
+            None => self.root,
+        }
     }
 
     /// The node `id` (an id handed out by this table; others panic).
@@ -274,7 +293,7 @@ impl RouteTable {
         }
     }
 
-    /// The fast path: `Some(pool id)` when the walk from the root for (operation, key)
+    /// The fast path: `Some(pool id)` when the walk from the default root for (operation, key)
     /// reaches a pool through Prefix/Operation nodes only.
     #[inline]
     pub fn simple_pool(&self, operation: Operation, key: &[u8]) -> Option<usize> {
@@ -284,7 +303,7 @@ impl RouteTable {
         }
     }
 
-    /// True when no node other than Pool/Prefix/Operation is reachable from the root (then
+    /// True when no node other than Pool/Prefix/Operation is reachable from any root (then
     /// the proxy never needs the general executor).
     #[inline]
     pub fn is_simple(&self) -> bool {
@@ -343,11 +362,11 @@ impl RouteTable {
     }
 }
 
-/// Depth-first from `root`; the arena is acyclic, and `seen` keeps shared nodes from
+/// Depth-first from every root; the arena is acyclic, and `seen` keeps shared nodes from
 /// being walked twice.
-fn only_plain_nodes_reachable(nodes: &[Node], root: NodeId) -> bool {
+fn only_plain_nodes_reachable(nodes: &[Node], roots: impl IntoIterator<Item = NodeId>) -> bool {
     let mut seen = vec![false; nodes.len()];
-    let mut stack = vec![root];
+    let mut stack: Vec<NodeId> = roots.into_iter().collect();
     while let Some(id) = stack.pop() {
         let Some(node) = nodes.get(id as usize) else {
             continue;
@@ -554,6 +573,7 @@ mod tests {
             .collect();
         RoutingSpec {
             root: root.to_string(),
+            listener_roots: Vec::new(),
             pools,
             routes: routes
                 .into_iter()
@@ -955,6 +975,54 @@ mod tests {
             ],
         );
         assert_eq!(table.node_count(), 3 + 2);
+    }
+
+    #[test]
+    fn each_listener_has_its_root_and_every_root_counts_for_is_simple() {
+        let mut spec = config(
+            "main",
+            vec![
+                ("by_prefix", prefix(&[("s:", "sessions")], "feed")),
+                ("mirror", shadow("main", "feed", 1.0)),
+            ],
+        );
+        spec.listener_roots = names(&["by_prefix", "main", "sessions"]);
+        let table = RouteTable::build(&spec).expect("valid config");
+        let pool = |name| table.pool_index(name).expect("pool") as NodeId;
+        assert_eq!(table.root(), pool("main"));
+        assert_eq!(table.node_name(table.root_of(0)), "by_prefix");
+        assert_eq!(table.root_of(1), pool("main"));
+        assert_eq!(table.root_of(2), pool("sessions"));
+        // A listener the spec does not list serves the default root.
+        assert_eq!(table.root_of(3), table.root());
+        let reached = |listener, key: &[u8]| match table.node(table.select(
+            table.root_of(listener),
+            Operation::Get,
+            key,
+        )) {
+            Node::Pool(pool) => table.pool_names[*pool].clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(reached(0, b"s:1"), "sessions");
+        assert_eq!(reached(0, b"x"), "feed");
+        assert_eq!(reached(1, b"s:1"), "main");
+        // The shadow route is reachable from no root.
+        assert!(table.is_simple());
+        assert!(!table.shadow_names.contains(&"mirror".to_string()));
+
+        // A policy route that only a listener reaches is built, and makes the table not simple.
+        spec.listener_roots = names(&["main", "mirror"]);
+        let table = RouteTable::build(&spec).expect("valid config");
+        assert_eq!(table.node_name(table.root_of(1)), "mirror");
+        assert!(!table.is_simple());
+        assert_eq!(table.shadow_names, ["mirror"]);
+
+        // An unknown listener root is an error like an unknown default root.
+        spec.listener_roots = names(&["main", "missing"]);
+        assert_eq!(
+            RouteTable::build(&spec).err(),
+            Some(RoutingError::UnknownTarget("missing".into()))
+        );
     }
 
     #[test]

@@ -172,8 +172,11 @@ pub struct RoutingSpec {
     pub pools: BTreeMap<String, PoolSpec>,
     /// Routes by name.
     pub routes: BTreeMap<String, RouteSpec>,
-    /// Name of the root target (a pool or a route).
+    /// Name of the default root target (a pool or a route).
     pub root: String,
+    /// The root target of each listener, in the order of the proxy's listeners (empty: every
+    /// listener serves `root`).
+    pub listener_roots: Vec<String>,
 }
 
 /// Routes beyond a single pool; semantics follow mcrouter's route handles of the same idea.

@@ -19,6 +19,7 @@ use serde_json::{Map, Value};
 
 use super::push_note;
 use crate::raw::{check_host_port, toml_key};
+use crate::walk::join;
 use crate::{ConfigError, ConfigErrors};
 
 /// Route handles read here, by mcrouter's name.
@@ -95,32 +96,11 @@ pub fn import(json: &str) -> Result<String, ConfigErrors> {
     let Some(root) = root else {
         return Err(single("", "no route to import"));
     };
-    let text = importer.render(&root);
-    match crate::parse(&text) {
-        Ok(_) => Ok(text),
-        Err(ConfigErrors(es)) => Err(ConfigErrors(
-            es.into_iter()
-                .map(|e| {
-                    ConfigError::new(e.path, format!("{} (in the imported config)", e.message))
-                })
-                .collect(),
-        )),
-    }
+    super::checked(importer.render(&root))
 }
 
 fn single(path: &str, message: impl Into<String>) -> ConfigErrors {
     ConfigErrors::single(ConfigError::new(path, message))
-}
-
-/// `parent.key`, or `key` at the top; a key that is not a plain word is quoted
-/// (`route.policies."session:"`), as config errors quote TOML keys.
-fn join(parent: &str, key: &str) -> String {
-    let key = toml_key(key);
-    if parent.is_empty() {
-        key
-    } else {
-        format!("{parent}.{key}")
-    }
 }
 
 fn index(parent: &str, i: usize) -> String {

@@ -5,6 +5,25 @@
 pub mod mcrouter;
 pub mod twemproxy;
 
+use crate::{ConfigError, ConfigErrors};
+
+/// Returns `text` if memroute loads it. If it does not, that is a bug in the importer or a
+/// value its checks let through (a bad address, say): the errors are reported, marked as
+/// being in the generated file, rather than a file that will not start being printed.
+pub(crate) fn checked(text: String) -> Result<String, ConfigErrors> {
+    match crate::parse(&text) {
+        Ok(_) => Ok(text),
+        Err(ConfigErrors(errors)) => Err(ConfigErrors(
+            errors
+                .into_iter()
+                .map(|e| {
+                    ConfigError::new(e.path, format!("{} (in the imported config)", e.message))
+                })
+                .collect(),
+        )),
+    }
+}
+
 /// Appends `# NOTE: ...` wrapped at about 90 columns, continuation lines indented.
 pub(crate) fn push_note(out: &mut String, note: &str) {
     let mut line = String::from("# NOTE:");

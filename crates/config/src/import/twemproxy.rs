@@ -8,14 +8,15 @@
 //! what memroute does instead: nothing is dropped silently. The generated text is run
 //! through [`crate::parse`] before it is returned, so what the user gets always loads.
 //!
-//! twemproxy listens on one address per pool; memroute has one listener list and one
-//! root route. The first memcached pool becomes `proxy.route` and gets its listener;
-//! the other pools are emitted too, with a comment explaining how to serve them.
+//! twemproxy listens on one address per pool, and so does the import: every memcached pool
+//! becomes a listener whose `route` is that pool. What twemproxy sets per pool but memroute
+//! per process (the listen backlog, the client limit) is merged into `[proxy]` with a NOTE.
 //! Redis pools (`redis: true`) are emitted as comments only: memroute speaks memcached.
+mod render;
+
 use serde_yaml::{Mapping, Value};
 
-use super::push_note;
-use crate::raw::{check_host_port, toml_key};
+use crate::raw::check_host_port;
 use crate::{ConfigError, ConfigErrors, DistributionName, HashName};
 
 /// Pool keys twemproxy 0.5.0 accepts (plus `reuseport` from later releases).
@@ -97,29 +98,46 @@ pub fn import(yaml: &str) -> Result<String, ConfigErrors> {
             )),
         }
     }
-    let Some(first) = pools.iter().find(|p| !p.redis) else {
+    let served: Vec<&Pool> = pools.iter().filter(|p| !p.redis).collect();
+    if served.is_empty() {
         errs.push(ConfigError::new(
             "",
             "no memcached pools to import: every pool has `redis: true`, and memroute speaks memcached only",
         ));
         return Err(ConfigErrors(errs));
-    };
+    }
+    check_listen_addresses(&served, &mut errs);
     if !errs.is_empty() {
         return Err(ConfigErrors(errs));
     }
 
-    let text = render(&pools, first);
-    // The output must load; if it does not, that is a bug here or a value the checks
-    // above let through (a bad address, say): report it rather than print a bad file.
-    match crate::parse(&text) {
-        Ok(_) => Ok(text),
-        Err(ConfigErrors(es)) => Err(ConfigErrors(
-            es.into_iter()
-                .map(|e| {
-                    ConfigError::new(e.path, format!("{} (in the imported config)", e.message))
-                })
-                .collect(),
-        )),
+    super::checked(render::render(&pools, &served))
+}
+
+/// Every served pool needs an address of its own, as twemproxy itself insists.
+fn check_listen_addresses(served: &[&Pool], errs: &mut Vec<ConfigError>) {
+    for (i, pool) in served.iter().enumerate() {
+        let path = format!("{}.listen", pool.name);
+        match &pool.listen {
+            None => errs.push(ConfigError::new(
+                path,
+                "missing: twemproxy serves every pool on its own listen address",
+            )),
+            Some(address) => {
+                if let Some(earlier) = served[..i]
+                    .iter()
+                    .find(|p| p.listen.as_ref() == Some(address))
+                {
+                    errs.push(ConfigError::new(
+                        path,
+                        format!(
+                            "\"{address}\" is also pool \"{}\"'s listen address",
+                            earlier.name
+                        ),
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -365,29 +383,32 @@ fn read_pool(name: &str, m: &Mapping, errs: &mut Vec<ConfigError>) -> Pool {
     pool
 }
 
-/// twemproxy listen: `host:port`, or `/path/to.sock [mode]` for a unix socket.
+/// twemproxy listen: `host:port`, or `/path/to.sock [mode]` for a unix socket, where
+/// twemproxy takes the mode from after the last space (so `/a.sock:0600` is a path).
 fn convert_listen(
     path: &str,
     s: &str,
     notes: &mut Vec<String>,
     errs: &mut Vec<ConfigError>,
 ) -> String {
-    let mut words = s.split_whitespace();
-    let addr = words.next().unwrap_or("");
-    let mode = words.next();
-    if addr.starts_with('/') {
+    let s = s.trim();
+    if s.starts_with('/') {
+        let (socket, mode) = match s.rsplit_once(' ') {
+            Some((socket, mode)) => (socket.trim_end(), Some(mode)),
+            None => (s, None),
+        };
         if let Some(mode) = mode {
             notes.push(format!(
-                "twemproxy listen mode {mode} for {addr} -> not carried over: memroute creates the socket \
+                "twemproxy listen mode {mode} for {socket} -> not carried over: memroute creates the socket \
                  with the process umask; set permissions on its directory"
             ));
         }
-        format!("unix:{addr}")
+        format!("unix:{socket}")
     } else {
-        if let Err(m) = check_host_port(addr) {
+        if let Err(m) = check_host_port(s) {
             errs.push(ConfigError::new(path, m));
         }
-        addr.to_string()
+        s.to_string()
     }
 }
 
@@ -420,135 +441,6 @@ fn read_servers(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Vec<Strin
         servers.push(words.join(" "));
     }
     servers
-}
-
-fn render(pools: &[Pool], first: &Pool) -> String {
-    let mut out = String::new();
-    out.push_str(
-        "# Generated by `memroute import-twemproxy` from a nutcracker (twemproxy) config.\n",
-    );
-    out.push_str("# Lines marked NOTE say what twemproxy did that this file does differently.\n");
-    out.push_str("# Keys are placed on the same servers as twemproxy placed them: same servers,\n");
-    out.push_str("# weights, names, hash, hash_tag and distribution.\n");
-
-    let others: Vec<&Pool> = pools
-        .iter()
-        .filter(|p| !p.redis && p.name != first.name)
-        .collect();
-    if !others.is_empty() {
-        out.push_str("#\n");
-        out.push_str(
-            "# NOTE: twemproxy served each pool on its own listen address. memroute has one\n",
-        );
-        out.push_str(
-            "# listener list and one root route (proxy.route), so this file serves only pool\n",
-        );
-        out.push_str(&format!(
-            "# {} on its address. These pools are defined below but receive NO traffic\n",
-            quote(&first.name)
-        ));
-        out.push_str("# from this memroute:\n");
-        for p in &others {
-            let at = p.listen.as_deref().unwrap_or("(no listen address)");
-            out.push_str(&format!(
-                "#   pool {} (twemproxy listened on {at})\n",
-                quote(&p.name)
-            ));
-        }
-        out.push_str("# To serve them, run one memroute per pool (a copy of this file with\n");
-        out.push_str(
-            "# proxy.listen and proxy.route set to that pool's), or put the pools behind a\n",
-        );
-        out.push_str(
-            "# [routes.NAME] prefix route on one listener (clients' keys then need prefixes).\n",
-        );
-    }
-
-    out.push_str("\n[proxy]\n");
-    match &first.listen {
-        Some(l) => out.push_str(&format!("listen = [{}]\n", quote(l))),
-        None => out.push_str("# NOTE: twemproxy pool had no listen address; memroute's default 127.0.0.1:11211 applies.\n"),
-    }
-    out.push_str(
-        "# twemproxy is single-threaded; memroute runs one worker per core (0 = all cores).\n",
-    );
-    out.push_str("workers = 0\n");
-    match first.backlog {
-        Some(b) if b > 0 => out.push_str(&format!("backlog = {b}\n")),
-        _ => out.push_str(
-            "# twemproxy's default backlog is 512; memroute's default, 65535, is kept (capped by somaxconn).\n",
-        ),
-    }
-    if let Some(n) = first.client_connections {
-        out.push_str(&format!(
-            "# twemproxy client_connections: {n} (per pool) -> max_connections (whole process; 0 = unlimited).\n"
-        ));
-        out.push_str(&format!("max_connections = {n}\n"));
-    }
-    out.push_str(&format!("route = {}\n", quote(&first.name)));
-
-    for p in pools {
-        out.push('\n');
-        if p.redis {
-            render_redis_pool(&mut out, p);
-            continue;
-        }
-        if p.name != first.name {
-            if let Some(l) = &p.listen {
-                out.push_str(&format!(
-                    "# NOTE: twemproxy listened on {l} for this pool (see the top of the file).\n"
-                ));
-            }
-            if let Some(b) = p.backlog {
-                out.push_str(&format!("# NOTE: twemproxy backlog: {b} for this pool -> memroute has one backlog, in [proxy].\n"));
-            }
-            if let Some(n) = p.client_connections {
-                out.push_str(&format!(
-                    "# NOTE: twemproxy client_connections: {n} for this pool -> memroute has one limit, proxy.max_connections.\n"
-                ));
-            }
-        }
-        out.push_str(&format!("[pools.{}]\n", toml_key(&p.name)));
-        render_servers(&mut out, &p.servers);
-        for line in &p.lines {
-            out.push_str(line);
-            out.push('\n');
-        }
-        for note in &p.notes {
-            push_note(&mut out, note);
-        }
-    }
-    out
-}
-
-fn render_servers(out: &mut String, servers: &[String]) {
-    out.push_str("servers = [\n");
-    for s in servers {
-        out.push_str(&format!("  {},\n", quote(s)));
-    }
-    out.push_str("]\n");
-}
-
-/// A redis pool, commented out in full so the user sees it was read and why it is inactive.
-fn render_redis_pool(out: &mut String, p: &Pool) {
-    out.push_str(&format!(
-        "# NOTE: twemproxy pool {} is a redis pool (redis: true). memroute speaks memcached only,\n",
-        quote(&p.name)
-    ));
-    out.push_str("# so it is not imported. For reference, as memroute would write it:\n");
-    let mut body = String::new();
-    body.push_str(&format!("[pools.{}]\n", toml_key(&p.name)));
-    render_servers(&mut body, &p.servers);
-    for line in &p.lines {
-        body.push_str(line);
-        body.push('\n');
-    }
-    for line in body.lines() {
-        out.push_str(&format!("# {line}\n"));
-    }
-    for note in &p.notes {
-        push_note(out, note);
-    }
 }
 
 #[cfg(test)]
@@ -634,19 +526,42 @@ omega:
     }
 
     #[test]
-    fn nutcracker_example_round_trips_with_equal_pools() {
+    fn nutcracker_example_serves_every_memcached_pool_on_its_address() {
         let out = import(NUTCRACKER_YML).unwrap_or_else(|e| panic!("{e}"));
         let c = crate::parse(&out).unwrap_or_else(|e| panic!("{e}\n{out}"));
 
-        // Redis pools are not imported; the first memcached pool is the root.
+        // Redis pools are not imported; each memcached pool has its twemproxy address as a
+        // listener of its own, and the first is also the default root.
         let names: Vec<&str> = c.pools.keys().map(String::as_str).collect();
         assert_eq!(names, ["delta", "gamma", "omega"], "{out}");
         assert_eq!(c.proxy.route, "gamma");
+        let roots: Vec<(String, &str)> = c
+            .proxy
+            .listener_roots()
+            .map(|(address, root)| (address.to_string(), root))
+            .collect();
         assert_eq!(
-            c.proxy.listen,
-            vec![crate::ListenAddress::Tcp("127.0.0.1:22123".into())]
+            roots,
+            [
+                ("127.0.0.1:22123".to_string(), "gamma"),
+                ("127.0.0.1:22124".to_string(), "delta"),
+                ("unix:/tmp/gamma".to_string(), "omega"),
+            ],
+            "{out}"
         );
+        assert_eq!(
+            c.proxy.listen_routes.len(),
+            3,
+            "every listener names its pool"
+        );
+        // One backlog for all: the largest, with every pool's named.
         assert_eq!(c.proxy.backlog, 1024);
+        assert!(
+            out.contains(
+                "# NOTE: twemproxy's listen backlog differs by pool (\"gamma\": 1024, \"delta\": 512"
+            ),
+            "{out}"
+        );
 
         assert_eq!(
             c.pools["gamma"],
@@ -677,11 +592,10 @@ omega:
 
         // Nothing silently dropped: each non-carried key is explained.
         for needle in [
-            "pool \"delta\" (twemproxy listened on 127.0.0.1:22124)",
-            "pool \"omega\" (twemproxy listened on unix:/tmp/gamma)",
-            "listen mode 0666",
-            "twemproxy pool \"alpha\" is a redis pool",
-            "twemproxy pool \"beta\" is a redis pool",
+            "listen mode 0666 for /tmp/gamma",
+            "twemproxy pool \"alpha\" is a redis pool (redis: true) on 127.0.0.1:22121",
+            "twemproxy pool \"beta\" is a redis pool (redis: true) on 127.0.0.1:22122",
+            "redis pools are not served",
             "#   \"127.0.0.1:6380:1 server1\",",
             "preconnect: true",
             "server_failure_limit: 3",
@@ -747,8 +661,8 @@ connections = 2
             )
         );
         assert!(
-            !out.contains("receive NO traffic"),
-            "one pool: no multi-pool note\n{out}"
+            out.contains("listen = [\"0.0.0.0:22121\"]\n"),
+            "one pool: served by proxy.route, no listener route needed\n{out}"
         );
         for needle in [
             "tcpkeepalive: true",
@@ -757,6 +671,87 @@ connections = 2
         ] {
             assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
         }
+    }
+
+    /// Client limits per pool become one for the process: their sum when every pool has
+    /// one, none when some pool has none; either way a NOTE names each pool's.
+    #[test]
+    fn client_limits_of_several_pools_merge_into_one() {
+        let pools = |a: &str, b: &str| {
+            format!(
+                "a:\n  listen: 127.0.0.1:22121\n{a}  servers:\n   - 10.0.0.1:11211:1\n\
+                 b:\n  listen: 127.0.0.1:22122\n{b}  servers:\n   - 10.0.0.2:11211:1\n"
+            )
+        };
+        let both = import(&pools(
+            "  client_connections: 100\n",
+            "  client_connections: 250\n",
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let c = crate::parse(&both).unwrap_or_else(|e| panic!("{e}\n{both}"));
+        assert_eq!(c.proxy.max_connections, 350, "{both}");
+        assert!(
+            both.contains("twemproxy limits clients per pool (\"a\": 100, \"b\": 250)"),
+            "{both}"
+        );
+
+        let one =
+            import(&pools("  client_connections: 100\n", "")).unwrap_or_else(|e| panic!("{e}"));
+        let c = crate::parse(&one).unwrap_or_else(|e| panic!("{e}\n{one}"));
+        assert_eq!(c.proxy.max_connections, 0, "{one}");
+        assert!(
+            one.contains("(\"a\": 100) and not at all for \"b\""),
+            "{one}"
+        );
+
+        let neither = import(&pools("", "")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!neither.contains("max_connections"), "{neither}");
+        assert!(
+            neither.contains("memroute's default, 65535, is kept"),
+            "no backlog anywhere: {neither}"
+        );
+    }
+
+    /// twemproxy takes a unix socket's mode from after the last space, so a colon is part of
+    /// the path.
+    #[test]
+    fn unix_listen_addresses_split_as_twemproxy_splits_them() {
+        let out = import(
+            "a:\n  listen: /run/nc/a.sock   0660\n  servers:\n   - 10.0.0.1:11211:1\n\
+             b:\n  listen: /run/nc/b.sock:0600\n  servers:\n   - 10.0.0.2:11211:1\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            out.contains("{ address = \"unix:/run/nc/a.sock\", route = \"a\" }"),
+            "{out}"
+        );
+        assert!(
+            out.contains("{ address = \"unix:/run/nc/b.sock:0600\", route = \"b\" }"),
+            "{out}"
+        );
+        assert!(out.contains("listen mode 0660 for /run/nc/a.sock"), "{out}");
+        assert_eq!(out.matches("listen mode").count(), 1, "{out}");
+    }
+
+    /// As twemproxy, every memcached pool needs its own address; redis pools, never
+    /// served, are not checked.
+    #[test]
+    fn memcached_pools_need_listen_addresses_of_their_own() {
+        let e = import(
+            "a:\n  listen: 127.0.0.1:22121\n  servers:\n   - 10.0.0.1:11211:1\n\
+             b:\n  servers:\n   - 10.0.0.2:11211:1\n\
+             r:\n  redis: true\n  listen: 127.0.0.1:22121\n  servers:\n   - 10.0.0.3:6379:1\n\
+             c:\n  listen: 127.0.0.1:22121\n  servers:\n   - 10.0.0.4:11211:1\n",
+        )
+        .expect_err("missing and shared addresses");
+        let got: Vec<String> = e.0.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "b.listen: missing: twemproxy serves every pool on its own listen address",
+                "c.listen: \"127.0.0.1:22121\" is also pool \"a\"'s listen address",
+            ]
+        );
     }
 
     #[test]
