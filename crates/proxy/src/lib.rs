@@ -17,7 +17,7 @@
 //! `generation::Generation`) and hands it to every worker over a watch channel; each worker
 //! builds its own `snapshot::RouteSnapshot` from it and swaps it in (`worker`).
 //!
-//! Modules follow a request downwards (worker -> session -> dispatch -> pending / execute
+//! Modules follow a request downwards (worker -> session -> dispatch -> pending -> route
 //! -> snapshot -> stats) and never import upwards; docs/architecture.md has the layers and
 //! tests/layers.rs keeps the import graph free of circles.
 #![forbid(unsafe_code)]
@@ -32,7 +32,6 @@ mod control;
 mod counters;
 mod dispatch;
 mod error;
-mod execute;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod generation;
@@ -43,6 +42,7 @@ mod pool_settings;
 mod reload;
 mod reply;
 mod restart_only;
+mod route;
 mod route_lookup;
 mod session;
 mod session_wakers;

@@ -2,7 +2,9 @@
 //! each holding the snapshot its request was routed with and the backend legs its reply
 //! comes from. `try_complete`/`wait` collect the legs' replies; `finish` turns a completed
 //! entry into the client's bytes (hit/miss counts, a multi-get merged in client order by
-//! `multiget`, flush_all's replies merged by `reply::FlushAllMerge`).
+//! `multiget`, flush_all's replies merged by `reply::FlushAllMerge`). What a leg's answer
+//! leads to is its route kind's (`route::FirstTry::go_on`, `route::ReplicatedWrite::decide`,
+//! `route::MultiGet::fail_over`); this module only polls and writes.
 use std::collections::VecDeque;
 use std::future::Future;
 use std::rc::Rc;
@@ -10,17 +12,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use memroute_backend::{ReplyReceiver, TryRecvError};
-use memroute_config::WritePolicy;
-use memroute_protocol::{quiet_suppresses, retrieval_error, value_block_for, Command, Request};
-use memroute_routing::{classify_reply, write_decision, NodeId, ReplyClass, WriteDecision};
+use memroute_protocol::{quiet_suppresses, retrieval_error, Command};
+use memroute_routing::{classify_reply, ReplyClass};
 use smallvec::SmallVec;
 
 use crate::buffers::Homed;
 use crate::context::WorkerContext;
-use crate::execute::{self, FollowUp, GoesOn, GoingOn, Job, MultiReply, Routed, RoutedKeys};
 use crate::multiget;
-use crate::reply::{connection_gone, first_line, server_error, FlushAllMerge, Reply};
+use crate::reply::{first_line, server_error, FlushAllMerge, Reply};
+use crate::route::{FirstTry, MultiReply, ReplicatedWrite, Routed, RoutedKeys, Start};
+pub(crate) use crate::route::{Leg, MultiGet};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::{SharedStats, WorkerMetrics};
 
@@ -29,507 +30,6 @@ use crate::stats::{SharedStats, WorkerMetrics};
 pub(crate) enum Flow {
     Continue,
     Close,
-}
-
-/// One backend sub-request and, once it arrived, its reply.
-#[derive(Debug)]
-pub(crate) struct Leg {
-    /// Where the reply comes; `None` only while a multi-get still writes this leg's batch
-    /// (it is set before the request is dispatched).
-    receiver: Option<ReplyReceiver>,
-    reply: Option<Reply>,
-    pool: u32,
-    server: u32,
-    /// The route node the request reached (a pool's node id is its pool id) and when it
-    /// was read: its latency is recorded under that node's name.
-    route: u32,
-    started: Instant,
-}
-
-impl Leg {
-    pub(crate) fn new(
-        receiver: ReplyReceiver,
-        pool: usize,
-        server: usize,
-        started: Instant,
-    ) -> Leg {
-        Leg {
-            receiver: Some(receiver),
-            reply: None,
-            pool: pool as u32,
-            server: server as u32,
-            route: pool as u32,
-            started,
-        }
-    }
-
-    /// A leg to `server` of `pool` whose request is still being written; see `sent`.
-    pub(crate) fn writing(pool: usize, server: usize, started: Instant) -> Leg {
-        Leg {
-            receiver: None,
-            reply: None,
-            pool: pool as u32,
-            server: server as u32,
-            route: pool as u32,
-            started,
-        }
-    }
-
-    /// The leg's request was queued; its reply comes on `receiver`.
-    pub(crate) fn sent(&mut self, receiver: ReplyReceiver) {
-        self.receiver = Some(receiver);
-    }
-
-    /// Records the leg's latency under route node `route` (a policy route it went through)
-    /// rather than under its pool.
-    pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
-        self.route = route;
-        self
-    }
-
-    /// `try_complete`, registering the session's waker for the reply.
-    fn poll_complete(&mut self, context: &mut std::task::Context<'_>) -> bool {
-        if self.reply.is_some() {
-            return true;
-        }
-        let Some(receiver) = &mut self.receiver else {
-            self.reply = Some(Err(connection_gone()));
-            return true;
-        };
-        match std::pin::Pin::new(receiver).poll(context) {
-            std::task::Poll::Ready(reply) => {
-                self.reply = Some(reply.unwrap_or_else(|_| Err(connection_gone())));
-                true
-            }
-            std::task::Poll::Pending => false,
-        }
-    }
-
-    /// For a retrieval reply from a connection: how many VALUE blocks it holds.
-    fn value_blocks(&self) -> Option<u32> {
-        self.receiver.as_ref().and_then(ReplyReceiver::value_blocks)
-    }
-
-    /// Whether the (complete) leg failed: no reply, or an error line for a retrieval.
-    fn failed(&self) -> bool {
-        match &self.reply {
-            Some(Ok(bytes)) => retrieval_error(bytes).is_some(),
-            _ => true,
-        }
-    }
-
-    /// Records this leg's latency, as of the worker's clock.
-    fn observe(&self, routing: &RouteSnapshot) {
-        routing
-            .metrics
-            .observe_since(self.route as usize, self.started);
-    }
-
-    fn try_complete(&mut self) -> bool {
-        if self.reply.is_some() {
-            return true;
-        }
-        let Some(receiver) = &mut self.receiver else {
-            self.reply = Some(Err(connection_gone()));
-            return true;
-        };
-        match receiver.try_recv() {
-            Ok(reply) => self.reply = Some(reply),
-            Err(TryRecvError::Empty) => return false,
-            Err(TryRecvError::Closed) => self.reply = Some(Err(connection_gone())),
-        }
-        true
-    }
-
-    async fn wait(&mut self) {
-        if self.reply.is_none() {
-            self.reply = Some(match &mut self.receiver {
-                Some(receiver) => receiver.await.unwrap_or_else(|_| Err(connection_gone())),
-                None => Err(connection_gone()),
-            });
-        }
-    }
-
-    /// The reply, counting a failure against its server (in the routing it was sent with).
-    /// Legs run by the route executor count their own failures.
-    fn take(&mut self, routing: &RouteSnapshot) -> Reply {
-        let reply = self.reply.take().unwrap_or_else(|| Err(connection_gone()));
-        if let Err(error) = &reply {
-            if let Some(server) = routing
-                .pools
-                .get(self.pool as usize)
-                .and_then(|p| p.servers.get(self.server as usize))
-            {
-                server.count_failure(error);
-            }
-        }
-        reply
-    }
-}
-
-/// A read through a failover (or replicated) route, or a write through a failover route,
-/// first sent to the route's first pool as a plain pool's request is (`execute::first_pool`,
-/// `execute::failover_write_pool`); the executor takes it on to the later children only if
-/// that answer is a failure (and, for a write, the request may be repeated). Or a read
-/// through a warm-up route, first sent to its cold pool (`execute::warm_up_cold`); the
-/// executor asks warm only if cold missed.
-#[derive(Debug)]
-pub(crate) struct FirstTry {
-    pub routing: Rc<RouteSnapshot>,
-    /// To the first pool; its latency is recorded under the route.
-    pub leg: Leg,
-    /// The request again, for the later children (`None`: no later child to ask, or the
-    /// first answer was judged not a failure).
-    pub rest: Option<Job>,
-    pub node: NodeId,
-    pub command: Command,
-    pub noreply: bool,
-    /// Which first answer goes on to the executor.
-    pub moves_on: MovesOn,
-}
-
-/// Which first answer of a `FirstTry` goes on to the executor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MovesOn {
-    /// A failure, to a failover's later children.
-    Failure,
-    /// A miss, to a warm-up's warm (cold's miss kept as the answer if warm has nothing).
-    Miss,
-}
-
-impl FirstTry {
-    /// Once the first answer is in: when it is a failure and there is a later child, the
-    /// request as the executor's, on its way to the later children (the failure counted
-    /// against its server); for a warm-up, when it is a miss, on its way to warm.
-    fn fail_over(&mut self) -> Option<Pending> {
-        self.rest.as_ref()?;
-        let class = match &self.leg.reply {
-            Some(Ok(bytes)) => classify_reply(bytes),
-            _ => ReplyClass::Error,
-        };
-        let goes_on = match self.moves_on {
-            MovesOn::Failure => class == ReplyClass::Error,
-            MovesOn::Miss => class == ReplyClass::Miss,
-        };
-        // As `execute::failover`: a request whose repetition changes the result (incr,
-        // decr, append, prepend, cas) moves on only when the first pool never received it;
-        // otherwise the client gets that failure. (Every read is repeatable.)
-        let repeatable = || {
-            self.rest
-                .as_ref()
-                .is_some_and(|job| job.operation.is_idempotent())
-                || matches!(&self.leg.reply, Some(Err(error)) if error.never_sent())
-        };
-        if !goes_on || !repeatable() {
-            // Judged once: the request is not needed again (nor is this entry moved on
-            // by `poll_progress`).
-            self.rest = None;
-            return None;
-        }
-        let job = self.rest.take()?;
-        let first = self.leg.take(&self.routing);
-        let (command, noreply) = (job.command, self.noreply);
-        let (routing, node, started) = (&self.routing, self.node, self.leg.started);
-        let routed = match self.moves_on {
-            MovesOn::Failure => execute::start_after_first(routing, node, job, started),
-            MovesOn::Miss => execute::start_after_cold(routing, node, job, first, started),
-        };
-        Some(Pending::Routed {
-            routing: self.routing.clone(),
-            routed,
-            command,
-            noreply,
-        })
-    }
-}
-
-/// A single-key write through a replicated route whose children are all pools
-/// (`execute::replicated_write_servers`): sent to each replica's server as a plain pool's
-/// request is, one leg per child in the route's order, and answered as the executor's
-/// `replicated_write` answers: the write policy (`write_decision`) is asked after each
-/// reply, in child order, and its first decision stands. No task and no allocation per
-/// write (its home is pooled) unless replicas are still writing when the client is
-/// answered (all-async, all-initial, all-majority): those finish on one task that counts
-/// their failures, as the executor's detached children do.
-#[derive(Debug)]
-pub(crate) struct ReplicatedWrite {
-    pub routing: Rc<RouteSnapshot>,
-    pub legs: SmallVec<[Leg; 3]>,
-    pub node: NodeId,
-    pub policy: WritePolicy,
-    /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
-    pub ack: Option<&'static [u8]>,
-    /// The policy's decision once made (never `Wait`).
-    pub decision: Option<WriteDecision>,
-    pub command: Command,
-    pub noreply: bool,
-    pub started: Instant,
-}
-
-impl ReplicatedWrite {
-    /// Takes in the legs' replies that `arrived` (in child order) until the policy decides;
-    /// true once it has (or nothing is awaited: all-async's ack).
-    fn decide(&mut self, mut arrived: impl FnMut(&mut Leg) -> bool) -> bool {
-        if self.decision.is_some() || self.ack.is_some() {
-            return true;
-        }
-        if self.policy == WritePolicy::AllSync {
-            // all-sync decides only once every replica has answered (`write_decision`
-            // waits until then), so the order the replies are taken in cannot change its
-            // answer: wait for all (as a fan-out does), then judge once.
-            if !self
-                .legs
-                .iter_mut()
-                .all(|leg| leg.reply.is_some() || arrived(leg))
-            {
-                return false;
-            }
-            self.decision = Some(write_decision(self.policy, &self.outcomes()));
-            return true;
-        }
-        for at in 0..self.legs.len() {
-            // A reply taken in on an earlier look was judged then.
-            if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
-                continue;
-            }
-            match write_decision(self.policy, &self.outcomes()) {
-                WriteDecision::Wait => {}
-                decision => {
-                    self.decision = Some(decision);
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
-    /// Per leg, whether its reply (if in) met the request.
-    fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
-        let outcome = |leg: &Leg| leg.reply.as_ref().map(execute::answered);
-        self.legs.iter().map(outcome).collect()
-    }
-
-    /// The client's reply; the other replicas' failures counted against their servers, and
-    /// those still writing left to finish on a task (their replies dropped).
-    fn finish(&mut self, context: &WorkerContext, out: &mut BytesMut) {
-        let routing = &self.routing;
-        routing
-            .metrics
-            .observe_since(self.node as usize, self.started);
-        let (reply, answer) = match (self.ack, self.decision) {
-            (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
-            (None, Some(WriteDecision::Answer { child })) => match self.legs.get_mut(child) {
-                Some(leg) => (leg.take(routing), Some(child)),
-                None => (Err(connection_gone()), None),
-            },
-            (None, Some(WriteDecision::Fail { failed, total })) => {
-                let failed = execute::write_failed(routing, self.node, self.policy, failed, total);
-                (Ok(failed), None)
-            }
-            // Not reached: finished only once decided.
-            (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
-        };
-        // In place, no move of the legs (the common case: every replica answered). A leg
-        // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
-        let mut writing = false;
-        for (at, leg) in self.legs.iter_mut().enumerate() {
-            if Some(at) == answer {
-                leg.receiver = None;
-            } else if leg.reply.is_some() {
-                drop(leg.take(routing));
-                leg.receiver = None;
-            } else {
-                writing = true;
-            }
-        }
-        if writing {
-            let legs = std::mem::take(&mut self.legs).into_iter();
-            let writing: SmallVec<[Leg; 3]> = legs.filter(|leg| leg.receiver.is_some()).collect();
-            let routing = routing.clone();
-            tokio::task::spawn_local(async move {
-                for mut leg in writing {
-                    leg.wait().await;
-                    let _ = leg.take(&routing);
-                }
-            });
-        }
-        finish_single(context, reply, self.command, self.noreply, out);
-    }
-}
-
-/// A multi-key retrieval split over servers.
-#[derive(Debug)]
-pub(crate) struct MultiGet {
-    pub routing: Rc<RouteSnapshot>,
-    pub request: Request,
-    pub legs: SmallVec<[Leg; 4]>,
-    /// The keys that reach policy routes, one group per route node, each run by the
-    /// route executor in place; their replies merge after the legs' (leg index
-    /// `legs.len() + group` in `key_leg`).
-    pub routed: SmallVec<[RoutedKeys; 1]>,
-    /// For each of the request's keys, the leg that carries it.
-    pub key_leg: crate::multiget::KeyLegs,
-    /// Planned over failover or warm-up routes' first pools (`execute::multi_get_pool`):
-    /// where the keys of a failed batch (or a warm-up's misses) go once every leg has
-    /// answered; taken when looked at.
-    pub follow_up: Option<FollowUp>,
-}
-
-impl MultiGet {
-    /// Once every leg has answered: the keys that go on from their route's first pool
-    /// (`execute::goes_on`) form one more group per route: a failover's keys of the batches
-    /// that failed (each failure counted against its server, as a failed leg always is; a
-    /// failed leg all of whose keys went on then stands for none), a warm-up's keys its
-    /// batch answered as misses. True when such a group was started.
-    ///
-    /// Nothing goes on when a failed batch stays (one of its keys has no later child to
-    /// go to): the client's reply is that failure whatever the later children answer, so
-    /// their backend work would be wasted.
-    fn fail_over(&mut self) -> bool {
-        let Some(rest) = self.follow_up.take() else {
-            return false;
-        };
-        let batches = self.legs.len();
-        // Per leg: failed, or (with misses to look for) answered with fewer VALUE blocks
-        // than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
-        // servers answer each key asked at most once, in the order asked, so a batch whose
-        // count is its key count hit every key and is not walked here: only the merge
-        // walks it (when cold hits every key, the common case, nothing is walked twice).
-        let mut outcomes: SmallVec<[Batch; 8]> = smallvec::smallvec![Batch::Hit; batches];
-        let outcomes = &mut outcomes[..];
-        if rest.misses {
-            let mut asked: SmallVec<[u32; 8]> = smallvec::smallvec![0; batches];
-            let asked = &mut asked[..];
-            for &leg in &self.key_leg {
-                if let Some(asked) = asked.get_mut(leg as usize) {
-                    *asked += 1;
-                }
-            }
-            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&self.legs).zip(&*asked) {
-                *outcome = match leg.failed() {
-                    true => Batch::Failed,
-                    false if leg.value_blocks() == Some(asked) => Batch::Hit,
-                    false => Batch::Missed,
-                };
-            }
-        } else {
-            for (outcome, leg) in outcomes.iter_mut().zip(&self.legs) {
-                if leg.failed() {
-                    *outcome = Batch::Failed;
-                }
-            }
-        }
-        let any_failed = outcomes.contains(&Batch::Failed);
-        if !any_failed && !outcomes.contains(&Batch::Missed) {
-            return false;
-        }
-        let routes = &self.routing.routes;
-        // Where a key goes on from (`goes`: why it would), or `None` when it stays.
-        let going_on = |key: &[u8], goes: GoesOn| {
-            let node = routes.select(rest.root, rest.operation, key);
-            let route_goes = execute::goes_on(&self.routing, node);
-            route_goes.takes(goes).then_some((node, route_goes))
-        };
-        if any_failed {
-            // Per failed leg: whether a key stays (a plain pool's key in a failed batch
-            // fails the multi-get).
-            let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
-            for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
-                let leg = leg as usize;
-                if outcomes.get(leg) == Some(&Batch::Failed) && !stays[leg] {
-                    let key = &self.request.frame[range.clone()];
-                    stays[leg] = going_on(key, GoesOn::Failed).is_none();
-                }
-            }
-            if stays.contains(&true) {
-                // The reply is decided: the first failure of a batch that stays, as when
-                // the others' keys had gone on (their failures counted, not shown).
-                for (leg, _) in self.legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
-                    if leg.failed() {
-                        let _ = leg.take(&self.routing);
-                        leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
-                    }
-                }
-                return false;
-            }
-        }
-        let first_group = (batches + self.routed.len()) as u32;
-        let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
-        // Per leg walked for misses: where its next VALUE block starts.
-        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches];
-        for (range, key_leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
-            let leg = *key_leg as usize;
-            if leg >= batches {
-                continue;
-            }
-            let key = &self.request.frame[range.clone()];
-            let goes = match (outcomes[leg], &self.legs[leg].reply) {
-                (Batch::Hit, _) => continue,
-                (Batch::Failed, _) => GoesOn::Failed,
-                (Batch::Missed, Some(Ok(reply))) => {
-                    match value_block_for(reply, cursor[leg], key) {
-                        // A hit: its block is the leg's next (servers answer in the order asked),
-                        // found as the merge finds it (the header compared with this key).
-                        Some(block) => {
-                            cursor[leg] = block.end;
-                            continue;
-                        }
-                        None => GoesOn::Missed,
-                    }
-                }
-                _ => continue,
-            };
-            // A miss anywhere but a warm-up or an error-or-miss failover is a miss.
-            let Some((node, route_goes)) = going_on(key, goes) else {
-                continue;
-            };
-            let group = match groups.iter().position(|g| g.node == node) {
-                Some(group) => group,
-                None => {
-                    groups.push(GoingOn {
-                        node,
-                        keys: Vec::new(),
-                        missed: Vec::new(),
-                    });
-                    groups.len() - 1
-                }
-            };
-            let going = &mut groups[group];
-            going.keys.push(self.request.frame.slice(range.clone()));
-            if route_goes == GoesOn::FailedOrMissed {
-                going.missed.push(goes == GoesOn::Missed);
-            }
-            *key_leg = first_group + group as u32;
-        }
-        // Every key of a failed batch went on: the batch stands for none.
-        for (leg, &outcome) in self.legs.iter_mut().zip(&*outcomes) {
-            if outcome == Batch::Failed {
-                let _ = leg.take(&self.routing);
-                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
-            }
-        }
-        if groups.is_empty() {
-            return false;
-        }
-        let started = self.legs.first().map(|leg| leg.started);
-        let started = started.unwrap_or_else(|| self.routing.metrics.now());
-        for going in groups {
-            let routed = rest.start(&self.routing, going, started);
-            self.routed.push(routed);
-        }
-        true
-    }
-}
-
-/// What a multi-get's batch answered, as `MultiGet::fail_over` sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Batch {
-    /// Every key asked (or no misses looked for).
-    Hit,
-    /// Answered, with fewer VALUE blocks than keys asked: walked for the misses.
-    Missed,
-    /// No answer, or an error line.
-    Failed,
 }
 
 /// The same request sent to every server of a pool (flush_all).
@@ -580,6 +80,38 @@ pub(crate) enum Pending {
 }
 
 impl Pending {
+    /// The entry for a request its route started (`route::start_single`,
+    /// `route::start_flush_all`), holding `routing` until it is answered.
+    pub(crate) fn started(
+        routing: &Rc<RouteSnapshot>,
+        start: Start,
+        command: Command,
+        noreply: bool,
+    ) -> Pending {
+        match start {
+            Start::Leg(leg) => Pending::Single {
+                routing: routing.clone(),
+                leg,
+                command,
+                noreply,
+            },
+            Start::FirstTry(first) => Pending::FirstTry(first),
+            Start::Replicated(write) => Pending::Replicated(write),
+            Start::Routed(routed) => Pending::Routed {
+                routing: routing.clone(),
+                routed,
+                command,
+                noreply,
+            },
+            Start::Legs(legs) => Pending::Fanout(Box::new(Fanout {
+                routing: routing.clone(),
+                legs,
+                noreply,
+            })),
+            Start::NoServers(pool) => no_servers_reply(routing, pool),
+        }
+    }
+
     /// Collects whatever replies have arrived, without waiting. True when complete.
     pub(crate) fn try_complete(&mut self) -> bool {
         match self {
@@ -598,7 +130,7 @@ impl Pending {
                 if !first.leg.try_complete() {
                     return false;
                 }
-                match first.fail_over() {
+                match go_on(first) {
                     Some(next) => {
                         self.replace(next);
                         self.try_complete()
@@ -639,7 +171,7 @@ impl Pending {
                     return;
                 };
                 first.leg.wait().await;
-                if let Some(next) = first.fail_over() {
+                if let Some(next) = go_on(first) {
                     self.replace(next);
                     if let Pending::Routed { routed, .. } = self {
                         routed.wait().await;
@@ -700,8 +232,8 @@ impl Pending {
                     return;
                 };
                 // Only an entry with a later child to ask has anything to move on.
-                let answered = first.rest.is_some() && first.leg.poll_complete(context);
-                if let Some(next) = answered.then(|| first.fail_over()).flatten() {
+                let answered = first.may_go_on() && first.leg.poll_complete(context);
+                if let Some(next) = answered.then(|| go_on(first)).flatten() {
                     self.replace(next);
                     if let Pending::Routed { routed, .. } = self {
                         let _ = routed.poll(context);
@@ -775,13 +307,33 @@ impl Pending {
             Pending::Fanout(fanout) => finish_fanout(*fanout, out),
             Pending::Replicated(mut write) => {
                 if let Some(write) = write.get_mut() {
-                    write.finish(context, out);
+                    let reply = write.finish();
+                    finish_single(context, reply, write.command, write.noreply, out);
                 }
                 write.release();
             }
         }
         Flow::Continue
     }
+}
+
+/// A first try whose answer goes on (`FirstTry::go_on`): the entry that replaces it.
+fn go_on(first: &mut FirstTry) -> Option<Pending> {
+    let routed = first.go_on()?;
+    Some(Pending::Routed {
+        routing: first.routing.clone(),
+        routed,
+        command: first.command,
+        noreply: first.noreply,
+    })
+}
+
+/// A pool without servers yet (DNS discovery), answered as memcached answers a failure.
+pub(crate) fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {
+    Pending::Ready(Bytes::from(format!(
+        "SERVER_ERROR {}\r\n",
+        routing.no_servers(pool)
+    )))
 }
 
 /// Waits until every leg of a multi-get has answered and every group is complete.
@@ -825,9 +377,8 @@ fn finish_single(
                 command,
                 Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
             ) {
-                let hit = bytes.starts_with(b"VALUE ")
-                    || bytes.starts_with(b"VA ")
-                    || bytes.starts_with(b"HD");
+                // Judged as the routes judge it; an error line counts as a miss.
+                let hit = classify_reply(&bytes) == ReplyClass::Hit;
                 let counter = if hit {
                     &context.stats().get_hits
                 } else {

@@ -23,19 +23,22 @@ pub enum ReplyClass {
 /// `EXISTS`, `TOUCHED`, numbers, `HD`/`VA`/`NS`/`NF`/`EX`, `OK`, ...) is a hit.
 /// `NOT_FOUND` for a write is not an error: failing over on it would apply the write
 /// elsewhere. An empty slice is no reply at all and counts as an error.
+///
+/// The one judgement of hit and miss: the routes' decisions and the session's `get_hits` /
+/// `get_misses` counts (where an error counts as a miss) both ask it. Judged by the first
+/// byte first, as most replies are `VALUE`/`VA`/`HD`/`STORED` and decided by it.
 pub fn classify_reply(reply: &[u8]) -> ReplyClass {
-    if reply.is_empty()
-        || reply.starts_with(b"SERVER_ERROR")
-        || reply.starts_with(b"CLIENT_ERROR")
-        || is_error_line(reply)
-    {
-        return ReplyClass::Error;
+    match reply.first() {
+        None => ReplyClass::Error,
+        Some(b'S') if reply.starts_with(b"SERVER_ERROR") => ReplyClass::Error,
+        Some(b'C') if reply.starts_with(b"CLIENT_ERROR") => ReplyClass::Error,
+        Some(b'E') if is_error_line(reply) => ReplyClass::Error,
+        // A meta miss echoes the client's opaque and key flags: `EN O123 kfoo`.
+        Some(b'E') if reply == b"END\r\n" || reply == b"EN\r\n" || reply.starts_with(b"EN ") => {
+            ReplyClass::Miss
+        }
+        _ => ReplyClass::Hit,
     }
-    // A meta miss echoes the client's opaque and key flags: `EN O123 kfoo`.
-    if reply == b"END\r\n" || reply == b"EN\r\n" || reply.starts_with(b"EN ") {
-        return ReplyClass::Miss;
-    }
-    ReplyClass::Hit
 }
 
 /// memcached's bare `ERROR` (unknown command), possibly followed by a message; not

@@ -1,0 +1,335 @@
+//! A failover route: its children in order, each asked only when every one before it
+//! failed (or, with `error-or-miss`, missed a read). A replicated route reading with
+//! `failover` (or from its `first` replica) reads as one. Everything such a route does is
+//! here:
+//!
+//! - single key: `start` sends a request as a plain leg to the first child's pool when it
+//!   is one (`first_pool`, `write_pool`), held as a `FirstTry`; `after_first_answer` is its
+//!   continuation (a failure goes on, through `start_after_first`, to the later children);
+//!   `run` is the whole walk when the first child is not a pool;
+//! - many keys: `multi_get_first_pool` and `goes_on` say whether a multi-get is planned
+//!   over the first pool as a plain pool's keys; `rest_multi` takes the keys of a failed
+//!   batch (and, with `error-or-miss`, the misses) on; `run_multi` is the whole walk.
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use memroute_config::{FailoverOn, ReadPolicy};
+use memroute_routing::{Node, NodeId, ReplyClass};
+
+use super::first_try::{FirstTry, Then};
+use super::in_place::{BoxedMultiReply, InPlace, Routed};
+use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
+use super::{pool, run_child, run_multi_child, GoesOn};
+use super::{Leg, Start};
+use crate::buffers::Homed;
+use crate::reply::{connection_gone, Reply};
+use crate::snapshot::RouteSnapshot;
+
+/// The children after the first of a `first_pool` route, and what moves a read on to them.
+fn after_first(routing: &RouteSnapshot, node: NodeId) -> (&[NodeId], FailoverOn) {
+    match routing.routes.node(node) {
+        Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
+        Node::Replicated { children, .. } => {
+            (children.get(1..).unwrap_or_default(), FailoverOn::Error)
+        }
+        _ => (&[], FailoverOn::Error),
+    }
+}
+
+/// Starts a read whose first try, on the first child of failover (or replicated) route
+/// `node` (a pool: `first_pool`), failed: through the later children, as `run` goes on
+/// after its first child.
+pub(crate) fn start_after_first(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    started: Instant,
+) -> Routed {
+    routing.route_stats(node).failovers.fetch_add(1, Relaxed);
+    let routing = routing.clone();
+    let future: BoxedReply = Box::pin(async move {
+        let job = Rc::new(job);
+        let (children, on) = after_first(&routing, node);
+        run(&routing, node, children, on, &job).await
+    });
+    InPlace::started(future, node, started)
+}
+
+/// For a multi-get through policy route `node`: the pool every key goes to first, when the
+/// route is a failover (on errors) or a replicated route reading with failover or from its
+/// first replica, and its first child is a pool with servers; and whether later children
+/// take the keys of a batch that failed. Such a multi-get is planned over that pool as a
+/// plain pool's (the session's own legs, merged once), without the executor: only the
+/// keys of a failed batch go through it, to the later children (`rest_multi`).
+pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize, bool)> {
+    let routes = &routing.routes;
+    let (first, more) = match routes.node(node) {
+        Node::Failover {
+            children,
+            on: FailoverOn::Error,
+        }
+        | Node::Replicated {
+            children,
+            reads: ReadPolicy::Failover,
+            ..
+        } => (*children.first()?, children.len() > 1),
+        Node::Replicated {
+            children,
+            reads: ReadPolicy::First,
+            ..
+        } => (*children.first()?, false),
+        _ => return None,
+    };
+    match routes.node(first) {
+        Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some((*pool, more)),
+        _ => None,
+    }
+}
+
+/// For a single-key write through failover route `node` whose first child is a pool with
+/// servers: that pool, and whether there is a later child. Sent to that pool as a plain
+/// pool's request is (`pending::FirstTry`); the executor runs only for the later children,
+/// on a failure, and only when the request may be repeated (`FirstTry::fail_over`). A
+/// write moves on on an error only (never on a miss, whatever `on` says), as `run`.
+pub(crate) fn write_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize, bool)> {
+    let Node::Failover { children, .. } = routing.routes.node(node) else {
+        return None;
+    };
+    let pool = pool::with_servers(routing, *children.first()?)?;
+    Some((pool, children.len() > 1))
+}
+
+/// Children in order until one answers. A request that changes data in a way that must not
+/// be repeated (incr, decr, append, prepend, cas) moves on only when the failed child never
+/// received it.
+pub(super) async fn run(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    children: &[NodeId],
+    on: FailoverOn,
+    job: &Rc<Job>,
+) -> Reply {
+    let mut last = Err(connection_gone());
+    // With `error-or-miss`, a miss from an earlier child beats an error from a later one:
+    // the key is absent where it could be looked up.
+    let mut first_miss: Option<Reply> = None;
+    for (index, &child) in children.iter().enumerate() {
+        let reply = run_child(routing, child, job).await;
+        let class = class_of(&reply);
+        let try_next = match class {
+            ReplyClass::Error => true,
+            ReplyClass::Miss => on == FailoverOn::ErrorOrMiss && !job.operation.is_write(),
+            ReplyClass::Hit => false,
+        };
+        if !try_next || index + 1 == children.len() {
+            return match (class, first_miss) {
+                (ReplyClass::Error, Some(miss)) => miss,
+                _ => reply,
+            };
+        }
+        let safe_to_repeat =
+            job.operation.is_idempotent() || matches!(&reply, Err(error) if error.never_sent());
+        if !safe_to_repeat {
+            return reply;
+        }
+        routing.route_stats(node).failovers.fetch_add(1, Relaxed);
+        if class == ReplyClass::Miss && first_miss.is_none() {
+            first_miss = Some(reply);
+        } else {
+            last = reply;
+        }
+    }
+    last
+}
+
+/// Children in order; each asked only for the keys every child before it failed (or,
+/// with `error-or-miss`, missed). A key's miss from an earlier child beats an error from
+/// a later one, as for a single key.
+pub(super) async fn run_multi(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    children: &[NodeId],
+    on: FailoverOn,
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> KeyReplies {
+    let Some((&first, _)) = children.split_first() else {
+        return KeyReplies::failed(keys.len(), Err(connection_gone()));
+    };
+    let moves_on = |reply: &KeyReply| match reply.class() {
+        ReplyClass::Error => true,
+        ReplyClass::Miss => on == FailoverOn::ErrorOrMiss,
+        ReplyClass::Hit => false,
+    };
+    // The common case: the first child answers every key (no bookkeeping per key).
+    let first_replies = run_multi_child(routing, first, job, keys.clone()).await;
+    if children.len() == 1 || (on == FailoverOn::Error && first_replies.all_answered()) {
+        return first_replies;
+    }
+    let first_replies = first_replies.into_keys(job, &keys);
+    if !first_replies.iter().any(moves_on) {
+        return KeyReplies::Keys(first_replies);
+    }
+    // Final outcomes; for a key still being asked, its first miss (if any).
+    let mut outcomes: Vec<Option<KeyReply>> = vec![None; keys.len()];
+    let mut remaining: Vec<usize> = (0..keys.len()).collect();
+    let mut first_replies = Some(first_replies);
+    for (index, &child) in children.iter().enumerate() {
+        let last_child = index + 1 == children.len();
+        let replies = match first_replies.take() {
+            Some(replies) => replies,
+            None => {
+                let asked: Vec<u32> = remaining.iter().map(|&p| keys[p]).collect();
+                let replies = run_multi_child(routing, child, job, asked.clone()).await;
+                replies.into_keys(job, &asked)
+            }
+        };
+        let mut next = Vec::new();
+        for (&position, reply) in remaining.iter().zip(replies) {
+            let class = reply.class();
+            // Retrievals only reach here: a miss may be asked again.
+            let try_next = moves_on(&reply);
+            let outcome = &mut outcomes[position];
+            if !try_next || last_child {
+                *outcome = match (class, outcome.take()) {
+                    (ReplyClass::Error, Some(miss)) => Some(miss),
+                    _ => Some(reply),
+                };
+            } else {
+                if class == ReplyClass::Miss && outcome.is_none() {
+                    *outcome = Some(reply);
+                }
+                next.push(position);
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        routing
+            .route_stats(node)
+            .failovers
+            .fetch_add(next.len() as u64, Relaxed);
+        remaining = next;
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .map(|outcome| outcome.unwrap_or(KeyReply::Failed(Err(connection_gone()))))
+        .collect();
+    KeyReplies::Keys(outcomes)
+}
+
+/// A request through failover route `node` (or a read through a replicated route that
+/// reads as one) whose first child is a pool with servers: sent to that pool as a plain
+/// pool's request is, waiting as a `FirstTry`; the later children are asked only if the
+/// first answer is a failure (`after_first_answer`). `Err(job)` otherwise.
+// `Err` hands the request back, unboxed (no allocation), to the general walk.
+#[allow(clippy::result_large_err)]
+pub(super) fn start(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Job,
+    started: Instant,
+    noreply: bool,
+) -> Result<Start, Job> {
+    let first = match job.operation.is_write() {
+        false => first_pool(routing, node),
+        true => write_pool(routing, node),
+    };
+    let Some((pool, more)) = first else {
+        return Err(job);
+    };
+    let Some(server) = routing.server_for(pool, &job.key) else {
+        return Err(job);
+    };
+    let connection = routing.pools[pool].servers[server].pick(job.slot);
+    let receiver = pool::send_copy(connection, &job.parts, job.kind);
+    Ok(Start::FirstTry(Homed::new(FirstTry {
+        routing: routing.clone(),
+        leg: Leg::new(receiver, pool, server, started).on_route(node),
+        command: job.command,
+        noreply,
+        rest: more.then_some(job),
+        node,
+        then: Then::Failover,
+    })))
+}
+
+/// The continuation of a `FirstTry` to the first pool: a failure goes on to the later
+/// children, the failure counted against its server. A request whose repetition changes
+/// the result (incr, decr, append, prepend, cas) goes on only when the first pool never
+/// received it, as `run` decides; otherwise the client gets that failure. (Every read is
+/// repeatable.)
+pub(super) fn after_first_answer(first: &mut FirstTry) -> Option<Routed> {
+    let job = first.rest.as_ref()?;
+    let repeatable = job.operation.is_idempotent() || first.leg.never_sent();
+    if first.leg.class() != ReplyClass::Error || !repeatable {
+        return None;
+    }
+    let job = first.rest.take()?;
+    let _failure = first.leg.take(&first.routing);
+    let started = first.leg.started;
+    Some(start_after_first(&first.routing, first.node, job, started))
+}
+
+/// For a multi-get through failover (or failover-reading replicated) route `node`: the
+/// pool its keys are planned on first as a plain pool's keys are (`route::multi_get_pool`),
+/// when the first child is a pool with servers.
+pub(super) fn multi_get_first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<usize> {
+    match routing.routes.node(node) {
+        Node::Failover {
+            children,
+            on: FailoverOn::ErrorOrMiss,
+        } => pool::with_servers(routing, *children.first()?),
+        _ => first_pool(routing, node).map(|(pool, _)| pool),
+    }
+}
+
+/// Which keys of a multi-get planned over route `node`'s first pool go on to its later
+/// children: a failed batch's, and with `error-or-miss` the misses too.
+pub(super) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
+    match routing.routes.node(node) {
+        Node::Failover {
+            children,
+            on: FailoverOn::ErrorOrMiss,
+        } if children.len() > 1 => GoesOn::FailedOrMissed,
+        _ => match first_pool(routing, node) {
+            Some((_, true)) => GoesOn::Failed,
+            _ => GoesOn::Never,
+        },
+    }
+}
+
+/// The keys of a multi-get (`job`, in the client's order) that went on from route
+/// `node`'s first pool: through the later children, as `run_multi` goes on after its first
+/// child. `missed` (for `error-or-miss`; empty otherwise): per key, whether the first pool
+/// answered it with a miss, which beats a later child's error.
+pub(super) fn rest_multi(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: MultiJob,
+    missed: Vec<bool>,
+) -> BoxedMultiReply {
+    let count = job.keys.len() as u32;
+    routing
+        .route_stats(node)
+        .failovers
+        .fetch_add(u64::from(count), Relaxed);
+    let routing = routing.clone();
+    Box::pin(async move {
+        let job = Rc::new(job);
+        let keys: Vec<u32> = (0..count).collect();
+        let (children, on) = after_first(&routing, node);
+        let replies = run_multi(&routing, node, children, on, &job, keys.clone()).await;
+        if missed.is_empty() {
+            return multi_reply(replies);
+        }
+        let mut replies = replies.into_keys(&job, &keys);
+        for (reply, missed) in replies.iter_mut().zip(missed) {
+            if missed && reply.class() == ReplyClass::Error {
+                *reply = KeyReply::Miss;
+            }
+        }
+        multi_reply(KeyReplies::Keys(replies))
+    })
+}

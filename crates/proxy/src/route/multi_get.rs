@@ -1,0 +1,480 @@
+//! A multi-get as the session's own legs: planned in one pass over its keys
+//! (`start_multi_get`, batches per server by `multiget::plan`), each policy route's keys
+//! planned by its kind where it can (`multi_get_pool`), and what goes on once the legs
+//! have answered (`MultiGet::fail_over`: a failover's failed batches, a warm-up's misses,
+//! handed to their kinds by `FollowUp::start`).
+use std::rc::Rc;
+
+use bytes::Bytes;
+use memroute_protocol::{value_block_for, Request};
+use memroute_routing::{operation_of, Node, NodeId};
+use smallvec::SmallVec;
+
+use super::{
+    goes_on, multi_get_pool, shadow, start_multi, BatchLines, FollowUp, GoesOn, GoingOn, Leg,
+    MultiJob, Planned, RandomPicks, RoutedKeys,
+};
+use crate::buffers::Homed;
+use crate::multiget::{self, KeyTarget, Step};
+use crate::snapshot::RouteSnapshot;
+
+/// A multi-key retrieval split over servers.
+#[derive(Debug)]
+pub(crate) struct MultiGet {
+    pub routing: Rc<RouteSnapshot>,
+    pub request: Request,
+    pub legs: SmallVec<[Leg; 4]>,
+    /// The keys that reach policy routes, one group per route node, each run by the
+    /// route executor in place; their replies merge after the legs' (leg index
+    /// `legs.len() + group` in `key_leg`).
+    pub routed: SmallVec<[RoutedKeys; 1]>,
+    /// For each of the request's keys, the leg that carries it.
+    pub key_leg: crate::multiget::KeyLegs,
+    /// Planned over failover or warm-up routes' first pools (`multi_get_pool`):
+    /// where the keys of a failed batch (or a warm-up's misses) go once every leg has
+    /// answered; taken when looked at.
+    pub follow_up: Option<FollowUp>,
+}
+
+impl MultiGet {
+    /// Once every leg has answered: the keys that go on from their route's first pool
+    /// (`goes_on`) form one more group per route: a failover's keys of the batches
+    /// that failed (each failure counted against its server, as a failed leg always is; a
+    /// failed leg all of whose keys went on then stands for none), a warm-up's keys its
+    /// batch answered as misses. True when such a group was started.
+    ///
+    /// Nothing goes on when a failed batch stays (one of its keys has no later child to
+    /// go to): the client's reply is that failure whatever the later children answer, so
+    /// their backend work would be wasted.
+    pub(crate) fn fail_over(&mut self) -> bool {
+        let Some(rest) = self.follow_up.take() else {
+            return false;
+        };
+        let batches = self.legs.len();
+        // Per leg: failed, or (with misses to look for) answered with fewer VALUE blocks
+        // than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
+        // servers answer each key asked at most once, in the order asked, so a batch whose
+        // count is its key count hit every key and is not walked here: only the merge
+        // walks it (when cold hits every key, the common case, nothing is walked twice).
+        let mut outcomes: SmallVec<[Batch; 8]> = smallvec::smallvec![Batch::Hit; batches];
+        let outcomes = &mut outcomes[..];
+        if rest.misses {
+            let mut asked: SmallVec<[u32; 8]> = smallvec::smallvec![0; batches];
+            let asked = &mut asked[..];
+            for &leg in &self.key_leg {
+                if let Some(asked) = asked.get_mut(leg as usize) {
+                    *asked += 1;
+                }
+            }
+            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&self.legs).zip(&*asked) {
+                *outcome = match leg.failed() {
+                    true => Batch::Failed,
+                    false if leg.value_blocks() == Some(asked) => Batch::Hit,
+                    false => Batch::Missed,
+                };
+            }
+        } else {
+            for (outcome, leg) in outcomes.iter_mut().zip(&self.legs) {
+                if leg.failed() {
+                    *outcome = Batch::Failed;
+                }
+            }
+        }
+        let any_failed = outcomes.contains(&Batch::Failed);
+        if !any_failed && !outcomes.contains(&Batch::Missed) {
+            return false;
+        }
+        let routes = &self.routing.routes;
+        // Where a key goes on from (`goes`: why it would), or `None` when it stays.
+        let going_on = |key: &[u8], goes: GoesOn| {
+            let node = routes.select(rest.root, rest.operation, key);
+            let route_goes = goes_on(&self.routing, node);
+            route_goes.takes(goes).then_some((node, route_goes))
+        };
+        if any_failed {
+            // Per failed leg: whether a key stays (a plain pool's key in a failed batch
+            // fails the multi-get).
+            let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
+            for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
+                let leg = leg as usize;
+                if outcomes.get(leg) == Some(&Batch::Failed) && !stays[leg] {
+                    let key = &self.request.frame[range.clone()];
+                    stays[leg] = going_on(key, GoesOn::Failed).is_none();
+                }
+            }
+            if stays.contains(&true) {
+                // The reply is decided: the first failure of a batch that stays, as when
+                // the others' keys had gone on (their failures counted, not shown).
+                for (leg, _) in self.legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
+                    if leg.failed() {
+                        let _ = leg.take(&self.routing);
+                        leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+                    }
+                }
+                return false;
+            }
+        }
+        let first_group = (batches + self.routed.len()) as u32;
+        let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
+        // Per leg walked for misses: where its next VALUE block starts.
+        let mut cursor: SmallVec<[usize; 4]> = smallvec::smallvec![0; batches];
+        for (range, key_leg) in self.request.keys.iter().zip(self.key_leg.iter_mut()) {
+            let leg = *key_leg as usize;
+            if leg >= batches {
+                continue;
+            }
+            let key = &self.request.frame[range.clone()];
+            let goes = match (outcomes[leg], &self.legs[leg].reply) {
+                (Batch::Hit, _) => continue,
+                (Batch::Failed, _) => GoesOn::Failed,
+                (Batch::Missed, Some(Ok(reply))) => {
+                    match value_block_for(reply, cursor[leg], key) {
+                        // A hit: its block is the leg's next (servers answer in the order asked),
+                        // found as the merge finds it (the header compared with this key).
+                        Some(block) => {
+                            cursor[leg] = block.end;
+                            continue;
+                        }
+                        None => GoesOn::Missed,
+                    }
+                }
+                _ => continue,
+            };
+            // A miss anywhere but a warm-up or an error-or-miss failover is a miss.
+            let Some((node, route_goes)) = going_on(key, goes) else {
+                continue;
+            };
+            let group = match groups.iter().position(|g| g.node == node) {
+                Some(group) => group,
+                None => {
+                    groups.push(GoingOn {
+                        node,
+                        keys: Vec::new(),
+                        missed: Vec::new(),
+                    });
+                    groups.len() - 1
+                }
+            };
+            let going = &mut groups[group];
+            going.keys.push(self.request.frame.slice(range.clone()));
+            if route_goes == GoesOn::FailedOrMissed {
+                going.missed.push(goes == GoesOn::Missed);
+            }
+            *key_leg = first_group + group as u32;
+        }
+        // Every key of a failed batch went on: the batch stands for none.
+        for (leg, &outcome) in self.legs.iter_mut().zip(&*outcomes) {
+            if outcome == Batch::Failed {
+                let _ = leg.take(&self.routing);
+                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+            }
+        }
+        if groups.is_empty() {
+            return false;
+        }
+        let started = self.legs.first().map(|leg| leg.started);
+        let started = started.unwrap_or_else(|| self.routing.metrics.now());
+        for going in groups {
+            let routed = rest.start(&self.routing, going, started);
+            self.routed.push(routed);
+        }
+        true
+    }
+}
+
+/// What a multi-get's batch answered, as `MultiGet::fail_over` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    /// Every key asked (or no misses looked for).
+    Hit,
+    /// Answered, with fewer VALUE blocks than keys asked: walked for the misses.
+    Missed,
+    /// No answer, or an error line.
+    Failed,
+}
+
+/// How many of a multi-get's keys are placed at once when they all go to one pool: a
+/// 20-key get in two steps, room on the stack for both arrays, none on the heap.
+const PLACED_AHEAD: usize = 16;
+
+/// Plans a multi-get from `root` in one pass over its keys (`multiget::plan`): the keys of
+/// plain pools, and of policy routes whose kind plans them over a pool
+/// (`multi_get_pool`), batched per server as the session's own legs; the other policy
+/// routes' keys grouped per route node for the general walk (`start_multi`); the shadow
+/// routes' copies; and what goes on once the legs answer (`FollowUp`). `head` is the
+/// batch line's start (`get `), `byte_cap` the longest batch line. `Err(pool)`: a pool
+/// without servers.
+pub(crate) fn start_multi_get(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
+    slot: usize,
+    request: Request,
+    head_bytes: Bytes,
+    byte_cap: usize,
+) -> Result<Homed<MultiGet>, usize> {
+    let operation = operation_of(&request);
+    let routes = &routing.routes;
+    let head = &head_bytes[..];
+    let policy_root = !matches!(
+        routes.node(root),
+        Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
+    );
+    // The random routes' picks for this multi-get (`multi_get_pool`).
+    let mut picks = RandomPicks::new();
+    let root_planned = match policy_root {
+        true => multi_get_pool(routing, root, &mut picks),
+        false => None,
+    };
+    if policy_root && root_planned.is_none() {
+        // The root is a policy route the session cannot plan (a fastest read, a failover
+        // whose first child is a route, ...): every key reaches it, one group, nothing to
+        // plan here.
+        for _ in 0..request.keys.len() {
+            routing.metrics.count(root as usize, request.command);
+        }
+        let job = MultiJob {
+            operation,
+            head: head_bytes.clone(),
+            keys: request
+                .keys
+                .iter()
+                .map(|range| request.frame.slice(range))
+                .collect(),
+            slot,
+            byte_cap,
+        };
+        let routed = smallvec::smallvec![start_multi(routing, root, job, routing.metrics.now(),)];
+        let key_leg = smallvec::smallvec![0; request.keys.len()];
+        return Ok(Homed::new(MultiGet {
+            routing: routing.clone(),
+            request,
+            legs: SmallVec::new(),
+            routed,
+            key_leg,
+            follow_up: None,
+        }));
+    }
+    // The route node of the key the plan is at (its legs' latency is recorded under it),
+    // and what goes on after the legs' answers (a failover's failed batches, a warm-up's
+    // cold misses): `None`, `Some(false)` (failed batches only), `Some(true)` (misses too).
+    let current = std::cell::Cell::new(root);
+    let mut goes_on: Option<bool> = None;
+    if let Some(planned) = root_planned {
+        goes_on = with_goes_on(goes_on, planned.goes_on);
+    }
+    // Per route node reached, where its keys are planned (looked up once per multi-get).
+    let mut last: Option<(NodeId, Option<Planned>)> = None;
+    // Per shadow route, the keys in its range it copies.
+    let mut copies: ShadowCopies = SmallVec::new();
+    // Where each key goes, decided as the plan's one pass reaches it. When every key goes
+    // to one pool (a plain pool's root, or a policy root planned over a pool), keys are
+    // placed a chunk ahead, together (`RouteSnapshot::servers_for`: their hashes
+    // interleaved).
+    let one_pool = match (root_planned, routes.node(root)) {
+        (Some(planned), _) => Some(planned.pool),
+        (None, &Node::Pool(pool)) => Some(pool),
+        _ => None,
+    };
+    let root_shadow = root_planned.and_then(|planned| planned.shadow);
+    let mut keys = request.keys();
+    let mut ahead_keys: [&[u8]; PLACED_AHEAD] = [&[]; PLACED_AHEAD];
+    let mut ahead: [u32; PLACED_AHEAD] = [0; PLACED_AHEAD];
+    let (mut at, mut placed, mut nowhere) = (0, 0, false);
+    let command = request.command;
+    let frame = &request.frame;
+    let (current_at, goes_on_at, last_at, copies_at, picks_at) =
+        (&current, &mut goes_on, &mut last, &mut copies, &mut picks);
+    let targets = std::iter::from_fn(move || {
+        // One count per key, as cmd_get counts keys.
+        let Some(pool) = one_pool else {
+            let key = keys.next()?;
+            let node = routes.select(root, operation, key);
+            current_at.set(node);
+            routing.metrics.count(node as usize, command);
+            let planned = match routes.node(node) {
+                &Node::Pool(pool) => Some(Planned {
+                    pool,
+                    goes_on: GoesOn::Never,
+                    shadow: None,
+                }),
+                // A policy route: planned here too where its semantics allow.
+                _ => match *last_at {
+                    Some((seen, planned)) if seen == node => planned,
+                    _ => {
+                        let planned = multi_get_pool(routing, node, picks_at);
+                        if let Some(planned) = planned {
+                            *goes_on_at = with_goes_on(*goes_on_at, planned.goes_on);
+                        }
+                        *last_at = Some((node, planned));
+                        planned
+                    }
+                },
+            };
+            let Some(planned) = planned else {
+                return Some((key, KeyTarget::Executor));
+            };
+            if let Some(shadow) = planned.shadow {
+                add_copy(copies_at, routing, shadow, frame, key);
+            }
+            let target = match routing.server_for(planned.pool, key) {
+                Some(server) => KeyTarget::Server(planned.pool as u32, server as u32),
+                None => KeyTarget::Nowhere(planned.pool as u32),
+            };
+            return Some((key, target));
+        };
+        if at == placed {
+            placed = 0;
+            for (slot, key) in ahead_keys.iter_mut().zip(&mut keys) {
+                *slot = key;
+                placed += 1;
+            }
+            if placed == 0 {
+                return None;
+            }
+            at = 0;
+            nowhere = !routing.servers_for(pool, &ahead_keys[..placed], &mut ahead[..placed]);
+        }
+        let (key, server) = (ahead_keys[at], ahead[at]);
+        at += 1;
+        routing.metrics.count(root as usize, command);
+        if let Some(shadow) = root_shadow {
+            add_copy(copies_at, routing, shadow, frame, key);
+        }
+        Some(match nowhere {
+            true => (key, KeyTarget::Nowhere(pool as u32)),
+            false => (key, KeyTarget::Server(pool as u32, server)),
+        })
+    });
+    let mut key_leg = multiget::KeyLegs::new();
+    key_leg.reserve_exact(request.keys.len());
+    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
+    let mut lines = BatchLines::new(routing, head, slot);
+    // Keys for policy routes: grouped per route node (keys in client order, as views of
+    // the client's frame), each group run once by the executor, batched per server inside
+    // it; `group_of[j]` is the group of the plan's j-th executor key.
+    let mut groups: SmallVec<[(u32, Vec<Bytes>); 1]> = SmallVec::new();
+    let mut group_of: SmallVec<[u32; 8]> = SmallVec::new();
+    let planned = multiget::plan(
+        targets,
+        head.len(),
+        byte_cap,
+        |pool| routing.pools[pool].max_keys_per_request,
+        &mut key_leg,
+        |step| match step {
+            Step::Open {
+                pool, server, key, ..
+            } => {
+                lines.open(pool, server, key);
+                // Through a policy route, latency is recorded under the route's name.
+                let leg = Leg::writing(pool, server, routing.metrics.now());
+                legs.push(leg.on_route(current.get()));
+            }
+            Step::Add { leg, key } => lines.add(leg, key),
+            Step::Close { leg } => {
+                if let Some(receiver) = lines.close(leg) {
+                    legs[leg].sent(receiver);
+                }
+            }
+            Step::Executor { key, .. } => {
+                let node = routes.select(root, operation, key);
+                let group = match groups.iter().position(|(n, _)| *n == node) {
+                    Some(group) => group,
+                    None => {
+                        // Usually the only group: room for every key at once.
+                        groups.push((node, Vec::with_capacity(request.keys.len())));
+                        groups.len() - 1
+                    }
+                };
+                groups[group].1.push(request.frame.slice_ref(key));
+                group_of.push(group as u32);
+            }
+        },
+    );
+    drop(lines);
+    // A pool without servers: its batches already sent are answered and dropped.
+    planned?;
+    // The executor's groups and the shadow copies ask with the client's command line head.
+    let job_of = |keys| MultiJob {
+        operation,
+        head: head_bytes.clone(),
+        keys,
+        slot,
+        byte_cap,
+    };
+    let mut routed = SmallVec::new();
+    if !groups.is_empty() {
+        // The plan numbered the executor keys' legs after its batches, one per key; one
+        // leg per group instead, in the same place.
+        let batches = legs.len() as u32;
+        for leg in key_leg.iter_mut().filter(|leg| **leg >= batches) {
+            let group = group_of
+                .get((*leg - batches) as usize)
+                .copied()
+                .unwrap_or(0);
+            *leg = batches + group;
+        }
+        let started = routing.metrics.now();
+        for (node, keys) in groups {
+            routed.push(start_multi(routing, node, job_of(keys), started));
+        }
+    }
+    // The shadow routes' copies of the keys in their ranges, one batch per route.
+    for (node, keys) in copies {
+        shadow::copy_planned_keys(routing, node, job_of(keys));
+    }
+    // Keys of a batch that fails on a failover's first pool go on to its later children,
+    // a warm-up's cold misses to warm.
+    let follow_up = goes_on.map(|misses| FollowUp {
+        root,
+        operation,
+        head: head_bytes.clone(),
+        slot,
+        byte_cap,
+        misses,
+    });
+    Ok(Homed::new(MultiGet {
+        routing: routing.clone(),
+        request,
+        legs,
+        routed,
+        key_leg,
+        follow_up,
+    }))
+}
+
+/// Per shadow route a multi-get's keys pass through, the keys in its range (views of the
+/// client's frame), copied as one batch once the multi-get is planned.
+type ShadowCopies = SmallVec<[(NodeId, Vec<Bytes>); 1]>;
+
+/// Adds `key` (in the client's `frame`) to shadow route `shadow`'s copy when it is in the
+/// route's range.
+fn add_copy(
+    copies: &mut ShadowCopies,
+    routing: &RouteSnapshot,
+    shadow: NodeId,
+    frame: &Bytes,
+    key: &[u8],
+) {
+    if !shadow::shadows_key(routing, shadow, key) {
+        return;
+    }
+    let at = match copies.iter().position(|(node, _)| *node == shadow) {
+        Some(at) => at,
+        None => {
+            copies.push((shadow, Vec::new()));
+            copies.len() - 1
+        }
+    };
+    copies[at].1.push(frame.slice_ref(key));
+}
+
+/// What goes on after a multi-get's legs answer (`None`: nothing; `Some(misses)`: failed
+/// batches, and with `misses` the keys answered as misses too), once keys of a route
+/// that `goes` on were planned.
+fn with_goes_on(so_far: Option<bool>, goes: GoesOn) -> Option<bool> {
+    match goes {
+        GoesOn::Never => so_far,
+        GoesOn::Failed => Some(so_far.unwrap_or(false)),
+        GoesOn::Missed | GoesOn::FailedOrMissed => Some(true),
+    }
+}

@@ -1,0 +1,233 @@
+//! A pool: a request goes to the server that owns its key (a multi-get's keys batched per
+//! server, `multiget::plan`), flush_all to every server. A plain pool's single-key
+//! request never reaches here (dispatch sends it as a leg of its own); the executor comes
+//! here for a pool reached through a policy route.
+use std::rc::Rc;
+use std::time::Instant;
+
+use memroute_backend::{ReplyReceiver, RequestWriter};
+use memroute_config::Operation;
+use memroute_protocol::{retrieval_error, ReplyKind};
+use memroute_routing::{Node, NodeId};
+use smallvec::SmallVec;
+
+use bytes::Bytes;
+
+use super::job::{per_key, Job, KeyReplies, MultiJob};
+use super::{Leg, Single, Start};
+use crate::multiget::{self, KeyTarget, Step};
+use crate::reply::{connection_gone, FlushAllMerge, Reply};
+use crate::snapshot::RouteSnapshot;
+
+/// The pool of route `node` when it is a pool with servers (DNS discovery may have found
+/// none yet): only then does a policy route start as plain legs to it.
+pub(crate) fn with_servers(routing: &RouteSnapshot, node: NodeId) -> Option<usize> {
+    match routing.routes.node(node) {
+        Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some(*pool),
+        _ => None,
+    }
+}
+
+/// The fast path: a single-key request to a plain pool, straight to its server's
+/// connection as a leg of the session's own (no task, no allocation).
+pub(super) fn start(routing: &RouteSnapshot, pool: usize, single: Single<'_>) -> Start {
+    let Some(server) = routing.server_for(pool, single.key) else {
+        return Start::NoServers(pool);
+    };
+    let connection = routing.pools[pool].servers[server].pick(single.slot);
+    let receiver = connection.send(single.parts, single.kind);
+    Start::Leg(Leg::new(receiver, pool, server, single.started))
+}
+
+/// Queues `parts` on `connection` without taking them: copied into its outgoing buffer as
+/// `BackendHandle::send` copies them, without a clone (two reference counts up and down)
+/// of bytes that are sent again (another replica) or kept (a failover's later children).
+pub(crate) fn send_copy(
+    connection: &memroute_backend::BackendHandle,
+    parts: &(Bytes, Option<Bytes>),
+    kind: ReplyKind,
+) -> ReplyReceiver {
+    let mut request = connection.writer();
+    request.append(&parts.0);
+    if let Some(rest) = &parts.1 {
+        request.append(rest);
+    }
+    request.finish(kind)
+}
+
+/// A flush_all to a pool: the same request to every server, a plain leg each.
+pub(super) fn start_flush_all(
+    routing: &RouteSnapshot,
+    pool: usize,
+    parts: (Bytes, Option<Bytes>),
+    slot: usize,
+    started: Instant,
+) -> Start {
+    let servers = &routing.pools[pool].servers;
+    if servers.is_empty() {
+        return Start::NoServers(pool);
+    }
+    let legs = servers
+        .iter()
+        .enumerate()
+        .map(|(server, connections)| {
+            let receiver = connections.pick(slot).send(parts.clone(), ReplyKind::Line);
+            Leg::new(receiver, pool, server, started)
+        })
+        .collect();
+    Start::Legs(legs)
+}
+
+/// One request to the server that owns its key (flush_all: to every server).
+pub(super) async fn send(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
+    if job.operation == Operation::FlushAll {
+        return flush_pool(routing, pool, job).await;
+    }
+    let Some(server) = routing.server_for(pool, &job.key) else {
+        return Err(routing.no_servers(pool));
+    };
+    let connections = &routing.pools[pool].servers[server];
+    let reply = connections
+        .pick(job.slot)
+        .send(job.parts.clone(), job.kind)
+        .await
+        .unwrap_or_else(|_| Err(connection_gone()));
+    if let Err(error) = &reply {
+        connections.count_failure(error);
+    }
+    reply
+}
+
+/// flush_all to every server of a pool: `OK` only if every server said so.
+async fn flush_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
+    let receivers: Vec<_> = routing.pools[pool]
+        .servers
+        .iter()
+        .map(|s| s.pick(job.slot).send(job.parts.clone(), ReplyKind::Line))
+        .collect();
+    if receivers.is_empty() {
+        return Err(routing.no_servers(pool));
+    }
+    let mut merge = FlushAllMerge::default();
+    for receiver in receivers {
+        merge.add(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
+    }
+    merge.finish()
+}
+
+/// The batch lines of a multi-get being planned (`multiget::plan`), one per leg, written
+/// straight into each server connection's outgoing buffer and sent when the plan closes
+/// them. Dropped with lines still open (the plan stopped), those take their bytes back out.
+pub(crate) struct BatchLines<'r> {
+    routing: &'r RouteSnapshot,
+    head: &'r [u8],
+    slot: usize,
+    /// Indexed by leg; taken when the leg is sent.
+    writers: SmallVec<[Option<RequestWriter<'r>>; 4]>,
+}
+
+impl<'r> BatchLines<'r> {
+    /// Lines that start with `head` (`get `, `gets `...), on the client's connection `slot`.
+    pub(crate) fn new(routing: &'r RouteSnapshot, head: &'r [u8], slot: usize) -> Self {
+        BatchLines {
+            routing,
+            head,
+            slot,
+            writers: SmallVec::new(),
+        }
+    }
+
+    /// Starts the next leg's line, to `server` of `pool`, with its first key.
+    pub(crate) fn open(&mut self, pool: usize, server: usize, key: &[u8]) {
+        let mut writer = self.routing.pools[pool].servers[server]
+            .pick(self.slot)
+            .writer();
+        writer.append(self.head);
+        writer.append_key(key);
+        self.writers.push(Some(writer));
+    }
+
+    /// Adds `key` to leg `leg`'s open line.
+    pub(crate) fn add(&mut self, leg: usize, key: &[u8]) {
+        if let Some(writer) = &mut self.writers[leg] {
+            writer.append_word(key);
+        }
+    }
+
+    /// Ends leg `leg`'s line and sends it; its reply's receiver.
+    pub(crate) fn close(&mut self, leg: usize) -> Option<ReplyReceiver> {
+        let mut writer = self.writers[leg].take()?;
+        writer.append(b"\r\n");
+        Some(writer.finish(ReplyKind::Retrieval))
+    }
+}
+
+/// A pool's share of a multi-get: its keys batched per server exactly as a plain pool's
+/// are (`multiget::plan`), every batch sent before any reply is awaited.
+pub(super) async fn run_multi(
+    routing: &Rc<RouteSnapshot>,
+    pool: usize,
+    job: &MultiJob,
+    keys: &[u32],
+) -> KeyReplies {
+    let targets = keys.iter().map(|&key| {
+        let key = &job.keys[key as usize][..];
+        let target = match routing.server_for(pool, key) {
+            Some(server) => KeyTarget::Server(pool as u32, server as u32),
+            None => KeyTarget::Nowhere(pool as u32),
+        };
+        (key, target)
+    });
+    let mut key_leg = multiget::KeyLegs::new();
+    key_leg.reserve_exact(keys.len());
+    // Per batch: its server, then the reply's receiver once sent.
+    let mut lines = BatchLines::new(routing, &job.head, job.slot);
+    let mut servers: SmallVec<[usize; 4]> = SmallVec::new();
+    let mut receivers: SmallVec<[Option<ReplyReceiver>; 4]> = SmallVec::new();
+    let planned = multiget::plan(
+        targets,
+        job.head.len(),
+        job.byte_cap,
+        |pool| routing.pools[pool].max_keys_per_request,
+        &mut key_leg,
+        |step| match step {
+            Step::Open {
+                pool, server, key, ..
+            } => {
+                lines.open(pool, server, key);
+                servers.push(server);
+                receivers.push(None);
+            }
+            Step::Add { leg, key } => lines.add(leg, key),
+            Step::Close { leg } => receivers[leg] = lines.close(leg),
+            // Every target here is a server of this pool.
+            Step::Executor { .. } => {}
+        },
+    );
+    drop(lines);
+    if planned.is_err() {
+        return KeyReplies::failed(keys.len(), Err(routing.no_servers(pool)));
+    }
+    let batches = servers.into_iter().zip(receivers);
+    let mut replies: SmallVec<[Reply; 4]> = SmallVec::new();
+    for (server, receiver) in batches {
+        let reply = match receiver {
+            Some(receiver) => receiver.await.unwrap_or_else(|_| Err(connection_gone())),
+            None => Err(connection_gone()),
+        };
+        if let Err(error) = &reply {
+            routing.pools[pool].servers[server].count_failure(error);
+        }
+        replies.push(reply);
+    }
+    if replies
+        .iter()
+        .all(|reply| matches!(reply, Ok(bytes) if retrieval_error(bytes).is_none()))
+    {
+        let replies = replies.into_iter().flatten().collect();
+        return KeyReplies::Batches { replies, key_leg };
+    }
+    // A batch failed: per key, its batch's failure or its own answer.
+    let outcomes = per_key(&replies, &key_leg, job, keys);
+    KeyReplies::Keys(outcomes)
+}

@@ -1,0 +1,381 @@
+//! A replicated route: writes go to every child (the write policy decides when the client
+//! is answered: `routing::write_decision`), reads to one child (`first`, `random`,
+//! `failover` as a failover route reads, or the `fastest`). Here:
+//!
+//! - single-key writes: `start_write` sends a write as one plain leg per replica when every
+//!   child is a pool (`write_servers`); `ReplicatedWrite` (held by the session's pending
+//!   entry) judges those legs in place with `write_decision` and answers as `run` would;
+//!   `write_failed` is the reply both give when the policy fails;
+//! - reads start as a failover route's (`failover::first_pool`) or a random route's;
+//! - `run` and `run_multi`: the whole walk when the children are not all pools.
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::Poll;
+use std::time::Instant;
+
+use bytes::Bytes;
+use memroute_config::{FailoverOn, ReadPolicy, WritePolicy};
+use memroute_protocol::Command;
+use memroute_routing::{write_decision, Node, NodeId, WriteDecision};
+use smallvec::SmallVec;
+
+use super::in_place::start_all;
+use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
+use super::{failover, pool, random, run_child, run_multi_child, Leg, Single, Start};
+use crate::buffers::Homed;
+use crate::reply::{connection_gone, immediate_ack, Reply};
+use crate::snapshot::RouteSnapshot;
+
+/// A single-key request through replicated route `node`: a write to every child, a read
+/// from the one its read policy picks.
+pub(super) async fn run(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    children: &[NodeId],
+    writes: WritePolicy,
+    reads: ReadPolicy,
+    job: &Rc<Job>,
+) -> Reply {
+    match job.operation.is_write() {
+        true => write(routing, node, children, writes, job).await,
+        false => read(routing, node, children, reads, job).await,
+    }
+}
+
+/// The keys of a multi-get (a read) through replicated route `node`: from the replica its
+/// read policy picks.
+pub(super) async fn run_multi(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    children: &[NodeId],
+    reads: ReadPolicy,
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> KeyReplies {
+    match reads {
+        ReadPolicy::First => run_multi_child(routing, children[0], job, keys).await,
+        ReadPolicy::Random => {
+            let child = random::pick(children);
+            run_multi_child(routing, child, job, keys).await
+        }
+        ReadPolicy::Failover => {
+            failover::run_multi(routing, node, children, FailoverOn::Error, job, keys).await
+        }
+        ReadPolicy::Fastest => fastest_multi(routing, children, job, keys).await,
+    }
+}
+
+async fn write(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    children: &[NodeId],
+    policy: WritePolicy,
+    job: &Rc<Job>,
+) -> Reply {
+    if policy == WritePolicy::AllAsync {
+        if let Some(ack) = immediate_ack(job.command) {
+            start_all(routing, children, job).detach();
+            return Ok(Bytes::from_static(ack));
+        }
+    }
+    let mut set = start_all(routing, children, job);
+    let mut outcomes: Vec<Option<bool>> = vec![None; children.len()];
+    let mut replies: Vec<Option<Reply>> = vec![None; children.len()];
+    loop {
+        match write_decision(policy, &outcomes) {
+            WriteDecision::Wait => match set.next().await {
+                Some((index, reply)) => {
+                    outcomes[index] = Some(answered(&reply));
+                    replies[index] = Some(reply);
+                }
+                // Every child answered and the policy still waits: cannot happen
+                // (write_decision decides once every outcome is in); never wait forever.
+                None => return Err(connection_gone()),
+            },
+            WriteDecision::Answer { child } => {
+                // The rest finish in the background (all-initial, all-majority).
+                set.detach();
+                return replies[child]
+                    .take()
+                    .unwrap_or_else(|| Err(connection_gone()));
+            }
+            WriteDecision::Fail { failed, total } => {
+                set.detach();
+                return Ok(write_failed(routing, node, policy, failed, total));
+            }
+        }
+    }
+}
+
+/// The reply to a replicated write whose policy failed (`WriteDecision::Fail`), counted in
+/// the route's `write_failures`: the same for the executor and the session's legs
+/// (`replicated_write_servers`).
+pub(crate) fn write_failed(
+    routing: &RouteSnapshot,
+    node: NodeId,
+    policy: WritePolicy,
+    failed: usize,
+    total: usize,
+) -> Bytes {
+    routing
+        .route_stats(node)
+        .write_failures
+        .fetch_add(1, Relaxed);
+    Bytes::from(format!(
+        "SERVER_ERROR replicated write failed on {failed} of {total} replicas ({})\r\n",
+        policy.as_str()
+    ))
+}
+
+/// The servers a single-key write through replicated route `node` goes to, one per child
+/// in the route's order, when every child is a pool with a server for `key`: such a write
+/// is sent to them as a plain pool's request is (the session's own legs, their replies
+/// judged in place by `write_decision`), without the executor. `None` for any other
+/// replicated route (a child that is a route, a pool without servers, whose error the
+/// executor words) and every other node. At most a few replicas: on the stack.
+pub(crate) fn write_servers(
+    routing: &RouteSnapshot,
+    node: NodeId,
+    key: &[u8],
+) -> Option<(WritePolicy, ReplicaServers)> {
+    let Node::Replicated {
+        children, writes, ..
+    } = routing.routes.node(node)
+    else {
+        return None;
+    };
+    let mut servers = ReplicaServers::new();
+    for &child in children.iter() {
+        let Node::Pool(pool) = *routing.routes.node(child) else {
+            return None;
+        };
+        servers.push((pool, routing.server_for(pool, key)?));
+    }
+    Some((*writes, servers))
+}
+
+/// A write through replicated route `node` whose children are all pools with a server for
+/// the key (`write_servers`): sent to every replica as a plain pool's request is, the
+/// replies judged in place (`ReplicatedWrite`). `None` for any other replicated route.
+pub(super) fn start_write(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    single: &Single<'_>,
+) -> Option<Start> {
+    let (policy, servers) = write_servers(routing, node, single.key)?;
+    let command = single.request.command;
+    let ack = match policy {
+        WritePolicy::AllAsync => immediate_ack(command),
+        _ => None,
+    };
+    let started = single.started;
+    let mut write = Homed::new(ReplicatedWrite {
+        routing: routing.clone(),
+        legs: SmallVec::new(),
+        node,
+        policy,
+        ack,
+        decision: None,
+        command,
+        noreply: single.request.noreply,
+        started,
+    });
+    // The legs go straight into their home (not moved there afterwards).
+    if let Some(write) = write.get_mut() {
+        for &(pool, server) in &servers {
+            let connection = routing.pools[pool].servers[server].pick(single.slot);
+            let receiver = pool::send_copy(connection, &single.parts, single.kind);
+            write
+                .legs
+                .push(Leg::new(receiver, pool, server, started).on_route(node));
+        }
+    }
+    Some(Start::Replicated(write))
+}
+
+/// Per replica of a replicated write, (pool, server).
+pub(crate) type ReplicaServers = SmallVec<[(usize, usize); 3]>;
+
+async fn read(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    children: &[NodeId],
+    policy: ReadPolicy,
+    job: &Rc<Job>,
+) -> Reply {
+    match policy {
+        ReadPolicy::First => run_child(routing, children[0], job).await,
+        ReadPolicy::Random => run_child(routing, random::pick(children), job).await,
+        ReadPolicy::Failover => {
+            failover::run(routing, node, children, FailoverOn::Error, job).await
+        }
+        ReadPolicy::Fastest => {
+            let mut set = start_all(routing, children, job);
+            let mut last = Err(connection_gone());
+            while let Some((_, reply)) = set.next().await {
+                if answered(&reply) {
+                    // The slower children's replies are not needed: dropping the set
+                    // cancels their waits (the servers' replies are read and dropped).
+                    return reply;
+                }
+                last = reply;
+            }
+            last
+        }
+    }
+}
+
+/// Every replica asked at once; the first whose every key answered wins (the slower
+/// replicas' waits are dropped), else the last to answer.
+async fn fastest_multi(
+    routing: &Rc<RouteSnapshot>,
+    children: &[NodeId],
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> KeyReplies {
+    let mut futures: Vec<Option<BoxedKeyReplies>> = children
+        .iter()
+        .map(|&child| {
+            Some(super::run_multi(
+                routing.clone(),
+                child,
+                job.clone(),
+                keys.clone(),
+            ))
+        })
+        .collect();
+    let mut last: Option<KeyReplies> = None;
+    std::future::poll_fn(|context| {
+        for slot in futures.iter_mut() {
+            let Some(future) = slot else { continue };
+            if let Poll::Ready(replies) = future.as_mut().poll(context) {
+                *slot = None;
+                if replies.all_answered() {
+                    return Poll::Ready(Some(replies));
+                }
+                last = Some(replies);
+            }
+        }
+        match futures.iter().all(Option::is_none) {
+            true => Poll::Ready(None),
+            false => Poll::Pending,
+        }
+    })
+    .await
+    .or(last)
+    .unwrap_or_else(|| KeyReplies::failed(keys.len(), Err(connection_gone())))
+}
+
+/// A single-key write through a replicated route whose children are all pools
+/// (`write_servers`): sent to each replica's server as a plain pool's
+/// request is, one leg per child in the route's order, and answered as the executor's
+/// `run` answers: the write policy (`write_decision`) is asked after each
+/// reply, in child order, and its first decision stands. No task and no allocation per
+/// write (its home is pooled) unless replicas are still writing when the client is
+/// answered (all-async, all-initial, all-majority): those finish on one task that counts
+/// their failures, as the executor's detached children do.
+#[derive(Debug)]
+pub(crate) struct ReplicatedWrite {
+    pub routing: Rc<RouteSnapshot>,
+    pub legs: SmallVec<[Leg; 3]>,
+    pub node: NodeId,
+    pub policy: WritePolicy,
+    /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
+    pub ack: Option<&'static [u8]>,
+    /// The policy's decision once made (never `Wait`).
+    pub decision: Option<WriteDecision>,
+    pub command: Command,
+    pub noreply: bool,
+    pub started: Instant,
+}
+
+impl ReplicatedWrite {
+    /// Takes in the legs' replies that `arrived` (in child order) until the policy decides;
+    /// true once it has (or nothing is awaited: all-async's ack).
+    pub(crate) fn decide(&mut self, mut arrived: impl FnMut(&mut Leg) -> bool) -> bool {
+        if self.decision.is_some() || self.ack.is_some() {
+            return true;
+        }
+        if self.policy == WritePolicy::AllSync {
+            // all-sync decides only once every replica has answered (`write_decision`
+            // waits until then), so the order the replies are taken in cannot change its
+            // answer: wait for all (as a fan-out does), then judge once.
+            if !self
+                .legs
+                .iter_mut()
+                .all(|leg| leg.reply.is_some() || arrived(leg))
+            {
+                return false;
+            }
+            self.decision = Some(write_decision(self.policy, &self.outcomes()));
+            return true;
+        }
+        for at in 0..self.legs.len() {
+            // A reply taken in on an earlier look was judged then.
+            if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
+                continue;
+            }
+            match write_decision(self.policy, &self.outcomes()) {
+                WriteDecision::Wait => {}
+                decision => {
+                    self.decision = Some(decision);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Per leg, whether its reply (if in) met the request.
+    fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
+        let outcome = |leg: &Leg| leg.reply.as_ref().map(answered);
+        self.legs.iter().map(outcome).collect()
+    }
+
+    /// The client's reply; the other replicas' failures counted against their servers, and
+    /// those still writing left to finish on a task (their replies dropped).
+    pub(crate) fn finish(&mut self) -> Reply {
+        let routing = &self.routing;
+        routing
+            .metrics
+            .observe_since(self.node as usize, self.started);
+        let (reply, answer) = match (self.ack, self.decision) {
+            (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
+            (None, Some(WriteDecision::Answer { child })) => match self.legs.get_mut(child) {
+                Some(leg) => (leg.take(routing), Some(child)),
+                None => (Err(connection_gone()), None),
+            },
+            (None, Some(WriteDecision::Fail { failed, total })) => {
+                let failed = write_failed(routing, self.node, self.policy, failed, total);
+                (Ok(failed), None)
+            }
+            // Not reached: finished only once decided.
+            (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
+        };
+        // In place, no move of the legs (the common case: every replica answered). A leg
+        // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
+        let mut writing = false;
+        for (at, leg) in self.legs.iter_mut().enumerate() {
+            if Some(at) == answer {
+                leg.receiver = None;
+            } else if leg.reply.is_some() {
+                drop(leg.take(routing));
+                leg.receiver = None;
+            } else {
+                writing = true;
+            }
+        }
+        if writing {
+            let legs = std::mem::take(&mut self.legs).into_iter();
+            let writing: SmallVec<[Leg; 3]> = legs.filter(|leg| leg.receiver.is_some()).collect();
+            let routing = routing.clone();
+            tokio::task::spawn_local(async move {
+                for mut leg in writing {
+                    leg.wait().await;
+                    let _ = leg.take(&routing);
+                }
+            });
+        }
+        reply
+    }
+}
