@@ -32,7 +32,9 @@ pub(crate) fn dispatch(
     pending: &mut std::collections::VecDeque<Pending>,
 ) -> Flow {
     let Origin { slot, listener } = origin;
-    // The root route of the listener the client came in on.
+    // Every request is counted on the listener it came in on (a worker-local cell), and
+    // takes that listener's root route.
+    routing.metrics.count_listener(listener);
     let root = routing.root_of(listener);
     let stats = context.stats();
     let count = WorkerMetrics::add;

@@ -119,11 +119,9 @@ pub(crate) struct RouteSnapshot {
 }
 
 impl RouteSnapshot {
-    /// The root route of the `listener`-th entry of `proxy.listen`. Dispatch asks once per
-    /// request, so the request is counted on its listener here (a worker-local cell).
+    /// The root route of the `listener`-th entry of `proxy.listen`.
     #[inline]
     pub(crate) fn root_of(&self, listener: usize) -> NodeId {
-        self.metrics.count_listener(listener);
         self.routes.root_of(listener)
     }
 
