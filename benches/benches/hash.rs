@@ -6,7 +6,7 @@
 //! - `server_for/<distribution>/<servers>`: the whole per-key placement step
 //!   (hash_tag check, hash, lookup) over a rotating set of keys, so the ring lookup
 //!   is not served from one hot cache line.
-//! - `route/simple_pool/...`: the route-table walk every request makes before placement
+//! - `route/select/...`: the route-table walk every request makes before placement
 //!   (a plain pool, and a prefix route nested in an operation route).
 //! - `multiget_split/<distribution>/<servers>`: placing the 20 keys of one multi-get and
 //!   grouping them by server, as the proxy does before sending one batch per server.
@@ -179,11 +179,11 @@ fn bench_route(c: &mut Criterion) {
     let mut group = c.benchmark_group("route");
     for (name, config) in [("plain", &plain), ("operation-prefix", &nested)] {
         let table = RouteTable::build(&config.routing_spec()).expect("routable");
-        group.bench_function(format!("simple_pool/{name}"), |b| {
+        group.bench_function(format!("select/{name}"), |b| {
             let mut i = 0usize;
             b.iter(|| {
                 i = (i + 1) & 1023;
-                table.simple_pool(black_box(Operation::Get), black_box(&keys[i]))
+                table.select(table.root(), black_box(Operation::Get), black_box(&keys[i]))
             })
         });
     }

@@ -10,7 +10,7 @@
 //!   RouteTable (built per config load; an arena of Nodes with one root per listener,
 //!               root_of(listener), and proxy.route's as the default, root())
 //!     select(root, operation, key): follow Prefix / Operation nodes
-//!       |-- Pool(id) ................ fast path (simple_pool): one pool, one server
+//!       |-- Pool(id) ................ one pool: placement picks the server
 //!       '-- Shadow / Replicated / Failover / WarmUp / Random / Null / Error
 //!             executed by the proxy, which calls select again from each child it uses,
 //!             helped by KeyRange::contains_key (shadow keys), write_decision (replicated

@@ -12,7 +12,7 @@
 //!   feed_shadowed: Shadow { primary -> Pool(feed), shadow -> Pool(feed_new), keys in [0, 0.1) }
 //!
 //!   select(root, op, key) follows Prefix and Operation nodes and stops at the first other
-//!   node: a Pool (the fast path, see simple_pool) or a policy node the proxy executes,
+//!   node: a Pool (placement picks the server) or a policy node the proxy executes,
 //!   calling select again from each child it decides to use.
 //! ```
 //!
@@ -99,15 +99,6 @@ impl Node {
             Node::WarmUp { cold, warm, .. } => vec![*cold, *warm],
         }
     }
-
-    /// Pool, Prefix and Operation nodes only pick where a request goes; every other kind
-    /// needs the proxy's general executor.
-    fn is_plain(&self) -> bool {
-        matches!(
-            self,
-            Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
-        )
-    }
 }
 
 /// A sub-range of the 64-bit space of `xxh3_64(key)`, chosen by a shadow route.
@@ -186,8 +177,6 @@ pub struct RouteTable {
     root: NodeId,
     /// The root node of each listener, in listener order.
     listener_roots: Vec<NodeId>,
-    /// No node beyond Pool/Prefix/Operation is reachable from any root.
-    simple: bool,
 }
 
 impl RouteTable {
@@ -229,8 +218,6 @@ impl RouteTable {
             shadow_names,
             ..
         } = resolver;
-        let roots = std::iter::once(root).chain(listener_roots.iter().copied());
-        let simple = only_plain_nodes_reachable(&nodes, roots);
         Ok(RouteTable {
             pool_names,
             placements,
@@ -239,7 +226,6 @@ impl RouteTable {
             node_names,
             root,
             listener_roots,
-            simple,
         })
     }
 
@@ -293,93 +279,12 @@ impl RouteTable {
         }
     }
 
-    /// The fast path: `Some(pool id)` when the walk from the default root for (operation, key)
-    /// reaches a pool through Prefix/Operation nodes only.
-    #[inline]
-    pub fn simple_pool(&self, operation: Operation, key: &[u8]) -> Option<usize> {
-        match self.nodes[self.select(self.root, operation, key) as usize] {
-            Node::Pool(pool) => Some(pool),
-            _ => None,
-        }
-    }
-
-    /// True when no node other than Pool/Prefix/Operation is reachable from any root (then
-    /// the proxy never needs the general executor).
-    #[inline]
-    pub fn is_simple(&self) -> bool {
-        self.simple
-    }
-
     /// The id of the pool called `name`, if there is one.
     pub fn pool_index(&self, name: &str) -> Option<usize> {
         self.pool_names
             .binary_search_by(|n| n.as_str().cmp(name))
             .ok()
     }
-
-    /// Transitional (the proxy before route execution): the pool a `get` of `key` reaches,
-    /// taking the primary path through policy nodes (shadow's primary, the first child,
-    /// warm-up's cold). 0 when that path ends in a Null or Error route. Use `select`.
-    pub fn pool_for(&self, key: &[u8]) -> usize {
-        self.primary_pool(
-            self.select(self.root, Operation::Get, key),
-            Operation::Get,
-            key,
-        )
-        .unwrap_or(0)
-    }
-
-    /// Transitional: the pool keyless commands (flush_all) went to before route execution:
-    /// defaults of prefix routes, the `flush_all` entry of operation routes, then the
-    /// primary path as in [`RouteTable::pool_for`].
-    pub fn default_pool(&self) -> usize {
-        let mut id = self.root;
-        loop {
-            match &self.nodes[id as usize] {
-                Node::Prefix { default, .. } => id = *default,
-                Node::Operation { table } => id = table[Operation::FlushAll.index()],
-                _ => return self.primary_pool(id, Operation::FlushAll, b"").unwrap_or(0),
-            }
-        }
-    }
-
-    /// The pool reached from `from` by always taking a policy node's primary child.
-    fn primary_pool(&self, from: NodeId, operation: Operation, key: &[u8]) -> Option<usize> {
-        let mut id = from;
-        loop {
-            id = match &self.nodes[self.select(id, operation, key) as usize] {
-                Node::Pool(pool) => return Some(*pool),
-                Node::Shadow { primary, .. } => *primary,
-                Node::WarmUp { cold, .. } => *cold,
-                Node::Replicated { children, .. }
-                | Node::Failover { children, .. }
-                | Node::Random { children } => *children.first()?,
-                Node::Null | Node::Error { .. } => return None,
-                // select never stops at these.
-                Node::Prefix { .. } | Node::Operation { .. } => return None,
-            };
-        }
-    }
-}
-
-/// Depth-first from every root; the arena is acyclic, and `seen` keeps shared nodes from
-/// being walked twice.
-fn only_plain_nodes_reachable(nodes: &[Node], roots: impl IntoIterator<Item = NodeId>) -> bool {
-    let mut seen = vec![false; nodes.len()];
-    let mut stack: Vec<NodeId> = roots.into_iter().collect();
-    while let Some(id) = stack.pop() {
-        let Some(node) = nodes.get(id as usize) else {
-            continue;
-        };
-        if std::mem::replace(&mut seen[id as usize], true) {
-            continue;
-        }
-        if !node.is_plain() {
-            return false;
-        }
-        stack.extend(node.children());
-    }
-    true
 }
 
 /// Resolves names into nodes, remembering the chain of routes being resolved so a route
@@ -513,6 +418,15 @@ impl<'a> Resolver<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pool a request reaches from the default root through Prefix/Operation nodes,
+    /// `None` when the walk stops at a policy node.
+    fn pool_reached(table: &RouteTable, operation: Operation, key: &[u8]) -> Option<usize> {
+        match table.node(table.select(table.root(), operation, key)) {
+            Node::Pool(pool) => Some(*pool),
+            _ => None,
+        }
+    }
     use crate::spec::{PoolSpec, ServerSpec};
     use std::collections::BTreeMap;
 
@@ -600,10 +514,7 @@ mod tests {
         assert_eq!(table.root(), 1);
         assert!(matches!(table.node(table.root()), Node::Pool(1)));
         assert_eq!(table.node_name(table.root()), "main");
-        assert_eq!(table.simple_pool(Operation::Set, b"anything"), Some(1));
-        assert!(table.is_simple());
-        assert_eq!(table.pool_for(b"anything"), 1);
-        assert_eq!(table.default_pool(), 1);
+        assert_eq!(pool_reached(&table, Operation::Set, b"anything"), Some(1));
     }
 
     #[test]
@@ -619,7 +530,7 @@ mod tests {
             )],
         );
         let id = |n: &str| table.pool_index(n);
-        let get = |key: &[u8]| table.simple_pool(Operation::Get, key);
+        let get = |key: &[u8]| pool_reached(&table, Operation::Get, key);
         assert_eq!(get(b"session:1"), id("sessions"));
         assert_eq!(get(b"sess1"), id("main"));
         assert_eq!(get(b"s1"), id("feed"));
@@ -630,7 +541,6 @@ mod tests {
         };
         let lengths: Vec<usize> = prefixes.iter().map(|(p, _)| p.len()).collect();
         assert_eq!(lengths, [8, 4, 1]);
-        assert!(table.is_simple());
     }
 
     #[test]
@@ -659,16 +569,11 @@ mod tests {
             };
             assert_eq!(ops[operation.index()], expected, "{operation:?}");
             assert_eq!(
-                table.simple_pool(operation, b"k"),
+                pool_reached(&table, operation, b"k"),
                 Some(expected as usize),
                 "{operation:?}"
             );
         }
-        assert!(table.is_simple());
-        assert_eq!(
-            table.default_pool(),
-            table.pool_index("feed").expect("pool")
-        );
     }
 
     #[test]
@@ -716,7 +621,6 @@ mod tests {
         // select from an inner node works the same, and a pool node selects itself.
         let main = pool_node(&table, "main");
         assert_eq!(table.select(main, Operation::Get, b"feed:1"), main);
-        assert!(table.is_simple());
     }
 
     #[test]
@@ -728,10 +632,9 @@ mod tests {
                 ("feed_shadowed", shadow("feed", "sessions", 0.25)),
             ],
         );
-        assert!(!table.is_simple());
-        assert_eq!(table.simple_pool(Operation::Get, b"feed:1"), None);
+        assert_eq!(pool_reached(&table, Operation::Get, b"feed:1"), None);
         assert_eq!(
-            table.simple_pool(Operation::Get, b"other"),
+            pool_reached(&table, Operation::Get, b"other"),
             table.pool_index("main")
         );
         let node = table.select(table.root(), Operation::Get, b"feed:1");
@@ -752,11 +655,6 @@ mod tests {
         assert_eq!(range.end, 1 << 62);
         assert_eq!(*max_in_flight, 1000);
         assert_eq!(table.shadow_names[*shadow_index], "feed_shadowed");
-        // Transitional wrappers follow the primary.
-        assert_eq!(
-            table.pool_for(b"feed:1"),
-            table.pool_index("feed").expect("pool")
-        );
     }
 
     #[test]
@@ -861,9 +759,8 @@ mod tests {
         );
 
         for key in [&b"r:1"[..], b"f:1", b"w:1", b"x:1", b"n:1", b"e:1"] {
-            assert_eq!(table.simple_pool(Operation::Set, key), None);
+            assert_eq!(pool_reached(&table, Operation::Set, key), None);
         }
-        assert!(!table.is_simple());
         assert!(table.shadow_names.is_empty());
         // Every child id is smaller than its parent's (the walk-termination invariant).
         for id in 0..table.node_count() as NodeId {
@@ -871,30 +768,11 @@ mod tests {
                 assert!(child < id, "{} -> {}", table.node_name(id), child);
             }
         }
-        // Transitional wrappers: primary paths, and 0 when they end in null/error.
-        assert_eq!(
-            table.pool_for(b"w:1"),
-            table.pool_index("sessions").expect("pool")
-        );
-        assert_eq!(
-            table.pool_for(b"f:1"),
-            table.pool_index("sessions").expect("pool")
-        );
-        assert_eq!(table.pool_for(b"n:1"), 0);
     }
 
     #[test]
-    fn is_simple_looks_only_at_what_the_root_reaches() {
-        // A shadow route that exists but is not reachable does not matter.
-        let table = build(
-            "root",
-            vec![
-                ("root", prefix(&[("a:", "main")], "sessions")),
-                ("unused", shadow("main", "feed", 1.0)),
-            ],
-        );
-        assert!(table.is_simple());
-        // One reachable only through an operation entry does.
+    fn select_stops_at_the_first_policy_node() {
+        // A policy node reachable only through an operation entry stops that operation.
         let table = build(
             "root",
             vec![
@@ -902,16 +780,14 @@ mod tests {
                 ("null", RouteSpec::Null),
             ],
         );
-        assert!(!table.is_simple());
         assert_eq!(
-            table.simple_pool(Operation::Get, b"k"),
+            pool_reached(&table, Operation::Get, b"k"),
             table.pool_index("main")
         );
-        assert_eq!(table.simple_pool(Operation::Touch, b"k"), None);
+        assert_eq!(pool_reached(&table, Operation::Touch, b"k"), None);
         // And a policy node as the root.
         let table = build("rep", vec![("rep", replicated(&["main", "feed"]))]);
-        assert!(!table.is_simple());
-        assert_eq!(table.simple_pool(Operation::Get, b"k"), None);
+        assert_eq!(pool_reached(&table, Operation::Get, b"k"), None);
     }
 
     #[test]
@@ -978,7 +854,7 @@ mod tests {
     }
 
     #[test]
-    fn each_listener_has_its_root_and_every_root_counts_for_is_simple() {
+    fn each_listener_has_its_root() {
         let mut spec = config(
             "main",
             vec![
@@ -1007,14 +883,12 @@ mod tests {
         assert_eq!(reached(0, b"x"), "feed");
         assert_eq!(reached(1, b"s:1"), "main");
         // The shadow route is reachable from no root.
-        assert!(table.is_simple());
         assert!(!table.shadow_names.contains(&"mirror".to_string()));
 
-        // A policy route that only a listener reaches is built, and makes the table not simple.
+        // A policy route that only a listener reaches is built.
         spec.listener_roots = names(&["main", "mirror"]);
         let table = RouteTable::build(&spec).expect("valid config");
         assert_eq!(table.node_name(table.root_of(1)), "mirror");
-        assert!(!table.is_simple());
         assert_eq!(table.shadow_names, ["mirror"]);
 
         // An unknown listener root is an error like an unknown default root.
@@ -1042,7 +916,7 @@ mod tests {
         let table = RouteTable::build(&cfg).expect("a DNS pool may start empty");
         let feed = table.pool_index("feed").expect("pool");
         assert_eq!(table.placements[feed].server_count(), 0);
-        assert_eq!(table.simple_pool(Operation::Get, b"k"), Some(feed));
+        assert_eq!(pool_reached(&table, Operation::Get, b"k"), Some(feed));
         assert_eq!(table.placements[feed].server_for(b"k"), 0);
     }
 
@@ -1131,7 +1005,8 @@ mod tests {
                 .map(|d| alphabet[(i / 5usize.pow(d as u32)) % alphabet.len()])
                 .collect();
             let operation = Operation::ALL[i % Operation::COUNT];
-            let pool = table.simple_pool(operation, &key).expect("simple tree");
+            let pool = pool_reached(&table, operation, &key)
+                .expect("a tree of prefix and operation routes over pools");
             assert_eq!(table.pool_names[pool], naive(operation, &key), "{key:?}");
         }
     }
