@@ -133,8 +133,13 @@ impl AdminState {
     }
 }
 
-/// Binds the admin address and serves it on its own thread until the process exits.
-pub(crate) fn start(address: &str, state: Arc<AdminState>) -> Result<String, ProxyError> {
+/// Binds the admin address and serves it on its own thread until `shutdown` is set;
+/// returns the bound address and the thread.
+pub(crate) fn start(
+    address: &str,
+    state: Arc<AdminState>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<(String, std::thread::JoinHandle<()>), ProxyError> {
     let listen_error = |source| ProxyError::Listen {
         address: address.to_string(),
         source,
@@ -145,7 +150,7 @@ pub(crate) fn start(address: &str, state: Arc<AdminState>) -> Result<String, Pro
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| address.to_string());
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("memroute-admin".into())
         .spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -158,13 +163,18 @@ pub(crate) fn start(address: &str, state: Arc<AdminState>) -> Result<String, Pro
                     return;
                 }
             };
-            runtime.block_on(serve(listener, state));
+            // Connections still open when the loop ends go with the runtime.
+            runtime.block_on(serve(listener, state, shutdown));
         })
         .map_err(ProxyError::Thread)?;
-    Ok(bound)
+    Ok((bound, thread))
 }
 
-async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
+async fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<AdminState>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(error) => {
@@ -174,7 +184,11 @@ async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
     };
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait_for(|stopping| *stopping) => return,
+        };
+        let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(error) => {
                 tracing::warn!(%error, "admin accept failed");

@@ -77,6 +77,8 @@ pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 pub struct ProxyHandle {
     shutdown: watch::Sender<bool>,
     workers: Vec<JoinHandle<()>>,
+    /// The control thread (health probes, DNS, reload builds) and the admin endpoint's.
+    helpers: Vec<JoinHandle<()>>,
     /// Builds the generations the workers serve (reloads, DNS changes).
     controller: Arc<control::Controller>,
     /// Serialises reloads (the restart-only settings are compared against the last one).
@@ -218,11 +220,16 @@ impl ProxyHandle {
         transport::recheck_certificates(&self.tls_listeners);
     }
 
-    /// Waits for every worker thread to exit.
+    /// Waits for every worker thread to exit, then for the control and admin threads.
     pub fn join(self) {
         for worker in self.workers {
             if worker.join().is_err() {
                 tracing::error!("a worker thread panicked");
+            }
+        }
+        for helper in self.helpers {
+            if helper.join().is_err() {
+                tracing::error!("the control or admin thread panicked");
             }
         }
     }
@@ -254,17 +261,24 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let (controller, generation_rx, inbox) = control::Controller::new(config, shared.clone())?;
     shared.set_reload_counts(reload_state.counts.clone());
     let admin = Arc::new(admin::AdminState::new(shared, controller.clone()));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    // The control and admin threads end on shutdown too; `join` waits for them.
+    let mut helpers = Vec::with_capacity(2);
     let admin_address = match admin_listen {
-        Some(listen) => Some(admin::start(&listen, admin.clone())?),
+        Some(listen) => {
+            let (address, thread) = admin::start(&listen, admin.clone(), shutdown_rx.clone())?;
+            helpers.push(thread);
+            Some(address)
+        }
         None => None,
     };
-    let (shutdown, shutdown_rx) = watch::channel(false);
     {
         let (controller, shutdown_rx) = (controller.clone(), shutdown_rx.clone());
-        std::thread::Builder::new()
+        let control = std::thread::Builder::new()
             .name("memroute-control".to_string())
             .spawn(move || control::run(controller, inbox, shutdown_rx))
             .map_err(ProxyError::Thread)?;
+        helpers.push(control);
     }
     transport::watch_certificates(&tls_listeners, shutdown_rx.clone())?;
     let mut threads = Vec::with_capacity(workers);
@@ -286,6 +300,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     Ok(ProxyHandle {
         shutdown,
         workers: threads,
+        helpers,
         controller,
         reloading: Mutex::new(()),
         admin,
