@@ -84,23 +84,26 @@ pub(crate) enum ClientEvent {
 
 /// Counts `event` for the process (the worker's cells) and for the peer's listener.
 pub(crate) fn count(context: &crate::context::WorkerContext, peer: &Peer, event: ClientEvent) {
+    count_for(context, peer.listener.as_deref(), event);
+}
+
+/// Counts `event` for the process and for `listener` (none for an in-process connection).
+pub(crate) fn count_for(
+    context: &crate::context::WorkerContext,
+    listener: Option<&ListenerEvents>,
+    event: ClientEvent,
+) {
     let stats = context.stats();
     let (cell, listener) = match event {
-        ClientEvent::Error => (
-            &stats.client_errors,
-            peer.listener.as_ref().map(|l| &l.client_errors),
-        ),
+        ClientEvent::Error => (&stats.client_errors, listener.map(|l| &l.client_errors)),
         ClientEvent::OversizedValue => (
             &stats.oversized_values,
-            peer.listener.as_ref().map(|l| &l.oversized_values),
+            listener.map(|l| &l.oversized_values),
         ),
-        ClientEvent::FramingClose => (
-            &stats.framing_closes,
-            peer.listener.as_ref().map(|l| &l.framing_closes),
-        ),
+        ClientEvent::FramingClose => (&stats.framing_closes, listener.map(|l| &l.framing_closes)),
         ClientEvent::BinaryConnection => (
             &stats.binary_connections,
-            peer.listener.as_ref().map(|l| &l.binary_connections),
+            listener.map(|l| &l.binary_connections),
         ),
     };
     crate::stats::WorkerMetrics::add(cell, 1);

@@ -32,6 +32,7 @@ mod counters;
 mod dispatch;
 mod error;
 mod execute;
+mod framing;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod generation;
