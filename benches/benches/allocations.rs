@@ -9,9 +9,8 @@
 //!
 //! `cargo bench -p memroute-benches --bench allocations` (needs `memcached` on PATH).
 //!
-//! Targets (issue 10): 0 per single-key request in steady state, at most 1 per server leg
-//! of a multi-get. For a 10,000-key `get` (issue 13: served while holding the line only
-//! once) it also reports the peak of live heap bytes above the level before the window,
+//! Targets: 0 per single-key request in steady state, at most 1 per server leg
+//! of a multi-get. For a 10,000-key `get` (served while holding the line only once) it also reports the peak of live heap bytes above the level before the window,
 //! per key: every key misses, so no value bytes are counted, only the line, its parsed
 //! keys, the per-key bookkeeping and the sub-requests.
 use std::io::{Read, Write};
@@ -264,8 +263,8 @@ fn main() {
 }
 
 /// The 20-key multi-get through each kind of policy route, over two pools of the same 4
-/// servers (`main` answers every key): issue 10 item 5 wants them batched per server as
-/// a plain pool's are, so they should allocate what the plain pool's does.
+/// servers (`main` answers every key): they are batched per server as a plain pool's are,
+/// so they should allocate what the plain pool's does.
 fn policy_routes(servers: &str) {
     let routes: [(&str, &str); 6] = [
         ("failover", "[routes.root]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n"),
@@ -304,8 +303,8 @@ fn policy_routes(servers: &str) {
 }
 
 /// A single-key set through replicated and failover routes over two pools of the same 4
-/// servers (issue 10 item 5: a replicated or failover write should cost about what a
-/// plain pool's does, plus the second backend write). A plain pool's set is the
+/// servers (a replicated or failover write should cost about what a plain pool's does,
+/// plus the second backend write). A plain pool's set is the
 /// `set, 64-byte value [4 servers]` line above. Measured (docs/benchmarks.md, "Replicated
 /// and failover writes on the fast path"): all-sync, all-majority (2 replicas) and failover
 /// 0.00 (7, 7 and 2 on the executor); all-initial and all-async 1.00, the one task that

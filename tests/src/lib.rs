@@ -23,6 +23,27 @@ use std::time::{Duration, Instant};
 pub mod scripts;
 pub mod tls;
 
+/// Where `scripts/test` collects the tests that could not run here (one line each).
+pub const SKIP_LOG_VAR: &str = "MEMROUTE_SKIP_LOG";
+
+/// Records that `test` did not run, and why: said on stderr, and appended to the file
+/// named by `MEMROUTE_SKIP_LOG`, which `scripts/test` counts and lists in its summary, so a
+/// skipped test never reads as a pass.
+pub fn skipped(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(path) = std::env::var_os(SKIP_LOG_VAR) {
+        let line = format!("{test}: {}\n", reason.replace('\n', " "));
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut file| file.write_all(line.as_bytes()));
+        if let Err(error) = appended {
+            panic!("cannot record the skip of {test} in {path:?}: {error}");
+        }
+    }
+}
+
 /// How long any process gets to become ready.
 pub const START_DEADLINE: Duration = Duration::from_secs(10);
 /// Socket read/write timeout: a reply that takes longer than this is a failure, not a wait.
@@ -1100,11 +1121,36 @@ pub fn parse_values(reply: &[u8]) -> Option<Vec<(String, u32, Vec<u8>)>> {
     }
 }
 
-// ---- Helpers for route, health and discovery tests (issue 3) ----
+// ---- Helpers for route, health and discovery tests ----
 
 /// Pause between polls of a condition (stats, a server's contents). A poll interval, not
 /// synchronisation: every poll loop decides by the condition and gives up at its deadline.
 pub const POLL: Duration = POLL_INTERVAL;
+
+/// Sets `key` to `again` through `c` until memroute answers STORED: the way to wait for a
+/// server that was stopped or frozen to be used again. Until then every reply must be a
+/// `SERVER_ERROR`; after `within` the test fails with `log` (memroute's log).
+pub fn set_until_stored(c: &mut Conn, key: &str, within: Duration, log: impl Fn() -> String) {
+    let deadline = Instant::now() + within;
+    loop {
+        let reply = c.roundtrip_line(format!("set {key} 0 0 5\r\nagain\r\n").as_bytes());
+        if reply == b"STORED\r\n" {
+            return;
+        }
+        assert!(
+            reply.starts_with(b"SERVER_ERROR "),
+            "while the server comes back: {}",
+            show(&reply)
+        );
+        assert!(
+            Instant::now() < deadline,
+            "memroute did not use the server again within {within:?}\n{}",
+            log()
+        );
+        // Poll interval between retries; success is decided by the reply, bounded above.
+        std::thread::sleep(POLL);
+    }
+}
 
 /// Polls `condition` until it holds or `timeout` passes; returns whether it held.
 pub fn poll_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {

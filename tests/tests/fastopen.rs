@@ -31,7 +31,10 @@ fn fastopen_counters_move_in_a_network_namespace() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stdout = String::from_utf8_lossy(&output.stdout);
         if !output.status.success() && stderr.contains("unshare failed") {
-            println!("SKIPPED: network namespaces are not permitted here: {stderr}");
+            skipped(
+                TEST,
+                &format!("network namespaces are not permitted here: {stderr}"),
+            );
             return;
         }
         println!("{stdout}");

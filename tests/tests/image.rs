@@ -51,7 +51,10 @@ fn podman_or_skip() -> bool {
     }
     match std::env::var("MEMROUTE_IMAGE_TEST_SKIP") {
         Ok(reason) => {
-            println!("SKIPPED: the container image test needs podman: {reason}");
+            skipped(
+                "image",
+                &format!("the container image test needs podman: {reason}"),
+            );
             false
         }
         Err(_) => panic!(

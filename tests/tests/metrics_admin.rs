@@ -1,4 +1,4 @@
-//! Metrics an operator can trust and the admin endpoint (issue 9, items 5 and 6):
+//! Metrics an operator can trust and the admin endpoint:
 //! `/metrics` parses under a strict reading of the Prometheus text format (escaped label
 //! values included) and carries latency histograms after traffic; `stats` and `/metrics`
 //! agree; `/ready` follows the backends; `/config` shows the running file and its md5;

@@ -128,25 +128,7 @@ fn stalled_backend_times_out_others_keep_working_and_it_recovers() {
 
     // memroute re-opens the connection; retry (bounded) until the key's server answers.
     let key = &s.victim_keys[0];
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let reply = c.roundtrip_line(format!("set {key} 0 0 5\r\nagain\r\n").as_bytes());
-        if reply == b"STORED\r\n" {
-            break;
-        }
-        assert!(
-            reply.starts_with(b"SERVER_ERROR "),
-            "while the server resumes: {}",
-            show(&reply)
-        );
-        assert!(
-            Instant::now() < deadline,
-            "memroute did not use the resumed server within 15s\n{}",
-            s.proxy.log_text()
-        );
-        // Poll interval between retries; success is decided by the reply, bounded above.
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    set_until_stored(&mut c, key, Duration::from_secs(15), || s.proxy.log_text());
     assert_eq!(c.get(key).as_deref(), Some(&b"again"[..]));
     // The server's other keys are still there (it was paused, not restarted).
     for k in &s.victim_keys[1..] {

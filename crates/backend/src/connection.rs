@@ -125,24 +125,15 @@ struct Run {
     keys: u32,
 }
 
-/// A coalesced command line is kept under this many bytes, so memcached reads it as it
-/// reads any short line (a line it finds no end for in its first 2 KB takes its slower
-/// large-multiget path).
-const MAX_COALESCED_LINE: usize = 2048;
+/// A coalesced command line is kept under memcached's short-line size, so memcached reads
+/// it as it reads any short line rather than on its slower large-multiget path.
+const MAX_COALESCED_LINE: usize = memroute_protocol::MAX_SHORT_LINE;
 
 /// When `request` is one `get`/`gets` line ending in `\r\n`: whether it is `gets`, and
-/// where its keys start.
+/// where its keys start. A frame that ends in a bare `\n` (or, from a caller's bug, holds
+/// another line) is sent as it came.
 fn coalescable(request: &[u8]) -> Option<(bool, usize)> {
-    let (gets, keys_start) = match request {
-        [b'g', b'e', b't', b' ', ..] => (false, 4),
-        [b'g', b'e', b't', b's', b' ', ..] => (true, 5),
-        _ => return None,
-    };
-    // One line only: a frame that ends in a bare `\n` (or, from a caller's bug, holds
-    // another line) is sent as it came.
-    let first_newline = memchr::memchr(b'\n', request)?;
-    (first_newline + 1 == request.len() && request[first_newline - 1] == b'\r')
-        .then_some((gets, keys_start))
+    memroute_protocol::single_get_line(request)
 }
 
 /// The number of keys in a line's space-separated key text, or more when keys are
@@ -995,11 +986,8 @@ impl RunReader {
                 let (mut pos, mut settled, mut blocks) = (0, true, 0usize);
                 for key in journal_keys(text) {
                     match self.block_ends.get(blocks) {
-                        // A block starts with `VALUE `; its key runs to the next space.
                         Some(&end) => {
-                            if buffer.get(pos + 6..pos + 6 + key.len()) == Some(key)
-                                && buffer.get(pos + 6 + key.len()) == Some(&b' ')
-                            {
+                            if memroute_protocol::framed_block_is_for(buffer, pos, key) {
                                 pos = end;
                                 blocks += 1;
                             }

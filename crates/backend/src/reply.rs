@@ -290,12 +290,21 @@ mod tests {
 
     #[test]
     fn a_receiver_dropped_first_leaves_the_sender_harmless() {
+        let before = free_reply_slots();
         let (sender, receiver) = reply_slot();
         drop(receiver);
-        // The reply goes nowhere; nothing panics and the slot is recycled after.
+        assert_eq!(free_reply_slots(), before, "the sender still holds it");
+        // The reply goes nowhere, and the slot goes back to the free list with it.
         sender.send(Err(BackendError::Closed {
             server: Arc::from("a:1"),
         }));
+        assert_eq!(free_reply_slots(), before + 1);
+        let (_sender, mut receiver) = reply_slot();
+        assert_eq!(
+            receiver.try_recv().err(),
+            Some(TryRecvError::Empty),
+            "the undelivered reply must not reach the slot's next receiver"
+        );
     }
 
     #[test]

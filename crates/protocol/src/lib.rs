@@ -24,8 +24,11 @@ mod scan;
 pub use base64::decode_base64;
 pub use error::{ErrorReply, ProtocolError};
 pub use reply::{
-    parse_reply, parse_reply_counting, parse_retrieval_blocks, quiet_suppresses, retrieval_error,
-    value_block_at, value_block_for, value_blocks, ReplyKind, ReplyParse, ValueBlock,
-    MAX_REPLY_VALUE_LEN,
+    framed_block_is_for, parse_reply, parse_reply_counting, parse_retrieval_blocks,
+    quiet_suppresses, retrieval_error, value_block_at, value_block_for, value_blocks, ReplyKind,
+    ReplyParse, ValueBlock, MAX_REPLY_VALUE_LEN,
 };
-pub use request::{parse_request, Command, KeyRanges, Limits, Parse, Request};
+pub use request::{
+    parse_request, single_get_line, Command, KeyRanges, Limits, Parse, Request, MAX_KEY_LEN,
+    MAX_SHORT_LINE,
+};

@@ -502,6 +502,16 @@ pub fn value_block_for(reply: &[u8], pos: usize, key: &[u8]) -> Option<Range<usi
     (block.end <= reply.len()).then_some(block)
 }
 
+/// Whether the VALUE block that a framing pass found starting at byte `pos` of `reply` is
+/// `key`'s: the key follows `VALUE ` and runs to the next space. Only the header is read,
+/// so the block's data need not have arrived.
+#[inline]
+pub fn framed_block_is_for(reply: &[u8], pos: usize, key: &[u8]) -> bool {
+    let key_start = pos + b"VALUE ".len();
+    reply.get(key_start..key_start + key.len()) == Some(key)
+        && reply.get(key_start + key.len()) == Some(&b' ')
+}
+
 /// The first space-separated word of a reply line.
 fn first_word(line: &[u8]) -> &[u8] {
     match memchr::memchr(b' ', line) {
@@ -558,6 +568,18 @@ pub fn quiet_suppresses(command: Command, first_line: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn framed_block_is_for_reads_the_key_up_to_its_space() {
+        let reply = b"END\r\nVALUE ab 0 1\r\nx\r\n";
+        assert!(framed_block_is_for(reply, 5, b"ab"));
+        assert!(!framed_block_is_for(reply, 5, b"a"), "a prefix of the key");
+        assert!(!framed_block_is_for(reply, 5, b"abc"));
+        assert!(
+            !framed_block_is_for(b"VALUE ab", 0, b"ab"),
+            "header cut before its space"
+        );
+    }
 
     /// Block ends are told once each, in order, however the reply arrives: fed one byte
     /// more at a time and resumed from the last end told (as the backend reader does), the

@@ -6,6 +6,31 @@ use smallvec::SmallVec;
 
 use crate::ErrorReply;
 
+/// Longest key memcached accepts, in any protocol (`KEY_MAX_LENGTH`).
+pub const MAX_KEY_LEN: usize = 250;
+
+/// memcached reads a command line into a 2048-byte buffer: a connection that holds more
+/// than this without a newline is closed, unless the line is a `get`/`gets` (which takes
+/// a slower large-multiget path). On a pipelined backend connection a long line can
+/// straddle memcached's reads, so every line memroute sends, other than a get's, stays
+/// below this; a coalesced get line stays below it too, to keep memcached's fast path.
+pub const MAX_SHORT_LINE: usize = 2048;
+
+/// When `frame` is exactly one `get` or `gets` line ending in `\r\n`: whether it is `gets`,
+/// and where its keys start. A frame ending in a bare `\n`, or holding more than one line,
+/// is `None`.
+#[inline]
+pub fn single_get_line(frame: &[u8]) -> Option<(bool, usize)> {
+    let (gets, keys_start) = match frame {
+        [b'g', b'e', b't', b' ', ..] => (false, 4),
+        [b'g', b'e', b't', b's', b' ', ..] => (true, 5),
+        _ => return None,
+    };
+    let first_newline = memchr::memchr(b'\n', frame)?;
+    (first_newline + 1 == frame.len() && frame[first_newline - 1] == b'\r')
+        .then_some((gets, keys_start))
+}
+
 /// Scanning limits. Defaults follow memcached 1.6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -32,7 +57,7 @@ impl Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_key_len: 250,
+            max_key_len: MAX_KEY_LEN,
             max_line_len: 64 * 1024,
             max_value_len: 1024 * 1024,
         }
@@ -286,10 +311,6 @@ pub enum Parse {
 /// arity checks below are written against its `ntokens` so that over-long
 /// lines get the same answer (`ERROR`) as memcached gives them.
 const MAX_WORDS: usize = 23;
-
-/// memcached closes a connection that sent this many bytes without a newline,
-/// unless the line is a (possibly huge) `get`/`gets`.
-const NO_NEWLINE_CLOSE: usize = 2048;
 
 /// Meta commands with this many words or more are rejected (memcached's
 /// MFLAG_MAX_OPT_LENGTH compared against ntokens).
@@ -672,7 +693,7 @@ fn no_newline(buf: &mut BytesMut, limits: &Limits) -> Parse {
     // most 100 leading spaces); anything else is junk and it closes the connection without
     // a reply. memcached checks for get/gets only, so a long gat line survives there only
     // when it arrives in one read; memroute accepts gat/gats alike, whatever the reads.
-    if buf.len() > NO_NEWLINE_CLOSE && !is_retrieval_line(buf) {
+    if buf.len() > MAX_SHORT_LINE && !is_retrieval_line(buf) {
         return close(buf, ErrorReply::Silent);
     }
     Parse::Incomplete
@@ -1036,6 +1057,16 @@ fn parse_simple(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn single_get_line_is_one_whole_get_or_gets_line() {
+        assert_eq!(single_get_line(b"get a b\r\n"), Some((false, 4)));
+        assert_eq!(single_get_line(b"gets a\r\n"), Some((true, 5)));
+        assert_eq!(single_get_line(b"get a\n"), None, "bare newline");
+        assert_eq!(single_get_line(b"get a\r\nget b\r\n"), None, "two lines");
+        assert_eq!(single_get_line(b"gat 0 a\r\n"), None);
+        assert_eq!(single_get_line(b"get a"), None, "no newline");
+    }
 
     /// Splitting a line's first words and then the rest finds what one whole split does,
     /// at memcached's word limit too (the retrieval path stops after two words).

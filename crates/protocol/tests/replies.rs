@@ -8,6 +8,11 @@ fn frame(buf: &[u8], kind: ReplyKind) -> Result<ReplyParse, ProtocolError> {
     parse_reply(buf, kind, &Limits::default())
 }
 
+/// The error for a reply memcached would never send.
+fn bad(what: &'static str) -> Result<ReplyParse, ProtocolError> {
+    Err(ProtocolError::BadReply(what))
+}
+
 /// `reply` must frame as exactly its own length, be Incomplete at every shorter
 /// cut, and ignore whatever follows it.
 fn check_whole(reply: &[u8], kind: ReplyKind) {
@@ -92,9 +97,18 @@ fn meta_get_replies() {
     check_whole(b"EN\r\n", ReplyKind::MetaGet);
     check_whole(b"NF O1 kfoo\r\n", ReplyKind::MetaGet);
     check_whole(b"CLIENT_ERROR invalid flag\r\n", ReplyKind::MetaGet);
-    assert!(frame(b"VA x\r\n", ReplyKind::MetaGet).is_err());
-    assert!(frame(b"VA 1\r\nxy\r\n", ReplyKind::MetaGet).is_err());
-    assert!(frame(b"va 1\r\n", ReplyKind::MetaGet).is_err());
+    assert_eq!(
+        frame(b"VA x\r\n", ReplyKind::MetaGet),
+        bad("bad data length")
+    );
+    assert_eq!(
+        frame(b"VA 1\r\nxy\r\n", ReplyKind::MetaGet),
+        bad("data block not terminated by \\r\\n")
+    );
+    assert_eq!(
+        frame(b"va 1\r\n", ReplyKind::MetaGet),
+        bad("unexpected meta reply")
+    );
 }
 
 #[test]
@@ -111,8 +125,14 @@ fn line_replies() {
     ] {
         check_whole(r, ReplyKind::Line);
     }
-    assert!(frame(b"\r\n", ReplyKind::Line).is_err());
-    assert!(frame(b"stored\r\n", ReplyKind::Line).is_err());
+    assert_eq!(
+        frame(b"\r\n", ReplyKind::Line),
+        bad("unexpected reply line")
+    );
+    assert_eq!(
+        frame(b"stored\r\n", ReplyKind::Line),
+        bad("unexpected reply line")
+    );
 }
 
 #[test]
@@ -217,9 +237,15 @@ fn reply_values_are_framed_beyond_the_client_value_limit() {
         Ok(ReplyParse::Incomplete)
     );
     let over = format!("VALUE a 0 {}\r\n", MAX_REPLY_VALUE_LEN + 1);
-    assert!(frame(over.as_bytes(), ReplyKind::Retrieval).is_err());
+    assert_eq!(
+        frame(over.as_bytes(), ReplyKind::Retrieval),
+        bad("value larger than memcached's item maximum")
+    );
     let over = format!("VA {} v\r\n", MAX_REPLY_VALUE_LEN + 1);
-    assert!(frame(over.as_bytes(), ReplyKind::MetaGet).is_err());
+    assert_eq!(
+        frame(over.as_bytes(), ReplyKind::MetaGet),
+        bad("value larger than memcached's item maximum")
+    );
 }
 
 /// Like `check_whole` but only at a few cuts (the reply is large).

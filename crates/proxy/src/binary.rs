@@ -26,7 +26,7 @@ use memroute_protocol::binary::{
     encode_base64, encode_error, encode_response, is_storage, opcode as op, parse_binary,
     BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN, REQUEST_MAGIC,
 };
-use memroute_protocol::{parse_request, Limits, Parse};
+use memroute_protocol::{parse_request, Limits, Parse, MAX_KEY_LEN};
 
 use crate::buffers::{self, QueuePool};
 use crate::client_log::{self, ClientEvent};
@@ -35,8 +35,6 @@ use crate::dispatch::dispatch;
 use crate::framing::{Framed, Inbound};
 use crate::pending::{Flow, Pending};
 
-/// Longest key memcached accepts (binary keys are checked against it before translation).
-const MAX_KEY_LEN: usize = 250;
 /// Room for a translated line beyond its key and value (command, flags, numbers).
 const LINE_OVERHEAD: usize = 96;
 
@@ -341,9 +339,9 @@ impl Translator {
             client_log::count(at.context, &peer, ClientEvent::Error);
             self.answer(pending, Frame::of(request), Status::InvalidArguments);
             if request.key.len() > MAX_KEY_LEN {
-                // memcached closes a connection that sent a key over 250 bytes.
+                // memcached closes a connection that sent a key over its limit.
                 client_log::count(at.context, &peer, ClientEvent::FramingClose);
-                client_log::framing_close(&peer, "binary", "key longer than 250 bytes");
+                client_log::framing_close(&peer, "binary", "key longer than memcached's limit");
                 return Some(self.close(pending));
             }
             client_log::protocol_error(&peer, "binary", "invalid arguments");
@@ -419,7 +417,7 @@ impl Translator {
         shape: Translated,
         pending: &mut VecDeque<Pending>,
     ) -> Framed {
-        // The translated key may still be refused (a base64 key longer than 250 bytes).
+        // The translated key may still be refused (a base64 key longer than the limit).
         let limits = Limits {
             max_value_len: usize::MAX,
             ..at.routing.limits

@@ -385,10 +385,8 @@ fn no_servers_reply(routing: &RouteSnapshot, pool: usize) -> Pending {
     )))
 }
 
-/// memcached closes a connection holding more than 2048 bytes of a command line without
-/// its newline, unless the line is a `get`/`gets`. On a pipelined backend connection a long
-/// line can straddle memcached's reads, so every other line memroute sends stays below this.
-const MEMCACHED_LINE_LIMIT: usize = 2048;
+/// Lines other than a get's stay below memcached's short-line buffer (see the constant).
+const MEMCACHED_LINE_LIMIT: usize = memroute_protocol::MAX_SHORT_LINE;
 
 fn line_limited(command: Command) -> bool {
     !matches!(command, Command::Get | Command::Gets)

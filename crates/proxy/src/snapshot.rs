@@ -201,7 +201,7 @@ impl RouteSnapshot {
     ) -> RouteSnapshot {
         let config = &generation.config;
         let limits = Limits {
-            max_key_len: 250,
+            max_key_len: memroute_protocol::MAX_KEY_LEN,
             max_line_len: config.proxy.max_line_size,
             max_value_len: config.proxy.max_value_size,
         };
