@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 
 use memroute_tests::*;
 
+#[path = "common/binary_client.rs"]
+mod binary_client;
+
 const VALUE_SIZE: usize = 100 * 1024;
 const SLOW_CLIENTS: usize = 10;
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -50,27 +53,12 @@ enum Protocol {
     Binary,
 }
 
-/// Binary protocol opcode of a get, and the magic bytes of a request and a response.
-const BINARY_GET: u8 = 0x00;
-const BINARY_REQUEST: u8 = 0x80;
-const BINARY_RESPONSE: u8 = 0x81;
-
 impl Protocol {
     /// A get of `key`, as this protocol frames it.
     fn get_request(self, key: &str) -> Vec<u8> {
         match self {
             Protocol::Text => format!("get {key}\r\n").into_bytes(),
-            Protocol::Binary => {
-                let mut frame = vec![BINARY_REQUEST, BINARY_GET];
-                frame.extend_from_slice(&(key.len() as u16).to_be_bytes());
-                // No extras, raw data type, vbucket 0.
-                frame.extend_from_slice(&[0, 0, 0, 0]);
-                frame.extend_from_slice(&(key.len() as u32).to_be_bytes());
-                // Opaque and CAS.
-                frame.extend_from_slice(&[0; 12]);
-                frame.extend_from_slice(key.as_bytes());
-                frame
-            }
+            Protocol::Binary => binary_client::get_request(key),
         }
     }
 
@@ -78,17 +66,7 @@ impl Protocol {
     fn get(self, conn: &mut Conn, key: &str) -> Option<Vec<u8>> {
         match self {
             Protocol::Text => conn.get(key),
-            Protocol::Binary => {
-                conn.send(&self.get_request(key));
-                let header = conn.read_for(24);
-                assert_eq!(header[0], BINARY_RESPONSE, "response magic: {header:?}");
-                let status = u16::from_be_bytes([header[6], header[7]]);
-                let skip = usize::from(u16::from_be_bytes([header[2], header[3]]))
-                    + usize::from(header[4]);
-                let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
-                let body = conn.read_for(body as usize);
-                (status == 0).then(|| body[skip..].to_vec())
-            }
+            Protocol::Binary => binary_client::get(conn, key),
         }
     }
 }
