@@ -18,6 +18,7 @@
 //! Translated lines are written into a pooled buffer and split off as the request's frame,
 //! as a text request is split off the input, and answers memroute gives itself are encoded
 //! only when written: a single-key request allocates nothing here.
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 
@@ -38,9 +39,51 @@ use crate::pending::{Flow, Pending};
 /// Room for a translated line beyond its key and value (command, flags, numbers).
 const LINE_OVERHEAD: usize = 96;
 
+/// Frame lists kept per worker once their batch is written; more are freed.
+const FRAME_LIST_POOL_LIMIT: usize = 64;
+/// A list that grew past this many frames is freed rather than kept.
+const FRAME_LIST_KEEP_AT_MOST: usize = 256;
+
 thread_local! {
     /// Storage of shape queues of this worker's idle binary sessions.
     static SHAPES: QueuePool<Shape> = const { QueuePool::new() };
+    /// Storage of the frame lists of batched quiet gets, reused batch after batch.
+    static FRAME_LISTS: RefCell<Vec<Vec<Frame>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The frames of a batch of quiet gets, in a list from the worker's pool (no heap
+/// allocation per batch once the pool has warmed up).
+#[derive(Debug)]
+struct FrameList(Vec<Frame>);
+
+impl FrameList {
+    fn take(capacity: usize) -> FrameList {
+        let mut list = FRAME_LISTS
+            .with(|lists| lists.borrow_mut().pop())
+            .unwrap_or_default();
+        list.reserve(capacity);
+        FrameList(list)
+    }
+
+    fn push(&mut self, frame: Frame) {
+        self.0.push(frame);
+    }
+}
+
+impl Drop for FrameList {
+    fn drop(&mut self) {
+        let mut list = std::mem::take(&mut self.0);
+        list.clear();
+        if list.capacity() == 0 || list.capacity() > FRAME_LIST_KEEP_AT_MOST {
+            return;
+        }
+        FRAME_LISTS.with(|lists| {
+            let mut lists = lists.borrow_mut();
+            if lists.len() < FRAME_LIST_POOL_LIMIT {
+                lists.push(list);
+            }
+        });
+    }
 }
 
 /// A binary session's framing state: empty (no buffer, no queue storage) while the session
@@ -85,7 +128,7 @@ enum Translated {
     /// `stat` without a key: the text `stats` reply, one response per line.
     Stats(Frame),
     /// A run of getq/getkq batched as one text `gets` (a `VALUE ...` reply).
-    MultiGet(Vec<Frame>),
+    MultiGet(FrameList),
 }
 
 /// What a response needs of its request.
@@ -448,12 +491,14 @@ impl Translator {
         pending: &mut VecDeque<Pending>,
     ) -> Framed {
         let most = at.routing.limits.max_line_len / 256;
-        let line = self.line_buffer(most * (MAX_KEY_LEN + 1));
+        // Only frames that are whole in the buffer join the batch; never wait for more.
+        let (more, more_keys) = buffered_quiet_gets(input, most.saturating_sub(1));
+        let line = self.line_buffer(first.key.len() + more + more_keys);
         line.put_slice(b"gets ");
         line.put_slice(&first.key);
-        let mut frames = vec![Frame::of(&first)];
-        // Only frames that are whole in the buffer join the batch; never wait for more.
-        while frames.len() < most && starts_with_quiet_get(input) {
+        let mut frames = FrameList::take(1 + more);
+        frames.push(Frame::of(&first));
+        for _ in 0..more {
             let BinaryParse::Request(request) = parse_binary(input, &at.routing.limits) else {
                 break;
             };
@@ -639,23 +684,40 @@ fn text_safe(key: &[u8]) -> bool {
     key.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
-/// True when the buffer starts with a whole, well-formed getq/getkq with a text-safe key.
-fn starts_with_quiet_get(input: &[u8]) -> bool {
+/// How many whole, well-formed getq/getkq frames with text-safe keys start `input` (at most
+/// `most`), and the bytes of their keys.
+fn buffered_quiet_gets(input: &[u8], most: usize) -> (usize, usize) {
+    let (mut count, mut key_bytes, mut at) = (0, 0, 0);
+    while count < most {
+        let Some(key_len) = quiet_get_key_len(&input[at..]) else {
+            break;
+        };
+        count += 1;
+        key_bytes += key_len;
+        at += HEADER_LEN + key_len;
+    }
+    (count, key_bytes)
+}
+
+/// The key length of the whole, well-formed getq/getkq with a text-safe key that starts
+/// `input`, if one does.
+fn quiet_get_key_len(input: &[u8]) -> Option<usize> {
     if input.len() < HEADER_LEN
         || input[0] != REQUEST_MAGIC
         || !matches!(input[1], op::GETQ | op::GETKQ)
     {
-        return false;
+        return None;
     }
     let key_len = usize::from(u16::from_be_bytes([input[2], input[3]]));
     let extras = usize::from(input[4]);
     let body = u32::from_be_bytes([input[8], input[9], input[10], input[11]]) as usize;
-    extras == 0
+    let whole = extras == 0
         && key_len > 0
         && key_len <= MAX_KEY_LEN
         && body == key_len
         && input.len() >= HEADER_LEN + body
-        && text_safe(&input[HEADER_LEN..HEADER_LEN + body])
+        && text_safe(&input[HEADER_LEN..HEADER_LEN + body]);
+    whole.then_some(key_len)
 }
 
 /// A text or meta reply: its first line (without `\r\n`), that line's first word (meta
@@ -735,7 +797,7 @@ fn render(shape: Translated, reply: &[u8], out: &mut BytesMut) {
             }
         }
         Translated::Stats(frame) => render_stats(&frame, reply, out),
-        Translated::MultiGet(frames) => render_multi_get(&frames, reply, out),
+        Translated::MultiGet(frames) => render_multi_get(&frames.0, reply, out),
     }
 }
 
@@ -863,5 +925,49 @@ fn render_multi_get(frames: &[Frame], reply: &[u8], out: &mut BytesMut) {
         let cas: u64 = number(words.next()).unwrap_or(0);
         frame.hit(out, cas, flags, rest.get(..len).unwrap_or_default());
         text = rest.get((len + 2).min(rest.len())..).unwrap_or_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(opcode: u8, key: &[u8]) -> Vec<u8> {
+        let mut frame = vec![REQUEST_MAGIC, opcode];
+        frame.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        frame.extend_from_slice(&[0; 4]);
+        frame.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&[0; 12]);
+        frame.extend_from_slice(key);
+        frame
+    }
+
+    #[test]
+    fn a_batch_takes_the_whole_quiet_gets_at_the_front_up_to_its_limit() {
+        let mut input = [frame(op::GETQ, b"a"), frame(op::GETKQ, b"bb")].concat();
+        assert_eq!(buffered_quiet_gets(&input, 10), (2, 3));
+        assert_eq!(buffered_quiet_gets(&input, 1), (1, 1));
+        // A frame of another opcode ends the run; so does one cut short.
+        let noop = frame(op::NOOP, b"");
+        let run = [input.clone(), noop, frame(op::GETQ, b"c")].concat();
+        assert_eq!(buffered_quiet_gets(&run, 10), (2, 3));
+        input.extend_from_slice(&frame(op::GETQ, b"ccc")[..HEADER_LEN + 1]);
+        assert_eq!(buffered_quiet_gets(&input, 10), (2, 3));
+        // A key the text protocol cannot carry goes on its own (base64, one `mg`).
+        assert_eq!(buffered_quiet_gets(&frame(op::GETQ, b"a b"), 10), (0, 0));
+    }
+
+    #[test]
+    fn a_translator_at_rest_holds_no_storage() {
+        let mut translator = Translator::default();
+        translator.line_buffer(100).put_slice(b"mg k v f c\r\n");
+        translator.lines.clear();
+        translator.text = buffers::take();
+        SHAPES.with(|shapes| shapes.fill(&mut translator.shapes));
+        translator.shapes.reserve(4);
+        translator.rest();
+        assert_eq!(translator.lines.capacity(), 0);
+        assert_eq!(translator.text.capacity(), 0);
+        assert_eq!(translator.shapes.capacity(), 0);
     }
 }
