@@ -263,7 +263,7 @@ impl Translator {
                 Flow::Continue
             }
             Shape::Version(frame) => {
-                let version = crate::MEMCACHED_COMPAT_VERSION.as_bytes();
+                let version = crate::version::MEMCACHED_COMPAT_VERSION.as_bytes();
                 frame.respond(out, Status::Success, 0, &[], &[], version);
                 Flow::Continue
             }
