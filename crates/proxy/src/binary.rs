@@ -93,10 +93,9 @@ pub(crate) struct Translator {
     /// How to write each pending entry's reply: one shape per entry of the session's
     /// pending queue, in the same order.
     shapes: VecDeque<Shape>,
-    /// Translated request lines; each is split off as its request's frame.
-    lines: BytesMut,
-    /// A reply in text form, before it is rendered as binary.
-    text: BytesMut,
+    /// Scratch space, empty between uses: a translated request line (split off as its
+    /// request's frame at once), or a reply in text form before it is rendered as binary.
+    scratch: BytesMut,
 }
 
 /// How to write one pending entry's reply.
@@ -268,12 +267,12 @@ impl Translator {
                 Flow::Continue
             }
             Shape::Translated(shape) => {
-                if self.text.capacity() == 0 {
-                    self.text = buffers::take();
+                if self.scratch.capacity() == 0 {
+                    self.scratch = buffers::take();
                 }
-                let flow = head.finish(context, &mut self.text);
-                render(shape, &self.text, out);
-                self.text.clear();
+                let flow = head.finish(context, &mut self.scratch);
+                render(shape, &self.scratch, out);
+                self.scratch.clear();
                 flow
             }
         }
@@ -283,10 +282,8 @@ impl Translator {
     /// pending, so an idle binary session holds none.
     pub(crate) fn rest(&mut self) {
         SHAPES.with(|shapes| shapes.give(&mut self.shapes));
-        for buffer in [&mut self.lines, &mut self.text] {
-            if buffer.capacity() > 0 {
-                buffers::give(std::mem::take(buffer));
-            }
+        if self.scratch.capacity() > 0 {
+            buffers::give(std::mem::take(&mut self.scratch));
         }
     }
 
@@ -442,14 +439,14 @@ impl Translator {
     /// pooled buffer, or a fresh one from the pool once the tail left is too short.
     fn line_buffer(&mut self, payload: usize) -> &mut BytesMut {
         let room = payload + LINE_OVERHEAD;
-        if self.lines.capacity() < room {
-            if self.lines.capacity() > 0 {
-                buffers::give(std::mem::take(&mut self.lines));
+        if self.scratch.capacity() < room {
+            if self.scratch.capacity() > 0 {
+                buffers::give(std::mem::take(&mut self.scratch));
             }
-            self.lines = buffers::take();
-            self.lines.reserve(room);
+            self.scratch = buffers::take();
+            self.scratch.reserve(room);
         }
-        &mut self.lines
+        &mut self.scratch
     }
 
     /// Frames the line just translated with the text parser and dispatches it like a
@@ -465,8 +462,8 @@ impl Translator {
             max_value_len: usize::MAX,
             ..at.routing.limits
         };
-        let Parse::Request(text) = parse_request(&mut self.lines, &limits) else {
-            self.lines.clear();
+        let Parse::Request(text) = parse_request(&mut self.scratch, &limits) else {
+            self.scratch.clear();
             if let Some(frame) = shape.single_frame() {
                 self.answer(pending, frame, Status::InvalidArguments);
             }
@@ -582,9 +579,9 @@ fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Transla
         }
         op::DELETE | op::DELETEQ => {
             line.put_slice(b"md ");
-            put_key(line, &request.key);
+            let base64 = put_key(line, &request.key);
             put_cas(line, request.cas);
-            end_line(line, &request.key);
+            end_line(line, base64);
             Translated::Delete(frame)
         }
         op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
@@ -607,12 +604,12 @@ fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Transla
 /// `mg <key> [v] f c [T<ttl>]`: a get (with the value), a gat, or a touch (without).
 fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<i32>) {
     line.put_slice(b"mg ");
-    put_key(line, key);
+    let base64 = put_key(line, key);
     line.put_slice(if value { b" v f c" } else { b" f c" });
     if let Some(ttl) = ttl {
         let _ = write!(line, " T{ttl}");
     }
-    end_line(line, key);
+    end_line(line, base64);
 }
 
 /// `ms <key> <bytes> M<mode> c [F<flags> T<ttl>] [C<cas>]` and the value.
@@ -625,13 +622,13 @@ fn meta_set(line: &mut BytesMut, request: &BinaryRequest) {
         _ => 'P',
     };
     line.put_slice(b"ms ");
-    put_key(line, &request.key);
+    let base64 = put_key(line, &request.key);
     let _ = write!(line, " {} M{mode} c", request.value.len());
     if let (Some(flags), Some(ttl)) = (request.extra_u32(0), request.extra_u32(4)) {
         let _ = write!(line, " F{flags} T{}", ttl as i32);
     }
     put_cas(line, request.cas);
-    end_line(line, &request.key);
+    end_line(line, base64);
     line.put_slice(&request.value);
     line.put_slice(b"\r\n");
 }
@@ -646,14 +643,14 @@ fn meta_arithmetic(line: &mut BytesMut, request: &BinaryRequest) {
     let initial = request.extra_u64(8).unwrap_or(0);
     let expiry = request.extra_u32(16).unwrap_or(u32::MAX);
     line.put_slice(b"ma ");
-    put_key(line, &request.key);
+    let base64 = put_key(line, &request.key);
     let _ = write!(line, " M{mode} D{delta} v c");
     // 0xffffffff: fail on a missing key; anything else creates it with `initial`.
     if expiry != u32::MAX {
         let _ = write!(line, " N{} J{initial}", expiry as i32);
     }
     put_cas(line, request.cas);
-    end_line(line, &request.key);
+    end_line(line, base64);
 }
 
 fn put_cas(line: &mut BytesMut, cas: u64) {
@@ -663,18 +660,20 @@ fn put_cas(line: &mut BytesMut, cas: u64) {
 }
 
 /// The key as a meta command carries it: raw when it is a valid text key, else base64
-/// (binary keys may hold spaces, newlines and control bytes); `end_line` adds the `b` flag.
-fn put_key(line: &mut BytesMut, key: &[u8]) {
+/// (binary keys may hold spaces, newlines and control bytes); true when it went base64, so
+/// `end_line` adds the `b` flag.
+fn put_key(line: &mut BytesMut, key: &[u8]) -> bool {
     if text_safe(key) {
         line.put_slice(key);
-    } else {
-        encode_base64(key, line);
+        return false;
     }
+    encode_base64(key, line);
+    true
 }
 
 /// Ends a meta command line: the `b` flag when the key went base64, then `\r\n`.
-fn end_line(line: &mut BytesMut, key: &[u8]) {
-    if !text_safe(key) {
+fn end_line(line: &mut BytesMut, base64: bool) {
+    if base64 {
         line.put_slice(b" b");
     }
     line.put_slice(b"\r\n");
@@ -739,14 +738,29 @@ impl<'a> TextReply<'a> {
         self.code == code
     }
 
-    /// The numeric value of a meta flag such as `c123` in the line.
-    fn flag(&self, flag: u8) -> Option<u64> {
-        self.line
-            .split(|&b| b == b' ')
-            .skip(1)
-            .find(|w| w.first() == Some(&flag))
-            .and_then(|w| std::str::from_utf8(&w[1..]).ok()?.parse().ok())
+    /// The numbers of a meta reply line, read in one pass.
+    fn meta(&self) -> MetaNumbers {
+        let mut numbers = MetaNumbers::default();
+        for (at, word) in self.line.split(|&b| b == b' ').skip(1).enumerate() {
+            match word.split_first() {
+                Some((first, _)) if at == 0 && first.is_ascii_digit() => {
+                    numbers.size = digits(word).unwrap_or(0) as usize;
+                }
+                Some((b'f', flags)) => numbers.flags = digits(flags).unwrap_or(0) as u32,
+                Some((b'c', cas)) => numbers.cas = digits(cas).unwrap_or(0),
+                _ => {}
+            }
+        }
+        numbers
     }
+}
+
+/// `VA <size> f<flags> c<cas>` (or `HD f<flags> c<cas>`): what is absent reads as 0.
+#[derive(Debug, Default)]
+struct MetaNumbers {
+    size: usize,
+    flags: u32,
+    cas: u64,
 }
 
 fn split_line(reply: &[u8]) -> (&[u8], &[u8]) {
@@ -759,8 +773,17 @@ fn split_line(reply: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-fn number<T: std::str::FromStr>(word: Option<&[u8]>) -> Option<T> {
-    std::str::from_utf8(word?).ok()?.parse().ok()
+/// A decimal number (digits only, no overflow).
+fn digits(word: &[u8]) -> Option<u64> {
+    if word.is_empty() {
+        return None;
+    }
+    word.iter().try_fold(0u64, |number, &digit| {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        number.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
+    })
 }
 
 /// A reply that is no answer of memcached's (a backend failure): an internal error whose
@@ -804,11 +827,9 @@ fn render(shape: Translated, reply: &[u8], out: &mut BytesMut) {
 /// `VA <bytes> f<flags> c<cas>` and the value, or `EN` (a miss).
 fn render_get(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
     if reply.is(b"VA") {
-        let mut words = reply.line.split(|&b| b == b' ').skip(1);
-        let len: usize = number(words.next()).unwrap_or(0);
-        let flags = reply.flag(b'f').unwrap_or(0) as u32;
-        let cas = reply.flag(b'c').unwrap_or(0);
-        frame.hit(out, cas, flags, reply.rest.get(..len).unwrap_or_default());
+        let meta = reply.meta();
+        let value = reply.rest.get(..meta.size).unwrap_or_default();
+        frame.hit(out, meta.cas, meta.flags, value);
     } else if reply.is(b"EN") {
         if frame.quiet() {
             return;
@@ -826,9 +847,9 @@ fn render_get(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
 
 fn render_touch(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
     if reply.is(b"HD") {
-        let flags = reply.flag(b'f').unwrap_or(0) as u32;
-        let cas = reply.flag(b'c').unwrap_or(0);
-        frame.respond(out, Status::Success, cas, &flags.to_be_bytes(), &[], &[]);
+        let meta = reply.meta();
+        let flags = meta.flags.to_be_bytes();
+        frame.respond(out, Status::Success, meta.cas, &flags, &[], &[]);
     } else if reply.is(b"EN") {
         frame.status(out, Status::KeyNotFound);
     } else {
@@ -840,7 +861,7 @@ fn render_store(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
     let status = match reply.code {
         b"HD" => {
             if !frame.quiet() {
-                frame.ok(out, reply.flag(b'c').unwrap_or(0));
+                frame.ok(out, reply.meta().cas);
             }
             return;
         }
@@ -871,10 +892,9 @@ fn render_arithmetic(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
     match reply.code {
         b"VA" if frame.quiet() => {}
         b"VA" => {
-            let (digits, _) = split_line(reply.rest);
-            let value: u64 = number(Some(digits)).unwrap_or(0);
-            let cas = reply.flag(b'c').unwrap_or(0);
-            frame.respond(out, Status::Success, cas, &[], &[], &value.to_be_bytes());
+            let (number, _) = split_line(reply.rest);
+            let value = digits(number).unwrap_or(0).to_be_bytes();
+            frame.respond(out, Status::Success, reply.meta().cas, &[], &[], &value);
         }
         b"NF" => frame.status(out, Status::KeyNotFound),
         b"EX" => frame.status(out, Status::KeyExists),
@@ -920,9 +940,10 @@ fn render_multi_get(frames: &[Frame], reply: &[u8], out: &mut BytesMut) {
         if key != &frame.key[..] {
             continue;
         }
-        let flags: u32 = number(words.next()).unwrap_or(0);
-        let len: usize = number(words.next()).unwrap_or(0);
-        let cas: u64 = number(words.next()).unwrap_or(0);
+        let mut number = || words.next().and_then(digits).unwrap_or(0);
+        let flags = number() as u32;
+        let len = number() as usize;
+        let cas = number();
         frame.hit(out, cas, flags, rest.get(..len).unwrap_or_default());
         text = rest.get((len + 2).min(rest.len())..).unwrap_or_default();
     }
@@ -961,13 +982,25 @@ mod tests {
     fn a_translator_at_rest_holds_no_storage() {
         let mut translator = Translator::default();
         translator.line_buffer(100).put_slice(b"mg k v f c\r\n");
-        translator.lines.clear();
-        translator.text = buffers::take();
+        translator.scratch.clear();
         SHAPES.with(|shapes| shapes.fill(&mut translator.shapes));
         translator.shapes.reserve(4);
         translator.rest();
-        assert_eq!(translator.lines.capacity(), 0);
-        assert_eq!(translator.text.capacity(), 0);
+        assert_eq!(translator.scratch.capacity(), 0);
         assert_eq!(translator.shapes.capacity(), 0);
+    }
+
+    #[test]
+    fn meta_numbers_are_read_in_one_pass_and_what_is_absent_or_garbled_reads_as_zero() {
+        let numbers = |line: &'static [u8]| {
+            let meta = TextReply::of(line).meta();
+            (meta.size, meta.flags, meta.cas)
+        };
+        assert_eq!(numbers(b"VA 5 f7 c123\r\nhello\r\n"), (5, 7, 123));
+        assert_eq!(numbers(b"HD c9 f1"), (0, 1, 9));
+        assert_eq!(numbers(b"HD"), (0, 0, 0));
+        assert_eq!(numbers(b"VA 2 fx c99999999999999999999999"), (2, 0, 0));
+        assert_eq!(digits(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(digits(b""), None);
     }
 }
