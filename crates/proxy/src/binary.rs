@@ -738,16 +738,17 @@ impl<'a> TextReply<'a> {
         self.code == code
     }
 
-    /// The numbers of a meta reply line, read in one pass.
+    /// The numbers of a meta reply line, read in one pass over its words after the code.
     fn meta(&self) -> MetaNumbers {
         let mut numbers = MetaNumbers::default();
-        for (at, word) in self.line.split(|&b| b == b' ').skip(1).enumerate() {
-            match word.split_first() {
-                Some((first, _)) if at == 0 && first.is_ascii_digit() => {
+        let words = self.line.get(self.code.len() + 1..).unwrap_or_default();
+        for (at, word) in words.split(|&b| b == b' ').enumerate() {
+            match word.first() {
+                Some(first) if at == 0 && first.is_ascii_digit() => {
                     numbers.size = digits(word).unwrap_or(0) as usize;
                 }
-                Some((b'f', flags)) => numbers.flags = digits(flags).unwrap_or(0) as u32,
-                Some((b'c', cas)) => numbers.cas = digits(cas).unwrap_or(0),
+                Some(b'f') => numbers.flags = digits(&word[1..]).unwrap_or(0) as u32,
+                Some(b'c') => numbers.cas = digits(&word[1..]).unwrap_or(0),
                 _ => {}
             }
         }
@@ -775,15 +776,18 @@ fn split_line(reply: &[u8]) -> (&[u8], &[u8]) {
 
 /// A decimal number (digits only, no overflow).
 fn digits(word: &[u8]) -> Option<u64> {
-    if word.is_empty() {
+    if word.is_empty() || word.len() > 20 {
         return None;
     }
-    word.iter().try_fold(0u64, |number, &digit| {
-        if !digit.is_ascii_digit() {
+    let mut number = 0u64;
+    for &digit in word {
+        let value = digit.wrapping_sub(b'0');
+        if value > 9 {
             return None;
         }
-        number.checked_mul(10)?.checked_add(u64::from(digit - b'0'))
-    })
+        number = number.checked_mul(10)?.checked_add(u64::from(value))?;
+    }
+    Some(number)
 }
 
 /// A reply that is no answer of memcached's (a backend failure): an internal error whose
