@@ -273,6 +273,11 @@ impl Translator {
                 let flow = head.finish(context, &mut self.scratch);
                 render(shape, &self.scratch, out);
                 self.scratch.clear();
+                if self.scratch.capacity() > buffers::CHUNK {
+                    // A large value went through: the worker's pool keeps (or frees) the
+                    // buffer, rather than every session that saw one holding its own.
+                    buffers::give(std::mem::take(&mut self.scratch));
+                }
                 flow
             }
         }
