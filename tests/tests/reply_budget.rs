@@ -1,6 +1,8 @@
 //! The process-wide budget for buffered replies, against real memcached: ten clients that
 //! pipeline `get` of a 100 KB value and never read are paused and then closed, a client
 //! that reads keeps being served meanwhile, and the memory comes back once they are gone.
+//! The same scenario runs in the text protocol and in the binary one: every protocol is
+//! served by the same session loop, so both are bounded alike.
 //!
 //! ```text
 //!   10 x (1000 x "get big" , never read) ──> memroute ──> memcached (big = 100 KB)
@@ -14,9 +16,13 @@
 //! returns to zero once they go, and RSS falls back near where it started.
 use std::io::Write;
 use std::net::TcpStream;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use memroute_tests::*;
+
+#[path = "common/binary_client.rs"]
+mod binary_client;
 
 const VALUE_SIZE: usize = 100 * 1024;
 const SLOW_CLIENTS: usize = 10;
@@ -32,12 +38,55 @@ fn stat(conn: &mut Conn, name: &str) -> u64 {
 /// the process (reused by the next burst, never returned). A fixed threshold (what
 /// docs/operations.md recommends where memroute runs on glibc) keeps large buffers in their
 /// own mappings, returned when freed. Measured here without it: ~147 MiB stayed after the
-/// slow clients left; with it: back to ~24 MiB. The only test in this file, so setting the
-/// variable for the processes it starts races with nothing.
+/// slow clients left; with it: back to ~24 MiB. Every test in this file sets the same value
+/// for the processes it starts, so they race with nothing.
 const MALLOC_SETTING: (&str, &str) = ("MALLOC_MMAP_THRESHOLD_", "131072");
+
+/// One scenario at a time: each measures a process's RSS while its slow clients keep the
+/// machine busy, and two at once would slow each other past their deadlines.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The protocol a scenario's clients speak.
+#[derive(Debug, Clone, Copy)]
+enum Protocol {
+    Text,
+    Binary,
+}
+
+impl Protocol {
+    /// A get of `key`, as this protocol frames it.
+    fn get_request(self, key: &str) -> Vec<u8> {
+        match self {
+            Protocol::Text => format!("get {key}\r\n").into_bytes(),
+            Protocol::Binary => binary_client::get_request(key),
+        }
+    }
+
+    /// A get of `key` over `conn`, answered before it returns: the value, or `None` on a miss.
+    fn get(self, conn: &mut Conn, key: &str) -> Option<Vec<u8>> {
+        match self {
+            Protocol::Text => conn.get(key),
+            Protocol::Binary => binary_client::get(conn, key),
+        }
+    }
+}
 
 #[test]
 fn clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
+    slow_readers_are_bounded(Protocol::Text);
+}
+
+#[test]
+fn binary_clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
+    slow_readers_are_bounded(Protocol::Binary);
+}
+
+/// Ten clients of `protocol` that pipeline gets of a big value and never read, beside one
+/// of `protocol` that reads; stats are asked over a text connection of their own.
+fn slow_readers_are_bounded(protocol: Protocol) {
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     std::env::set_var(MALLOC_SETTING.0, MALLOC_SETTING.1);
     let server = Memcached::start();
     let listen = format!("127.0.0.1:{}", free_port());
@@ -46,18 +95,22 @@ fn clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
         "route = \"main\"\nmax_buffered_replies = \"16MiB\"\nslow_client_timeout = \"1s\"\n",
     );
     let proxy = Memroute::start(&toml);
+    let mut observer = proxy.connect();
+    observer.set("big", &vec![b'x'; VALUE_SIZE]);
+    observer.set("small", b"s");
     let mut reader = proxy.connect();
-    reader.set("big", &vec![b'x'; VALUE_SIZE]);
-    reader.set("small", b"s");
     // Warm up the path (one big reply through) before the baseline.
-    assert_eq!(reader.get("big").map(|v| v.len()), Some(VALUE_SIZE));
+    assert_eq!(
+        protocol.get(&mut reader, "big").map(|v| v.len()),
+        Some(VALUE_SIZE)
+    );
     let before = rss_kib(proxy.pid());
 
-    let requests: String = (0..1000).map(|_| "get big\r\n").collect();
+    let requests = protocol.get_request("big").repeat(1000);
     let slow: Vec<TcpStream> = (0..SLOW_CLIENTS)
         .map(|_| {
             let mut stream = TcpStream::connect(&proxy.listen).expect("connect");
-            stream.write_all(requests.as_bytes()).expect("send");
+            stream.write_all(&requests).expect("send");
             stream
         })
         .collect();
@@ -71,20 +124,23 @@ fn clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
     let started = Instant::now();
     loop {
         let asked = Instant::now();
-        assert_eq!(reader.get("small").as_deref(), Some(&b"s"[..]));
+        assert_eq!(
+            protocol.get(&mut reader, "small").as_deref(),
+            Some(&b"s"[..])
+        );
         latencies.push(asked.elapsed());
         served += 1;
         peak = peak.max(rss_kib(proxy.pid()));
-        let buffered = stat(&mut reader, "buffered_reply_bytes");
+        let buffered = stat(&mut observer, "buffered_reply_bytes");
         peak_buffered = peak_buffered.max(buffered);
         // Settled: some were closed and what the rest hold fits the budget.
-        if stat(&mut reader, "slow_clients_closed") >= 1 && buffered <= LIMIT {
+        if stat(&mut observer, "slow_clients_closed") >= 1 && buffered <= LIMIT {
             break;
         }
         assert!(
             started.elapsed() < DEADLINE,
             "slow clients not all closed: {:?}\n{}",
-            reader.stats(),
+            observer.stats(),
             proxy.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -92,8 +148,8 @@ fn clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
     // Blocked writers are what this scenario makes (reads pause when a session that is
     // still reading holds too much): each closing is counted and logged once.
     let (closed, paused) = (
-        stat(&mut reader, "slow_clients_closed"),
-        stat(&mut reader, "reads_paused"),
+        stat(&mut observer, "slow_clients_closed"),
+        stat(&mut observer, "reads_paused"),
     );
     assert_eq!(
         proxy.log_count("does not read") as u64,
@@ -105,9 +161,10 @@ fn clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
 
     // Everything they held is released: the budget's count, then the memory.
     assert!(
-        poll_until(DEADLINE, || stat(&mut reader, "buffered_reply_bytes") == 0),
+        poll_until(DEADLINE, || stat(&mut observer, "buffered_reply_bytes")
+            == 0),
         "buffered_reply_bytes stays at {}",
-        stat(&mut reader, "buffered_reply_bytes")
+        stat(&mut observer, "buffered_reply_bytes")
     );
     // At least half of what the burst added must come back (how much exactly depends on
     // the allocator's fragmentation; measured: all but 2-35 MiB).
@@ -118,7 +175,7 @@ fn clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
         returned(after)
     });
     println!(
-        "reply budget: RSS before {} MiB, peak {} MiB, after the slow clients went {} MiB; buffered replies peaked at {} MiB (limit 16); {} of {SLOW_CLIENTS} slow clients closed, {} pauses; reading client served {served} gets meanwhile ({})",
+        "reply budget ({protocol:?}): RSS before {} MiB, peak {} MiB, after the slow clients went {} MiB; buffered replies peaked at {} MiB (limit 16); {} of {SLOW_CLIENTS} slow clients closed, {} pauses; reading client served {served} gets meanwhile ({})",
         before / 1024,
         peak / 1024,
         after / 1024,
@@ -132,5 +189,8 @@ fn clients_that_do_not_read_are_paused_then_closed_and_memory_returns() {
         "memory did not come back: {before} KiB before, {peak} KiB peak, {after} KiB after"
     );
     // Still serving big values to a client that reads.
-    assert_eq!(reader.get("big").map(|v| v.len()), Some(VALUE_SIZE));
+    assert_eq!(
+        protocol.get(&mut reader, "big").map(|v| v.len()),
+        Some(VALUE_SIZE)
+    );
 }

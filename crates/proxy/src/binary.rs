@@ -1,41 +1,119 @@
-//! A binary-protocol client session: frames binary requests, translates each into the meta
-//! (or text) request the backends already speak, dispatches it through the same route tree
-//! as a text request, and turns the reply back into a binary response.
+//! The binary protocol's framing: each binary request becomes the meta (or text) request
+//! the backends already speak and is dispatched through the same route tree as a text
+//! request; its reply is rendered back as binary responses.
 //!
 //! ```text
 //!   0x80 frames -> parse_binary -> translate -> meta line -> parse_request -> dispatch
-//!                                   | Shape (opcode, opaque, quiet, key)    | Pending
-//!   binary response <- Shape::render <- text/meta reply <- Pending::finish  <-+
+//!                                   | Shape (opcode, opaque, quiet, key)      | session's
+//!                                   v one per pending entry, in its order     v pending FIFO
+//!   binary responses <- render <- text/meta reply <------------------- Pending::finish
 //! ```
 //!
-//! The session chooses this path when a connection's first byte is 0x80, as memcached does.
-//! A run of getq/getkq frames already buffered becomes one text `gets k1 k2 ...` multi-get,
-//! so it is grouped per server and batched exactly like a text multi-get.
+//! The session loop (session.rs) is the one every protocol shares: reading, the pipelining
+//! cap, the reply budget, buffers and shutdown are its, not this module's. It picks this
+//! framing when a connection's first byte is 0x80, as memcached does. A run of getq/getkq
+//! frames already buffered becomes one text `gets k1 k2 ...` multi-get, so it is grouped per
+//! server and batched exactly like a text multi-get.
+//!
+//! Translated lines are written into a pooled buffer and split off as the request's frame,
+//! as a text request is split off the input, and answers memroute gives itself are encoded
+//! only when written: a single-key request allocates nothing here.
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::rc::Rc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use memroute_protocol::binary::{
     encode_base64, encode_error, encode_response, is_storage, opcode as op, parse_binary,
-    BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN,
+    BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN, REQUEST_MAGIC,
 };
 use memroute_protocol::{parse_request, Limits, Parse, MAX_KEY_LEN};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::buffers;
+use crate::buffers::{self, QueuePool};
+use crate::client_log::{self, ClientEvent};
 use crate::context::WorkerContext;
-use crate::dispatch::{dispatch, Origin};
+use crate::dispatch::dispatch;
+use crate::framing::{Framed, Inbound};
 use crate::pending::{Flow, Pending};
-use crate::snapshot::RouteSnapshot;
 
-const READ_CHUNK: usize = 16 * 1024;
+/// Room for a translated line beyond its key and value (command, flags, numbers).
+const LINE_OVERHEAD: usize = 96;
 
-/// How to turn one pending entry's text reply into binary responses.
+/// Frame lists kept per worker once their batch is written; more are freed.
+const FRAME_LIST_POOL_LIMIT: usize = 64;
+/// A list that grew past this many frames is freed rather than kept.
+const FRAME_LIST_KEEP_AT_MOST: usize = 256;
+
+thread_local! {
+    /// Storage of shape queues of this worker's idle binary sessions.
+    static SHAPES: QueuePool<Shape> = const { QueuePool::new() };
+    /// Storage of the frame lists of batched quiet gets, reused batch after batch.
+    static FRAME_LISTS: RefCell<Vec<Vec<Frame>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The frames of a batch of quiet gets, in a list from the worker's pool (no heap
+/// allocation per batch once the pool has warmed up).
+#[derive(Debug)]
+struct FrameList(Vec<Frame>);
+
+impl FrameList {
+    fn take(capacity: usize) -> FrameList {
+        let mut list = FRAME_LISTS
+            .with(|lists| lists.borrow_mut().pop())
+            .unwrap_or_default();
+        list.reserve(capacity);
+        FrameList(list)
+    }
+
+    fn push(&mut self, frame: Frame) {
+        self.0.push(frame);
+    }
+}
+
+impl Drop for FrameList {
+    fn drop(&mut self) {
+        let mut list = std::mem::take(&mut self.0);
+        list.clear();
+        if list.capacity() == 0 || list.capacity() > FRAME_LIST_KEEP_AT_MOST {
+            return;
+        }
+        FRAME_LISTS.with(|lists| {
+            let mut lists = lists.borrow_mut();
+            if lists.len() < FRAME_LIST_POOL_LIMIT {
+                lists.push(list);
+            }
+        });
+    }
+}
+
+/// A binary session's framing state: empty (no buffer, no queue storage) while the session
+/// is idle; see [`Translator::rest`].
+#[derive(Debug, Default)]
+pub(crate) struct Translator {
+    /// How to write each pending entry's reply: one shape per entry of the session's
+    /// pending queue, in the same order.
+    shapes: VecDeque<Shape>,
+    /// Scratch space, empty between uses: a translated request line (split off as its
+    /// request's frame at once), or a reply in text form before it is rendered as binary.
+    scratch: BytesMut,
+}
+
+/// How to write one pending entry's reply.
 #[derive(Debug)]
 enum Shape {
-    /// Already binary (answered by memroute itself).
-    Raw,
+    /// As it is: an entry dispatch added beside the request's own, or the close.
+    AsIs,
+    /// An answer memroute gives itself: the status alone (and its message).
+    Local(Frame, Status),
+    /// memroute's own `version` answer.
+    Version(Frame),
+    /// A backend reply, to render as binary.
+    Translated(Translated),
+}
+
+/// What a translated request's text reply is rendered as.
+#[derive(Debug)]
+enum Translated {
     /// get/getq/getk/getkq/gat/gatq/gatk/gatkq (an `mg ... v f c` reply).
     Get(Frame),
     /// touch (an `mg ... T` reply without value).
@@ -49,7 +127,7 @@ enum Shape {
     /// `stat` without a key: the text `stats` reply, one response per line.
     Stats(Frame),
     /// A run of getq/getkq batched as one text `gets` (a `VALUE ...` reply).
-    MultiGet(Vec<Frame>),
+    MultiGet(FrameList),
 }
 
 /// What a response needs of its request.
@@ -69,6 +147,7 @@ impl Frame {
             key: request.key.clone(),
         }
     }
+
     fn quiet(&self) -> bool {
         matches!(
             self.opcode,
@@ -88,170 +167,366 @@ impl Frame {
                 | op::QUITQ
         )
     }
+
     fn echoes_key(&self) -> bool {
         matches!(self.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ)
     }
-    fn error(&self, out: &mut BytesMut, status: Status) {
+
+    /// A response to this request.
+    fn respond(
+        &self,
+        out: &mut BytesMut,
+        status: Status,
+        cas: u64,
+        extras: &[u8],
+        key: &[u8],
+        value: &[u8],
+    ) {
+        encode_response(
+            out,
+            self.opcode,
+            status,
+            self.opaque,
+            cas,
+            extras,
+            key,
+            value,
+        );
+    }
+
+    /// A success that carries nothing but its CAS.
+    fn ok(&self, out: &mut BytesMut, cas: u64) {
+        self.respond(out, Status::Success, cas, &[], &[], &[]);
+    }
+
+    /// The status alone, with memcached's message for it as the body.
+    fn status(&self, out: &mut BytesMut, status: Status) {
         encode_error(out, self.opcode, status, self.opaque);
     }
-}
 
-pub(crate) async fn run<R, W>(
-    context: Rc<WorkerContext>,
-    origin: Origin,
-    mut input: BytesMut,
-    mut reader: R,
-    mut writer: W,
-    peer: crate::client_log::Peer,
-) where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    crate::client_log::count(
-        &context,
-        &peer,
-        crate::client_log::ClientEvent::BinaryConnection,
-    );
-    let mut output = BytesMut::with_capacity(READ_CHUNK);
-    let mut scratch = BytesMut::new();
-    let mut pending: VecDeque<(Pending, Shape)> = VecDeque::new();
-    // What `dispatch` appends for one translated request, reused (no allocation per request).
-    let mut spare: VecDeque<Pending> = VecDeque::with_capacity(2);
-    // Bytes of a refused value still to be discarded as they arrive.
-    let mut swallow = 0usize;
-    // Shutting down: stop reading, answer what was read, close.
-    let mut reading = !context.sessions.draining();
-    loop {
-        let mut need_input = false;
-        let routing = context.routing();
-        let max_pending = routing.max_client_pending;
-        while reading && pending.len() < max_pending {
-            if swallow > 0 && buffers::skip_refused(&mut input, &mut swallow) {
-                need_input = true;
-                break;
-            }
-            match parse_binary(&mut input, &routing.limits) {
-                BinaryParse::Request(request) => {
-                    if translate(
-                        &context,
-                        &peer,
-                        &routing,
-                        origin,
-                        request,
-                        &mut input,
-                        &mut pending,
-                        &mut spare,
-                    ) == Flow::Close
-                    {
-                        reading = false;
-                    }
-                }
-                BinaryParse::Incomplete => {
-                    need_input = true;
-                    break;
-                }
-                BinaryParse::Invalid {
-                    error,
-                    opcode,
-                    opaque,
-                    body_len,
-                } => {
-                    crate::client_log::count(
-                        &context,
-                        &peer,
-                        crate::client_log::ClientEvent::Error,
-                    );
-                    let mut reply = BytesMut::new();
-                    if error == BinaryError::BodyTooLarge && is_storage(opcode) {
-                        // memcached answers `Too large` and discards the value: so do we,
-                        // as it arrives, without buffering it.
-                        crate::client_log::count(
-                            &context,
-                            &peer,
-                            crate::client_log::ClientEvent::OversizedValue,
-                        );
-                        crate::client_log::protocol_error(&peer, "binary", "value too large");
-                        encode_error(&mut reply, opcode, Status::TooLarge, opaque);
-                        ready(&mut pending, reply);
-                        let now = input.len().min(HEADER_LEN + body_len);
-                        input.advance(now);
-                        swallow = HEADER_LEN + body_len - now;
-                        continue;
-                    }
-                    crate::client_log::count(
-                        &context,
-                        &peer,
-                        crate::client_log::ClientEvent::FramingClose,
-                    );
-                    match error {
-                        // Not a binary frame: memcached closes without a word.
-                        BinaryError::BadMagic => {}
-                        BinaryError::BodyTooLarge => {
-                            encode_error(&mut reply, opcode, Status::TooLarge, opaque)
-                        }
-                        BinaryError::LengthsExceedBody => {
-                            encode_error(&mut reply, opcode, Status::InvalidArguments, opaque)
-                        }
-                    }
-                    crate::client_log::framing_close(&peer, "binary", error_name(error));
-                    input.clear();
-                    ready(&mut pending, reply);
-                    pending.push_back((Pending::Close, Shape::Raw));
-                    reading = false;
-                }
-            }
-        }
-        drop(routing);
-
-        let mut closing = false;
-        while let Some((head, _)) = pending.front_mut() {
-            if !head.try_complete() {
-                break;
-            }
-            let Some((head, shape)) = pending.pop_front() else {
-                break;
-            };
-            if head.finish(&context, &mut scratch) == Flow::Close {
-                closing = true;
-                break;
-            }
-            render(shape, &scratch, &mut output);
-            scratch.clear();
-        }
-        if !output.is_empty() {
-            // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
-            if writer.write_all(&output).await.is_err() || writer.flush().await.is_err() {
-                return;
-            }
-            output.clear();
-            if output.capacity() > 4 * READ_CHUNK {
-                output = BytesMut::with_capacity(READ_CHUNK);
-            }
-        }
-        if closing || (!reading && pending.is_empty()) {
-            let _ = writer.shutdown().await;
-            return;
-        }
-        if reading && !need_input && pending.len() < max_pending {
-            continue;
-        }
-        let can_read = reading && need_input;
-        if can_read && input.capacity() - input.len() < READ_CHUNK / 4 {
-            input.reserve(READ_CHUNK);
-        }
-        tokio::select! {
-            _ = wait_head(&mut pending), if !pending.is_empty() => {}
-            read = reader.read_buf(&mut input), if can_read => match read {
-                Ok(0) | Err(_) => reading = false,
-                Ok(_) => {}
-            },
-            _ = crate::session_wakers::drained(&context.sessions), if reading => reading = false,
-        }
+    /// A found value, answered in the frame's own shape (getk/getkq echo the key).
+    fn hit(&self, out: &mut BytesMut, cas: u64, flags: u32, value: &[u8]) {
+        let key = if self.echoes_key() {
+            &self.key[..]
+        } else {
+            &[]
+        };
+        self.respond(out, Status::Success, cas, &flags.to_be_bytes(), key, value);
     }
 }
 
-async fn wait_head(pending: &mut VecDeque<(Pending, Shape)>) {
-    crate::pending::wait_head(pending, |(entry, _)| entry).await
+impl Translator {
+    /// Frames and dispatches the next binary request in `input` (a run of quiet gets
+    /// already buffered goes as one). A malformed frame is answered in its place, or
+    /// closes the connection when the stream can no longer be framed.
+    pub(crate) fn frame(
+        &mut self,
+        at: &Inbound<'_>,
+        input: &mut BytesMut,
+        swallow: &mut usize,
+        pending: &mut VecDeque<Pending>,
+    ) -> Framed {
+        if self.shapes.capacity() == 0 {
+            SHAPES.with(|shapes| shapes.fill(&mut self.shapes));
+        }
+        match parse_binary(input, &at.routing.limits) {
+            BinaryParse::Request(request) => self.translate(at, request, input, pending),
+            BinaryParse::Incomplete => Framed::Incomplete,
+            BinaryParse::Invalid {
+                error,
+                opcode,
+                opaque,
+                body_len,
+            } => {
+                let frame = Frame {
+                    opcode,
+                    opaque,
+                    key: Bytes::new(),
+                };
+                self.unframeable(at, error, frame, body_len, input, swallow, pending)
+            }
+        }
+    }
+
+    /// Writes the reply of `head` (the oldest pending entry, complete) as binary responses.
+    pub(crate) fn finish(
+        &mut self,
+        head: Pending,
+        context: &WorkerContext,
+        out: &mut BytesMut,
+    ) -> Flow {
+        match self.shapes.pop_front().unwrap_or(Shape::AsIs) {
+            Shape::AsIs => head.finish(context, out),
+            Shape::Local(frame, status) => {
+                frame.status(out, status);
+                Flow::Continue
+            }
+            Shape::Version(frame) => {
+                let version = crate::version::MEMCACHED_COMPAT_VERSION.as_bytes();
+                frame.respond(out, Status::Success, 0, &[], &[], version);
+                Flow::Continue
+            }
+            Shape::Translated(shape) => {
+                if self.scratch.capacity() == 0 {
+                    self.scratch = buffers::take();
+                }
+                let flow = head.finish(context, &mut self.scratch);
+                render(shape, &self.scratch, out);
+                self.scratch.clear();
+                if self.scratch.capacity() > buffers::CHUNK {
+                    // A large value went through: the worker's pool keeps (or frees) the
+                    // buffer, rather than every session that saw one holding its own.
+                    buffers::give(std::mem::take(&mut self.scratch));
+                }
+                flow
+            }
+        }
+    }
+
+    /// Gives buffers and queue storage back to the worker's pools: called once nothing is
+    /// pending, so an idle binary session holds none.
+    pub(crate) fn rest(&mut self) {
+        SHAPES.with(|shapes| shapes.give(&mut self.shapes));
+        if self.scratch.capacity() > 0 {
+            buffers::give(std::mem::take(&mut self.scratch));
+        }
+    }
+
+    fn push(&mut self, pending: &mut VecDeque<Pending>, entry: Pending, shape: Shape) {
+        pending.push_back(entry);
+        self.shapes.push_back(shape);
+    }
+
+    /// Queues an answer memroute gives itself (encoded when it is written).
+    fn answer(&mut self, pending: &mut VecDeque<Pending>, frame: Frame, status: Status) {
+        self.push(
+            pending,
+            Pending::Ready(Bytes::new()),
+            Shape::Local(frame, status),
+        );
+    }
+
+    fn close(&mut self, pending: &mut VecDeque<Pending>) -> Framed {
+        self.push(pending, Pending::Close, Shape::AsIs);
+        Framed::Close
+    }
+
+    /// A frame `parse_binary` refused: a value too large is answered and skipped as it
+    /// arrives; anything else cannot be framed past, so the connection closes.
+    // The framing call's own arguments plus what the parser said, passed apart.
+    #[allow(clippy::too_many_arguments)]
+    fn unframeable(
+        &mut self,
+        at: &Inbound<'_>,
+        error: BinaryError,
+        frame: Frame,
+        body_len: usize,
+        input: &mut BytesMut,
+        swallow: &mut usize,
+        pending: &mut VecDeque<Pending>,
+    ) -> Framed {
+        let peer = (at.peer)();
+        client_log::count(at.context, &peer, ClientEvent::Error);
+        if error == BinaryError::BodyTooLarge && is_storage(frame.opcode) {
+            // memcached answers `Too large` and discards the value: so do we, as it
+            // arrives, without buffering it.
+            client_log::count(at.context, &peer, ClientEvent::OversizedValue);
+            client_log::protocol_error(&peer, "binary", "value too large");
+            self.answer(pending, frame, Status::TooLarge);
+            let now = input.len().min(HEADER_LEN + body_len);
+            input.advance(now);
+            *swallow = HEADER_LEN + body_len - now;
+            return Framed::Next;
+        }
+        client_log::count(at.context, &peer, ClientEvent::FramingClose);
+        match error {
+            // Not a binary frame: memcached closes without a word.
+            BinaryError::BadMagic => {}
+            BinaryError::BodyTooLarge => self.answer(pending, frame, Status::TooLarge),
+            BinaryError::LengthsExceedBody => self.answer(pending, frame, Status::InvalidArguments),
+        }
+        client_log::framing_close(&peer, "binary", error_name(error));
+        input.clear();
+        self.close(pending)
+    }
+
+    /// Translates one binary request and queues its pending entries.
+    fn translate(
+        &mut self,
+        at: &Inbound<'_>,
+        request: BinaryRequest,
+        input: &mut BytesMut,
+        pending: &mut VecDeque<Pending>,
+    ) -> Framed {
+        if let Some(refused) = self.refuse(at, &request, pending) {
+            return refused;
+        }
+        if matches!(request.opcode, op::GETQ | op::GETKQ) && text_safe(&request.key) {
+            return self.batch_quiet_gets(at, request, input, pending);
+        }
+        let line = self.line_buffer(request.key.len() * 2 + request.value.len());
+        let Some(shape) = write_request(line, &request) else {
+            return self.answer_locally(at, request, pending);
+        };
+        self.send(at, shape, pending)
+    }
+
+    /// Answers a request that breaks memcached's rules for its opcode (closing on a key
+    /// too long, as memcached does); `None` for a request to translate.
+    fn refuse(
+        &mut self,
+        at: &Inbound<'_>,
+        request: &BinaryRequest,
+        pending: &mut VecDeque<Pending>,
+    ) -> Option<Framed> {
+        if !well_formed(request) {
+            let peer = (at.peer)();
+            client_log::count(at.context, &peer, ClientEvent::Error);
+            self.answer(pending, Frame::of(request), Status::InvalidArguments);
+            if request.key.len() > MAX_KEY_LEN {
+                // memcached closes a connection that sent a key over its limit.
+                client_log::count(at.context, &peer, ClientEvent::FramingClose);
+                client_log::framing_close(&peer, "binary", "key longer than memcached's limit");
+                return Some(self.close(pending));
+            }
+            client_log::protocol_error(&peer, "binary", "invalid arguments");
+            return Some(Framed::Next);
+        }
+        if request.value.len() > at.routing.limits.max_value_len {
+            let peer = (at.peer)();
+            client_log::count(at.context, &peer, ClientEvent::OversizedValue);
+            client_log::protocol_error(&peer, "binary", "value too large");
+            self.answer(pending, Frame::of(request), Status::TooLarge);
+            return Some(Framed::Next);
+        }
+        None
+    }
+
+    /// Requests memroute answers itself (no backend has anything to add).
+    fn answer_locally(
+        &mut self,
+        at: &Inbound<'_>,
+        request: BinaryRequest,
+        pending: &mut VecDeque<Pending>,
+    ) -> Framed {
+        let frame = Frame::of(&request);
+        match request.opcode {
+            op::NOOP | op::VERBOSITY => self.answer(pending, frame, Status::Success),
+            op::VERSION => self.push(pending, Pending::Ready(Bytes::new()), Shape::Version(frame)),
+            op::STAT if request.key.is_empty() => {
+                let stats = crate::dispatch::all_stats(at.context);
+                self.push(pending, stats, Shape::Translated(Translated::Stats(frame)));
+            }
+            // memroute keeps no slabs or items: sub-statistics belong to the servers.
+            op::STAT => self.answer(pending, frame, Status::KeyNotFound),
+            op::QUIT | op::QUITQ => {
+                if request.opcode == op::QUIT {
+                    self.answer(pending, frame, Status::Success);
+                }
+                return self.close(pending);
+            }
+            // A memcached built without SASL (or started without -S) answers these so.
+            op::SASL_LIST_MECHS | op::SASL_AUTH | op::SASL_STEP => {
+                self.answer(pending, frame, Status::UnknownCommand)
+            }
+            _ => {
+                // memcached closes the connection on an opcode it does not know.
+                let peer = (at.peer)();
+                client_log::count(at.context, &peer, ClientEvent::Error);
+                client_log::protocol_error(&peer, "binary", "unknown opcode");
+                return self.close(pending);
+            }
+        }
+        Framed::Next
+    }
+
+    /// The line buffer with room for a line of `payload` bytes of key and value: the
+    /// pooled buffer, or a fresh one from the pool once the tail left is too short.
+    fn line_buffer(&mut self, payload: usize) -> &mut BytesMut {
+        let room = payload + LINE_OVERHEAD;
+        if self.scratch.capacity() < room {
+            if self.scratch.capacity() > 0 {
+                buffers::give(std::mem::take(&mut self.scratch));
+            }
+            self.scratch = buffers::take();
+            self.scratch.reserve(room);
+        }
+        &mut self.scratch
+    }
+
+    /// Frames the line just translated with the text parser and dispatches it like a
+    /// client's; its first pending entry is rendered in `shape`.
+    fn send(
+        &mut self,
+        at: &Inbound<'_>,
+        shape: Translated,
+        pending: &mut VecDeque<Pending>,
+    ) -> Framed {
+        // The translated key may still be refused (a base64 key longer than the limit).
+        let limits = Limits {
+            max_value_len: usize::MAX,
+            ..at.routing.limits
+        };
+        let Parse::Request(text) = parse_request(&mut self.scratch, &limits) else {
+            self.scratch.clear();
+            if let Some(frame) = shape.single_frame() {
+                self.answer(pending, frame, Status::InvalidArguments);
+            }
+            return Framed::Next;
+        };
+        let queued = pending.len();
+        let flow = dispatch(at.context, at.routing, at.origin, text, pending);
+        let mut shape = Some(Shape::Translated(shape));
+        for _ in queued..pending.len() {
+            self.shapes.push_back(shape.take().unwrap_or(Shape::AsIs));
+        }
+        flow.into()
+    }
+
+    /// A getq/getkq and the getq/getkq frames already buffered after it, as one text
+    /// `gets k1 k2 ...`: the multi-get path groups the keys per server, one request each.
+    fn batch_quiet_gets(
+        &mut self,
+        at: &Inbound<'_>,
+        first: BinaryRequest,
+        input: &mut BytesMut,
+        pending: &mut VecDeque<Pending>,
+    ) -> Framed {
+        let most = at.routing.limits.max_line_len / 256;
+        // Only frames that are whole in the buffer join the batch; never wait for more.
+        let (more, more_keys) = buffered_quiet_gets(input, most.saturating_sub(1));
+        let line = self.line_buffer(first.key.len() + more + more_keys);
+        line.put_slice(b"gets ");
+        line.put_slice(&first.key);
+        let mut frames = FrameList::take(1 + more);
+        frames.push(Frame::of(&first));
+        for _ in 0..more {
+            let BinaryParse::Request(request) = parse_binary(input, &at.routing.limits) else {
+                break;
+            };
+            line.put_u8(b' ');
+            line.put_slice(&request.key);
+            frames.push(Frame::of(&request));
+        }
+        line.put_slice(b"\r\n");
+        self.send(at, Translated::MultiGet(frames), pending)
+    }
+}
+
+impl Translated {
+    /// The request a shape answers, unless it answers several.
+    fn single_frame(self) -> Option<Frame> {
+        match self {
+            Translated::Get(frame)
+            | Translated::Touch(frame)
+            | Translated::Store(frame)
+            | Translated::Delete(frame)
+            | Translated::Arithmetic(frame)
+            | Translated::Flush(frame)
+            | Translated::Stats(frame) => Some(frame),
+            Translated::MultiGet(_) => None,
+        }
+    }
 }
 
 fn error_name(error: BinaryError) -> &'static str {
@@ -260,35 +535,6 @@ fn error_name(error: BinaryError) -> &'static str {
         BinaryError::BodyTooLarge => "body length beyond the value size limit",
         BinaryError::LengthsExceedBody => "key and extras longer than the body",
     }
-}
-
-fn ready(pending: &mut VecDeque<(Pending, Shape)>, bytes: BytesMut) {
-    pending.push_back((Pending::Ready(bytes.freeze()), Shape::Raw));
-}
-
-/// An answer memroute gives itself.
-fn local(
-    pending: &mut VecDeque<(Pending, Shape)>,
-    request: &BinaryRequest,
-    status: Status,
-    value: &[u8],
-) {
-    let mut out = BytesMut::new();
-    if status == Status::Success {
-        encode_response(
-            &mut out,
-            request.opcode,
-            status,
-            request.opaque,
-            0,
-            &[],
-            &[],
-            value,
-        );
-    } else {
-        encode_error(&mut out, request.opcode, status, request.opaque);
-    }
-    ready(pending, out);
 }
 
 /// Whether the body's parts have the sizes memcached requires of this opcode.
@@ -313,19 +559,126 @@ fn well_formed(request: &BinaryRequest) -> bool {
     }
 }
 
-/// The key as a meta command carries it: raw when it is a valid text key, else base64
-/// (binary keys may hold spaces, newlines and control bytes); `end_line` adds the `b` flag.
-fn put_key(line: &mut BytesMut, key: &[u8]) {
-    if text_safe(key) {
-        line.put_slice(key);
-    } else {
-        encode_base64(key, line);
+/// Writes the meta (or text) request a binary request is translated to into `line`, and
+/// says how its reply is rendered; `None` (nothing written) for a request memroute answers
+/// itself.
+fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Translated> {
+    let frame = Frame::of(request);
+    let ttl = || request.extra_u32(0).unwrap_or(0) as i32;
+    Some(match request.opcode {
+        op::GET | op::GETQ | op::GETK | op::GETKQ => {
+            meta_get(line, &request.key, true, None);
+            Translated::Get(frame)
+        }
+        op::GAT | op::GATQ | op::GATK | op::GATKQ => {
+            meta_get(line, &request.key, true, Some(ttl()));
+            Translated::Get(frame)
+        }
+        op::TOUCH => {
+            meta_get(line, &request.key, false, Some(ttl()));
+            Translated::Touch(frame)
+        }
+        opcode if is_storage(opcode) => {
+            meta_set(line, request);
+            Translated::Store(frame)
+        }
+        op::DELETE | op::DELETEQ => {
+            line.put_slice(b"md ");
+            let base64 = put_key(line, &request.key);
+            put_cas(line, request.cas);
+            end_line(line, base64);
+            Translated::Delete(frame)
+        }
+        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
+            meta_arithmetic(line, request);
+            Translated::Arithmetic(frame)
+        }
+        op::FLUSH | op::FLUSHQ => {
+            match request.extra_u32(0) {
+                Some(delay) if delay != 0 => {
+                    let _ = write!(line, "flush_all {delay}\r\n");
+                }
+                _ => line.put_slice(b"flush_all\r\n"),
+            }
+            Translated::Flush(frame)
+        }
+        _ => return None,
+    })
+}
+
+/// `mg <key> [v] f c [T<ttl>]`: a get (with the value), a gat, or a touch (without).
+fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<i32>) {
+    line.put_slice(b"mg ");
+    let base64 = put_key(line, key);
+    line.put_slice(if value { b" v f c" } else { b" f c" });
+    if let Some(ttl) = ttl {
+        let _ = write!(line, " T{ttl}");
+    }
+    end_line(line, base64);
+}
+
+/// `ms <key> <bytes> M<mode> c [F<flags> T<ttl>] [C<cas>]` and the value.
+fn meta_set(line: &mut BytesMut, request: &BinaryRequest) {
+    let mode = match request.opcode {
+        op::SET | op::SETQ => 'S',
+        op::ADD | op::ADDQ => 'E',
+        op::REPLACE | op::REPLACEQ => 'R',
+        op::APPEND | op::APPENDQ => 'A',
+        _ => 'P',
+    };
+    line.put_slice(b"ms ");
+    let base64 = put_key(line, &request.key);
+    let _ = write!(line, " {} M{mode} c", request.value.len());
+    if let (Some(flags), Some(ttl)) = (request.extra_u32(0), request.extra_u32(4)) {
+        let _ = write!(line, " F{flags} T{}", ttl as i32);
+    }
+    put_cas(line, request.cas);
+    end_line(line, base64);
+    line.put_slice(&request.value);
+    line.put_slice(b"\r\n");
+}
+
+/// `ma <key> M<I|D> D<delta> v c [N<ttl> J<initial>] [C<cas>]`.
+fn meta_arithmetic(line: &mut BytesMut, request: &BinaryRequest) {
+    let mode = match request.opcode {
+        op::INCREMENT | op::INCREMENTQ => 'I',
+        _ => 'D',
+    };
+    let delta = request.extra_u64(0).unwrap_or(0);
+    let initial = request.extra_u64(8).unwrap_or(0);
+    let expiry = request.extra_u32(16).unwrap_or(u32::MAX);
+    line.put_slice(b"ma ");
+    let base64 = put_key(line, &request.key);
+    let _ = write!(line, " M{mode} D{delta} v c");
+    // 0xffffffff: fail on a missing key; anything else creates it with `initial`.
+    if expiry != u32::MAX {
+        let _ = write!(line, " N{} J{initial}", expiry as i32);
+    }
+    put_cas(line, request.cas);
+    end_line(line, base64);
+}
+
+fn put_cas(line: &mut BytesMut, cas: u64) {
+    if cas != 0 {
+        let _ = write!(line, " C{cas}");
     }
 }
 
+/// The key as a meta command carries it: raw when it is a valid text key, else base64
+/// (binary keys may hold spaces, newlines and control bytes); true when it went base64, so
+/// `end_line` adds the `b` flag.
+fn put_key(line: &mut BytesMut, key: &[u8]) -> bool {
+    if text_safe(key) {
+        line.put_slice(key);
+        return false;
+    }
+    encode_base64(key, line);
+    true
+}
+
 /// Ends a meta command line: the `b` flag when the key went base64, then `\r\n`.
-fn end_line(line: &mut BytesMut, key: &[u8]) {
-    if !text_safe(key) {
+fn end_line(line: &mut BytesMut, base64: bool) {
+    if base64 {
         line.put_slice(b" b");
     }
     line.put_slice(b"\r\n");
@@ -335,309 +688,85 @@ fn text_safe(key: &[u8]) -> bool {
     key.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
-/// Translates one binary request and appends its pending entries.
-// The session's state, passed apart (a struct for it would only be built here).
-#[allow(clippy::too_many_arguments)]
-fn translate(
-    context: &WorkerContext,
-    peer: &crate::client_log::Peer,
-    routing: &Rc<RouteSnapshot>,
-    origin: Origin,
-    request: BinaryRequest,
-    input: &mut BytesMut,
-    pending: &mut VecDeque<(Pending, Shape)>,
-    spare: &mut VecDeque<Pending>,
-) -> Flow {
-    if !well_formed(&request) {
-        crate::client_log::count(context, peer, crate::client_log::ClientEvent::Error);
-        local(pending, &request, Status::InvalidArguments, &[]);
-        if request.key.len() > MAX_KEY_LEN {
-            // memcached closes a connection that sent a key over 250 bytes.
-            crate::client_log::count(context, peer, crate::client_log::ClientEvent::FramingClose);
-            crate::client_log::framing_close(peer, "binary", "key longer than 250 bytes");
-            pending.push_back((Pending::Close, Shape::Raw));
-            return Flow::Close;
-        }
-        crate::client_log::protocol_error(peer, "binary", "invalid arguments");
-        return Flow::Continue;
-    }
-    if request.value.len() > routing.limits.max_value_len {
-        crate::client_log::count(
-            context,
-            peer,
-            crate::client_log::ClientEvent::OversizedValue,
-        );
-        crate::client_log::protocol_error(peer, "binary", "value too large");
-        local(pending, &request, Status::TooLarge, &[]);
-        return Flow::Continue;
-    }
-    let mut line = BytesMut::with_capacity(64 + request.key.len() * 2);
-    let shape = match request.opcode {
-        op::GETQ | op::GETKQ if text_safe(&request.key) => {
-            return batch_quiet_gets(context, routing, origin, request, input, pending, spare);
-        }
-        op::GET | op::GETQ | op::GETK | op::GETKQ => {
-            line.put_slice(b"mg ");
-            put_key(&mut line, &request.key);
-            line.put_slice(b" v f c");
-            end_line(&mut line, &request.key);
-            Shape::Get(Frame::of(&request))
-        }
-        op::GAT | op::GATQ | op::GATK | op::GATKQ | op::TOUCH => {
-            line.put_slice(b"mg ");
-            put_key(&mut line, &request.key);
-            let ttl = request.extra_u32(0).unwrap_or(0) as i32;
-            if request.opcode == op::TOUCH {
-                {
-                    let _ = write!(line, " f c T{ttl}");
-                };
-                end_line(&mut line, &request.key);
-                Shape::Touch(Frame::of(&request))
-            } else {
-                {
-                    let _ = write!(line, " v f c T{ttl}");
-                };
-                end_line(&mut line, &request.key);
-                Shape::Get(Frame::of(&request))
-            }
-        }
-        op::SET
-        | op::SETQ
-        | op::ADD
-        | op::ADDQ
-        | op::REPLACE
-        | op::REPLACEQ
-        | op::APPEND
-        | op::APPENDQ
-        | op::PREPEND
-        | op::PREPENDQ => {
-            let mode = match request.opcode {
-                op::SET | op::SETQ => 'S',
-                op::ADD | op::ADDQ => 'E',
-                op::REPLACE | op::REPLACEQ => 'R',
-                op::APPEND | op::APPENDQ => 'A',
-                _ => 'P',
-            };
-            line.put_slice(b"ms ");
-            put_key(&mut line, &request.key);
-            {
-                let _ = write!(line, " {} M{mode} c", request.value.len());
-            };
-            if let (Some(flags), Some(ttl)) = (request.extra_u32(0), request.extra_u32(4)) {
-                {
-                    let _ = write!(line, " F{flags} T{}", ttl as i32);
-                };
-            }
-            if request.cas != 0 {
-                {
-                    let _ = write!(line, " C{}", request.cas);
-                };
-            }
-            end_line(&mut line, &request.key);
-            line.put_slice(&request.value);
-            line.put_slice(b"\r\n");
-            Shape::Store(Frame::of(&request))
-        }
-        op::DELETE | op::DELETEQ => {
-            line.put_slice(b"md ");
-            put_key(&mut line, &request.key);
-            if request.cas != 0 {
-                {
-                    let _ = write!(line, " C{}", request.cas);
-                };
-            }
-            end_line(&mut line, &request.key);
-            Shape::Delete(Frame::of(&request))
-        }
-        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
-            let mode = match request.opcode {
-                op::INCREMENT | op::INCREMENTQ => 'I',
-                _ => 'D',
-            };
-            let delta = request.extra_u64(0).unwrap_or(0);
-            let initial = request.extra_u64(8).unwrap_or(0);
-            let expiry = request.extra_u32(16).unwrap_or(u32::MAX);
-            line.put_slice(b"ma ");
-            put_key(&mut line, &request.key);
-            {
-                let _ = write!(line, " M{mode} D{delta} v c");
-            };
-            // 0xffffffff: fail on a missing key; anything else creates it with `initial`.
-            if expiry != u32::MAX {
-                {
-                    let _ = write!(line, " N{} J{initial}", expiry as i32);
-                };
-            }
-            if request.cas != 0 {
-                {
-                    let _ = write!(line, " C{}", request.cas);
-                };
-            }
-            end_line(&mut line, &request.key);
-            Shape::Arithmetic(Frame::of(&request))
-        }
-        op::FLUSH | op::FLUSHQ => {
-            match request.extra_u32(0) {
-                Some(delay) if delay != 0 => {
-                    let _ = write!(line, "flush_all {delay}\r\n");
-                }
-                _ => line.put_slice(b"flush_all\r\n"),
-            }
-            Shape::Flush(Frame::of(&request))
-        }
-        op::NOOP | op::VERBOSITY => {
-            local(pending, &request, Status::Success, &[]);
-            return Flow::Continue;
-        }
-        op::VERSION => {
-            local(
-                pending,
-                &request,
-                Status::Success,
-                crate::MEMCACHED_COMPAT_VERSION.as_bytes(),
-            );
-            return Flow::Continue;
-        }
-        op::STAT => {
-            if request.key.is_empty() {
-                pending.push_back((
-                    crate::dispatch::all_stats(context),
-                    Shape::Stats(Frame::of(&request)),
-                ));
-            } else {
-                // memroute keeps no slabs or items: sub-statistics belong to the servers.
-                local(pending, &request, Status::KeyNotFound, &[]);
-            }
-            return Flow::Continue;
-        }
-        op::QUIT | op::QUITQ => {
-            if request.opcode == op::QUIT {
-                local(pending, &request, Status::Success, &[]);
-            }
-            pending.push_back((Pending::Close, Shape::Raw));
-            return Flow::Close;
-        }
-        // A memcached built without SASL (or started without -S) answers these so.
-        op::SASL_LIST_MECHS | op::SASL_AUTH | op::SASL_STEP => {
-            local(pending, &request, Status::UnknownCommand, &[]);
-            return Flow::Continue;
-        }
-        _ => {
-            // memcached closes the connection on an opcode it does not know.
-            crate::client_log::count(context, peer, crate::client_log::ClientEvent::Error);
-            crate::client_log::protocol_error(peer, "binary", "unknown opcode");
-            pending.push_back((Pending::Close, Shape::Raw));
-            return Flow::Close;
-        }
-    };
-    send(context, routing, origin, line, shape, pending, spare)
-}
-
-/// Frames the translated line with the text parser and dispatches it like a client's.
-fn send(
-    context: &WorkerContext,
-    routing: &Rc<RouteSnapshot>,
-    origin: Origin,
-    mut line: BytesMut,
-    shape: Shape,
-    pending: &mut VecDeque<(Pending, Shape)>,
-    spare: &mut VecDeque<Pending>,
-) -> Flow {
-    // The translated key may still be refused (a base64 key longer than 250 bytes).
-    let limits = Limits {
-        max_value_len: usize::MAX,
-        ..routing.limits
-    };
-    match parse_request(&mut line, &limits) {
-        Parse::Request(text) => {
-            let flow = dispatch(context, routing, origin, text, spare);
-            let mut shape = Some(shape);
-            for entry in spare.drain(..) {
-                pending.push_back((entry, shape.take().unwrap_or(Shape::Raw)));
-            }
-            flow
-        }
-        _ => {
-            let frame = match &shape {
-                Shape::Get(f)
-                | Shape::Touch(f)
-                | Shape::Store(f)
-                | Shape::Delete(f)
-                | Shape::Arithmetic(f)
-                | Shape::Flush(f)
-                | Shape::Stats(f) => f,
-                Shape::Raw | Shape::MultiGet(_) => return Flow::Continue,
-            };
-            let mut out = BytesMut::new();
-            frame.error(&mut out, Status::InvalidArguments);
-            ready(pending, out);
-            Flow::Continue
-        }
-    }
-}
-
-/// A getq/getkq and the getq/getkq frames already buffered after it, as one text
-/// `gets k1 k2 ...`: the multi-get path groups the keys per server, one request each.
-fn batch_quiet_gets(
-    context: &WorkerContext,
-    routing: &Rc<RouteSnapshot>,
-    origin: Origin,
-    first: BinaryRequest,
-    input: &mut BytesMut,
-    pending: &mut VecDeque<(Pending, Shape)>,
-    spare: &mut VecDeque<Pending>,
-) -> Flow {
-    let mut line = BytesMut::with_capacity(256);
-    line.put_slice(b"gets ");
-    line.put_slice(&first.key);
-    let mut frames = vec![Frame::of(&first)];
-    loop {
-        // Only frames that are whole in the buffer join the batch; never wait for more.
-        let next = peek_quiet_get(input);
-        if !next || frames.len() >= routing.limits.max_line_len / 256 {
-            break;
-        }
-        let BinaryParse::Request(request) = parse_binary(input, &routing.limits) else {
+/// How many whole, well-formed getq/getkq frames with text-safe keys start `input` (at most
+/// `most`), and the bytes of their keys.
+fn buffered_quiet_gets(input: &[u8], most: usize) -> (usize, usize) {
+    let (mut count, mut key_bytes, mut at) = (0, 0, 0);
+    while count < most {
+        let Some(key_len) = quiet_get_key_len(&input[at..]) else {
             break;
         };
-        line.put_u8(b' ');
-        line.put_slice(&request.key);
-        frames.push(Frame::of(&request));
+        count += 1;
+        key_bytes += key_len;
+        at += HEADER_LEN + key_len;
     }
-    line.put_slice(b"\r\n");
-    send(
-        context,
-        routing,
-        origin,
-        line,
-        Shape::MultiGet(frames),
-        pending,
-        spare,
-    )
+    (count, key_bytes)
 }
 
-/// True when the buffer starts with a whole, well-formed getq/getkq with a text-safe key.
-fn peek_quiet_get(input: &[u8]) -> bool {
-    if input.len() < 24 || input[0] != 0x80 || !matches!(input[1], op::GETQ | op::GETKQ) {
-        return false;
+/// The key length of the whole, well-formed getq/getkq with a text-safe key that starts
+/// `input`, if one does.
+fn quiet_get_key_len(input: &[u8]) -> Option<usize> {
+    if input.len() < HEADER_LEN
+        || input[0] != REQUEST_MAGIC
+        || !matches!(input[1], op::GETQ | op::GETKQ)
+    {
+        return None;
     }
     let key_len = usize::from(u16::from_be_bytes([input[2], input[3]]));
     let extras = usize::from(input[4]);
     let body = u32::from_be_bytes([input[8], input[9], input[10], input[11]]) as usize;
-    extras == 0
+    let whole = extras == 0
         && key_len > 0
         && key_len <= MAX_KEY_LEN
         && body == key_len
-        && input.len() >= 24 + body
-        && text_safe(&input[24..24 + body])
+        && input.len() >= HEADER_LEN + body
+        && text_safe(&input[HEADER_LEN..HEADER_LEN + body]);
+    whole.then_some(key_len)
 }
 
-/// The numeric value of a meta flag such as `c123` in a reply line.
-fn meta_flag(line: &[u8], flag: u8) -> Option<u64> {
-    line.split(|&b| b == b' ')
-        .skip(1)
-        .find(|w| w.first() == Some(&flag))
-        .and_then(|w| std::str::from_utf8(&w[1..]).ok()?.parse().ok())
+/// A text or meta reply: its first line (without `\r\n`), that line's first word (meta
+/// status codes come with flags, `NS c0`: judged by the first word) and what follows.
+struct TextReply<'a> {
+    line: &'a [u8],
+    code: &'a [u8],
+    rest: &'a [u8],
+}
+
+impl<'a> TextReply<'a> {
+    fn of(reply: &'a [u8]) -> TextReply<'a> {
+        let (line, rest) = split_line(reply);
+        let code = line.split(|&b| b == b' ').next().unwrap_or_default();
+        TextReply { line, code, rest }
+    }
+
+    fn is(&self, code: &[u8]) -> bool {
+        self.code == code
+    }
+
+    /// The numbers of a meta reply line, read in one pass over its words after the code.
+    fn meta(&self) -> MetaNumbers {
+        let mut numbers = MetaNumbers::default();
+        let words = self.line.get(self.code.len() + 1..).unwrap_or_default();
+        for (at, word) in words.split(|&b| b == b' ').enumerate() {
+            match word.first() {
+                Some(first) if at == 0 && first.is_ascii_digit() => {
+                    numbers.size = digits(word).unwrap_or(0) as usize;
+                }
+                Some(b'f') => numbers.flags = digits(&word[1..]).unwrap_or(0) as u32,
+                Some(b'c') => numbers.cas = digits(&word[1..]).unwrap_or(0),
+                _ => {}
+            }
+        }
+        numbers
+    }
+}
+
+/// `VA <size> f<flags> c<cas>` (or `HD f<flags> c<cas>`): what is absent reads as 0.
+#[derive(Debug, Default)]
+struct MetaNumbers {
+    size: usize,
+    flags: u32,
+    cas: u64,
 }
 
 fn split_line(reply: &[u8]) -> (&[u8], &[u8]) {
@@ -648,6 +777,22 @@ fn split_line(reply: &[u8]) -> (&[u8], &[u8]) {
         }
         None => (reply, &[]),
     }
+}
+
+/// A decimal number (digits only, no overflow).
+fn digits(word: &[u8]) -> Option<u64> {
+    if word.is_empty() || word.len() > 20 {
+        return None;
+    }
+    let mut number = 0u64;
+    for &digit in word {
+        let value = digit.wrapping_sub(b'0');
+        if value > 9 {
+            return None;
+        }
+        number = number.checked_mul(10)?.checked_add(u64::from(value))?;
+    }
+    Some(number)
 }
 
 /// A reply that is no answer of memcached's (a backend failure): an internal error whose
@@ -662,235 +807,124 @@ fn failure(frame: &Frame, line: &[u8], out: &mut BytesMut) {
     } else if line.starts_with(b"CLIENT_ERROR") {
         Status::InvalidArguments
     } else {
-        encode_response(
-            out,
-            frame.opcode,
-            Status::Internal,
-            frame.opaque,
-            0,
-            &[],
-            &[],
-            line,
-        );
+        frame.respond(out, Status::Internal, 0, &[], &[], line);
         return;
     };
-    frame.error(out, status);
+    frame.status(out, status);
 }
 
-/// A found value, answered in the frame's own shape (getk/getkq echo the key).
-fn hit(frame: &Frame, cas: u64, flags: u32, value: &[u8], out: &mut BytesMut) {
-    let key = if frame.echoes_key() {
-        &frame.key[..]
-    } else {
-        &[]
-    };
-    encode_response(
-        out,
-        frame.opcode,
-        Status::Success,
-        frame.opaque,
-        cas,
-        &flags.to_be_bytes(),
-        key,
-        value,
-    );
-}
-
-fn render(shape: Shape, reply: &[u8], out: &mut BytesMut) {
-    let (line, rest) = split_line(reply);
-    // Meta status codes come with flags (`NS c0`): judge by the first word.
-    let code = line.split(|&b| b == b' ').next().unwrap_or_default();
+fn render(shape: Translated, reply: &[u8], out: &mut BytesMut) {
+    let reply_text = TextReply::of(reply);
     match shape {
-        Shape::Raw => out.extend_from_slice(reply),
-        Shape::Get(frame) => {
-            if line.starts_with(b"VA ") {
-                let len = line[3..]
-                    .split(|&b| b == b' ')
-                    .next()
-                    .and_then(|w| std::str::from_utf8(w).ok()?.parse::<usize>().ok())
-                    .unwrap_or(0);
-                let flags = meta_flag(line, b'f').unwrap_or(0) as u32;
-                let cas = meta_flag(line, b'c').unwrap_or(0);
-                hit(&frame, cas, flags, rest.get(..len).unwrap_or_default(), out);
-            } else if code == b"EN" {
-                if frame.quiet() {
-                    return;
-                }
-                // A getk miss carries the key; a get miss memcached's "Not found".
-                if frame.echoes_key() {
-                    let key = &frame.key[..];
-                    encode_response(
-                        out,
-                        frame.opcode,
-                        Status::KeyNotFound,
-                        frame.opaque,
-                        0,
-                        &[],
-                        key,
-                        &[],
-                    );
-                } else {
-                    frame.error(out, Status::KeyNotFound);
-                }
-            } else {
-                failure(&frame, line, out);
+        Translated::Get(frame) => render_get(&frame, &reply_text, out),
+        Translated::Touch(frame) => render_touch(&frame, &reply_text, out),
+        Translated::Store(frame) => render_store(&frame, &reply_text, out),
+        Translated::Delete(frame) => render_delete(&frame, &reply_text, out),
+        Translated::Arithmetic(frame) => render_arithmetic(&frame, &reply_text, out),
+        Translated::Flush(frame) => {
+            if reply_text.line != b"OK" {
+                failure(&frame, reply_text.line, out);
+            } else if !frame.quiet() {
+                frame.ok(out, 0);
             }
         }
-        Shape::Touch(frame) => {
-            if line.starts_with(b"HD") {
-                let flags = meta_flag(line, b'f').unwrap_or(0) as u32;
-                encode_response(
-                    out,
-                    frame.opcode,
-                    Status::Success,
-                    frame.opaque,
-                    meta_flag(line, b'c').unwrap_or(0),
-                    &flags.to_be_bytes(),
-                    &[],
-                    &[],
-                );
-            } else if code == b"EN" {
-                frame.error(out, Status::KeyNotFound);
-            } else {
-                failure(&frame, line, out);
-            }
-        }
-        Shape::Store(frame) => {
-            let status = if line.starts_with(b"HD") {
-                if frame.quiet() {
-                    return;
-                }
-                let cas = meta_flag(line, b'c').unwrap_or(0);
-                encode_response(
-                    out,
-                    frame.opcode,
-                    Status::Success,
-                    frame.opaque,
-                    cas,
-                    &[],
-                    &[],
-                    &[],
-                );
-                return;
-            } else if code == b"NS" {
-                match frame.opcode {
-                    op::ADD | op::ADDQ => Status::KeyExists,
-                    op::REPLACE | op::REPLACEQ => Status::KeyNotFound,
-                    _ => Status::NotStored,
-                }
-            } else if code == b"EX" {
-                Status::KeyExists
-            } else if code == b"NF" {
-                Status::KeyNotFound
-            } else {
-                return failure(&frame, line, out);
-            };
-            frame.error(out, status);
-        }
-        Shape::Delete(frame) => {
-            if line.starts_with(b"HD") {
-                if !frame.quiet() {
-                    encode_response(
-                        out,
-                        frame.opcode,
-                        Status::Success,
-                        frame.opaque,
-                        0,
-                        &[],
-                        &[],
-                        &[],
-                    );
-                }
-            } else if code == b"NF" {
-                frame.error(out, Status::KeyNotFound);
-            } else if code == b"EX" {
-                frame.error(out, Status::KeyExists);
-            } else {
-                failure(&frame, line, out);
-            }
-        }
-        Shape::Arithmetic(frame) => {
-            if line.starts_with(b"VA ") {
-                if frame.quiet() {
-                    return;
-                }
-                let (number, _) = split_line(rest);
-                let value = std::str::from_utf8(number)
-                    .ok()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0);
-                let cas = meta_flag(line, b'c').unwrap_or(0);
-                encode_response(
-                    out,
-                    frame.opcode,
-                    Status::Success,
-                    frame.opaque,
-                    cas,
-                    &[],
-                    &[],
-                    &value.to_be_bytes(),
-                );
-            } else if code == b"NF" {
-                frame.error(out, Status::KeyNotFound);
-            } else if code == b"EX" {
-                frame.error(out, Status::KeyExists);
-            } else {
-                failure(&frame, line, out);
-            }
-        }
-        Shape::Flush(frame) => {
-            if line == b"OK" {
-                if !frame.quiet() {
-                    encode_response(
-                        out,
-                        frame.opcode,
-                        Status::Success,
-                        frame.opaque,
-                        0,
-                        &[],
-                        &[],
-                        &[],
-                    );
-                }
-            } else {
-                failure(&frame, line, out);
-            }
-        }
-        Shape::Stats(frame) => {
-            let mut text = reply;
-            while !text.is_empty() {
-                let (line, rest) = split_line(text);
-                text = rest;
-                let Some(stat) = line.strip_prefix(b"STAT ") else {
-                    continue;
-                };
-                let split = stat.iter().position(|&b| b == b' ').unwrap_or(stat.len());
-                let value = stat.get(split + 1..).unwrap_or_default();
-                encode_response(
-                    out,
-                    frame.opcode,
-                    Status::Success,
-                    frame.opaque,
-                    0,
-                    &[],
-                    &stat[..split],
-                    value,
-                );
-            }
-            // An empty key ends the list.
-            encode_response(
-                out,
-                frame.opcode,
-                Status::Success,
-                frame.opaque,
-                0,
-                &[],
-                &[],
-                &[],
-            );
-        }
-        Shape::MultiGet(frames) => render_multi_get(&frames, reply, out),
+        Translated::Stats(frame) => render_stats(&frame, reply, out),
+        Translated::MultiGet(frames) => render_multi_get(&frames.0, reply, out),
     }
+}
+
+/// `VA <bytes> f<flags> c<cas>` and the value, or `EN` (a miss).
+fn render_get(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+    if reply.is(b"VA") {
+        let meta = reply.meta();
+        let value = reply.rest.get(..meta.size).unwrap_or_default();
+        frame.hit(out, meta.cas, meta.flags, value);
+    } else if reply.is(b"EN") {
+        if frame.quiet() {
+            return;
+        }
+        // A getk miss carries the key; a get miss memcached's "Not found".
+        if frame.echoes_key() {
+            frame.respond(out, Status::KeyNotFound, 0, &[], &frame.key, &[]);
+        } else {
+            frame.status(out, Status::KeyNotFound);
+        }
+    } else {
+        failure(frame, reply.line, out);
+    }
+}
+
+fn render_touch(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+    if reply.is(b"HD") {
+        let meta = reply.meta();
+        let flags = meta.flags.to_be_bytes();
+        frame.respond(out, Status::Success, meta.cas, &flags, &[], &[]);
+    } else if reply.is(b"EN") {
+        frame.status(out, Status::KeyNotFound);
+    } else {
+        failure(frame, reply.line, out);
+    }
+}
+
+fn render_store(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+    let status = match reply.code {
+        b"HD" => {
+            if !frame.quiet() {
+                frame.ok(out, reply.meta().cas);
+            }
+            return;
+        }
+        b"NS" => match frame.opcode {
+            op::ADD | op::ADDQ => Status::KeyExists,
+            op::REPLACE | op::REPLACEQ => Status::KeyNotFound,
+            _ => Status::NotStored,
+        },
+        b"EX" => Status::KeyExists,
+        b"NF" => Status::KeyNotFound,
+        _ => return failure(frame, reply.line, out),
+    };
+    frame.status(out, status);
+}
+
+fn render_delete(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+    match reply.code {
+        b"HD" if frame.quiet() => {}
+        b"HD" => frame.ok(out, 0),
+        b"NF" => frame.status(out, Status::KeyNotFound),
+        b"EX" => frame.status(out, Status::KeyExists),
+        _ => failure(frame, reply.line, out),
+    }
+}
+
+/// `VA <bytes> c<cas>` and the new value as decimal digits.
+fn render_arithmetic(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+    match reply.code {
+        b"VA" if frame.quiet() => {}
+        b"VA" => {
+            let (number, _) = split_line(reply.rest);
+            let value = digits(number).unwrap_or(0).to_be_bytes();
+            frame.respond(out, Status::Success, reply.meta().cas, &[], &[], &value);
+        }
+        b"NF" => frame.status(out, Status::KeyNotFound),
+        b"EX" => frame.status(out, Status::KeyExists),
+        _ => failure(frame, reply.line, out),
+    }
+}
+
+/// The text `stats` reply, one response per `STAT name value` line, then an empty key.
+fn render_stats(frame: &Frame, reply: &[u8], out: &mut BytesMut) {
+    let mut text = reply;
+    while !text.is_empty() {
+        let (line, rest) = split_line(text);
+        text = rest;
+        let Some(stat) = line.strip_prefix(b"STAT ") else {
+            continue;
+        };
+        let split = stat.iter().position(|&b| b == b' ').unwrap_or(stat.len());
+        let value = stat.get(split + 1..).unwrap_or_default();
+        frame.respond(out, Status::Success, 0, &[], &stat[..split], value);
+    }
+    frame.ok(out, 0);
 }
 
 /// The text multi-get reply (`VALUE key flags bytes cas` blocks in the client's key order,
@@ -915,14 +949,67 @@ fn render_multi_get(frames: &[Frame], reply: &[u8], out: &mut BytesMut) {
         if key != &frame.key[..] {
             continue;
         }
-        let number = |w: Option<&[u8]>| -> u64 {
-            w.and_then(|w| std::str::from_utf8(w).ok()?.parse().ok())
-                .unwrap_or(0)
-        };
-        let flags = number(words.next()) as u32;
-        let len = number(words.next()) as usize;
-        let cas = number(words.next());
-        hit(frame, cas, flags, rest.get(..len).unwrap_or_default(), out);
+        let mut number = || words.next().and_then(digits).unwrap_or(0);
+        let flags = number() as u32;
+        let len = number() as usize;
+        let cas = number();
+        frame.hit(out, cas, flags, rest.get(..len).unwrap_or_default());
         text = rest.get((len + 2).min(rest.len())..).unwrap_or_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(opcode: u8, key: &[u8]) -> Vec<u8> {
+        let mut frame = vec![REQUEST_MAGIC, opcode];
+        frame.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        frame.extend_from_slice(&[0; 4]);
+        frame.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&[0; 12]);
+        frame.extend_from_slice(key);
+        frame
+    }
+
+    #[test]
+    fn a_batch_takes_the_whole_quiet_gets_at_the_front_up_to_its_limit() {
+        let mut input = [frame(op::GETQ, b"a"), frame(op::GETKQ, b"bb")].concat();
+        assert_eq!(buffered_quiet_gets(&input, 10), (2, 3));
+        assert_eq!(buffered_quiet_gets(&input, 1), (1, 1));
+        // A frame of another opcode ends the run; so does one cut short.
+        let noop = frame(op::NOOP, b"");
+        let run = [input.clone(), noop, frame(op::GETQ, b"c")].concat();
+        assert_eq!(buffered_quiet_gets(&run, 10), (2, 3));
+        input.extend_from_slice(&frame(op::GETQ, b"ccc")[..HEADER_LEN + 1]);
+        assert_eq!(buffered_quiet_gets(&input, 10), (2, 3));
+        // A key the text protocol cannot carry goes on its own (base64, one `mg`).
+        assert_eq!(buffered_quiet_gets(&frame(op::GETQ, b"a b"), 10), (0, 0));
+    }
+
+    #[test]
+    fn a_translator_at_rest_holds_no_storage() {
+        let mut translator = Translator::default();
+        translator.line_buffer(100).put_slice(b"mg k v f c\r\n");
+        translator.scratch.clear();
+        SHAPES.with(|shapes| shapes.fill(&mut translator.shapes));
+        translator.shapes.reserve(4);
+        translator.rest();
+        assert_eq!(translator.scratch.capacity(), 0);
+        assert_eq!(translator.shapes.capacity(), 0);
+    }
+
+    #[test]
+    fn meta_numbers_are_read_in_one_pass_and_what_is_absent_or_garbled_reads_as_zero() {
+        let numbers = |line: &'static [u8]| {
+            let meta = TextReply::of(line).meta();
+            (meta.size, meta.flags, meta.cas)
+        };
+        assert_eq!(numbers(b"VA 5 f7 c123\r\nhello\r\n"), (5, 7, 123));
+        assert_eq!(numbers(b"HD c9 f1"), (0, 1, 9));
+        assert_eq!(numbers(b"HD"), (0, 0, 0));
+        assert_eq!(numbers(b"VA 2 fx c99999999999999999999999"), (2, 0, 0));
+        assert_eq!(digits(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(digits(b""), None);
     }
 }

@@ -41,45 +41,29 @@ pub(crate) struct Peer {
     pub listener: Option<std::rc::Rc<ListenerEvents>>,
 }
 
-/// One session's link to the listener it came in on: the listener's place and counters.
-/// Each session has its own, so the listener's open connections drop by one when the
-/// session (and with it the last clone of this) ends.
+/// One listener's place and counters (`memroute_listener_events_total{listener,event}`
+/// and `memroute_listener_connections_current{listener}`), made once per listener per
+/// worker and shared by its sessions. Atomic, touched only on errors and once per
+/// connection (a session counts itself open while it lives: `session::OpenSession`).
 #[derive(Debug)]
 pub(crate) struct ListenerEvents {
     /// The listener's place in `proxy.listen` (its root route: `RouteSnapshot::root_of`).
     pub index: usize,
-    counters: std::rc::Rc<ListenerCounters>,
-}
-
-impl ListenerEvents {
-    /// A session accepted on the listener `counters` belong to: counted open until dropped.
-    pub(crate) fn open(index: usize, counters: std::rc::Rc<ListenerCounters>) -> ListenerEvents {
-        counters.open_connections.inc();
-        ListenerEvents { index, counters }
-    }
-}
-
-impl Drop for ListenerEvents {
-    fn drop(&mut self) {
-        self.counters.open_connections.dec();
-    }
-}
-
-/// One listener's counters (`memroute_listener_events_total{listener,event}` and
-/// `memroute_listener_connections_current{listener}`), resolved once per listener per
-/// worker. Atomic, touched only on errors and once per connection.
-#[derive(Debug)]
-pub(crate) struct ListenerCounters {
     client_errors: prometheus::IntCounter,
     oversized_values: prometheus::IntCounter,
     framing_closes: prometheus::IntCounter,
     binary_connections: prometheus::IntCounter,
-    open_connections: prometheus::IntGauge,
+    pub open_connections: prometheus::IntGauge,
 }
 
-impl ListenerCounters {
-    pub(crate) fn new(metrics: &crate::stats::Metrics, listener: &str) -> ListenerCounters {
-        ListenerCounters {
+impl ListenerEvents {
+    pub(crate) fn new(
+        metrics: &crate::stats::Metrics,
+        index: usize,
+        listener: &str,
+    ) -> ListenerEvents {
+        ListenerEvents {
+            index,
             client_errors: metrics.listener_event(listener, "client_error"),
             oversized_values: metrics.listener_event(listener, "oversized_value"),
             framing_closes: metrics.listener_event(listener, "framing_close"),
@@ -104,25 +88,26 @@ pub(crate) enum ClientEvent {
 
 /// Counts `event` for the process (the worker's cells) and for the peer's listener.
 pub(crate) fn count(context: &crate::context::WorkerContext, peer: &Peer, event: ClientEvent) {
+    count_for(context, peer.listener.as_deref(), event);
+}
+
+/// Counts `event` for the process and for `listener` (none for an in-process connection).
+pub(crate) fn count_for(
+    context: &crate::context::WorkerContext,
+    listener: Option<&ListenerEvents>,
+    event: ClientEvent,
+) {
     let stats = context.stats();
     let (cell, listener) = match event {
-        ClientEvent::Error => (
-            &stats.client_errors,
-            peer.listener.as_ref().map(|l| &l.counters.client_errors),
-        ),
+        ClientEvent::Error => (&stats.client_errors, listener.map(|l| &l.client_errors)),
         ClientEvent::OversizedValue => (
             &stats.oversized_values,
-            peer.listener.as_ref().map(|l| &l.counters.oversized_values),
+            listener.map(|l| &l.oversized_values),
         ),
-        ClientEvent::FramingClose => (
-            &stats.framing_closes,
-            peer.listener.as_ref().map(|l| &l.counters.framing_closes),
-        ),
+        ClientEvent::FramingClose => (&stats.framing_closes, listener.map(|l| &l.framing_closes)),
         ClientEvent::BinaryConnection => (
             &stats.binary_connections,
-            peer.listener
-                .as_ref()
-                .map(|l| &l.counters.binary_connections),
+            listener.map(|l| &l.binary_connections),
         ),
     };
     crate::stats::WorkerMetrics::add(cell, 1);

@@ -32,6 +32,7 @@ mod control;
 mod counters;
 mod dispatch;
 mod error;
+mod framing;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod generation;

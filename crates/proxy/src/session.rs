@@ -1,10 +1,16 @@
-//! One client connection: frame requests, dispatch them, write replies in request order.
+//! One client connection, whatever protocol it speaks: frame requests, dispatch them,
+//! write replies in request order.
 //!
 //! ```text
-//!   read -> parse_request -> dispatch -> pending FIFO (one entry per request)
-//!                                            | head completes (backend reply, merge, local answer)
-//!   write <- one flush per batch of completed replies
+//!   read -> framing (text/meta: framing::text; binary: binary::Translator) -> dispatch
+//!             -> pending FIFO (one entry per request)
+//!                  | head completes (backend reply, merge, local answer)
+//!   write <- framing renders each finished head <- one flush per batch of completed replies
 //! ```
+//!
+//! The protocol is chosen per connection from its first byte (0x80 is binary, as memcached
+//! decides), and only framing differs: the loop below, with the pipelining cap, the reply
+//! budget, the buffer pool, the stats clock, the idle state and shutdown, serves them all.
 //!
 //! At most `max_client_pending` requests are outstanding per client: past that we stop
 //! reading, so a client that pipelines without reading its replies cannot grow our memory.
@@ -32,14 +38,16 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
-use memroute_protocol::{parse_request, Parse};
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::binary::Translator;
 use crate::budget::{Charge, ChargeMemory};
 use crate::buffers::{self, QueuePool, CHUNK};
+use crate::client_log::{ClientEvent, Peer};
 use crate::context::WorkerContext;
-use crate::dispatch::{dispatch, Origin};
+use crate::dispatch::Origin;
+use crate::framing::{Framed, Inbound};
 use crate::pending::{Flow, Pending};
 
 /// A client connection as accepted: it becomes a byte stream (after a TLS handshake, for
@@ -80,14 +88,15 @@ impl ClientConnection for memroute_net::Incoming {
 }
 
 /// A counted client connection: taken when the session is spawned, released (the
-/// connection count decremented, the worker's drain signal dropped, its place in the
-/// worker's `SessionWakers` freed) when it ends.
+/// connection counts of the process and of its listener decremented, the worker's drain
+/// signal dropped, its place in the worker's `SessionWakers` freed) when it ends.
 #[derive(Debug)]
 pub(crate) struct OpenSession {
     context: Rc<WorkerContext>,
     /// Every session holds a clone; the worker's drain wait ends when all are dropped.
     _alive: tokio::sync::mpsc::Sender<()>,
-    /// The client error counters of the listener it came in on.
+    /// The listener it came in on (its root route and counters), shared by the listener's
+    /// sessions.
     listener: Option<Rc<crate::client_log::ListenerEvents>>,
     /// Its place in `context.sessions`.
     index: u32,
@@ -100,6 +109,9 @@ impl OpenSession {
         listener: Option<Rc<crate::client_log::ListenerEvents>>,
     ) -> OpenSession {
         let index = context.sessions.enter();
+        if let Some(listener) = &listener {
+            listener.open_connections.inc();
+        }
         OpenSession {
             context,
             _alive: alive,
@@ -113,6 +125,9 @@ impl Drop for OpenSession {
     fn drop(&mut self) {
         self.context.sessions.leave(self.index);
         self.context.metrics.shared.connection_closed();
+        if let Some(listener) = &self.listener {
+            listener.open_connections.dec();
+        }
     }
 }
 
@@ -132,6 +147,7 @@ pub(crate) fn run<C: ClientConnection>(
         open,
         slot,
         memory: ChargeMemory::default(),
+        protocol: Protocol::Text,
         start: busy::<C>,
         state: State::Accepted(connection),
     }
@@ -146,6 +162,8 @@ struct Session<C: ClientConnection, M, B> {
     slot: usize,
     /// What the reply budget learnt about this client, kept while idle.
     memory: ChargeMemory,
+    /// Chosen from the first byte; until then `Text`.
+    protocol: Protocol,
     /// `busy::<C>`: a function item, so no bytes; it names the busy future's type `B`.
     start: M,
     state: State<C, B>,
@@ -158,12 +176,10 @@ enum State<C: ClientConnection, B> {
     Handshake(Pin<Box<dyn Future<Output = Option<C::Stream>>>>),
     /// Established; no byte read yet, so the protocol is not known.
     Fresh(C::Stream),
-    /// A text-protocol client with nothing in flight and nothing buffered.
+    /// Nothing in flight and nothing buffered.
     Idle(C::Stream),
     /// A request in flight: the busy future, in a pooled home.
     Busy(Pin<Box<Option<B>>>),
-    /// A binary-protocol client (boxed: only binary clients pay for its state).
-    Binary(Pin<Box<dyn Future<Output = ()>>>),
     /// Draining or at the client's end: our side's shutdown (a TLS close_notify).
     Closing(C::Stream),
     Done,
@@ -186,6 +202,59 @@ struct BusyStart<S> {
     input: BytesMut,
     slot: usize,
     memory: ChargeMemory,
+    protocol: Protocol,
+}
+
+/// The protocol a connection speaks: chosen from its first byte, kept while idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// Text and meta commands (one parser tells them apart per request).
+    Text,
+    Binary,
+}
+
+/// A busy spell's framing: how bytes become dispatched requests and replies become bytes.
+enum Framing {
+    Text,
+    Binary(Translator),
+}
+
+impl Framing {
+    fn new(protocol: Protocol) -> Framing {
+        match protocol {
+            Protocol::Text => Framing::Text,
+            Protocol::Binary => Framing::Binary(Translator::default()),
+        }
+    }
+
+    /// Frames and dispatches the next request in `input`.
+    fn frame(
+        &mut self,
+        at: &Inbound<'_>,
+        input: &mut BytesMut,
+        swallow: &mut usize,
+        pending: &mut VecDeque<Pending>,
+    ) -> Framed {
+        match self {
+            Framing::Text => crate::framing::text(at, input, swallow, pending),
+            Framing::Binary(translator) => translator.frame(at, input, swallow, pending),
+        }
+    }
+
+    /// Writes the reply of `head`, the oldest pending entry (complete), to `out`.
+    fn finish(&mut self, head: Pending, context: &WorkerContext, out: &mut BytesMut) -> Flow {
+        match self {
+            Framing::Text => head.finish(context, out),
+            Framing::Binary(translator) => translator.finish(head, context, out),
+        }
+    }
+
+    /// Nothing is pending: what framing borrowed goes back to the worker's pools.
+    fn rest(&mut self) {
+        if let Framing::Binary(translator) = self {
+            translator.rest();
+        }
+    }
 }
 
 impl<C, M, B> Future for Session<C, M, B>
@@ -248,24 +317,12 @@ where
                     // memcached picks the protocol per connection from its first byte:
                     // 0x80 is binary.
                     if fresh && input.first() == Some(&memroute_protocol::binary::REQUEST_MAGIC) {
-                        let peer = crate::client_log::Peer {
-                            address: C::describe(&stream),
-                            listener: this.open.listener.clone(),
-                        };
-                        let (reader, writer) = tokio::io::split(stream);
-                        let origin = Origin {
-                            slot: this.slot,
-                            listener: listener_index(&this.open.listener),
-                        };
-                        this.state = State::Binary(Box::pin(crate::binary::run(
-                            context.clone(),
-                            origin,
-                            input,
-                            reader,
-                            writer,
-                            peer,
-                        )));
-                        continue;
+                        this.protocol = Protocol::Binary;
+                        crate::client_log::count_for(
+                            context,
+                            this.open.listener.as_deref(),
+                            ClientEvent::BinaryConnection,
+                        );
                     }
                     this.state = State::Busy(buffers::start_busy((this.start)(BusyStart {
                         context: context.clone(),
@@ -274,6 +331,7 @@ where
                         input,
                         slot: this.slot,
                         memory: this.memory,
+                        protocol: this.protocol,
                     })));
                 }
                 State::Busy(home) => {
@@ -292,7 +350,6 @@ where
                         this.state = State::Idle(stream);
                     }
                 }
-                State::Binary(binary) => return binary.as_mut().poll(cx),
                 State::Closing(stream) => {
                     return Pin::new(stream).poll_shutdown(cx).map(|_| ());
                 }
@@ -302,8 +359,8 @@ where
     }
 }
 
-/// One busy spell of a text-protocol session: from the bytes that ended an idle wait until
-/// nothing is in flight or buffered again (or the connection ends).
+/// One busy spell of a session: from the bytes that ended an idle wait until nothing is in
+/// flight or buffered again (or the connection ends).
 async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::Stream> {
     let BusyStart {
         context,
@@ -312,12 +369,14 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         mut input,
         slot,
         memory,
+        protocol,
     } = start;
     let context = &*context;
     let origin = Origin {
         slot,
         listener: listener_index(&listener),
     };
+    let mut framing = Framing::new(protocol);
     let mut output = BytesMut::new();
     let mut pending: VecDeque<Pending> = VecDeque::new();
     // Bytes of a rejected data block still to be discarded as they arrive.
@@ -342,6 +401,16 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         let routing = context.routing();
         let max_pending = routing.max_client_pending;
         let budget = routing.reply_budget;
+        let peer = || Peer {
+            address: C::describe(&stream),
+            listener: listener.clone(),
+        };
+        let at = Inbound {
+            context,
+            routing: &routing,
+            origin,
+            peer: &peer,
+        };
         while reading
             && pending.len() < max_pending
             && charge.may_read(&budget, pending.len(), &mut paused)
@@ -353,33 +422,13 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
                 need_input = true;
                 break;
             }
-            match parse_request(&mut input, &routing.limits) {
-                Parse::Request(request) => {
-                    if dispatch(context, &routing, origin, request, &mut pending) == Flow::Close {
-                        reading = false;
-                    }
-                }
-                Parse::Incomplete => {
+            match framing.frame(&at, &mut input, &mut swallow, &mut pending) {
+                Framed::Next => {}
+                Framed::Incomplete => {
                     need_input = true;
                     break;
                 }
-                Parse::Invalid {
-                    reply,
-                    swallow: rest,
-                    close,
-                } => {
-                    let peer = crate::client_log::Peer {
-                        address: C::describe(&stream),
-                        listener: listener.clone(),
-                    };
-                    crate::client_log::text_error(context, &peer, &reply, close);
-                    pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
-                    swallow = rest;
-                    if close {
-                        pending.push_back(Pending::Close);
-                        reading = false;
-                    }
-                }
+                Framed::Close => reading = false,
             }
         }
         drop(routing);
@@ -402,7 +451,7 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
                 output = buffers::take();
             }
             finished += 1;
-            if head.finish(context, &mut output) == Flow::Close {
+            if framing.finish(head, context, &mut output) == Flow::Close {
                 closing = true;
                 break;
             }
@@ -437,6 +486,7 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         let can_read = reading && need_input;
         if pending.is_empty() {
             QUEUES.with(|queues| queues.give(&mut pending));
+            framing.rest();
             if can_read && idle {
                 // Nothing in flight, nothing buffered: the next bytes are waited for by the
                 // small idle session, and this state goes back to the worker's pool.

@@ -176,8 +176,9 @@ async fn accept_loop(
 ) {
     let name = listener.describe();
     let accepted = context.metrics.shared.listener_event(&name, "accepted");
-    let counters = Rc::new(crate::client_log::ListenerCounters::new(
+    let events = Rc::new(crate::client_log::ListenerEvents::new(
         &context.metrics.shared,
+        index,
         &name,
     ));
     let listener = match Listener::attach(listener) {
@@ -192,7 +193,7 @@ async fn accept_loop(
             outcome = listener.accept() => match outcome.inspect(|_| accepted.inc()) {
                 // The TLS handshake runs in the session's task: a slow or silent client
                 // holds up nobody else (bounded by tls_handshake_timeout, counted).
-                Ok(incoming) => spawn_session(&context, &alive, (index, &counters), incoming),
+                Ok(incoming) => spawn_session(&context, &alive, &events, incoming),
                 Err(error) => accept_error(&name, error).await,
             },
             _ = shutdown.changed() => break,
@@ -207,12 +208,11 @@ async fn accept_error(name: &str, error: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-/// Starts the session of a client accepted on the listener `(index in proxy.listen, its
-/// counters)`.
+/// Starts the session of a client accepted on the listener `events` belong to.
 fn spawn_session<C>(
     context: &Rc<WorkerContext>,
     alive: &mpsc::Sender<()>,
-    (listener, counters): (usize, &Rc<crate::client_log::ListenerCounters>),
+    events: &Rc<crate::client_log::ListenerEvents>,
     connection: C,
 ) where
     C: crate::session::ClientConnection + 'static,
@@ -226,9 +226,8 @@ fn spawn_session<C>(
         // Dropping the connection closes it, as memcached does at its limit.
         return;
     }
-    let events = crate::client_log::ListenerEvents::open(listener, counters.clone());
     let open =
-        crate::session::OpenSession::new(context.clone(), alive.clone(), Some(Rc::new(events)));
+        crate::session::OpenSession::new(context.clone(), alive.clone(), Some(events.clone()));
     // The session future is the task itself, built here and stored once: wrapping it in
     // another async block (or capturing it and then awaiting it) stores its arguments or
     // the whole future twice in the task cell.

@@ -1,0 +1,86 @@
+//! What a protocol's framing shares with the session loop, and the text (and meta)
+//! protocol's framing itself.
+//!
+//! ```text
+//!   session loop (session.rs, one for every protocol)
+//!     input ──frame one request──> text: parse_request -> dispatch          (this module)
+//!                                  binary: parse_binary -> translate -> dispatch (binary.rs)
+//!     pending FIFO ──finish the head──> text: the reply as it is
+//!                                       binary: the reply rendered as binary responses
+//! ```
+//!
+//! A framing only turns bytes into dispatched requests and replies into bytes; reading,
+//! writing, the pipelining cap, the reply budget and shutdown are the loop's, so every
+//! protocol gets them alike.
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use bytes::{Bytes, BytesMut};
+use memroute_protocol::{parse_request, Parse};
+
+use crate::client_log::Peer;
+use crate::context::WorkerContext;
+use crate::dispatch::{dispatch, Origin};
+use crate::pending::{Flow, Pending};
+use crate::snapshot::RouteSnapshot;
+
+/// What framing one request needs besides the bytes.
+pub(crate) struct Inbound<'a> {
+    pub context: &'a WorkerContext,
+    /// The batch's routing snapshot (its limits, and where the request goes).
+    pub routing: &'a Rc<RouteSnapshot>,
+    pub origin: Origin,
+    /// The client as log lines name it; asked only when a line is written or counted.
+    pub peer: &'a dyn Fn() -> Peer,
+}
+
+/// What framing one request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framed {
+    /// A request (or a refusal) joined the pending queue; frame the next.
+    Next,
+    /// The buffered bytes hold no whole request: read more first.
+    Incomplete,
+    /// The connection ends after what is queued: read nothing more.
+    Close,
+}
+
+impl From<Flow> for Framed {
+    fn from(flow: Flow) -> Framed {
+        match flow {
+            Flow::Continue => Framed::Next,
+            Flow::Close => Framed::Close,
+        }
+    }
+}
+
+/// Frames and dispatches the next text or meta request in `input`. A request the parser
+/// refuses is answered in its place (`swallow` set to the bytes of its data block still
+/// to come), and closes the connection when the stream can no longer be framed.
+pub(crate) fn text(
+    at: &Inbound<'_>,
+    input: &mut BytesMut,
+    swallow: &mut usize,
+    pending: &mut VecDeque<Pending>,
+) -> Framed {
+    match parse_request(input, &at.routing.limits) {
+        Parse::Request(request) => {
+            dispatch(at.context, at.routing, at.origin, request, pending).into()
+        }
+        Parse::Incomplete => Framed::Incomplete,
+        Parse::Invalid {
+            reply,
+            swallow: rest,
+            close,
+        } => {
+            crate::client_log::text_error(at.context, &(at.peer)(), &reply, close);
+            pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
+            *swallow = rest;
+            if close {
+                pending.push_back(Pending::Close);
+                return Framed::Close;
+            }
+            Framed::Next
+        }
+    }
+}

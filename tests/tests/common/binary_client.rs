@@ -1,0 +1,41 @@
+//! A minimal binary-protocol client for the tests that drive memroute with binary GETs
+//! (included with `#[path]`, as the dnsmasq helper is).
+// Each test file that includes it uses part of it.
+#![allow(dead_code)]
+use memroute_tests::Conn;
+
+const REQUEST_MAGIC: u8 = 0x80;
+const RESPONSE_MAGIC: u8 = 0x81;
+const GET: u8 = 0x00;
+const HEADER_LEN: usize = 24;
+
+/// A binary GET of `key`.
+pub fn get_request(key: &str) -> Vec<u8> {
+    let mut frame = vec![REQUEST_MAGIC, GET];
+    frame.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    // No extras, raw data type, vbucket 0.
+    frame.extend_from_slice(&[0, 0, 0, 0]);
+    frame.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    // Opaque and CAS.
+    frame.extend_from_slice(&[0; 12]);
+    frame.extend_from_slice(key.as_bytes());
+    frame
+}
+
+/// Reads one response: its status and its value (the body after extras and key).
+pub fn read_response(conn: &mut Conn) -> (u16, Vec<u8>) {
+    let header = conn.read_for(HEADER_LEN);
+    assert_eq!(header[0], RESPONSE_MAGIC, "response magic: {header:?}");
+    let status = u16::from_be_bytes([header[6], header[7]]);
+    let skip = usize::from(u16::from_be_bytes([header[2], header[3]])) + usize::from(header[4]);
+    let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
+    let body = conn.read_for(body);
+    (status, body[skip..].to_vec())
+}
+
+/// A GET of `key` answered before it returns: the value, or `None` for any other status.
+pub fn get(conn: &mut Conn, key: &str) -> Option<Vec<u8>> {
+    conn.send(&get_request(key));
+    let (status, value) = read_response(conn);
+    (status == 0).then_some(value)
+}
