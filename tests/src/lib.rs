@@ -124,6 +124,22 @@ pub fn require_program(name: &str) {
     assert!(found, "`{name}` is not installed: run scripts/test (it installs memcached and nutcracker) or `apt-get install -y memcached nutcracker`");
 }
 
+/// Where program `name` is: the first executable file of that name on `PATH`, else in the
+/// sbin directories a non-root user's `PATH` often lacks (Debian puts dnsmasq in /usr/sbin).
+/// Looked up in-process, so a busy machine failing to fork a shell does not read as "not
+/// installed".
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// Waits until `addr` accepts a TCP connection; panics (with the log) if the child exits first
 /// or the deadline passes.
 fn wait_accepting(child: &mut Child, addr: &str, what: &str, log: Option<&Path>) {

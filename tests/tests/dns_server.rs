@@ -98,9 +98,33 @@ fn a_records_change_the_ring_when_their_ttl_runs_out() {
         keys.len()
     );
 
-    // m1 leaves the name: its keys' new home is m2, the only server left.
+    // m1 leaves the name: its keys' new home is m2, the only server left. A key the
+    // two-server ring puts on m1 shows below when the worker stops using that ring (keys
+    // spread_over set before the worker took it do not: all went to m1).
+    let mut c = proxy.connect();
+    let fresh: Vec<String> = (0..50).map(|i| format!("fresh{i}")).collect();
+    c.set_many(&fresh, value_of);
+    let on_m1 = m1
+        .held(&fresh)
+        .into_keys()
+        .next()
+        .expect("the two-server ring puts some of 50 keys on m1");
     dns.set_hosts(&[entry(&m2)]);
     wait_pool_size(&proxy, 1);
+    // The stats show the new set as soon as it is built; the worker swaps its ring in a
+    // moment later, and until then places keys on m1 still. Set a key of m1's again until m2
+    // takes it: from then on the worker places every request with the one-server ring.
+    assert!(
+        poll_until(DEADLINE, || {
+            c.set(&on_m1, b"moved");
+            m2.held(std::slice::from_ref(&on_m1))
+                .get(&on_m1)
+                .map(Vec::as_slice)
+                == Some(&b"moved"[..])
+        }),
+        "{on_m1} never reached m2 after m1 left the name\n{}",
+        proxy.log_text()
+    );
     let stats = proxy.stats();
     assert!(
         stats
@@ -109,7 +133,6 @@ fn a_records_change_the_ring_when_their_ttl_runs_out() {
             && !stats.iter().any(|(k, _)| k.contains(&m1.addr())),
         "the pool is not exactly m2: {stats:?}"
     );
-    let mut c = proxy.connect();
     let before = m2.stat("curr_items");
     let gone: Vec<String> = (0..50).map(|i| format!("after{i}")).collect();
     c.set_many(&gone, value_of);

@@ -49,17 +49,11 @@ impl Dnsmasq {
     }
 
     fn spawn(&mut self) {
-        let found = Command::new("sh")
-            .args(["-c", "command -v dnsmasq"])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            found,
-            "dnsmasq is not installed: run scripts/test (it installs dnsmasq-base)"
-        );
+        let program = find_program("dnsmasq").unwrap_or_else(|| {
+            panic!("dnsmasq is not installed: run scripts/test (it installs dnsmasq-base)")
+        });
         let _ = std::fs::remove_file(self.log_path());
-        let mut command = Command::new("dnsmasq");
+        let mut command = Command::new(program);
         command
             .arg("--keep-in-foreground")
             .arg("--conf-file=/dev/null")
