@@ -60,7 +60,6 @@ use job::{multi_reply, BoxedKeyReplies, BoxedReply, KeyReplies};
 use job::{Job, MultiJob};
 pub(crate) use leg::Leg;
 pub(crate) use multi_get::{start_multi_get, MultiGet};
-use pool::BatchLines;
 use random::RandomPicks;
 use random::{only_pools, pick as pick_random};
 pub(crate) use replicated::ReplicatedWrite;
@@ -378,9 +377,8 @@ pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
 pub(crate) struct GoingOn {
     pub node: NodeId,
     pub keys: Vec<Bytes>,
-    /// For an `error-or-miss` failover (empty otherwise): per key, whether the first pool
-    /// answered it with a miss, which beats a later child's error.
-    pub missed: Vec<bool>,
+    /// For an `error-or-miss` failover: the keys the first pool missed.
+    pub missed: failover::FirstMisses,
 }
 
 /// What a multi-get planned over failover or warm-up routes' first pools (`multi_get_pool`)
