@@ -300,15 +300,39 @@ pub(super) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
     }
 }
 
+/// For the keys of a multi-get going on from an `error-or-miss` failover's first pool:
+/// per key (in the order they go on), whether the first pool answered it with a miss,
+/// which beats a later child's error. Empty for every other route's keys.
+#[derive(Debug, Default)]
+pub(crate) struct FirstMisses(Vec<bool>);
+
+impl FirstMisses {
+    /// Notes the next key going on from a route whose keys go on when `route_goes`,
+    /// because its batch failed or missed it (`why`).
+    pub(crate) fn note(&mut self, route_goes: GoesOn, why: GoesOn) {
+        if route_goes == GoesOn::FailedOrMissed {
+            self.0.push(why == GoesOn::Missed);
+        }
+    }
+
+    /// A later child's error for a key the first pool missed is that miss.
+    fn overrule(self, replies: &mut [KeyReply]) {
+        for (reply, missed) in replies.iter_mut().zip(self.0) {
+            if missed && reply.class() == ReplyClass::Error {
+                *reply = KeyReply::Miss;
+            }
+        }
+    }
+}
+
 /// The keys of a multi-get (`job`, in the client's order) that went on from route
 /// `node`'s first pool: through the later children, as `run_multi` goes on after its first
-/// child. `missed` (for `error-or-miss`; empty otherwise): per key, whether the first pool
-/// answered it with a miss, which beats a later child's error.
+/// child; the first pool's misses beat the later children's errors (`FirstMisses`).
 pub(super) fn rest_multi(
     routing: &Rc<RouteSnapshot>,
     node: NodeId,
     job: MultiJob,
-    missed: Vec<bool>,
+    missed: FirstMisses,
 ) -> BoxedMultiReply {
     let count = job.keys.len() as u32;
     routing
@@ -321,15 +345,11 @@ pub(super) fn rest_multi(
         let keys: Vec<u32> = (0..count).collect();
         let (children, on) = after_first(&routing, node);
         let replies = run_multi(&routing, node, children, on, &job, keys.clone()).await;
-        if missed.is_empty() {
+        if missed.0.is_empty() {
             return multi_reply(replies);
         }
         let mut replies = replies.into_keys(&job, &keys);
-        for (reply, missed) in replies.iter_mut().zip(missed) {
-            if missed && reply.class() == ReplyClass::Error {
-                *reply = KeyReply::Miss;
-            }
-        }
+        missed.overrule(&mut replies);
         multi_reply(KeyReplies::Keys(replies))
     })
 }

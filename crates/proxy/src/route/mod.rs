@@ -18,9 +18,10 @@
 //!     first pools); what goes on afterwards is `FollowUp` (failover::rest_multi,
 //!     warm_up::ask_warm_multi); the rest `start_multi` -> `run_multi`.
 //!
-//!   run(node, job) / run_multi(node, keys): one match over `Node`, each arm its kind's:
-//!     select (prefix, operation) | pool | shadow | replicated | failover | warm_up |
-//!     random | fixed (null, error)
+//!   run(node, job) / run_multi(node, keys): walk::walk, one match over `Node` for both,
+//!     each arm its kind's single- or multi-key step (`walk::Walk`): select (prefix,
+//!     operation) | pool | shadow | replicated | failover | warm_up | random | fixed
+//!     (null, error)
 //! ```
 //!
 //! A request's own future never outlives its reply: work that goes on after it (async
@@ -50,6 +51,7 @@ mod random;
 mod replicated;
 mod select;
 mod shadow;
+mod walk;
 mod warm_up;
 
 pub(crate) use first_try::FirstTry;
@@ -60,7 +62,6 @@ use job::{multi_reply, BoxedKeyReplies, BoxedReply, KeyReplies};
 use job::{Job, MultiJob};
 pub(crate) use leg::Leg;
 pub(crate) use multi_get::{start_multi_get, MultiGet};
-use pool::BatchLines;
 use random::RandomPicks;
 use random::{only_pools, pick as pick_random};
 pub(crate) use replicated::ReplicatedWrite;
@@ -378,9 +379,8 @@ pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
 pub(crate) struct GoingOn {
     pub node: NodeId,
     pub keys: Vec<Bytes>,
-    /// For an `error-or-miss` failover (empty otherwise): per key, whether the first pool
-    /// answered it with a miss, which beats a later child's error.
-    pub missed: Vec<bool>,
+    /// For an `error-or-miss` failover: the keys the first pool missed.
+    pub missed: failover::FirstMisses,
 }
 
 /// What a multi-get planned over failover or warm-up routes' first pools (`multi_get_pool`)
@@ -430,42 +430,9 @@ impl FollowUp {
     }
 }
 
-/// Runs `job` from `node` down to the servers and back: the one walk over the route tree,
-/// each kind's step in its own module. Boxed: routes nest.
+/// Runs `job` from `node` down to the servers and back (`walk::walk`).
 fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
-    Box::pin(async move {
-        let routes = routing.routes.clone();
-        let mut node = node;
-        loop {
-            match routes.node(node) {
-                Node::Prefix { prefixes, default } if job.operation == Operation::FlushAll => {
-                    return select::flush_all(&routing, prefixes, *default, &job).await;
-                }
-                Node::Prefix { .. } | Node::Operation { .. } => {
-                    node = routes.select(node, job.operation, &job.key);
-                }
-                Node::Pool(pool) => return pool::send(&routing, *pool, &job).await,
-                Node::Shadow { primary, .. } => {
-                    shadow::copy(&routing, node, &job);
-                    node = *primary;
-                }
-                Node::Replicated {
-                    children,
-                    writes,
-                    reads,
-                } => return replicated::run(&routing, node, children, *writes, *reads, &job).await,
-                Node::Failover { children, on } => {
-                    return failover::run(&routing, node, children, *on, &job).await;
-                }
-                Node::WarmUp { cold, warm, ttl } => {
-                    return warm_up::run(&routing, node, *cold, *warm, *ttl, &job).await;
-                }
-                Node::Random { children } => node = random::pick(children),
-                Node::Null => return Ok(fixed::null_answer(&job)),
-                Node::Error { message } => return Ok(fixed::error_line(message)),
-            }
-        }
-    })
+    walk::walk(routing, node, job)
 }
 
 /// Runs `job` from a child node, awaited in place: a pool child (the common case) without
@@ -493,52 +460,12 @@ async fn run_multi_child(
 }
 
 /// Runs the keys `keys` (indexes into `job.keys`) from `node`; one outcome per key, in
-/// the order of `keys`: the same walk as `run`, each kind's multi-key step in its module.
-/// Boxed: routes nest.
+/// the order of `keys` (`walk::walk`).
 fn run_multi(
     routing: Rc<RouteSnapshot>,
     node: NodeId,
     job: Rc<MultiJob>,
     keys: Vec<u32>,
 ) -> BoxedKeyReplies {
-    Box::pin(async move {
-        let routes = routing.routes.clone();
-        let mut node = node;
-        loop {
-            if keys.is_empty() {
-                return KeyReplies::Keys(Vec::new());
-            }
-            match routes.node(node) {
-                Node::Prefix { .. } | Node::Operation { .. } => {
-                    match select::split_keys(&routing, node, &job, &keys) {
-                        select::Split::One(child) => node = child,
-                        select::Split::Groups(groups) => {
-                            return select::run_groups(&routing, &job, &keys, groups).await;
-                        }
-                    }
-                }
-                Node::Pool(pool) => return pool::run_multi(&routing, *pool, &job, &keys).await,
-                Node::Shadow { primary, .. } => {
-                    shadow::copy_keys(&routing, node, &job, &keys);
-                    node = *primary;
-                }
-                Node::Replicated {
-                    children, reads, ..
-                } => {
-                    return replicated::run_multi(&routing, node, children, *reads, &job, keys)
-                        .await;
-                }
-                Node::Failover { children, on } => {
-                    return failover::run_multi(&routing, node, children, *on, &job, keys).await;
-                }
-                Node::WarmUp { cold, warm, ttl } => {
-                    return warm_up::run_multi(&routing, node, *cold, *warm, *ttl, &job, keys)
-                        .await;
-                }
-                Node::Random { children } => node = random::pick(children),
-                Node::Null => return fixed::null_keys(keys.len()),
-                Node::Error { message } => return fixed::error_keys(message, keys.len()),
-            }
-        }
-    })
+    walk::walk(routing, node, walk::Keys { job, keys })
 }

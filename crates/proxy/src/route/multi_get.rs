@@ -1,21 +1,25 @@
 //! A multi-get as the session's own legs: planned in one pass over its keys
-//! (`start_multi_get`, batches per server by `multiget::plan`), each policy route's keys
+//! (`start_multi_get`, batches per server by `pool::send_batches`), each policy route's keys
 //! planned by its kind where it can (`multi_get_pool`), and what goes on once the legs
 //! have answered (`MultiGet::fail_over`: a failover's failed batches, a warm-up's misses,
 //! handed to their kinds by `FollowUp::start`).
+use std::cell::Cell;
 use std::rc::Rc;
 
 use bytes::Bytes;
+use memroute_config::Operation;
 use memroute_protocol::{value_block_for, Request};
 use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
+use super::failover::FirstMisses;
+use super::pool::{send_batches, Batched};
 use super::{
-    goes_on, multi_get_pool, shadow, start_multi, BatchLines, FollowUp, GoesOn, GoingOn, Leg,
-    MultiJob, Planned, RandomPicks, RoutedKeys,
+    goes_on, multi_get_pool, shadow, start_multi, FollowUp, GoesOn, GoingOn, Leg, MultiJob,
+    Planned, RandomPicks, RoutedKeys,
 };
 use crate::buffers::Homed;
-use crate::multiget::{self, KeyTarget, Step};
+use crate::multiget::{self, KeyTarget};
 use crate::snapshot::RouteSnapshot;
 
 /// A multi-key retrieval split over servers.
@@ -150,16 +154,14 @@ impl MultiGet {
                     groups.push(GoingOn {
                         node,
                         keys: Vec::new(),
-                        missed: Vec::new(),
+                        missed: FirstMisses::default(),
                     });
                     groups.len() - 1
                 }
             };
             let going = &mut groups[group];
             going.keys.push(self.request.frame.slice(range.clone()));
-            if route_goes == GoesOn::FailedOrMissed {
-                going.missed.push(goes == GoesOn::Missed);
-            }
+            going.missed.note(route_goes, goes);
             *key_leg = first_group + group as u32;
         }
         // Every key of a failed batch went on: the batch stands for none.
@@ -197,79 +199,231 @@ enum Batch {
 /// 20-key get in two steps, room on the stack for both arrays, none on the heap.
 const PLACED_AHEAD: usize = 16;
 
-/// Plans a multi-get from `root` in one pass over its keys (`multiget::plan`): the keys of
-/// plain pools, and of policy routes whose kind plans them over a pool
-/// (`multi_get_pool`), batched per server as the session's own legs; the other policy
-/// routes' keys grouped per route node for the general walk (`start_multi`); the shadow
-/// routes' copies; and what goes on once the legs answer (`FollowUp`). `head` is the
-/// batch line's start (`get `), `byte_cap` the longest batch line. `Err(pool)`: a pool
-/// without servers.
+/// Plans a multi-get from `root` in one pass over its keys: the keys of plain pools, and
+/// of policy routes whose kind plans them over a pool (`multi_get_pool`), batched per
+/// server as the session's own legs (`send_legs`); the other policy routes' keys grouped
+/// per route node for the general walk (`ExecutorGroups`); the shadow routes' copies; and
+/// what goes on once the legs answer (`FollowUp`). `head` is the batch line's start
+/// (`get `), `byte_cap` the longest batch line. `Err(pool)`: a pool without servers.
 pub(crate) fn start_multi_get(
     routing: &Rc<RouteSnapshot>,
     root: NodeId,
     slot: usize,
     request: Request,
-    head_bytes: Bytes,
+    head: Bytes,
     byte_cap: usize,
 ) -> Result<Homed<MultiGet>, usize> {
-    let operation = operation_of(&request);
-    let routes = &routing.routes;
-    let head = &head_bytes[..];
     let policy_root = !matches!(
-        routes.node(root),
+        routing.routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
     );
-    // The random routes' picks for this multi-get (`multi_get_pool`).
-    let mut picks = RandomPicks::new();
+    let mut found = Found {
+        goes_on: None,
+        last: None,
+        copies: SmallVec::new(),
+        picks: RandomPicks::new(),
+    };
     let root_planned = match policy_root {
-        true => multi_get_pool(routing, root, &mut picks),
+        true => match multi_get_pool(routing, root, &mut found.picks) {
+            Some(planned) => Some(planned),
+            None => {
+                return Ok(route_every_key(
+                    routing, root, slot, request, head, byte_cap,
+                ))
+            }
+        },
         false => None,
     };
-    if policy_root && root_planned.is_none() {
-        // The root is a policy route the session cannot plan (a fastest read, a failover
-        // whose first child is a route, ...): every key reaches it, one group, nothing to
-        // plan here.
-        for _ in 0..request.keys.len() {
-            routing.metrics.count(root as usize, request.command);
-        }
-        let job = MultiJob {
-            operation,
-            head: head_bytes.clone(),
-            keys: request
-                .keys
-                .iter()
-                .map(|range| request.frame.slice(range))
-                .collect(),
-            slot,
-            byte_cap,
-        };
-        let routed = smallvec::smallvec![start_multi(routing, root, job, routing.metrics.now(),)];
-        let key_leg = smallvec::smallvec![0; request.keys.len()];
-        return Ok(Homed::new(MultiGet {
-            routing: routing.clone(),
-            request,
-            legs: SmallVec::new(),
-            routed,
-            key_leg,
-            follow_up: None,
-        }));
-    }
-    // The route node of the key the plan is at (its legs' latency is recorded under it),
-    // and what goes on after the legs' answers (a failover's failed batches, a warm-up's
-    // cold misses): `None`, `Some(false)` (failed batches only), `Some(true)` (misses too).
-    let current = std::cell::Cell::new(root);
-    let mut goes_on: Option<bool> = None;
     if let Some(planned) = root_planned {
-        goes_on = with_goes_on(goes_on, planned.goes_on);
+        found.goes_on = with_goes_on(None, planned.goes_on);
     }
-    // Per route node reached, where its keys are planned (looked up once per multi-get).
-    let mut last: Option<(NodeId, Option<Planned>)> = None;
-    // Per shadow route, the keys in its range it copies.
-    let mut copies: ShadowCopies = SmallVec::new();
-    // Where each key goes, decided as the plan's one pass reaches it. When every key goes
-    // to one pool (a plain pool's root, or a policy root planned over a pool), keys are
-    // placed a chunk ahead, together (`RouteSnapshot::servers_for`: their hashes
-    // interleaved).
+    let operation = operation_of(&request);
+    let job_of = |keys| MultiJob {
+        operation,
+        head: head.clone(),
+        keys,
+        slot,
+        byte_cap,
+    };
+    let shape = Shape {
+        routing,
+        root,
+        operation,
+        request: &request,
+        root_planned,
+    };
+    let Sent {
+        legs,
+        mut key_leg,
+        executor,
+    } = send_legs(shape, &head, slot, byte_cap, &mut found)?;
+    let routed = executor.start(routing, legs.len() as u32, &mut key_leg, job_of);
+    // The shadow routes' copies of the keys in their ranges, one batch per route; they ask
+    // with the client's command line head, as the executor's groups do.
+    for (node, keys) in found.copies {
+        shadow::copy_planned_keys(routing, node, job_of(keys));
+    }
+    // Keys of a batch that fails on a failover's first pool go on to its later children,
+    // a warm-up's cold misses to warm.
+    let follow_up = found.goes_on.map(|misses| FollowUp {
+        root,
+        operation,
+        head: head.clone(),
+        slot,
+        byte_cap,
+        misses,
+    });
+    Ok(Homed::new(MultiGet {
+        routing: routing.clone(),
+        request,
+        legs,
+        routed,
+        key_leg,
+        follow_up,
+    }))
+}
+
+/// A multi-get whose root is a policy route the session cannot plan (a fastest read, a
+/// failover whose first child is a route, ...): every key reaches it, one group for the
+/// general walk, nothing to plan here.
+fn route_every_key(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
+    slot: usize,
+    request: Request,
+    head: Bytes,
+    byte_cap: usize,
+) -> Homed<MultiGet> {
+    for _ in 0..request.keys.len() {
+        routing.metrics.count(root as usize, request.command);
+    }
+    let job = MultiJob {
+        operation: operation_of(&request),
+        head,
+        keys: request
+            .keys
+            .iter()
+            .map(|range| request.frame.slice(range))
+            .collect(),
+        slot,
+        byte_cap,
+    };
+    let routed = smallvec::smallvec![start_multi(routing, root, job, routing.metrics.now())];
+    let key_leg = smallvec::smallvec![0; request.keys.len()];
+    Homed::new(MultiGet {
+        routing: routing.clone(),
+        request,
+        legs: SmallVec::new(),
+        routed,
+        key_leg,
+        follow_up: None,
+    })
+}
+
+/// The multi-get being planned and where its root leads.
+#[derive(Clone, Copy)]
+struct Shape<'r> {
+    routing: &'r RouteSnapshot,
+    root: NodeId,
+    operation: Operation,
+    request: &'r Request,
+    /// Where the keys are planned when the root is a policy route (`multi_get_pool`).
+    root_planned: Option<Planned>,
+}
+
+/// What the plan's pass over the keys finds besides their targets.
+struct Found {
+    /// What goes on after the legs' answers (a failover's failed batches, a warm-up's
+    /// cold misses): `None`, `Some(false)` (failed batches only), `Some(true)` (misses
+    /// too).
+    goes_on: Option<bool>,
+    /// The last route node reached and where its keys are planned (looked up once per
+    /// multi-get and node).
+    last: Option<(NodeId, Option<Planned>)>,
+    /// Per shadow route, the keys in its range it copies.
+    copies: ShadowCopies,
+    /// The random routes' picks for this multi-get (`multi_get_pool`).
+    picks: RandomPicks,
+}
+
+/// A multi-get's batches as sent (`send_legs`).
+struct Sent {
+    legs: SmallVec<[Leg; 4]>,
+    /// For each key, its leg: a batch, or (numbered after the batches, one per key) the
+    /// executor (`ExecutorGroups::start` numbers those).
+    key_leg: multiget::KeyLegs,
+    executor: ExecutorGroups,
+}
+
+/// Plans the keys (`key_targets`) and sends their batches as the session's own legs, the
+/// keys that reach policy routes it cannot plan grouped for the executor.
+fn send_legs(
+    shape: Shape<'_>,
+    head: &[u8],
+    slot: usize,
+    byte_cap: usize,
+    found: &mut Found,
+) -> Result<Sent, usize> {
+    let Shape {
+        routing,
+        root,
+        operation,
+        request,
+        ..
+    } = shape;
+    // The route node of the key the plan is at: its legs' latency is recorded under it.
+    let current = Cell::new(root);
+    let targets = key_targets(shape, &current, found);
+    let mut key_leg = multiget::KeyLegs::new();
+    key_leg.reserve_exact(request.keys.len());
+    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
+    let mut executor = ExecutorGroups::default();
+    let planned = send_batches(
+        routing,
+        head,
+        slot,
+        byte_cap,
+        targets,
+        &mut key_leg,
+        |batched| match batched {
+            Batched::Opened { pool, server } => {
+                // Through a policy route, latency is recorded under the route's name.
+                let leg = Leg::writing(pool, server, routing.metrics.now());
+                legs.push(leg.on_route(current.get()));
+            }
+            Batched::Sent { leg, receiver } => legs[leg].sent(receiver),
+            Batched::Executor { key } => {
+                let node = routing.routes.select(root, operation, key);
+                executor.add(node, request.frame.slice_ref(key), request.keys.len());
+            }
+        },
+    );
+    // A pool without servers: its batches already sent are answered and dropped.
+    planned?;
+    Ok(Sent {
+        legs,
+        key_leg,
+        executor,
+    })
+}
+
+/// Where each key goes, decided as the plan's one pass reaches it. When every key goes to
+/// one pool (a plain pool's root, or a policy root planned over a pool), keys are placed
+/// a chunk ahead, together (`RouteSnapshot::servers_for`: their hashes interleaved). Each
+/// key is counted once, as cmd_get counts keys.
+fn key_targets<'r>(
+    shape: Shape<'r>,
+    current: &'r Cell<NodeId>,
+    found: &'r mut Found,
+) -> impl Iterator<Item = (&'r [u8], KeyTarget)> + 'r {
+    let Shape {
+        routing,
+        root,
+        operation,
+        request,
+        root_planned,
+    } = shape;
+    let routes = &routing.routes;
     let one_pool = match (root_planned, routes.node(root)) {
         (Some(planned), _) => Some(planned.pool),
         (None, &Node::Pool(pool)) => Some(pool),
@@ -282,14 +436,11 @@ pub(crate) fn start_multi_get(
     let (mut at, mut placed, mut nowhere) = (0, 0, false);
     let command = request.command;
     let frame = &request.frame;
-    let (current_at, goes_on_at, last_at, copies_at, picks_at) =
-        (&current, &mut goes_on, &mut last, &mut copies, &mut picks);
-    let targets = std::iter::from_fn(move || {
-        // One count per key, as cmd_get counts keys.
+    std::iter::from_fn(move || {
         let Some(pool) = one_pool else {
             let key = keys.next()?;
             let node = routes.select(root, operation, key);
-            current_at.set(node);
+            current.set(node);
             routing.metrics.count(node as usize, command);
             let planned = match routes.node(node) {
                 &Node::Pool(pool) => Some(Planned {
@@ -298,14 +449,14 @@ pub(crate) fn start_multi_get(
                     shadow: None,
                 }),
                 // A policy route: planned here too where its semantics allow.
-                _ => match *last_at {
+                _ => match found.last {
                     Some((seen, planned)) if seen == node => planned,
                     _ => {
-                        let planned = multi_get_pool(routing, node, picks_at);
+                        let planned = multi_get_pool(routing, node, &mut found.picks);
                         if let Some(planned) = planned {
-                            *goes_on_at = with_goes_on(*goes_on_at, planned.goes_on);
+                            found.goes_on = with_goes_on(found.goes_on, planned.goes_on);
                         }
-                        *last_at = Some((node, planned));
+                        found.last = Some((node, planned));
                         planned
                     }
                 },
@@ -314,7 +465,7 @@ pub(crate) fn start_multi_get(
                 return Some((key, KeyTarget::Executor));
             };
             if let Some(shadow) = planned.shadow {
-                add_copy(copies_at, routing, shadow, frame, key);
+                add_copy(&mut found.copies, routing, shadow, frame, key);
             }
             let target = match routing.server_for(planned.pool, key) {
                 Some(server) => KeyTarget::Server(planned.pool as u32, server as u32),
@@ -338,108 +489,69 @@ pub(crate) fn start_multi_get(
         at += 1;
         routing.metrics.count(root as usize, command);
         if let Some(shadow) = root_shadow {
-            add_copy(copies_at, routing, shadow, frame, key);
+            add_copy(&mut found.copies, routing, shadow, frame, key);
         }
         Some(match nowhere {
             true => (key, KeyTarget::Nowhere(pool as u32)),
             false => (key, KeyTarget::Server(pool as u32, server)),
         })
-    });
-    let mut key_leg = multiget::KeyLegs::new();
-    key_leg.reserve_exact(request.keys.len());
-    let mut legs: SmallVec<[Leg; 4]> = SmallVec::new();
-    let mut lines = BatchLines::new(routing, head, slot);
-    // Keys for policy routes: grouped per route node (keys in client order, as views of
-    // the client's frame), each group run once by the executor, batched per server inside
-    // it; `group_of[j]` is the group of the plan's j-th executor key.
-    let mut groups: SmallVec<[(u32, Vec<Bytes>); 1]> = SmallVec::new();
-    let mut group_of: SmallVec<[u32; 8]> = SmallVec::new();
-    let planned = multiget::plan(
-        targets,
-        head.len(),
-        byte_cap,
-        |pool| routing.pools[pool].max_keys_per_request,
-        &mut key_leg,
-        |step| match step {
-            Step::Open {
-                pool, server, key, ..
-            } => {
-                lines.open(pool, server, key);
-                // Through a policy route, latency is recorded under the route's name.
-                let leg = Leg::writing(pool, server, routing.metrics.now());
-                legs.push(leg.on_route(current.get()));
+    })
+}
+
+/// Keys for policy routes the plan leaves to the executor: grouped per route node (keys
+/// in client order, as views of the client's frame), each group run once by the
+/// executor, batched per server inside it.
+#[derive(Default)]
+struct ExecutorGroups {
+    groups: SmallVec<[(NodeId, Vec<Bytes>); 1]>,
+    /// `group_of[j]`: the group of the plan's j-th executor key.
+    group_of: SmallVec<[u32; 8]>,
+}
+
+impl ExecutorGroups {
+    /// Adds the next executor key, which reached route `node`, of a multi-get of `count`
+    /// keys.
+    fn add(&mut self, node: NodeId, key: Bytes, count: usize) {
+        let group = match self.groups.iter().position(|(n, _)| *n == node) {
+            Some(group) => group,
+            None => {
+                // Usually the only group: room for every key at once.
+                self.groups.push((node, Vec::with_capacity(count)));
+                self.groups.len() - 1
             }
-            Step::Add { leg, key } => lines.add(leg, key),
-            Step::Close { leg } => {
-                if let Some(receiver) = lines.close(leg) {
-                    legs[leg].sent(receiver);
-                }
-            }
-            Step::Executor { key, .. } => {
-                let node = routes.select(root, operation, key);
-                let group = match groups.iter().position(|(n, _)| *n == node) {
-                    Some(group) => group,
-                    None => {
-                        // Usually the only group: room for every key at once.
-                        groups.push((node, Vec::with_capacity(request.keys.len())));
-                        groups.len() - 1
-                    }
-                };
-                groups[group].1.push(request.frame.slice_ref(key));
-                group_of.push(group as u32);
-            }
-        },
-    );
-    drop(lines);
-    // A pool without servers: its batches already sent are answered and dropped.
-    planned?;
-    // The executor's groups and the shadow copies ask with the client's command line head.
-    let job_of = |keys| MultiJob {
-        operation,
-        head: head_bytes.clone(),
-        keys,
-        slot,
-        byte_cap,
-    };
-    let mut routed = SmallVec::new();
-    if !groups.is_empty() {
-        // The plan numbered the executor keys' legs after its batches, one per key; one
-        // leg per group instead, in the same place.
-        let batches = legs.len() as u32;
+        };
+        self.groups[group].1.push(key);
+        self.group_of.push(group as u32);
+    }
+
+    /// Starts each group on the general walk (`start_multi`, as `job_of` its keys). The
+    /// plan numbered the executor keys' legs after its `batches`, one per key; one leg per
+    /// group instead, in the same place.
+    fn start(
+        self,
+        routing: &Rc<RouteSnapshot>,
+        batches: u32,
+        key_leg: &mut multiget::KeyLegs,
+        job_of: impl Fn(Vec<Bytes>) -> MultiJob,
+    ) -> SmallVec<[RoutedKeys; 1]> {
+        let mut routed = SmallVec::new();
+        if self.groups.is_empty() {
+            return routed;
+        }
         for leg in key_leg.iter_mut().filter(|leg| **leg >= batches) {
-            let group = group_of
+            let group = self
+                .group_of
                 .get((*leg - batches) as usize)
                 .copied()
                 .unwrap_or(0);
             *leg = batches + group;
         }
         let started = routing.metrics.now();
-        for (node, keys) in groups {
+        for (node, keys) in self.groups {
             routed.push(start_multi(routing, node, job_of(keys), started));
         }
+        routed
     }
-    // The shadow routes' copies of the keys in their ranges, one batch per route.
-    for (node, keys) in copies {
-        shadow::copy_planned_keys(routing, node, job_of(keys));
-    }
-    // Keys of a batch that fails on a failover's first pool go on to its later children,
-    // a warm-up's cold misses to warm.
-    let follow_up = goes_on.map(|misses| FollowUp {
-        root,
-        operation,
-        head: head_bytes.clone(),
-        slot,
-        byte_cap,
-        misses,
-    });
-    Ok(Homed::new(MultiGet {
-        routing: routing.clone(),
-        request,
-        legs,
-        routed,
-        key_leg,
-        follow_up,
-    }))
 }
 
 /// Per shadow route a multi-get's keys pass through, the keys in its range (views of the

@@ -1,5 +1,5 @@
 //! A pool: a request goes to the server that owns its key (a multi-get's keys batched per
-//! server, `multiget::plan`), flush_all to every server. A plain pool's single-key
+//! server, `send_batches`), flush_all to every server. A plain pool's single-key
 //! request never reaches here (dispatch sends it as a leg of its own); the executor comes
 //! here for a pool reached through a policy route.
 use std::rc::Rc;
@@ -115,10 +115,59 @@ async fn flush_pool(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Repl
     merge.finish()
 }
 
-/// The batch lines of a multi-get being planned (`multiget::plan`), one per leg, written
+/// What `send_batches` tells its caller as the plan goes.
+pub(crate) enum Batched<'k> {
+    /// The next leg's line was opened, to `server` of `pool`.
+    Opened { pool: usize, server: usize },
+    /// Leg `leg`'s line was sent: its reply's receiver.
+    Sent { leg: usize, receiver: ReplyReceiver },
+    /// A key whose target is the executor (`KeyTarget::Executor`).
+    Executor { key: &'k [u8] },
+}
+
+/// Plans a multi-get's `targets` (`multiget::plan`) and sends its batches: each batch
+/// line, starting with `head` (`get `, `gets `...), written straight into its server
+/// connection's outgoing buffer (on the client's connection `slot`) as the plan adds keys
+/// and sent when the plan closes it. `Err(pool)`: a pool without servers; the lines still
+/// open take their bytes back out, the batches already sent are the caller's to drop.
+pub(crate) fn send_batches<'k>(
+    routing: &RouteSnapshot,
+    head: &[u8],
+    slot: usize,
+    byte_cap: usize,
+    targets: impl Iterator<Item = (&'k [u8], KeyTarget)>,
+    key_leg: &mut multiget::KeyLegs,
+    mut on: impl FnMut(Batched<'k>),
+) -> Result<(), usize> {
+    let mut lines = BatchLines::new(routing, head, slot);
+    multiget::plan(
+        targets,
+        head.len(),
+        byte_cap,
+        |pool| routing.pools[pool].max_keys_per_request,
+        key_leg,
+        |step| match step {
+            Step::Open {
+                pool, server, key, ..
+            } => {
+                lines.open(pool, server, key);
+                on(Batched::Opened { pool, server });
+            }
+            Step::Add { leg, key } => lines.add(leg, key),
+            Step::Close { leg } => {
+                if let Some(receiver) = lines.close(leg) {
+                    on(Batched::Sent { leg, receiver });
+                }
+            }
+            Step::Executor { key, .. } => on(Batched::Executor { key }),
+        },
+    )
+}
+
+/// The batch lines of a multi-get being planned (`send_batches`), one per leg, written
 /// straight into each server connection's outgoing buffer and sent when the plan closes
 /// them. Dropped with lines still open (the plan stopped), those take their bytes back out.
-pub(crate) struct BatchLines<'r> {
+struct BatchLines<'r> {
     routing: &'r RouteSnapshot,
     head: &'r [u8],
     slot: usize,
@@ -128,7 +177,7 @@ pub(crate) struct BatchLines<'r> {
 
 impl<'r> BatchLines<'r> {
     /// Lines that start with `head` (`get `, `gets `...), on the client's connection `slot`.
-    pub(crate) fn new(routing: &'r RouteSnapshot, head: &'r [u8], slot: usize) -> Self {
+    fn new(routing: &'r RouteSnapshot, head: &'r [u8], slot: usize) -> Self {
         BatchLines {
             routing,
             head,
@@ -138,7 +187,7 @@ impl<'r> BatchLines<'r> {
     }
 
     /// Starts the next leg's line, to `server` of `pool`, with its first key.
-    pub(crate) fn open(&mut self, pool: usize, server: usize, key: &[u8]) {
+    fn open(&mut self, pool: usize, server: usize, key: &[u8]) {
         let mut writer = self.routing.pools[pool].servers[server]
             .pick(self.slot)
             .writer();
@@ -148,14 +197,14 @@ impl<'r> BatchLines<'r> {
     }
 
     /// Adds `key` to leg `leg`'s open line.
-    pub(crate) fn add(&mut self, leg: usize, key: &[u8]) {
+    fn add(&mut self, leg: usize, key: &[u8]) {
         if let Some(writer) = &mut self.writers[leg] {
             writer.append_word(key);
         }
     }
 
     /// Ends leg `leg`'s line and sends it; its reply's receiver.
-    pub(crate) fn close(&mut self, leg: usize) -> Option<ReplyReceiver> {
+    fn close(&mut self, leg: usize) -> Option<ReplyReceiver> {
         let mut writer = self.writers[leg].take()?;
         writer.append(b"\r\n");
         Some(writer.finish(ReplyKind::Retrieval))
@@ -163,7 +212,7 @@ impl<'r> BatchLines<'r> {
 }
 
 /// A pool's share of a multi-get: its keys batched per server exactly as a plain pool's
-/// are (`multiget::plan`), every batch sent before any reply is awaited.
+/// are (`send_batches`), every batch sent before any reply is awaited.
 pub(super) async fn run_multi(
     routing: &Rc<RouteSnapshot>,
     pool: usize,
@@ -181,30 +230,25 @@ pub(super) async fn run_multi(
     let mut key_leg = multiget::KeyLegs::new();
     key_leg.reserve_exact(keys.len());
     // Per batch: its server, then the reply's receiver once sent.
-    let mut lines = BatchLines::new(routing, &job.head, job.slot);
     let mut servers: SmallVec<[usize; 4]> = SmallVec::new();
     let mut receivers: SmallVec<[Option<ReplyReceiver>; 4]> = SmallVec::new();
-    let planned = multiget::plan(
-        targets,
-        job.head.len(),
+    let planned = send_batches(
+        routing,
+        &job.head,
+        job.slot,
         job.byte_cap,
-        |pool| routing.pools[pool].max_keys_per_request,
+        targets,
         &mut key_leg,
-        |step| match step {
-            Step::Open {
-                pool, server, key, ..
-            } => {
-                lines.open(pool, server, key);
+        |batched| match batched {
+            Batched::Opened { server, .. } => {
                 servers.push(server);
                 receivers.push(None);
             }
-            Step::Add { leg, key } => lines.add(leg, key),
-            Step::Close { leg } => receivers[leg] = lines.close(leg),
+            Batched::Sent { leg, receiver } => receivers[leg] = Some(receiver),
             // Every target here is a server of this pool.
-            Step::Executor { .. } => {}
+            Batched::Executor { .. } => {}
         },
     );
-    drop(lines);
     if planned.is_err() {
         return KeyReplies::failed(keys.len(), Err(routing.no_servers(pool)));
     }

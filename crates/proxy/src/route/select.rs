@@ -12,19 +12,14 @@ use super::job::{Job, KeyReplies, KeyReply, MultiJob};
 use crate::reply::{FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
 
-/// flush_all through prefix route `prefixes`/`default`: to every target, so that the pools
-/// behind the other prefixes are flushed too.
-pub(super) async fn flush_all(
-    routing: &Rc<RouteSnapshot>,
-    prefixes: &[(Vec<u8>, NodeId)],
-    default: NodeId,
-    job: &Rc<Job>,
-) -> Reply {
+/// Where a flush_all through prefix route `prefixes`/`default` goes: to every target, so
+/// that the pools behind the other prefixes are flushed too (`flush_all_of`).
+pub(super) fn flush_all_targets(prefixes: &[(Vec<u8>, NodeId)], default: NodeId) -> Vec<NodeId> {
     let mut targets: Vec<NodeId> = prefixes.iter().map(|(_, t)| *t).collect();
     targets.push(default);
     targets.sort_unstable();
     targets.dedup();
-    flush_all_of(routing, &targets, job).await
+    targets
 }
 
 /// Where a multi-get's keys go on from a prefix or operation route.
@@ -88,7 +83,11 @@ pub(super) async fn run_groups(
 }
 
 /// flush_all through several routes at once: `OK` only if every one said so.
-async fn flush_all_of(routing: &Rc<RouteSnapshot>, targets: &[NodeId], job: &Rc<Job>) -> Reply {
+pub(super) async fn flush_all_of(
+    routing: &Rc<RouteSnapshot>,
+    targets: &[NodeId],
+    job: &Rc<Job>,
+) -> Reply {
     let mut set = start_all(routing, targets, job);
     let mut merge = FlushAllMerge::default();
     while let Some((_, reply)) = set.next().await {
