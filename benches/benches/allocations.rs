@@ -7,6 +7,9 @@
 //! proxy's. Background work (the control thread, health probes) is measured over an idle
 //! window of the same length and reported beside it.
 //!
+//! Each server setup is measured over text requests, then over binary ones (a get, a set
+//! and a noop, a run of getkq and a noop) on a binary connection.
+//!
 //! `cargo bench -p memroute-benches --bench allocations` (needs `memcached` on PATH).
 //!
 //! Targets: 0 per single-key request in steady state, at most 1 per server leg
@@ -254,6 +257,7 @@ fn main() {
                 );
             }
         }
+        binary_cases(&proxy, &keys, name);
         drop(stream);
         proxy.shutdown();
         proxy.join();
@@ -350,4 +354,65 @@ fn two_pools(servers: &str, route: &str) -> String {
 
 fn print_row(label: &str, counted: &Counted) {
     println!("{label:<44}{:>14.2}{:>20.2}", counted.busy, counted.idle);
+}
+
+/// Binary protocol opcodes the binary rows send.
+const BINARY_GET: u8 = 0x00;
+const BINARY_SET: u8 = 0x01;
+const BINARY_NOOP: u8 = 0x0a;
+const BINARY_GETKQ: u8 = 0x0d;
+/// The noop's opaque, which ends each batch of binary responses.
+const NOOP_OPAQUE: u32 = 0xfeed_face;
+
+/// A binary request frame.
+fn binary_frame(opcode: u8, key: &[u8], extras: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
+    let body = (key.len() + extras.len() + value.len()) as u32;
+    let mut frame = vec![0x80, opcode];
+    frame.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    frame.push(extras.len() as u8);
+    // Raw data type, vbucket 0.
+    frame.extend_from_slice(&[0, 0, 0]);
+    frame.extend_from_slice(&body.to_be_bytes());
+    frame.extend_from_slice(&opaque.to_be_bytes());
+    frame.extend_from_slice(&0u64.to_be_bytes());
+    frame.extend_from_slice(extras);
+    frame.extend_from_slice(key);
+    frame.extend_from_slice(value);
+    frame
+}
+
+/// The binary protocol's rows, over a binary connection to the same proxy: a get hit, a set
+/// (then a noop, whose response ends the reply), and 20 getkq hits closed by a noop (one
+/// text multi-get inside, so one allocation per batch as a text multi-get has).
+fn binary_cases(proxy: &memroute_proxy::ProxyHandle, keys: &[String], name: &str) {
+    let port: u16 = proxy.local_addresses[0]
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("proxy port");
+    let mut stream = connect(port);
+    let value = vec![b'v'; 64];
+    // A noop response ends with its opaque and a zero CAS.
+    let mut noop_end = NOOP_OPAQUE.to_be_bytes().to_vec();
+    noop_end.extend_from_slice(&0u64.to_be_bytes());
+    let noop = binary_frame(BINARY_NOOP, b"", b"", b"", NOOP_OPAQUE);
+    let get = binary_frame(BINARY_GET, keys[0].as_bytes(), b"", b"", 7);
+    // Flags and expiry, both 0.
+    let mut set = binary_frame(BINARY_SET, keys[0].as_bytes(), &[0; 8], &value, 8);
+    set.extend_from_slice(&noop);
+    let mut getkq = Vec::new();
+    for key in keys {
+        getkq.extend_from_slice(&binary_frame(BINARY_GETKQ, key.as_bytes(), b"", b"", 9));
+    }
+    getkq.extend_from_slice(&noop);
+    // A get's response ends with the value the text rows set.
+    let cases: [(&str, &[u8], &[u8]); 3] = [
+        ("binary get, 1 key (hit)", &get, &value),
+        ("binary set, 64-byte value, + noop", &set, &noop_end),
+        ("binary 20 x getkq + noop", &getkq, &noop_end),
+    ];
+    for (label, request, end) in cases {
+        let counted = count(&mut stream, request, end, REQUESTS);
+        print_row(&format!("{label} [{name}]"), &counted);
+    }
 }

@@ -5,6 +5,7 @@
 //! ```text
 //!   1,000 binary clients, one GET each, then idle ──> memroute: RSS per connection
 //!   SIGTERM with 50 pipelined binary GETs waiting on a stopped memcached ──> all answered, EOF
+//!   get / getk of 100 KB values, pipelined ──> each value, flags and key exact
 //! ```
 use std::time::{Duration, Instant};
 
@@ -110,4 +111,49 @@ fn a_drain_answers_pipelined_binary_requests_then_closes() {
     assert!(client.expect_eof());
     let status = proxy.wait_exit(DEADLINE);
     assert!(status.success(), "exit {status}\n{}", proxy.log_text());
+}
+
+/// A get's response is rendered where the backend's reply lands, its value moved to follow
+/// the binary header: both directions of that move (a header longer than the meta line it
+/// replaces, with a getk's long key, and one shorter, with large flags and CAS) keep every
+/// byte of the value, in pipelined responses that follow one another in one write.
+#[test]
+fn pipelined_gets_of_large_values_answer_every_byte_with_flags_and_key() {
+    let server = Memcached::start();
+    let proxy = Memroute::start_pool(&[server.addr()]);
+    let mut text = proxy.connect();
+    let long_key = "k".repeat(240);
+    let values: Vec<Vec<u8>> = (0..4u8)
+        .map(|i| (0..100 * 1024).map(|at| (at % 251) as u8 ^ i).collect())
+        .collect();
+    for (i, value) in values.iter().enumerate() {
+        let flags = if i % 2 == 0 { u32::MAX } else { 7 };
+        let mut set = format!("set {long_key}{i} {flags} 0 {}\r\n", value.len()).into_bytes();
+        set.extend_from_slice(value);
+        set.extend_from_slice(b"\r\n");
+        assert_eq!(text.roundtrip_line(&set), b"STORED\r\n");
+    }
+    let mut client = proxy.connect();
+    let mut run = Vec::new();
+    for i in 0..values.len() {
+        run.extend_from_slice(&binary_client::request(
+            binary_client::GETK,
+            &format!("{long_key}{i}"),
+        ));
+        run.extend_from_slice(&binary_client::get_request(&format!("{long_key}{i}")));
+    }
+    client.send(&run);
+    for (i, value) in values.iter().enumerate() {
+        let flags = if i % 2 == 0 { u32::MAX } else { 7 };
+        let key = format!("{long_key}{i}").into_bytes();
+        for echoed in [key.clone(), Vec::new()] {
+            let response = binary_client::read_whole_response(&mut client);
+            assert_eq!(response.status, 0, "{i}");
+            assert_eq!(response.extras, flags.to_be_bytes(), "{i}");
+            assert_eq!(response.key, echoed, "{i}");
+            assert!(response.value == *value, "value {i} differs");
+        }
+    }
+    // A miss, after the hits, on the same connection.
+    assert_eq!(binary_client::get(&mut client, "missing"), None);
 }

@@ -266,10 +266,14 @@ impl Translator {
                 frame.respond(out, Status::Success, 0, &[], &[], version);
                 Flow::Continue
             }
+            Shape::Translated(Translated::Get(frame)) => {
+                self.take_scratch();
+                let flow = self.finish_get(&frame, head, context, out);
+                self.scratch.clear();
+                flow
+            }
             Shape::Translated(shape) => {
-                if self.scratch.capacity() == 0 {
-                    self.scratch = buffers::take();
-                }
+                self.take_scratch();
                 let flow = head.finish(context, &mut self.scratch);
                 render(shape, &self.scratch, out);
                 self.scratch.clear();
@@ -281,6 +285,58 @@ impl Translator {
                 flow
             }
         }
+    }
+
+    fn take_scratch(&mut self) {
+        if self.scratch.capacity() == 0 {
+            self.scratch = buffers::take();
+        }
+    }
+
+    /// A get's reply, rendered where it lands in `out`: the meta reply is written there,
+    /// then its value moves (within `out`) to follow the binary header, which replaces the
+    /// `VA` line. A large value is copied into `out` once and moved once, with no buffer in
+    /// between: rendering it through `scratch` copied it twice and grew, and freed, a
+    /// value-sized buffer per reply.
+    fn finish_get(
+        &mut self,
+        frame: &Frame,
+        head: Pending,
+        context: &WorkerContext,
+        out: &mut BytesMut,
+    ) -> Flow {
+        let start = out.len();
+        let flow = head.finish(context, out);
+        let reply = TextReply::of(&out[start..]);
+        if !reply.is(b"VA") {
+            // A miss or an error: a few bytes, rendered from a copy.
+            self.scratch.extend_from_slice(&out[start..]);
+            out.truncate(start);
+            render_get(frame, &TextReply::of(&self.scratch), out);
+            return flow;
+        }
+        let meta = reply.meta();
+        let value_at = out.len() - reply.rest.len();
+        // A reply shorter than its size line says reads as an empty value.
+        let size = if meta.size <= reply.rest.len() {
+            meta.size
+        } else {
+            0
+        };
+        // The header, flags and key of the response, its body length counting the value.
+        frame.hit(&mut self.scratch, meta.cas, meta.flags, &[]);
+        let body = self.scratch.len() - HEADER_LEN + size;
+        // The header's body length field: bytes 8..12, big-endian.
+        self.scratch[8..12].copy_from_slice(&(body as u32).to_be_bytes());
+        let prefix = self.scratch.len();
+        let end = start + prefix + size;
+        if out.len() < end {
+            out.resize(end, 0);
+        }
+        out.copy_within(value_at..value_at + size, start + prefix);
+        out[start..start + prefix].copy_from_slice(&self.scratch);
+        out.truncate(end);
+        flow
     }
 
     /// Gives buffers and queue storage back to the worker's pools: called once nothing is

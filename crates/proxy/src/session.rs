@@ -131,6 +131,13 @@ impl Drop for OpenSession {
     }
 }
 
+/// The reply bytes rendered into one write before the session yields to the worker's other
+/// sessions. Rendering every complete reply at once made one poll of a client that pipelines
+/// gets of large values copy tens of MB (a window of 100 KB values), the other sessions of
+/// its worker waiting milliseconds; a batch this size also stays small enough for the
+/// worker's buffer pool to keep (`buffers::KEEP_AT_MOST`) rather than allocate and free.
+const MAX_WRITE_BATCH: usize = 128 * 1024;
+
 thread_local! {
     /// Storage of pending queues of this worker's idle sessions, reused by the busy ones.
     static QUEUES: QueuePool<Pending> = const { QueuePool::new() };
@@ -439,8 +446,13 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
 
         // Every reply already complete goes out now, in order, in one write.
         let mut closing = false;
+        let mut batch_full = false;
         let (written_before, mut finished) = (output.len(), 0);
         while let Some(head) = pending.front_mut() {
+            if output.len() >= MAX_WRITE_BATCH {
+                batch_full = true;
+                break;
+            }
             if !head.try_complete() {
                 break;
             }
@@ -476,6 +488,12 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         if closing || (!reading && pending.is_empty()) || (draining && idle) {
             let _ = stream.shutdown().await;
             return Outcome::Closed;
+        }
+        if batch_full {
+            // More replies are complete than one batch holds: the worker's other sessions
+            // run before the next batch is rendered.
+            tokio::task::yield_now().await;
+            continue;
         }
         if reading && !need_input && pending.len() < max_pending && !paused {
             // Parsing stopped at the pending cap and replies have drained since: parse the

@@ -7,11 +7,17 @@ use memroute_tests::Conn;
 const REQUEST_MAGIC: u8 = 0x80;
 const RESPONSE_MAGIC: u8 = 0x81;
 const GET: u8 = 0x00;
+pub const GETK: u8 = 0x0c;
 const HEADER_LEN: usize = 24;
 
 /// A binary GET of `key`.
 pub fn get_request(key: &str) -> Vec<u8> {
-    let mut frame = vec![REQUEST_MAGIC, GET];
+    request(GET, key)
+}
+
+/// A request of `opcode` (a get-like one: no extras, no value) for `key`.
+pub fn request(opcode: u8, key: &str) -> Vec<u8> {
+    let mut frame = vec![REQUEST_MAGIC, opcode];
     frame.extend_from_slice(&(key.len() as u16).to_be_bytes());
     // No extras, raw data type, vbucket 0.
     frame.extend_from_slice(&[0, 0, 0, 0]);
@@ -31,6 +37,35 @@ pub fn read_response(conn: &mut Conn) -> (u16, Vec<u8>) {
     let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
     let body = conn.read_for(body);
     (status, body[skip..].to_vec())
+}
+
+/// One response, whole.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Response {
+    pub opcode: u8,
+    pub status: u16,
+    pub extras: Vec<u8>,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// Reads one response, its body split into extras, key and value.
+pub fn read_whole_response(conn: &mut Conn) -> Response {
+    let header = conn.read_for(HEADER_LEN);
+    assert_eq!(header[0], RESPONSE_MAGIC, "response magic: {header:?}");
+    let key_len = usize::from(u16::from_be_bytes([header[2], header[3]]));
+    let extras_len = usize::from(header[4]);
+    let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
+    let mut body = conn.read_for(body);
+    let value = body.split_off(extras_len + key_len);
+    let key = body.split_off(extras_len);
+    Response {
+        opcode: header[1],
+        status: u16::from_be_bytes([header[6], header[7]]),
+        extras: body,
+        key,
+        value,
+    }
 }
 
 /// A GET of `key` answered before it returns: the value, or `None` for any other status.
