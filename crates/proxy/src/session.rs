@@ -444,7 +444,8 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             buffers::give(std::mem::take(&mut input));
         }
 
-        // Every reply already complete goes out now, in order, in one write.
+        // Every reply already complete goes out now, in order, in one write (up to
+        // MAX_WRITE_BATCH; the rest after a yield).
         let mut closing = false;
         let mut batch_full = false;
         let (written_before, mut finished) = (output.len(), 0);
