@@ -551,12 +551,26 @@ pub fn run_program<P: AsRef<std::ffi::OsStr>, S: AsRef<std::ffi::OsStr>>(
 /// One HTTP/1.1 request to memroute's admin endpoint with `Connection: close`; returns the
 /// status code and the body (checked against `Content-Length` when the reply has one).
 pub fn admin_http(addr: &str, method: &str, path: &str) -> (u16, String) {
+    admin_request(addr, method, path, &[])
+}
+
+/// [`admin_http`] with more request headers (`("Authorization", "Bearer T")`).
+pub fn admin_request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect admin {addr}: {e}"));
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     s.set_read_timeout(Some(IO_TIMEOUT)).expect("read timeout");
     s.set_write_timeout(Some(IO_TIMEOUT))
         .expect("write timeout");
     s.write_all(
-        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n")
             .as_bytes(),
     )
     .expect("send request");

@@ -250,6 +250,9 @@ fn every_kubernetes_manifest_is_complete_and_consistent() {
                         .and_then(Value::as_u64)
                         .unwrap_or_else(|| panic!("{what}: a port without `port`"));
                     if let Some(target) = port.get("targetPort").and_then(Value::as_str) {
+                        // The admin port changes state for loopback peers and answers the
+                        // kubelet's probes: it is scraped per pod, never offered by a Service.
+                        assert_ne!(target, "admin", "{what}: a Service exposes the admin port");
                         for w in &backing {
                             assert!(
                                 w.ports.contains_key(target),

@@ -135,6 +135,18 @@ pub struct AdminConfig {
     /// `/ready` answers 200 once every pool has a live connection to at least this
     /// fraction of its servers (and always at least one); 0 means "one server".
     pub ready_fraction: f64,
+    /// Who may change state (`POST /reload`): with neither, a loopback peer only.
+    pub token: Option<AdminToken>,
+}
+
+/// The secret a state-changing admin request must carry as `Authorization: Bearer ...`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdminToken {
+    /// `admin.token`: written in the config file.
+    Inline(String),
+    /// `admin.token_file`: read at each request, so a rotated secret (a Kubernetes Secret
+    /// volume) applies without a reload.
+    File(PathBuf),
 }
 
 /// The names, policies and route shapes routing is built from: one spelling each,

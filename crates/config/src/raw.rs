@@ -19,9 +19,9 @@ use std::time::Duration;
 use toml::{Table, Value};
 
 use crate::checked::{
-    AdminConfig, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind, FailoverOn,
-    HashName, IoMode, ListenAddress, Operation, PoolConfig, PoolSpec, ProxyConfig, ReadPolicy,
-    RouteConfig, ServerConfig, ShadowSelect, WritePolicy,
+    AdminConfig, AdminToken, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind,
+    FailoverOn, HashName, IoMode, ListenAddress, Operation, PoolConfig, PoolSpec, ProxyConfig,
+    ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, WritePolicy,
 };
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_int, get_size, get_str, get_table, join,
@@ -52,7 +52,7 @@ const PROXY_KEYS: &[&str] = &[
     "slow_client_timeout",
     "io",
 ];
-const ADMIN_KEYS: &[&str] = &["listen", "ready_fraction"];
+const ADMIN_KEYS: &[&str] = &["listen", "ready_fraction", "token", "token_file"];
 const POOL_KEYS: &[&str] = &[
     "servers",
     "distribution",
@@ -652,6 +652,32 @@ fn check_admin(t: &Table, errs: &mut Errors) -> AdminConfig {
     AdminConfig {
         listen,
         ready_fraction,
+        token: check_admin_token(t, errs),
+    }
+}
+
+fn check_admin_token(t: &Table, errs: &mut Errors) -> Option<AdminToken> {
+    let inline = get_str(t, "token", "admin", errs);
+    let file = get_str(t, "token_file", "admin", errs);
+    match (inline, file) {
+        (Some(_), Some(_)) => {
+            errs.push(
+                "admin.token_file",
+                "set admin.token or admin.token_file, not both",
+            );
+            None
+        }
+        (Some(""), None) => {
+            errs.push("admin.token", "must not be empty");
+            None
+        }
+        (None, Some("")) => {
+            errs.push("admin.token_file", "must not be empty");
+            None
+        }
+        (Some(token), None) => Some(AdminToken::Inline(token.to_string())),
+        (None, Some(path)) => Some(AdminToken::File(PathBuf::from(path))),
+        (None, None) => None,
     }
 }
 

@@ -165,6 +165,7 @@ pub(crate) struct Metrics {
     listener_connections: IntGaugeVec,
     config_info: IntGaugeVec,
     config_reload_time: IntGauge,
+    admin_refusals: IntCounterVec,
     /// The config-dependent state the collector reads at gather time.
     state: Arc<Mutex<State>>,
     /// Label sets currently exported per family (so a reload can drop servers that left).
@@ -382,6 +383,12 @@ impl Metrics {
                 "Events per listen address: accepted (client connections accepted there).",
                 &["listener", "event"],
             ),
+            admin_refusals: counter_vec(
+                r,
+                "memroute_admin_refusals_total",
+                "Admin requests and connections refused, by reason: per_peer and total (connection limits), not_loopback, cross_site, bad_token, token_file (POST /reload).",
+                &["reason"],
+            ),
             listener_requests: counter_vec(
                 r,
                 "memroute_listener_requests_total",
@@ -466,6 +473,11 @@ impl Metrics {
     /// The counter of `event` on `listener` (resolve once per listener, then `inc()`).
     pub(crate) fn listener_event(&self, listener: &str, event: &str) -> IntCounter {
         self.listener_events.with_label_values(&[listener, event])
+    }
+
+    /// Counts an admin connection or request refused for `reason`.
+    pub(crate) fn count_admin_refusal(&self, reason: &str) {
+        self.admin_refusals.with_label_values(&[reason]).inc();
     }
 
     /// The open-connections gauge of `listener` (resolve once per listener).

@@ -7,15 +7,21 @@
 //!   GET  /ready         200 once every pool has live connections (admin.ready_fraction),
 //!                       503 before that and while draining
 //!   GET  /config        the running config, secrets redacted, and its md5 hash
-//!   POST /reload        re-read the config file and reload (the binary does the reading)
+//!   POST /reload        re-read the config file and reload (the binary does the reading);
+//!                       a loopback peer only, or anyone with admin.token (`access`)
 //!   GET  /route?key=K   where a key goes (repeat key=; op=set for another operation;
 //!                       listener=ADDRESS for another listener than the first)
 //! ```
 //!
 //! Each connection is a task: a slow or silent client holds only its own task, never the
 //! scrapes behind it. Headers must arrive within [`HEADER_TIMEOUT`], a connection lives at
-//! most [`CONNECTION_LIMIT`], and past [`MAX_CONNECTIONS`] new ones are closed at once.
+//! most [`CONNECTION_LIMIT`], and each peer address holds at most a few connections at once
+//! (`admission`), so nobody who reaches the port can crowd out the kubelet's probes.
+mod access;
+mod admission;
+
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +31,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::control::Controller;
 use crate::error::ProxyError;
@@ -35,8 +41,6 @@ use crate::stats::Metrics;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// No admin connection lives longer than this, however busy.
 const CONNECTION_LIMIT: Duration = Duration::from_secs(60);
-/// Admin connections open at once; more are closed as soon as they are accepted.
-const MAX_CONNECTIONS: usize = 64;
 /// How long `POST /reload` waits for the reload to finish.
 const RELOAD_WAIT: Duration = Duration::from_secs(30);
 
@@ -182,14 +186,14 @@ async fn serve(
             return;
         }
     };
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let admission = Arc::new(admission::Admission::default());
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = shutdown.wait_for(|stopping| *stopping) => return,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok((stream, peer)) => (stream, peer.ip()),
             Err(error) => {
                 tracing::warn!(%error, "admin accept failed");
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -197,15 +201,19 @@ async fn serve(
             }
         };
         // A flood of connections is shed here, not queued behind the ones being served.
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::debug!("admin connection limit reached; closing a new connection");
-            continue;
+        let admitted = match admission.admit(peer) {
+            Ok(admitted) => admitted,
+            Err(refused) => {
+                tracing::debug!(%peer, reason = refused.label(), "admin connection refused");
+                state.metrics.count_admin_refusal(refused.label());
+                continue;
+            }
         };
         let state = state.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(answer(&state, request).await) }
+                async move { Ok::<_, Infallible>(answer(&state, peer, request).await) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -216,7 +224,7 @@ async fn serve(
                 Err(_) => tracing::debug!("admin connection open too long; closed"),
                 Ok(Ok(())) => {}
             }
-            drop(permit);
+            drop(admitted);
         });
     }
 }
@@ -238,7 +246,7 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
     reply(status, "text/plain; charset=utf-8", body)
 }
 
-async fn answer(state: &AdminState, request: Request<Incoming>) -> Reply {
+async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) -> Reply {
     let path = request.uri().path();
     let query = request.uri().query().unwrap_or("");
     match (request.method(), path) {
@@ -279,7 +287,10 @@ async fn answer(state: &AdminState, request: Request<Incoming>) -> Reply {
                 "no config file: memroute was started without one\n",
             ),
         },
-        (&Method::POST, "/reload") => reload(state).await,
+        (&Method::POST, "/reload") => match refusal(state, peer, &request) {
+            None => reload(state).await,
+            Some(refused) => refused,
+        },
         (&Method::GET, "/route") => route(state, query),
         (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/route" | "/reload") => text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -290,6 +301,36 @@ async fn answer(state: &AdminState, request: Request<Incoming>) -> Reply {
             "try /metrics, /healthz, /ready, /config, /route?key=K or POST /reload\n",
         ),
     }
+}
+
+/// The answer that says why `request` may not change state, or nothing when it may.
+fn refusal(state: &AdminState, peer: IpAddr, request: &Request<Incoming>) -> Option<Reply> {
+    let generation = state.controller.current();
+    let token = generation
+        .config
+        .admin
+        .as_ref()
+        .and_then(|a| a.token.as_ref());
+    let denied = match access::may_change_state(token, peer, request.headers()) {
+        Ok(()) => return None,
+        Err(denied) => denied,
+    };
+    let (status, reason) = match &denied {
+        access::Denied::NotLoopback => (StatusCode::FORBIDDEN, "not_loopback"),
+        access::Denied::CrossSite => (StatusCode::FORBIDDEN, "cross_site"),
+        access::Denied::BadToken => (StatusCode::UNAUTHORIZED, "bad_token"),
+        access::Denied::TokenFile(_) => (StatusCode::INTERNAL_SERVER_ERROR, "token_file"),
+    };
+    tracing::warn!(%peer, reason, "admin request refused: {}", denied.reason());
+    state.metrics.count_admin_refusal(reason);
+    let mut answer = text(status, format!("{}\n", denied.reason()));
+    if status == StatusCode::UNAUTHORIZED {
+        answer.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    Some(answer)
 }
 
 async fn reload(state: &AdminState) -> Reply {

@@ -1,0 +1,42 @@
+//! `[admin]`: who may change state through the admin port.
+use memroute_config::{parse, AdminToken};
+
+const POOL: &str =
+    "[proxy]\nlisten = [\"127.0.0.1:11211\"]\n\n[pools.main]\nservers = [\"127.0.0.1:11311\"]\n";
+
+fn admin(lines: &str) -> Result<Option<AdminToken>, Vec<String>> {
+    parse(&format!(
+        "{POOL}\n[admin]\nlisten = \"127.0.0.1:9150\"\n{lines}"
+    ))
+    .map(|c| c.admin.and_then(|a| a.token))
+    .map_err(|e| e.0.iter().map(|e| e.to_string()).collect())
+}
+
+#[test]
+fn a_token_is_inline_or_in_a_file_or_absent() {
+    assert_eq!(admin(""), Ok(None));
+    assert_eq!(
+        admin("token = \"t0k\""),
+        Ok(Some(AdminToken::Inline("t0k".into())))
+    );
+    assert_eq!(
+        admin("token_file = \"/run/secrets/admin\""),
+        Ok(Some(AdminToken::File("/run/secrets/admin".into())))
+    );
+}
+
+#[test]
+fn a_token_that_cannot_work_is_an_error_at_its_key() {
+    for (lines, path) in [
+        ("token = \"\"", "admin.token"),
+        ("token_file = \"\"", "admin.token_file"),
+        ("token = \"a\"\ntoken_file = \"/f\"", "admin.token_file"),
+        ("token = 7", "admin.token"),
+    ] {
+        let errors = admin(lines).expect_err(lines);
+        assert!(
+            errors.iter().any(|e| e.starts_with(path)),
+            "{lines}: {errors:?}"
+        );
+    }
+}
