@@ -137,6 +137,18 @@ pub struct AdminConfig {
     pub ready_fraction: f64,
     /// Who may change state (`POST /reload`): with neither, a loopback peer only.
     pub token: Option<AdminToken>,
+    /// Hot-key detection samples about one placed key in this many; 0 turns it off.
+    pub hot_keys_sample: u32,
+    /// Hot keys are counted over the interval in progress and the one before.
+    pub hot_keys_interval: Duration,
+    /// Whether `/hotkeys`, `stats` and the panel name the keys (else `<hidden>`).
+    pub show_keys: bool,
+}
+
+impl AdminConfig {
+    /// About one key in this many is sampled for hot keys unless `admin` says otherwise.
+    pub const HOT_KEYS_SAMPLE: u32 = 16;
+    pub const HOT_KEYS_INTERVAL: Duration = Duration::from_secs(10);
 }
 
 /// The secret a state-changing admin request must carry as `Authorization: Bearer ...`.

@@ -52,7 +52,15 @@ const PROXY_KEYS: &[&str] = &[
     "slow_client_timeout",
     "io",
 ];
-const ADMIN_KEYS: &[&str] = &["listen", "ready_fraction", "token", "token_file"];
+const ADMIN_KEYS: &[&str] = &[
+    "listen",
+    "ready_fraction",
+    "token",
+    "token_file",
+    "hot_keys_sample",
+    "hot_keys_interval",
+    "show_keys",
+];
 const POOL_KEYS: &[&str] = &[
     "servers",
     "distribution",
@@ -653,6 +661,23 @@ fn check_admin(t: &Table, errs: &mut Errors) -> AdminConfig {
         listen,
         ready_fraction,
         token: check_admin_token(t, errs),
+        hot_keys_sample: get_int(
+            t,
+            "hot_keys_sample",
+            "admin",
+            0,
+            1 << 20,
+            AdminConfig::HOT_KEYS_SAMPLE,
+            errs,
+        ),
+        hot_keys_interval: get_duration(
+            t,
+            "hot_keys_interval",
+            "admin",
+            AdminConfig::HOT_KEYS_INTERVAL,
+            errs,
+        ),
+        show_keys: get_bool(t, "show_keys", "admin", true, errs),
     }
 }
 

@@ -36,6 +36,7 @@ mod framing;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod generation;
+mod hot_keys;
 mod mcrouter_admin;
 mod multiget;
 mod pending;

@@ -26,6 +26,7 @@ use memroute_routing::{NodeId, Placement, RouteTable};
 
 use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
+use crate::hot_keys::WorkerHotKeys;
 use crate::pool_settings::max_ejected;
 use crate::stats::{round_trip_observer, RouteMetrics, WorkerMetrics};
 
@@ -116,6 +117,8 @@ pub(crate) struct RouteSnapshot {
     pub shadows: Vec<ShadowState>,
     /// This worker's request counts and latencies by route node, for this config.
     pub metrics: Rc<RouteMetrics>,
+    /// This worker's sampler of the keys placed (`server_for`, `servers_for`).
+    hot_keys: Rc<WorkerHotKeys>,
 }
 
 impl RouteSnapshot {
@@ -134,19 +137,22 @@ impl RouteSnapshot {
             return None;
         }
         let placement = &self.routes.placements[pool];
-        let Some(ejection) = &connections.ejection else {
-            return Some(placement.server_for(key));
-        };
-        let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
-        if ejection.live.borrow().0 != epoch {
-            let reduced = reduced_placement(ejection, &connections.servers);
-            *ejection.live.borrow_mut() = (epoch, reduced);
-        }
-        let live = ejection.live.borrow();
-        Some(match &live.1 {
-            Some(reduced) => reduced.server_for(key),
+        let server = match &connections.ejection {
             None => placement.server_for(key),
-        })
+            Some(ejection) => {
+                let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
+                if ejection.live.borrow().0 != epoch {
+                    let reduced = reduced_placement(ejection, &connections.servers);
+                    *ejection.live.borrow_mut() = (epoch, reduced);
+                }
+                match &ejection.live.borrow().1 {
+                    Some(reduced) => reduced.server_for(key),
+                    None => placement.server_for(key),
+                }
+            }
+        };
+        self.hot_keys.observe(&connections.name, key, server);
+        Some(server)
     }
 
     /// [`RouteSnapshot::server_for`] of each of `keys`, into `servers` (as long as `keys`),
@@ -158,18 +164,23 @@ impl RouteSnapshot {
             return false;
         }
         let placement = &self.routes.placements[pool];
-        let Some(ejection) = &connections.ejection else {
-            placement.servers_for(keys, servers);
-            return true;
-        };
-        let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
-        if ejection.live.borrow().0 != epoch {
-            let reduced = reduced_placement(ejection, &connections.servers);
-            *ejection.live.borrow_mut() = (epoch, reduced);
-        }
-        match &ejection.live.borrow().1 {
-            Some(reduced) => reduced.servers_for(keys, servers),
+        match &connections.ejection {
             None => placement.servers_for(keys, servers),
+            Some(ejection) => {
+                let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
+                if ejection.live.borrow().0 != epoch {
+                    let reduced = reduced_placement(ejection, &connections.servers);
+                    *ejection.live.borrow_mut() = (epoch, reduced);
+                }
+                match &ejection.live.borrow().1 {
+                    Some(reduced) => reduced.servers_for(keys, servers),
+                    None => placement.servers_for(keys, servers),
+                }
+            }
+        }
+        for (key, server) in keys.iter().zip(servers.iter()) {
+            self.hot_keys
+                .observe(&connections.name, key, *server as usize);
         }
         true
     }
@@ -325,6 +336,12 @@ impl RouteSnapshot {
             route_stats: generation.route_stats.clone(),
             shadows,
             metrics: metrics.for_routes(&generation.routes),
+            hot_keys: {
+                let settings = crate::hot_keys::Settings::of(config);
+                metrics.shared.hot_keys.set_settings(settings);
+                metrics.hot_keys.configure(settings);
+                metrics.hot_keys.clone()
+            },
         }
     }
 }

@@ -41,6 +41,7 @@ use tokio::sync::{watch, Notify};
 use crate::counters::{
     ReloadCounts, ReplyBudget, RouteStats, ServerStats, ServerStatsTable, ShadowStats,
 };
+use crate::hot_keys::{HotKeyRegistry, Report, WorkerHotKeys};
 
 /// The name the rest of the proxy knows the shared metrics by.
 pub(crate) type SharedStats = Metrics;
@@ -134,6 +135,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Metrics {
     pub started: Instant,
     pub workers: usize,
+    /// Every worker's hot-key sketches (`/hotkeys`, `stats`, the top key's share).
+    pub hot_keys: Arc<HotKeyRegistry>,
     pub registry: Registry,
     pub connections_current: IntGauge,
     /// Open client connections, for admission against `max_connections`: one atomic
@@ -264,9 +267,16 @@ impl Metrics {
         let state = Arc::new(Mutex::new(State::default()));
         let started = Instant::now();
         let replies = Arc::new(ReplyBudget::default());
+        let hot_keys = Arc::new(HotKeyRegistry::default());
         register(
             r,
-            StateCollector::new(state.clone(), started, workers, replies.clone()),
+            StateCollector::new(
+                state.clone(),
+                started,
+                workers,
+                replies.clone(),
+                hot_keys.clone(),
+            ),
             "state",
         );
         let connections_current = IntGauge::new(
@@ -293,6 +303,7 @@ impl Metrics {
         Metrics {
             started,
             workers,
+            hot_keys,
             connections_current,
             open_connections: AtomicUsize::new(0),
             connections_total: counter(
@@ -602,6 +613,7 @@ impl Metrics {
             let name = family.get_name();
             if CLASSIC_STATS.iter().any(|(_, f)| *f == name)
                 || HEADER_FAMILIES.contains(&name)
+                || name == HOT_KEY_FAMILY
                 || family.get_field_type() == MetricType::HISTOGRAM
             {
                 continue;
@@ -617,8 +629,48 @@ impl Metrics {
                 }
             }
         }
+        self.render_hot_keys(&mut out);
         out.push_str("END\r\n");
         out
+    }
+
+    /// The address of the `index`-th server of `pool` in the running config.
+    pub(crate) fn server_address(&self, pool: &str, index: usize) -> Option<String> {
+        lock(&self.state)
+            .health
+            .iter()
+            .filter(|h| &**h.pool() == pool)
+            .nth(index)
+            .map(|h| h.address().to_string())
+    }
+
+    /// `STAT hot_key:POOL:RANK KEY share=S rate=R/s server=ADDRESS`, the five hottest
+    /// keys of each pool, as `GET /hotkeys` shows them.
+    fn render_hot_keys(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let report = self.hot_keys.report(5);
+        let state = lock(&self.state);
+        for pool in &report.pools {
+            let servers: Vec<&Arc<ServerHealth>> = state
+                .health
+                .iter()
+                .filter(|h| **h.pool() == pool.pool)
+                .collect();
+            for (rank, key) in pool.keys.iter().enumerate() {
+                let server = servers
+                    .get(key.server as usize)
+                    .map_or("?", |h| h.address());
+                let _ = write!(
+                    out,
+                    "STAT hot_key:{}:{} {} share={:.3} rate={:.0}/s server={server}\r\n",
+                    pool.pool,
+                    rank + 1,
+                    report.key_text(key),
+                    Report::share(pool, key),
+                    report.rate(key),
+                );
+            }
+        }
     }
 }
 
@@ -802,6 +854,8 @@ pub(crate) struct WorkerMetrics {
     pub framing_closes: Cell<u64>,
     /// Connections that spoke the binary protocol (first byte 0x80).
     pub binary_connections: Cell<u64>,
+    /// This worker's hot-key sampler (each routing it builds places keys through it).
+    pub hot_keys: Rc<WorkerHotKeys>,
     /// The per-route tables of every routing this worker still serves requests with.
     routes: RefCell<Vec<Rc<RouteMetrics>>>,
     /// Backend round trips per (pool, address), shared with that server's connections.
@@ -890,6 +944,7 @@ impl WorkerMetrics {
     pub(crate) fn new(index: usize, shared: Arc<Metrics>) -> WorkerMetrics {
         WorkerMetrics {
             index,
+            hot_keys: Rc::new(shared.hot_keys.worker(index as u64 + 0x9e37_79b9)),
             shared,
             get_keys: Cell::new(0),
             set_requests: Cell::new(0),
@@ -1047,14 +1102,18 @@ struct StateCollector {
     started: Instant,
     workers: usize,
     replies: Arc<ReplyBudget>,
+    hot_keys: Arc<HotKeyRegistry>,
     descs: Vec<Desc>,
 }
+
+/// The top key's share per pool: a fraction, shown by `stats` as hot_key lines instead.
+const HOT_KEY_FAMILY: &str = "memroute_hot_key_share";
 
 /// The info family naming each listener's root target.
 const LISTENER_ROUTE_FAMILY: &str = "memroute_listener_route_info";
 
 /// (name, help, labels) of every family [`StateCollector`] produces.
-const STATE_FAMILIES: [(&str, &str, &[&str]); 20] = [
+const STATE_FAMILIES: [(&str, &str, &[&str]); 21] = [
     (
         "memroute_process_uptime_seconds",
         "Seconds since memroute started.",
@@ -1151,6 +1210,11 @@ const STATE_FAMILIES: [(&str, &str, &[&str]); 20] = [
         "1 for the pool or route a listen address serves now (its own route, or proxy.route).",
         &["listener", "route"],
     ),
+    (
+        HOT_KEY_FAMILY,
+        "The hottest key's fraction of a pool's requests over the last one to two hot_keys_interval (GET /hotkeys names it).",
+        &["pool"],
+    ),
 ];
 
 impl StateCollector {
@@ -1159,6 +1223,7 @@ impl StateCollector {
         started: Instant,
         workers: usize,
         replies: Arc<ReplyBudget>,
+        hot_keys: Arc<HotKeyRegistry>,
     ) -> StateCollector {
         let descs = STATE_FAMILIES
             .iter()
@@ -1177,6 +1242,7 @@ impl StateCollector {
             started,
             workers,
             replies,
+            hot_keys,
             descs,
         }
     }
@@ -1378,6 +1444,17 @@ impl Collector for StateCollector {
                     .map(|(listener, route)| (vec![listener.clone(), route.clone()], 1.0))
                     .collect(),
             ),
+            family(20, {
+                let report = self.hot_keys.report(1);
+                report
+                    .pools
+                    .iter()
+                    .map(|pool| {
+                        let share = pool.keys.first().map_or(0.0, |k| Report::share(pool, k));
+                        (vec![pool.pool.clone()], share)
+                    })
+                    .collect()
+            }),
         ]
     }
 }

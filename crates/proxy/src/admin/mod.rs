@@ -9,6 +9,7 @@
 //!   GET  /config        the running config, secrets redacted, and its md5 hash
 //!   POST /reload        re-read the config file and reload (the binary does the reading);
 //!                       a loopback peer only, or anyone with admin.token (`access`)
+//!   GET  /hotkeys       the hottest keys of each pool, JSON (`hot_keys`; top=N)
 //!   GET  /route?key=K   where a key goes (repeat key=; op=set for another operation;
 //!                       listener=ADDRESS for another listener than the first)
 //! ```
@@ -19,6 +20,7 @@
 //! (`admission`), so nobody who reaches the port can crowd out the kubelet's probes.
 mod access;
 mod admission;
+mod hot_keys;
 
 use std::convert::Infallible;
 use std::net::IpAddr;
@@ -242,6 +244,10 @@ fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Repl
     response
 }
 
+fn json(value: serde_json::Value) -> Reply {
+    reply(StatusCode::OK, "application/json", value.to_string())
+}
+
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Reply {
     reply(status, "text/plain; charset=utf-8", body)
 }
@@ -292,13 +298,18 @@ async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) ->
             Some(refused) => refused,
         },
         (&Method::GET, "/route") => route(state, query),
-        (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/route" | "/reload") => text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method not allowed (POST /reload, GET for the rest)\n",
-        ),
+        (&Method::GET, "/hotkeys") => {
+            json(hot_keys::report(&state.metrics, hot_keys::top_of(query)))
+        }
+        (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/route" | "/hotkeys" | "/reload") => {
+            text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed (POST /reload, GET for the rest)\n",
+            )
+        }
         _ => text(
             StatusCode::NOT_FOUND,
-            "try /metrics, /healthz, /ready, /config, /route?key=K or POST /reload\n",
+            "try /metrics, /healthz, /ready, /config, /hotkeys, /route?key=K or POST /reload\n",
         ),
     }
 }

@@ -1,0 +1,60 @@
+//! `GET /hotkeys`: the hottest keys of each pool, as JSON for scripts and the panel.
+use serde_json::{json, Value};
+
+use crate::hot_keys::Report;
+use crate::stats::Metrics;
+
+/// Keys listed per pool unless `?top=` asks for another number (at most the sketch size).
+const DEFAULT_TOP: usize = 10;
+
+/// `top` from the query (`top=N`), within 1..=CAPACITY.
+pub(crate) fn top_of(query: &str) -> usize {
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("top="))
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(DEFAULT_TOP)
+        .clamp(1, crate::hot_keys::CAPACITY)
+}
+
+/// ```json
+/// { "sample_every": 16, "interval_seconds": 10, "span_seconds": 14.2,
+///   "pools": [ { "pool": "main", "sampled": 5120,
+///                "keys": [ { "key": "user:42", "share": 0.25, "rate": 2301.5,
+///                            "server": "10.0.0.1:11211", "error": 0.0 } ] } ] }
+/// ```
+/// `share` is the key's fraction of the pool's sampled requests over `span_seconds`,
+/// `rate` its estimated requests per second, `error` the most of `share` that may belong
+/// to other keys.
+pub(crate) fn report(metrics: &Metrics, top: usize) -> Value {
+    let report = metrics.hot_keys.report(top);
+    let pools: Vec<Value> = report
+        .pools
+        .iter()
+        .map(|pool| {
+            let keys: Vec<Value> = pool
+                .keys
+                .iter()
+                .map(|key| {
+                    json!({
+                        "key": report.key_text(key),
+                        "share": Report::share(pool, key),
+                        "rate": report.rate(key),
+                        "server": metrics.server_address(&pool.pool, key.server as usize),
+                        "error": match pool.samples {
+                            0 => 0.0,
+                            n => key.error as f64 / n as f64,
+                        },
+                    })
+                })
+                .collect();
+            json!({ "pool": pool.pool, "sampled": pool.samples, "keys": keys })
+        })
+        .collect();
+    json!({
+        "sample_every": report.settings.sample_every,
+        "interval_seconds": report.settings.interval.as_secs_f64(),
+        "span_seconds": report.span.as_secs_f64(),
+        "pools": pools,
+    })
+}

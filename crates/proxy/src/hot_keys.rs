@@ -1,0 +1,472 @@
+//! Which keys are hot, per pool. A server melting under one key is the most common
+//! memcached incident, and only the proxy sees every key. Each worker samples the keys it
+//! places (about one in `sample_every`, at random so a client cycling through a fixed set
+//! of keys cannot alias with the sampling) into a small space-saving sketch per pool:
+//! [`CAPACITY`] counters, the least counted one replaced by a new key. A key's count is
+//! over-estimated by at most the sketch's smallest count (its `error`), so any key with
+//! more than 1/CAPACITY of a pool's samples is always listed.
+//!
+//! The sketches live behind one mutex per worker that only the worker takes on a sampled
+//! request (uncontended) and the admin thread takes when asked: nothing is shared per
+//! request. Counts cover the interval in progress and the one before it, so a report
+//! always spans between one and two intervals.
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Keys counted per pool per worker.
+pub(crate) const CAPACITY: usize = 64;
+/// Key bytes kept per counter: memcached's key limit.
+const KEY_BYTES: usize = memroute_protocol::MAX_KEY_LEN;
+
+/// One counted key.
+#[derive(Clone)]
+struct Counter {
+    hash: u64,
+    len: u8,
+    key: [u8; KEY_BYTES],
+    count: u64,
+    /// How much of `count` may belong to the keys this counter replaced.
+    error: u64,
+    /// The server the key was last placed on.
+    server: u32,
+}
+
+impl Counter {
+    fn key(&self) -> &[u8] {
+        &self.key[..usize::from(self.len)]
+    }
+}
+
+/// A space-saving sketch of one pool's sampled keys.
+#[derive(Clone, Default)]
+struct Sketch {
+    samples: u64,
+    counters: Vec<Counter>,
+}
+
+impl Sketch {
+    fn add(&mut self, key: &[u8], server: u32) {
+        self.samples += 1;
+        let key = &key[..key.len().min(KEY_BYTES)];
+        let hash = hash(key);
+        if let Some(counter) = self
+            .counters
+            .iter_mut()
+            .find(|c| c.hash == hash && c.key() == key)
+        {
+            counter.count += 1;
+            counter.server = server;
+            return;
+        }
+        let mut fresh = Counter {
+            hash,
+            len: key.len() as u8,
+            key: [0; KEY_BYTES],
+            count: 1,
+            error: 0,
+            server,
+        };
+        fresh.key[..key.len()].copy_from_slice(key);
+        if self.counters.len() < CAPACITY {
+            if self.counters.capacity() == 0 {
+                self.counters.reserve_exact(CAPACITY);
+            }
+            self.counters.push(fresh);
+            return;
+        }
+        if let Some(least) = self.counters.iter_mut().min_by_key(|c| c.count) {
+            fresh.error = least.count;
+            fresh.count = least.count + 1;
+            *least = fresh;
+        }
+    }
+}
+
+fn hash(key: &[u8]) -> u64 {
+    // FNV-1a: short keys, no allocation, good enough to skip most byte compares.
+    key.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A worker's sketches: the interval in progress and the one before.
+struct Windows {
+    started: Instant,
+    current: HashMap<Arc<str>, Sketch>,
+    previous: HashMap<Arc<str>, Sketch>,
+    /// How long `previous` lasted (zero when there is none).
+    previous_length: Duration,
+}
+
+impl Windows {
+    fn new() -> Windows {
+        Windows {
+            started: Instant::now(),
+            current: HashMap::new(),
+            previous: HashMap::new(),
+            previous_length: Duration::ZERO,
+        }
+    }
+
+    /// Starts a new interval once `interval` has passed; drops what is two intervals old.
+    fn rotate(&mut self, now: Instant, interval: Duration) {
+        let age = now.saturating_duration_since(self.started);
+        if age < interval {
+            return;
+        }
+        if age < 2 * interval {
+            self.previous = std::mem::take(&mut self.current);
+            self.previous_length = age;
+        } else {
+            self.previous.clear();
+            self.current.clear();
+            self.previous_length = Duration::ZERO;
+        }
+        self.started = now;
+    }
+}
+
+/// Sampling settings, from `[admin]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Settings {
+    /// About one key in this many is sampled; 0 turns detection off.
+    pub sample_every: u32,
+    pub interval: Duration,
+    /// Whether reports name the keys (`admin.show_keys`).
+    pub show_keys: bool,
+}
+
+impl Settings {
+    /// `config`'s settings (`[admin]`), or the defaults without an admin table.
+    pub(crate) fn of(config: &memroute_config::Config) -> Settings {
+        match &config.admin {
+            Some(admin) => Settings {
+                sample_every: admin.hot_keys_sample,
+                interval: admin.hot_keys_interval,
+                show_keys: admin.show_keys,
+            },
+            None => Settings::default(),
+        }
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            sample_every: memroute_config::AdminConfig::HOT_KEYS_SAMPLE,
+            interval: memroute_config::AdminConfig::HOT_KEYS_INTERVAL,
+            show_keys: true,
+        }
+    }
+}
+
+/// One pool's sketches merged over workers: its samples, and each key's counts.
+type Merged = (u64, HashMap<Vec<u8>, HotKey>);
+
+/// Every worker's sketches, for the admin thread to merge.
+#[derive(Default)]
+pub(crate) struct HotKeyRegistry {
+    workers: Mutex<Vec<Arc<Mutex<Windows>>>>,
+    settings: Mutex<Settings>,
+}
+
+impl std::fmt::Debug for HotKeyRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HotKeyRegistry").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl HotKeyRegistry {
+    /// A new worker's sampler.
+    pub(crate) fn worker(&self, seed: u64) -> WorkerHotKeys {
+        let windows = Arc::new(Mutex::new(Windows::new()));
+        lock(&self.workers).push(windows.clone());
+        let settings = *lock(&self.settings);
+        WorkerHotKeys {
+            windows,
+            sample_every: Cell::new(settings.sample_every),
+            interval: Cell::new(settings.interval),
+            countdown: Cell::new(settings.sample_every),
+            random: Cell::new(seed | 1),
+        }
+    }
+
+    /// The settings new workers start with (workers take a config's settings as they
+    /// build its routing: [`WorkerHotKeys::configure`]).
+    pub(crate) fn set_settings(&self, settings: Settings) {
+        *lock(&self.settings) = settings;
+    }
+
+    /// The hottest keys of each pool over every worker, hottest first, at most `top` each.
+    pub(crate) fn report(&self, top: usize) -> Report {
+        let settings = *lock(&self.settings);
+        let now = Instant::now();
+        let mut merged: HashMap<Arc<str>, Merged> = HashMap::new();
+        let mut span = Duration::ZERO;
+        for windows in lock(&self.workers).iter() {
+            let mut windows = lock(windows);
+            windows.rotate(now, settings.interval);
+            span = span.max(windows.previous_length + now.duration_since(windows.started));
+            for sketches in [&windows.previous, &windows.current] {
+                for (pool, sketch) in sketches {
+                    let (samples, keys) = merged.entry(pool.clone()).or_default();
+                    *samples += sketch.samples;
+                    for counter in &sketch.counters {
+                        let key = keys.entry(counter.key().to_vec()).or_insert(HotKey {
+                            key: counter.key().to_vec(),
+                            samples: 0,
+                            error: 0,
+                            server: counter.server,
+                        });
+                        key.samples += counter.count;
+                        key.error += counter.error;
+                        key.server = counter.server;
+                    }
+                }
+            }
+        }
+        let mut pools: Vec<PoolHotKeys> = merged
+            .into_iter()
+            .map(|(pool, (samples, keys))| {
+                let mut keys: Vec<HotKey> = keys.into_values().collect();
+                keys.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.key.cmp(&b.key)));
+                keys.truncate(top);
+                PoolHotKeys {
+                    pool: pool.to_string(),
+                    samples,
+                    keys,
+                }
+            })
+            .collect();
+        pools.sort_by(|a, b| a.pool.cmp(&b.pool));
+        Report {
+            settings,
+            span,
+            pools,
+        }
+    }
+}
+
+/// One worker's sampler: [`WorkerHotKeys::observe`] is called for every key placed.
+pub(crate) struct WorkerHotKeys {
+    windows: Arc<Mutex<Windows>>,
+    sample_every: Cell<u32>,
+    interval: Cell<Duration>,
+    /// Keys to let pass before the next sample.
+    countdown: Cell<u32>,
+    random: Cell<u64>,
+}
+
+impl std::fmt::Debug for WorkerHotKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHotKeys")
+            .field("sample_every", &self.sample_every.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerHotKeys {
+    /// Applies a config's settings (the worker's next routing is built with them).
+    pub(crate) fn configure(&self, settings: Settings) {
+        if self.sample_every.get() != settings.sample_every {
+            self.countdown.set(settings.sample_every);
+        }
+        self.sample_every.set(settings.sample_every);
+        self.interval.set(settings.interval);
+    }
+
+    /// Counts `key`, placed on `server` of `pool`, when it is sampled.
+    #[inline]
+    pub(crate) fn observe(&self, pool: &str, key: &[u8], server: usize) {
+        let left = self.countdown.get();
+        if left > 1 {
+            self.countdown.set(left - 1);
+            return;
+        }
+        if self.sample_every.get() == 0 {
+            return;
+        }
+        self.sample(pool, key, server);
+    }
+
+    #[cold]
+    fn sample(&self, pool: &str, key: &[u8], server: usize) {
+        // The next sample after 1..=2n-1 keys: one in n on average, never in step with
+        // a client's own cycle of keys.
+        let every = u64::from(self.sample_every.get());
+        let mut x = self.random.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.random.set(x);
+        self.countdown.set((1 + x % (2 * every - 1)) as u32);
+        let mut windows = lock(&self.windows);
+        windows.rotate(Instant::now(), self.interval.get());
+        match windows.current.get_mut(pool) {
+            Some(sketch) => sketch.add(key, server as u32),
+            None => {
+                let mut sketch = Sketch::default();
+                sketch.add(key, server as u32);
+                windows.current.insert(Arc::from(pool), sketch);
+            }
+        }
+    }
+}
+
+/// What [`HotKeyRegistry::report`] found.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub settings: Settings,
+    /// The time the counts cover.
+    pub span: Duration,
+    pub pools: Vec<PoolHotKeys>,
+}
+
+#[derive(Debug)]
+pub(crate) struct PoolHotKeys {
+    pub pool: String,
+    /// Keys of this pool sampled over the span.
+    pub samples: u64,
+    pub keys: Vec<HotKey>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct HotKey {
+    pub key: Vec<u8>,
+    pub samples: u64,
+    /// At most this much of `samples` may be other keys' (space-saving's bound).
+    pub error: u64,
+    /// The server of the pool it was last placed on.
+    pub server: u32,
+}
+
+impl Report {
+    /// `key`'s fraction of its pool's requests.
+    pub(crate) fn share(pool: &PoolHotKeys, key: &HotKey) -> f64 {
+        match pool.samples {
+            0 => 0.0,
+            samples => key.samples as f64 / samples as f64,
+        }
+    }
+
+    /// `key`'s estimated requests per second.
+    pub(crate) fn rate(&self, key: &HotKey) -> f64 {
+        match self.span.as_secs_f64() {
+            secs if secs > 0.0 => key.samples as f64 * f64::from(self.settings.sample_every) / secs,
+            _ => 0.0,
+        }
+    }
+
+    /// `key` as reports show it: printable, or `<hidden>` with `admin.show_keys = false`.
+    pub(crate) fn key_text(&self, key: &HotKey) -> String {
+        match self.settings.show_keys {
+            true => printable(&key.key),
+            false => "<hidden>".to_string(),
+        }
+    }
+}
+
+/// A key as text: printable ASCII as is, anything else as `\xNN` (binary-protocol keys).
+pub(crate) fn printable(key: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(key.len());
+    for &b in key {
+        match b {
+            b'\\' => out.push_str("\\\\"),
+            0x21..=0x7e => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hottest_keys_come_first_with_their_shares() {
+        let registry = HotKeyRegistry::default();
+        registry.set_settings(Settings {
+            sample_every: 1,
+            interval: Duration::from_secs(3600),
+            show_keys: true,
+        });
+        let worker = registry.worker(7);
+        let pool: Arc<str> = Arc::from("main");
+        for i in 0..10_000u32 {
+            let key = match i % 20 {
+                0..=4 => "hot".to_string(),
+                5..=6 => "warm".to_string(),
+                _ => format!("cold{i}"),
+            };
+            worker.observe(&pool, key.as_bytes(), 3);
+        }
+        let report = registry.report(5);
+        let main = &report.pools[0];
+        assert_eq!(main.pool, "main");
+        assert_eq!(main.samples, 10_000);
+        assert_eq!(main.keys[0].key, b"hot");
+        assert_eq!(main.keys[1].key, b"warm");
+        assert_eq!(main.keys[0].server, 3);
+        let hot = Report::share(main, &main.keys[0]);
+        let warm = Report::share(main, &main.keys[1]);
+        assert!((hot - 0.25).abs() < 0.02, "{hot}");
+        assert!((warm - 0.10).abs() < 0.02, "{warm}");
+    }
+
+    #[test]
+    fn sampling_is_about_one_in_n_and_off_at_zero() {
+        let registry = HotKeyRegistry::default();
+        registry.set_settings(Settings {
+            sample_every: 16,
+            interval: Duration::from_secs(3600),
+            show_keys: true,
+        });
+        let worker = registry.worker(99);
+        let pool: Arc<str> = Arc::from("p");
+        for _ in 0..160_000 {
+            worker.observe(&pool, b"k", 0);
+        }
+        let samples = registry.report(1).pools[0].samples;
+        assert!((9_000..11_000).contains(&samples), "{samples}");
+        worker.configure(Settings {
+            sample_every: 0,
+            interval: Duration::from_secs(3600),
+            show_keys: true,
+        });
+        for _ in 0..1000 {
+            worker.observe(&pool, b"k", 0);
+        }
+        assert!(registry.report(1).pools[0].samples <= samples + 1);
+    }
+
+    #[test]
+    fn counts_older_than_two_intervals_are_dropped() {
+        let mut windows = Windows::new();
+        let start = windows.started;
+        let mut sketch = Sketch::default();
+        sketch.add(b"k", 0);
+        windows.current.insert(Arc::from("p"), sketch);
+        let interval = Duration::from_secs(10);
+        windows.rotate(start + Duration::from_secs(12), interval);
+        assert_eq!(windows.previous.len(), 1, "the last interval is kept");
+        assert!(windows.current.is_empty());
+        windows.rotate(start + Duration::from_secs(50), interval);
+        assert!(windows.previous.is_empty() && windows.current.is_empty());
+    }
+
+    #[test]
+    fn keys_print_safely() {
+        assert_eq!(printable(b"user:42"), "user:42");
+        assert_eq!(printable(b"a b\x7f\\"), "a\\x20b\\x7f\\\\");
+    }
+}
