@@ -6,8 +6,8 @@
 //! counted). Transitions are rare and serialised by the `watch` channel's lock, which
 //! also wakes whoever waits for one (the prober for down, reconnecting connections for up).
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use memroute_net::Connector;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -52,6 +52,9 @@ pub struct ServerHealth {
     marked_up_total: AtomicU64,
     /// Connections to this server open now, over every worker (readiness, metrics).
     open_connections: AtomicU64,
+    /// The last failure and when it happened (the admin panel shows it). Written only on
+    /// failures, never on the request path of a healthy server.
+    last_failure: Mutex<Option<(SystemTime, Arc<str>)>>,
 }
 
 impl ServerHealth {
@@ -79,6 +82,7 @@ impl ServerHealth {
             marked_down_total: AtomicU64::new(0),
             marked_up_total: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),
+            last_failure: Mutex::new(None),
         })
     }
 
@@ -120,6 +124,7 @@ impl ServerHealth {
 
     /// Counts one failure; reaching `failure_limit` marks the server down.
     pub fn record_failure(&self, reason: &str) {
+        self.remember_failure(reason);
         let failures = self
             .failures
             .fetch_add(1, Ordering::Relaxed)
@@ -131,6 +136,7 @@ impl ServerHealth {
 
     /// Marks the server down and wakes the prober; returns whether it was up before.
     pub fn mark_down(&self, reason: &str) -> bool {
+        self.remember_failure(reason);
         let changed = self.state.send_if_modified(|state| {
             if state.down {
                 return false;
@@ -148,6 +154,24 @@ impl ServerHealth {
             tracing::warn!(pool = %self.pool, server = %self.address, reason, "server marked down");
         }
         changed
+    }
+
+    fn remember_failure(&self, reason: &str) {
+        let mut last = self.last_failure.lock().unwrap_or_else(|e| e.into_inner());
+        // One allocation per distinct reason, not per failure.
+        let reason = match &*last {
+            Some((_, previous)) if &**previous == reason => previous.clone(),
+            _ => Arc::from(reason),
+        };
+        *last = Some((SystemTime::now(), reason));
+    }
+
+    /// The last failure (of a request, a connect or a probe) and when it happened.
+    pub fn last_failure(&self) -> Option<(SystemTime, Arc<str>)> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Marks the server up and wakes connections waiting to reconnect; returns whether it

@@ -3,7 +3,10 @@
 //! failovers / write failures / fills, a shadow route's copies, the reply budget, reloads.
 //! A leaf: `stats` renders them on gather, `control` and `generation` hand them out,
 //! the snapshot, executor and sessions bump them.
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::SystemTime;
 
 use prometheus::IntCounter;
 
@@ -68,14 +71,50 @@ impl ReplyBudget {
     }
 }
 
-/// Reloads counted since start (for `/metrics`; shared with whoever renders them).
+/// Reloads counted since start (for `/metrics`; shared with whoever renders them), and
+/// the last few (for the admin panel).
 #[derive(Debug, Default)]
 pub struct ReloadCounts {
     pub(crate) ok: AtomicU64,
     pub(crate) failed: AtomicU64,
+    recent: Mutex<VecDeque<ReloadRecord>>,
 }
 
+/// One reload of the config file, as the admin panel lists it.
+#[derive(Debug, Clone)]
+pub struct ReloadRecord {
+    pub at: SystemTime,
+    /// What started it: `SIGHUP`, `file change` or `admin request`.
+    pub trigger: &'static str,
+    pub applied: bool,
+    /// What was applied, or every error (with its key path) that rejected it.
+    pub detail: String,
+}
+
+/// Reloads the panel remembers.
+const RECENT_RELOADS: usize = 10;
+
 impl ReloadCounts {
+    /// Remembers a reload (the oldest of [`RECENT_RELOADS`] goes).
+    pub(crate) fn record(&self, trigger: &'static str, applied: bool, detail: String) {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if recent.len() == RECENT_RELOADS {
+            recent.pop_front();
+        }
+        recent.push_back(ReloadRecord {
+            at: SystemTime::now(),
+            trigger,
+            applied,
+            detail,
+        });
+    }
+
+    /// The last few reloads, newest first.
+    pub fn recent(&self) -> Vec<ReloadRecord> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.iter().rev().cloned().collect()
+    }
+
     /// Reloads that were applied.
     pub fn ok(&self) -> u64 {
         self.ok.load(Relaxed)

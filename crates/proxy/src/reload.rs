@@ -77,6 +77,7 @@ impl ProxyHandle {
         let trigger_name = trigger.as_str();
         let reject = |reason: String| {
             state.counts.failed.fetch_add(1, Relaxed);
+            state.counts.record(trigger_name, false, reason.clone());
             tracing::error!(config = %file, trigger = trigger_name, "config reload rejected: {reason}; keeping the running config");
             ReloadOutcome::Rejected(reason)
         };
@@ -116,6 +117,9 @@ impl ProxyHandle {
         match self.reload(config) {
             Ok(()) => {
                 state.counts.ok.fetch_add(1, Relaxed);
+                state
+                    .counts
+                    .record(trigger_name, true, format!("{pools} pools"));
                 self.set_config_source(&text);
                 tracing::info!(config = %file, trigger = trigger_name, pools, "config reloaded");
                 ReloadOutcome::Applied

@@ -502,6 +502,11 @@ impl Metrics {
         lock(&self.state).reloads = Some(counts);
     }
 
+    /// The reloads counted so far, when a config file is being watched.
+    pub(crate) fn reload_counts(&self) -> Option<Arc<ReloadCounts>> {
+        lock(&self.state).reloads.clone()
+    }
+
     /// Records the hash of the config now running.
     pub(crate) fn set_config_hash(&self, hash: &str) {
         self.config_info.reset();

@@ -2,6 +2,8 @@
 //! nothing here competes with the workers:
 //!
 //! ```text
+//!   GET  /              the panel: a page that shows /state, refreshed every 2 s
+//!   GET  /state         pools, servers, listeners, routes, hot keys, reloads (JSON)
 //!   GET  /metrics       Prometheus text (every worker flushes first, bounded wait)
 //!   GET  /healthz       the process is up
 //!   GET  /ready         200 once every pool has live connections (admin.ready_fraction),
@@ -21,6 +23,8 @@
 mod access;
 mod admission;
 mod hot_keys;
+mod panel;
+mod state;
 
 use std::convert::Infallible;
 use std::net::IpAddr;
@@ -69,6 +73,8 @@ pub(crate) struct AdminState {
     pub draining: AtomicBool,
     source: Mutex<Option<ConfigSource>>,
     reloads: Mutex<Option<mpsc::UnboundedSender<ReloadRequest>>>,
+    /// What the last `GET /state` saw, for per-server rates.
+    rates: state::RateMemory,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -83,6 +89,7 @@ impl AdminState {
             draining: AtomicBool::new(false),
             source: Mutex::new(None),
             reloads: Mutex::new(None),
+            rates: state::RateMemory::default(),
         }
     }
 
@@ -264,6 +271,11 @@ async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) ->
                 Metrics::encode(&families),
             )
         }
+        (&Method::GET, "/") => reply(StatusCode::OK, "text/html; charset=utf-8", panel::PAGE),
+        (&Method::GET, "/state") => {
+            let families = state.metrics.gather_fresh().await;
+            json(state::state(state, &families))
+        }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/ready") => {
             let reasons = state.not_ready_reasons();
@@ -309,7 +321,7 @@ async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) ->
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "try /metrics, /healthz, /ready, /config, /hotkeys, /route?key=K or POST /reload\n",
+            "try /, /state, /metrics, /healthz, /ready, /config, /hotkeys, /route?key=K or POST /reload\n",
         ),
     }
 }

@@ -1,0 +1,388 @@
+//! `GET /state`: everything the panel shows, as one JSON document (scripts may use it too;
+//! docs/operations.md describes its fields). Rates and latency percentiles are over the
+//! time since the previous `/state` (at least [`MIN_RATE_WINDOW`]), so a panel refreshing
+//! every second or two shows what is happening now, not since the process started.
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use memroute_config::{Config, RouteConfig};
+use prometheus::proto::{Metric, MetricFamily};
+use serde_json::{json, Value};
+
+use super::AdminState;
+
+/// Rates are computed over at least this long; a faster poll reuses the last window.
+const MIN_RATE_WINDOW: Duration = Duration::from_millis(500);
+
+/// One server's cumulative counts at one moment.
+#[derive(Debug, Clone, Default)]
+struct ServerCounts {
+    requests: u64,
+    /// Cumulative histogram bucket counts (upper bound in seconds, count).
+    buckets: Vec<(f64, u64)>,
+}
+
+/// Counts per (pool, server address).
+type PerServer = HashMap<(String, String), ServerCounts>;
+
+/// What the last `/state` saw, to turn cumulative counts into rates.
+#[derive(Debug, Default)]
+pub(crate) struct RateMemory {
+    last: Mutex<Option<(Instant, PerServer)>>,
+    /// The window last answered: (length, per-server deltas), reused by a faster poll.
+    window: Mutex<Option<(Duration, PerServer)>>,
+}
+
+/// The whole state document.
+pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
+    let generation = admin.controller.current();
+    let config = &generation.config;
+    let by_name: HashMap<&str, &MetricFamily> =
+        families.iter().map(|f| (f.get_name(), f)).collect();
+    let counts = server_counts(by_name.get("memroute_backend_round_trip_seconds").copied());
+    let (window, deltas) = admin
+        .rates
+        .window(counts.clone(), admin.metrics.started.elapsed());
+    let errors = per_server(by_name.get("memroute_backend_errors_total").copied());
+    let timeouts = per_server(by_name.get("memroute_backend_timeouts_total").copied());
+
+    let mut pools = Vec::new();
+    for (id, name) in generation.routes.pool_names.iter().enumerate() {
+        let Some(pool) = config.pools.get(name) else {
+            continue;
+        };
+        let healths = generation.health.get(id).map_or(&[][..], |h| &h[..]);
+        let rates: Vec<f64> = healths
+            .iter()
+            .map(|h| {
+                let key = (name.clone(), h.address().to_string());
+                deltas.get(&key).map_or(0.0, |d| d.requests as f64) / window.as_secs_f64()
+            })
+            .collect();
+        let mean = match rates.len() {
+            0 => 0.0,
+            n => rates.iter().sum::<f64>() / n as f64,
+        };
+        let servers: Vec<Value> = healths
+            .iter()
+            .zip(&rates)
+            .map(|(health, rate)| {
+                let key = (name.clone(), health.address().to_string());
+                let recent = deltas.get(&key);
+                let state = match (health.is_down(), pool.eject) {
+                    (false, _) => "up",
+                    (true, true) => "ejected",
+                    (true, false) => "down",
+                };
+                let (last_error, last_error_at) = match health.last_failure() {
+                    Some((at, reason)) => (Some(reason.to_string()), Some(unix_seconds(at))),
+                    None => (None, None),
+                };
+                json!({
+                    "address": health.address().to_string(),
+                    "state": state,
+                    "down_reason": health.is_down().then(|| health.down_reason().to_string()),
+                    "connections": health.open_connections(),
+                    "requests_per_second": rate,
+                    "requests_total": counts.get(&key).map_or(0, |c| c.requests),
+                    "p50_ms": recent.and_then(|d| quantile(&d.buckets, 0.50)).map(|s| s * 1e3),
+                    "p99_ms": recent.and_then(|d| quantile(&d.buckets, 0.99)).map(|s| s * 1e3),
+                    "errors_total": errors.get(&key).copied().unwrap_or(0),
+                    "timeouts_total": timeouts.get(&key).copied().unwrap_or(0),
+                    "last_error": last_error,
+                    "last_error_at": last_error_at,
+                    // This server's requests against its pool's mean: 1.0 is an even share.
+                    "load_vs_mean": (mean > 0.0).then(|| rate / mean),
+                })
+            })
+            .collect();
+        pools.push(json!({
+            "name": name,
+            "distribution": pool.distribution.as_str(),
+            "hash": pool.hash.as_str(),
+            "eject": pool.eject,
+            "servers": servers,
+        }));
+    }
+
+    let listeners: Vec<Value> = config
+        .proxy
+        .listen
+        .iter()
+        .map(|listen| {
+            let route = config.proxy.route_of(listen);
+            json!({ "address": listen.to_string(), "route": route, "tree": tree(config, route, 0) })
+        })
+        .collect();
+    let reloads: Vec<Value> = admin
+        .metrics
+        .reload_counts()
+        .map(|counts| counts.recent())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| {
+            json!({
+                "at": unix_seconds(r.at),
+                "trigger": r.trigger,
+                "applied": r.applied,
+                "detail": r.detail,
+            })
+        })
+        .collect();
+    json!({
+        "version": crate::version::VERSION,
+        "now": unix_seconds(SystemTime::now()),
+        "uptime_seconds": admin.metrics.started.elapsed().as_secs(),
+        "workers": admin.metrics.workers,
+        "window_seconds": window.as_secs_f64(),
+        "ready": admin.not_ready_reasons(),
+        "listeners": listeners,
+        "pools": pools,
+        "hot_keys": super::hot_keys::report(&admin.metrics, 5),
+        "reloads": reloads,
+    })
+}
+
+/// The route tree under `name`: a pool is a leaf, a route lists its children.
+fn tree(config: &Config, name: &str, depth: usize) -> Value {
+    // Config checking rejects cycles; the bound keeps a panel request finite regardless.
+    if depth > 32 {
+        return json!({ "name": name, "kind": "..." });
+    }
+    if let Some(pool) = config.pools.get(name) {
+        return json!({ "name": name, "kind": "pool", "detail": match pool.servers.len() { 1 => "1 server".to_string(), n => format!("{n} servers") } });
+    }
+    let Some(route) = config.routes.get(name) else {
+        return json!({ "name": name, "kind": "unknown" });
+    };
+    let child = |n: &str| tree(config, n, depth + 1);
+    let labelled = |label: String, n: &str| {
+        let mut node = child(n);
+        node["via"] = Value::String(label);
+        node
+    };
+    let (kind, detail, children): (&str, String, Vec<Value>) = match route {
+        RouteConfig::Prefix { prefixes, default } => (
+            "prefix",
+            String::new(),
+            prefixes
+                .iter()
+                .map(|(p, t)| labelled(format!("{p}*"), t))
+                .chain([labelled("default".into(), default)])
+                .collect(),
+        ),
+        RouteConfig::Operation {
+            operations,
+            default,
+        } => (
+            "operation",
+            String::new(),
+            operations
+                .iter()
+                .map(|(op, t)| labelled(op.as_str().to_string(), t))
+                .chain([labelled("default".into(), default)])
+                .collect(),
+        ),
+        RouteConfig::Shadow {
+            primary, shadow, ..
+        } => (
+            "shadow",
+            String::new(),
+            vec![
+                labelled("primary".into(), primary),
+                labelled("shadow".into(), shadow),
+            ],
+        ),
+        RouteConfig::Replicated {
+            children,
+            writes,
+            reads,
+        } => (
+            "replicated",
+            format!("writes {}, reads {}", writes.as_str(), reads.as_str()),
+            children.iter().map(|c| child(c)).collect(),
+        ),
+        RouteConfig::Failover { children, .. } => (
+            "failover",
+            "in order".to_string(),
+            children.iter().map(|c| child(c)).collect(),
+        ),
+        RouteConfig::WarmUp { cold, warm, ttl } => (
+            "warm-up",
+            format!("fill ttl {ttl} s"),
+            vec![labelled("cold".into(), cold), labelled("warm".into(), warm)],
+        ),
+        RouteConfig::Random { children } => (
+            "random",
+            String::new(),
+            children.iter().map(|c| child(c)).collect(),
+        ),
+        RouteConfig::Null => ("null", "answers misses".to_string(), Vec::new()),
+        RouteConfig::Error { message } => ("error", message.clone(), Vec::new()),
+    };
+    json!({ "name": name, "kind": kind, "detail": detail, "children": children })
+}
+
+impl RateMemory {
+    /// The per-server deltas since the previous call (and the window's length), or the
+    /// previous window when that call was less than [`MIN_RATE_WINDOW`] ago.
+    fn window(&self, now_counts: PerServer, uptime: Duration) -> (Duration, PerServer) {
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some((at, _)), Some(kept)) = (&*last, &*window) {
+            if now.duration_since(*at) < MIN_RATE_WINDOW {
+                return kept.clone();
+            }
+        }
+        let (length, deltas) = match &*last {
+            // The first call: counts since the process started.
+            None => (uptime.max(MIN_RATE_WINDOW), now_counts.clone()),
+            Some((at, before)) => {
+                let deltas = now_counts
+                    .iter()
+                    .map(|(key, counts)| {
+                        let earlier = before.get(key);
+                        (key.clone(), counts.since(earlier))
+                    })
+                    .collect();
+                (now.duration_since(*at), deltas)
+            }
+        };
+        *last = Some((now, now_counts));
+        *window = Some((length, deltas.clone()));
+        (length, deltas)
+    }
+}
+
+impl ServerCounts {
+    fn since(&self, earlier: Option<&ServerCounts>) -> ServerCounts {
+        let Some(earlier) = earlier else {
+            return self.clone();
+        };
+        ServerCounts {
+            requests: self.requests.saturating_sub(earlier.requests),
+            buckets: self
+                .buckets
+                .iter()
+                .zip(
+                    earlier
+                        .buckets
+                        .iter()
+                        .map(|b| b.1)
+                        .chain(std::iter::repeat(0)),
+                )
+                .map(|((bound, count), before)| (*bound, count.saturating_sub(before)))
+                .collect(),
+        }
+    }
+}
+
+/// The `q` quantile (seconds) of cumulative buckets, interpolated within its bucket as
+/// Prometheus' histogram_quantile does; `None` without samples.
+fn quantile(buckets: &[(f64, u64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let rank = q * total as f64;
+    let mut lower = (0.0, 0u64);
+    for &(bound, count) in buckets {
+        if count as f64 >= rank {
+            if bound.is_infinite() {
+                return Some(lower.0);
+            }
+            let in_bucket = (count - lower.1) as f64;
+            let fraction = match in_bucket {
+                n if n > 0.0 => (rank - lower.1 as f64) / n,
+                _ => 1.0,
+            };
+            return Some(lower.0 + (bound - lower.0) * fraction);
+        }
+        lower = (bound, count);
+    }
+    Some(lower.0)
+}
+
+fn labels(metric: &Metric) -> Option<(String, String)> {
+    let value = |name: &str| {
+        metric
+            .get_label()
+            .iter()
+            .find(|l| l.get_name() == name)
+            .map(|l| l.get_value().to_string())
+    };
+    Some((value("pool")?, value("server")?))
+}
+
+fn server_counts(family: Option<&MetricFamily>) -> PerServer {
+    let Some(family) = family else {
+        return HashMap::new();
+    };
+    family
+        .get_metric()
+        .iter()
+        .filter_map(|metric| {
+            let histogram = metric.get_histogram();
+            let mut buckets: Vec<(f64, u64)> = histogram
+                .get_bucket()
+                .iter()
+                .map(|b| (b.get_upper_bound(), b.get_cumulative_count()))
+                .collect();
+            buckets.push((f64::INFINITY, histogram.get_sample_count()));
+            Some((
+                labels(metric)?,
+                ServerCounts {
+                    requests: histogram.get_sample_count(),
+                    buckets,
+                },
+            ))
+        })
+        .collect()
+}
+
+fn per_server(family: Option<&MetricFamily>) -> HashMap<(String, String), u64> {
+    let Some(family) = family else {
+        return HashMap::new();
+    };
+    family
+        .get_metric()
+        .iter()
+        .filter_map(|m| Some((labels(m)?, m.get_counter().get_value() as u64)))
+        .collect()
+}
+
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_within_their_bucket() {
+        let buckets = [(0.001, 50), (0.002, 90), (0.004, 100), (f64::INFINITY, 100)];
+        let p50 = quantile(&buckets, 0.5).expect("samples");
+        assert!((p50 - 0.001).abs() < 1e-9, "{p50}");
+        let p99 = quantile(&buckets, 0.99).expect("samples");
+        assert!(p99 > 0.002 && p99 <= 0.004, "{p99}");
+        assert_eq!(quantile(&[(0.001, 0), (f64::INFINITY, 0)], 0.5), None);
+    }
+
+    #[test]
+    fn deltas_are_taken_bucket_by_bucket() {
+        let before = ServerCounts {
+            requests: 10,
+            buckets: vec![(0.001, 8), (f64::INFINITY, 10)],
+        };
+        let after = ServerCounts {
+            requests: 30,
+            buckets: vec![(0.001, 10), (f64::INFINITY, 30)],
+        };
+        let delta = after.since(Some(&before));
+        assert_eq!(delta.requests, 20);
+        assert_eq!(delta.buckets, vec![(0.001, 2), (f64::INFINITY, 20)]);
+    }
+}
