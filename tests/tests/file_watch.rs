@@ -246,7 +246,13 @@ fn a_write_storm_is_debounced_and_a_bad_file_keeps_the_running_config() {
     proxy.wait_stats("pool:main:servers == 2", DEADLINE, |s| {
         stat_u64(s, "pool:main:servers") == Some(2)
     });
-    // The last write is applied (pool of 2) and nothing is written after it: count now.
+    // The last write is applied (pool of 2) and nothing is written after it. The stats show
+    // the new pool a moment before the reload logs that it is done: wait for that line.
+    assert!(
+        proxy.wait_log_count("config reloaded", before + 1, DEADLINE),
+        "no `config reloaded` after the storm\n{}",
+        proxy.log_text()
+    );
     let reloads = proxy.log_count("config reloaded") - before;
     println!(
         "file watch: 100 writes in {:.2} s -> {reloads} reloads",

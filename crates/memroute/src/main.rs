@@ -257,10 +257,17 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
             Event::AdminReload(request) => {
                 let outcome = handle.reload_file(path, memroute_proxy::ReloadTrigger::Admin);
                 let _ = request.reply.send(match outcome {
-                    memroute_proxy::ReloadOutcome::Applied => Ok("applied".to_string()),
-                    memroute_proxy::ReloadOutcome::Unchanged => {
-                        Ok("the file is unchanged since the last reload".to_string())
+                    memroute_proxy::ReloadOutcome::Applied { kept } if kept.is_empty() => {
+                        Ok("applied".to_string())
                     }
+                    memroute_proxy::ReloadOutcome::Applied { kept } => Ok(format!(
+                        "applied, but these need a restart and keep their running values:\n{}",
+                        kept.join("\n")
+                    )),
+                    memroute_proxy::ReloadOutcome::Unchanged => Ok(
+                        "the file is unchanged since the running config was read from it"
+                            .to_string(),
+                    ),
                     memroute_proxy::ReloadOutcome::Rejected(reason) => Err(reason),
                 });
             }

@@ -132,7 +132,7 @@ impl ProxyHandle {
     /// `admin.listen`) keep their running values; each changed one is logged as a warning.
     /// A listener's route follows the new config.
     pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
-        self.reload_inner(config)
+        self.reload_inner(config).map(drop)
     }
 
     /// Records the text of the config file now running: `GET /config` shows it (secrets
@@ -178,12 +178,16 @@ impl ProxyHandle {
         )
     }
 
-    fn reload_inner(&self, mut config: Config) -> Result<(), ProxyError> {
+    /// [`ProxyHandle::reload`]; answers the restart-only settings the new config changed
+    /// and that kept their running values, as `key: why`.
+    fn reload_inner(&self, mut config: Config) -> Result<Vec<String>, ProxyError> {
         let _reloading = self.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.controller.base();
+        let mut kept = Vec::new();
         for change in restart_only::changes(&current, &config) {
             let key = change.key;
             tracing::warn!(key, "config reload: {key}: {}", change.message);
+            kept.push(format!("{key}: {}", change.message));
         }
         // Certificates first: a bad one fails the reload and leaves everything running.
         let listen_tls = transport::reload_certificates(&self.tls_listeners, &current, &config)?;
@@ -213,7 +217,7 @@ impl ProxyHandle {
             }
             waiting -= 1;
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// Re-reads every TLS listener's certificate files if they changed on disk (the

@@ -47,9 +47,10 @@ impl ReloadTrigger {
 /// How a reload ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReloadOutcome {
-    /// The new config is being served.
-    Applied,
-    /// The file holds exactly what the last reload read: nothing to do.
+    /// The new config is being served, but for the restart-only settings it changed,
+    /// which keep their running values (`key: why`, each also logged).
+    Applied { kept: Vec<String> },
+    /// The file holds exactly what the running config was read from: nothing to do.
     Unchanged,
     /// The file could not be read, did not validate, or could not be routed; the running
     /// config stays. The reason, as logged.
@@ -59,8 +60,9 @@ pub enum ReloadOutcome {
 /// What reloads remember between calls.
 #[derive(Debug, Default)]
 pub(crate) struct ReloadState {
-    /// The bytes the last reload read (applied or rejected); `None` until the first one.
-    last_read: Mutex<Option<Vec<u8>>>,
+    /// The bytes the last reload read, and why they were rejected (`None`: they are
+    /// running); `None` until the first one.
+    last_read: Mutex<Option<(Vec<u8>, Option<String>)>>,
     pub(crate) counts: Arc<ReloadCounts>,
 }
 
@@ -75,7 +77,10 @@ impl ProxyHandle {
         let mut last_read = state.last_read.lock().unwrap_or_else(|e| e.into_inner());
         let file = path.display();
         let trigger_name = trigger.as_str();
-        let reject = |reason: String| {
+        let reject = |last_read: &mut Option<(Vec<u8>, Option<String>)>, reason: String| {
+            if let Some((_, rejected)) = last_read.as_mut() {
+                *rejected = Some(reason.clone());
+            }
             state.counts.failed.fetch_add(1, Relaxed);
             state.counts.record(trigger_name, false, reason.clone());
             tracing::error!(config = %file, trigger = trigger_name, "config reload rejected: {reason}; keeping the running config");
@@ -84,9 +89,21 @@ impl ProxyHandle {
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             // Not remembered: the file coming back with the old bytes is not a change.
-            Err(error) => return reject(format!("cannot read the config file: {error}")),
+            Err(error) => {
+                return reject(&mut None, format!("cannot read the config file: {error}"))
+            }
         };
-        if last_read.as_deref() == Some(bytes.as_slice()) {
+        if let Some((read, Some(rejected))) = &*last_read {
+            if read == &bytes {
+                // Not a new reload (nothing counted): the same bytes, the same answer. The
+                // running config is still not this file.
+                tracing::info!(config = %file, trigger = trigger_name, "config unchanged since it was rejected; keeping the running config");
+                return ReloadOutcome::Rejected(format!(
+                    "the file is unchanged since it was rejected: {rejected}"
+                ));
+            }
+        }
+        if last_read.as_ref().map(|(read, _)| read) == Some(&bytes) {
             // The certificate files may have changed even though the config did not.
             self.recheck_certificates();
             tracing::debug!(config = %file, trigger = trigger_name, "config unchanged since the last reload");
@@ -95,11 +112,11 @@ impl ProxyHandle {
             }
             return ReloadOutcome::Unchanged;
         }
-        *last_read = Some(bytes.clone());
+        *last_read = Some((bytes.clone(), None));
         tracing::info!(config = %file, trigger = trigger_name, "reloading the config");
         let text = match String::from_utf8(bytes) {
             Ok(text) => text,
-            Err(_) => return reject("the config file is not UTF-8".to_string()),
+            Err(_) => return reject(&mut last_read, "the config file is not UTF-8".to_string()),
         };
         let config = match memroute_config::parse(&text) {
             Ok(config) => config,
@@ -107,24 +124,26 @@ impl ProxyHandle {
                 for error in &errors.0 {
                     tracing::error!(config = %file, "config error: {error}");
                 }
-                return reject(format!(
-                    "invalid config ({} errors):\n{errors}",
-                    errors.0.len()
-                ));
+                return reject(
+                    &mut last_read,
+                    format!("invalid config ({} errors):\n{errors}", errors.0.len()),
+                );
             }
         };
         let pools = config.pools.len();
-        match self.reload(config) {
-            Ok(()) => {
+        match self.reload_inner(config) {
+            Ok(kept) => {
                 state.counts.ok.fetch_add(1, Relaxed);
-                state
-                    .counts
-                    .record(trigger_name, true, format!("{pools} pools"));
+                let mut detail = format!("{pools} pools");
+                for setting in &kept {
+                    detail.push_str(&format!("\nkept (needs a restart): {setting}"));
+                }
+                state.counts.record(trigger_name, true, detail);
                 self.set_config_source(&text);
                 tracing::info!(config = %file, trigger = trigger_name, pools, "config reloaded");
-                ReloadOutcome::Applied
+                ReloadOutcome::Applied { kept }
             }
-            Err(error) => reject(error.to_string()),
+            Err(error) => reject(&mut last_read, error.to_string()),
         }
     }
 
@@ -144,7 +163,7 @@ impl ProxyHandle {
             .reload_state
             .last_read
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(bytes);
+            .unwrap_or_else(|e| e.into_inner()) = Some((bytes, None));
     }
 }
 
@@ -209,13 +228,30 @@ mod tests {
             config_text(port, "\"127.0.0.1:1\", \"127.0.0.1:2\""),
         )
         .expect("write");
-        assert_eq!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Applied);
+        assert_eq!(
+            reload(ReloadTrigger::FileChanged),
+            ReloadOutcome::Applied { kept: Vec::new() }
+        );
         assert_eq!(reload(ReloadTrigger::Signal), ReloadOutcome::Unchanged);
         assert_eq!((counts.ok(), counts.failed()), (1, 0));
 
         std::fs::write(&file.0, config_text(port, "\"127.0.0.1:1:0\"")).expect("write");
         assert!(
             matches!(reload(ReloadTrigger::Admin), ReloadOutcome::Rejected(r) if r.contains("invalid config"))
+        );
+        // Asked again, the same bytes are still rejected (the running config is not the
+        // file), and not counted twice.
+        assert!(
+            matches!(reload(ReloadTrigger::Signal), ReloadOutcome::Rejected(r) if r.contains("unchanged since it was rejected") && r.contains("invalid config"))
+        );
+        // A restart-only change applies the rest and says what it kept.
+        std::fs::write(
+            &file.0,
+            config_text(port, "\"127.0.0.1:1\"").replace("workers = 1", "workers = 3"),
+        )
+        .expect("write");
+        assert!(
+            matches!(reload(ReloadTrigger::Admin), ReloadOutcome::Applied { kept } if kept.len() == 1 && kept[0].starts_with("proxy.workers"))
         );
         std::fs::write(&file.0, "").expect("empty");
         assert!(matches!(
@@ -226,7 +262,7 @@ mod tests {
         assert!(
             matches!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Rejected(r) if r.contains("cannot read"))
         );
-        assert_eq!((counts.ok(), counts.failed()), (1, 3));
+        assert_eq!((counts.ok(), counts.failed()), (2, 3));
 
         handle.shutdown();
         handle.join();
