@@ -151,8 +151,8 @@ impl Walk<'_> {
                 reads,
             } => {
                 let policy = match self.operation.is_write() {
-                    true => format!("replica, writes {writes:?}"),
-                    false => format!("replica, reads {reads:?}"),
+                    true => format!("replica, writes {}", writes.as_str()),
+                    false => format!("replica, reads {}", reads.as_str()),
                 };
                 for (i, child) in children.clone().into_iter().enumerate() {
                     let role = format!("{role}, {policy} {}/{}", i + 1, children.len());
@@ -170,8 +170,19 @@ impl Walk<'_> {
             }
             Node::WarmUp { cold, warm, .. } => {
                 let (cold, warm) = (*cold, *warm);
-                self.visit(cold, path.clone(), format!("{role}, cold"));
-                self.visit(warm, path, format!("{role}, warm (on a cold miss)"));
+                // Only reads go on to warm (route::warm_up::warms_up); everything else,
+                // writes included, is cold's alone.
+                let warms_up = matches!(
+                    self.operation,
+                    Operation::Get | Operation::Gets | Operation::Gat | Operation::Gats
+                );
+                match warms_up {
+                    true => {
+                        self.visit(cold, path.clone(), format!("{role}, cold"));
+                        self.visit(warm, path, format!("{role}, warm (on a cold miss)"));
+                    }
+                    false => self.visit(cold, path, format!("{role}, cold")),
+                }
             }
             Node::Random { children } => {
                 for child in children.clone() {
@@ -243,6 +254,43 @@ fraction = 1.0
         assert_eq!(shadowed[1].role, "primary, shadow copy");
         assert_eq!(shadowed[1].server.as_deref(), Some("127.0.0.1:1"));
         assert_eq!(operation_named("delete"), Some(Operation::Delete));
+    }
+
+    #[test]
+    fn warm_up_writes_go_to_cold_and_policies_print_as_configured() {
+        let config = memroute_config::parse(
+            r#"
+[proxy]
+listen = ["127.0.0.1:11211"]
+route = "warm"
+[pools.a]
+servers = ["127.0.0.1:1"]
+[pools.b]
+servers = ["127.0.0.1:2"]
+[routes.warm]
+type = "warm-up"
+cold = "a"
+warm = "both"
+[routes.both]
+type = "replicated"
+children = ["a", "b"]
+"#,
+        )
+        .expect("config");
+        let set = route_key(&config, 0, Operation::Set, b"k").expect("route");
+        assert_eq!(set.len(), 1, "{set:?}");
+        assert_eq!(set[0].pool.as_deref(), Some("a"));
+        assert_eq!(set[0].role, "primary, cold");
+        let get = route_key(&config, 0, Operation::Get, b"k").expect("route");
+        assert_eq!(get.len(), 3, "{get:?}");
+        assert_eq!(
+            get[1].role,
+            "primary, warm (on a cold miss), replica, reads failover 1/2"
+        );
+        let mut replicated = config.clone();
+        replicated.proxy.route = "both".to_string();
+        let set = route_key(&replicated, 0, Operation::Set, b"k").expect("route");
+        assert_eq!(set[1].role, "primary, replica, writes all-sync 2/2");
     }
 
     #[test]
