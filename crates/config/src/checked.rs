@@ -18,6 +18,35 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
 }
 
+impl Config {
+    /// Makes every relative file path in the config (TLS certificates, keys and CAs, the
+    /// hosts file, the admin token file) relative to `base`, the config file's folder, so
+    /// `cert = "server.pem"` next to the config works whatever the working directory.
+    pub fn resolve_paths(&mut self, base: &std::path::Path) {
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        };
+        for tls in self.proxy.transport.listen_tls.values_mut() {
+            resolve(&mut tls.cert);
+            resolve(&mut tls.key);
+            tls.client_ca.iter_mut().for_each(resolve);
+        }
+        for pool in self.pools.values_mut() {
+            if let Some(tls) = pool.tls.as_mut() {
+                tls.ca.iter_mut().for_each(resolve);
+                tls.cert.iter_mut().for_each(resolve);
+                tls.key.iter_mut().for_each(resolve);
+            }
+        }
+        self.discovery.hosts_file.iter_mut().for_each(resolve);
+        if let Some(AdminToken::File(path)) = self.admin.as_mut().and_then(|a| a.token.as_mut()) {
+            resolve(path);
+        }
+    }
+}
+
 /// `[discovery]`: settings shared by every DNS-discovered pool.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DiscoveryConfig {

@@ -40,3 +40,37 @@ fn a_token_that_cannot_work_is_an_error_at_its_key() {
         );
     }
 }
+
+#[test]
+fn relative_file_paths_are_the_config_files_neighbours() {
+    let mut config = parse(
+        "[proxy]\nlisten = [{ address = \"127.0.0.1:11211\", tls = { cert = \"server.pem\", key = \"/abs/server.key\" } }]\n\n\
+         [pools.main]\nservers = [\"127.0.0.1:11311\"]\ntls = { ca = \"certs/ca.pem\" }\n\n\
+         [discovery]\nhosts_file = \"hosts\"\n\n\
+         [admin]\nlisten = \"127.0.0.1:9150\"\ntoken_file = \"token\"\n",
+    )
+    .expect("valid");
+    config.resolve_paths(std::path::Path::new("/etc/memroute"));
+    let tls = config
+        .proxy
+        .transport
+        .listen_tls
+        .values()
+        .next()
+        .expect("tls");
+    assert_eq!(tls.cert, std::path::Path::new("/etc/memroute/server.pem"));
+    assert_eq!(tls.key, std::path::Path::new("/abs/server.key"));
+    let pool_tls = config.pools["main"].tls.as_ref().expect("pool tls");
+    assert_eq!(
+        pool_tls.ca.as_deref(),
+        Some(std::path::Path::new("/etc/memroute/certs/ca.pem"))
+    );
+    assert_eq!(
+        config.discovery.hosts_file.as_deref(),
+        Some(std::path::Path::new("/etc/memroute/hosts"))
+    );
+    assert_eq!(
+        config.admin.and_then(|a| a.token),
+        Some(AdminToken::File("/etc/memroute/token".into()))
+    );
+}

@@ -25,7 +25,7 @@ use memroute_config::{Config, RouteConfig};
 #[command(name = "memroute", version, about = "A memcached routing proxy")]
 struct Cli {
     /// The TOML config file.
-    #[arg(short, long, global = true)]
+    #[arg(short, long)]
     config: Option<PathBuf>,
     /// Validate the config, print the pools and routes it defines, and exit.
     #[arg(long)]
@@ -57,6 +57,9 @@ enum Command {
         /// (default: the first listener).
         #[arg(long)]
         listen: Option<String>,
+        /// The TOML config file (also accepted before `route`).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
         /// Keys to look up.
         #[arg(required = true)]
         keys: Vec<String>,
@@ -108,19 +111,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Route {
             operation,
             listen,
+            config,
             keys,
-        }) => Some((operation, listen, keys)),
+        }) => Some((operation, listen, keys, config)),
         None => None,
     };
-    let Some(path) = cli.config else {
+    let route_config = route_keys.as_ref().and_then(|r| r.3.clone());
+    let Some(path) = route_config.or(cli.config) else {
         anyhow::bail!("--config FILE is required (see --help)");
     };
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     let text = std::str::from_utf8(&bytes)
         .with_context(|| format!("invalid config {}: not UTF-8", path.display()))?;
-    let config = memroute_config::parse(text)
-        .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
-    if let Some((operation, listen, keys)) = route_keys {
+    let mut config = memroute_config::parse(text).map_err(|errors| {
+        // The most common wrong file: an mcrouter (or twemproxy) config given as is.
+        let hint = match text.trim_start().chars().next() {
+            Some('{') => "\nthis looks like an mcrouter JSON config: convert it with `memroute import-mcrouter FILE > memroute.toml`",
+            _ if text.contains("servers:") && text.contains("listen:") => "\nthis looks like a twemproxy YAML config: convert it with `memroute import-twemproxy FILE > memroute.toml`",
+            _ => "",
+        };
+        anyhow::anyhow!("invalid config {}:\n{errors}{hint}", path.display())
+    })?;
+    config.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
+    if let Some((operation, listen, keys, _)) = route_keys {
         return route(&config, &operation, listen.as_deref(), &keys);
     }
     if cli.check {

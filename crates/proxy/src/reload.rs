@@ -119,7 +119,10 @@ impl ProxyHandle {
             Err(_) => return reject(&mut last_read, "the config file is not UTF-8".to_string()),
         };
         let config = match memroute_config::parse(&text) {
-            Ok(config) => config,
+            Ok(mut config) => {
+                config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
+                config
+            }
             Err(errors) => {
                 for error in &errors.0 {
                     tracing::error!(config = %file, "config error: {error}");
