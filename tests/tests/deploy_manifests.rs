@@ -350,7 +350,8 @@ fn every_kubernetes_manifest_is_complete_and_consistent() {
         "expected the tier's and the sidecar's configs, found {checked}"
     );
 
-    // kustomization.yaml lists exactly the manifest files.
+    // kustomization.yaml lists exactly the manifest files but the sidecar example, which
+    // is applied on its own (it brings an example app).
     let kustomization: Value = serde_yaml::from_str(
         &std::fs::read_to_string(docker_dir().join("k8s/kustomization.yaml"))
             .expect("kustomization"),
@@ -363,8 +364,23 @@ fn every_kubernetes_manifest_is_complete_and_consistent() {
     let files: BTreeSet<String> = docs
         .iter()
         .filter_map(|(what, _)| what.split('#').next().map(str::to_string))
+        .filter(|file| file != "sidecar.yaml")
         .collect();
     assert_eq!(listed, files, "kustomization.yaml resources");
+    // Every memroute container pins its pull policy (a `latest` tag is otherwise pulled on
+    // every start, and a local-only image fails to pull).
+    for (what, doc) in &docs {
+        for container in seq(at(doc, "spec.template.spec.containers")) {
+            let image = container.get("image").and_then(Value::as_str).unwrap_or("");
+            if image.contains("memroute") {
+                assert_eq!(
+                    container.get("imagePullPolicy").and_then(Value::as_str),
+                    Some("IfNotPresent"),
+                    "{what}: the memroute container's imagePullPolicy"
+                );
+            }
+        }
+    }
 }
 
 #[test]

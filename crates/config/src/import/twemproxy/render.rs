@@ -21,7 +21,7 @@ pub(super) fn render(pools: &[Pool], served: &[&Pool]) -> String {
     out.push_str("\n[proxy]\n");
     render_listeners(&mut out, served);
     out.push_str(
-        "# twemproxy is single-threaded; memroute runs one worker per core (0 = all cores).\n",
+        "# twemproxy is single-threaded; memroute runs several workers (0 = the CPUs it may\n# use minus one, at least one).\n",
     );
     out.push_str("workers = 0\n");
     render_backlog(&mut out, served);
