@@ -76,7 +76,7 @@ fn a_replicated_all_sync_set_with_a_replica_down_answers_as_the_executor_does() 
             "executor, attempt {attempt}"
         );
     }
-    // The replica that answered was written all the same, as before.
+    // The replica that answered was written all the same.
     assert_eq!(a.connect().get("k").as_deref(), Some(&b"y"[..]));
     assert_eq!(route_stat(&proxy, "fast", "write_failures"), 3);
     assert_eq!(route_stat(&proxy, "exec", "write_failures"), 3);

@@ -29,9 +29,7 @@ use crate::walk::{
 };
 use crate::{ConfigError, ConfigErrors};
 
-/// The defaults live in their own module (checked.rs uses them too); `raw::defaults`
-/// stays a valid path.
-pub use crate::defaults;
+use crate::defaults;
 /// For the importers, which write keys the way the walker reads them back.
 pub(crate) use crate::walk::toml_key;
 /// The value parsers live with the walker; these paths stay valid.
@@ -551,7 +549,7 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
         Duration::from_millis(defaults::SHUTDOWN_TIMEOUT_MS),
         errs,
     );
-    // 0 is meaningful here: stop accepting at once, as before drain existed.
+    // 0 is meaningful here: stop accepting at once, with no drain delay.
     let drain_delay = match t.get("drain_delay") {
         None => Duration::from_millis(defaults::DRAIN_DELAY_MS),
         Some(v) => parse_duration(v).unwrap_or_else(|m| {

@@ -1,4 +1,4 @@
-//! Issue 3's config: every route type with its defaults, pool health settings, DNS
+//! Every route type with its defaults, pool health settings, DNS
 //! discovery, and every class of mistake reported with its key path, all at once.
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The socket options TCP Fast Open needs, which neither std, tokio nor socket2 expose.
 //!
-//! This is the one module of memroute that allows `unsafe`: `setsockopt(2)` takes a raw
-//! pointer to the option value. Each call passes a pointer to a live, correctly sized
+//! One of memroute's two modules that allow `unsafe` (the other is `uring`, whose buffers
+//! are lent to the kernel): `setsockopt(2)` takes a raw pointer to the option value. Each call passes a pointer to a live, correctly sized
 //! `c_int` on the stack and a descriptor borrowed from a socket that outlives the call,
 //! so the kernel reads exactly `size_of::<c_int>()` valid bytes.
 #![allow(unsafe_code)]

@@ -780,7 +780,8 @@ mod tests {
     }
 
     /// Replies as memcached writes them are framed by the one-pass reader; anything else
-    /// (error lines, malformed or cut lines anywhere in the reply) exactly as before.
+    /// (error lines, malformed or cut lines anywhere in the reply) exactly as the careful
+    /// reader does.
     #[test]
     fn retrieval_framing_agrees_on_whole_cut_and_broken_replies() {
         let limits = Limits::default();
@@ -819,7 +820,7 @@ mod tests {
                 "cut at {cut}"
             );
         }
-        // A VALUE line longer than the line limit is refused, as before.
+        // A VALUE line longer than the line limit is refused.
         let small = Limits {
             max_line_len: 12,
             ..Limits::default()
@@ -850,7 +851,7 @@ mod tests {
         }
         assert_eq!(value_block_for(reply, 17, b"abc"), Some(17..38));
         assert_eq!(value_block_for(reply, 38, b"abc"), None);
-        // A header the fast reader refuses is read by the careful one, as before.
+        // A header the fast reader refuses is read by the careful one.
         let padded = b"VALUE k 0 1 \r\n1\r\nEND\r\n";
         assert_eq!(
             value_block_for(padded, 0, b"k"),

@@ -19,7 +19,7 @@
 //! each request's *scheduled* time to the end of its reply (coordinated omission corrected).
 //!
 //! By default everything runs on ONE OS thread (a current-thread tokio runtime),
-//! mirroring "one load-generator thread" in the issue; `--threads N` changes it.
+//! so the generator takes one core of a small machine; `--threads N` changes it.
 //!
 //! `--cpu NAME=PID` samples utime+stime of that process from /proc exactly at the
 //! window boundaries, so CPU per op covers the measured window only (not the
