@@ -367,8 +367,10 @@ impl Translator {
         Framed::Close
     }
 
-    /// A frame `parse_binary` refused: a value too large is answered and skipped as it
-    /// arrives; anything else cannot be framed past, so the connection closes.
+    /// A frame `parse_binary` refused, answered as memcached answers it: a storage value too
+    /// large (`Too large`) and the body of an opcode memcached does not know (`Unknown
+    /// command`) are skipped as they arrive and the connection goes on; anything else closes
+    /// it.
     // The framing call's own arguments plus what the parser said, passed apart.
     #[allow(clippy::too_many_arguments)]
     fn unframeable(
@@ -383,23 +385,36 @@ impl Translator {
     ) -> Framed {
         let peer = (at.peer)();
         client_log::count(at.context, &peer, ClientEvent::Error);
-        if error == BinaryError::BodyTooLarge && is_storage(frame.opcode) {
-            // memcached answers `Too large` and discards the value: so do we, as it
-            // arrives, without buffering it.
-            client_log::count(at.context, &peer, ClientEvent::OversizedValue);
-            client_log::protocol_error(&peer, "binary", "value too large");
-            self.answer(pending, frame, Status::TooLarge);
-            let now = input.len().min(HEADER_LEN + body_len);
-            input.advance(now);
-            *swallow = HEADER_LEN + body_len - now;
-            return Framed::Next;
+        if error == BinaryError::BodyTooLarge {
+            // memcached discards a value too large, or the body of an opcode it does not
+            // know, after its answer: so do we, as it arrives, without buffering it.
+            let status = if is_storage(frame.opcode) {
+                client_log::count(at.context, &peer, ClientEvent::OversizedValue);
+                client_log::protocol_error(&peer, "binary", "value too large");
+                Some(Status::TooLarge)
+            } else if unknown_to_memcached(frame.opcode) {
+                client_log::protocol_error(&peer, "binary", "unknown opcode");
+                Some(Status::UnknownCommand)
+            } else {
+                None
+            };
+            if let Some(status) = status {
+                self.answer(pending, frame, status);
+                let now = input.len().min(HEADER_LEN + body_len);
+                input.advance(now);
+                *swallow = HEADER_LEN + body_len - now;
+                return Framed::Next;
+            }
         }
         client_log::count(at.context, &peer, ClientEvent::FramingClose);
         match error {
             // Not a binary frame: memcached closes without a word.
             BinaryError::BadMagic => {}
-            BinaryError::BodyTooLarge => self.answer(pending, frame, Status::TooLarge),
-            BinaryError::LengthsExceedBody => self.answer(pending, frame, Status::InvalidArguments),
+            BinaryError::LengthsExceedBody => self.answer(pending, frame, Status::UnknownCommand),
+            // A known opcode whose body cannot be its own: memcached's protocol error.
+            BinaryError::KeyTooLong | BinaryError::BodyTooLarge => {
+                self.answer(pending, frame, Status::InvalidArguments)
+            }
         }
         client_log::framing_close(&peer, "binary", error_name(error));
         input.clear();
@@ -427,8 +442,8 @@ impl Translator {
         self.send(at, shape, pending)
     }
 
-    /// Answers a request that breaks memcached's rules for its opcode (closing on a key
-    /// too long, as memcached does); `None` for a request to translate.
+    /// Answers a request that breaks memcached's rules for its opcode and closes, as
+    /// memcached does; `None` for a request to translate.
     fn refuse(
         &mut self,
         at: &Inbound<'_>,
@@ -439,14 +454,9 @@ impl Translator {
             let peer = (at.peer)();
             client_log::count(at.context, &peer, ClientEvent::Error);
             self.answer(pending, Frame::of(request), Status::InvalidArguments);
-            if request.key.len() > MAX_KEY_LEN {
-                // memcached closes a connection that sent a key over its limit.
-                client_log::count(at.context, &peer, ClientEvent::FramingClose);
-                client_log::framing_close(&peer, "binary", "key longer than memcached's limit");
-                return Some(self.close(pending));
-            }
-            client_log::protocol_error(&peer, "binary", "invalid arguments");
-            return Some(Framed::Next);
+            client_log::count(at.context, &peer, ClientEvent::FramingClose);
+            client_log::framing_close(&peer, "binary", "body unlike its opcode's");
+            return Some(self.close(pending));
         }
         if request.value.len() > at.routing.limits.max_value_len {
             let peer = (at.peer)();
@@ -467,7 +477,7 @@ impl Translator {
     ) -> Framed {
         let frame = Frame::of(&request);
         match request.opcode {
-            op::NOOP | op::VERBOSITY => self.answer(pending, frame, Status::Success),
+            op::NOOP => self.answer(pending, frame, Status::Success),
             op::VERSION => self.push(pending, Pending::Ready(Bytes::new()), Shape::Version(frame)),
             op::STAT if request.key.is_empty() => {
                 let stats = crate::dispatch::all_stats(at.context);
@@ -486,11 +496,12 @@ impl Translator {
                 self.answer(pending, frame, Status::UnknownCommand)
             }
             _ => {
-                // memcached closes the connection on an opcode it does not know.
+                // memcached answers an opcode it does not know (VERBOSITY among them, in
+                // 1.6) and reads on.
                 let peer = (at.peer)();
                 client_log::count(at.context, &peer, ClientEvent::Error);
                 client_log::protocol_error(&peer, "binary", "unknown opcode");
-                return self.close(pending);
+                self.answer(pending, frame, Status::UnknownCommand);
             }
         }
         Framed::Next
@@ -590,10 +601,22 @@ fn error_name(error: BinaryError) -> &'static str {
         BinaryError::BadMagic => "bad magic byte",
         BinaryError::BodyTooLarge => "body length beyond the value size limit",
         BinaryError::LengthsExceedBody => "key and extras longer than the body",
+        BinaryError::KeyTooLong => "key longer than memcached's limit",
     }
 }
 
-/// Whether the body's parts have the sizes memcached requires of this opcode.
+/// Opcodes memcached 1.6 answers `Unknown command`, skipping their body: those it does not
+/// know, and SASL's (memroute has no SASL, as a memcached started without `-S`).
+fn unknown_to_memcached(opcode: u8) -> bool {
+    let known = matches!(
+        opcode,
+        op::GET..=op::PREPENDQ | op::TOUCH..=op::GATQ | op::SASL_LIST_MECHS | op::GATK | op::GATKQ
+    );
+    !known
+}
+
+/// Whether the body's parts have the sizes memcached requires of this opcode (the key's
+/// length limit is the framing's).
 fn well_formed(request: &BinaryRequest) -> bool {
     let (extras, key, value) = (request.extras.len(), request.key.len(), request.value.len());
     let keyed = key > 0 && key <= MAX_KEY_LEN;
@@ -610,7 +633,11 @@ fn well_formed(request: &BinaryRequest) -> bool {
         }
         op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => extras == 4 && keyed && value == 0,
         op::FLUSH | op::FLUSHQ => (extras == 0 || extras == 4) && key == 0 && value == 0,
-        op::NOOP | op::VERSION | op::QUIT | op::QUITQ => extras == 0 && key == 0 && value == 0,
+        op::NOOP | op::VERSION | op::QUIT | op::QUITQ | op::SASL_LIST_MECHS => {
+            extras == 0 && key == 0 && value == 0
+        }
+        op::STAT => extras == 0,
+        op::SASL_AUTH | op::SASL_STEP => extras == 0 && key > 0,
         _ => true,
     }
 }
