@@ -647,7 +647,7 @@ fn well_formed(request: &BinaryRequest) -> bool {
 /// itself.
 fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Translated> {
     let frame = Frame::of(request);
-    let ttl = || request.extra_u32(0).unwrap_or(0) as i32;
+    let ttl = || expiry(request.extra_u32(0).unwrap_or(0));
     Some(match request.opcode {
         op::GET | op::GETQ | op::GETK | op::GETKQ => {
             meta_get(line, &request.key, true, None);
@@ -679,7 +679,7 @@ fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Transla
         op::FLUSH | op::FLUSHQ => {
             match request.extra_u32(0) {
                 Some(delay) if delay != 0 => {
-                    let _ = write!(line, "flush_all {delay}\r\n");
+                    let _ = write!(line, "flush_all {}\r\n", expiry(delay));
                 }
                 _ => line.put_slice(b"flush_all\r\n"),
             }
@@ -689,8 +689,17 @@ fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Transla
     })
 }
 
+/// A binary request's 32-bit expiry as the text protocol carries it. memcached reads the
+/// binary field unsigned, so 2^31 and more is an absolute time far ahead (2038 to 2106);
+/// its text parser keeps only 32 signed bits and would read that as negative, expired at
+/// once. The largest time the text protocol carries, 2^31 - 1 (January 2038), keeps such an
+/// item as memcached keeps it; only its expiry comes sooner.
+fn expiry(binary: u32) -> u32 {
+    binary.min(i32::MAX as u32)
+}
+
 /// `mg <key> [v] f c [T<ttl>]`: a get (with the value), a gat, or a touch (without).
-fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<i32>) {
+fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<u32>) {
     line.put_slice(b"mg ");
     let base64 = put_key(line, key);
     line.put_slice(if value { b" v f c" } else { b" f c" });
@@ -713,7 +722,7 @@ fn meta_set(line: &mut BytesMut, request: &BinaryRequest) {
     let base64 = put_key(line, &request.key);
     let _ = write!(line, " {} M{mode} c", request.value.len());
     if let (Some(flags), Some(ttl)) = (request.extra_u32(0), request.extra_u32(4)) {
-        let _ = write!(line, " F{flags} T{}", ttl as i32);
+        let _ = write!(line, " F{flags} T{}", expiry(ttl));
     }
     put_cas(line, request.cas);
     end_line(line, base64);
@@ -729,13 +738,13 @@ fn meta_arithmetic(line: &mut BytesMut, request: &BinaryRequest) {
     };
     let delta = request.extra_u64(0).unwrap_or(0);
     let initial = request.extra_u64(8).unwrap_or(0);
-    let expiry = request.extra_u32(16).unwrap_or(u32::MAX);
+    let create = request.extra_u32(16).unwrap_or(u32::MAX);
     line.put_slice(b"ma ");
     let base64 = put_key(line, &request.key);
     let _ = write!(line, " M{mode} D{delta} v c");
     // 0xffffffff: fail on a missing key; anything else creates it with `initial`.
-    if expiry != u32::MAX {
-        let _ = write!(line, " N{} J{initial}", expiry as i32);
+    if create != u32::MAX {
+        let _ = write!(line, " N{} J{initial}", expiry(create));
     }
     put_cas(line, request.cas);
     end_line(line, base64);
