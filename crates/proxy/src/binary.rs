@@ -713,6 +713,9 @@ fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<u32>) {
 fn meta_set(line: &mut BytesMut, request: &BinaryRequest) {
     let mode = match request.opcode {
         op::SET | op::SETQ => 'S',
+        // memcached stores a binary add that carries a CAS as a compare-and-swap (a missing
+        // key is `Not found`); a meta add ignores its CAS, a meta set honours it.
+        op::ADD | op::ADDQ if request.cas != 0 => 'S',
         op::ADD | op::ADDQ => 'E',
         op::REPLACE | op::REPLACEQ => 'R',
         op::APPEND | op::APPENDQ => 'A',
