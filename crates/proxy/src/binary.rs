@@ -762,13 +762,28 @@ fn put_cas(line: &mut BytesMut, cas: u64) {
 /// The key as a meta command carries it: raw when it is a valid text key, else base64
 /// (binary keys may hold spaces, newlines and control bytes); true when it went base64, so
 /// `end_line` adds the `b` flag.
+///
+/// memcached limits a base64 key's encoded form to 250 bytes, so a key of 187 bytes or more
+/// goes raw when memcached's text parser takes it whole (it splits words at spaces only and
+/// stores control bytes and 0x7f as they are); one holding a space, a line end or a NUL
+/// goes base64 and is refused as too long (see `send`).
 fn put_key(line: &mut BytesMut, key: &[u8]) -> bool {
-    if text_safe(key) {
+    if text_safe(key) || (base64_len(key.len()) > MAX_KEY_LEN && raw_in_a_line(key)) {
         line.put_slice(key);
         return false;
     }
     encode_base64(key, line);
     true
+}
+
+/// The length of `len` bytes in padded base64.
+fn base64_len(len: usize) -> usize {
+    len.div_ceil(3) * 4
+}
+
+/// Whether memcached's text parser reads `key` as one word of a line as it is.
+fn raw_in_a_line(key: &[u8]) -> bool {
+    !key.iter().any(|&b| matches!(b, b' ' | b'\n' | b'\r' | 0))
 }
 
 /// Ends a meta command line: the `b` flag when the key went base64, then `\r\n`.
