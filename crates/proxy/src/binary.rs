@@ -1097,6 +1097,89 @@ mod tests {
         assert_eq!(buffered_quiet_gets(&frame(op::GETQ, b"a b"), 10), (0, 0));
     }
 
+    /// The line `write_request` translates a request to.
+    fn line_of(opcode: u8, key: &[u8], extras: &[u8], value: &[u8], cas: u64) -> String {
+        let request = BinaryRequest {
+            opcode,
+            opaque: 0,
+            cas,
+            extras: Bytes::copy_from_slice(extras),
+            key: Bytes::copy_from_slice(key),
+            value: Bytes::copy_from_slice(value),
+        };
+        let mut line = BytesMut::new();
+        assert!(write_request(&mut line, &request).is_some());
+        String::from_utf8_lossy(&line).into_owned()
+    }
+
+    #[test]
+    fn an_expiry_past_2038_goes_as_the_latest_time_the_text_protocol_carries() {
+        let far = 1u32 << 31;
+        let store = [0u32.to_be_bytes(), far.to_be_bytes()].concat();
+        assert_eq!(
+            line_of(op::SET, b"k", &store, b"v", 0),
+            "ms k 1 MS c F0 T2147483647\r\nv\r\n"
+        );
+        let counter = [
+            &1u64.to_be_bytes()[..],
+            &5u64.to_be_bytes(),
+            &far.to_be_bytes(),
+        ]
+        .concat();
+        assert_eq!(
+            line_of(op::INCREMENT, b"k", &counter, b"", 0),
+            "ma k MI D1 v c N2147483647 J5\r\n"
+        );
+        let touch = (u32::MAX - 1).to_be_bytes();
+        assert_eq!(
+            line_of(op::TOUCH, b"k", &touch, b"", 0),
+            "mg k f c T2147483647\r\n"
+        );
+        assert_eq!(
+            line_of(op::FLUSH, b"", &far.to_be_bytes(), b"", 0),
+            "flush_all 2147483647\r\n"
+        );
+        // Anything up to 2^31 - 1 goes as it came.
+        let near = [0u32.to_be_bytes(), 3600u32.to_be_bytes()].concat();
+        assert_eq!(
+            line_of(op::SET, b"k", &near, b"", 0),
+            "ms k 0 MS c F0 T3600\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn an_add_with_a_cas_is_a_set_with_that_cas() {
+        let extras = [0u8; 8];
+        assert_eq!(
+            line_of(op::ADD, b"k", &extras, b"", 9),
+            "ms k 0 MS c F0 T0 C9\r\n\r\n"
+        );
+        assert_eq!(
+            line_of(op::ADDQ, b"k", &extras, b"", 0),
+            "ms k 0 ME c F0 T0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_key_too_long_for_base64_goes_raw_when_a_text_line_can_hold_it() {
+        let mut key = vec![b'k'; 187];
+        key[5] = 0x01;
+        key[6] = 0x7f;
+        assert_eq!(
+            line_of(op::DELETE, &key, b"", b"", 0).into_bytes(),
+            [b"md ".as_slice(), &key, b"\r\n"].concat()
+        );
+        // 186 bytes still fit base64.
+        let line = line_of(op::DELETE, &key[..186], b"", b"", 0);
+        assert!(
+            line.ends_with(" b\r\n") && line.len() == 3 + 248 + 4,
+            "{line}"
+        );
+        // A space cannot be carried raw: base64, which the meta parser refuses as too long.
+        key[5] = b' ';
+        assert!(line_of(op::DELETE, &key, b"", b"", 0).ends_with(" b\r\n"));
+    }
+
     #[test]
     fn a_translator_at_rest_holds_no_storage() {
         let mut translator = Translator::default();
