@@ -8,10 +8,11 @@
 //!
 //! Like the text parser this is check-then-advance: nothing is removed from the buffer until
 //! a whole frame is there, `Incomplete` is a normal outcome, and the body length is checked
-//! against the limits from the header alone, so a hostile length never makes us buffer it.
+//! against the limits once the header, extras and key are in (at most 64 KiB more, as
+//! memcached waits for them), so a hostile body length never makes us buffer the body.
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::Limits;
+use crate::{Limits, MAX_KEY_LEN};
 
 /// First byte of every binary request (and how a connection is recognised as binary).
 pub const REQUEST_MAGIC: u8 = 0x80;
@@ -127,12 +128,16 @@ impl BinaryRequest {
 pub enum BinaryError {
     /// The first byte is not 0x80: memcached closes the connection without a reply.
     BadMagic,
-    /// The body is longer than any value we accept. A storage request's body is discarded
-    /// as it arrives after a `Too large` answer, as memcached does; any other is closed.
-    BodyTooLarge,
     /// Key and extras longer than the body: the frame's parts cannot be told apart.
-    /// memcached answers `Invalid arguments` and closes.
+    /// memcached answers `Unknown command` and closes.
     LengthsExceedBody,
+    /// A key longer than memcached's limit: memcached answers `Invalid arguments` and
+    /// closes, whatever the opcode.
+    KeyTooLong,
+    /// The body is longer than any value we accept. A storage request's body is discarded
+    /// as it arrives after a `Too large` answer, as memcached does; see the proxy's binary
+    /// framing for the other opcodes.
+    BodyTooLarge,
 }
 
 /// The outcome of framing one binary request at the front of a buffer.
@@ -200,11 +205,18 @@ pub fn parse_binary(buf: &mut BytesMut, limits: &Limits) -> BinaryParse {
         opaque,
         body_len,
     };
-    if body_len > limits.max_value_len.saturating_add(BODY_HEADROOM) {
-        return invalid(BinaryError::BodyTooLarge);
+    // memcached reads the extras and the key before it judges a frame, in this order.
+    if buf.len() < HEADER_LEN + extras_len + key_len {
+        return BinaryParse::Incomplete;
     }
     if key_len + extras_len > body_len {
         return invalid(BinaryError::LengthsExceedBody);
+    }
+    if key_len > MAX_KEY_LEN {
+        return invalid(BinaryError::KeyTooLong);
+    }
+    if body_len > limits.max_value_len.saturating_add(BODY_HEADROOM) {
+        return invalid(BinaryError::BodyTooLarge);
     }
     if buf.len() < HEADER_LEN + body_len {
         return BinaryParse::Incomplete;

@@ -55,7 +55,7 @@ fn every_prefix_of_a_frame_is_incomplete_and_untouched() {
 }
 
 #[test]
-fn malformed_headers_are_refused_from_the_header_alone() {
+fn malformed_headers_are_refused_once_extras_and_key_are_in() {
     let limits = Limits::default();
     let mut bad_magic = BytesMut::from(&b"\x81"[..]);
     assert!(matches!(
@@ -69,7 +69,10 @@ fn malformed_headers_are_refused_from_the_header_alone() {
     let mut huge = frame(opcode::SET, b"k", &[0; 8], b"", 3, 0);
     let too_long = (limits.max_value_len + BODY_HEADROOM + 1) as u32;
     huge[8..12].copy_from_slice(&too_long.to_be_bytes());
-    let mut buf = BytesMut::from(&huge[..24]);
+    // The body's length is judged once extras and key are in, not before.
+    let mut buf = BytesMut::from(&huge[..24 + 8]);
+    assert_eq!(parse_binary(&mut buf, &limits), BinaryParse::Incomplete);
+    let mut buf = BytesMut::from(&huge[..]);
     assert_eq!(
         parse_binary(&mut buf, &limits),
         BinaryParse::Invalid {
@@ -80,14 +83,30 @@ fn malformed_headers_are_refused_from_the_header_alone() {
         }
     );
 
+    // Key and extras longer than the body: memcached waits for them, then refuses.
     let mut lengths = frame(opcode::GET, b"abc", b"", b"", 4, 0);
     lengths[2..4].copy_from_slice(&100u16.to_be_bytes());
     let mut buf = BytesMut::from(&lengths[..]);
+    assert_eq!(parse_binary(&mut buf, &limits), BinaryParse::Incomplete);
+    buf.extend_from_slice(&[0; 97]);
     assert!(matches!(
         parse_binary(&mut buf, &limits),
         BinaryParse::Invalid {
             error: BinaryError::LengthsExceedBody,
             opaque: 4,
+            ..
+        }
+    ));
+
+    // A key over 250 bytes is refused before the body is looked at.
+    let mut long_key = frame(opcode::SET, &[b'k'; 251], &[0; 8], b"", 5, 0);
+    long_key[8..12].copy_from_slice(&too_long.to_be_bytes());
+    let mut buf = BytesMut::from(&long_key[..]);
+    assert!(matches!(
+        parse_binary(&mut buf, &limits),
+        BinaryParse::Invalid {
+            error: BinaryError::KeyTooLong,
+            opaque: 5,
             ..
         }
     ));

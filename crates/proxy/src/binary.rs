@@ -367,8 +367,10 @@ impl Translator {
         Framed::Close
     }
 
-    /// A frame `parse_binary` refused: a value too large is answered and skipped as it
-    /// arrives; anything else cannot be framed past, so the connection closes.
+    /// A frame `parse_binary` refused, answered as memcached answers it: a storage value too
+    /// large (`Too large`) and the body of an opcode memcached does not know (`Unknown
+    /// command`) are skipped as they arrive and the connection goes on; anything else closes
+    /// it.
     // The framing call's own arguments plus what the parser said, passed apart.
     #[allow(clippy::too_many_arguments)]
     fn unframeable(
@@ -383,23 +385,36 @@ impl Translator {
     ) -> Framed {
         let peer = (at.peer)();
         client_log::count(at.context, &peer, ClientEvent::Error);
-        if error == BinaryError::BodyTooLarge && is_storage(frame.opcode) {
-            // memcached answers `Too large` and discards the value: so do we, as it
-            // arrives, without buffering it.
-            client_log::count(at.context, &peer, ClientEvent::OversizedValue);
-            client_log::protocol_error(&peer, "binary", "value too large");
-            self.answer(pending, frame, Status::TooLarge);
-            let now = input.len().min(HEADER_LEN + body_len);
-            input.advance(now);
-            *swallow = HEADER_LEN + body_len - now;
-            return Framed::Next;
+        if error == BinaryError::BodyTooLarge {
+            // memcached discards a value too large, or the body of an opcode it does not
+            // know, after its answer: so do we, as it arrives, without buffering it.
+            let status = if is_storage(frame.opcode) {
+                client_log::count(at.context, &peer, ClientEvent::OversizedValue);
+                client_log::protocol_error(&peer, "binary", "value too large");
+                Some(Status::TooLarge)
+            } else if unknown_to_memcached(frame.opcode) {
+                client_log::protocol_error(&peer, "binary", "unknown opcode");
+                Some(Status::UnknownCommand)
+            } else {
+                None
+            };
+            if let Some(status) = status {
+                self.answer(pending, frame, status);
+                let now = input.len().min(HEADER_LEN + body_len);
+                input.advance(now);
+                *swallow = HEADER_LEN + body_len - now;
+                return Framed::Next;
+            }
         }
         client_log::count(at.context, &peer, ClientEvent::FramingClose);
         match error {
             // Not a binary frame: memcached closes without a word.
             BinaryError::BadMagic => {}
-            BinaryError::BodyTooLarge => self.answer(pending, frame, Status::TooLarge),
-            BinaryError::LengthsExceedBody => self.answer(pending, frame, Status::InvalidArguments),
+            BinaryError::LengthsExceedBody => self.answer(pending, frame, Status::UnknownCommand),
+            // A known opcode whose body cannot be its own: memcached's protocol error.
+            BinaryError::KeyTooLong | BinaryError::BodyTooLarge => {
+                self.answer(pending, frame, Status::InvalidArguments)
+            }
         }
         client_log::framing_close(&peer, "binary", error_name(error));
         input.clear();
@@ -427,8 +442,8 @@ impl Translator {
         self.send(at, shape, pending)
     }
 
-    /// Answers a request that breaks memcached's rules for its opcode (closing on a key
-    /// too long, as memcached does); `None` for a request to translate.
+    /// Answers a request that breaks memcached's rules for its opcode and closes, as
+    /// memcached does; `None` for a request to translate.
     fn refuse(
         &mut self,
         at: &Inbound<'_>,
@@ -439,14 +454,9 @@ impl Translator {
             let peer = (at.peer)();
             client_log::count(at.context, &peer, ClientEvent::Error);
             self.answer(pending, Frame::of(request), Status::InvalidArguments);
-            if request.key.len() > MAX_KEY_LEN {
-                // memcached closes a connection that sent a key over its limit.
-                client_log::count(at.context, &peer, ClientEvent::FramingClose);
-                client_log::framing_close(&peer, "binary", "key longer than memcached's limit");
-                return Some(self.close(pending));
-            }
-            client_log::protocol_error(&peer, "binary", "invalid arguments");
-            return Some(Framed::Next);
+            client_log::count(at.context, &peer, ClientEvent::FramingClose);
+            client_log::framing_close(&peer, "binary", "body unlike its opcode's");
+            return Some(self.close(pending));
         }
         if request.value.len() > at.routing.limits.max_value_len {
             let peer = (at.peer)();
@@ -467,7 +477,7 @@ impl Translator {
     ) -> Framed {
         let frame = Frame::of(&request);
         match request.opcode {
-            op::NOOP | op::VERBOSITY => self.answer(pending, frame, Status::Success),
+            op::NOOP => self.answer(pending, frame, Status::Success),
             op::VERSION => self.push(pending, Pending::Ready(Bytes::new()), Shape::Version(frame)),
             op::STAT if request.key.is_empty() => {
                 let stats = crate::dispatch::all_stats(at.context);
@@ -486,11 +496,12 @@ impl Translator {
                 self.answer(pending, frame, Status::UnknownCommand)
             }
             _ => {
-                // memcached closes the connection on an opcode it does not know.
+                // memcached answers an opcode it does not know (VERBOSITY among them, in
+                // 1.6) and reads on.
                 let peer = (at.peer)();
                 client_log::count(at.context, &peer, ClientEvent::Error);
                 client_log::protocol_error(&peer, "binary", "unknown opcode");
-                return self.close(pending);
+                self.answer(pending, frame, Status::UnknownCommand);
             }
         }
         Framed::Next
@@ -590,10 +601,22 @@ fn error_name(error: BinaryError) -> &'static str {
         BinaryError::BadMagic => "bad magic byte",
         BinaryError::BodyTooLarge => "body length beyond the value size limit",
         BinaryError::LengthsExceedBody => "key and extras longer than the body",
+        BinaryError::KeyTooLong => "key longer than memcached's limit",
     }
 }
 
-/// Whether the body's parts have the sizes memcached requires of this opcode.
+/// Opcodes memcached 1.6 answers `Unknown command`, skipping their body: those it does not
+/// know, and SASL's (memroute has no SASL, as a memcached started without `-S`).
+fn unknown_to_memcached(opcode: u8) -> bool {
+    let known = matches!(
+        opcode,
+        op::GET..=op::PREPENDQ | op::TOUCH..=op::GATQ | op::SASL_LIST_MECHS | op::GATK | op::GATKQ
+    );
+    !known
+}
+
+/// Whether the body's parts have the sizes memcached requires of this opcode (the key's
+/// length limit is the framing's).
 fn well_formed(request: &BinaryRequest) -> bool {
     let (extras, key, value) = (request.extras.len(), request.key.len(), request.value.len());
     let keyed = key > 0 && key <= MAX_KEY_LEN;
@@ -610,7 +633,11 @@ fn well_formed(request: &BinaryRequest) -> bool {
         }
         op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => extras == 4 && keyed && value == 0,
         op::FLUSH | op::FLUSHQ => (extras == 0 || extras == 4) && key == 0 && value == 0,
-        op::NOOP | op::VERSION | op::QUIT | op::QUITQ => extras == 0 && key == 0 && value == 0,
+        op::NOOP | op::VERSION | op::QUIT | op::QUITQ | op::SASL_LIST_MECHS => {
+            extras == 0 && key == 0 && value == 0
+        }
+        op::STAT => extras == 0,
+        op::SASL_AUTH | op::SASL_STEP => extras == 0 && key > 0,
         _ => true,
     }
 }
@@ -620,7 +647,7 @@ fn well_formed(request: &BinaryRequest) -> bool {
 /// itself.
 fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Translated> {
     let frame = Frame::of(request);
-    let ttl = || request.extra_u32(0).unwrap_or(0) as i32;
+    let ttl = || expiry(request.extra_u32(0).unwrap_or(0));
     Some(match request.opcode {
         op::GET | op::GETQ | op::GETK | op::GETKQ => {
             meta_get(line, &request.key, true, None);
@@ -652,7 +679,7 @@ fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Transla
         op::FLUSH | op::FLUSHQ => {
             match request.extra_u32(0) {
                 Some(delay) if delay != 0 => {
-                    let _ = write!(line, "flush_all {delay}\r\n");
+                    let _ = write!(line, "flush_all {}\r\n", expiry(delay));
                 }
                 _ => line.put_slice(b"flush_all\r\n"),
             }
@@ -662,8 +689,17 @@ fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Transla
     })
 }
 
+/// A binary request's 32-bit expiry as the text protocol carries it. memcached reads the
+/// binary field unsigned, so 2^31 and more is an absolute time far ahead (2038 to 2106);
+/// its text parser keeps only 32 signed bits and would read that as negative, expired at
+/// once. The largest time the text protocol carries, 2^31 - 1 (January 2038), keeps such an
+/// item as memcached keeps it; only its expiry comes sooner.
+fn expiry(binary: u32) -> u32 {
+    binary.min(i32::MAX as u32)
+}
+
 /// `mg <key> [v] f c [T<ttl>]`: a get (with the value), a gat, or a touch (without).
-fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<i32>) {
+fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<u32>) {
     line.put_slice(b"mg ");
     let base64 = put_key(line, key);
     line.put_slice(if value { b" v f c" } else { b" f c" });
@@ -677,6 +713,9 @@ fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<i32>) {
 fn meta_set(line: &mut BytesMut, request: &BinaryRequest) {
     let mode = match request.opcode {
         op::SET | op::SETQ => 'S',
+        // memcached stores a binary add that carries a CAS as a compare-and-swap (a missing
+        // key is `Not found`); a meta add ignores its CAS, a meta set honours it.
+        op::ADD | op::ADDQ if request.cas != 0 => 'S',
         op::ADD | op::ADDQ => 'E',
         op::REPLACE | op::REPLACEQ => 'R',
         op::APPEND | op::APPENDQ => 'A',
@@ -686,7 +725,7 @@ fn meta_set(line: &mut BytesMut, request: &BinaryRequest) {
     let base64 = put_key(line, &request.key);
     let _ = write!(line, " {} M{mode} c", request.value.len());
     if let (Some(flags), Some(ttl)) = (request.extra_u32(0), request.extra_u32(4)) {
-        let _ = write!(line, " F{flags} T{}", ttl as i32);
+        let _ = write!(line, " F{flags} T{}", expiry(ttl));
     }
     put_cas(line, request.cas);
     end_line(line, base64);
@@ -702,13 +741,13 @@ fn meta_arithmetic(line: &mut BytesMut, request: &BinaryRequest) {
     };
     let delta = request.extra_u64(0).unwrap_or(0);
     let initial = request.extra_u64(8).unwrap_or(0);
-    let expiry = request.extra_u32(16).unwrap_or(u32::MAX);
+    let create = request.extra_u32(16).unwrap_or(u32::MAX);
     line.put_slice(b"ma ");
     let base64 = put_key(line, &request.key);
     let _ = write!(line, " M{mode} D{delta} v c");
     // 0xffffffff: fail on a missing key; anything else creates it with `initial`.
-    if expiry != u32::MAX {
-        let _ = write!(line, " N{} J{initial}", expiry as i32);
+    if create != u32::MAX {
+        let _ = write!(line, " N{} J{initial}", expiry(create));
     }
     put_cas(line, request.cas);
     end_line(line, base64);
@@ -723,13 +762,28 @@ fn put_cas(line: &mut BytesMut, cas: u64) {
 /// The key as a meta command carries it: raw when it is a valid text key, else base64
 /// (binary keys may hold spaces, newlines and control bytes); true when it went base64, so
 /// `end_line` adds the `b` flag.
+///
+/// memcached limits a base64 key's encoded form to 250 bytes, so a key of 187 bytes or more
+/// goes raw when memcached's text parser takes it whole (it splits words at spaces only and
+/// stores control bytes and 0x7f as they are); one holding a space, a line end or a NUL
+/// goes base64 and is refused as too long (see `send`).
 fn put_key(line: &mut BytesMut, key: &[u8]) -> bool {
-    if text_safe(key) {
+    if text_safe(key) || (base64_len(key.len()) > MAX_KEY_LEN && raw_in_a_line(key)) {
         line.put_slice(key);
         return false;
     }
     encode_base64(key, line);
     true
+}
+
+/// The length of `len` bytes in padded base64.
+fn base64_len(len: usize) -> usize {
+    len.div_ceil(3) * 4
+}
+
+/// Whether memcached's text parser reads `key` as one word of a line as it is.
+fn raw_in_a_line(key: &[u8]) -> bool {
+    !key.iter().any(|&b| matches!(b, b' ' | b'\n' | b'\r' | 0))
 }
 
 /// Ends a meta command line: the `b` flag when the key went base64, then `\r\n`.
@@ -1041,6 +1095,89 @@ mod tests {
         assert_eq!(buffered_quiet_gets(&input, 10), (2, 3));
         // A key the text protocol cannot carry goes on its own (base64, one `mg`).
         assert_eq!(buffered_quiet_gets(&frame(op::GETQ, b"a b"), 10), (0, 0));
+    }
+
+    /// The line `write_request` translates a request to.
+    fn line_of(opcode: u8, key: &[u8], extras: &[u8], value: &[u8], cas: u64) -> String {
+        let request = BinaryRequest {
+            opcode,
+            opaque: 0,
+            cas,
+            extras: Bytes::copy_from_slice(extras),
+            key: Bytes::copy_from_slice(key),
+            value: Bytes::copy_from_slice(value),
+        };
+        let mut line = BytesMut::new();
+        assert!(write_request(&mut line, &request).is_some());
+        String::from_utf8_lossy(&line).into_owned()
+    }
+
+    #[test]
+    fn an_expiry_past_2038_goes_as_the_latest_time_the_text_protocol_carries() {
+        let far = 1u32 << 31;
+        let store = [0u32.to_be_bytes(), far.to_be_bytes()].concat();
+        assert_eq!(
+            line_of(op::SET, b"k", &store, b"v", 0),
+            "ms k 1 MS c F0 T2147483647\r\nv\r\n"
+        );
+        let counter = [
+            &1u64.to_be_bytes()[..],
+            &5u64.to_be_bytes(),
+            &far.to_be_bytes(),
+        ]
+        .concat();
+        assert_eq!(
+            line_of(op::INCREMENT, b"k", &counter, b"", 0),
+            "ma k MI D1 v c N2147483647 J5\r\n"
+        );
+        let touch = (u32::MAX - 1).to_be_bytes();
+        assert_eq!(
+            line_of(op::TOUCH, b"k", &touch, b"", 0),
+            "mg k f c T2147483647\r\n"
+        );
+        assert_eq!(
+            line_of(op::FLUSH, b"", &far.to_be_bytes(), b"", 0),
+            "flush_all 2147483647\r\n"
+        );
+        // Anything up to 2^31 - 1 goes as it came.
+        let near = [0u32.to_be_bytes(), 3600u32.to_be_bytes()].concat();
+        assert_eq!(
+            line_of(op::SET, b"k", &near, b"", 0),
+            "ms k 0 MS c F0 T3600\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn an_add_with_a_cas_is_a_set_with_that_cas() {
+        let extras = [0u8; 8];
+        assert_eq!(
+            line_of(op::ADD, b"k", &extras, b"", 9),
+            "ms k 0 MS c F0 T0 C9\r\n\r\n"
+        );
+        assert_eq!(
+            line_of(op::ADDQ, b"k", &extras, b"", 0),
+            "ms k 0 ME c F0 T0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn a_key_too_long_for_base64_goes_raw_when_a_text_line_can_hold_it() {
+        let mut key = vec![b'k'; 187];
+        key[5] = 0x01;
+        key[6] = 0x7f;
+        assert_eq!(
+            line_of(op::DELETE, &key, b"", b"", 0).into_bytes(),
+            [b"md ".as_slice(), &key, b"\r\n"].concat()
+        );
+        // 186 bytes still fit base64.
+        let line = line_of(op::DELETE, &key[..186], b"", b"", 0);
+        assert!(
+            line.ends_with(" b\r\n") && line.len() == 3 + 248 + 4,
+            "{line}"
+        );
+        // A space cannot be carried raw: base64, which the meta parser refuses as too long.
+        key[5] = b' ';
+        assert!(line_of(op::DELETE, &key, b"", b"", 0).ends_with(" b\r\n"));
     }
 
     #[test]
