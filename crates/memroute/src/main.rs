@@ -10,8 +10,11 @@
 //!                                     print where each key goes (route path, server) for
 //!                                     that listener's clients (default: the first listener)
 //! ```
-#![forbid(unsafe_code)]
+// Denied rather than forbidden: the allocator's settings are one exported symbol.
+#![deny(unsafe_code)]
 
+#[cfg(feature = "jemalloc")]
+mod allocator;
 mod watch;
 
 use std::path::PathBuf;
