@@ -15,14 +15,14 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use memroute_config::{FailoverOn, ReadPolicy, WritePolicy};
-use memroute_protocol::Command;
 use memroute_routing::{write_decision, Node, NodeId, WriteDecision};
 use smallvec::SmallVec;
 
 use super::in_place::start_all;
 use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
-use super::{failover, pool, random, run_child, run_multi_child, Leg, Single, Start};
-use crate::buffers::Homed;
+use super::leg::LegList;
+use super::{failover, pool, random, run_child, run_multi_child};
+use super::{Leg, Legs, Single, Start, Then};
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -169,28 +169,25 @@ pub(super) fn start_write(
         _ => None,
     };
     let started = single.started;
-    let mut write = Homed::new(ReplicatedWrite {
-        routing: routing.clone(),
-        legs: SmallVec::new(),
+    let mut legs = Legs::many(LegList::new());
+    // The legs go straight into their home (not moved there afterwards).
+    if let Legs::Many(home) = &mut legs {
+        if let Some(list) = home.get_mut() {
+            for &(pool, server) in &servers {
+                let connection = routing.pools[pool].servers[server].pick(single.slot);
+                let receiver = pool::send_copy(connection, &single.parts, single.kind);
+                list.push(Leg::new(receiver, pool, server, started).on_route(node));
+            }
+        }
+    }
+    let then = Then::Replicated(ReplicatedWrite {
         node,
         policy,
         ack,
         decision: None,
-        command,
-        noreply: single.request.noreply,
         started,
     });
-    // The legs go straight into their home (not moved there afterwards).
-    if let Some(write) = write.get_mut() {
-        for &(pool, server) in &servers {
-            let connection = routing.pools[pool].servers[server].pick(single.slot);
-            let receiver = pool::send_copy(connection, &single.parts, single.kind);
-            write
-                .legs
-                .push(Leg::new(receiver, pool, server, started).on_route(node));
-        }
-    }
-    Some(Start::Replicated(write))
+    Some(Start::Sent { legs, then })
 }
 
 /// Per replica of a replicated write, (pool, server).
@@ -276,23 +273,23 @@ async fn fastest_multi(
 /// their failures, as the executor's detached children do.
 #[derive(Debug)]
 pub(crate) struct ReplicatedWrite {
-    pub routing: Rc<RouteSnapshot>,
-    pub legs: SmallVec<[Leg; 3]>,
     pub node: NodeId,
     pub policy: WritePolicy,
     /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
     pub ack: Option<&'static [u8]>,
     /// The policy's decision once made (never `Wait`).
     pub decision: Option<WriteDecision>,
-    pub command: Command,
-    pub noreply: bool,
     pub started: Instant,
 }
 
 impl ReplicatedWrite {
-    /// Takes in the legs' replies that `arrived` (in child order) until the policy decides;
-    /// true once it has (or nothing is awaited: all-async's ack).
-    pub(crate) fn decide(&mut self, mut arrived: impl FnMut(&mut Leg) -> bool) -> bool {
+    /// Takes in the replies of `legs` (one per replica, in child order) that `arrived`
+    /// until the policy decides; true once it has (or nothing is awaited: all-async's ack).
+    pub(crate) fn decide(
+        &mut self,
+        legs: &mut [Leg],
+        mut arrived: impl FnMut(&mut Leg) -> bool,
+    ) -> bool {
         if self.decision.is_some() || self.ack.is_some() {
             return true;
         }
@@ -300,22 +297,21 @@ impl ReplicatedWrite {
             // all-sync decides only once every replica has answered (`write_decision`
             // waits until then), so the order the replies are taken in cannot change its
             // answer: wait for all (as a fan-out does), then judge once.
-            if !self
-                .legs
+            if !legs
                 .iter_mut()
                 .all(|leg| leg.reply.is_some() || arrived(leg))
             {
                 return false;
             }
-            self.decision = Some(write_decision(self.policy, &self.outcomes()));
+            self.decision = Some(write_decision(self.policy, &outcomes(legs)));
             return true;
         }
-        for at in 0..self.legs.len() {
+        for at in 0..legs.len() {
             // A reply taken in on an earlier look was judged then.
-            if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
+            if legs[at].reply.is_some() || !arrived(&mut legs[at]) {
                 continue;
             }
-            match write_decision(self.policy, &self.outcomes()) {
+            match write_decision(self.policy, &outcomes(legs)) {
                 WriteDecision::Wait => {}
                 decision => {
                     self.decision = Some(decision);
@@ -326,22 +322,15 @@ impl ReplicatedWrite {
         false
     }
 
-    /// Per leg, whether its reply (if in) met the request.
-    fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
-        let outcome = |leg: &Leg| leg.reply.as_ref().map(answered);
-        self.legs.iter().map(outcome).collect()
-    }
-
     /// The client's reply; the other replicas' failures counted against their servers, and
     /// those still writing left to finish on a task (their replies dropped).
-    pub(crate) fn finish(&mut self) -> Reply {
-        let routing = &self.routing;
+    pub(crate) fn finish(&mut self, routing: &Rc<RouteSnapshot>, legs: &mut [Leg]) -> Reply {
         routing
             .metrics
             .observe_since(self.node as usize, self.started);
         let (reply, answer) = match (self.ack, self.decision) {
             (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
-            (None, Some(WriteDecision::Answer { child })) => match self.legs.get_mut(child) {
+            (None, Some(WriteDecision::Answer { child })) => match legs.get_mut(child) {
                 Some(leg) => (leg.take(routing), Some(child)),
                 None => (Err(connection_gone()), None),
             },
@@ -355,7 +344,7 @@ impl ReplicatedWrite {
         // In place, no move of the legs (the common case: every replica answered). A leg
         // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
         let mut writing = false;
-        for (at, leg) in self.legs.iter_mut().enumerate() {
+        for (at, leg) in legs.iter_mut().enumerate() {
             if Some(at) == answer {
                 leg.receiver = None;
             } else if leg.reply.is_some() {
@@ -366,8 +355,11 @@ impl ReplicatedWrite {
             }
         }
         if writing {
-            let legs = std::mem::take(&mut self.legs).into_iter();
-            let writing: SmallVec<[Leg; 3]> = legs.filter(|leg| leg.receiver.is_some()).collect();
+            let writing: SmallVec<[Leg; 3]> = legs
+                .iter_mut()
+                .filter(|leg| leg.receiver.is_some())
+                .map(|leg| std::mem::replace(leg, Leg::writing(0, 0, self.started)))
+                .collect();
             let routing = routing.clone();
             tokio::task::spawn_local(async move {
                 for mut leg in writing {
@@ -378,4 +370,10 @@ impl ReplicatedWrite {
         }
         reply
     }
+}
+
+/// Per leg, whether its reply (if in) met the request.
+fn outcomes(legs: &[Leg]) -> SmallVec<[Option<bool>; 3]> {
+    let outcome = |leg: &Leg| leg.reply.as_ref().map(answered);
+    legs.iter().map(outcome).collect()
 }
