@@ -46,6 +46,7 @@ impl Legs {
     }
 
     /// Whether every leg's reply is in (`Leg::arrived`).
+    #[inline]
     pub(crate) fn arrived(&mut self, mut context: Option<&mut Context<'_>>) -> bool {
         match self {
             Legs::One(leg) => leg.arrived(context),
@@ -123,6 +124,7 @@ impl Leg {
 
     /// Whether the reply is in: looked for now (`None`), or polled registering the
     /// session's waker.
+    #[inline]
     pub(crate) fn arrived(&mut self, context: Option<&mut Context<'_>>) -> bool {
         match context {
             Some(context) => self.poll_complete(context),

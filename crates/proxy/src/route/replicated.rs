@@ -23,6 +23,7 @@ use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
 use super::leg::LegList;
 use super::{failover, pool, random, run_child, run_multi_child};
 use super::{Leg, Legs, Single, Start, Then};
+use crate::buffers::Homed;
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -180,13 +181,13 @@ pub(super) fn start_write(
             }
         }
     }
-    let then = Then::Replicated(ReplicatedWrite {
+    let then = Then::Replicated(Homed::new(ReplicatedWrite {
         node,
         policy,
         ack,
         decision: None,
         started,
-    });
+    }));
     Some(Start::Sent { legs, then })
 }
 

@@ -29,14 +29,18 @@ pub(crate) enum Then {
     /// A warm-up's read of cold: a miss goes on to warm.
     WarmUp(Homed<AfterCold>),
     /// A replicated write, one leg per replica, judged as the replies arrive.
-    Replicated(ReplicatedWrite),
+    Replicated(Homed<ReplicatedWrite>),
     /// A multi-get's batches (and policy routes' groups), merged in the client's order.
     MultiGet(Homed<MultiGet>),
     /// A flush_all to every server of a pool, the replies merged into one.
     FlushAll,
     /// The general walk's future, polled in place; it sends its own requests (no legs).
-    Executor(Routed),
+    Executor(Homed<Routed>),
 }
+
+// Every continuation but the plain reply's lives in a pooled home: an entry stays small
+// enough to move without a call to memcpy (a pending entry is moved into the session's
+// queue and out of it once per request).
 
 /// A finished entry's answer for the session to write.
 pub(crate) enum Finished {
@@ -59,7 +63,23 @@ impl Then {
 
     /// Takes in what arrived on `legs` (looked for now with `None`, or polled with the
     /// session's waker) and moves the route on; true once the client's reply is decided.
+    #[inline]
     pub(crate) fn advance(
+        &mut self,
+        routing: &Rc<RouteSnapshot>,
+        legs: &mut Legs,
+        context: Option<&mut Context<'_>>,
+    ) -> bool {
+        match self {
+            // The common case, inline: one plain leg.
+            Then::Reply => legs.arrived(context),
+            _ => self.advance_route(routing, legs, context),
+        }
+    }
+
+    /// `advance` for every continuation but the plain reply's.
+    #[inline(never)]
+    fn advance_route(
         &mut self,
         routing: &Rc<RouteSnapshot>,
         legs: &mut Legs,
@@ -67,10 +87,16 @@ impl Then {
     ) -> bool {
         match self {
             Then::Reply | Then::FlushAll => legs.arrived(context),
-            Then::Executor(routed) => routed.advance(context),
-            Then::Replicated(write) => write.decide(legs.as_mut_slice(), |leg| {
-                leg.arrived(context.as_deref_mut())
-            }),
+            Then::Executor(routed) => match routed.get_mut() {
+                Some(routed) => routed.advance(context),
+                None => true,
+            },
+            Then::Replicated(write) => match write.get_mut() {
+                Some(write) => write.decide(legs.as_mut_slice(), |leg| {
+                    leg.arrived(context.as_deref_mut())
+                }),
+                None => true,
+            },
             Then::MultiGet(multi) => match multi.get_mut() {
                 Some(multi) => multi.advance(routing, legs.as_mut_slice(), context),
                 None => true,
@@ -91,7 +117,7 @@ impl Then {
                 let judged = match onwards {
                     Some(routed) => {
                         *legs = Legs::None;
-                        std::mem::replace(self, Then::Executor(routed))
+                        std::mem::replace(self, Then::Executor(Homed::new(routed)))
                     }
                     None => std::mem::replace(self, Then::Reply),
                 };
@@ -110,14 +136,27 @@ impl Then {
         out: &mut BytesMut,
     ) -> Finished {
         match self {
-            Then::Executor(mut routed) => {
-                routing
-                    .metrics
-                    .observe_since(routed.route as usize, routed.started);
-                Finished::Reply(routed.take())
+            Then::Reply => Finished::Reply(one_leg(routing, legs)),
+            Then::Executor(mut home) => {
+                let reply = match home.get_mut() {
+                    Some(routed) => {
+                        routing
+                            .metrics
+                            .observe_since(routed.route as usize, routed.started);
+                        routed.take()
+                    }
+                    None => Err(connection_gone()),
+                };
+                home.release();
+                Finished::Reply(reply)
             }
-            Then::Replicated(mut write) => {
-                Finished::Reply(write.finish(routing, legs.as_mut_slice()))
+            Then::Replicated(mut home) => {
+                let reply = match home.get_mut() {
+                    Some(write) => write.finish(routing, legs.as_mut_slice()),
+                    None => Err(connection_gone()),
+                };
+                home.release();
+                Finished::Reply(reply)
             }
             Then::MultiGet(mut home) => {
                 let counts = home
@@ -128,15 +167,9 @@ impl Then {
             }
             Then::FlushAll => Finished::Reply(pool::merge_flush_all(routing, legs.as_mut_slice())),
             // A first try is judged before it is finished; its leg is the answer.
-            then => {
+            then @ (Then::Failover(_) | Then::WarmUp(_)) => {
                 then.release();
-                Finished::Reply(match legs.as_mut_slice().first_mut() {
-                    Some(leg) => {
-                        leg.observe(routing);
-                        leg.take(routing)
-                    }
-                    None => Err(connection_gone()),
-                })
+                Finished::Reply(one_leg(routing, legs))
             }
         }
     }
@@ -146,9 +179,22 @@ impl Then {
         match self {
             Then::Failover(home) => home.release(),
             Then::WarmUp(home) => home.release(),
+            Then::Replicated(home) => home.release(),
             Then::MultiGet(home) => home.release(),
-            _ => {}
+            Then::Executor(home) => home.release(),
+            Then::Reply | Then::FlushAll => {}
         }
+    }
+}
+
+/// The reply of an entry's one leg, its latency recorded.
+fn one_leg(routing: &RouteSnapshot, legs: &mut Legs) -> Reply {
+    match legs.as_mut_slice().first_mut() {
+        Some(leg) => {
+            leg.observe(routing);
+            leg.take(routing)
+        }
+        None => Err(connection_gone()),
     }
 }
 
@@ -172,7 +218,7 @@ impl Start {
     pub(crate) fn executor(routed: Routed) -> Start {
         Start::Sent {
             legs: Legs::None,
-            then: Then::Executor(routed),
+            then: Then::Executor(Homed::new(routed)),
         }
     }
 }
