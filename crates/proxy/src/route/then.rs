@@ -19,7 +19,10 @@ use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
 
-/// A route's continuation: what its entry's legs' answers lead to.
+/// A route's continuation: what its entry's legs' answers lead to. Every one but the
+/// plain reply's lives in a pooled home, so that an entry stays small enough to move
+/// without a call to memcpy (it is moved into the session's queue and out of it once per
+/// request).
 #[derive(Debug)]
 pub(crate) enum Then {
     /// The one leg's reply is the client's (a pool; shadow and random routes down to one).
@@ -37,10 +40,6 @@ pub(crate) enum Then {
     /// The general walk's future, polled in place; it sends its own requests (no legs).
     Executor(Homed<Routed>),
 }
-
-// Every continuation but the plain reply's lives in a pooled home: an entry stays small
-// enough to move without a call to memcpy (a pending entry is moved into the session's
-// queue and out of it once per request).
 
 /// A finished entry's answer for the session to write.
 pub(crate) enum Finished {
