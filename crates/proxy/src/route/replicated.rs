@@ -11,10 +11,10 @@
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::Poll;
-use std::time::Instant;
 
 use bytes::Bytes;
 use memroute_config::{FailoverOn, ReadPolicy, WritePolicy};
+use memroute_protocol::Command;
 use memroute_routing::{write_decision, Node, NodeId, WriteDecision};
 use smallvec::SmallVec;
 
@@ -23,7 +23,6 @@ use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
 use super::leg::LegList;
 use super::{failover, pool, random, run_child, run_multi_child};
 use super::{Leg, Legs, Single, Start, Then};
-use crate::buffers::Homed;
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -165,8 +164,9 @@ pub(super) fn start_write(
 ) -> Option<Start> {
     let (policy, servers) = write_servers(routing, node, single.key)?;
     let command = single.request.command;
-    let ack = match policy {
-        WritePolicy::AllAsync => immediate_ack(command),
+    // all-async answers at once when the command has an answer to give without a server.
+    let acks = match policy {
+        WritePolicy::AllAsync => immediate_ack(command).map(|_| command),
         _ => None,
     };
     let started = single.started;
@@ -181,13 +181,12 @@ pub(super) fn start_write(
             }
         }
     }
-    let then = Then::Replicated(Homed::new(ReplicatedWrite {
+    let then = Then::Replicated(ReplicatedWrite {
         node,
         policy,
-        ack,
+        acks,
         decision: None,
-        started,
-    }));
+    });
     Some(Start::Sent { legs, then })
 }
 
@@ -264,23 +263,51 @@ async fn fastest_multi(
     .unwrap_or_else(|| KeyReplies::failed(keys.len(), Err(connection_gone())))
 }
 
-/// A single-key write through a replicated route whose children are all pools
-/// (`write_servers`): sent to each replica's server as a plain pool's
-/// request is, one leg per child in the route's order, and answered as the executor's
-/// `run` answers: the write policy (`write_decision`) is asked after each
-/// reply, in child order, and its first decision stands. No task and no allocation per
-/// write (its home is pooled) unless replicas are still writing when the client is
-/// answered (all-async, all-initial, all-majority): those finish on one task that counts
-/// their failures, as the executor's detached children do.
-#[derive(Debug)]
+/// The continuation of a single-key write through a replicated route whose children are
+/// all pools (`write_servers`): sent to each replica's server as a plain pool's request is,
+/// one leg per child in the route's order, and answered as the executor's `run` answers:
+/// the write policy (`write_decision`) is asked after each reply, in child order, and its
+/// first decision stands. No task and no allocation per write (the legs' home is pooled)
+/// unless replicas are still writing when the client is answered (all-async, all-initial,
+/// all-majority): those finish on one task that counts their failures, as the executor's
+/// detached children do.
+///
+/// Small enough to live inline in the entry's continuation (`Then`): the latency sample
+/// starts when the legs did, and all-async's answer is looked up again when it is given.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct ReplicatedWrite {
-    pub node: NodeId,
-    pub policy: WritePolicy,
-    /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
-    pub ack: Option<&'static [u8]>,
-    /// The policy's decision once made (never `Wait`).
-    pub decision: Option<WriteDecision>,
-    pub started: Instant,
+    node: NodeId,
+    policy: WritePolicy,
+    /// all-async's command, answered without waiting for any replica
+    /// (`reply::immediate_ack`).
+    acks: Option<Command>,
+    /// The policy's decision once made.
+    decision: Option<Decided>,
+}
+
+/// A replicated write's `WriteDecision` once made (never `Wait`), in a few bytes.
+#[derive(Debug, Clone, Copy)]
+enum Decided {
+    Answer { child: u16 },
+    Fail { failed: u16, total: u16 },
+}
+
+impl Decided {
+    /// `None` for `Wait`. (A count past `u16::MAX` saturates: no route has that many
+    /// replicas, and an answer from a child that does not exist is a failure.)
+    fn of(decision: WriteDecision) -> Option<Decided> {
+        let small = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
+        match decision {
+            WriteDecision::Wait => None,
+            WriteDecision::Answer { child } => Some(Decided::Answer {
+                child: small(child),
+            }),
+            WriteDecision::Fail { failed, total } => Some(Decided::Fail {
+                failed: small(failed),
+                total: small(total),
+            }),
+        }
+    }
 }
 
 impl ReplicatedWrite {
@@ -291,7 +318,7 @@ impl ReplicatedWrite {
         legs: &mut [Leg],
         mut arrived: impl FnMut(&mut Leg) -> bool,
     ) -> bool {
-        if self.decision.is_some() || self.ack.is_some() {
+        if self.decision.is_some() || self.acks.is_some() {
             return true;
         }
         if self.policy == WritePolicy::AllSync {
@@ -304,20 +331,17 @@ impl ReplicatedWrite {
             {
                 return false;
             }
-            self.decision = Some(write_decision(self.policy, &outcomes(legs)));
-            return true;
+            self.decision = Decided::of(write_decision(self.policy, &outcomes(legs)));
+            return self.decision.is_some();
         }
         for at in 0..legs.len() {
             // A reply taken in on an earlier look was judged then.
             if legs[at].reply.is_some() || !arrived(&mut legs[at]) {
                 continue;
             }
-            match write_decision(self.policy, &outcomes(legs)) {
-                WriteDecision::Wait => {}
-                decision => {
-                    self.decision = Some(decision);
-                    return true;
-                }
+            self.decision = Decided::of(write_decision(self.policy, &outcomes(legs)));
+            if self.decision.is_some() {
+                return true;
             }
         }
         false
@@ -326,21 +350,22 @@ impl ReplicatedWrite {
     /// The client's reply; the other replicas' failures counted against their servers, and
     /// those still writing left to finish on a task (their replies dropped).
     pub(crate) fn finish(&mut self, routing: &Rc<RouteSnapshot>, legs: &mut [Leg]) -> Reply {
-        routing
-            .metrics
-            .observe_since(self.node as usize, self.started);
-        let (reply, answer) = match (self.ack, self.decision) {
+        let started = legs.first().map(|leg| leg.started);
+        let started = started.unwrap_or_else(|| routing.metrics.now());
+        routing.metrics.observe_since(self.node as usize, started);
+        let (reply, answer) = match (self.acks.and_then(immediate_ack), self.decision) {
             (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
-            (None, Some(WriteDecision::Answer { child })) => match legs.get_mut(child) {
-                Some(leg) => (leg.take(routing), Some(child)),
+            (None, Some(Decided::Answer { child })) => match legs.get_mut(usize::from(child)) {
+                Some(leg) => (leg.take(routing), Some(usize::from(child))),
                 None => (Err(connection_gone()), None),
             },
-            (None, Some(WriteDecision::Fail { failed, total })) => {
+            (None, Some(Decided::Fail { failed, total })) => {
+                let (failed, total) = (usize::from(failed), usize::from(total));
                 let failed = write_failed(routing, self.node, self.policy, failed, total);
                 (Ok(failed), None)
             }
             // Not reached: finished only once decided.
-            (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
+            (None, None) => (Err(connection_gone()), None),
         };
         // In place, no move of the legs (the common case: every replica answered). A leg
         // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
@@ -359,7 +384,7 @@ impl ReplicatedWrite {
             let writing: SmallVec<[Leg; 3]> = legs
                 .iter_mut()
                 .filter(|leg| leg.receiver.is_some())
-                .map(|leg| std::mem::replace(leg, Leg::writing(0, 0, self.started)))
+                .map(|leg| std::mem::replace(leg, Leg::writing(0, 0, started)))
                 .collect();
             let routing = routing.clone();
             tokio::task::spawn_local(async move {

@@ -19,10 +19,9 @@ use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
 
-/// A route's continuation: what its entry's legs' answers lead to. Every one but the
-/// plain reply's lives in a pooled home, so that an entry stays small enough to move
-/// without a call to memcpy (it is moved into the session's queue and out of it once per
-/// request).
+/// A route's continuation: what its entry's legs' answers lead to. Every one larger than
+/// a few bytes lives in a pooled home, so that an entry stays small enough to move without
+/// a call to memcpy (it is moved into the session's queue and out of it once per request).
 #[derive(Debug)]
 pub(crate) enum Then {
     /// The one leg's reply is the client's (a pool; shadow and random routes down to one).
@@ -32,7 +31,7 @@ pub(crate) enum Then {
     /// A warm-up's read of cold: a miss goes on to warm.
     WarmUp(Homed<AfterCold>),
     /// A replicated write, one leg per replica, judged as the replies arrive.
-    Replicated(Homed<ReplicatedWrite>),
+    Replicated(ReplicatedWrite),
     /// A multi-get's batches (and policy routes' groups), merged in the client's order.
     MultiGet(Homed<MultiGet>),
     /// A flush_all to every server of a pool, the replies merged into one.
@@ -40,6 +39,9 @@ pub(crate) enum Then {
     /// The general walk's future, polled in place; it sends its own requests (no legs).
     Executor(Homed<Routed>),
 }
+
+// An entry (`pending::InFlight`: the routing, its legs, this) stays under 128 bytes.
+const _: () = assert!(std::mem::size_of::<Then>() <= 16);
 
 /// A finished entry's answer for the session to write.
 pub(crate) enum Finished {
@@ -90,12 +92,9 @@ impl Then {
                 Some(routed) => routed.advance(context),
                 None => true,
             },
-            Then::Replicated(write) => match write.get_mut() {
-                Some(write) => write.decide(legs.as_mut_slice(), |leg| {
-                    leg.arrived(context.as_deref_mut())
-                }),
-                None => true,
-            },
+            Then::Replicated(write) => write.decide(legs.as_mut_slice(), |leg| {
+                leg.arrived(context.as_deref_mut())
+            }),
             Then::MultiGet(multi) => match multi.get_mut() {
                 Some(multi) => multi.advance(routing, legs.as_mut_slice(), context),
                 None => true,
@@ -149,13 +148,8 @@ impl Then {
                 home.release();
                 Finished::Reply(reply)
             }
-            Then::Replicated(mut home) => {
-                let reply = match home.get_mut() {
-                    Some(write) => write.finish(routing, legs.as_mut_slice()),
-                    None => Err(connection_gone()),
-                };
-                home.release();
-                Finished::Reply(reply)
+            Then::Replicated(mut write) => {
+                Finished::Reply(write.finish(routing, legs.as_mut_slice()))
             }
             Then::MultiGet(mut home) => {
                 let counts = home
@@ -178,10 +172,9 @@ impl Then {
         match self {
             Then::Failover(home) => home.release(),
             Then::WarmUp(home) => home.release(),
-            Then::Replicated(home) => home.release(),
             Then::MultiGet(home) => home.release(),
             Then::Executor(home) => home.release(),
-            Then::Reply | Then::FlushAll => {}
+            Then::Reply | Then::FlushAll | Then::Replicated(_) => {}
         }
     }
 }
