@@ -177,6 +177,10 @@ impl<T: 'static> Homed<T> {
         });
     }
 
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.home.as_ref().as_ref()
+    }
+
     pub(crate) fn get_mut(&mut self) -> Option<&mut T> {
         self.home.as_mut().as_mut()
     }

@@ -10,7 +10,7 @@ use memroute_protocol::{decode_base64, Command, ReplyKind, Request, MAX_SHORT_LI
 use memroute_routing::{operation_of, NodeId};
 
 use crate::context::WorkerContext;
-use crate::pending::{no_servers_reply, Flow, Pending};
+use crate::pending::{Flow, Pending};
 use crate::route;
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
@@ -262,10 +262,9 @@ fn split_multi_get(
         true => MAX_SHORT_LINE - 2,
         false => usize::MAX,
     };
-    match route::start_multi_get(routing, root, slot, request, head, byte_cap) {
-        Ok(multi) => Pending::MultiGet(multi),
-        Err(pool) => no_servers_reply(routing, pool),
-    }
+    let command = request.command;
+    let start = route::start_multi_get(routing, root, slot, request, head, byte_cap);
+    Pending::started(routing, start, command, false)
 }
 
 fn fan_out_flush(

@@ -4,8 +4,8 @@
 //! here:
 //!
 //! - single key: `start` sends a request as a plain leg to the first child's pool when it
-//!   is one (`first_pool`, `write_pool`), held as a `FirstTry`; `after_first_answer` is its
-//!   continuation (a failure goes on, through `start_after_first`, to the later children);
+//!   is one (`first_pool`, `write_pool`); `AfterFirst` is its continuation (a failure goes
+//!   on, through `start_after_first`, to the later children);
 //!   `run` is the whole walk when the first child is not a pool;
 //! - many keys: `multi_get_first_pool` and `goes_on` say whether a multi-get is planned
 //!   over the first pool as a plain pool's keys; `rest_multi` takes the keys of a failed
@@ -17,11 +17,10 @@ use std::time::Instant;
 use memroute_config::{FailoverOn, ReadPolicy};
 use memroute_routing::{Node, NodeId, ReplyClass};
 
-use super::first_try::{FirstTry, Then};
 use super::in_place::{BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
 use super::{pool, run_child, run_multi_child, GoesOn};
-use super::{Leg, Start};
+use super::{Leg, Legs, Start, Then};
 use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -89,8 +88,8 @@ pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize
 
 /// For a single-key write through failover route `node` whose first child is a pool with
 /// servers: that pool, and whether there is a later child. Sent to that pool as a plain
-/// pool's request is (`pending::FirstTry`); the executor runs only for the later children,
-/// on a failure, and only when the request may be repeated (`FirstTry::fail_over`). A
+/// pool's request is (`start`); the executor runs only for the later children, on a
+/// failure, and only when the request may be repeated (`AfterFirst::go_on`). A
 /// write moves on on an error only (never on a miss, whatever `on` says), as `run`.
 pub(crate) fn write_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize, bool)> {
     let Node::Failover { children, .. } = routing.routes.node(node) else {
@@ -221,8 +220,8 @@ pub(super) async fn run_multi(
 
 /// A request through failover route `node` (or a read through a replicated route that
 /// reads as one) whose first child is a pool with servers: sent to that pool as a plain
-/// pool's request is, waiting as a `FirstTry`; the later children are asked only if the
-/// first answer is a failure (`after_first_answer`). `Err(job)` otherwise.
+/// pool's request is; when there is a later child, the request is kept beside the leg
+/// (`AfterFirst`) for a failure to go on with. `Err(job)` otherwise.
 // `Err` hands the request back, unboxed (no allocation), to the general walk.
 #[allow(clippy::result_large_err)]
 pub(super) fn start(
@@ -230,7 +229,6 @@ pub(super) fn start(
     node: NodeId,
     job: Job,
     started: Instant,
-    noreply: bool,
 ) -> Result<Start, Job> {
     let first = match job.operation.is_write() {
         false => first_pool(routing, node),
@@ -244,32 +242,44 @@ pub(super) fn start(
     };
     let connection = routing.pools[pool].servers[server].pick(job.slot);
     let receiver = pool::send_copy(connection, &job.parts, job.kind);
-    Ok(Start::FirstTry(Homed::new(FirstTry {
-        routing: routing.clone(),
-        leg: Leg::new(receiver, pool, server, started).on_route(node),
-        command: job.command,
-        noreply,
-        rest: more.then_some(job),
-        node,
-        then: Then::Failover,
-    })))
+    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+    if !more {
+        return Ok(Start::leg(leg));
+    }
+    Ok(Start::Sent {
+        legs: Legs::One(leg),
+        then: Then::Failover(Homed::new(AfterFirst {
+            job: Some(job),
+            node,
+        })),
+    })
 }
 
-/// The continuation of a `FirstTry` to the first pool: a failure goes on to the later
-/// children, the failure counted against its server. A request whose repetition changes
-/// the result (incr, decr, append, prepend, cas) goes on only when the first pool never
-/// received it, as `run` decides; otherwise the client gets that failure. (Every read is
-/// repeatable.)
-pub(super) fn after_first_answer(first: &mut FirstTry) -> Option<Routed> {
-    let job = first.rest.as_ref()?;
-    let repeatable = job.operation.is_idempotent() || first.leg.never_sent();
-    if first.leg.class() != ReplyClass::Error || !repeatable {
-        return None;
+/// The continuation of a first try to failover route `node`'s first pool: the request
+/// again, for the later children.
+#[derive(Debug)]
+pub(crate) struct AfterFirst {
+    /// Taken when it goes on.
+    job: Option<Job>,
+    node: NodeId,
+}
+
+impl AfterFirst {
+    /// Once the first pool answered on `first`: a failure goes on to the later children,
+    /// the failure counted against its server. A request whose repetition changes the
+    /// result (incr, decr, append, prepend, cas) goes on only when the first pool never
+    /// received it, as `run` decides; otherwise the client gets that failure. (Every read
+    /// is repeatable.) `None`: the first answer is the client's.
+    pub(super) fn go_on(&mut self, routing: &Rc<RouteSnapshot>, first: &mut Leg) -> Option<Routed> {
+        let job = self.job.as_ref()?;
+        let repeatable = job.operation.is_idempotent() || first.never_sent();
+        if first.class() != ReplyClass::Error || !repeatable {
+            return None;
+        }
+        let job = self.job.take()?;
+        let _failure = first.take(routing);
+        Some(start_after_first(routing, self.node, job, first.started))
     }
-    let job = first.rest.take()?;
-    let _failure = first.leg.take(&first.routing);
-    let started = first.leg.started;
-    Some(start_after_first(&first.routing, first.node, job, started))
 }
 
 /// For a multi-get through failover (or failover-reading replicated) route `node`: the

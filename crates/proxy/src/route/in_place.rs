@@ -91,8 +91,12 @@ impl<T> InPlace<T> {
         self.poll(&mut context).is_ready()
     }
 
-    pub(crate) async fn wait(&mut self) {
-        std::future::poll_fn(|context| self.poll(context)).await
+    /// Whether the output is in: polled without a waker (`None`) or with the session's.
+    pub(crate) fn advance(&mut self, context: Option<&mut Context<'_>>) -> bool {
+        match context {
+            Some(context) => self.poll(context).is_ready(),
+            None => self.try_complete(),
+        }
     }
 
     /// The output (once complete), or `lost()` when there is none.

@@ -1,15 +1,69 @@
 //! One backend sub-request of a session's pending entry and, once it arrived, its reply:
 //! the plain leg every fast path starts with (a pool's request, a failover's first try, a
-//! replica's write, a multi-get's batch).
+//! replica's write, a multi-get's batch); and the legs of one entry (`Legs`).
 use std::future::Future;
+use std::task::Context;
 use std::time::Instant;
 
 use memroute_backend::{ReplyReceiver, TryRecvError};
 use memroute_protocol::retrieval_error;
 use memroute_routing::{classify_reply, NodeId, ReplyClass};
 
+use smallvec::SmallVec;
+
+use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
+
+/// The backend legs a session's pending entry awaits: none (the executor sends its own),
+/// one inline (the common case: no allocation, no indirection), or several in a pooled
+/// home (a replicated write's replicas, a multi-get's batches, a flush_all's servers).
+#[derive(Debug)]
+pub(crate) enum Legs {
+    None,
+    One(Leg),
+    Many(Homed<LegList>),
+}
+
+/// Several legs of one entry, in their pooled home.
+pub(crate) type LegList = SmallVec<[Leg; 4]>;
+
+impl Legs {
+    /// Several legs, moved into a pooled home.
+    pub(crate) fn many(legs: LegList) -> Legs {
+        Legs::Many(Homed::new(legs))
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [Leg] {
+        match self {
+            Legs::None => &mut [],
+            Legs::One(leg) => std::slice::from_mut(leg),
+            Legs::Many(home) => match home.get_mut() {
+                Some(legs) => legs,
+                None => &mut [],
+            },
+        }
+    }
+
+    /// Whether every leg's reply is in (`Leg::arrived`).
+    #[inline]
+    pub(crate) fn arrived(&mut self, mut context: Option<&mut Context<'_>>) -> bool {
+        match self {
+            Legs::One(leg) => leg.arrived(context),
+            _ => self
+                .as_mut_slice()
+                .iter_mut()
+                .all(|leg| leg.arrived(context.as_deref_mut())),
+        }
+    }
+
+    /// Drops the legs, giving a pooled home back.
+    pub(crate) fn release(self) {
+        if let Legs::Many(home) = self {
+            home.release();
+        }
+    }
+}
 
 /// One backend sub-request and, once it arrived, its reply.
 #[derive(Debug)]
@@ -66,6 +120,16 @@ impl Leg {
     pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
         self.route = route;
         self
+    }
+
+    /// Whether the reply is in: looked for now (`None`), or polled registering the
+    /// session's waker.
+    #[inline]
+    pub(crate) fn arrived(&mut self, context: Option<&mut Context<'_>>) -> bool {
+        match context {
+            Some(context) => self.poll_complete(context),
+            None => self.try_complete(),
+        }
     }
 
     /// `try_complete`, registering the session's waker for the reply.

@@ -40,7 +40,6 @@ use memroute_protocol::{Command, ReplyKind, Request};
 use memroute_routing::{Node, NodeId};
 
 mod failover;
-mod first_try;
 mod fixed;
 mod in_place;
 mod job;
@@ -51,22 +50,21 @@ mod random;
 mod replicated;
 mod select;
 mod shadow;
+mod then;
 mod walk;
 mod warm_up;
 
-pub(crate) use first_try::FirstTry;
 use in_place::InPlace;
 pub(crate) use in_place::{Routed, RoutedKeys};
 pub(crate) use job::MultiReply;
 use job::{multi_reply, BoxedKeyReplies, BoxedReply, KeyReplies};
 use job::{Job, MultiJob};
-pub(crate) use leg::Leg;
-pub(crate) use multi_get::{start_multi_get, MultiGet};
+pub(crate) use leg::{Leg, Legs};
+pub(crate) use multi_get::start_multi_get;
 use random::RandomPicks;
 use random::{only_pools, pick as pick_random};
-pub(crate) use replicated::ReplicatedWrite;
+pub(crate) use then::{Finished, Start, Then};
 
-use crate::buffers::Homed;
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
 
@@ -83,22 +81,6 @@ pub(crate) struct Single<'r> {
     pub slot: usize,
     /// When the request was read (its latency sample).
     pub started: Instant,
-}
-
-/// How a single-key request starts: what the session's pending entry holds for it.
-pub(crate) enum Start {
-    /// A plain leg: to a pool, or through shadow and random routes down to one.
-    Leg(Leg),
-    /// A plain leg to a failover's first pool or a warm-up's cold, whose answer may go on.
-    FirstTry(Homed<FirstTry>),
-    /// One plain leg per replica of a replicated write, judged in place.
-    Replicated(Homed<ReplicatedWrite>),
-    /// The executor's walk, polled in place.
-    Routed(Routed),
-    /// The same request to every server of a pool (flush_all).
-    Legs(Vec<Leg>),
-    /// The pool has no servers (yet: DNS discovery).
-    NoServers(usize),
 }
 
 /// Starts a flush_all (`parts`) at `node`: a pool's servers all get it as plain legs; a
@@ -123,13 +105,13 @@ pub(crate) fn start_flush_all(
         slot,
         echo: None,
     };
-    Start::Routed(start(routing, node, job, started))
+    Start::executor(start(routing, node, job, started))
 }
 
 /// Starts a single-key request at `node`. Each kind first tries its fast path (plain legs,
 /// as a pool's request is sent), and only then the general walk (`start`).
 pub(crate) fn start_single(routing: &Rc<RouteSnapshot>, node: NodeId, single: Single<'_>) -> Start {
-    let (started, noreply) = (single.started, single.request.noreply);
+    let started = single.started;
     let job = match routing.routes.node(node) {
         // The fast path: a plain pool, straight to its server's connection.
         &Node::Pool(pool) => return pool::start(routing, pool, single),
@@ -145,21 +127,19 @@ pub(crate) fn start_single(routing: &Rc<RouteSnapshot>, node: NodeId, single: Si
                 Err(job) => job,
             }
         }
-        Node::WarmUp { .. } => {
-            match warm_up::start(routing, node, Job::single(single), started, noreply) {
-                Ok(start) => return start,
-                Err(job) => job,
-            }
-        }
+        Node::WarmUp { .. } => match warm_up::start(routing, node, Job::single(single), started) {
+            Ok(start) => return start,
+            Err(job) => job,
+        },
         Node::Failover { .. } | Node::Replicated { .. } => {
-            match failover::start(routing, node, Job::single(single), started, noreply) {
+            match failover::start(routing, node, Job::single(single), started) {
                 Ok(start) => return start,
                 Err(job) => job,
             }
         }
         _ => Job::single(single),
     };
-    Start::Routed(start(routing, node, job, started))
+    Start::executor(start(routing, node, job, started))
 }
 
 /// Through shadow and random routes down to a pool (`single_pool`): sent to that pool as a
@@ -190,7 +170,7 @@ fn start_through_shadow_or_random(
     if let Some(shadow) = shadow {
         shadow::copy_single(routing, shadow, job);
     }
-    Ok(Start::Leg(leg))
+    Ok(Start::leg(leg))
 }
 
 /// Starts `job` from `node`: polled once now, so that every request it can send without

@@ -5,29 +5,29 @@
 //! handed to their kinds by `FollowUp::start`).
 use std::cell::Cell;
 use std::rc::Rc;
+use std::task::Context;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use memroute_config::Operation;
-use memroute_protocol::{value_block_for, Request};
+use memroute_protocol::{retrieval_error, value_block_for, Request};
 use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
 use super::failover::FirstMisses;
 use super::pool::{send_batches, Batched};
 use super::{
-    goes_on, multi_get_pool, shadow, start_multi, FollowUp, GoesOn, GoingOn, Leg, MultiJob,
-    Planned, RandomPicks, RoutedKeys,
+    goes_on, multi_get_pool, shadow, start_multi, FollowUp, GoesOn, GoingOn, Leg, Legs, MultiJob,
+    MultiReply, Planned, RandomPicks, RoutedKeys, Start, Then,
 };
 use crate::buffers::Homed;
 use crate::multiget::{self, KeyTarget};
+use crate::reply::server_error;
 use crate::snapshot::RouteSnapshot;
 
 /// A multi-key retrieval split over servers.
 #[derive(Debug)]
 pub(crate) struct MultiGet {
-    pub routing: Rc<RouteSnapshot>,
     pub request: Request,
-    pub legs: SmallVec<[Leg; 4]>,
     /// The keys that reach policy routes, one group per route node, each run by the
     /// route executor in place; their replies merge after the legs' (leg index
     /// `legs.len() + group` in `key_leg`).
@@ -41,6 +41,36 @@ pub(crate) struct MultiGet {
 }
 
 impl MultiGet {
+    /// Whether anything moves on while the entry is not the head of the session's queue:
+    /// a follow-up to start, or policy routes' groups to poll.
+    pub(crate) fn moves_on(&self) -> bool {
+        self.follow_up.is_some() || !self.routed.is_empty()
+    }
+
+    /// Takes in what arrived on `legs` (looked for now with `None`, or polled with the
+    /// session's waker); once every leg has answered, starts what goes on from them
+    /// (`fail_over`); polls the policy routes' groups alongside the legs, not after them
+    /// (a failover's next child must not wait for the plain pools' batches). True once
+    /// every leg and group is complete.
+    pub(crate) fn advance(
+        &mut self,
+        routing: &Rc<RouteSnapshot>,
+        legs: &mut [Leg],
+        mut context: Option<&mut Context<'_>>,
+    ) -> bool {
+        let legs_done = legs
+            .iter_mut()
+            .all(|leg| leg.arrived(context.as_deref_mut()));
+        if legs_done && self.follow_up.is_some() {
+            self.fail_over(routing, legs);
+        }
+        let mut groups_done = true;
+        for routed in &mut self.routed {
+            groups_done &= routed.advance(context.as_deref_mut());
+        }
+        legs_done && groups_done
+    }
+
     /// Once every leg has answered: the keys that go on from their route's first pool
     /// (`goes_on`) form one more group per route: a failover's keys of the batches
     /// that failed (each failure counted against its server, as a failed leg always is; a
@@ -50,11 +80,11 @@ impl MultiGet {
     /// Nothing goes on when a failed batch stays (one of its keys has no later child to
     /// go to): the client's reply is that failure whatever the later children answer, so
     /// their backend work would be wasted.
-    pub(crate) fn fail_over(&mut self) -> bool {
+    fn fail_over(&mut self, routing: &Rc<RouteSnapshot>, legs: &mut [Leg]) -> bool {
         let Some(rest) = self.follow_up.take() else {
             return false;
         };
-        let batches = self.legs.len();
+        let batches = legs.len();
         // Per leg: failed, or (with misses to look for) answered with fewer VALUE blocks
         // than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
         // servers answer each key asked at most once, in the order asked, so a batch whose
@@ -70,7 +100,7 @@ impl MultiGet {
                     *asked += 1;
                 }
             }
-            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&self.legs).zip(&*asked) {
+            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&*legs).zip(&*asked) {
                 *outcome = match leg.failed() {
                     true => Batch::Failed,
                     false if leg.value_blocks() == Some(asked) => Batch::Hit,
@@ -78,7 +108,7 @@ impl MultiGet {
                 };
             }
         } else {
-            for (outcome, leg) in outcomes.iter_mut().zip(&self.legs) {
+            for (outcome, leg) in outcomes.iter_mut().zip(&*legs) {
                 if leg.failed() {
                     *outcome = Batch::Failed;
                 }
@@ -88,11 +118,11 @@ impl MultiGet {
         if !any_failed && !outcomes.contains(&Batch::Missed) {
             return false;
         }
-        let routes = &self.routing.routes;
+        let routes = &routing.routes;
         // Where a key goes on from (`goes`: why it would), or `None` when it stays.
         let going_on = |key: &[u8], goes: GoesOn| {
             let node = routes.select(rest.root, rest.operation, key);
-            let route_goes = goes_on(&self.routing, node);
+            let route_goes = goes_on(routing, node);
             route_goes.takes(goes).then_some((node, route_goes))
         };
         if any_failed {
@@ -109,9 +139,9 @@ impl MultiGet {
             if stays.contains(&true) {
                 // The reply is decided: the first failure of a batch that stays, as when
                 // the others' keys had gone on (their failures counted, not shown).
-                for (leg, _) in self.legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
+                for (leg, _) in legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
                     if leg.failed() {
-                        let _ = leg.take(&self.routing);
+                        let _ = leg.take(routing);
                         leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
                     }
                 }
@@ -128,7 +158,7 @@ impl MultiGet {
                 continue;
             }
             let key = &self.request.frame[range.clone()];
-            let goes = match (outcomes[leg], &self.legs[leg].reply) {
+            let goes = match (outcomes[leg], &legs[leg].reply) {
                 (Batch::Hit, _) => continue,
                 (Batch::Failed, _) => GoesOn::Failed,
                 (Batch::Missed, Some(Ok(reply))) => {
@@ -165,22 +195,95 @@ impl MultiGet {
             *key_leg = first_group + group as u32;
         }
         // Every key of a failed batch went on: the batch stands for none.
-        for (leg, &outcome) in self.legs.iter_mut().zip(&*outcomes) {
+        for (leg, &outcome) in legs.iter_mut().zip(&*outcomes) {
             if outcome == Batch::Failed {
-                let _ = leg.take(&self.routing);
+                let _ = leg.take(routing);
                 leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
             }
         }
         if groups.is_empty() {
             return false;
         }
-        let started = self.legs.first().map(|leg| leg.started);
-        let started = started.unwrap_or_else(|| self.routing.metrics.now());
+        let started = legs.first().map(|leg| leg.started);
+        let started = started.unwrap_or_else(|| routing.metrics.now());
         for going in groups {
-            let routed = rest.start(&self.routing, going, started);
+            let routed = rest.start(routing, going, started);
             self.routed.push(routed);
         }
         true
+    }
+
+    /// The client's reply, written into `out`: the batches (and groups) merged in the
+    /// client's key order, or the failure that fails the multi-get. Its (hits, misses)
+    /// when it was no failure. One latency sample per request, under the route of its
+    /// first leg (or group).
+    pub(crate) fn finish(
+        &mut self,
+        routing: &RouteSnapshot,
+        legs: &mut [Leg],
+        out: &mut BytesMut,
+    ) -> Option<(u64, u64)> {
+        if let Some(first) = legs.first() {
+            first.observe(routing);
+        } else if let Some(first) = self.routed.first() {
+            routing
+                .metrics
+                .observe_since(first.route as usize, first.started);
+        }
+        if let ([], [group]) = (&*legs, &mut self.routed[..]) {
+            // Every key went through one policy route, in the client's order: a pool's
+            // batches are merged straight into the client's reply, a reply built per key
+            // is the client's.
+            let (reply, hits) = match group.take() {
+                MultiReply::Batches { replies, key_leg } => {
+                    let keys = self.request.keys();
+                    return multiget::merge(&replies, keys, &key_leg, out);
+                }
+                MultiReply::Built(reply, hits) => (reply, u64::from(hits)),
+            };
+            return match reply {
+                Ok(bytes) => {
+                    out.extend_from_slice(&bytes);
+                    retrieval_error(&bytes).is_none().then(|| {
+                        let misses = (self.request.keys.len() as u64).saturating_sub(hits);
+                        (hits, misses)
+                    })
+                }
+                Err(error) => {
+                    server_error(out, &error);
+                    None
+                }
+            };
+        }
+        let mut replies: SmallVec<[Bytes; 4]> = SmallVec::with_capacity(legs.len());
+        for leg in legs.iter_mut() {
+            match leg.take(routing) {
+                Ok(bytes) => replies.push(bytes),
+                // One failed server fails the whole reply: a partial answer would look
+                // like misses.
+                Err(error) => {
+                    server_error(out, &error);
+                    return None;
+                }
+            }
+        }
+        let batches = legs.len() as u32;
+        for (group, routed) in self.routed.iter_mut().enumerate() {
+            // The group's keys: the client's keys its leg carries, in order.
+            let leg = batches + group as u32;
+            let keys = self.request.keys().zip(&self.key_leg);
+            let keys = keys
+                .filter(|(_, &key_leg)| key_leg == leg)
+                .map(|(key, _)| key);
+            match routed.take().into_reply(keys).0 {
+                Ok(bytes) => replies.push(bytes),
+                Err(error) => {
+                    server_error(out, &error);
+                    return None;
+                }
+            }
+        }
+        multiget::merge(&replies, self.request.keys(), &self.key_leg, out)
     }
 }
 
@@ -212,7 +315,7 @@ pub(crate) fn start_multi_get(
     request: Request,
     head: Bytes,
     byte_cap: usize,
-) -> Result<Homed<MultiGet>, usize> {
+) -> Start {
     let policy_root = !matches!(
         routing.routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }
@@ -226,11 +329,7 @@ pub(crate) fn start_multi_get(
     let root_planned = match policy_root {
         true => match multi_get_pool(routing, root, &mut found.picks) {
             Some(planned) => Some(planned),
-            None => {
-                return Ok(route_every_key(
-                    routing, root, slot, request, head, byte_cap,
-                ))
-            }
+            None => return route_every_key(routing, root, slot, request, head, byte_cap),
         },
         false => None,
     };
@@ -256,7 +355,10 @@ pub(crate) fn start_multi_get(
         legs,
         mut key_leg,
         executor,
-    } = send_legs(shape, &head, slot, byte_cap, &mut found)?;
+    } = match send_legs(shape, &head, slot, byte_cap, &mut found) {
+        Ok(sent) => sent,
+        Err(pool) => return Start::NoServers(pool),
+    };
     let routed = executor.start(routing, legs.len() as u32, &mut key_leg, job_of);
     // The shadow routes' copies of the keys in their ranges, one batch per route; they ask
     // with the client's command line head, as the executor's groups do.
@@ -273,14 +375,15 @@ pub(crate) fn start_multi_get(
         byte_cap,
         misses,
     });
-    Ok(Homed::new(MultiGet {
-        routing: routing.clone(),
-        request,
-        legs,
-        routed,
-        key_leg,
-        follow_up,
-    }))
+    Start::Sent {
+        legs: Legs::many(legs),
+        then: Then::MultiGet(Homed::new(MultiGet {
+            request,
+            routed,
+            key_leg,
+            follow_up,
+        })),
+    }
 }
 
 /// A multi-get whose root is a policy route the session cannot plan (a fastest read, a
@@ -293,7 +396,7 @@ fn route_every_key(
     request: Request,
     head: Bytes,
     byte_cap: usize,
-) -> Homed<MultiGet> {
+) -> Start {
     for _ in 0..request.keys.len() {
         routing.metrics.count(root as usize, request.command);
     }
@@ -310,14 +413,15 @@ fn route_every_key(
     };
     let routed = smallvec::smallvec![start_multi(routing, root, job, routing.metrics.now())];
     let key_leg = smallvec::smallvec![0; request.keys.len()];
-    Homed::new(MultiGet {
-        routing: routing.clone(),
-        request,
-        legs: SmallVec::new(),
-        routed,
-        key_leg,
-        follow_up: None,
-    })
+    Start::Sent {
+        legs: Legs::None,
+        then: Then::MultiGet(Homed::new(MultiGet {
+            request,
+            routed,
+            key_leg,
+            follow_up: None,
+        })),
+    }
 }
 
 /// The multi-get being planned and where its root leads.

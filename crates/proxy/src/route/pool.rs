@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use bytes::Bytes;
 
 use super::job::{per_key, Job, KeyReplies, MultiJob};
-use super::{Leg, Single, Start};
+use super::{Leg, Legs, Single, Start, Then};
 use crate::multiget::{self, KeyTarget, Step};
 use crate::reply::{connection_gone, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -36,7 +36,7 @@ pub(super) fn start(routing: &RouteSnapshot, pool: usize, single: Single<'_>) ->
     };
     let connection = routing.pools[pool].servers[server].pick(single.slot);
     let receiver = connection.send(single.parts, single.kind);
-    Start::Leg(Leg::new(receiver, pool, server, single.started))
+    Start::leg(Leg::new(receiver, pool, server, single.started))
 }
 
 /// Queues `parts` on `connection` without taking them: copied into its outgoing buffer as
@@ -75,7 +75,23 @@ pub(super) fn start_flush_all(
             Leg::new(receiver, pool, server, started)
         })
         .collect();
-    Start::Legs(legs)
+    Start::Sent {
+        legs: Legs::many(legs),
+        then: Then::FlushAll,
+    }
+}
+
+/// A pool's flush_all once every server answered: their replies merged into one
+/// (`reply::FlushAllMerge`), each failure counted against its server.
+pub(super) fn merge_flush_all(routing: &RouteSnapshot, legs: &mut [Leg]) -> Reply {
+    if let Some(first) = legs.first() {
+        first.observe(routing);
+    }
+    let mut merge = FlushAllMerge::default();
+    for leg in legs.iter_mut() {
+        merge.add(leg.take(routing));
+    }
+    merge.finish()
 }
 
 /// One request to the server that owns its key (flush_all: to every server).

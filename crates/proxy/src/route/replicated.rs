@@ -11,7 +11,6 @@
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::Poll;
-use std::time::Instant;
 
 use bytes::Bytes;
 use memroute_config::{FailoverOn, ReadPolicy, WritePolicy};
@@ -21,8 +20,9 @@ use smallvec::SmallVec;
 
 use super::in_place::start_all;
 use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
-use super::{failover, pool, random, run_child, run_multi_child, Leg, Single, Start};
-use crate::buffers::Homed;
+use super::leg::LegList;
+use super::{failover, pool, random, run_child, run_multi_child};
+use super::{Leg, Legs, Single, Start, Then};
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -164,33 +164,30 @@ pub(super) fn start_write(
 ) -> Option<Start> {
     let (policy, servers) = write_servers(routing, node, single.key)?;
     let command = single.request.command;
-    let ack = match policy {
-        WritePolicy::AllAsync => immediate_ack(command),
+    // all-async answers at once when the command has an answer to give without a server.
+    let acks = match policy {
+        WritePolicy::AllAsync => immediate_ack(command).map(|_| command),
         _ => None,
     };
     let started = single.started;
-    let mut write = Homed::new(ReplicatedWrite {
-        routing: routing.clone(),
-        legs: SmallVec::new(),
-        node,
-        policy,
-        ack,
-        decision: None,
-        command,
-        noreply: single.request.noreply,
-        started,
-    });
+    let mut legs = Legs::many(LegList::new());
     // The legs go straight into their home (not moved there afterwards).
-    if let Some(write) = write.get_mut() {
-        for &(pool, server) in &servers {
-            let connection = routing.pools[pool].servers[server].pick(single.slot);
-            let receiver = pool::send_copy(connection, &single.parts, single.kind);
-            write
-                .legs
-                .push(Leg::new(receiver, pool, server, started).on_route(node));
+    if let Legs::Many(home) = &mut legs {
+        if let Some(list) = home.get_mut() {
+            for &(pool, server) in &servers {
+                let connection = routing.pools[pool].servers[server].pick(single.slot);
+                let receiver = pool::send_copy(connection, &single.parts, single.kind);
+                list.push(Leg::new(receiver, pool, server, started).on_route(node));
+            }
         }
     }
-    Some(Start::Replicated(write))
+    let then = Then::Replicated(ReplicatedWrite {
+        node,
+        policy,
+        acks,
+        decision: None,
+    });
+    Some(Start::Sent { legs, then })
 }
 
 /// Per replica of a replicated write, (pool, server).
@@ -266,96 +263,114 @@ async fn fastest_multi(
     .unwrap_or_else(|| KeyReplies::failed(keys.len(), Err(connection_gone())))
 }
 
-/// A single-key write through a replicated route whose children are all pools
-/// (`write_servers`): sent to each replica's server as a plain pool's
-/// request is, one leg per child in the route's order, and answered as the executor's
-/// `run` answers: the write policy (`write_decision`) is asked after each
-/// reply, in child order, and its first decision stands. No task and no allocation per
-/// write (its home is pooled) unless replicas are still writing when the client is
-/// answered (all-async, all-initial, all-majority): those finish on one task that counts
-/// their failures, as the executor's detached children do.
-#[derive(Debug)]
+/// The continuation of a single-key write through a replicated route whose children are
+/// all pools (`write_servers`): sent to each replica's server as a plain pool's request is,
+/// one leg per child in the route's order, and answered as the executor's `run` answers:
+/// the write policy (`write_decision`) is asked after each reply, in child order, and its
+/// first decision stands. No task and no allocation per write (the legs' home is pooled)
+/// unless replicas are still writing when the client is answered (all-async, all-initial,
+/// all-majority): those finish on one task that counts their failures, as the executor's
+/// detached children do.
+///
+/// Small enough to live inline in the entry's continuation (`Then`): the latency sample
+/// starts when the legs did, and all-async's answer is looked up again when it is given.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct ReplicatedWrite {
-    pub routing: Rc<RouteSnapshot>,
-    pub legs: SmallVec<[Leg; 3]>,
-    pub node: NodeId,
-    pub policy: WritePolicy,
-    /// all-async's answer, given without waiting for any replica (`reply::immediate_ack`).
-    pub ack: Option<&'static [u8]>,
-    /// The policy's decision once made (never `Wait`).
-    pub decision: Option<WriteDecision>,
-    pub command: Command,
-    pub noreply: bool,
-    pub started: Instant,
+    node: NodeId,
+    policy: WritePolicy,
+    /// all-async's command, answered without waiting for any replica
+    /// (`reply::immediate_ack`).
+    acks: Option<Command>,
+    /// The policy's decision once made.
+    decision: Option<Decided>,
+}
+
+/// A replicated write's `WriteDecision` once made (never `Wait`), in a few bytes.
+#[derive(Debug, Clone, Copy)]
+enum Decided {
+    Answer { child: u16 },
+    Fail { failed: u16, total: u16 },
+}
+
+impl Decided {
+    /// `None` for `Wait`. (A count past `u16::MAX` saturates: no route has that many
+    /// replicas, and an answer from a child that does not exist is a failure.)
+    fn of(decision: WriteDecision) -> Option<Decided> {
+        let small = |n: usize| u16::try_from(n).unwrap_or(u16::MAX);
+        match decision {
+            WriteDecision::Wait => None,
+            WriteDecision::Answer { child } => Some(Decided::Answer {
+                child: small(child),
+            }),
+            WriteDecision::Fail { failed, total } => Some(Decided::Fail {
+                failed: small(failed),
+                total: small(total),
+            }),
+        }
+    }
 }
 
 impl ReplicatedWrite {
-    /// Takes in the legs' replies that `arrived` (in child order) until the policy decides;
-    /// true once it has (or nothing is awaited: all-async's ack).
-    pub(crate) fn decide(&mut self, mut arrived: impl FnMut(&mut Leg) -> bool) -> bool {
-        if self.decision.is_some() || self.ack.is_some() {
+    /// Takes in the replies of `legs` (one per replica, in child order) that `arrived`
+    /// until the policy decides; true once it has (or nothing is awaited: all-async's ack).
+    pub(crate) fn decide(
+        &mut self,
+        legs: &mut [Leg],
+        mut arrived: impl FnMut(&mut Leg) -> bool,
+    ) -> bool {
+        if self.decision.is_some() || self.acks.is_some() {
             return true;
         }
         if self.policy == WritePolicy::AllSync {
             // all-sync decides only once every replica has answered (`write_decision`
             // waits until then), so the order the replies are taken in cannot change its
             // answer: wait for all (as a fan-out does), then judge once.
-            if !self
-                .legs
+            if !legs
                 .iter_mut()
                 .all(|leg| leg.reply.is_some() || arrived(leg))
             {
                 return false;
             }
-            self.decision = Some(write_decision(self.policy, &self.outcomes()));
-            return true;
+            self.decision = Decided::of(write_decision(self.policy, &outcomes(legs)));
+            return self.decision.is_some();
         }
-        for at in 0..self.legs.len() {
+        for at in 0..legs.len() {
             // A reply taken in on an earlier look was judged then.
-            if self.legs[at].reply.is_some() || !arrived(&mut self.legs[at]) {
+            if legs[at].reply.is_some() || !arrived(&mut legs[at]) {
                 continue;
             }
-            match write_decision(self.policy, &self.outcomes()) {
-                WriteDecision::Wait => {}
-                decision => {
-                    self.decision = Some(decision);
-                    return true;
-                }
+            self.decision = Decided::of(write_decision(self.policy, &outcomes(legs)));
+            if self.decision.is_some() {
+                return true;
             }
         }
         false
     }
 
-    /// Per leg, whether its reply (if in) met the request.
-    fn outcomes(&self) -> SmallVec<[Option<bool>; 3]> {
-        let outcome = |leg: &Leg| leg.reply.as_ref().map(answered);
-        self.legs.iter().map(outcome).collect()
-    }
-
     /// The client's reply; the other replicas' failures counted against their servers, and
     /// those still writing left to finish on a task (their replies dropped).
-    pub(crate) fn finish(&mut self) -> Reply {
-        let routing = &self.routing;
-        routing
-            .metrics
-            .observe_since(self.node as usize, self.started);
-        let (reply, answer) = match (self.ack, self.decision) {
+    pub(crate) fn finish(&mut self, routing: &Rc<RouteSnapshot>, legs: &mut [Leg]) -> Reply {
+        let started = legs.first().map(|leg| leg.started);
+        let started = started.unwrap_or_else(|| routing.metrics.now());
+        routing.metrics.observe_since(self.node as usize, started);
+        let (reply, answer) = match (self.acks.and_then(immediate_ack), self.decision) {
             (Some(ack), _) => (Ok(Bytes::from_static(ack)), None),
-            (None, Some(WriteDecision::Answer { child })) => match self.legs.get_mut(child) {
-                Some(leg) => (leg.take(routing), Some(child)),
+            (None, Some(Decided::Answer { child })) => match legs.get_mut(usize::from(child)) {
+                Some(leg) => (leg.take(routing), Some(usize::from(child))),
                 None => (Err(connection_gone()), None),
             },
-            (None, Some(WriteDecision::Fail { failed, total })) => {
+            (None, Some(Decided::Fail { failed, total })) => {
+                let (failed, total) = (usize::from(failed), usize::from(total));
                 let failed = write_failed(routing, self.node, self.policy, failed, total);
                 (Ok(failed), None)
             }
             // Not reached: finished only once decided.
-            (None, Some(WriteDecision::Wait) | None) => (Err(connection_gone()), None),
+            (None, None) => (Err(connection_gone()), None),
         };
         // In place, no move of the legs (the common case: every replica answered). A leg
         // whose reply is taken loses its receiver too: a leg that keeps one is still writing.
         let mut writing = false;
-        for (at, leg) in self.legs.iter_mut().enumerate() {
+        for (at, leg) in legs.iter_mut().enumerate() {
             if Some(at) == answer {
                 leg.receiver = None;
             } else if leg.reply.is_some() {
@@ -366,8 +381,11 @@ impl ReplicatedWrite {
             }
         }
         if writing {
-            let legs = std::mem::take(&mut self.legs).into_iter();
-            let writing: SmallVec<[Leg; 3]> = legs.filter(|leg| leg.receiver.is_some()).collect();
+            let writing: SmallVec<[Leg; 3]> = legs
+                .iter_mut()
+                .filter(|leg| leg.receiver.is_some())
+                .map(|leg| std::mem::replace(leg, Leg::writing(0, 0, started)))
+                .collect();
             let routing = routing.clone();
             tokio::task::spawn_local(async move {
                 for mut leg in writing {
@@ -378,4 +396,10 @@ impl ReplicatedWrite {
         }
         reply
     }
+}
+
+/// Per leg, whether its reply (if in) met the request.
+fn outcomes(legs: &[Leg]) -> SmallVec<[Option<bool>; 3]> {
+    let outcome = |leg: &Leg| leg.reply.as_ref().map(answered);
+    legs.iter().map(outcome).collect()
 }

@@ -3,8 +3,8 @@
 //! Everything such a route does is here:
 //!
 //! - single key: `start` sends a request as a plain leg to cold's pool when it is one
-//!   (`cold_pool`), a read (`warms_up`) held as a `FirstTry` whose continuation,
-//!   `after_cold_answer`, takes cold's miss on to warm (`start_after_cold`); `run` is the
+//!   (`cold_pool`), a read (`warms_up`) with its continuation, `AfterCold`, which takes
+//!   cold's miss on to warm (`start_after_cold`); `run` is the
 //!   whole walk when cold is not a pool;
 //! - many keys: planned over cold's pool as a plain pool's keys (`route::multi_get_pool`),
 //!   cold's misses then asked of warm (`ask_warm_multi`); `run_multi` is the whole walk.
@@ -17,11 +17,10 @@ use memroute_config::Operation;
 use memroute_protocol::{Command, ReplyKind};
 use memroute_routing::{Node, NodeId, ReplyClass};
 
-use super::first_try::{FirstTry, Then};
 use super::in_place::{eager, join_all, BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
 use super::{pool, run_child, run_multi_child};
-use super::{Leg, Start};
+use super::{Leg, Legs, Start, Then};
 use crate::buffers::Homed;
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
@@ -84,8 +83,8 @@ pub(crate) fn start_after_cold(
 }
 
 /// A request through warm-up route `node` whose cold is a pool with servers: sent to cold
-/// as a plain pool's request is; a read (`warms_up`) waits as a `FirstTry` whose miss goes
-/// on to warm (`after_cold_answer`). `Err(job)` when cold is not such a pool.
+/// as a plain pool's request is; a read (`warms_up`) keeps the request beside the leg
+/// (`AfterCold`) for a miss to go on to warm with. `Err(job)` when cold is not such a pool.
 // `Err` hands the request back, unboxed (no allocation), to the general walk.
 #[allow(clippy::result_large_err)]
 pub(super) fn start(
@@ -93,7 +92,6 @@ pub(super) fn start(
     node: NodeId,
     job: Job,
     started: Instant,
-    noreply: bool,
 ) -> Result<Start, Job> {
     let Some(pool) = cold_pool(routing, node) else {
         return Err(job);
@@ -105,36 +103,43 @@ pub(super) fn start(
     let receiver = connection.send(job.parts.clone(), job.kind);
     let leg = Leg::new(receiver, pool, server, started).on_route(node);
     if !warms_up(job.command) {
-        return Ok(Start::Leg(leg));
+        return Ok(Start::leg(leg));
     }
-    Ok(Start::FirstTry(Homed::new(FirstTry {
-        routing: routing.clone(),
-        leg,
-        command: job.command,
-        noreply,
-        rest: Some(job),
-        node,
-        then: Then::WarmUp,
-    })))
+    Ok(Start::Sent {
+        legs: Legs::One(leg),
+        then: Then::WarmUp(Homed::new(AfterCold {
+            job: Some(job),
+            node,
+        })),
+    })
 }
 
-/// The continuation of a `FirstTry` to cold's pool (made for reads only: `warms_up`):
-/// cold's miss goes on to warm, as `run` goes on after cold; a hit or a failure is the
-/// client's answer.
-pub(super) fn after_cold_answer(first: &mut FirstTry) -> Option<Routed> {
-    if first.leg.class() != ReplyClass::Miss {
-        return None;
+/// The continuation of a read of warm-up route `node`'s cold pool: the request again, for
+/// warm.
+#[derive(Debug)]
+pub(crate) struct AfterCold {
+    /// Taken when it goes on.
+    job: Option<Job>,
+    node: NodeId,
+}
+
+impl AfterCold {
+    /// Once cold answered on `cold`: a miss goes on to warm, as `run` goes on after cold;
+    /// a hit or a failure is the client's answer (`None`).
+    pub(super) fn go_on(&mut self, routing: &Rc<RouteSnapshot>, cold: &mut Leg) -> Option<Routed> {
+        if cold.class() != ReplyClass::Miss {
+            return None;
+        }
+        let job = self.job.take()?;
+        let from_cold = cold.take(routing);
+        Some(start_after_cold(
+            routing,
+            self.node,
+            job,
+            from_cold,
+            cold.started,
+        ))
     }
-    let job = first.rest.take()?;
-    let from_cold = first.leg.take(&first.routing);
-    let started = first.leg.started;
-    Some(start_after_cold(
-        &first.routing,
-        first.node,
-        job,
-        from_cold,
-        started,
-    ))
 }
 
 /// A warm-up read once cold answered `from_cold`: a hit (or a failure) is the answer; a
