@@ -530,6 +530,14 @@ impl Metrics {
             }
         }
         *exported = names;
+        table
+    }
+
+    /// Publishes `config`'s pools (server counts, how many may be ejected). Called once the
+    /// generation serving `config` is sent: a worker picks a sent generation up before its
+    /// next batch of requests, so a request sent after these counts were read is routed by
+    /// the servers they count.
+    pub(crate) fn set_pools(&self, config: &Config) {
         lock(&self.state).pools = config
             .pools
             .iter()
@@ -538,7 +546,6 @@ impl Metrics {
                 (name.clone(), pool.servers.len(), ejecting)
             })
             .collect();
-        table
     }
 
     /// Everything gathered, after asking every worker to flush (bounded wait).
