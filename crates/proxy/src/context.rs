@@ -117,3 +117,50 @@ impl WorkerContext {
         self.routing.borrow().clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    use super::WorkerContext;
+    use crate::control::Controller;
+    use crate::snapshot::RouteSnapshot;
+    use crate::stats::{SharedStats, WorkerMetrics};
+
+    fn config(max_client_pending: usize) -> memroute_config::Config {
+        let toml = format!(
+            "[proxy]\nlisten = [\"127.0.0.1:1\"]\nworkers = 1\nroute = \"main\"\n\
+             max_client_pending = {max_client_pending}\n\
+             [pools.main]\nservers = [\"127.0.0.1:1\"]\n"
+        );
+        memroute_config::parse(&toml).expect("test config")
+    }
+
+    /// A generation the controller sent routes the next batch of requests even before the
+    /// worker's reload task runs (stats published after the send must not run ahead of the
+    /// routing), and the controller hears once that it is in use.
+    #[test]
+    fn the_next_batch_is_routed_by_the_generation_sent_last() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        tokio::task::LocalSet::new().block_on(&runtime, async {
+            let shared = Arc::new(SharedStats::new(1));
+            let (controller, mut generations, _inbox) =
+                Controller::new(config(7), shared.clone()).expect("controller");
+            let first = generations.borrow_and_update().clone();
+            let metrics = Rc::new(WorkerMetrics::new(0, shared));
+            let snapshot = RouteSnapshot::build(&first, None, &metrics);
+            let context = WorkerContext::new(0, snapshot, generations, metrics);
+            assert_eq!(context.routing().max_client_pending, 7);
+
+            let acks = controller.apply(config(9)).expect("apply");
+            assert_eq!(context.routing().max_client_pending, 9);
+            assert_eq!(acks.try_recv().ok(), Some(0), "the switch is acknowledged");
+            assert_eq!(context.routing().max_client_pending, 9);
+            assert!(acks.try_recv().is_err(), "acknowledged once");
+        });
+    }
+}
