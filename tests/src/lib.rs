@@ -159,19 +159,25 @@ fn wait_until_connects(
     connects: impl Fn() -> bool,
 ) {
     let deadline = Instant::now() + START_DEADLINE;
+    let log_text = || {
+        log.map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .unwrap_or_default()
+    };
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            let log = log
-                .map(|p| std::fs::read_to_string(p).unwrap_or_default())
-                .unwrap_or_default();
-            panic!("{what} exited before accepting on {addr}: {status}\n{log}");
+            panic!(
+                "{what} exited before accepting on {addr}: {status}\n{}",
+                log_text()
+            );
         }
         if connects() {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "{what} did not accept on {addr} within {START_DEADLINE:?}"
+            "{what} (pid {}) did not accept on {addr} within {START_DEADLINE:?}; its log:\n{}",
+            child.id(),
+            log_text()
         );
         std::thread::sleep(POLL_INTERVAL);
     }

@@ -214,7 +214,9 @@ fn set_keys(proxy: &Memroute) {
 #[test]
 fn a_client_that_does_not_read_cannot_grow_memory_and_gets_every_reply_in_order() {
     let backend = Memcached::start();
-    let proxy = Memroute::start_pool(&[backend.addr()]);
+    // A long pool timeout: a worker starved on a busy machine must not turn a reply the
+    // backend already sent into a timeout; this test is about memory and order.
+    let proxy = Memroute::start_pool_with(&[backend.addr()], "timeout = \"30s\"");
     let pid = proxy.pid();
     set_keys(&proxy);
     let rss_start = rss_kib(pid);
@@ -303,7 +305,9 @@ fn short_requests_from_a_client_that_does_not_read_are_not_buffered_without_boun
         format!("get s:{:04}\r\n", i % 10_000)
     }
     let backend = Memcached::start();
-    let proxy = Memroute::start_pool(&[backend.addr()]);
+    // A long pool timeout: a worker starved on a busy machine must not turn a reply the
+    // backend already sent into a timeout; this test is about memory and order.
+    let proxy = Memroute::start_pool_with(&[backend.addr()], "timeout = \"30s\"");
     let pid = proxy.pid();
     let rss_start = rss_kib(pid);
 

@@ -19,19 +19,23 @@ enum Path<'a> {
     TlsPool(&'a Pki),
 }
 
+/// The pool timeout of the memroute under test: memcached never times out, and a reply through
+/// a debug build on a busy machine can take longer than the default 250 ms.
+const PATIENT: &str = "timeout = \"10s\"";
+
 impl Path<'_> {
     /// Memcached B and memroute in front of it.
     fn start(&self) -> (Memcached, Memroute) {
         match self {
             Path::Plain => {
                 let backend = Memcached::start();
-                let proxy = Memroute::start_pool(&[backend.addr()]);
+                let proxy = Memroute::start_pool_with(&[backend.addr()], PATIENT);
                 (backend, proxy)
             }
             Path::Epoll => {
                 let backend = Memcached::start();
                 let listen = format!("127.0.0.1:{}", free_port());
-                let toml = simple_config(&listen, &[backend.addr()], "").replacen(
+                let toml = simple_config(&listen, &[backend.addr()], PATIENT).replacen(
                     "[proxy]\n",
                     "[proxy]\nio = \"epoll\"\n",
                     1,
@@ -46,7 +50,7 @@ impl Path<'_> {
                     Pki::memcached_args(&pki.server),
                 );
                 let tls = format!(
-                    "tls = {{ ca = {:?}, server_name = \"localhost\" }}",
+                    "tls = {{ ca = {:?}, server_name = \"localhost\" }}\n{PATIENT}",
                     pki.ca.display().to_string()
                 );
                 let proxy = Memroute::start_pool_with(&[backend.addr()], &tls);

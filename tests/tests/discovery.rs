@@ -110,26 +110,8 @@ fn pool_follows_the_hosts_file_and_keeps_the_last_good_set_when_lookup_fails() {
     let noticed = rewritten.elapsed();
     wait_pool_size(&proxy, 2);
 
-    // The stats show the new set as soon as it is built; the worker serving `c` swaps its
-    // ring in a moment later, so keys set just after may still be placed by the one-server
-    // ring (all on m1, where the two-server ring may not look for them). Probe through `c`
-    // until a key lands on m2: from then on this worker places every request with the new
-    // ring. Probe keys are not checked later, like the keys set before the change.
-    let deadline = Instant::now() + DISCOVERY_DEADLINE;
-    for round in 0.. {
-        let probe: Vec<String> = (0..200).map(|i| format!("probe{round}-{i}")).collect();
-        c.set_many(&probe, value_of);
-        if !m2.held(&probe).is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after the change, keys set through memroute still never reach the new server\n{}",
-            proxy.log_text()
-        );
-    }
-
-    // New keys spread over both.
+    // New keys spread over both: once the stats count 2 servers, a request sent after
+    // is routed by those 2 on every worker (an operator reading the count is not misled).
     let spread: Vec<String> = (0..200).map(|i| format!("two{i}")).collect();
     c.set_many(&spread, value_of);
     let on_m1 = m1.held(&spread).len();

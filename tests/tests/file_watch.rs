@@ -237,30 +237,51 @@ fn a_write_storm_is_debounced_and_a_bad_file_keeps_the_running_config() {
     // is the storm, not a wait for anything), the last one adding m2.
     let before = proxy.log_count("config reloaded");
     let storm = Instant::now();
+    // Gaps between writes longer than the 100 ms quiet period: on a busy machine the 10 ms
+    // pause can stretch past it, and then the debouncer rightly reloads in the gap.
+    let mut quiet_gaps = 0;
+    let mut last_write = Instant::now();
     for i in 0..100 {
         let text = if i == 99 { &two } else { &one };
+        if i > 0 && last_write.elapsed() > Duration::from_millis(100) {
+            quiet_gaps += 1;
+        }
         std::fs::write(&path, format!("# write {i}\n{text}")).expect("storm write");
+        last_write = Instant::now();
         std::thread::sleep(Duration::from_millis(10));
     }
     let storm_took = storm.elapsed();
     proxy.wait_stats("pool:main:servers == 2", DEADLINE, |s| {
         stat_u64(s, "pool:main:servers") == Some(2)
     });
-    // The last write is applied (pool of 2) and nothing is written after it. The stats show
-    // the new pool a moment before the reload logs that it is done: wait for that line.
-    assert!(
-        proxy.wait_log_count("config reloaded", before + 1, DEADLINE),
-        "no `config reloaded` after the storm\n{}",
-        proxy.log_text()
-    );
+    // The stats show the last write's pool as soon as the workers are handed it; its
+    // `config reloaded` line follows once every worker has switched. Every reload started
+    // ("reloading the config") ends in one of the two lines: wait for that, then count.
+    let settled = || {
+        proxy.log_count("config reloaded") + proxy.log_count("config reload rejected")
+            >= proxy.log_count("reloading the config")
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while !settled() {
+        assert!(
+            Instant::now() < deadline,
+            "a reload started and never finished\n{}",
+            proxy.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let reloads = proxy.log_count("config reloaded") - before;
     println!(
-        "file watch: 100 writes in {:.2} s -> {reloads} reloads",
+        "file watch: 100 writes in {:.2} s ({quiet_gaps} gaps over 100 ms) -> {reloads} reloads",
         storm_took.as_secs_f64()
     );
+    // One reload per second of storm (the 1 s max delay), one per quiet gap, and slack for
+    // a half-written file read mid-storm.
+    let allowed = 5 + storm_took.as_secs() as usize + quiet_gaps;
     assert!(
-        (1..=6).contains(&reloads),
-        "100 writes in {storm_took:?} gave {reloads} reloads (debounce: 100 ms quiet, 1 s max)\n{}",
+        (1..=allowed).contains(&reloads),
+        "100 writes in {storm_took:?} ({quiet_gaps} gaps over 100 ms) gave {reloads} reloads, \
+         more than {allowed} (debounce: 100 ms quiet, 1 s max)\n{}",
         proxy.log_text()
     );
 

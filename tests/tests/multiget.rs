@@ -14,6 +14,9 @@ fn addrs(servers: &[Memcached]) -> Vec<String> {
 /// memroute over `servers` with ketama over md5. (twemproxy's default fnv1a_64 is a 32-bit FNV-1a
 /// that bunches short sequential keys like `key0..key199` onto one or two of four servers;
 /// md5 spreads them, and this test is about splitting and merging, not the hash.)
+/// The backend timeout is long: a TLS connect or a reply through a debug build on a busy
+/// machine can take longer than the default 250 ms, and these tests are about placement and
+/// merging, not the clock.
 fn proxy_over(servers: &[Memcached], extra_pool_lines: &str) -> Memroute {
     let listen = format!("127.0.0.1:{}", free_port());
     Memroute::start(&pool_config(
@@ -21,7 +24,7 @@ fn proxy_over(servers: &[Memcached], extra_pool_lines: &str) -> Memroute {
         &addrs(servers),
         "ketama",
         "md5",
-        extra_pool_lines,
+        &format!("timeout = \"10s\"\n{extra_pool_lines}"),
     ))
 }
 

@@ -78,12 +78,14 @@ fn check(name: &str, pool: &Pool, distribution: &str, hash: &str) {
          auto_eject_hosts: false\n  servers:\n{servers_yaml}"
     ));
     let mr_listen = format!("127.0.0.1:{}", free_port());
+    // The same timeout as nutcracker's: on a busy machine a reply can take longer than the
+    // default 250 ms, and this test is about placement, not the clock.
     let memroute = Memroute::start(&pool_config(
         &mr_listen,
         &pool.specs,
         distribution,
         hash,
-        "",
+        "timeout = \"5s\"",
     ));
 
     let mut failures = Vec::new();

@@ -204,6 +204,8 @@ impl Controller {
         });
         *lock(&self.base) = Arc::new(config);
         self.generation.send_replace(generation.clone());
+        // After the send, never before: a worker may still route with the old set until then.
+        self.shared.set_pools(&generation.config);
         let _ = self.events.send(Event::Serving(generation));
         Ok(acks)
     }

@@ -558,6 +558,14 @@ impl Metrics {
             }
         }
         *exported = names;
+        table
+    }
+
+    /// Publishes `config`'s pools (server counts, how many may be ejected). Called once the
+    /// generation serving `config` is sent: a worker picks a sent generation up before its
+    /// next batch of requests, so a request sent after these counts were read is routed by
+    /// the servers they count.
+    pub(crate) fn set_pools(&self, config: &Config) {
         lock(&self.state).pools = config
             .pools
             .iter()
@@ -566,7 +574,6 @@ impl Metrics {
                 (name.clone(), pool.servers.len(), ejecting)
             })
             .collect();
-        table
     }
 
     /// Everything gathered, after asking every worker to flush (bounded wait).

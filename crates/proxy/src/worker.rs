@@ -9,7 +9,8 @@
 //!
 //! A reload arrives as a new [`Generation`] on a watch channel. The worker builds a new
 //! [`RouteSnapshot`] off to the side (`snapshot`: keeping the connections of servers whose
-//! connection settings did not change) and swaps it in; every request takes one `Rc` of
+//! connection settings did not change) and swaps it in, when a batch of requests starts or,
+//! for an idle worker, on its reload task (`context`); every request takes one `Rc` of
 //! the snapshot current when it was read, so requests in flight finish on the routing
 //! they started with, and a removed server's connections close once the last request
 //! holding them is answered.
@@ -70,6 +71,7 @@ impl Worker {
         let context = Rc::new(WorkerContext::new(
             self.index,
             RouteSnapshot::build(&first, None, &metrics),
+            self.generation.clone(),
             metrics.clone(),
         ));
         drop(first);
@@ -147,22 +149,15 @@ fn start_uring(worker: usize) -> Option<tokio::task::JoinHandle<()>> {
     }
 }
 
-/// Swaps in each new generation's routing until the sender is gone.
+/// Swaps in each new generation's routing until the sender is gone, for a worker whose
+/// sessions are idle (a busy one picks it up as its next batch of requests starts).
 async fn apply_reloads(
     context: Rc<WorkerContext>,
     mut generation: watch::Receiver<Arc<Generation>>,
 ) {
     while generation.changed().await.is_ok() {
-        let next = generation.borrow_and_update().clone();
-        let routing = Rc::new(RouteSnapshot::build(
-            &next,
-            Some(&context.routing()),
-            &context.metrics,
-        ));
-        // The old routing lives on in the snapshots of requests still in flight.
-        context.replace_routing(routing);
-        tracing::debug!(worker = context.index, "worker switched to the new config");
-        let _ = next.applied.send(context.index);
+        generation.borrow_and_update();
+        context.follow_generations();
     }
 }
 
