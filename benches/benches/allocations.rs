@@ -309,10 +309,10 @@ fn policy_routes(servers: &str) {
 /// A single-key set through replicated and failover routes over two pools of the same 4
 /// servers (a replicated or failover write should cost about what a plain pool's does,
 /// plus the second backend write). A plain pool's set is the
-/// `set, 64-byte value [4 servers]` line above. Measured (docs/benchmarks.md, "Replicated
-/// and failover writes on the fast path"): all-sync, all-majority (2 replicas) and failover
-/// 0.00 (7, 7 and 2 on the executor); all-initial and all-async 1.00, the one task that
-/// finishes the replicas still writing when the client is answered (9 on the executor).
+/// `set, 64-byte value [4 servers]` line above. Expected (docs/benchmarks.md, "Allocations
+/// per request"): all-sync, all-majority (2 replicas) and failover 0.00; all-initial and
+/// all-async 1.00, the one task that finishes the replicas still writing when the client is
+/// answered.
 fn policy_writes(servers: &str) {
     let replicated = |writes: &str| {
         format!(

@@ -1629,7 +1629,7 @@ fn get_choice<T: Copy>(
 /// `workers = 0`: the worker count for `cores` CPUs available to the process (the standard
 /// library counts the cgroup CPU quota and the affinity mask). One core is left to the
 /// kernel's network stack, memcached and whatever shares the machine: most of a proxy's CPU
-/// is spent in the kernel (82% in the single-key profile, docs/benchmarks.md), and on a
+/// is spent in the kernel (80-90% in the profiles, docs/benchmarks.md), and on a
 /// 2-core machine a second worker cost 20-25% more CPU per request for no more ops/s. A
 /// dedicated larger machine still gets a worker on all but one core.
 pub fn default_workers(cores: usize) -> usize {
