@@ -23,6 +23,12 @@ fn connect_from(from: [u8; 4], to: &str) -> Option<TcpStream> {
     Some(socket.into())
 }
 
+/// `POST /reload` carrying `Authorization: Bearer TOKEN`.
+fn reload_with(admin: &str, token: &str) -> (u16, String) {
+    let bearer = format!("Bearer {token}");
+    admin_request(admin, "POST", "/reload", &[("Authorization", &bearer)])
+}
+
 fn refusals(admin: &str, reason: &str) -> u64 {
     let (_, text) = admin_http(admin, "GET", "/metrics");
     let series = format!("memroute_admin_refusals_total{{reason=\"{reason}\"}} ");
@@ -100,34 +106,14 @@ fn reload_needs_loopback_or_the_token_and_no_other_site() {
     let proxy = Memroute::start(&config(&listen, &admin, &server.addr(), &extra));
     let (code, body) = admin_http(&admin, "POST", "/reload");
     assert_eq!(code, 401, "{body}");
-    let (code, body) = admin_request(
-        &admin,
-        "POST",
-        "/reload",
-        &[("Authorization", "Bearer wrong-secret")],
-    );
+    let (code, body) = reload_with(&admin, "wrong-secret");
     assert_eq!(code, 401, "{body}");
-    let (code, body) = admin_request(
-        &admin,
-        "POST",
-        "/reload",
-        &[("Authorization", "Bearer first-secret")],
-    );
+    let (code, body) = reload_with(&admin, "first-secret");
     assert_eq!(code, 200, "{body}");
     std::fs::write(&token_file, "second-secret\n").expect("rotate token");
-    let (code, _) = admin_request(
-        &admin,
-        "POST",
-        "/reload",
-        &[("Authorization", "Bearer first-secret")],
-    );
+    let (code, _) = reload_with(&admin, "first-secret");
     assert_eq!(code, 401, "a rotated token file applies without a reload");
-    let (code, body) = admin_request(
-        &admin,
-        "POST",
-        "/reload",
-        &[("Authorization", "Bearer second-secret")],
-    );
+    let (code, body) = reload_with(&admin, "second-secret");
     assert_eq!(code, 200, "{body}");
     assert_eq!(refusals(&admin, "bad_token"), 3);
     // Reading stays open to everyone, and /config never shows a token.
@@ -139,12 +125,7 @@ fn reload_needs_loopback_or_the_token_and_no_other_site() {
     assert_eq!(code, 200);
     assert!(!config.contains("inline-secret"), "{config}");
     assert!(config.contains("<redacted>"), "{config}");
-    let (code, body) = admin_request(
-        &admin,
-        "POST",
-        "/reload",
-        &[("Authorization", "Bearer inline-secret")],
-    );
+    let (code, body) = reload_with(&admin, "inline-secret");
     assert_eq!(code, 200, "{body}");
     drop(proxy);
 }
