@@ -121,16 +121,16 @@ impl BackendHandle {
 /// One request being appended to a connection's outgoing buffer; see
 /// [`BackendHandle::writer`]. Dropped unfinished, its bytes are taken back out.
 pub struct RequestWriter<'a> {
-    pub(super) shared: &'a Shared,
+    shared: &'a Shared,
     /// Why the request fails at once (server down, no connection): appends are dropped
     /// and `finish` returns this error.
-    pub(super) refused: Option<BackendError>,
+    refused: Option<BackendError>,
     /// Where this request's bytes start in the outgoing buffer.
-    pub(super) start: usize,
+    start: usize,
     /// Keys appended with `append_key`/`append_word` (a multi-get's), so a coalesced
     /// command's key count needs no scan of its line.
-    pub(super) keys: u32,
-    pub(super) finished: bool,
+    keys: u32,
+    finished: bool,
 }
 
 impl std::fmt::Debug for RequestWriter<'_> {

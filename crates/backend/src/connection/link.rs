@@ -22,9 +22,9 @@ use super::{down_error, ConnectionSettings, CONNECTION_REFUSED};
 /// A request written to the server whose reply has not been read yet.
 #[derive(Debug)]
 pub(super) struct InFlight {
-    pub(super) kind: ReplyKind,
-    pub(super) reply: ReplySender,
-    pub(super) sent_at: Instant,
+    kind: ReplyKind,
+    reply: ReplySender,
+    sent_at: Instant,
     pub(super) run: RunPart,
 }
 
@@ -34,9 +34,9 @@ pub(super) struct Link {
     pub(super) in_flight: RefCell<VecDeque<InFlight>>,
     /// Wakes an idle reader when the writer sends the first request after a quiet spell,
     /// so an idle connection needs no timer at all.
-    pub(super) wake_reader: LocalNotify,
+    wake_reader: LocalNotify,
     /// At least one reply was read on this connection.
-    pub(super) answered: Cell<bool>,
+    answered: Cell<bool>,
     /// The keys of the runs in flight (`Shared::run_keys`, moved here as they are sent).
     pub(super) run_keys: RefCell<BytesMut>,
 }

@@ -4,8 +4,8 @@ use std::task::{Poll, Waker};
 /// A single-thread `Notify` for one waiting task: a flag and the task's waker.
 #[derive(Default)]
 pub(super) struct LocalNotify {
-    pub(super) notified: Cell<bool>,
-    pub(super) waker: Cell<Option<Waker>>,
+    notified: Cell<bool>,
+    waker: Cell<Option<Waker>>,
 }
 
 impl LocalNotify {

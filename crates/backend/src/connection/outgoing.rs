@@ -40,19 +40,19 @@ impl RunPart {
 /// (or `gets`) may join.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Run {
-    pub(super) gets: bool,
+    gets: bool,
     /// Where the run's command line starts in the outgoing buffer, and where its first
     /// key starts.
-    pub(super) line_start: usize,
-    pub(super) keys_start: usize,
+    line_start: usize,
+    keys_start: usize,
     /// Where the line ends (after its `\r\n`): the next request joins only if it starts
     /// right there.
-    pub(super) line_end: usize,
+    line_end: usize,
     /// The run's first request in `queued`.
-    pub(super) head: usize,
-    pub(super) legs: u32,
+    head: usize,
+    legs: u32,
     /// At most this many keys in the command so far.
-    pub(super) keys: u32,
+    keys: u32,
 }
 
 /// A coalesced command line is kept under memcached's short-line size, so memcached reads

@@ -35,10 +35,10 @@ pub(super) struct RunReader {
     /// Requests of the run under way not answered yet (0: none under way).
     pub(super) left: u32,
     /// Where each block framed but not handed out yet ends, in the read buffer.
-    pub(super) block_ends: Vec<usize>,
+    block_ends: Vec<usize>,
     /// Where requests' blocks are copied, each with its own `END`: reclaimed in place once
     /// earlier copies are gone, so steady traffic allocates nothing here.
-    pub(super) copies: BytesMut,
+    copies: BytesMut,
 }
 
 impl RunReader {
