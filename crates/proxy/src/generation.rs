@@ -30,6 +30,9 @@ pub(crate) struct Generation {
     pub route_stats: Vec<Arc<RouteStats>>,
     /// Per shadow index: the shadow route's counters.
     pub shadow_stats: Vec<Arc<ShadowStats>>,
+    /// Per pool id: the placement the pool had before its server list changed, while its
+    /// resize window runs.
+    pub windows: Vec<Option<Arc<crate::resize_window::Window>>>,
     /// Each worker sends its index once it serves new requests with this generation.
     pub applied: std::sync::mpsc::Sender<usize>,
 }

@@ -43,6 +43,7 @@ mod pending;
 mod pool_settings;
 mod reload;
 mod reply;
+mod resize_window;
 mod restart_only;
 mod route;
 mod route_lookup;
