@@ -216,6 +216,11 @@ impl Controller {
         self.generation.send_replace(generation.clone());
         // After the send, never before: a worker may still route with the old set until then.
         self.shared.set_pools(&generation.config);
+        for (name, stats) in &known.resize_stats {
+            stats
+                .active
+                .store(known.windows.contains_key(name), Relaxed);
+        }
         let _ = self.events.send(Event::Serving(generation));
         Ok(acks)
     }
@@ -266,16 +271,10 @@ impl Controller {
                 Some(window)
             })
             .collect();
-        for (name, window) in &known.windows {
-            if !running.get(name).is_some_and(|w| Arc::ptr_eq(w, window)) {
-                window.stats.active.store(false, Relaxed);
-                if !running.contains_key(name) {
-                    tracing::info!(pool = %name, "resize window ended: the previous servers are no longer asked");
-                }
+        for name in known.windows.keys() {
+            if !running.contains_key(name) {
+                tracing::info!(pool = %name, "resize window ended: the previous servers are no longer asked");
             }
-        }
-        for window in running.values() {
-            window.stats.active.store(true, Relaxed);
         }
         known.windows = running;
         known
