@@ -24,9 +24,11 @@ fn servers_of(servers: &[Memcached]) -> Vec<String> {
     servers.iter().map(Memcached::addr).collect()
 }
 
-/// One ketama pool `main` (md5: sequential keys spread evenly) with `resize_window`.
+/// One ketama pool `main` (md5: sequential keys spread evenly) with `resize_window`. The
+/// timeout is long: these tests judge answers, and a starved machine must not turn one into
+/// a timeout.
 fn config(listen: &str, servers: &[String], window: &str) -> String {
-    let window = format!("resize_window = \"{window}\"\n");
+    let window = format!("resize_window = \"{window}\"\ntimeout = \"5s\"\n");
     pool_config(listen, servers, "ketama", "md5", &window)
 }
 
@@ -418,7 +420,7 @@ fn dns_discovery_finding_a_fifth_server_keeps_the_cache() {
     write_hosts(&servers[..4]);
     let toml = format!(
         "{}[pools.d]\nservers = {{ dns = \"cache.test:{port}\", refresh = \"100ms\" }}\n\
-         distribution = \"ketama\"\nhash = \"md5\"\nresize_window = \"10m\"\n\n\
+         distribution = \"ketama\"\nhash = \"md5\"\nresize_window = \"10m\"\ntimeout = \"5s\"\n\n\
          [discovery]\nhosts_file = {:?}\n",
         proxy_section(&format!("127.0.0.1:{}", free_port()), "d"),
         hosts_path.display().to_string()

@@ -303,9 +303,11 @@ impl Controller {
         }
     }
 
-    /// When the first running window ends.
+    /// When the first window of the generation served now ends (read from the generation,
+    /// not `known`: an apply holds that during DNS lookups).
     fn next_window_end(&self) -> Option<Instant> {
-        lock(&self.known).windows.values().map(|w| w.ends).min()
+        let generation = self.current();
+        generation.windows.iter().flatten().map(|w| w.ends).min()
     }
 
     /// How long a new watcher of `pool` waits before its first lookup: what is left of the
@@ -587,12 +589,19 @@ async fn serve(
     );
     let mut probers: Vec<Prober> = Vec::new();
     let mut watchers: Vec<(WatchKey, tokio::task::JoinHandle<()>)> = Vec::new();
+    // When the last attempt to end a window was made: a failed one is retried a second
+    // later, not in a loop.
+    let mut ending_tried: Option<Instant> = None;
     loop {
-        let window_end = controller.next_window_end();
+        let window_end = controller.next_window_end().map(|end| match ending_tried {
+            Some(tried) => end.max(tried + std::time::Duration::from_secs(1)),
+            None => end,
+        });
         let event = tokio::select! {
             event = inbox.recv() => event,
             _ = shutdown.changed() => None,
             _ = until(window_end) => {
+                ending_tried = Some(Instant::now());
                 let controller = controller.clone();
                 // apply() builds rings and takes locks: off the control runtime's thread.
                 let _ = tokio::task::spawn_blocking(move || controller.end_windows()).await;
