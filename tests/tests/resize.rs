@@ -489,3 +489,30 @@ fn route_lookup_shows_a_moved_keys_old_owner_during_the_window() {
         "the new owner is the fifth server: {during}"
     );
 }
+
+#[test]
+fn keys_of_a_server_that_is_gone_are_plain_misses() {
+    let mut servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all, "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("gone:", 2000);
+    c.set_many(&keys, |k| value_of(k, 1));
+    let on_gone: Vec<String> = servers[4].held(&keys).into_keys().collect();
+    assert!(
+        on_gone.len() > 100,
+        "{} keys on the fifth server",
+        on_gone.len()
+    );
+    resize_to(&proxy, &listen, &all[..4], "10m");
+    servers[4].kill();
+    // Every read answers: a miss for the keys that were on the server that went away (the
+    // first ask may find it refusing, which marks it down; neither is the client's error).
+    for key in &on_gone {
+        c.send(format!("get {key}\r\n").as_bytes());
+        assert_eq!(c.read_get_reply(), b"END\r\n", "get {key}");
+    }
+    let read = read_all(&mut c, &keys);
+    assert_eq!(read.len(), keys.len() - on_gone.len());
+}
