@@ -716,3 +716,89 @@ async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Controller;
+    use crate::stats::SharedStats;
+
+    fn config(servers: &[u16], window: &str) -> memroute_config::Config {
+        let servers: Vec<String> = servers
+            .iter()
+            .map(|port| format!("\"127.0.0.1:{port}\""))
+            .collect();
+        let toml = format!(
+            "[proxy]\nlisten = [\"127.0.0.1:1\"]\nworkers = 1\nroute = \"main\"\n\
+             [pools.main]\nservers = [{}]\nresize_window = \"{window}\"\n",
+            servers.join(", ")
+        );
+        memroute_config::parse(&toml).expect("test config")
+    }
+
+    /// The old servers' addresses of the window the generation served now carries.
+    fn window_servers(controller: &Controller) -> Option<Vec<String>> {
+        let generation = controller.current();
+        let window = generation.windows.first()?.as_ref()?;
+        Some(
+            window
+                .config
+                .servers
+                .iter()
+                .map(|s| s.address.clone())
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn windows_start_on_a_change_carry_on_without_one_and_restart_from_the_last_placement() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let shared = Arc::new(SharedStats::new(1));
+            let (controller, _generations, _inbox) =
+                Controller::new(config(&[1, 2, 3, 4], "10m"), shared).expect("controller");
+            assert_eq!(
+                window_servers(&controller),
+                None,
+                "nothing before the start"
+            );
+
+            controller
+                .apply(config(&[1, 2, 3, 4, 5], "10m"))
+                .expect("grow");
+            let four: Vec<String> = (1..=4).map(|p| format!("127.0.0.1:{p}")).collect();
+            assert_eq!(window_servers(&controller), Some(four.clone()));
+            let first = controller.current().windows[0].clone().expect("a window");
+
+            // A reload that moves no key keeps the window as it is.
+            controller
+                .apply(config(&[1, 2, 3, 4, 5], "10m"))
+                .expect("same");
+            let kept = controller.current().windows[0].clone().expect("kept");
+            assert!(Arc::ptr_eq(&first, &kept));
+
+            // A second change starts from the placement just before it (five servers).
+            controller
+                .apply(config(&[1, 2, 3, 4, 5, 6], "10m"))
+                .expect("grow again");
+            let five: Vec<String> = (1..=5).map(|p| format!("127.0.0.1:{p}")).collect();
+            assert_eq!(window_servers(&controller), Some(five));
+
+            // "0s" ends it; ending a window publishes a generation without it.
+            controller
+                .apply(config(&[1, 2, 3, 4, 5, 6], "0s"))
+                .expect("off");
+            assert_eq!(window_servers(&controller), None);
+            controller.apply(config(&[1, 2, 3], "1ms")).expect("shrink");
+            let ends = controller.next_window_end().expect("a window");
+            // Past its end (a known instant, not a guess), the window is ended.
+            std::thread::sleep(ends.saturating_duration_since(std::time::Instant::now()));
+            controller.end_windows();
+            assert_eq!(window_servers(&controller), None);
+        });
+    }
+}
