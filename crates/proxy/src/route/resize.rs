@@ -22,7 +22,9 @@
 //! An old owner marked down is not asked: its keys are plain misses. One race is left: a
 //! read that moves a key while another client deletes it may copy it back after the
 //! delete (mg on the old owner, the delete on both, then the add). mcrouter's
-//! WarmUpRoute has the same window between its warm get and its cold add.
+//! WarmUpRoute has the same window between its warm get and its cold add. And a read
+//! pipelined behind a request that moves the same key may miss (its look on the old owner
+//! can come after the move): a miss, never a stale value.
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 
