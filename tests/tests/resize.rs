@@ -516,3 +516,31 @@ fn keys_of_a_server_that_is_gone_are_plain_misses() {
     let read = read_all(&mut c, &keys);
     assert_eq!(read.len(), keys.len() - on_gone.len());
 }
+
+#[test]
+fn a_read_pipelined_behind_a_write_that_moves_its_key_never_misses() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all[..4], "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("pipelined:", 1000);
+    c.set_many(&keys, |_| "10".to_string());
+    resize_to(&proxy, &listen, &all, "10m");
+    let moved = not_yet_moved(&all, &keys);
+    assert!(moved.len() >= 50, "only {} keys moved", moved.len());
+    for key in moved.iter().take(50) {
+        // One write: the append moves the key while the get behind it looks for it.
+        c.send(format!("append {key} 0 0 2\r\n-a\r\nget {key}\r\n").as_bytes());
+        assert_eq!(c.read_line(), b"STORED\r\n", "append {key}");
+        let reply = c.read_get_reply();
+        let value = parse_values(&reply)
+            .and_then(|values| values.into_iter().next())
+            .map(|(_, _, value)| value);
+        assert!(
+            matches!(value.as_deref(), Some(b"10-a") | Some(b"10")),
+            "get {key} pipelined behind its append: {}",
+            show(&reply)
+        );
+    }
+}

@@ -22,9 +22,9 @@
 //! An old owner marked down is not asked: its keys are plain misses. One race is left: a
 //! read that moves a key while another client deletes it may copy it back after the
 //! delete (mg on the old owner, the delete on both, then the add). mcrouter's
-//! WarmUpRoute has the same window between its warm get and its cold add. And a read
-//! pipelined behind a request that moves the same key may miss (its look on the old owner
-//! can come after the move): a miss, never a stale value.
+//! WarmUpRoute has the same window between its warm get and its cold add. A read that
+//! finds the key on neither owner while some key was moved meanwhile reads its new owner
+//! again: a request pipelined ahead of it may have moved this very key.
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -127,14 +127,18 @@ pub(super) async fn send(
     match needs(job) {
         Needs::Nothing => pool::send_plain(routing, pool, job).await,
         Needs::Read => {
+            // Keys moved so far: a request pipelined ahead of this one may move this key
+            // between its miss on the new owner and its look on the old one.
+            let moved_before = stats.keys_moved.load(Relaxed);
             let reply = pool::send_plain(routing, pool, job).await;
             if class_of(&reply) != ReplyClass::Miss {
                 return reply;
             }
-            match move_key(old_server, new_server, &job.key, job.slot, stats).await {
-                true => pool::send_plain(routing, pool, job).await,
-                false => reply,
+            let found = move_key(old_server, new_server, &job.key, job.slot, stats).await;
+            if found || stats.keys_moved.load(Relaxed) != moved_before {
+                return pool::send_plain(routing, pool, job).await;
             }
+            reply
         }
         Needs::Current => {
             move_key(old_server, new_server, &job.key, job.slot, stats).await;
