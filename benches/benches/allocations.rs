@@ -264,6 +264,44 @@ fn main() {
     }
     policy_routes(&list(&servers));
     policy_writes(&list(&servers));
+    resize_window(&list(&servers[..3]), &list(&servers));
+}
+
+/// The same requests while a resize window runs (3 servers, then the fourth added): every
+/// request takes the general walk, and a miss of a key that moved also asks its old owner.
+/// Reported, not a target: a window lasts minutes after a change.
+fn resize_window(before: &str, after: &str) {
+    let port = free_port();
+    let config = |servers: &str| {
+        format!(
+            "[proxy]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = 1\n[pools.main]\n\
+             servers = [{servers}]\nresize_window = \"1h\"\n"
+        )
+    };
+    let (proxy, mut stream, keys) = start_with_keys(&config(before));
+    proxy
+        .reload(memroute_config::parse(&config(after)).expect("bench config"))
+        .expect("reload with a fourth server");
+    let get = b"get alloc:key:0\r\n".to_vec();
+    let set = format!("set alloc:key:0 0 0 64\r\n{}\r\n", "v".repeat(64)).into_bytes();
+    let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
+    // Keys nobody set: every one misses, and those that moved are asked of the old owner.
+    let absent: Vec<String> = (0..20).map(|i| format!("absent:{i}")).collect();
+    let misses = format!("get {}\r\n", absent.join(" ")).into_bytes();
+    println!("during a resize window (3 servers + 1 added)");
+    let cases: [(&str, &[u8], &[u8]); 4] = [
+        ("get, 1 key (hit)", &get, b"END\r\n"),
+        ("set, 64-byte value", &set, b"STORED\r\n"),
+        ("get, 20 keys (hits)", &multi, b"END\r\n"),
+        ("get, 20 keys (misses)", &misses, b"END\r\n"),
+    ];
+    for (label, request, end) in cases {
+        let counted = count(&mut stream, request, end, REQUESTS / 4);
+        print_row(&format!("  {label}"), &counted);
+    }
+    drop(stream);
+    proxy.shutdown();
+    proxy.join();
 }
 
 /// The 20-key multi-get through each kind of policy route, over two pools of the same 4

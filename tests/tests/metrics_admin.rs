@@ -462,9 +462,12 @@ fn ready_follows_backends_and_config_reload_route_endpoints() {
     c.set("route-key/1", b"x");
     let (code, endpoint) = admin_http(&admin, "GET", "/route?key=route-key%2F1");
     assert_eq!(code, 200, "{endpoint}");
-    assert_eq!(
-        endpoint,
-        format!("route-key/1: a\"b\\c => {c_addr} (primary)\n"),
+    // The shrink above started a resize window: a key that was on the server that left also
+    // names that old owner.
+    let owner = format!("route-key/1: a\"b\\c => {c_addr} (primary)");
+    assert!(
+        endpoint == format!("{owner}\n")
+            || endpoint == format!("{owner} [resize window: old owner {second_addr}]\n"),
         "{endpoint}"
     );
     assert_eq!(admin_http(&admin, "GET", "/route").0, 400);

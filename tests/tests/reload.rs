@@ -62,7 +62,10 @@ fn sighup_moves_a_pool_to_new_servers_and_open_connections_keep_working() {
     let m1 = Memcached::start();
     let m2 = Memcached::start();
     let listen = format!("127.0.0.1:{}", free_port());
-    let proxy = Memroute::start(&simple_config(&listen, &[m1.addr()], ""));
+    // No resize window: this is about a reload moving the pool at once (tests/resize.rs
+    // covers the window).
+    let no_window = "resize_window = \"0s\"\n";
+    let proxy = Memroute::start(&simple_config(&listen, &[m1.addr()], no_window));
     let mut before = proxy.connect();
     before.set("old", b"one");
     // Every direct question to m1 goes over this one connection, so m1's curr_connections
@@ -73,7 +76,7 @@ fn sighup_moves_a_pool_to_new_servers_and_open_connections_keep_working() {
     let m1_connections = curr_connections(&mut m1_probe);
 
     assert!(
-        proxy.reload(&simple_config(&listen, &[m2.addr()], "")),
+        proxy.reload(&simple_config(&listen, &[m2.addr()], no_window)),
         "reload rejected:\n{}",
         proxy.log_text()
     );

@@ -236,6 +236,10 @@ pub struct PoolConfig {
     pub coalesce_gets: bool,
     /// TLS to this pool's servers (`None`: plaintext).
     pub tls: Option<BackendTls>,
+    /// When the server list changes, the previous placement is kept this long: a key
+    /// whose owner changed is looked for on its old owner and moved (default 10m; zero
+    /// turns it off).
+    pub resize_window: Duration,
 }
 
 impl PoolConfig {
@@ -256,6 +260,7 @@ impl PoolConfig {
             max_keys_per_request: defaults::MAX_KEYS_PER_REQUEST,
             coalesce_gets: true,
             tls: None,
+            resize_window: Duration::from_millis(defaults::RESIZE_WINDOW_MS),
         }
     }
 }

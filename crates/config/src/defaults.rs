@@ -26,6 +26,10 @@ pub const TIMEOUT_MS: u64 = 250;
 pub const MAX_KEYS_PER_REQUEST: usize = 100;
 pub const WEIGHT: u32 = 1;
 pub const FAILURE_LIMIT: u32 = 3;
+/// How long a pool whose servers changed keeps its previous placement: ten minutes moves
+/// every key read at least once in that time (the keys whose misses would reach a
+/// database together), and costs one extra lookup only for misses of keys that moved.
+pub const RESIZE_WINDOW_MS: u64 = 600_000;
 pub const MAX_EJECTED_FRACTION: f64 = 0.5;
 /// A down server is probed often enough that it serves again within a second of its
 /// return (probes are one connect and `version`, from one prober per server for the

@@ -24,8 +24,8 @@ use crate::checked::{
     ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, WritePolicy,
 };
 use crate::walk::{
-    check_keys, check_range, get_bool, get_duration, get_int, get_size, get_str, get_table, join,
-    usize_max, wrong_type, Errors,
+    check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,
+    get_str, get_table, join, usize_max, wrong_type, Errors,
 };
 use crate::{ConfigError, ConfigErrors};
 
@@ -72,6 +72,7 @@ const POOL_KEYS: &[&str] = &[
     "connect_timeout",
     "max_keys_per_request",
     "coalesce_gets",
+    "resize_window",
     "failure_limit",
     "eject",
     "max_ejected_fraction",
@@ -830,6 +831,13 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
     let default_timeout = Duration::from_millis(defaults::TIMEOUT_MS);
     let timeout = get_duration(t, "timeout", path, default_timeout, errs);
     let connect_timeout = get_duration(t, "connect_timeout", path, timeout, errs);
+    let resize_window = get_duration_or_zero(
+        t,
+        "resize_window",
+        path,
+        Duration::from_millis(defaults::RESIZE_WINDOW_MS),
+        errs,
+    );
 
     let failure_limit: u32 = get_int(
         t,
@@ -895,6 +903,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         connect_timeout,
         max_keys_per_request,
         coalesce_gets,
+        resize_window,
     })
 }
 

@@ -283,6 +283,21 @@ pub(crate) fn get_duration(
     }
 }
 
+/// `get_duration` for a setting where zero means "off".
+pub(crate) fn get_duration_or_zero(
+    t: &Table,
+    key: &str,
+    path: &str,
+    default: Duration,
+    errs: &mut Errors,
+) -> Duration {
+    let Some(v) = t.get(key) else { return default };
+    parse_duration(v).unwrap_or_else(|m| {
+        errs.push(&join(path, key), m);
+        default
+    })
+}
+
 pub(crate) fn get_bool(t: &Table, key: &str, path: &str, default: bool, errs: &mut Errors) -> bool {
     match t.get(key) {
         None => default,

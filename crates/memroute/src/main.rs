@@ -178,6 +178,14 @@ fn route(
         out.push_str(&memroute_proxy::describe_routes(key, &targets));
     }
     write_stdout(&out);
+    // Offline there is no running window: say on stderr (stdout stays one line per target,
+    // for scripts) which pools would keep one after a change of their servers.
+    for (name, pool) in &config.pools {
+        eprintln!(
+            "pool {name}: resize_window {} (a running proxy's /route?key= shows a key's old owner during a window)",
+            resize_window(pool)
+        );
+    }
     Ok(())
 }
 
@@ -364,14 +372,15 @@ fn describe(config: &Config) -> String {
         }
         let _ = writeln!(
             out,
-            "pool {name}: {} servers, distribution {}, hash {}, timeout {:?}, connections {}, failure_limit {}, eject {}",
+            "pool {name}: {} servers, distribution {}, hash {}, timeout {:?}, connections {}, failure_limit {}, eject {}, resize_window {}",
             pool.servers.len(),
             pool.distribution.as_str(),
             pool.hash.as_str(),
             pool.timeout,
             pool.connections,
             pool.failure_limit,
-            pool.eject
+            pool.eject,
+            resize_window(pool)
         );
         // mcrouter's placement settings (wch3, salted pools).
         if !pool.weights.is_empty() {
@@ -407,6 +416,14 @@ fn describe(config: &Config) -> String {
         }
     }
     out
+}
+
+/// A pool's `resize_window` as `--check` and `memroute route` print it.
+fn resize_window(pool: &memroute_config::PoolConfig) -> String {
+    match pool.resize_window.is_zero() {
+        true => "off".to_string(),
+        false => format!("{:?}", pool.resize_window),
+    }
 }
 
 /// One line describing a route that is not a prefix route (for `--check`).

@@ -1,5 +1,24 @@
-//! Decoding of base64 keys (meta protocol `b` flag), so a key is placed by its bytes
-//! whether a client sends it raw or encoded.
+//! Base64 keys (meta protocol `b` flag): decoded, so a key is placed by its bytes whether
+//! a client sends it raw or encoded; encoded, for keys the proxy itself sends in meta
+//! commands that a text line cannot carry raw.
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Appends `bytes` in standard base64 (RFC 4648, `+/`, `=` padding) to `out`.
+pub fn encode_base64(bytes: &[u8], out: &mut Vec<u8>) {
+    for chunk in bytes.chunks(3) {
+        let mut quad = [0u8; 3];
+        quad[..chunk.len()].copy_from_slice(chunk);
+        let value = u32::from_be_bytes([0, quad[0], quad[1], quad[2]]);
+        for index in 0..4 {
+            if index <= chunk.len() {
+                out.push(ALPHABET[(value >> (18 - 6 * index)) as usize & 63]);
+            } else {
+                out.push(b'=');
+            }
+        }
+    }
+}
 
 /// Decodes standard base64 (RFC 4648, `+/`, `=` padding) into `out`; returns the decoded
 /// length, or `None` when `encoded` is not valid base64 or does not fit in `out`.
@@ -75,5 +94,19 @@ mod tests {
         }
         let mut small = [0u8; 2];
         assert_eq!(decode_base64(b"Zm9v", &mut small), None);
+    }
+
+    #[test]
+    fn encoding_round_trips() {
+        for input in [&b""[..], b"a", b"ab", b"abc", b"abcd", b"k e\x00y\xff"] {
+            let mut encoded = Vec::new();
+            super::encode_base64(input, &mut encoded);
+            let mut out = [0u8; 16];
+            let len = super::decode_base64(&encoded, &mut out).expect("valid");
+            assert_eq!(&out[..len], input);
+        }
+        let mut encoded = Vec::new();
+        super::encode_base64(b"foo", &mut encoded);
+        assert_eq!(encoded, b"Zm9v");
     }
 }

@@ -21,7 +21,7 @@ mod reply;
 mod request;
 mod scan;
 
-pub use base64::decode_base64;
+pub use base64::{decode_base64, encode_base64};
 pub use error::{ErrorReply, ProtocolError};
 pub use reply::{
     framed_block_is_for, parse_reply, parse_reply_counting, parse_retrieval_blocks,

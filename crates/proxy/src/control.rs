@@ -25,12 +25,15 @@ use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, ServerConfig};
 use memroute_routing::{Node, RouteTable};
 use tokio::sync::{mpsc, watch};
 
-use crate::counters::{RouteStats, ShadowStats};
+use crate::counters::{ResizeStats, RouteStats, ShadowStats};
 use crate::error::ProxyError;
 use crate::generation::Generation;
 use crate::pool_settings::health_settings;
+use crate::resize_window::{self, Decision, OldServer, Window};
 use crate::stats::SharedStats;
 use memroute_net::Connector;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 /// What makes two configs' health objects for a server the same one.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,6 +84,10 @@ struct Known {
     epochs: HashMap<String, Arc<AtomicU64>>,
     route_stats: HashMap<String, Arc<RouteStats>>,
     shadow_stats: HashMap<String, Arc<ShadowStats>>,
+    /// The resize windows running now, by pool name.
+    windows: HashMap<String, Arc<Window>>,
+    /// Per pool name: its resize counters, kept across windows.
+    resize_stats: HashMap<String, Arc<ResizeStats>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -123,6 +130,7 @@ impl Controller {
             pool_epochs: Vec::new(),
             route_stats: Vec::new(),
             shadow_stats: Vec::new(),
+            windows: Vec::new(),
             applied: std::sync::mpsc::channel().0,
         });
         let (generation, receiver) = watch::channel(placeholder);
@@ -190,6 +198,7 @@ impl Controller {
                 .map(|(_, root)| root.to_string())
                 .collect(),
         );
+        let windows = self.windows_for(known, &routes, &effective);
         let (applied, acks) = std::sync::mpsc::channel();
         let generation = Arc::new(Generation {
             config: effective,
@@ -200,14 +209,105 @@ impl Controller {
             pool_epochs,
             route_stats,
             shadow_stats,
+            windows,
             applied,
         });
         *lock(&self.base) = Arc::new(config);
         self.generation.send_replace(generation.clone());
         // After the send, never before: a worker may still route with the old set until then.
         self.shared.set_pools(&generation.config);
+        for (name, stats) in &known.resize_stats {
+            stats
+                .active
+                .store(known.windows.contains_key(name), Relaxed);
+        }
         let _ = self.events.send(Event::Serving(generation));
         Ok(acks)
+    }
+
+    /// Per pool id of `routes`: the resize window the next generation carries (a pool
+    /// whose placement changed starts one from the generation served now; one whose
+    /// placement did not keeps its running window until it ends). Logs every window's
+    /// start and end.
+    fn windows_for(
+        &self,
+        known: &mut Known,
+        routes: &RouteTable,
+        config: &Config,
+    ) -> Vec<Option<Arc<Window>>> {
+        let before = self.current();
+        let now = Instant::now();
+        let mut running = HashMap::new();
+        let table = routes
+            .pool_names
+            .iter()
+            .map(|name| {
+                let after = config.pools.get(name)?;
+                let before_pool = before.config.pools.get(name);
+                let ends = known.windows.get(name).map(|w| w.ends);
+                let window = match resize_window::decide(before_pool, after, ends, now) {
+                    Decision::None => return None,
+                    Decision::Keep => known.windows.get(name)?.clone(),
+                    Decision::Start => {
+                        let stats = known.resize_stats.entry(name.clone()).or_default();
+                        let window = window_from(&before, name, stats.clone(), after, now)?;
+                        let placement = &routes.placements[routes
+                            .pool_names
+                            .iter()
+                            .position(|n| n == name)?];
+                        let moved = resize_window::moved_share(&window.placement, placement);
+                        tracing::info!(
+                            pool = %name,
+                            servers_before = window.servers.len(),
+                            servers_after = after.servers.len(),
+                            keys_moved = format!("{:.1}%", moved * 100.0),
+                            window = ?after.resize_window,
+                            "resize window started: keys whose owner changed are looked for on their old owner until it ends"
+                        );
+                        Arc::new(window)
+                    }
+                };
+                running.insert(name.clone(), window.clone());
+                Some(window)
+            })
+            .collect();
+        for name in known.windows.keys() {
+            if !running.contains_key(name) {
+                tracing::info!(pool = %name, "resize window ended: the previous servers are no longer asked");
+            }
+        }
+        known.windows = running;
+        known
+            .resize_stats
+            .retain(|name, _| config.pools.contains_key(name));
+        self.shared.set_resize_stats(
+            known
+                .resize_stats
+                .iter()
+                .map(|(name, stats)| (name.clone(), stats.clone()))
+                .collect(),
+        );
+        table
+    }
+
+    /// Publishes a generation without the windows that have ended, if any has.
+    fn end_windows(&self) {
+        let mut known = lock(&self.known);
+        let now = Instant::now();
+        if !known.windows.values().any(|w| w.ends <= now) {
+            return;
+        }
+        let base = (*self.base()).clone();
+        if let Err(error) = self.apply_locked(&mut known, base) {
+            tracing::error!(%error, "cannot end a resize window; keeping the running config");
+        }
+    }
+
+    /// When the first window of the generation served now ends (read from the generation,
+    /// not `known`: an apply holds that during DNS lookups).
+    fn next_window_end(&self) -> Option<Instant> {
+        let generation = self.current();
+        generation.windows.iter().flatten().map(|w| w.ends).min()
     }
 
     /// How long a new watcher of `pool` waits before its first lookup: what is left of the
@@ -351,6 +451,34 @@ fn with_discovered_servers(
     effective
 }
 
+/// The window of pool `name` as `before` served it, for a pool configured as `after`.
+fn window_from(
+    before: &Generation,
+    name: &str,
+    stats: Arc<ResizeStats>,
+    after: &memroute_config::PoolConfig,
+    now: Instant,
+) -> Option<Window> {
+    let id = before.routes.pool_names.iter().position(|n| n == name)?;
+    let config = before.config.pools.get(name)?.clone();
+    let servers = (0..config.servers.len())
+        .map(|index| {
+            Some(OldServer {
+                health: before.health.get(id)?.get(index)?.clone(),
+                connector: before.connectors.get(id)?.get(index)?.clone(),
+                stats: before.server_stats.get(id)?.get(index)?.clone(),
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Window {
+        placement: before.routes.placements.get(id)?.clone(),
+        config,
+        servers,
+        ends: resize_window::end_of(after, now),
+        stats,
+    })
+}
+
 /// One health object per server, reused for servers that stay with the same settings.
 fn health_for(
     known: &mut Known,
@@ -461,20 +589,42 @@ async fn serve(
     );
     let mut probers: Vec<Prober> = Vec::new();
     let mut watchers: Vec<(WatchKey, tokio::task::JoinHandle<()>)> = Vec::new();
+    // When the last attempt to end a window was made: a failed one is retried a second
+    // later, not in a loop.
+    let mut ending_tried: Option<Instant> = None;
     loop {
+        let window_end = controller.next_window_end().map(|end| match ending_tried {
+            Some(tried) => end.max(tried + std::time::Duration::from_secs(1)),
+            None => end,
+        });
         let event = tokio::select! {
             event = inbox.recv() => event,
             _ = shutdown.changed() => None,
+            _ = until(window_end) => {
+                ending_tried = Some(Instant::now());
+                let controller = controller.clone();
+                // apply() builds rings and takes locks: off the control runtime's thread.
+                let _ = tokio::task::spawn_blocking(move || controller.end_windows()).await;
+                continue;
+            }
         };
         let Some(Event::Serving(generation)) = event else {
             break;
         };
         // Probers: one per server of the generation; stop those of servers that left.
+        // A resize window's servers that left are still read from: probed too.
         let current: Vec<(&Arc<ServerHealth>, &Arc<Connector>)> = generation
             .health
             .iter()
             .zip(&generation.connectors)
             .flat_map(|(h, c)| h.iter().zip(c))
+            .chain(
+                generation
+                    .windows
+                    .iter()
+                    .flatten()
+                    .flat_map(|w| w.servers.iter().map(|s| (&s.health, &s.connector))),
+            )
             .collect();
         probers.retain(|(health, connector, task)| {
             let keep = current
@@ -530,6 +680,14 @@ async fn serve(
     }
 }
 
+/// Resolves at `end`, or never.
+async fn until(end: Option<Instant>) {
+    match end {
+        Some(end) => tokio::time::sleep_until(end.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Looks one DNS pool up again when its `refresh` or its records' TTL says so (whichever
 /// is sooner, see `next_refresh`); a changed server set is served at once, a failed lookup
 /// keeps the last good set and is retried after `refresh`.
@@ -556,5 +714,91 @@ async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey
                 tracing::warn!(pool = %pool, host = %spec.host, %error, "discovery lookup failed; keeping the last servers found");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Controller;
+    use crate::stats::SharedStats;
+
+    fn config(servers: &[u16], window: &str) -> memroute_config::Config {
+        let servers: Vec<String> = servers
+            .iter()
+            .map(|port| format!("\"127.0.0.1:{port}\""))
+            .collect();
+        let toml = format!(
+            "[proxy]\nlisten = [\"127.0.0.1:1\"]\nworkers = 1\nroute = \"main\"\n\
+             [pools.main]\nservers = [{}]\nresize_window = \"{window}\"\n",
+            servers.join(", ")
+        );
+        memroute_config::parse(&toml).expect("test config")
+    }
+
+    /// The old servers' addresses of the window the generation served now carries.
+    fn window_servers(controller: &Controller) -> Option<Vec<String>> {
+        let generation = controller.current();
+        let window = generation.windows.first()?.as_ref()?;
+        Some(
+            window
+                .config
+                .servers
+                .iter()
+                .map(|s| s.address.clone())
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn windows_start_on_a_change_carry_on_without_one_and_restart_from_the_last_placement() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let shared = Arc::new(SharedStats::new(1));
+            let (controller, _generations, _inbox) =
+                Controller::new(config(&[1, 2, 3, 4], "10m"), shared).expect("controller");
+            assert_eq!(
+                window_servers(&controller),
+                None,
+                "nothing before the start"
+            );
+
+            controller
+                .apply(config(&[1, 2, 3, 4, 5], "10m"))
+                .expect("grow");
+            let four: Vec<String> = (1..=4).map(|p| format!("127.0.0.1:{p}")).collect();
+            assert_eq!(window_servers(&controller), Some(four.clone()));
+            let first = controller.current().windows[0].clone().expect("a window");
+
+            // A reload that moves no key keeps the window as it is.
+            controller
+                .apply(config(&[1, 2, 3, 4, 5], "10m"))
+                .expect("same");
+            let kept = controller.current().windows[0].clone().expect("kept");
+            assert!(Arc::ptr_eq(&first, &kept));
+
+            // A second change starts from the placement just before it (five servers).
+            controller
+                .apply(config(&[1, 2, 3, 4, 5, 6], "10m"))
+                .expect("grow again");
+            let five: Vec<String> = (1..=5).map(|p| format!("127.0.0.1:{p}")).collect();
+            assert_eq!(window_servers(&controller), Some(five));
+
+            // "0s" ends it; ending a window publishes a generation without it.
+            controller
+                .apply(config(&[1, 2, 3, 4, 5, 6], "0s"))
+                .expect("off");
+            assert_eq!(window_servers(&controller), None);
+            controller.apply(config(&[1, 2, 3], "1ms")).expect("shrink");
+            let ends = controller.next_window_end().expect("a window");
+            // Past its end (a known instant, not a guess), the window is ended.
+            std::thread::sleep(ends.saturating_duration_since(std::time::Instant::now()));
+            controller.end_windows();
+            assert_eq!(window_servers(&controller), None);
+        });
     }
 }

@@ -125,3 +125,16 @@ impl ReloadCounts {
         self.failed.load(Relaxed)
     }
 }
+
+/// Counters of one pool's resize windows, shared by every worker and kept across windows.
+#[derive(Debug, Default)]
+pub(crate) struct ResizeStats {
+    /// Whether a window runs now (set by the controller).
+    pub active: std::sync::atomic::AtomicBool,
+    /// Requests for a key whose owner changed that asked the key's old owner.
+    pub fallback_reads: AtomicU64,
+    /// Keys copied from their old owner to their new one.
+    pub keys_moved: AtomicU64,
+    /// Failed requests to old owners (lookups, copies, deletes); the key reads as a miss.
+    pub errors: AtomicU64,
+}

@@ -30,6 +30,33 @@ pub(crate) struct Generation {
     pub route_stats: Vec<Arc<RouteStats>>,
     /// Per shadow index: the shadow route's counters.
     pub shadow_stats: Vec<Arc<ShadowStats>>,
+    /// Per pool id: the placement the pool had before its server list changed, while its
+    /// resize window runs.
+    pub windows: Vec<Option<Arc<crate::resize_window::Window>>>,
     /// Each worker sends its index once it serves new requests with this generation.
     pub applied: std::sync::mpsc::Sender<usize>,
+}
+
+impl Generation {
+    /// Fills in, for each target in a pool with a running resize window whose key moved,
+    /// the key's owner under the window's previous placement (`/route?key=` shows both).
+    pub(crate) fn add_previous_owners(
+        &self,
+        targets: &mut [crate::route_lookup::RouteTarget],
+        key: &[u8],
+    ) {
+        for target in targets {
+            let Some(pool) = &target.pool else { continue };
+            let id = self.routes.pool_names.iter().position(|n| n == pool);
+            let Some(Some(window)) = id.and_then(|id| self.windows.get(id)) else {
+                continue;
+            };
+            let index = window.placement.server_for(key);
+            let previous = window.config.servers.get(index).map(|s| s.address.clone());
+            // Only a key that moved has an old owner worth naming.
+            if previous != target.server {
+                target.previous = previous;
+            }
+        }
+    }
 }

@@ -43,6 +43,7 @@ mod pending;
 mod pool_settings;
 mod reload;
 mod reply;
+mod resize_window;
 mod restart_only;
 mod route;
 mod route_lookup;
@@ -169,13 +170,15 @@ impl ProxyHandle {
         key: &[u8],
     ) -> Vec<RouteTarget> {
         let generation = self.controller.current();
-        route_lookup::route_key_in(
+        let mut targets = route_lookup::route_key_in(
             &generation.config,
             &generation.routes,
             listener,
             operation,
             key,
-        )
+        );
+        generation.add_previous_owners(&mut targets, key);
+        targets
     }
 
     /// [`ProxyHandle::reload`]; answers the restart-only settings the new config changed

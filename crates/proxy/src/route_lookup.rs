@@ -22,12 +22,19 @@ pub struct RouteTarget {
     /// routes and for a pool without servers.
     pub pool: Option<String>,
     pub server: Option<String>,
+    /// During the pool's resize window, for a key whose owner changed: the server that
+    /// owned it before the pool's servers changed (its copy is looked for there).
+    pub previous: Option<String>,
 }
 
 impl std::fmt::Display for RouteTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let server = self.server.as_deref().unwrap_or("-");
-        write!(f, "{} => {server} ({})", self.path.join(" -> "), self.role)
+        write!(f, "{} => {server} ({})", self.path.join(" -> "), self.role)?;
+        match &self.previous {
+            Some(previous) => write!(f, " [resize window: old owner {previous}]"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -101,6 +108,7 @@ impl Walk<'_> {
             role,
             pool: None,
             server: None,
+            previous: None,
         };
         match self.routes.node(node) {
             Node::Prefix { .. } | Node::Operation { .. } => {
@@ -129,6 +137,7 @@ impl Walk<'_> {
                     role,
                     pool: Some(name.clone()),
                     server,
+                    previous: None,
                 });
             }
             Node::Shadow {

@@ -28,6 +28,7 @@ use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
 use crate::hot_keys::WorkerHotKeys;
 use crate::pool_settings::max_ejected;
+use crate::resize_window::Window;
 use crate::stats::{round_trip_observer, RouteMetrics, WorkerMetrics};
 
 /// What makes two configs' connections to a server interchangeable.
@@ -67,6 +68,16 @@ impl ServerConnections {
         &self.connections[slot % self.connections.len()]
     }
 
+    /// The same connections, for a resize window's previous placement.
+    fn share(&self) -> ServerConnections {
+        ServerConnections {
+            connections: self.connections.clone(),
+            stats: self.stats.clone(),
+            health: self.health.clone(),
+            key: self.key.clone(),
+        }
+    }
+
     /// Counts a failed request against this server's error or timeout counter.
     pub(crate) fn count_failure(&self, error: &BackendError) {
         let counter = if error.is_timeout() {
@@ -85,6 +96,145 @@ pub(crate) struct PoolConnections {
     pub max_keys_per_request: usize,
     /// Set for pools with `eject = true`: the ring without the down servers.
     ejection: Option<Ejection>,
+    /// While a resize window runs: the placement before the server list changed.
+    pub previous: Option<Box<Previous>>,
+}
+
+/// A pool's placement before its server list changed, as one worker serves it during the
+/// resize window (`route::resize`).
+#[derive(Debug)]
+pub(crate) struct Previous {
+    pub window: Arc<Window>,
+    /// Indexed like the window's servers.
+    pub servers: Vec<ServerConnections>,
+    /// Per previous server: its index in the pool now, when it stays.
+    pub stays: Vec<Option<usize>>,
+}
+
+impl Previous {
+    fn build<'o>(
+        window: &Arc<Window>,
+        now: &PoolConnections,
+        reusable: &mut HashMap<&'o ConnectionKey, Vec<&'o ServerConnections>>,
+        limits: Limits,
+        metrics: &WorkerMetrics,
+    ) -> Previous {
+        let stays: Vec<Option<usize>> = window
+            .config
+            .servers
+            .iter()
+            .map(|old| {
+                now.servers
+                    .iter()
+                    .position(|s| s.key.address == old.address)
+            })
+            .collect();
+        let servers = window
+            .config
+            .servers
+            .iter()
+            .zip(&window.servers)
+            .zip(&stays)
+            .map(|((server, old), stays)| match stays {
+                Some(index) => now.servers[*index].share(),
+                None => ServerOf {
+                    pool_name: &now.name,
+                    pool: &window.config,
+                    address: &server.address,
+                    health: old.health.clone(),
+                    connector: old.connector.clone(),
+                    stats: old.stats.clone(),
+                }
+                .connections(reusable, limits, metrics),
+            })
+            .collect();
+        Previous {
+            window: window.clone(),
+            servers,
+            stays,
+        }
+    }
+
+    /// The previous owner of `key` and, when it is still in the pool, its index there.
+    #[inline]
+    pub(crate) fn owner(&self, key: &[u8]) -> (usize, Option<usize>) {
+        let old = self.window.placement.server_for(key);
+        (old, self.stays.get(old).copied().flatten())
+    }
+}
+
+/// One server to build connections for (`ServerOf::connections`).
+struct ServerOf<'a> {
+    pool_name: &'a str,
+    pool: &'a PoolConfig,
+    address: &'a str,
+    health: Arc<ServerHealth>,
+    connector: Arc<Connector>,
+    stats: ServerStats,
+}
+
+impl ServerOf<'_> {
+    /// This server's connections: taken over from the previous snapshot when one there
+    /// has the same `ConnectionKey`, else new.
+    fn connections(
+        self,
+        reusable: &mut HashMap<&ConnectionKey, Vec<&ServerConnections>>,
+        limits: Limits,
+        metrics: &WorkerMetrics,
+    ) -> ServerConnections {
+        let ServerOf {
+            pool_name: name,
+            pool,
+            address,
+            health,
+            connector,
+            stats,
+        } = self;
+        let key = ConnectionKey {
+            health: Arc::as_ptr(&health) as usize,
+            connector: Arc::as_ptr(&connector) as usize,
+            pool: name.to_string(),
+            address: address.to_string(),
+            timeout: pool.timeout,
+            connect_timeout: pool.connect_timeout,
+            connections: pool.connections.max(1),
+            limits: (
+                limits.max_key_len,
+                limits.max_line_len,
+                limits.max_value_len,
+            ),
+            coalesce_keys: match pool.coalesce_gets {
+                true => pool.max_keys_per_request,
+                false => 0,
+            },
+        };
+        let connections = match reusable.get_mut(&key).and_then(Vec::pop) {
+            Some(kept) => kept.connections.clone(),
+            None => {
+                let settings = ConnectionSettings {
+                    address: Arc::from(address),
+                    connector,
+                    timeout: pool.timeout,
+                    connect_timeout: pool.connect_timeout,
+                    backoff_min: memroute_backend::RECONNECT_BACKOFF_MIN,
+                    backoff_max: memroute_backend::RECONNECT_BACKOFF_MAX,
+                    limits,
+                    health: health.clone(),
+                    round_trips: Some(round_trip_observer(metrics.round_trip(name, address))),
+                    coalesce_keys: key.coalesce_keys,
+                };
+                (0..key.connections)
+                    .map(|_| spawn_connection(settings.clone()))
+                    .collect()
+            }
+        };
+        ServerConnections {
+            connections,
+            stats,
+            health,
+            key,
+        }
+    }
 }
 
 /// A pool that takes down servers out of its ring. Each worker keeps its own copy of the
@@ -106,6 +256,9 @@ pub(crate) struct RouteSnapshot {
     pub routes: Arc<RouteTable>,
     /// Indexed by pool id (the route table's order).
     pub pools: Vec<PoolConnections>,
+    /// Whether any pool has a resize window: requests then take the general walk, where
+    /// `route::resize` looks for moved keys on their old owners.
+    pub resizing: bool,
     pub limits: Limits,
     pub max_client_pending: usize,
     pub max_connections: usize,
@@ -217,11 +370,15 @@ impl RouteSnapshot {
             max_value_len: config.proxy.max_value_size,
         };
         let mut reusable: HashMap<&ConnectionKey, Vec<&ServerConnections>> = HashMap::new();
-        for server in old.iter().flat_map(|o| &o.pools).flat_map(|p| &p.servers) {
+        let old_servers = old.iter().flat_map(|o| &o.pools).flat_map(|p| {
+            let previous = p.previous.iter().flat_map(|w| &w.servers);
+            p.servers.iter().chain(previous)
+        });
+        for server in old_servers {
             reusable.entry(&server.key).or_default().push(server);
         }
         // Pool ids follow the route table's pool order (Config::pools is a BTreeMap, sorted).
-        let pools = generation
+        let mut pools = generation
             .routes
             .pool_names
             .iter()
@@ -245,58 +402,21 @@ impl RouteSnapshot {
                             .and_then(|p| p.get(index))
                             .cloned()
                             .unwrap_or_else(|| Arc::new(Connector::plain(&server.address)));
-                        let key = ConnectionKey {
-                            health: Arc::as_ptr(&health) as usize,
-                            connector: Arc::as_ptr(&connector) as usize,
-                            pool: name.clone(),
-                            address: server.address.clone(),
-                            timeout: pool.timeout,
-                            connect_timeout: pool.connect_timeout,
-                            connections: pool.connections.max(1),
-                            limits: (
-                                limits.max_key_len,
-                                limits.max_line_len,
-                                limits.max_value_len,
-                            ),
-                            coalesce_keys: match pool.coalesce_gets {
-                                true => pool.max_keys_per_request,
-                                false => 0,
-                            },
-                        };
-                        let connections = match reusable.get_mut(&key).and_then(Vec::pop) {
-                            Some(kept) => kept.connections.clone(),
-                            None => {
-                                let settings = ConnectionSettings {
-                                    address: Arc::from(server.address.as_str()),
-                                    connector,
-                                    timeout: pool.timeout,
-                                    connect_timeout: pool.connect_timeout,
-                                    backoff_min: memroute_backend::RECONNECT_BACKOFF_MIN,
-                                    backoff_max: memroute_backend::RECONNECT_BACKOFF_MAX,
-                                    limits,
-                                    health: health.clone(),
-                                    round_trips: Some(round_trip_observer(
-                                        metrics.round_trip(name, &server.address),
-                                    )),
-                                    coalesce_keys: key.coalesce_keys,
-                                };
-                                (0..key.connections)
-                                    .map(|_| spawn_connection(settings.clone()))
-                                    .collect()
-                            }
-                        };
                         let stats = generation
                             .server_stats
                             .get(id)
                             .and_then(|p| p.get(index))
                             .cloned()
                             .unwrap_or_else(|| metrics.shared.server_stats(name, &server.address));
-                        ServerConnections {
-                            connections,
-                            stats,
+                        let server = ServerOf {
+                            pool_name: name,
+                            pool,
+                            address: &server.address,
                             health,
-                            key,
-                        }
+                            connector,
+                            stats,
+                        };
+                        server.connections(&mut reusable, limits, metrics)
                     })
                     .collect(),
                 max_keys_per_request: pool.max_keys_per_request.max(1),
@@ -307,8 +427,19 @@ impl RouteSnapshot {
                     max_ejected: max_ejected(pool),
                     live: RefCell::new((u64::MAX, None)),
                 }),
+                previous: None,
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // Resize windows: the previous placement's servers, sharing the connections of
+        // servers that stay and keeping those of servers that left.
+        for (id, window) in generation.windows.iter().enumerate() {
+            let (Some(window), Some(connections)) = (window, pools.get_mut(id)) else {
+                continue;
+            };
+            let previous = Previous::build(window, connections, &mut reusable, limits, metrics);
+            connections.previous = Some(Box::new(previous));
+        }
+        let resizing = pools.iter().any(|p| p.previous.is_some());
         let shadows = generation
             .shadow_stats
             .iter()
@@ -325,6 +456,7 @@ impl RouteSnapshot {
         RouteSnapshot {
             routes: generation.routes.clone(),
             pools,
+            resizing,
             limits,
             max_client_pending: config.proxy.max_client_pending.max(1),
             max_connections: config.proxy.max_connections,

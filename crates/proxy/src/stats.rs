@@ -187,6 +187,8 @@ struct State {
     health: Vec<Arc<ServerHealth>>,
     routes: Vec<(String, Arc<RouteStats>)>,
     shadows: Vec<(String, Arc<ShadowStats>)>,
+    /// Resize window counters per pool.
+    resize: Vec<(String, Arc<crate::counters::ResizeStats>)>,
     /// DNS lookups per pool: (succeeded, failed).
     lookups: std::collections::BTreeMap<String, (u64, u64)>,
     /// Reloads from the config file (kept by `reload.rs`, the one reload path).
@@ -461,6 +463,13 @@ impl Metrics {
         let mut state = lock(&self.state);
         state.routes = routes;
         state.shadows = shadows;
+    }
+
+    pub(crate) fn set_resize_stats(
+        &self,
+        resize: Vec<(String, Arc<crate::counters::ResizeStats>)>,
+    ) {
+        lock(&self.state).resize = resize;
     }
 
     pub(crate) fn count_lookup(&self, pool: &str, succeeded: bool) {
@@ -739,6 +748,10 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
         "memroute_route_failovers_total" => legacy("route", "failovers"),
         "memroute_route_write_failures_total" => legacy("route", "write_failures"),
         "memroute_route_fills_total" => legacy("route", "fills"),
+        "memroute_resize_window_active" => legacy("pool", "resize_window_active"),
+        "memroute_resize_fallback_reads_total" => legacy("pool", "resize_fallback_reads"),
+        "memroute_resize_keys_moved_total" => legacy("pool", "resize_keys_moved"),
+        "memroute_resize_errors_total" => legacy("pool", "resize_errors"),
         // Label pairs of a vec come sorted by name: (event, listener) -> listener:ADDR:EVENT
         "memroute_listener_events_total" => match labels {
             [event, listener] => format!("listener:{listener}:{event}"),
@@ -1125,7 +1138,7 @@ const HOT_KEY_FAMILY: &str = "memroute_hot_key_share";
 const LISTENER_ROUTE_FAMILY: &str = "memroute_listener_route_info";
 
 /// (name, help, labels) of every family [`StateCollector`] produces.
-const STATE_FAMILIES: [(&str, &str, &[&str]); 21] = [
+const STATE_FAMILIES: [(&str, &str, &[&str]); 25] = [
     (
         "memroute_process_uptime_seconds",
         "Seconds since memroute started.",
@@ -1225,6 +1238,26 @@ const STATE_FAMILIES: [(&str, &str, &[&str]); 21] = [
     (
         HOT_KEY_FAMILY,
         "The hottest key's fraction of a pool's requests over the last one to two hot_keys_interval (GET /hotkeys names it).",
+        &["pool"],
+    ),
+    (
+        "memroute_resize_window_active",
+        "1 while a pool keeps its previous placement after its servers changed (resize_window).",
+        &["pool"],
+    ),
+    (
+        "memroute_resize_fallback_reads_total",
+        "Requests for keys whose owner changed that asked the key's old owner during a resize window.",
+        &["pool"],
+    ),
+    (
+        "memroute_resize_keys_moved_total",
+        "Keys copied from their old owner to their new one during a resize window.",
+        &["pool"],
+    ),
+    (
+        "memroute_resize_errors_total",
+        "Failed lookups, copies or deletes on old owners during a resize window (the key reads as a miss).",
         &["pool"],
     ),
 ];
@@ -1365,6 +1398,13 @@ impl Collector for StateCollector {
                 ));
             }
         }
+        let resize_rows = |value: fn(&crate::counters::ResizeStats) -> u64| -> Vec<Row> {
+            state
+                .resize
+                .iter()
+                .map(|(pool, stats)| (vec![pool.clone()], value(stats) as f64))
+                .collect()
+        };
         let mut lookup_rows = Vec::new();
         for (pool, (ok, failed)) in &state.lookups {
             lookup_rows.push((vec![pool.clone(), "ok".to_string()], *ok as f64));
@@ -1467,6 +1507,10 @@ impl Collector for StateCollector {
                     })
                     .collect()
             }),
+            family(21, resize_rows(|s| u64::from(s.active.load(Relaxed)))),
+            family(22, resize_rows(|s| s.fallback_reads.load(Relaxed))),
+            family(23, resize_rows(|s| s.keys_moved.load(Relaxed))),
+            family(24, resize_rows(|s| s.errors.load(Relaxed))),
         ]
     }
 }

@@ -434,13 +434,14 @@ fn route(state: &AdminState, query: &str) -> Reply {
     };
     let mut out = String::new();
     for key in &keys {
-        let targets = crate::route_lookup::route_key_in(
+        let mut targets = crate::route_lookup::route_key_in(
             &generation.config,
             &generation.routes,
             listener,
             operation,
             key,
         );
+        generation.add_previous_owners(&mut targets, key);
         out.push_str(&crate::route_lookup::describe_routes(
             &String::from_utf8_lossy(key),
             &targets,

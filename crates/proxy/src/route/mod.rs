@@ -18,6 +18,9 @@
 //!     first pools); what goes on afterwards is `FollowUp` (failover::rest_multi,
 //!     warm_up::ask_warm_multi); the rest `start_multi` -> `run_multi`.
 //!
+//!   during a resize window (any pool's): every request and multi-get takes the general
+//!     walk; a pool's step there is resize::send / resize::run_multi.
+//!
 //!   run(node, job) / run_multi(node, keys): walk::walk, one match over `Node` for both,
 //!     each arm its kind's single- or multi-key step (`walk::Walk`): select (prefix,
 //!     operation) | pool | shadow | replicated | failover | warm_up | random | fixed
@@ -48,6 +51,7 @@ mod multi_get;
 mod pool;
 mod random;
 mod replicated;
+mod resize;
 mod select;
 mod shadow;
 mod then;
@@ -94,7 +98,9 @@ pub(crate) fn start_flush_all(
     started: Instant,
 ) -> Start {
     if let Node::Pool(pool) = *routing.routes.node(node) {
-        return pool::start_flush_all(routing, pool, parts, slot, started);
+        if !routing.resizing {
+            return pool::start_flush_all(routing, pool, parts, slot, started);
+        }
     }
     let job = Job {
         operation: Operation::FlushAll,
@@ -112,6 +118,11 @@ pub(crate) fn start_flush_all(
 /// as a pool's request is sent), and only then the general walk (`start`).
 pub(crate) fn start_single(routing: &Rc<RouteSnapshot>, node: NodeId, single: Single<'_>) -> Start {
     let started = single.started;
+    // A resize window: every request takes the general walk, where a pool's requests look
+    // for moved keys on their old owners (`resize`).
+    if routing.resizing {
+        return Start::executor(start(routing, node, Job::single(single), started));
+    }
     let job = match routing.routes.node(node) {
         // The fast path: a plain pool, straight to its server's connection.
         &Node::Pool(pool) => return pool::start(routing, pool, single),

@@ -316,6 +316,10 @@ pub(crate) fn start_multi_get(
     head: Bytes,
     byte_cap: usize,
 ) -> Start {
+    // A resize window: every key through the general walk (`resize::run_multi`).
+    if routing.resizing {
+        return route_every_key(routing, root, slot, request, head, byte_cap);
+    }
     let policy_root = !matches!(
         routing.routes.node(root),
         Node::Pool(_) | Node::Prefix { .. } | Node::Operation { .. }

@@ -1,0 +1,171 @@
+//! Resize windows, the controller's side: when a pool's placement changes (a reload, or
+//! DNS discovery finding another server set), the placement in force just before is kept
+//! for the pool's `resize_window`, so a key whose owner changed is still found on its old
+//! owner (`route::resize` does that per request). A generation carries one optional
+//! window per pool; the controller publishes a generation without it once it ends.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use memroute_backend::ServerHealth;
+use memroute_config::PoolConfig;
+use memroute_net::Connector;
+use memroute_routing::Placement;
+
+use crate::counters::{ResizeStats, ServerStats};
+
+/// A pool's previous placement and how to reach its servers, until `ends`.
+#[derive(Debug)]
+pub(crate) struct Window {
+    /// The pool as it was (its servers, their connection settings).
+    pub config: PoolConfig,
+    pub placement: Placement,
+    /// Indexed like `config.servers`.
+    pub servers: Vec<OldServer>,
+    pub ends: Instant,
+    pub stats: Arc<ResizeStats>,
+}
+
+/// One server of a previous placement.
+#[derive(Debug, Clone)]
+pub(crate) struct OldServer {
+    pub health: Arc<ServerHealth>,
+    pub connector: Arc<Connector>,
+    pub stats: ServerStats,
+}
+
+/// What a new generation does with a pool's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// No window (off, nothing before, or the running one ended).
+    None,
+    /// The running window goes on unchanged.
+    Keep,
+    /// A new window from the placement in force just before this generation.
+    Start,
+}
+
+/// Decides a pool's window for a new generation. `before`: the pool as the generation
+/// being replaced served it (`None` when it had no such pool); `running_ends`: the end of
+/// the window running now.
+pub(crate) fn decide(
+    before: Option<&PoolConfig>,
+    after: &PoolConfig,
+    running_ends: Option<Instant>,
+    now: Instant,
+) -> Decision {
+    if after.resize_window.is_zero() {
+        return Decision::None;
+    }
+    let Some(before) = before else {
+        return Decision::None;
+    };
+    // Only what places keys counts: new timeouts or TLS settings move no key.
+    if before.placement != after.placement && !before.servers.is_empty() {
+        return Decision::Start;
+    }
+    match running_ends {
+        Some(ends) if ends > now => Decision::Keep,
+        _ => Decision::None,
+    }
+}
+
+/// The share of keys whose owner differs between `before` and `after`, estimated from a
+/// fixed sample of keys (cheap enough to compute once per window start).
+pub(crate) fn moved_share(before: &Placement, after: &Placement) -> f64 {
+    const SAMPLE: u32 = 4096;
+    let moved = (0..SAMPLE)
+        .filter(|i| {
+            let key = format!("memroute-resize-sample-{i}");
+            before.server_for(key.as_bytes()) != after.server_for(key.as_bytes())
+        })
+        .count();
+    moved as f64 / f64::from(SAMPLE)
+}
+
+/// When a window that starts `now` for `pool` ends.
+pub(crate) fn end_of(pool: &PoolConfig, now: Instant) -> Instant {
+    now + pool.resize_window.min(Duration::from_secs(365 * 24 * 3600))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memroute_config::ServerConfig;
+
+    fn pool(servers: &[&str], window: Duration) -> PoolConfig {
+        let mut pool = PoolConfig::new(
+            servers
+                .iter()
+                .map(|a| ServerConfig {
+                    address: a.to_string(),
+                    weight: 1,
+                    name: None,
+                })
+                .collect(),
+        );
+        pool.resize_window = window;
+        pool
+    }
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_changed_server_list_starts_a_window() {
+        let now = Instant::now();
+        let four = pool(&["a:1", "b:1", "c:1", "d:1"], MINUTE);
+        let five = pool(&["a:1", "b:1", "c:1", "d:1", "e:1"], MINUTE);
+        assert_eq!(decide(Some(&four), &five, None, now), Decision::Start);
+        assert_eq!(decide(Some(&five), &four, None, now), Decision::Start);
+    }
+
+    #[test]
+    fn a_change_during_a_window_starts_a_new_one() {
+        let now = Instant::now();
+        let four = pool(&["a:1", "b:1", "c:1", "d:1"], MINUTE);
+        let five = pool(&["a:1", "b:1", "c:1", "d:1", "e:1"], MINUTE);
+        assert_eq!(
+            decide(Some(&five), &four, Some(now + MINUTE), now),
+            Decision::Start
+        );
+    }
+
+    #[test]
+    fn an_unchanged_placement_keeps_a_running_window_until_it_ends() {
+        let now = Instant::now();
+        let five = pool(&["a:1", "b:1", "c:1", "d:1", "e:1"], MINUTE);
+        let mut slower = five.clone();
+        slower.timeout = Duration::from_secs(1);
+        assert_eq!(
+            decide(Some(&five), &slower, Some(now + MINUTE), now),
+            Decision::Keep
+        );
+        assert_eq!(decide(Some(&five), &slower, None, now), Decision::None);
+        assert_eq!(decide(Some(&five), &five, Some(now), now), Decision::None);
+    }
+
+    #[test]
+    fn no_window_when_off_new_or_empty_before() {
+        let now = Instant::now();
+        let four = pool(&["a:1", "b:1", "c:1", "d:1"], MINUTE);
+        let off = pool(&["a:1", "b:1", "c:1", "d:1", "e:1"], Duration::ZERO);
+        assert_eq!(
+            decide(Some(&four), &off, Some(now + MINUTE), now),
+            Decision::None
+        );
+        let five = pool(&["a:1", "b:1", "c:1", "d:1", "e:1"], MINUTE);
+        assert_eq!(decide(None, &five, None, now), Decision::None);
+        let empty = pool(&[], MINUTE);
+        assert_eq!(decide(Some(&empty), &five, None, now), Decision::None);
+    }
+
+    #[test]
+    fn adding_a_fifth_server_moves_about_a_fifth_of_the_keys() {
+        let four = pool(&["a:1", "b:1", "c:1", "d:1"], MINUTE);
+        let five = pool(&["a:1", "b:1", "c:1", "d:1", "e:1"], MINUTE);
+        let before = Placement::new(&four.placement_spec());
+        let after = Placement::new(&five.placement_spec());
+        let share = moved_share(&before, &after);
+        assert!((0.1..0.3).contains(&share), "{share}");
+        assert_eq!(moved_share(&before, &before), 0.0);
+    }
+}

@@ -1,0 +1,517 @@
+//! A pool during its resize window (`resize_window`): its server list changed, and a key
+//! whose owner changed may still be on its old owner (`snapshot::Previous`). Everything
+//! the window changes about a request is here; keys that did not move pay one placement
+//! on the previous ring more than a plain pool's.
+//!
+//! Moving a key: `mg KEY v f t` on the old owner; a hit is `add`ed to the new owner (meta
+//! set in add mode, with the item's flags and remaining TTL, so a value written there
+//! meanwhile wins) and then deleted from the old owner (so it cannot come back).
+//!
+//! - reads (get, gets, gat, gats, mg; the binary protocol's arrive as mg): the new owner
+//!   first; on a miss the key is moved and, if it was, read again from the new owner (a
+//!   CAS is the new owner's, a gat touches the copy);
+//! - writes that depend on the current value or existence (add, replace, append, prepend,
+//!   cas, incr, decr, touch, ma, ms in a mode other than set or with a CAS, md with a CAS):
+//!   the key is moved first, then the write goes to the new owner, which answers as if the
+//!   pool had never changed;
+//! - unconditional writes (set, delete, ms, md): the new owner, and a delete on the old
+//!   owner, both awaited (a delete found by either is a delete);
+//! - multi-gets: every key from its new owner; the misses that moved asked of their old
+//!   owners (one pipelined burst per server), moved, then read again per new owner.
+//!
+//! An old owner marked down is not asked: its keys are plain misses. One race is left: a
+//! read that moves a key while another client deletes it may copy it back after the
+//! delete (mg on the old owner, the delete on both, then the add). mcrouter's
+//! WarmUpRoute has the same window between its warm get and its cold add. A read that
+//! finds the key on neither owner while some key was moved meanwhile reads its new owner
+//! again: a request pipelined ahead of it may have moved this very key.
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use memroute_config::Operation;
+use memroute_protocol::{Command, ReplyKind};
+use memroute_routing::ReplyClass;
+
+use super::job::{class_of, Job, KeyReplies, KeyReply, MultiJob};
+use super::pool;
+use crate::counters::ResizeStats;
+use crate::reply::{connection_gone, Reply};
+use crate::snapshot::{Previous, RouteSnapshot, ServerConnections};
+
+/// What a request needs from a key's old owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    /// A read: the old owner's copy on a miss.
+    Read,
+    /// A write that depends on the current value or existence: the key moved first.
+    Current,
+    /// A write that replaces or removes the value: the old copy deleted.
+    Overwrite,
+    /// Nothing (a command without a key's value).
+    Nothing,
+}
+
+fn needs(job: &Job) -> Needs {
+    match job.command {
+        Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet => {
+            Needs::Read
+        }
+        Command::Add
+        | Command::Replace
+        | Command::Append
+        | Command::Prepend
+        | Command::Cas
+        | Command::Incr
+        | Command::Decr
+        | Command::Touch
+        | Command::MetaArithmetic => Needs::Current,
+        Command::Set | Command::Delete => Needs::Overwrite,
+        Command::MetaSet | Command::MetaDelete => match meta_conditional(&job.parts.0) {
+            true => Needs::Current,
+            false => Needs::Overwrite,
+        },
+        _ => Needs::Nothing,
+    }
+}
+
+/// Whether a meta set or delete line depends on the item: a CAS (`C`), or a mode other
+/// than set (`MS`, the default).
+fn meta_conditional(frame: &[u8]) -> bool {
+    let line_end = frame
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(frame.len());
+    frame[..line_end]
+        .split(|&b| b == b' ')
+        .skip(2)
+        .any(|token| match token {
+            [b'C', ..] => true,
+            [b'M', mode, ..] => !matches!(mode, b'S' | b's'),
+            _ => false,
+        })
+}
+
+/// A request to `pool` (which has a window, `previous`) for a key: see the module's
+/// description. flush_all also reaches the servers that left.
+pub(super) async fn send(
+    routing: &Rc<RouteSnapshot>,
+    pool: usize,
+    previous: &Previous,
+    job: &Job,
+) -> Reply {
+    if job.operation == Operation::FlushAll {
+        let left: Vec<_> = previous
+            .servers
+            .iter()
+            .zip(&previous.stays)
+            .filter(|(_, stays)| stays.is_none())
+            .map(|(server, _)| server.pick(job.slot).send(job.parts.clone(), job.kind))
+            .collect();
+        let reply = pool::send_plain(routing, pool, job).await;
+        for receiver in left {
+            let _ = receiver.await;
+        }
+        return reply;
+    }
+    let Some(new) = new_owner(routing, pool, &job.key) else {
+        return pool::send_plain(routing, pool, job).await;
+    };
+    let (old, stays) = previous.owner(&job.key);
+    if stays == Some(new) {
+        return pool::send_plain(routing, pool, job).await;
+    }
+    let stats = &previous.window.stats;
+    let old_server = &previous.servers[old];
+    let new_server = &routing.pools[pool].servers[new];
+    match needs(job) {
+        Needs::Nothing => pool::send_plain(routing, pool, job).await,
+        Needs::Read => {
+            // Keys moved so far: a request pipelined ahead of this one may move this key
+            // between its miss on the new owner and its look on the old one.
+            let moved_before = stats.keys_moved.load(Relaxed);
+            let reply = pool::send_plain(routing, pool, job).await;
+            if class_of(&reply) != ReplyClass::Miss {
+                return reply;
+            }
+            let found = move_key(old_server, new_server, &job.key, job.slot, stats).await;
+            if found || stats.keys_moved.load(Relaxed) != moved_before {
+                return pool::send_plain(routing, pool, job).await;
+            }
+            reply
+        }
+        Needs::Current => {
+            move_key(old_server, new_server, &job.key, job.slot, stats).await;
+            pool::send_plain(routing, pool, job).await
+        }
+        Needs::Overwrite => {
+            let delete = (!old_server.health.is_down()).then(|| {
+                old_server
+                    .pick(job.slot)
+                    .send(delete_line(&job.key), ReplyKind::Line)
+            });
+            let reply = pool::send_plain(routing, pool, job).await;
+            let deleted_old = match delete {
+                Some(receiver) => {
+                    let answer = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+                    if answer.is_err() {
+                        stats.errors.fetch_add(1, Relaxed);
+                    }
+                    matches!(answer, Ok(line) if line.starts_with(b"HD"))
+                }
+                None => false,
+            };
+            match (job.command, &reply) {
+                (Command::Delete, Ok(line)) if deleted_old && line.starts_with(b"NOT_FOUND") => {
+                    Ok(Bytes::from_static(b"DELETED\r\n"))
+                }
+                (Command::MetaDelete, Ok(line)) if deleted_old && line.starts_with(b"NF") => {
+                    Ok(meta_line(b"HD", job.echo.as_deref()))
+                }
+                _ => reply,
+            }
+        }
+    }
+}
+
+/// The new owner of `key` in `pool`, as a plain request places it. `None` when the pool
+/// has no servers.
+fn new_owner(routing: &RouteSnapshot, pool: usize, key: &[u8]) -> Option<usize> {
+    routing.server_for(pool, key)
+}
+
+/// `HD`/`NF` with the flags a meta reply echoes.
+fn meta_line(code: &[u8], echo: Option<&[u8]>) -> Bytes {
+    let mut line = BytesMut::with_capacity(code.len() + echo.map_or(0, <[u8]>::len) + 2);
+    line.put_slice(code);
+    if let Some(echo) = echo {
+        line.put_slice(echo);
+    }
+    line.put_slice(b"\r\n");
+    line.freeze()
+}
+
+/// Appends `key` to a meta command line: raw when a text line can carry it, else base64
+/// with the `b` flag (`meta_key_flag` says which).
+fn put_key(line: &mut Vec<u8>, key: &[u8]) -> bool {
+    let raw = !key.is_empty() && key.iter().all(|&b| b > b' ' && b != 0x7f);
+    match raw {
+        true => line.extend_from_slice(key),
+        false => memroute_protocol::encode_base64(key, line),
+    }
+    !raw
+}
+
+/// A meta command `verb KEY [b] rest\r\n`.
+fn meta_command(verb: &[u8], key: &[u8], rest: &[u8]) -> Vec<u8> {
+    let mut line = Vec::with_capacity(verb.len() + key.len() * 2 + rest.len() + 8);
+    line.extend_from_slice(verb);
+    line.push(b' ');
+    if put_key(&mut line, key) {
+        line.extend_from_slice(b" b");
+    }
+    line.extend_from_slice(rest);
+    line.extend_from_slice(b"\r\n");
+    line
+}
+
+fn delete_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
+    (Bytes::from(meta_command(b"md", key, b"")), None)
+}
+
+fn lookup_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
+    (Bytes::from(meta_command(b"mg", key, b" v f t")), None)
+}
+
+/// An item as the old owner holds it.
+#[derive(Debug, PartialEq, Eq)]
+struct Item {
+    data: Bytes,
+    flags: u64,
+    /// Seconds it has left; 0: it never expires.
+    ttl: u64,
+}
+
+/// The item in an `mg KEY v f t` reply (`VA <len> f<flags> t<ttl>`); `None` for a miss,
+/// an error, or an item with no time left.
+fn parse_item(reply: &Bytes) -> Option<Item> {
+    let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
+    let line = std::str::from_utf8(&reply[..line_end]).ok()?;
+    let mut tokens = line.split(' ');
+    if tokens.next()? != "VA" {
+        return None;
+    }
+    let length: usize = tokens.next()?.parse().ok()?;
+    let (mut flags, mut ttl) = (0, 0);
+    for token in tokens {
+        match token.split_at_checked(1)? {
+            ("f", value) => flags = value.parse().ok()?,
+            ("t", "-1") => ttl = 0,
+            ("t", value) => {
+                ttl = value.parse().ok()?;
+                if ttl == 0 {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    let start = line_end + 2;
+    let end = start.checked_add(length)?;
+    if end > reply.len() {
+        return None;
+    }
+    let data = reply.slice(start..end);
+    Some(Item { data, flags, ttl })
+}
+
+/// `ms KEY <len> [b] F<flags> T<ttl> ME` and the data: stored only if the new owner has
+/// no value for the key.
+fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
+    let rest = format!(" {} F{} T{} ME", item.data.len(), item.flags, item.ttl);
+    // The `b` flag must follow the length: build the line with the key first.
+    let mut line = Vec::with_capacity(key.len() * 2 + rest.len() + item.data.len() + 16);
+    line.extend_from_slice(b"ms ");
+    let base64 = put_key(&mut line, key);
+    line.extend_from_slice(rest.as_bytes());
+    if base64 {
+        line.extend_from_slice(b" b");
+    }
+    line.extend_from_slice(b"\r\n");
+    let mut data = BytesMut::with_capacity(item.data.len() + 2);
+    data.put_slice(&item.data);
+    data.put_slice(b"\r\n");
+    (Bytes::from(line), Some(data.freeze()))
+}
+
+/// Moves `key` from `old` to `new` (see the module's description). True when the old
+/// owner had it (the new owner has a value for it now, copied or written meanwhile).
+async fn move_key(
+    old: &ServerConnections,
+    new: &ServerConnections,
+    key: &[u8],
+    slot: usize,
+    stats: &ResizeStats,
+) -> bool {
+    if old.health.is_down() {
+        return false;
+    }
+    stats.fallback_reads.fetch_add(1, Relaxed);
+    let found = old
+        .pick(slot)
+        .send(lookup_line(key), ReplyKind::MetaGet)
+        .await
+        .unwrap_or_else(|_| Err(connection_gone()));
+    let item = match &found {
+        Ok(reply) => parse_item(reply),
+        Err(_) => {
+            stats.errors.fetch_add(1, Relaxed);
+            None
+        }
+    };
+    let Some(item) = item else {
+        return false;
+    };
+    copy(old, new, key, &item, slot, stats).await
+}
+
+/// Adds `item` to `new` and deletes it from `old`; true when the new owner has a value.
+async fn copy(
+    old: &ServerConnections,
+    new: &ServerConnections,
+    key: &[u8],
+    item: &Item,
+    slot: usize,
+    stats: &ResizeStats,
+) -> bool {
+    let added = new
+        .pick(slot)
+        .send(add_line(key, item), ReplyKind::Line)
+        .await
+        .unwrap_or_else(|_| Err(connection_gone()));
+    let there = judge_add(&added, stats);
+    if there {
+        forget(old, key, slot, stats).await;
+    }
+    there
+}
+
+/// Whether the new owner has a value for a key after the copy's add answered `added`
+/// (stored, or a value written meanwhile, which wins), counting a copy or an error.
+fn judge_add(added: &Reply, stats: &ResizeStats) -> bool {
+    match added {
+        Ok(line) if line.starts_with(b"HD") => {
+            stats.keys_moved.fetch_add(1, Relaxed);
+            true
+        }
+        Ok(line) if line.starts_with(b"NS") => true,
+        _ => {
+            stats.errors.fetch_add(1, Relaxed);
+            false
+        }
+    }
+}
+
+/// Deletes `key` from its old owner once the new owner has it.
+async fn forget(old: &ServerConnections, key: &[u8], slot: usize, stats: &ResizeStats) {
+    let deleted = old
+        .pick(slot)
+        .send(delete_line(key), ReplyKind::Line)
+        .await
+        .unwrap_or_else(|_| Err(connection_gone()));
+    if deleted.is_err() {
+        stats.errors.fetch_add(1, Relaxed);
+    }
+}
+
+/// A multi-get's keys `keys` (indexes into `job.keys`) in `pool`, which has a window
+/// (`previous`): see the module's description.
+pub(super) async fn run_multi(
+    routing: &Rc<RouteSnapshot>,
+    pool: usize,
+    previous: &Previous,
+    job: &MultiJob,
+    keys: &[u32],
+) -> KeyReplies {
+    let mut replies = pool::run_multi_plain(routing, pool, job, keys)
+        .await
+        .into_keys(job, keys);
+    let stats = &previous.window.stats;
+    // (position in `keys`, old owner, new owner) of every miss whose owner changed.
+    let moved: Vec<(usize, usize, usize)> = replies
+        .iter()
+        .enumerate()
+        .filter(|(_, reply)| matches!(reply, KeyReply::Miss))
+        .filter_map(|(position, _)| {
+            let key = &job.keys[keys[position] as usize];
+            let new = new_owner(routing, pool, key)?;
+            let (old, stays) = previous.owner(key);
+            (stays != Some(new) && !previous.servers[old].health.is_down())
+                .then_some((position, old, new))
+        })
+        .collect();
+    if moved.is_empty() {
+        return KeyReplies::Keys(replies);
+    }
+    // Every lookup sent before any is awaited: one pipelined burst per old owner.
+    stats.fallback_reads.fetch_add(moved.len() as u64, Relaxed);
+    let lookups: Vec<_> = moved
+        .iter()
+        .map(|&(position, old, _)| {
+            let key = &job.keys[keys[position] as usize];
+            previous.servers[old]
+                .pick(job.slot)
+                .send(lookup_line(key), ReplyKind::MetaGet)
+        })
+        .collect();
+    let mut found = Vec::new();
+    for (&(position, old, new), lookup) in moved.iter().zip(lookups) {
+        match lookup.await.unwrap_or_else(|_| Err(connection_gone())) {
+            Ok(reply) => {
+                if let Some(item) = parse_item(&reply) {
+                    found.push((position, old, new, item));
+                }
+            }
+            Err(_) => {
+                stats.errors.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    if found.is_empty() {
+        return KeyReplies::Keys(replies);
+    }
+    // Every copy sent before any is awaited, then every delete of what was copied.
+    let adds: Vec<_> = found
+        .iter()
+        .map(|(position, _, new, item)| {
+            let key = &job.keys[keys[*position] as usize];
+            routing.pools[pool].servers[*new]
+                .pick(job.slot)
+                .send(add_line(key, item), ReplyKind::Line)
+        })
+        .collect();
+    let mut copied = Vec::with_capacity(adds.len());
+    for add in adds {
+        let added = add.await.unwrap_or_else(|_| Err(connection_gone()));
+        copied.push(judge_add(&added, stats));
+    }
+    let deletes: Vec<_> = found
+        .iter()
+        .zip(&copied)
+        .filter(|(_, there)| **there)
+        .map(|((position, old, ..), _)| {
+            let key = &job.keys[keys[*position] as usize];
+            previous.servers[*old]
+                .pick(job.slot)
+                .send(delete_line(key), ReplyKind::Line)
+        })
+        .collect();
+    for delete in deletes {
+        if !matches!(delete.await, Ok(Ok(_))) {
+            stats.errors.fetch_add(1, Relaxed);
+        }
+    }
+    // The moved keys read again from their new owners, batched per server.
+    let again: Vec<(usize, u32)> = found
+        .iter()
+        .zip(copied)
+        .filter(|(_, there)| *there)
+        .map(|((position, ..), _)| (*position, keys[*position]))
+        .collect();
+    if again.is_empty() {
+        return KeyReplies::Keys(replies);
+    }
+    let asked: Vec<u32> = again.iter().map(|(_, key)| *key).collect();
+    let read = pool::run_multi_plain(routing, pool, job, &asked)
+        .await
+        .into_keys(job, &asked);
+    for ((position, _), reply) in again.into_iter().zip(read) {
+        replies[position] = reply;
+    }
+    KeyReplies::Keys(replies)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_item_is_parsed_with_its_flags_and_time_left() {
+        let reply = Bytes::from_static(b"VA 5 f7 t120\r\nhello\r\n");
+        let item = parse_item(&reply).expect("item");
+        assert_eq!(&item.data[..], b"hello");
+        assert_eq!((item.flags, item.ttl), (7, 120));
+        let forever = Bytes::from_static(b"VA 2 f0 t-1\r\nhi\r\n");
+        assert_eq!(parse_item(&forever).map(|i| i.ttl), Some(0));
+        assert!(parse_item(&Bytes::from_static(b"EN\r\n")).is_none());
+        assert!(parse_item(&Bytes::from_static(b"VA 9 f0 t-1\r\nhi\r\n")).is_none());
+        assert!(parse_item(&Bytes::from_static(b"VA 2 f0 t0\r\nhi\r\n")).is_none());
+    }
+
+    #[test]
+    fn copies_and_deletes_carry_the_key_raw_or_in_base64() {
+        let item = Item {
+            data: Bytes::from_static(b"hello"),
+            flags: 3,
+            ttl: 0,
+        };
+        let (line, data) = add_line(b"k", &item);
+        assert_eq!(&line[..], b"ms k 5 F3 T0 ME\r\n");
+        assert_eq!(data.as_deref(), Some(&b"hello\r\n"[..]));
+        let (line, _) = add_line(b"a b", &item);
+        assert_eq!(&line[..], b"ms YSBi 5 F3 T0 ME b\r\n");
+        assert_eq!(&delete_line(b"k").0[..], b"md k\r\n");
+        assert_eq!(&lookup_line(b"a b").0[..], b"mg YSBi b v f t\r\n");
+    }
+
+    #[test]
+    fn meta_sets_and_deletes_with_a_cas_or_another_mode_are_conditional() {
+        assert!(!meta_conditional(b"ms k 5 T0\r\nhello\r\n"));
+        assert!(!meta_conditional(b"ms k 5 MS\r\nhello\r\n"));
+        assert!(meta_conditional(b"ms k 5 ME\r\nhello\r\n"));
+        assert!(meta_conditional(b"ms k 5 MA\r\nhello\r\n"));
+        assert!(meta_conditional(b"ms k 5 C99\r\nhello\r\n"));
+        assert!(!meta_conditional(b"md k\r\n"));
+        assert!(meta_conditional(b"md k C12\r\n"));
+    }
+}

@@ -1,0 +1,546 @@
+//! Growing and shrinking a pool under memroute without a cold cache (`resize_window`):
+//! 20,000 keys in a ketama pool, the config file replaced by a rename with one server more
+//! (or less), then writes and one read pass through memroute during the window; afterwards
+//! a memroute without a window over the new servers finds the keys on their new owners.
+//!
+//! ```text
+//!   client ──> memroute (pool main: 4 servers -> 5, resize_window) ──> memcached x5
+//!              a key whose owner changed: new owner first, then the old owner (moved)
+//! ```
+//!
+//! Every wait polls memroute's stats, its log or a server's stats, bounded.
+use std::collections::HashMap;
+use std::time::Duration;
+
+use memroute_tests::*;
+
+#[path = "common/binary_client.rs"]
+mod binary_client;
+
+const KEYS: usize = 20_000;
+const WAIT: Duration = Duration::from_secs(20);
+
+fn servers_of(servers: &[Memcached]) -> Vec<String> {
+    servers.iter().map(Memcached::addr).collect()
+}
+
+/// One ketama pool `main` (md5: sequential keys spread evenly) with `resize_window`. The
+/// timeout is long: these tests judge answers, and a starved machine must not turn one into
+/// a timeout.
+fn config(listen: &str, servers: &[String], window: &str) -> String {
+    let window = format!("resize_window = \"{window}\"\ntimeout = \"5s\"\n");
+    pool_config(listen, servers, "ketama", "md5", &window)
+}
+
+/// A memroute over `servers` with no window: it finds only keys on their owners.
+fn without_window(servers: &[String]) -> Memroute {
+    let listen = format!("127.0.0.1:{}", free_port());
+    Memroute::start(&config(&listen, servers, "0s"))
+}
+
+fn start_servers(n: usize) -> Vec<Memcached> {
+    (0..n)
+        .map(|_| Memcached::start_on("127.0.0.1", free_port(), 64))
+        .collect()
+}
+
+fn value_of(key: &str, generation: u32) -> String {
+    format!("v{generation}-{key}-{}", "x".repeat(32))
+}
+
+/// Replaces memroute's config file by a rename (its file watch reloads it) and waits until
+/// the pool has `servers` servers and a resize window is running.
+fn resize_to(proxy: &Memroute, listen: &str, servers: &[String], window: &str) {
+    proxy.rewrite_config(&config(listen, servers, window));
+    let n = servers.len() as u64;
+    proxy.wait_stats("the reloaded pool and its window", WAIT, |s| {
+        stat_u64(s, "pool:main:servers") == Some(n)
+            && stat_u64(s, "pool:main:resize_window_active") == Some(1)
+    });
+}
+
+/// Reads every key through `c` with 50-key multi-gets: key -> value.
+fn read_all(c: &mut Conn, keys: &[String]) -> HashMap<String, Vec<u8>> {
+    let mut out = HashMap::new();
+    for chunk in keys.chunks(50) {
+        c.send(format!("get {}\r\n", chunk.join(" ")).as_bytes());
+        let reply = c.read_get_reply();
+        let values = parse_values(&reply).unwrap_or_else(|| panic!("get: {}", show(&reply)));
+        for (key, _, value) in values {
+            out.insert(key, value);
+        }
+    }
+    out
+}
+
+/// What a key should read after the writes: deleted keys miss, overwritten keys read their
+/// second value, the others their first.
+struct Expected {
+    deleted: Vec<String>,
+    overwritten: Vec<String>,
+}
+
+impl Expected {
+    fn of(&self, key: &str) -> Option<String> {
+        if self.deleted.iter().any(|k| k == key) {
+            None
+        } else if self.overwritten.iter().any(|k| k == key) {
+            Some(value_of(key, 2))
+        } else {
+            Some(value_of(key, 1))
+        }
+    }
+}
+
+/// Counts (exact, stale) over one read pass: stale is any value other than the expected one
+/// (a deleted key's, an overwritten key's first); a miss is neither.
+fn judge(read: &HashMap<String, Vec<u8>>, keys: &[String], expected: &Expected) -> (usize, usize) {
+    let (mut exact, mut stale) = (0, 0);
+    for key in keys {
+        let got = read
+            .get(key)
+            .map(|v| String::from_utf8_lossy(v).to_string());
+        let want = expected.of(key);
+        if got == want {
+            exact += 1;
+        } else if got.is_some() {
+            stale += 1;
+        }
+    }
+    (exact, stale)
+}
+
+/// Deletes 200 keys and overwrites 200 others through `c`.
+fn write_during_window(c: &mut Conn, keys: &[String]) -> Expected {
+    // Spread over the key space: every fiftieth key deleted, the next one overwritten.
+    let deleted: Vec<String> = keys.iter().step_by(50).take(200).cloned().collect();
+    let overwritten: Vec<String> = keys.iter().skip(1).step_by(50).take(200).cloned().collect();
+    for key in &deleted {
+        let reply = c.roundtrip_line(format!("delete {key}\r\n").as_bytes());
+        assert!(
+            reply == b"DELETED\r\n",
+            "delete {key} during the window: {}",
+            show(&reply)
+        );
+    }
+    c.set_many(&overwritten, |k| value_of(k, 2));
+    Expected {
+        deleted,
+        overwritten,
+    }
+}
+
+/// The scenario of the issue: `before` servers hold the keys, the pool becomes `after`, 200
+/// deletes and 200 overwrites, one read pass, then a memroute with no window over `after`.
+fn resize_keeps_the_cache(before: &[String], after: &[String]) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, before, "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("resize:", KEYS);
+    c.set_many(&keys, |k| value_of(k, 1));
+    resize_to(&proxy, &listen, after, "10m");
+    let expected = write_during_window(&mut c, &keys);
+    let read = read_all(&mut c, &keys);
+    let (exact, stale) = judge(&read, &keys, &expected);
+    let share = exact as f64 / KEYS as f64;
+    println!(
+        "resize {} -> {} servers: {exact} of {KEYS} keys read exactly ({:.2}%), {stale} stale",
+        before.len(),
+        after.len(),
+        share * 100.0
+    );
+    assert_eq!(stale, 0, "stale values read during the window");
+    assert!(share >= 0.995, "only {:.2}% read exactly", share * 100.0);
+    let stats = proxy.stats();
+    let moved = stat_u64(&stats, "pool:main:resize_keys_moved").unwrap_or(0);
+    assert!(moved > 1000, "keys moved: {moved}");
+
+    let plain = without_window(after);
+    let mut direct = plain.connect();
+    let live: Vec<String> = keys
+        .iter()
+        .filter(|k| expected.of(k).is_some())
+        .cloned()
+        .collect();
+    let found = read_all(&mut direct, &live)
+        .iter()
+        .filter(|(k, v)| expected.of(k).as_deref().map(str::as_bytes) == Some(v.as_slice()))
+        .count();
+    let share = found as f64 / live.len() as f64;
+    println!(
+        "no window over the new servers: {found} of {} live keys on their new owners ({:.2}%)",
+        live.len(),
+        share * 100.0
+    );
+    assert!(
+        share >= 0.98,
+        "only {:.2}% on their new owners",
+        share * 100.0
+    );
+}
+
+#[test]
+fn adding_a_fifth_server_keeps_the_cache() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    resize_keeps_the_cache(&all[..4], &all);
+}
+
+#[test]
+fn removing_a_server_that_stays_up_keeps_the_cache() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    resize_keeps_the_cache(&all, &all[..4]);
+}
+
+/// Keys whose owner changed and that are still on their old owner only: a memroute with
+/// no window over `after` misses them (it moves nothing).
+fn not_yet_moved(after: &[String], keys: &[String]) -> Vec<String> {
+    let plain = without_window(after);
+    let found = read_all(&mut plain.connect(), keys);
+    keys.iter()
+        .filter(|k| !found.contains_key(*k))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn writes_on_moved_keys_answer_as_memcached_would() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all[..4], "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("w:", 2000);
+    c.set_many(&keys, |_| "10".to_string());
+    resize_to(&proxy, &listen, &all, "10m");
+    let moved = not_yet_moved(&all, &keys);
+    assert!(moved.len() >= 12, "only {} keys moved", moved.len());
+    let mut moved = moved.iter();
+    let mut next = || moved.next().expect("a moved key").clone();
+
+    // Each of these would answer differently on a new owner that never had the key.
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("append {k} 0 0 2\r\n-a\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
+    assert_eq!(c.get(&k).as_deref(), Some(&b"10-a"[..]));
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("prepend {k} 0 0 2\r\np-\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
+    assert_eq!(c.get(&k).as_deref(), Some(&b"p-10"[..]));
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("incr {k} 5\r\n").as_bytes()),
+        b"15\r\n"
+    );
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("decr {k} 3\r\n").as_bytes()),
+        b"7\r\n"
+    );
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("touch {k} 300\r\n").as_bytes()),
+        b"TOUCHED\r\n"
+    );
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("add {k} 0 0 1\r\nx\r\n").as_bytes()),
+        b"NOT_STORED\r\n"
+    );
+    assert_eq!(c.get(&k).as_deref(), Some(&b"10"[..]));
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("replace {k} 0 0 1\r\nr\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
+    assert_eq!(c.get(&k).as_deref(), Some(&b"r"[..]));
+    // gets answers the new owner's CAS, which a cas then matches.
+    let k = next();
+    c.send(format!("gets {k}\r\n").as_bytes());
+    let reply = String::from_utf8_lossy(&c.read_get_reply()).to_string();
+    let cas = reply
+        .lines()
+        .next()
+        .and_then(|l| l.split(' ').nth(4))
+        .unwrap_or_else(|| panic!("gets {k}: {reply}"))
+        .to_string();
+    assert_eq!(
+        c.roundtrip_line(format!("cas {k} 0 0 1 {cas}\r\nc\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
+    assert_eq!(c.get(&k).as_deref(), Some(&b"c"[..]));
+    // Meta arithmetic and a meta get.
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("ma {k} v\r\n").as_bytes()),
+        b"VA 2\r\n"
+    );
+    assert_eq!(c.read_line(), b"11\r\n");
+    let k = next();
+    assert_eq!(
+        c.roundtrip_line(format!("mg {k} v\r\n").as_bytes()),
+        b"VA 2\r\n"
+    );
+    assert_eq!(c.read_line(), b"10\r\n");
+    // Deletes of keys not moved yet find them on their old owner, which forgets them.
+    let deleted = next();
+    assert_eq!(
+        c.roundtrip_line(format!("delete {deleted}\r\n").as_bytes()),
+        b"DELETED\r\n"
+    );
+    assert_eq!(c.get(&deleted), None);
+    let meta_deleted = next();
+    assert_eq!(
+        c.roundtrip_line(format!("md {meta_deleted}\r\n").as_bytes()),
+        b"HD\r\n"
+    );
+    assert_eq!(c.get(&meta_deleted), None);
+    // A binary-protocol get of a moved key.
+    let k = next();
+    assert_eq!(
+        binary_client::get(&mut proxy.connect(), &k).as_deref(),
+        Some(&b"10"[..])
+    );
+
+    let stats = proxy.stats();
+    assert!(
+        stat_u64(&stats, "pool:main:resize_keys_moved").unwrap_or(0) >= 10,
+        "{stats:?}"
+    );
+    assert!(
+        stat_u64(&stats, "pool:main:resize_fallback_reads").unwrap_or(0) >= 10,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stat_u64(&stats, "pool:main:resize_errors"),
+        Some(0),
+        "{stats:?}"
+    );
+    // The deleted keys' old copies are gone too: the old placement has neither.
+    let before = without_window(&all[..4]);
+    let mut before = before.connect();
+    assert_eq!(before.get(&deleted), None);
+    assert_eq!(before.get(&meta_deleted), None);
+}
+
+#[test]
+fn a_window_ends_and_the_servers_that_left_are_let_go() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    let mut probe = servers[4].connect();
+    let baseline = stat_u64(&probe.stats(), "curr_connections").expect("curr_connections");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all, "2s"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("end:", 2000);
+    c.set_many(&keys, |k| value_of(k, 1));
+    let on_leaving = servers[4].held(&keys).len();
+    assert!(on_leaving > 100, "{on_leaving} keys on the fifth server");
+    resize_to(&proxy, &listen, &all[..4], "2s");
+    assert!(
+        proxy.wait_log("resize window ended", WAIT),
+        "no `resize window ended`\n{}",
+        proxy.log_text()
+    );
+    proxy.wait_stats("the window's end in stats", WAIT, |s| {
+        stat_u64(s, "pool:main:resize_window_active") == Some(0)
+    });
+    // Keys never read during the window stayed on the server that left: plain misses now.
+    let read = read_all(&mut c, &keys);
+    assert_eq!(read.len(), keys.len() - on_leaving);
+    // And memroute has closed its connections to that server.
+    let now = {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let now = stat_u64(&probe.stats(), "curr_connections").expect("curr_connections");
+            if now <= baseline || std::time::Instant::now() >= deadline {
+                break now;
+            }
+            std::thread::sleep(POLL);
+        }
+    };
+    assert_eq!(now, baseline, "connections to the server that left");
+}
+
+#[test]
+fn a_second_change_during_a_window_starts_from_the_placement_just_before() {
+    let servers = start_servers(6);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all[..4], "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("twice:", 5000);
+    c.set_many(&keys, |k| value_of(k, 1));
+    resize_to(&proxy, &listen, &all[..5], "10m");
+    // Every key read (and so moved) under five servers...
+    let read = read_all(&mut c, &keys);
+    assert_eq!(read.len(), keys.len());
+    let moved_first = stat_u64(&proxy.stats(), "pool:main:resize_keys_moved").unwrap_or(0);
+    resize_to(&proxy, &listen, &all, "10m");
+    assert!(
+        proxy.wait_log_count("resize window started", 2, WAIT),
+        "{}",
+        proxy.log_text()
+    );
+    // ...is found again under six: the new window's old owners are the five servers'.
+    let read = read_all(&mut c, &keys);
+    let exact = keys
+        .iter()
+        .filter(|k| read.get(*k).map(Vec::as_slice) == Some(value_of(k, 1).as_bytes()))
+        .count();
+    assert_eq!(exact, keys.len());
+    let moved_second = stat_u64(&proxy.stats(), "pool:main:resize_keys_moved").unwrap_or(0);
+    assert!(
+        moved_second > moved_first + 300,
+        "{moved_first} then {moved_second}"
+    );
+}
+
+#[test]
+fn dns_discovery_finding_a_fifth_server_keeps_the_cache() {
+    let port = free_port();
+    let servers: Vec<Memcached> = (0..5)
+        .map(|_| Memcached::start_on(&free_loopback_host(port), port, 64))
+        .collect();
+    let dir = TempDir::new("resize-dns");
+    let hosts_path = dir.path().join("hosts");
+    let write_hosts = |servers: &[Memcached]| {
+        let lines: Vec<String> = servers
+            .iter()
+            .map(|s| format!("{} cache.test", s.host))
+            .collect();
+        let staged = dir.write("hosts.new", &format!("{}\n", lines.join("\n")));
+        std::fs::rename(staged, &hosts_path).expect("replace the hosts file");
+    };
+    write_hosts(&servers[..4]);
+    let toml = format!(
+        "{}[pools.d]\nservers = {{ dns = \"cache.test:{port}\", refresh = \"100ms\" }}\n\
+         distribution = \"ketama\"\nhash = \"md5\"\nresize_window = \"10m\"\ntimeout = \"5s\"\n\n\
+         [discovery]\nhosts_file = {:?}\n",
+        proxy_section(&format!("127.0.0.1:{}", free_port()), "d"),
+        hosts_path.display().to_string()
+    );
+    let proxy = Memroute::start(&toml);
+    let mut c = proxy.connect();
+    proxy.wait_stats("four servers found", WAIT, |s| {
+        stat_u64(s, "pool:d:servers") == Some(4)
+    });
+    let keys = numbered_keys("dns:", 5000);
+    c.set_many(&keys, |k| value_of(k, 1));
+    write_hosts(&servers);
+    proxy.wait_stats("the fifth server and a window", WAIT, |s| {
+        stat_u64(s, "pool:d:servers") == Some(5)
+            && stat_u64(s, "pool:d:resize_window_active") == Some(1)
+    });
+    let read = read_all(&mut c, &keys);
+    let exact = keys
+        .iter()
+        .filter(|k| read.get(*k).map(Vec::as_slice) == Some(value_of(k, 1).as_bytes()))
+        .count();
+    assert_eq!(exact, keys.len());
+    assert!(
+        servers[4].held(&keys).len() > 500,
+        "keys moved to the fifth server"
+    );
+}
+
+#[test]
+fn route_lookup_shows_a_moved_keys_old_owner_during_the_window() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let with_admin = |servers: &[String]| {
+        format!(
+            "{}[admin]\nlisten = \"{admin}\"\n",
+            config(&listen, servers, "10m")
+        )
+    };
+    let proxy = Memroute::start(&with_admin(&all[..4]));
+    let keys = numbered_keys("where:", 200);
+    proxy.connect().set_many(&keys, |k| value_of(k, 1));
+    let moved = not_yet_moved(&all, &keys);
+    let key = moved.first().expect("a key that moves");
+    let (status, before) = admin_http(&admin, "GET", &format!("/route?key={key}"));
+    assert_eq!(status, 200);
+    assert!(!before.contains("old owner"), "{before}");
+    proxy.rewrite_config(&with_admin(&all));
+    proxy.wait_stats("the reloaded pool and its window", WAIT, |s| {
+        stat_u64(s, "pool:main:resize_window_active") == Some(1)
+    });
+    let (status, during) = admin_http(&admin, "GET", &format!("/route?key={key}"));
+    assert_eq!(status, 200);
+    let old_owner = before
+        .split(" => ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .expect("the owner before");
+    assert!(
+        during.contains(&format!("[resize window: old owner {old_owner}]")),
+        "before: {before}during: {during}"
+    );
+    assert!(
+        during.contains(&all[4]),
+        "the new owner is the fifth server: {during}"
+    );
+}
+
+#[test]
+fn keys_of_a_server_that_is_gone_are_plain_misses() {
+    let mut servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all, "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("gone:", 2000);
+    c.set_many(&keys, |k| value_of(k, 1));
+    let on_gone: Vec<String> = servers[4].held(&keys).into_keys().collect();
+    assert!(
+        on_gone.len() > 100,
+        "{} keys on the fifth server",
+        on_gone.len()
+    );
+    resize_to(&proxy, &listen, &all[..4], "10m");
+    servers[4].kill();
+    // Every read answers: a miss for the keys that were on the server that went away (the
+    // first ask may find it refusing, which marks it down; neither is the client's error).
+    for key in &on_gone {
+        c.send(format!("get {key}\r\n").as_bytes());
+        assert_eq!(c.read_get_reply(), b"END\r\n", "get {key}");
+    }
+    let read = read_all(&mut c, &keys);
+    assert_eq!(read.len(), keys.len() - on_gone.len());
+}
+
+#[test]
+fn a_read_pipelined_behind_a_write_that_moves_its_key_never_misses() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all[..4], "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("pipelined:", 1000);
+    c.set_many(&keys, |_| "10".to_string());
+    resize_to(&proxy, &listen, &all, "10m");
+    let moved = not_yet_moved(&all, &keys);
+    assert!(moved.len() >= 50, "only {} keys moved", moved.len());
+    for key in moved.iter().take(50) {
+        // One write: the append moves the key while the get behind it looks for it.
+        c.send(format!("append {key} 0 0 2\r\n-a\r\nget {key}\r\n").as_bytes());
+        assert_eq!(c.read_line(), b"STORED\r\n", "append {key}");
+        let reply = c.read_get_reply();
+        let value = parse_values(&reply)
+            .and_then(|values| values.into_iter().next())
+            .map(|(_, _, value)| value);
+        assert!(
+            matches!(value.as_deref(), Some(b"10-a") | Some(b"10")),
+            "get {key} pipelined behind its append: {}",
+            show(&reply)
+        );
+    }
+}
