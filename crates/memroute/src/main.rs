@@ -136,6 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         anyhow::anyhow!("invalid config {}:\n{errors}{hint}", path.display())
     })?;
     config.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
+    config.resolve_zone_from_environment();
     if let Some((operation, listen, keys, _)) = route_keys {
         return route(&config, &operation, listen.as_deref(), &keys);
     }
@@ -326,6 +327,18 @@ fn describe(config: &Config) -> String {
     for (address, root) in config.proxy.listener_roots() {
         let _ = writeln!(out, "listener {address}: route {root}");
     }
+    match &config.proxy.zone {
+        Some(zone) => {
+            let _ = writeln!(out, "proxy: {zone}");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "proxy: no zone (neither proxy.zone nor {} is set)",
+                memroute_config::ZONE_VARIABLE
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "  (a reload may change a listener's route; adding or removing a listener, or TLS on one, needs a restart)"
@@ -373,6 +386,9 @@ fn describe(config: &Config) -> String {
             pool.failure_limit,
             pool.eject
         );
+        if let Some(zone) = &pool.zone {
+            let _ = writeln!(out, "  zone {zone}");
+        }
         // mcrouter's placement settings (wch3, salted pools).
         if !pool.weights.is_empty() {
             let _ = writeln!(out, "  weights {:?}", pool.weights);
@@ -403,6 +419,12 @@ fn describe(config: &Config) -> String {
             }
             other => {
                 let _ = writeln!(out, "route {name}: {}", describe_route(other));
+                if let RouteConfig::Replicated {
+                    children, reads, ..
+                } = other
+                {
+                    out.push_str(&memroute_proxy::describe_reads(config, children, *reads));
+                }
             }
         }
     }

@@ -46,6 +46,7 @@ mod reply;
 mod restart_only;
 mod route;
 mod route_lookup;
+mod route_reads;
 mod session;
 mod session_wakers;
 mod snapshot;
@@ -71,6 +72,7 @@ pub use reload::{ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{
     describe_routes, listener_list, listener_named, operation_named, route_key, RouteTarget,
 };
+pub use route_reads::describe_reads;
 pub use transport::check_transport;
 pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 

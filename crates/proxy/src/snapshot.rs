@@ -28,6 +28,7 @@ use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
 use crate::hot_keys::WorkerHotKeys;
 use crate::pool_settings::max_ejected;
+use crate::route::NearestRoutes;
 use crate::stats::{round_trip_observer, RouteMetrics, WorkerMetrics};
 
 /// What makes two configs' connections to a server interchangeable.
@@ -119,6 +120,8 @@ pub(crate) struct RouteSnapshot {
     pub metrics: Rc<RouteMetrics>,
     /// This worker's sampler of the keys placed (`server_for`, `servers_for`).
     hot_keys: Rc<WorkerHotKeys>,
+    /// The read order of each replicated route reading `nearest`.
+    pub nearest: NearestRoutes,
 }
 
 impl RouteSnapshot {
@@ -221,7 +224,7 @@ impl RouteSnapshot {
             reusable.entry(&server.key).or_default().push(server);
         }
         // Pool ids follow the route table's pool order (Config::pools is a BTreeMap, sorted).
-        let pools = generation
+        let pools: Vec<PoolConnections> = generation
             .routes
             .pool_names
             .iter()
@@ -309,6 +312,16 @@ impl RouteSnapshot {
                 }),
             })
             .collect();
+        let nearest = NearestRoutes::build(
+            config,
+            &generation.routes,
+            |pool, server| {
+                let pool: &PoolConnections = pools.get(pool)?;
+                Some(pool.servers.get(server)?.health.clone())
+            },
+            |pool, address| metrics.round_trip_totals(pool, address),
+            std::time::Instant::now(),
+        );
         let shadows = generation
             .shadow_stats
             .iter()
@@ -335,6 +348,7 @@ impl RouteSnapshot {
             },
             route_stats: generation.route_stats.clone(),
             shadows,
+            nearest,
             metrics: metrics.for_routes(&generation.routes),
             hot_keys: {
                 let settings = crate::hot_keys::Settings::of(config);

@@ -45,6 +45,7 @@ mod in_place;
 mod job;
 mod leg;
 mod multi_get;
+mod nearest;
 mod pool;
 mod random;
 mod replicated;
@@ -61,6 +62,7 @@ use job::{multi_reply, BoxedKeyReplies, BoxedReply, KeyReplies};
 use job::{Job, MultiJob};
 pub(crate) use leg::{Leg, Legs};
 pub(crate) use multi_get::start_multi_get;
+pub(crate) use nearest::NearestRoutes;
 use random::RandomPicks;
 use random::{only_pools, pick as pick_random};
 pub(crate) use then::{Finished, Start, Then};
@@ -226,6 +228,8 @@ pub(crate) struct Planned {
 ///
 /// - failover (on errors) / replicated (reads `failover`/`first`) over a pool first:
 ///   that pool (`first_pool`); a failed batch's keys go on later (`FollowUp`);
+/// - replicated reading `nearest`: the same, from the child its read order puts first
+///   (the order recomputed here when due);
 /// - failover on `error-or-miss` over a pool first: that pool; a failed batch's keys and
 ///   the keys a batch missed go on later;
 /// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm` later;
@@ -250,6 +254,13 @@ pub(crate) fn multi_get_pool(
         })
     };
     match routes.node(node) {
+        Node::Replicated {
+            reads: ReadPolicy::Nearest,
+            ..
+        } => {
+            nearest::refresh(routing, node);
+            return first(failover::multi_get_first_pool(routing, node));
+        }
         Node::Failover { .. }
         | Node::Replicated {
             reads: ReadPolicy::First | ReadPolicy::Failover,
