@@ -2,9 +2,9 @@
 //! kept per worker and per snapshot. A read goes to the first child and, on a failure, to
 //! the others in order, as a failover route reads (`failover::first_pool`, `failover::run`).
 //!
-//! The order: children in the proxy's zone first, then the others; within each group,
-//! children every server of which is down last, then by measured latency (lowest first),
-//! then children not measured yet, in config order. A child's zone is its pool's; a child
+//! The order: children every server of which is down last (their reads would fail fast);
+//! before them, children in the proxy's zone first, then the others; within each group,
+//! by measured latency (lowest first), then children not measured yet, in config order. A child's zone is its pool's; a child
 //! that is a route has the zone every pool beneath it shares, else none.
 //!
 //! Latency is the mean round trip of the child's servers over the last interval, smoothed
@@ -228,7 +228,7 @@ impl ReadOrder {
     fn sort(&self) {
         let mut ranked: SmallVec<[(usize, &Child); 4]> = self.children.iter().enumerate().collect();
         ranked.sort_by(|(a_at, a), (b_at, b)| {
-            let key = |c: &Child| (!c.local, c.down(), c.latency.get().is_none());
+            let key = |c: &Child| (c.down(), !c.local, c.latency.get().is_none());
             key(a)
                 .cmp(&key(b))
                 .then_with(|| {
@@ -445,7 +445,13 @@ mod tests {
         observe("c", 3, 0.041, 5);
         order.refresh(start + 2 * REORDER_INTERVAL);
         assert_eq!(names(&routes, &order.order()), ["a", "b", "c"]);
-        let _ = (a, b);
+        // A child whose servers are all down goes last, whatever its latency.
+        let child_a = order.children.iter().find(|child| child.node == a);
+        let (health, _) = &child_a.expect("child a").servers[0];
+        health.mark_down("refused");
+        order.refresh(start + 3 * REORDER_INTERVAL);
+        assert_eq!(names(&routes, &order.order()), ["b", "c", "a"]);
+        let _ = b;
     }
 
     #[test]
