@@ -117,6 +117,11 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
     let mut zones = Zones::start();
     let admin = format!("127.0.0.1:{}", free_port());
     let proxy = start_in_zone(&config(&zones, "", Some(&admin)), "b");
+    assert!(
+        proxy.wait_log("zone=b (from MEMROUTE_ZONE)", Duration::from_secs(5)),
+        "the ready line names the zone and its source:\n{}",
+        proxy.log_text()
+    );
     let mut c = proxy.connect();
     let keys = numbered_keys("zone-key-", 1000);
     c.set_many(&keys, value_of);
@@ -156,6 +161,18 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
     assert!(
         metrics.contains(&local),
         "no `{local}` in /metrics:\n{metrics}"
+    );
+
+    // mcrouter's route query names the server a get uses: zone b's.
+    c.send(b"get __mcrouter__.route(get,zone-key-0)\r\n");
+    let reply = c.read_get_reply();
+    let routed = parse_values(&reply)
+        .and_then(|values| values.into_iter().next())
+        .map(|(_, _, value)| String::from_utf8_lossy(&value).to_string())
+        .unwrap_or_else(|| panic!("route query: {}", show(&reply)));
+    assert!(
+        zones.b.iter().any(|server| server.addr() == routed),
+        "__mcrouter__.route(get,...) names {routed}, not a zone b server"
     );
 
     // Zone b's servers go away: the reads move to zone a.

@@ -120,13 +120,20 @@ pub enum ZoneSource {
     Environment,
 }
 
+impl ZoneSource {
+    /// The key or variable the zone was read from.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZoneSource::Config => "proxy.zone",
+            ZoneSource::Environment => ZONE_VARIABLE,
+        }
+    }
+}
+
 impl std::fmt::Display for ProxyZone {
     /// As `--check` shows it: `zone b (from MEMROUTE_ZONE)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.source {
-            ZoneSource::Config => write!(f, "zone {} (from proxy.zone)", self.name),
-            ZoneSource::Environment => write!(f, "zone {} (from {ZONE_VARIABLE})", self.name),
-        }
+        write!(f, "zone {} (from {})", self.name, self.source.name())
     }
 }
 

@@ -196,6 +196,11 @@ enum Event {
 fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
+    // `zone=b (from MEMROUTE_ZONE)`: where nearest reads go first, and why.
+    let zone = match &config.proxy.zone {
+        Some(zone) => format!("{} (from {})", zone.name, zone.source.name()),
+        None => "none".to_string(),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -231,7 +236,7 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
     } else {
         None
     };
-    tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
+    tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, zone = %zone, "memroute ready");
     loop {
         let event = runtime.block_on(async {
             tokio::select! {
