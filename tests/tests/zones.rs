@@ -163,6 +163,14 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
         "no `{local}` in /metrics:\n{metrics}"
     );
 
+    // The admin's /route names the child a read uses first: zone b's pool.
+    let (code, routed) = admin_http(&admin, "GET", "/route?key=zone-key-0");
+    assert_eq!(code, 200, "{routed}");
+    let first = routed.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("zone-key-0: both -> in_b => ") && first.contains("read here first"),
+        "{routed}"
+    );
     // mcrouter's route query names the server a get uses: zone b's.
     c.send(b"get __mcrouter__.route(get,zone-key-0)\r\n");
     let reply = c.read_get_reply();
