@@ -246,7 +246,8 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
 #[test]
 fn proxy_zone_in_the_file_wins_over_the_environment() {
     let zones = Zones::start();
-    let proxy = start_in_zone(&config(&zones, "zone = \"a\"\n", None), "b");
+    let in_file = config(&zones, "zone = \"a\"\n", None);
+    let proxy = start_in_zone(&in_file, "b");
     let mut c = proxy.connect();
     let keys = numbered_keys("file-zone-", 500);
     c.set_many(&keys, value_of);
@@ -259,6 +260,28 @@ fn proxy_zone_in_the_file_wins_over_the_environment() {
     assert!(
         a_gets as f64 >= 0.99 * keys.len() as f64,
         "proxy.zone = \"a\" with MEMROUTE_ZONE=b: zone a's servers saw {a_gets} of {} gets (zone b's: {b_gets})",
+        keys.len()
+    );
+
+    // A reload that drops proxy.zone applies: the environment's zone b is read from then.
+    let listen = proxy.listen.clone();
+    let without = in_file.replacen("zone = \"a\"\n", "", 1);
+    assert!(without.contains(&listen) && !without.contains("[proxy]\nzone"));
+    assert!(
+        proxy.reload(&with_io_mode(&without)),
+        "{}",
+        proxy.log_text()
+    );
+    let mut c = proxy.connect();
+    let (a_before, b_before) = (Zones::gets(&zones.a), Zones::gets(&zones.b));
+    assert_eq!(get_all(&mut c, &keys), 0);
+    let (a_gets, b_gets) = (
+        Zones::gets(&zones.a) - a_before,
+        Zones::gets(&zones.b) - b_before,
+    );
+    assert!(
+        b_gets as f64 >= 0.99 * keys.len() as f64,
+        "after a reload without proxy.zone: zone b's servers saw {b_gets} of {} gets (zone a's: {a_gets})",
         keys.len()
     );
 }

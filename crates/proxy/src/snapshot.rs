@@ -320,6 +320,10 @@ impl RouteSnapshot {
                 Some(pool.servers.get(server)?.health.clone())
             },
             |pool, address| metrics.round_trip_totals(pool, address),
+            |route, child| {
+                let old = old?;
+                old.nearest.latency_named(&old.routes, route, child)
+            },
             std::time::Instant::now(),
         );
         let shadows = generation

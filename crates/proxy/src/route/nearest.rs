@@ -100,13 +100,15 @@ impl Child {
 impl NearestRoutes {
     /// The read orders of `routes`' nearest-reading replicated routes. `health(pool,
     /// server)` and `round_trips(pool, address)` give a server's health and process-wide
-    /// round trips. Until measured, the order is the zone's: local children first, each
-    /// group in config order.
+    /// round trips; `known(route, child)` the latency the previous snapshot measured for a
+    /// child of the same names (a reload keeps what was learned). Children not measured go
+    /// after the measured ones of their group, in config order.
     pub(crate) fn build(
         config: &Config,
         routes: &RouteTable,
         health: impl Fn(usize, usize) -> Option<Arc<ServerHealth>>,
         round_trips: impl Fn(&str, &str) -> prometheus::Histogram,
+        known: impl Fn(&str, &str) -> Option<f64>,
         now: Instant,
     ) -> NearestRoutes {
         let proxy_zone = config.proxy.zone.as_ref().map(|zone| zone.name.as_str());
@@ -144,9 +146,13 @@ impl NearestRoutes {
                         seen: Cell::new((0.0, 0)),
                         latency: Cell::new(None),
                     };
-                    // Round trips before this snapshot are not this interval's.
+                    // Round trips before this snapshot are not this interval's: they are
+                    // in the latency carried over, if any.
                     child.measure();
-                    child.latency.set(None);
+                    let route_name = routes.node_name(node);
+                    child
+                        .latency
+                        .set(known(route_name, routes.node_name(child.node)));
                     child
                 })
                 .collect();
@@ -160,6 +166,25 @@ impl NearestRoutes {
             nearest.push((node, order));
         }
         NearestRoutes { routes: nearest }
+    }
+
+    /// The latency measured for child `child` of route `route` (by name, in `routes`, the
+    /// table these orders were built for), if any.
+    pub(crate) fn latency_named(
+        &self,
+        routes: &RouteTable,
+        route: &str,
+        child: &str,
+    ) -> Option<f64> {
+        let (_, order) = self
+            .routes
+            .iter()
+            .find(|(node, _)| routes.node_name(*node) == route)?;
+        let child = order
+            .children
+            .iter()
+            .find(|c| routes.node_name(c.node) == child)?;
+        child.latency.get()
     }
 
     /// Route `node`'s read order, if it reads `nearest`.
@@ -313,6 +338,7 @@ mod tests {
             &routes,
             |_, _| None,
             |pool, server| registry.with_label_values(&[pool, server]),
+            |_, _| None,
             Instant::now(),
         );
         (routes, nearest)
@@ -403,6 +429,7 @@ mod tests {
             &routes,
             |_, _| None,
             |pool, server| histograms.with_label_values(&[pool, server]),
+            |_, _| None,
             start,
         );
         // No health given: no servers to measure. Build again with health for each.
@@ -422,6 +449,7 @@ mod tests {
             &routes,
             health,
             |pool, server| histograms.with_label_values(&[pool, server]),
+            |_, _| None,
             start,
         );
         let order = nearest.of(route(&routes, "r")).expect("nearest");
@@ -452,6 +480,34 @@ mod tests {
         order.refresh(start + 3 * REORDER_INTERVAL);
         assert_eq!(names(&routes, &order.order()), ["b", "c", "a"]);
         let _ = b;
+    }
+
+    #[test]
+    fn a_new_snapshot_keeps_the_latencies_the_old_one_measured() {
+        let (routes, old) = build(THREE_ZONES, None);
+        let r = route(&routes, "r");
+        let order = old.of(r).expect("nearest");
+        let [a, b, c] = ["a", "b", "c"].map(|name| route(&routes, name));
+        order.set_latency(a, 0.003);
+        order.set_latency(b, 0.001);
+        order.set_latency(c, 0.002);
+        let mut config = memroute_config::parse(THREE_ZONES).expect("config");
+        config.resolve_zone(None);
+        let histograms = prometheus::HistogramVec::new(
+            prometheus::HistogramOpts::new("round_trip", "test"),
+            &["pool", "server"],
+        )
+        .expect("histogram");
+        let new = NearestRoutes::build(
+            &config,
+            &routes,
+            |_, _| None,
+            |pool, server| histograms.with_label_values(&[pool, server]),
+            |route, child| old.latency_named(&routes, route, child),
+            Instant::now(),
+        );
+        let order = new.of(r).expect("nearest");
+        assert_eq!(names(&routes, &order.order()), ["b", "c", "a"]);
     }
 
     #[test]
