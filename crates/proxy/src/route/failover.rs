@@ -248,11 +248,16 @@ pub(super) fn start(
     job: Job,
     started: Instant,
 ) -> Result<Start, Job> {
+    // A replicated route reading `nearest`: its read order, brought up to date first.
+    let nearest = match job.operation.is_write() {
+        false => routing.nearest.of(node),
+        true => None,
+    };
+    if let Some(order) = nearest {
+        order.refresh(routing.metrics.now());
+    }
     let first = match job.operation.is_write() {
-        false => {
-            nearest::refresh(routing, node);
-            first_pool(routing, node)
-        }
+        false => first_pool(routing, node),
         true => write_pool(routing, node),
     };
     let Some((pool, more)) = first else {
@@ -261,7 +266,10 @@ pub(super) fn start(
     let Some(server) = routing.server_for(pool, &job.key) else {
         return Err(job);
     };
-    nearest::count_reads(routing, node, pool as NodeId, 1);
+    if let Some(order) = nearest {
+        let local = order.is_local(pool as NodeId);
+        routing.metrics.count_zone_reads(node, local, 1);
+    }
     let connection = routing.pools[pool].servers[server].pick(job.slot);
     let receiver = pool::send_copy(connection, &job.parts, job.kind);
     let leg = Leg::new(receiver, pool, server, started).on_route(node);
@@ -365,11 +373,13 @@ impl FirstMisses {
 }
 
 /// The keys of a multi-get (`job`, in the client's order) that went on from route
-/// `node`'s first pool: through the later children, as `run_multi` goes on after its first
-/// child; the first pool's misses beat the later children's errors (`FirstMisses`).
+/// `node`'s first pool (`tried`, its node): through the later children, as `run_multi` goes
+/// on after its first child; the first pool's misses beat the later children's errors
+/// (`FirstMisses`).
 pub(super) fn rest_multi(
     routing: &Rc<RouteSnapshot>,
     node: NodeId,
+    tried: NodeId,
     job: MultiJob,
     missed: FirstMisses,
 ) -> BoxedMultiReply {
@@ -382,7 +392,6 @@ pub(super) fn rest_multi(
     Box::pin(async move {
         let job = Rc::new(job);
         let keys: Vec<u32> = (0..count).collect();
-        let tried = routing.nearest.of(node).map_or(node, |order| order.first());
         let (children, on) = after_first(&routing, node, tried);
         let replies = run_multi(&routing, node, &children, on, &job, keys.clone()).await;
         if missed.0.is_empty() {

@@ -369,6 +369,8 @@ pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
 #[derive(Debug)]
 pub(crate) struct GoingOn {
     pub node: NodeId,
+    /// The child (a pool's node) the keys were asked of first: the ones after it come next.
+    pub tried: NodeId,
     pub keys: Vec<Bytes>,
     /// For an `error-or-miss` failover: the keys the first pool missed.
     pub missed: failover::FirstMisses,
@@ -403,7 +405,12 @@ impl FollowUp {
         going: GoingOn,
         started: Instant,
     ) -> RoutedKeys {
-        let GoingOn { node, keys, missed } = going;
+        let GoingOn {
+            node,
+            tried,
+            keys,
+            missed,
+        } = going;
         let job = MultiJob {
             operation: self.operation,
             head: self.head.clone(),
@@ -415,7 +422,7 @@ impl FollowUp {
             Node::WarmUp { cold, warm, ttl } => {
                 warm_up::ask_warm_multi(routing, node, cold, warm, ttl, job)
             }
-            _ => failover::rest_multi(routing, node, job, missed),
+            _ => failover::rest_multi(routing, node, tried, job, missed),
         };
         InPlace::started(future, node, started)
     }

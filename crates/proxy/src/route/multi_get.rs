@@ -184,6 +184,7 @@ impl MultiGet {
                 None => {
                     groups.push(GoingOn {
                         node,
+                        tried: legs[leg].pool() as NodeId,
                         keys: Vec::new(),
                         missed: FirstMisses::default(),
                     });
