@@ -308,7 +308,7 @@ fn resize_window(before: &str, after: &str) {
 /// servers (`main` answers every key): they are batched per server as a plain pool's are,
 /// so they should allocate what the plain pool's does.
 fn policy_routes(servers: &str) {
-    let routes: [(&str, &str); 6] = [
+    let routes: [(&str, &str); 8] = [
         ("failover", "[routes.root]\ntype = \"failover\"\nchildren = [\"main\", \"spare\"]\n"),
         (
             "prefix -> failover",
@@ -325,6 +325,14 @@ fn policy_routes(servers: &str) {
         ),
         ("warm-up (cold hits)", "[routes.root]\ntype = \"warm-up\"\ncold = \"main\"\nwarm = \"spare\"\n"),
         ("random", "[routes.root]\ntype = \"random\"\nchildren = [\"main\", \"spare\"]\n"),
+        (
+            "replicated, reads failover",
+            "[routes.root]\ntype = \"replicated\"\nchildren = [\"main\", \"spare\"]\nreads = \"failover\"\n",
+        ),
+        (
+            "replicated, reads nearest",
+            "[routes.root]\ntype = \"replicated\"\nchildren = [\"main\", \"spare\"]\nreads = \"nearest\"\n",
+        ),
     ];
     println!("get, 20 keys, through a policy route over 4 servers");
     for (name, route) in routes {

@@ -504,9 +504,20 @@ pub fn run_program<P: AsRef<std::ffi::OsStr>, S: AsRef<std::ffi::OsStr>>(
     args: &[S],
     timeout: Duration,
 ) -> CliOutput {
+    run_program_with_env(program, args, &[], timeout)
+}
+
+/// [`run_program`] with extra environment variables (`MEMROUTE_ZONE` for `--check`).
+pub fn run_program_with_env<P: AsRef<std::ffi::OsStr>, S: AsRef<std::ffi::OsStr>>(
+    program: P,
+    args: &[S],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> CliOutput {
     let name = program.as_ref().to_string_lossy().into_owned();
     let mut child = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

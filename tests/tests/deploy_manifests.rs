@@ -350,8 +350,8 @@ fn every_kubernetes_manifest_is_complete_and_consistent() {
         "expected the tier's and the sidecar's configs, found {checked}"
     );
 
-    // kustomization.yaml lists exactly the manifest files but the sidecar example, which
-    // is applied on its own (it brings an example app).
+    // kustomization.yaml lists exactly the manifest files but the sidecar examples, which
+    // are applied on their own (they bring an example app).
     let kustomization: Value = serde_yaml::from_str(
         &std::fs::read_to_string(docker_dir().join("k8s/kustomization.yaml"))
             .expect("kustomization"),
@@ -364,7 +364,7 @@ fn every_kubernetes_manifest_is_complete_and_consistent() {
     let files: BTreeSet<String> = docs
         .iter()
         .filter_map(|(what, _)| what.split('#').next().map(str::to_string))
-        .filter(|file| file != "sidecar.yaml")
+        .filter(|file| file != "sidecar.yaml" && file != "sidecar-zones.yaml")
         .collect();
     assert_eq!(listed, files, "kustomization.yaml resources");
     // Every memroute container pins its pull policy (a `latest` tag is otherwise pulled on
@@ -383,10 +383,129 @@ fn every_kubernetes_manifest_is_complete_and_consistent() {
     }
 }
 
+/// The one zone a pod template's required node affinity pins it to
+/// (`topology.kubernetes.io/zone In [zone]`), if it does.
+fn pinned_zone(spec: &Value) -> Option<String> {
+    let terms = at(
+        spec,
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    );
+    let mut zones = Vec::new();
+    for term in seq(terms) {
+        for expression in seq(term.get("matchExpressions")) {
+            if expression.get("key").and_then(Value::as_str) == Some("topology.kubernetes.io/zone")
+                && expression.get("operator").and_then(Value::as_str) == Some("In")
+            {
+                zones.extend(
+                    seq(expression.get("values"))
+                        .iter()
+                        .filter_map(Value::as_str),
+                );
+            }
+        }
+    }
+    match zones.as_slice() {
+        [zone] => Some(zone.to_string()),
+        _ => None,
+    }
+}
+
+/// A sidecar told its zone by `MEMROUTE_ZONE` runs in that zone: its pod is pinned there by
+/// node affinity, its config (checked with the variable set, as the pod runs it) names the
+/// zone as the proxy's and reads a pool there first; and each memcached StatefulSet pinned
+/// to a zone backs the pool of that zone (the pool's SRV name is its headless Service).
+#[test]
+fn zone_aware_sidecars_run_in_the_zone_they_are_told() {
+    let docs = manifests();
+    let config_of = |name: &str| {
+        docs.iter()
+            .filter(|(what, doc)| text(doc, "kind", what) == "ConfigMap")
+            .find(|(what, doc)| text(doc, "metadata.name", what) == name)
+            .and_then(|(_, doc)| at(doc, "data")?.get("memroute.toml")?.as_str())
+            .unwrap_or_else(|| panic!("no ConfigMap {name} with a memroute.toml"))
+            .to_string()
+    };
+    // Per memcached StatefulSet pinned to a zone: (its Service, the zone).
+    let pinned_services: BTreeMap<String, String> = docs
+        .iter()
+        .filter(|(what, doc)| text(doc, "kind", what) == "StatefulSet")
+        .filter_map(|(what, doc)| {
+            let zone = pinned_zone(at(doc, "spec.template.spec")?)?;
+            Some((text(doc, "spec.serviceName", what).to_string(), zone))
+        })
+        .collect();
+    let mut sidecars = 0;
+    for (what, doc) in &docs {
+        if text(doc, "kind", what) != "Deployment" {
+            continue;
+        }
+        let spec = at(doc, "spec.template.spec").expect("pod spec");
+        for container in seq(spec.get("containers")) {
+            let zone = seq(container.get("env"))
+                .iter()
+                .find(|e| e.get("name").and_then(Value::as_str) == Some("MEMROUTE_ZONE"))
+                .and_then(|e| e.get("value").and_then(Value::as_str));
+            let Some(zone) = zone else { continue };
+            sidecars += 1;
+            assert_eq!(
+                pinned_zone(spec).as_deref(),
+                Some(zone),
+                "{what}: MEMROUTE_ZONE={zone} but the pod is not pinned to that zone"
+            );
+            let volume = seq(spec.get("volumes"))
+                .iter()
+                .find_map(|v| at(v, "configMap.name").and_then(Value::as_str))
+                .unwrap_or_else(|| panic!("{what}: no ConfigMap volume"));
+            let dir = TempDir::new("manifest-zone");
+            let path = dir.write("memroute.toml", &config_of(volume));
+            let out = run_program_with_env(
+                memroute_binary(),
+                &["--check".as_ref(), "--config".as_ref(), path.as_os_str()],
+                &[("MEMROUTE_ZONE", zone)],
+                Duration::from_secs(10),
+            );
+            assert!(out.status.success(), "{what}: {}", out.stderr);
+            let described = out.stdout;
+            assert!(
+                described.contains(&format!("proxy: zone {zone} (from MEMROUTE_ZONE)")),
+                "{what}: {described}"
+            );
+            assert!(
+                described.contains(&format!("(zone {zone}): the proxy's zone: read here first")),
+                "{what}: no pool in zone {zone} is read first:\n{described}"
+            );
+            // `pool NAME: servers from DNS SRV _memcache._tcp.SERVICE ...`, then the pool's
+            // lines, `  zone ZONE` among them.
+            let mut srv_service: Option<String> = None;
+            for line in described.lines() {
+                if let Some(rest) = line.split("servers from DNS SRV _memcache._tcp.").nth(1) {
+                    srv_service = rest.split_whitespace().next().map(str::to_string);
+                } else if let (Some(pool_zone), Some(service)) =
+                    (line.strip_prefix("  zone "), srv_service.as_ref())
+                {
+                    assert_eq!(
+                        pinned_services.get(service).map(String::as_str),
+                        Some(pool_zone),
+                        "{what}: the pool over {service} says zone {pool_zone}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        sidecars >= 2,
+        "expected a sidecar per zone, found {sidecars}"
+    );
+}
+
 #[test]
 fn compose_files_refer_to_configs_that_pass_check() {
     let dir = docker_dir();
-    for file in ["compose.sidecar.yml", "compose.tier.yml"] {
+    for file in [
+        "compose.sidecar.yml",
+        "compose.tier.yml",
+        "compose.zones.yml",
+    ] {
         let text = std::fs::read_to_string(dir.join(file)).expect("compose file");
         let doc: Value =
             serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{file} does not parse: {e}"));

@@ -45,6 +45,96 @@ impl Config {
             resolve(path);
         }
     }
+
+    /// Gives the proxy the zone `from_environment` names (the value of
+    /// [`ZONE_VARIABLE`]) when the file sets no `proxy.zone`: one config file then serves
+    /// proxies in every zone, each told its zone by its environment. The file wins. Unset
+    /// or empty: no zone.
+    pub fn resolve_zone(&mut self, from_environment: Option<String>) {
+        if self.proxy.zone.is_some() {
+            return;
+        }
+        self.proxy.zone = from_environment
+            .filter(|name| !name.trim().is_empty())
+            .map(|name| ProxyZone {
+                name: name.trim().to_string(),
+                source: ZoneSource::Environment,
+            });
+    }
+
+    /// The zone of target `name` as a replicated route reading `nearest` sees its child:
+    /// a pool's `zone`; for a route, the zone every pool beneath it shares (`None` when
+    /// they differ or one has none).
+    pub fn zone_of(&self, name: &str) -> Option<&str> {
+        let mut zone: Option<&str> = None;
+        let mut stack = vec![name];
+        let mut seen: Vec<&str> = Vec::new();
+        while let Some(at) = stack.pop() {
+            if seen.contains(&at) {
+                continue;
+            }
+            seen.push(at);
+            if let Some(pool) = self.pools.get(at) {
+                let pool_zone = pool.zone.as_deref()?;
+                match zone {
+                    Some(known) if known != pool_zone => return None,
+                    _ => zone = Some(pool_zone),
+                }
+            } else if let Some(route) = self.routes.get(at) {
+                for (_, target) in crate::raw::route_edges("", route) {
+                    let target = self
+                        .pools
+                        .get_key_value(&target)
+                        .map(|(k, _)| k.as_str())
+                        .or_else(|| self.routes.get_key_value(&target).map(|(k, _)| k.as_str()));
+                    stack.extend(target);
+                }
+            }
+        }
+        zone
+    }
+
+    /// [`Config::resolve_zone`] with this process's [`ZONE_VARIABLE`].
+    pub fn resolve_zone_from_environment(&mut self) {
+        self.resolve_zone(std::env::var(ZONE_VARIABLE).ok());
+    }
+}
+
+/// The environment variable a proxy learns its zone from when `proxy.zone` is absent.
+pub const ZONE_VARIABLE: &str = "MEMROUTE_ZONE";
+
+/// The zone this proxy runs in: replicated routes reading `nearest` read from the child in
+/// it first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyZone {
+    pub name: String,
+    pub source: ZoneSource,
+}
+
+/// Where the proxy's zone came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneSource {
+    /// `proxy.zone` in the config file.
+    Config,
+    /// The [`ZONE_VARIABLE`] environment variable.
+    Environment,
+}
+
+impl ZoneSource {
+    /// The key or variable the zone was read from.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZoneSource::Config => "proxy.zone",
+            ZoneSource::Environment => ZONE_VARIABLE,
+        }
+    }
+}
+
+impl std::fmt::Display for ProxyZone {
+    /// As `--check` shows it: `zone b (from MEMROUTE_ZONE)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "zone {} (from {})", self.name, self.source.name())
+    }
 }
 
 /// `[discovery]`: settings shared by every DNS-discovered pool.
@@ -99,6 +189,9 @@ pub struct ProxyConfig {
     pub transport: TransportConfig,
     /// How workers do socket I/O (`proxy.io`); needs a restart to change.
     pub io: IoMode,
+    /// The zone this proxy runs in: `proxy.zone`, else [`ZONE_VARIABLE`] once
+    /// [`Config::resolve_zone`] has looked (parsing alone never reads the environment).
+    pub zone: Option<ProxyZone>,
 }
 
 impl ProxyConfig {
@@ -240,6 +333,9 @@ pub struct PoolConfig {
     /// whose owner changed is looked for on its old owner and moved (default 10m; zero
     /// turns it off).
     pub resize_window: Duration,
+    /// The zone (availability zone, rack) the pool's servers run in: a replicated route
+    /// reading `nearest` reads from the child in the proxy's own zone first.
+    pub zone: Option<String>,
 }
 
 impl PoolConfig {
@@ -261,6 +357,7 @@ impl PoolConfig {
             coalesce_gets: true,
             tls: None,
             resize_window: Duration::from_millis(defaults::RESIZE_WINDOW_MS),
+            zone: None,
         }
     }
 }

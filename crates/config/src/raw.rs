@@ -21,7 +21,7 @@ use toml::{Table, Value};
 use crate::checked::{
     AdminConfig, AdminToken, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind,
     FailoverOn, HashName, IoMode, ListenAddress, Operation, PoolConfig, PoolSpec, ProxyConfig,
-    ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, WritePolicy,
+    ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, WritePolicy, ZoneSource,
 };
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,
@@ -49,6 +49,7 @@ const PROXY_KEYS: &[&str] = &[
     "max_buffered_replies",
     "slow_client_timeout",
     "io",
+    "zone",
 ];
 const ADMIN_KEYS: &[&str] = &[
     "listen",
@@ -79,6 +80,7 @@ const POOL_KEYS: &[&str] = &[
     "probe_interval",
     "probe_interval_max",
     "tls",
+    "zone",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
 const DNS_KEYS: &[&str] = &["dns", "srv", "refresh"];
@@ -317,7 +319,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
 }
 
 /// The targets a route refers to, each with the key path that names it.
-fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, String)> {
+pub(crate) fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, String)> {
     match route {
         RouteConfig::Prefix { prefixes, default } => {
             let mut edges: Vec<(String, String)> = prefixes
@@ -596,7 +598,13 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
         },
     };
 
+    let zone = check_zone(t, path, errs).map(|name| ProxyZone {
+        name,
+        source: ZoneSource::Config,
+    });
+
     let proxy = ProxyConfig {
+        zone,
         listen,
         listen_routes,
         workers,
@@ -614,6 +622,20 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
         transport,
     };
     (proxy, route_paths)
+}
+
+/// `zone = "..."` of `[proxy]` or a pool: a name without surrounding blanks (a zone is
+/// compared as written: `"eu-west-1a"` and `"eu-west-1a "` would never match).
+fn check_zone(t: &Table, path: &str, errs: &mut Errors) -> Option<String> {
+    let zone = get_str(t, "zone", path, errs)?;
+    if zone.is_empty() || zone.trim() != zone {
+        errs.push(
+            &join(path, "zone"),
+            format!("must be a zone name without surrounding blanks (found {zone:?})"),
+        );
+        return None;
+    }
+    Some(zone.to_string())
 }
 
 fn check_listen(s: &str, path: &str, errs: &mut Errors) -> Option<ListenAddress> {
@@ -879,9 +901,11 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
     let tls = t
         .get("tls")
         .and_then(|v| crate::transport::check_backend_tls(v, &join(path, "tls"), errs));
+    let zone = check_zone(t, path, errs);
 
     (errs.0.len() == before).then_some(PoolConfig {
         tls,
+        zone,
         placement: PoolSpec {
             servers,
             distribution,

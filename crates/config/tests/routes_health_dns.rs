@@ -543,7 +543,7 @@ message = "two\r\nlines"
             "routes.dup.on: unknown value \"miss\" (expected one of: error, error-or-miss)",
             "routes.empty.children: needs at least one child",
             "routes.empty.writes: unknown value \"all-quorum\" (expected one of: all-sync, all-async, all-initial, all-majority)",
-            "routes.empty.reads: unknown value \"closest\" (expected one of: first, failover, random, fastest)",
+            "routes.empty.reads: unknown value \"closest\" (expected one of: first, failover, random, fastest, nearest)",
             "routes.err.message: must be non-empty and on one line (no \\r or \\n)",
             "routes.nan.key_range[0]: must be between 0 and 1 (found nan)",
             "routes.nan.key_range[1]: must be between 0 and 1 (found 2)",

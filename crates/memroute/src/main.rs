@@ -136,6 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         anyhow::anyhow!("invalid config {}:\n{errors}{hint}", path.display())
     })?;
     config.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
+    config.resolve_zone_from_environment();
     if let Some((operation, listen, keys, _)) = route_keys {
         return route(&config, &operation, listen.as_deref(), &keys);
     }
@@ -203,6 +204,11 @@ enum Event {
 fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> anyhow::Result<()> {
     let workers = config.proxy.workers;
     let pools = config.pools.len();
+    // `zone=b (from MEMROUTE_ZONE)`: where nearest reads go first, and why.
+    let zone = match &config.proxy.zone {
+        Some(zone) => format!("{} (from {})", zone.name, zone.source.name()),
+        None => "none".to_string(),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -238,7 +244,7 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
     } else {
         None
     };
-    tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, "memroute ready");
+    tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, zone = %zone, "memroute ready");
     loop {
         let event = runtime.block_on(async {
             tokio::select! {
@@ -334,6 +340,18 @@ fn describe(config: &Config) -> String {
     for (address, root) in config.proxy.listener_roots() {
         let _ = writeln!(out, "listener {address}: route {root}");
     }
+    match &config.proxy.zone {
+        Some(zone) => {
+            let _ = writeln!(out, "proxy: {zone}");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "proxy: no zone (neither proxy.zone nor {} is set)",
+                memroute_config::ZONE_VARIABLE
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "  (a reload may change a listener's route; adding or removing a listener, or TLS on one, needs a restart)"
@@ -382,6 +400,9 @@ fn describe(config: &Config) -> String {
             pool.eject,
             resize_window(pool)
         );
+        if let Some(zone) = &pool.zone {
+            let _ = writeln!(out, "  zone {zone}");
+        }
         // mcrouter's placement settings (wch3, salted pools).
         if !pool.weights.is_empty() {
             let _ = writeln!(out, "  weights {:?}", pool.weights);
@@ -412,6 +433,12 @@ fn describe(config: &Config) -> String {
             }
             other => {
                 let _ = writeln!(out, "route {name}: {}", describe_route(other));
+                if let RouteConfig::Replicated {
+                    children, reads, ..
+                } = other
+                {
+                    out.push_str(&memroute_proxy::describe_reads(config, children, *reads));
+                }
             }
         }
     }

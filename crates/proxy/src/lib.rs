@@ -41,12 +41,14 @@ mod mcrouter_admin;
 mod multiget;
 mod pending;
 mod pool_settings;
+mod read_order;
 mod reload;
 mod reply;
 mod resize_window;
 mod restart_only;
 mod route;
 mod route_lookup;
+mod route_reads;
 mod session;
 mod session_wakers;
 mod snapshot;
@@ -72,6 +74,7 @@ pub use reload::{ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{
     describe_routes, listener_list, listener_named, operation_named, route_key, RouteTarget,
 };
+pub use route_reads::describe_reads;
 pub use transport::check_transport;
 pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
 

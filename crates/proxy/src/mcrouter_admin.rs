@@ -90,7 +90,8 @@ fn parse_route_query(query: &[u8]) -> Option<(&[u8], Operation, &[u8])> {
 
 /// The servers the request would be sent to now, in route order, without repeats. As in
 /// mcrouter this follows the routing in effect: a failover route (and replicated reads that
-/// fail over) reports the first child that has a server not marked down; writes to a
+/// fail over, in this worker's read order for `nearest`) reports the first child that has
+/// a server not marked down; writes to a
 /// replicated route report every child; a shadow is reported when the key is in its range;
 /// a random route reports every child it may choose; a warm-up get reports cold then warm.
 fn destinations(
@@ -165,6 +166,9 @@ impl Walk<'_> {
                     }
                 } else if *reads == ReadPolicy::First {
                     self.collect(children[0], out);
+                } else if let Some(order) = self.routing.nearest.of(id) {
+                    // This worker's read order (its zone, then measured latency).
+                    self.first_live(&order.order(), out);
                 } else {
                     self.first_live(children, out);
                 }

@@ -121,6 +121,7 @@ impl ProxyHandle {
         let config = match memroute_config::parse(&text) {
             Ok(mut config) => {
                 config.resolve_paths(path.parent().unwrap_or(Path::new(".")));
+                config.resolve_zone_from_environment();
                 config
             }
             Err(errors) => {

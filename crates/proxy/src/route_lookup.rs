@@ -159,10 +159,15 @@ impl Walk<'_> {
                 writes,
                 reads,
             } => {
-                let policy = match self.operation.is_write() {
-                    true => format!("replica, writes {}", writes.as_str()),
-                    false => format!("replica, reads {}", reads.as_str()),
-                };
+                if !self.operation.is_write() {
+                    let reads =
+                        crate::route_reads::read_roles(self.config, self.routes, children, *reads);
+                    for (child, read) in reads {
+                        self.visit(child, path.clone(), format!("{role}, {read}"));
+                    }
+                    return;
+                }
+                let policy = format!("replica, writes {}", writes.as_str());
                 for (i, child) in children.clone().into_iter().enumerate() {
                     let role = format!("{role}, {policy} {}/{}", i + 1, children.len());
                     self.visit(child, path.clone(), role);

@@ -28,6 +28,7 @@ use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
 use crate::hot_keys::WorkerHotKeys;
 use crate::pool_settings::max_ejected;
+use crate::read_order::NearestRoutes;
 use crate::resize_window::Window;
 use crate::stats::{round_trip_observer, RouteMetrics, WorkerMetrics};
 
@@ -272,6 +273,8 @@ pub(crate) struct RouteSnapshot {
     pub metrics: Rc<RouteMetrics>,
     /// This worker's sampler of the keys placed (`server_for`, `servers_for`).
     hot_keys: Rc<WorkerHotKeys>,
+    /// The read order of each replicated route reading `nearest`.
+    pub nearest: NearestRoutes,
 }
 
 impl RouteSnapshot {
@@ -440,6 +443,20 @@ impl RouteSnapshot {
             connections.previous = Some(Box::new(previous));
         }
         let resizing = pools.iter().any(|p| p.previous.is_some());
+        let nearest = NearestRoutes::build(
+            config,
+            &generation.routes,
+            |pool, server| {
+                let pool: &PoolConnections = pools.get(pool)?;
+                Some(pool.servers.get(server)?.health.clone())
+            },
+            |pool, address| metrics.round_trip_totals(pool, address),
+            |route, child| {
+                let old = old?;
+                old.nearest.latency_named(&old.routes, route, child)
+            },
+            std::time::Instant::now(),
+        );
         let shadows = generation
             .shadow_stats
             .iter()
@@ -467,6 +484,7 @@ impl RouteSnapshot {
             },
             route_stats: generation.route_stats.clone(),
             shadows,
+            nearest,
             metrics: metrics.for_routes(&generation.routes),
             hot_keys: {
                 let settings = crate::hot_keys::Settings::of(config);

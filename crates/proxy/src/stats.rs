@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use memroute_backend::ServerHealth;
 use memroute_config::Config;
 use memroute_protocol::Command;
-use memroute_routing::RouteTable;
+use memroute_routing::{NodeId, RouteTable};
 use prometheus::core::{Collector, Desc};
 use prometheus::local::LocalHistogram;
 use prometheus::proto::{self, MetricFamily, MetricType};
@@ -158,6 +158,8 @@ pub(crate) struct Metrics {
     requests: IntCounterVec,
     request_duration: HistogramVec,
     backend_round_trip: HistogramVec,
+    /// Reads of replicated routes reading `nearest`, by route and locality.
+    zone_reads: IntCounterVec,
     backend_errors: IntCounterVec,
     backend_timeouts: IntCounterVec,
     // Per-listener families (label `listener`: the bound address, one per `proxy.listen`
@@ -378,6 +380,12 @@ impl Metrics {
                 "Time from writing a request to a server until its reply was read.",
                 &["pool", "server"],
             ),
+            zone_reads: counter_vec(
+                r,
+                "memroute_route_zone_reads_total",
+                "Reads a replicated route reading `nearest` sent to a child, by locality: local (a child in the proxy's zone) or cross_zone (any other child: another zone, no zone, or a proxy without a zone). A read that fails over counts once per child asked.",
+                &["route", "locality"],
+            ),
             backend_errors: counter_vec(
                 r,
                 "memroute_backend_errors_total",
@@ -561,6 +569,9 @@ impl Metrics {
         for name in exported.iter() {
             if !names.contains(name) {
                 let _ = self.request_duration.remove_label_values(&[name]);
+                for locality in ZONE_LOCALITIES {
+                    let _ = self.zone_reads.remove_label_values(&[name, locality]);
+                }
                 for command in COMMAND_NAMES {
                     let _ = self.requests.remove_label_values(&[command, name]);
                 }
@@ -752,6 +763,11 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
         "memroute_resize_fallback_reads_total" => legacy("pool", "resize_fallback_reads"),
         "memroute_resize_keys_moved_total" => legacy("pool", "resize_keys_moved"),
         "memroute_resize_errors_total" => legacy("pool", "resize_errors"),
+        // (locality, route) -> route:NAME:reads_LOCALITY
+        "memroute_route_zone_reads_total" => match labels {
+            [locality, route] => format!("route:{route}:reads_{locality}"),
+            _ => format!("route:{joined}:reads"),
+        },
         // Label pairs of a vec come sorted by name: (event, listener) -> listener:ADDR:EVENT
         "memroute_listener_events_total" => match labels {
             [event, listener] => format!("listener:{listener}:{event}"),
@@ -903,7 +919,13 @@ pub(crate) struct RouteMetrics {
     listener_counters: Vec<IntCounter>,
     nodes: usize,
     clock: Rc<Cell<Instant>>,
+    /// Per route node reading `nearest` (few): its reads by locality, [local, cross_zone].
+    zone_reads: Vec<(NodeId, [Cell<u64>; 2], [IntCounter; 2])>,
 }
+
+/// The `locality` label values of `memroute_route_zone_reads_total`, in
+/// `RouteMetrics::zone_reads` order.
+const ZONE_LOCALITIES: [&str; 2] = ["local", "cross_zone"];
 
 const COMMANDS: usize = COMMAND_NAMES.len();
 
@@ -937,6 +959,16 @@ impl RouteMetrics {
         }
     }
 
+    /// Counts `n` reads (keys) nearest-reading replicated route `node` sent to a child in
+    /// the proxy's zone (`local`) or to any other child.
+    #[inline]
+    pub(crate) fn count_zone_reads(&self, node: NodeId, local: bool, n: u64) {
+        if let Some((_, counts, _)) = self.zone_reads.iter().find(|(at, ..)| *at == node) {
+            let cell = &counts[usize::from(!local)];
+            cell.set(cell.get() + n);
+        }
+    }
+
     /// Counts one request memroute answered itself.
     #[inline]
     pub(crate) fn count_local(&self, command: Command) {
@@ -961,6 +993,14 @@ impl RouteMetrics {
         }
         for histogram in &self.latency {
             histogram.flush();
+        }
+        for (_, counts, counters) in &self.zone_reads {
+            for (cell, counter) in counts.iter().zip(counters) {
+                let n = cell.take();
+                if n > 0 {
+                    counter.inc_by(n);
+                }
+            }
         }
     }
 }
@@ -1029,7 +1069,31 @@ impl WorkerMetrics {
             .iter()
             .map(|name| self.shared.listener_requests.with_label_values(&[name]))
             .collect();
+        let zone_reads = (0..nodes as NodeId)
+            .filter(|&node| {
+                matches!(
+                    routes.node(node),
+                    memroute_routing::Node::Replicated {
+                        reads: memroute_config::ReadPolicy::Nearest,
+                        ..
+                    }
+                )
+            })
+            .map(|node| {
+                let counter = |locality: &str| {
+                    self.shared
+                        .zone_reads
+                        .with_label_values(&[routes.node_name(node), locality])
+                };
+                (
+                    node,
+                    [Cell::new(0), Cell::new(0)],
+                    ZONE_LOCALITIES.map(counter),
+                )
+            })
+            .collect();
         let table = Rc::new(RouteMetrics {
+            zone_reads,
             counts: counters.iter().map(|_| Cell::new(0)).collect(),
             counters,
             latency,
@@ -1056,6 +1120,14 @@ impl WorkerMetrics {
                 )
             })
             .clone()
+    }
+
+    /// The process-wide round trips of `pool`'s server `address` (every worker's, as of
+    /// their last flush): read now and then to learn a server's latency, never per request.
+    pub(crate) fn round_trip_totals(&self, pool: &str, address: &str) -> prometheus::Histogram {
+        self.shared
+            .backend_round_trip
+            .with_label_values(&[pool, address])
     }
 
     /// Moves every local count into the registry; forgets tables nobody uses any more.

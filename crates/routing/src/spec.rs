@@ -256,6 +256,9 @@ pub enum ReadPolicy {
     Random,
     /// Every child; the first reply that is not an error wins.
     Fastest,
+    /// The child in the proxy's zone, then the others by measured latency (children in the
+    /// proxy's zone first), each asked only when every one before it failed.
+    Nearest,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,6 +298,7 @@ spelled!(ReadPolicy {
     Failover => "failover",
     Random => "random",
     Fastest => "fastest",
+    Nearest => "nearest",
 });
 spelled!(FailoverOn {
     Error => "error",

@@ -19,6 +19,7 @@ use memroute_routing::{Node, NodeId, ReplyClass};
 
 use super::in_place::{BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
+use super::nearest::{self, ChildOrder};
 use super::{pool, run_child, run_multi_child, GoesOn};
 use super::{Leg, Legs, Start, Then};
 use crate::buffers::Homed;
@@ -26,22 +27,31 @@ use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
 
 /// The children after the first of a `first_pool` route, and what moves a read on to them.
-fn after_first(routing: &RouteSnapshot, node: NodeId) -> (&[NodeId], FailoverOn) {
+/// For a route reading `nearest`: its read order without `tried`, the child it tried
+/// first. (Only on a failure: the copy costs nothing on the way of a read that answered.)
+fn after_first(routing: &RouteSnapshot, node: NodeId, tried: NodeId) -> (ChildOrder, FailoverOn) {
+    let rest = |children: &[NodeId]| ChildOrder::from(children.get(1..).unwrap_or_default());
     match routing.routes.node(node) {
-        Node::Failover { children, on } => (children.get(1..).unwrap_or_default(), *on),
-        Node::Replicated { children, .. } => {
-            (children.get(1..).unwrap_or_default(), FailoverOn::Error)
-        }
-        _ => (&[], FailoverOn::Error),
+        Node::Failover { children, on } => (rest(children), *on),
+        Node::Replicated {
+            reads: ReadPolicy::Nearest,
+            ..
+        } => match routing.nearest.of(node) {
+            Some(order) => (order.after(tried), FailoverOn::Error),
+            None => (ChildOrder::new(), FailoverOn::Error),
+        },
+        Node::Replicated { children, .. } => (rest(children), FailoverOn::Error),
+        _ => (ChildOrder::new(), FailoverOn::Error),
     }
 }
 
 /// Starts a read whose first try, on the first child of failover (or replicated) route
 /// `node` (a pool: `first_pool`), failed: through the later children, as `run` goes on
-/// after its first child.
+/// after its first child. `tried`: the child the first try went to.
 pub(crate) fn start_after_first(
     routing: &Rc<RouteSnapshot>,
     node: NodeId,
+    tried: NodeId,
     job: Job,
     started: Instant,
 ) -> Routed {
@@ -49,8 +59,8 @@ pub(crate) fn start_after_first(
     let routing = routing.clone();
     let future: BoxedReply = Box::pin(async move {
         let job = Rc::new(job);
-        let (children, on) = after_first(&routing, node);
-        run(&routing, node, children, on, &job).await
+        let (children, on) = after_first(&routing, node, tried);
+        run(&routing, node, &children, on, &job).await
     });
     InPlace::started(future, node, started)
 }
@@ -78,6 +88,11 @@ pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize
             reads: ReadPolicy::First,
             ..
         } => (*children.first()?, false),
+        Node::Replicated {
+            children,
+            reads: ReadPolicy::Nearest,
+            ..
+        } => (routing.nearest.of(node)?.first(), children.len() > 1),
         _ => return None,
     };
     match routes.node(first) {
@@ -114,6 +129,7 @@ pub(super) async fn run(
     // the key is absent where it could be looked up.
     let mut first_miss: Option<Reply> = None;
     for (index, &child) in children.iter().enumerate() {
+        nearest::count_reads(routing, node, child, 1);
         let reply = run_child(routing, child, job).await;
         let class = class_of(&reply);
         let try_next = match class {
@@ -161,6 +177,7 @@ pub(super) async fn run_multi(
         ReplyClass::Miss => on == FailoverOn::ErrorOrMiss,
         ReplyClass::Hit => false,
     };
+    nearest::count_reads(routing, node, first, keys.len() as u64);
     // The common case: the first child answers every key (no bookkeeping per key).
     let first_replies = run_multi_child(routing, first, job, keys.clone()).await;
     if children.len() == 1 || (on == FailoverOn::Error && first_replies.all_answered()) {
@@ -180,6 +197,7 @@ pub(super) async fn run_multi(
             Some(replies) => replies,
             None => {
                 let asked: Vec<u32> = remaining.iter().map(|&p| keys[p]).collect();
+                nearest::count_reads(routing, node, child, asked.len() as u64);
                 let replies = run_multi_child(routing, child, job, asked.clone()).await;
                 replies.into_keys(job, &asked)
             }
@@ -230,6 +248,14 @@ pub(super) fn start(
     job: Job,
     started: Instant,
 ) -> Result<Start, Job> {
+    // A replicated route reading `nearest`: its read order, brought up to date first.
+    let nearest = match job.operation.is_write() {
+        false => routing.nearest.of(node),
+        true => None,
+    };
+    if let Some(order) = nearest {
+        order.refresh(routing.metrics.now());
+    }
     let first = match job.operation.is_write() {
         false => first_pool(routing, node),
         true => write_pool(routing, node),
@@ -240,6 +266,10 @@ pub(super) fn start(
     let Some(server) = routing.server_for(pool, &job.key) else {
         return Err(job);
     };
+    if let Some(order) = nearest {
+        let local = order.is_local(pool as NodeId);
+        routing.metrics.count_zone_reads(node, local, 1);
+    }
     let connection = routing.pools[pool].servers[server].pick(job.slot);
     let receiver = pool::send_copy(connection, &job.parts, job.kind);
     let leg = Leg::new(receiver, pool, server, started).on_route(node);
@@ -278,7 +308,14 @@ impl AfterFirst {
         }
         let job = self.job.take()?;
         let _failure = first.take(routing);
-        Some(start_after_first(routing, self.node, job, first.started))
+        let tried = first.pool() as NodeId;
+        Some(start_after_first(
+            routing,
+            self.node,
+            tried,
+            job,
+            first.started,
+        ))
     }
 }
 
@@ -336,11 +373,13 @@ impl FirstMisses {
 }
 
 /// The keys of a multi-get (`job`, in the client's order) that went on from route
-/// `node`'s first pool: through the later children, as `run_multi` goes on after its first
-/// child; the first pool's misses beat the later children's errors (`FirstMisses`).
+/// `node`'s first pool (`tried`, its node): through the later children, as `run_multi` goes
+/// on after its first child; the first pool's misses beat the later children's errors
+/// (`FirstMisses`).
 pub(super) fn rest_multi(
     routing: &Rc<RouteSnapshot>,
     node: NodeId,
+    tried: NodeId,
     job: MultiJob,
     missed: FirstMisses,
 ) -> BoxedMultiReply {
@@ -353,8 +392,8 @@ pub(super) fn rest_multi(
     Box::pin(async move {
         let job = Rc::new(job);
         let keys: Vec<u32> = (0..count).collect();
-        let (children, on) = after_first(&routing, node);
-        let replies = run_multi(&routing, node, children, on, &job, keys.clone()).await;
+        let (children, on) = after_first(&routing, node, tried);
+        let replies = run_multi(&routing, node, &children, on, &job, keys.clone()).await;
         if missed.0.is_empty() {
             return multi_reply(replies);
         }

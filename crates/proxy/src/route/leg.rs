@@ -117,6 +117,11 @@ impl Leg {
 
     /// Records the leg's latency under route node `route` (a policy route it went through)
     /// rather than under its pool.
+    /// The pool the request went to (its node id is the same number).
+    pub(crate) fn pool(&self) -> usize {
+        self.pool as usize
+    }
+
     pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
         self.route = route;
         self

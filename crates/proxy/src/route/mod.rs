@@ -48,6 +48,7 @@ mod in_place;
 mod job;
 mod leg;
 mod multi_get;
+mod nearest;
 mod pool;
 mod random;
 mod replicated;
@@ -65,6 +66,7 @@ use job::{multi_reply, BoxedKeyReplies, BoxedReply, KeyReplies};
 use job::{Job, MultiJob};
 pub(crate) use leg::{Leg, Legs};
 pub(crate) use multi_get::start_multi_get;
+
 use random::RandomPicks;
 use random::{only_pools, pick as pick_random};
 pub(crate) use then::{Finished, Start, Then};
@@ -237,6 +239,8 @@ pub(crate) struct Planned {
 ///
 /// - failover (on errors) / replicated (reads `failover`/`first`) over a pool first:
 ///   that pool (`first_pool`); a failed batch's keys go on later (`FollowUp`);
+/// - replicated reading `nearest`: the same, from the child its read order puts first
+///   (the order recomputed here when due);
 /// - failover on `error-or-miss` over a pool first: that pool; a failed batch's keys and
 ///   the keys a batch missed go on later;
 /// - warm-up whose `cold` is a pool with servers: cold; the misses go on to `warm` later;
@@ -261,6 +265,13 @@ pub(crate) fn multi_get_pool(
         })
     };
     match routes.node(node) {
+        Node::Replicated {
+            reads: ReadPolicy::Nearest,
+            ..
+        } => {
+            nearest::refresh(routing, node);
+            return first(failover::multi_get_first_pool(routing, node));
+        }
         Node::Failover { .. }
         | Node::Replicated {
             reads: ReadPolicy::First | ReadPolicy::Failover,
@@ -369,6 +380,8 @@ pub(crate) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
 #[derive(Debug)]
 pub(crate) struct GoingOn {
     pub node: NodeId,
+    /// The child (a pool's node) the keys were asked of first: the ones after it come next.
+    pub tried: NodeId,
     pub keys: Vec<Bytes>,
     /// For an `error-or-miss` failover: the keys the first pool missed.
     pub missed: failover::FirstMisses,
@@ -403,7 +416,12 @@ impl FollowUp {
         going: GoingOn,
         started: Instant,
     ) -> RoutedKeys {
-        let GoingOn { node, keys, missed } = going;
+        let GoingOn {
+            node,
+            tried,
+            keys,
+            missed,
+        } = going;
         let job = MultiJob {
             operation: self.operation,
             head: self.head.clone(),
@@ -415,7 +433,7 @@ impl FollowUp {
             Node::WarmUp { cold, warm, ttl } => {
                 warm_up::ask_warm_multi(routing, node, cold, warm, ttl, job)
             }
-            _ => failover::rest_multi(routing, node, job, missed),
+            _ => failover::rest_multi(routing, node, tried, job, missed),
         };
         InPlace::started(future, node, started)
     }

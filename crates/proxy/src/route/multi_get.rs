@@ -14,6 +14,7 @@ use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
 use super::failover::FirstMisses;
+use super::nearest;
 use super::pool::{send_batches, Batched};
 use super::{
     goes_on, multi_get_pool, shadow, start_multi, FollowUp, GoesOn, GoingOn, Leg, Legs, MultiJob,
@@ -183,6 +184,7 @@ impl MultiGet {
                 None => {
                     groups.push(GoingOn {
                         node,
+                        tried: legs[leg].pool() as NodeId,
                         keys: Vec::new(),
                         missed: FirstMisses::default(),
                     });
@@ -339,6 +341,8 @@ pub(crate) fn start_multi_get(
     };
     if let Some(planned) = root_planned {
         found.goes_on = with_goes_on(None, planned.goes_on);
+        let keys = request.keys.len() as u64;
+        nearest::count_reads(routing, root, planned.pool as NodeId, keys);
     }
     let operation = operation_of(&request);
     let job_of = |keys| MultiJob {
@@ -572,6 +576,7 @@ fn key_targets<'r>(
             let Some(planned) = planned else {
                 return Some((key, KeyTarget::Executor));
             };
+            nearest::count_reads(routing, node, planned.pool as NodeId, 1);
             if let Some(shadow) = planned.shadow {
                 add_copy(&mut found.copies, routing, shadow, frame, key);
             }

@@ -1,12 +1,14 @@
 //! A replicated route: writes go to every child (the write policy decides when the client
 //! is answered: `routing::write_decision`), reads to one child (`first`, `random`,
-//! `failover` as a failover route reads, or the `fastest`). Here:
+//! `failover` as a failover route reads, the `fastest`, or the `nearest`: `nearest.rs`).
+//! Here:
 //!
 //! - single-key writes: `start_write` sends a write as one plain leg per replica when every
 //!   child is a pool (`write_servers`); `ReplicatedWrite` (held by the session's pending
 //!   entry) judges those legs in place with `write_decision` and answers as `run` would;
 //!   `write_failed` is the reply both give when the policy fails;
-//! - reads start as a failover route's (`failover::first_pool`) or a random route's;
+//! - reads start as a failover route's (`failover::first_pool`; `nearest` from the child
+//!   its read order puts first) or a random route's;
 //! - `run` and `run_multi`: the whole walk when the children are not all pools.
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -21,7 +23,7 @@ use smallvec::SmallVec;
 use super::in_place::start_all;
 use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
 use super::leg::LegList;
-use super::{failover, pool, random, run_child, run_multi_child};
+use super::{failover, nearest, pool, random, run_child, run_multi_child};
 use super::{Leg, Legs, Single, Start, Then};
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -62,6 +64,10 @@ pub(super) async fn run_multi(
             failover::run_multi(routing, node, children, FailoverOn::Error, job, keys).await
         }
         ReadPolicy::Fastest => fastest_multi(routing, children, job, keys).await,
+        ReadPolicy::Nearest => {
+            let order = nearest_order(routing, node);
+            failover::run_multi(routing, node, &order, FailoverOn::Error, job, keys).await
+        }
     }
 }
 
@@ -206,6 +212,10 @@ async fn read(
         ReadPolicy::Failover => {
             failover::run(routing, node, children, FailoverOn::Error, job).await
         }
+        ReadPolicy::Nearest => {
+            let order = nearest_order(routing, node);
+            failover::run(routing, node, &order, FailoverOn::Error, job).await
+        }
         ReadPolicy::Fastest => {
             let mut set = start_all(routing, children, job);
             let mut last = Err(connection_gone());
@@ -219,6 +229,18 @@ async fn read(
             }
             last
         }
+    }
+}
+
+/// The children of nearest-reading route `node` in the order a read tries them, the
+/// order recomputed first when due.
+fn nearest_order(routing: &RouteSnapshot, node: NodeId) -> nearest::ChildOrder {
+    match routing.nearest.of(node) {
+        Some(order) => {
+            order.refresh(routing.metrics.now());
+            order.order()
+        }
+        None => nearest::ChildOrder::new(),
     }
 }
 
