@@ -70,16 +70,27 @@ pub(crate) fn decide(
 }
 
 /// The share of keys whose owner differs between `before` and `after`, estimated from a
-/// fixed sample of keys (cheap enough to compute once per window start).
+/// fixed sample of keys (cheap enough to compute once per window start). The sample keys
+/// differ in every character, not only the last: with hashes that mix a key's last bytes
+/// little (fnv1a under ketama), keys counting up in one suffix land on the ring side by
+/// side and would measure one arc many times.
 pub(crate) fn moved_share(before: &Placement, after: &Placement) -> f64 {
-    const SAMPLE: u32 = 4096;
+    const SAMPLE: u64 = 4096;
     let moved = (0..SAMPLE)
-        .filter(|i| {
-            let key = format!("memroute-resize-sample-{i}");
+        .filter(|&i| {
+            let key = format!("memroute-resize-sample-{:016x}", splitmix64(i));
             before.server_for(key.as_bytes()) != after.server_for(key.as_bytes())
         })
         .count();
-    moved as f64 / f64::from(SAMPLE)
+    moved as f64 / SAMPLE as f64
+}
+
+/// A fixed, well-spread 64-bit number for each `i` (SplitMix64's output function).
+fn splitmix64(i: u64) -> u64 {
+    let mut z = i.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// When a window that starts `now` for `pool` ends.
