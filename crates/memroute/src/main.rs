@@ -340,6 +340,10 @@ fn describe(config: &Config) -> String {
     for (address, root) in config.proxy.listener_roots() {
         let _ = writeln!(out, "listener {address}: route {root}");
     }
+    let _ = writeln!(
+        out,
+        "  (a reload may change a listener's route; adding or removing a listener, or TLS on one, needs a restart)"
+    );
     match &config.proxy.zone {
         Some(zone) => {
             let _ = writeln!(out, "proxy: {zone}");
@@ -352,10 +356,6 @@ fn describe(config: &Config) -> String {
             );
         }
     }
-    let _ = writeln!(
-        out,
-        "  (a reload may change a listener's route; adding or removing a listener, or TLS on one, needs a restart)"
-    );
     if config.pools.values().any(|p| p.discovery.is_some()) {
         let nameservers = if config.discovery.nameservers.is_empty() {
             "from /etc/resolv.conf".to_string()
