@@ -35,7 +35,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use crate::counters::ReplyBudget;
-use crate::stats::SharedStats;
+use crate::stats::Metrics;
 
 /// What the running config says about the budget (0 = no process-wide bound).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,12 +61,12 @@ pub(crate) enum WriteEnd {
 }
 
 /// One session's charge against the budget while it is busy; released when dropped. The
-/// budget lives in `SharedStats` (one per process), which every session reaches already.
+/// budget lives in `Metrics` (one per process), which every session reaches already.
 /// What a session learnt about its client (average reply, window) outlives the charge as
 /// a [`ChargeMemory`] while the session is idle, so an idle session stores 8 bytes of it.
 #[derive(Debug)]
 pub(crate) struct Charge<'a> {
-    shared: &'a SharedStats,
+    shared: &'a Metrics,
     held: usize,
     /// A running average of this session's reply sizes (bytes), to charge its requests
     /// not answered yet. Kept per session: no shared cache line on the request path, and a
@@ -95,12 +95,12 @@ impl Default for ChargeMemory {
 
 impl<'a> Charge<'a> {
     #[cfg(test)]
-    pub(crate) fn new(shared: &'a SharedStats) -> Charge<'a> {
+    pub(crate) fn new(shared: &'a Metrics) -> Charge<'a> {
         Charge::resume(shared, ChargeMemory::default())
     }
 
     /// A charge of nothing yet, for a session that was idle and remembered `memory`.
-    pub(crate) fn resume(shared: &'a SharedStats, memory: ChargeMemory) -> Charge<'a> {
+    pub(crate) fn resume(shared: &'a Metrics, memory: ChargeMemory) -> Charge<'a> {
         Charge {
             shared,
             held: 0,
@@ -278,8 +278,8 @@ mod tests {
         }
     }
 
-    fn shared() -> Arc<SharedStats> {
-        Arc::new(SharedStats::new(1))
+    fn shared() -> Arc<Metrics> {
+        Arc::new(Metrics::new(1))
     }
 
     #[test]
@@ -387,7 +387,7 @@ mod window_tests {
 
     #[tokio::test]
     async fn the_window_grows_while_the_client_reads_and_stays_when_it_does_not() {
-        let shared = Arc::new(SharedStats::new(1));
+        let shared = Arc::new(Metrics::new(1));
         let mut charge = Charge::new(&shared);
         let settings = BudgetSettings {
             max_buffered_replies: 1 << 30,

@@ -17,7 +17,7 @@ use crate::generation::Generation;
 use crate::session_wakers::SessionWakers;
 use crate::snapshot::RouteSnapshot;
 #[cfg(any(test, feature = "fuzzing"))]
-use crate::stats::SharedStats;
+use crate::stats::Metrics;
 use crate::stats::WorkerMetrics;
 
 /// Per-worker state every session of the worker reads.
@@ -43,7 +43,7 @@ impl WorkerContext {
     pub(crate) fn for_generation(
         index: usize,
         generation: &Generation,
-        shared: Arc<SharedStats>,
+        shared: Arc<Metrics>,
     ) -> WorkerContext {
         let metrics = Rc::new(WorkerMetrics::new(index, shared));
         WorkerContext {
@@ -126,7 +126,7 @@ mod tests {
     use super::WorkerContext;
     use crate::control::Controller;
     use crate::snapshot::RouteSnapshot;
-    use crate::stats::{SharedStats, WorkerMetrics};
+    use crate::stats::{Metrics, WorkerMetrics};
 
     fn config(max_client_pending: usize) -> memroute_config::Config {
         let toml = format!(
@@ -147,7 +147,7 @@ mod tests {
             .build()
             .expect("runtime");
         tokio::task::LocalSet::new().block_on(&runtime, async {
-            let shared = Arc::new(SharedStats::new(1));
+            let shared = Arc::new(Metrics::new(1));
             let (controller, mut generations, _inbox) =
                 Controller::new(config(7), shared.clone()).expect("controller");
             let first = generations.borrow_and_update().clone();

@@ -30,7 +30,7 @@ use crate::error::ProxyError;
 use crate::generation::Generation;
 use crate::pool_settings::health_settings;
 use crate::resize_window::{self, Decision, OldServer, Window};
-use crate::stats::SharedStats;
+use crate::stats::Metrics;
 use memroute_net::Connector;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -70,7 +70,7 @@ pub(crate) struct Controller {
     /// What outlives a generation. One lock, held for a whole apply: a reload and a DNS
     /// change never build generations at once.
     known: Mutex<Known>,
-    pub shared: Arc<SharedStats>,
+    pub shared: Arc<Metrics>,
     generation: watch::Sender<Arc<Generation>>,
     events: mpsc::UnboundedSender<Event>,
 }
@@ -113,7 +113,7 @@ pub(crate) struct ControlInbox(mpsc::UnboundedReceiver<Event>);
 impl Controller {
     /// Builds the first generation of `config`. Returns the controller, the receiver the
     /// workers start from, and the control thread's inbox.
-    pub(crate) fn new(config: Config, shared: Arc<SharedStats>) -> Result<Started, ProxyError> {
+    pub(crate) fn new(config: Config, shared: Arc<Metrics>) -> Result<Started, ProxyError> {
         let (events, inbox) = mpsc::unbounded_channel();
         let config = Arc::new(config);
         let empty = Arc::new(Config {
@@ -722,7 +722,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::Controller;
-    use crate::stats::SharedStats;
+    use crate::stats::Metrics;
 
     fn config(servers: &[u16], window: &str) -> memroute_config::Config {
         let servers: Vec<String> = servers
@@ -758,7 +758,7 @@ mod tests {
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            let shared = Arc::new(SharedStats::new(1));
+            let shared = Arc::new(Metrics::new(1));
             let (controller, _generations, _inbox) =
                 Controller::new(config(&[1, 2, 3, 4], "10m"), shared).expect("controller");
             assert_eq!(

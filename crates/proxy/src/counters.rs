@@ -40,7 +40,7 @@ pub(crate) struct ShadowStats {
     pub dropped: std::sync::atomic::AtomicU64,
 }
 
-/// The shared counters; one per process (in `SharedStats`).
+/// The shared counters; one per process (in `Metrics`).
 #[derive(Debug)]
 pub(crate) struct ReplyBudget {
     /// Sum of every session's charge.

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 
 use crate::context::WorkerContext;
 use crate::control::Controller;
-use crate::stats::SharedStats;
+use crate::stats::Metrics;
 
 /// What the scripted backend does after it has sent its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,7 +114,7 @@ async fn run_case(case: Case) -> Outcome {
         Ok(config) => config,
         Err(errors) => panic!("harness config: {errors}"),
     };
-    let shared = Arc::new(SharedStats::new(1));
+    let shared = Arc::new(Metrics::new(1));
     let (_controller, generation, _inbox) = match Controller::new(config, shared.clone()) {
         Ok(started) => started,
         Err(error) => panic!("harness controller: {error}"),

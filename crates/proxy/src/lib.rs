@@ -257,7 +257,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let backlog = effective_backlog(config.proxy.backlog);
     let (listeners, tls_listeners) = transport::bind_listeners(&config, backlog, workers)?;
     let local_addresses: Vec<String> = listeners[0].iter().map(|(_, l)| l.describe()).collect();
-    let shared = Arc::new(stats::SharedStats::new(workers));
+    let shared = Arc::new(stats::Metrics::new(workers));
     // Before the first generation, whose per-worker tables count requests per listener.
     shared.set_listener_names(local_addresses.clone());
     shared.set_tls_listeners(

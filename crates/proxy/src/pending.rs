@@ -19,7 +19,7 @@ use crate::context::WorkerContext;
 use crate::reply::{first_line, server_error, Reply};
 use crate::route::{Finished, Legs, Start, Then};
 use crate::snapshot::RouteSnapshot;
-use crate::stats::{SharedStats, WorkerMetrics};
+use crate::stats::{Metrics, WorkerMetrics};
 
 /// Whether the session goes on after this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub(crate) enum Pending {
     /// `stats`: rendered when its turn comes, so it counts every request before it, and
     /// once every worker flushed its counts (or `deadline` passed).
     Stats {
-        metrics: Arc<SharedStats>,
+        metrics: Arc<Metrics>,
         ticket: u64,
         deadline: Instant,
     },

@@ -251,7 +251,6 @@ struct Ejection {
 }
 
 /// One config as a worker serves it: the route table and this worker's connections.
-/// (Was `Routing`; renamed so it is not confused with the `memroute_routing` crate.)
 #[derive(Debug)]
 pub(crate) struct RouteSnapshot {
     pub routes: Arc<RouteTable>,

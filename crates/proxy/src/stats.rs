@@ -43,9 +43,6 @@ use crate::counters::{
 };
 use crate::hot_keys::{HotKeyRegistry, Report, WorkerHotKeys};
 
-/// The name the rest of the proxy knows the shared metrics by.
-pub(crate) type SharedStats = Metrics;
-
 /// How often a worker moves its local counts into the shared registry on its own.
 /// Scrapes and `stats` do not wait for it: they ask every worker to flush first.
 pub(crate) const FLUSH_INTERVAL: Duration = Duration::from_secs(1);

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use crate::context::WorkerContext;
 use crate::generation::Generation;
 use crate::snapshot::RouteSnapshot;
-use crate::stats::{SharedStats, WorkerMetrics};
+use crate::stats::{Metrics, WorkerMetrics};
 
 /// Everything a worker needs, handed over from the main thread.
 pub(crate) struct Worker {
@@ -36,7 +36,7 @@ pub(crate) struct Worker {
     pub listeners: Vec<crate::transport::IndexedListener>,
     /// `proxy.io` at start.
     pub io: IoMode,
-    pub shared: Arc<SharedStats>,
+    pub shared: Arc<Metrics>,
     pub shutdown: watch::Receiver<bool>,
 }
 
