@@ -48,8 +48,14 @@ pub(crate) enum Step<'k> {
     Executor { leg: usize, key: &'k [u8] },
 }
 
-/// Per key of a multi-get, the leg that carries it (inline for up to 32 keys).
+/// Per key of a multi-get, the leg that carries it (inline for up to 32 keys), or
+/// [`NO_LEG`].
 pub(crate) type KeyLegs = SmallVec<[u32; 32]>;
+
+/// A key no leg carries: it goes to the route executor (`Step::Executor`). Kept in the
+/// same `u32` as a leg's index so the table stays four bytes a key; no request has this
+/// many legs.
+pub(crate) const NO_LEG: u32 = u32::MAX;
 
 /// A batch line being written.
 #[derive(Debug, Clone, Copy)]
@@ -89,7 +95,7 @@ pub(crate) fn plan<'k>(
             KeyTarget::Nowhere(pool) => return Err(pool as usize),
             KeyTarget::Executor => {
                 executor.push((index as u32, key));
-                key_leg.push(u32::MAX);
+                key_leg.push(NO_LEG);
                 continue;
             }
         };

@@ -225,7 +225,7 @@ pub(crate) fn per_key(
     keys.iter()
         .enumerate()
         .map(|(i, &key)| {
-            let leg = key_leg.get(i).copied().unwrap_or(u32::MAX) as usize;
+            let leg = key_leg.get(i).copied().unwrap_or(multiget::NO_LEG) as usize;
             let Some(reply) = replies.get(leg) else {
                 return KeyReply::Failed(Err(connection_gone()));
             };
