@@ -517,30 +517,93 @@ fn keys_of_a_server_that_is_gone_are_plain_misses() {
     assert_eq!(read.len(), keys.len() - on_gone.len());
 }
 
+/// The value a single-key get reply carries, if any.
+fn value_in(reply: &[u8]) -> Option<Vec<u8>> {
+    parse_values(reply)
+        .and_then(|values| values.into_iter().next())
+        .map(|(_, _, value)| value)
+}
+
+/// Pipelined requests of one key on one connection answer as memcached would answer them
+/// in order: the read behind a write sees the write, even when the write has to move the
+/// key first (and a read behind a read that moves it still finds it).
 #[test]
-fn a_read_pipelined_behind_a_write_that_moves_its_key_never_misses() {
+fn a_read_pipelined_behind_a_request_on_its_moved_key_sees_that_request() {
     let servers = start_servers(5);
     let all = servers_of(&servers);
     let listen = format!("127.0.0.1:{}", free_port());
     let proxy = Memroute::start(&config(&listen, &all[..4], "10m"));
     let mut c = proxy.connect();
-    let keys = numbered_keys("pipelined:", 1000);
+    let keys = numbered_keys("pipelined:", 2000);
     c.set_many(&keys, |_| "10".to_string());
     resize_to(&proxy, &listen, &all, "10m");
     let moved = not_yet_moved(&all, &keys);
-    assert!(moved.len() >= 50, "only {} keys moved", moved.len());
-    for key in moved.iter().take(50) {
-        // One write: the append moves the key while the get behind it looks for it.
+    assert!(moved.len() >= 250, "only {} keys moved", moved.len());
+    let mut moved = moved.chunks(50);
+    let mut next = || moved.next().expect("50 moved keys");
+    for key in next() {
+        // The append moves the key while the get behind it looks for it.
         c.send(format!("append {key} 0 0 2\r\n-a\r\nget {key}\r\n").as_bytes());
         assert_eq!(c.read_line(), b"STORED\r\n", "append {key}");
         let reply = c.read_get_reply();
-        let value = parse_values(&reply)
-            .and_then(|values| values.into_iter().next())
-            .map(|(_, _, value)| value);
-        assert!(
-            matches!(value.as_deref(), Some(b"10-a") | Some(b"10")),
+        assert_eq!(
+            value_in(&reply).as_deref(),
+            Some(&b"10-a"[..]),
             "get {key} pipelined behind its append: {}",
             show(&reply)
         );
     }
+    for key in next() {
+        c.send(format!("incr {key} 5\r\ngets {key}\r\n").as_bytes());
+        assert_eq!(c.read_line(), b"15\r\n", "incr {key}");
+        let reply = c.read_get_reply();
+        assert_eq!(
+            value_in(&reply).as_deref(),
+            Some(&b"15"[..]),
+            "gets {key} pipelined behind its incr: {}",
+            show(&reply)
+        );
+    }
+    for key in next() {
+        // Two reads: the first moves the key, the second must still find it.
+        c.send(format!("get {key}\r\nget {key}\r\n").as_bytes());
+        for _ in 0..2 {
+            let reply = c.read_get_reply();
+            assert_eq!(
+                value_in(&reply).as_deref(),
+                Some(&b"10"[..]),
+                "get {key} twice: {}",
+                show(&reply)
+            );
+        }
+    }
+    let batch = next();
+    for key in batch {
+        // The append moves the key while a multi-get behind it reads it with another key.
+        c.send(format!("append {key} 0 0 2\r\n-b\r\nget {key} {}\r\n", keys[0]).as_bytes());
+        assert_eq!(c.read_line(), b"STORED\r\n", "append {key}");
+        let reply = c.read_get_reply();
+        let values = parse_values(&reply).unwrap_or_else(|| panic!("get: {}", show(&reply)));
+        let got = values
+            .into_iter()
+            .find(|(k, ..)| k == key)
+            .map(|(_, _, value)| value);
+        assert_eq!(
+            got.as_deref(),
+            Some(&b"10-b"[..]),
+            "multi-get of {key} pipelined behind its append: {}",
+            show(&reply)
+        );
+    }
+    // A multi-get naming a moved key twice answers it twice.
+    let key = &next()[0];
+    c.send(format!("get {key} {key}\r\n").as_bytes());
+    let reply = c.read_get_reply();
+    let values = parse_values(&reply).unwrap_or_else(|| panic!("get: {}", show(&reply)));
+    assert_eq!(values.len(), 2, "{}", show(&reply));
+    assert!(
+        values.iter().all(|(_, _, v)| v == b"10"),
+        "{}",
+        show(&reply)
+    );
 }

@@ -37,6 +37,7 @@ mod framing;
 pub mod fuzzing;
 mod generation;
 mod hot_keys;
+mod key_turns;
 mod mcrouter_admin;
 mod multiget;
 mod pending;

@@ -27,6 +27,7 @@ use memroute_routing::{NodeId, Placement, RouteTable};
 use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
 use crate::hot_keys::WorkerHotKeys;
+use crate::key_turns::KeyTurns;
 use crate::pool_settings::max_ejected;
 use crate::read_order::NearestRoutes;
 use crate::resize_window::Window;
@@ -110,6 +111,8 @@ pub(crate) struct Previous {
     pub servers: Vec<ServerConnections>,
     /// Per previous server: its index in the pool now, when it stays.
     pub stays: Vec<Option<usize>>,
+    /// Requests on a key whose owner changed run one after another (`key_turns`).
+    pub turns: KeyTurns,
 }
 
 impl Previous {
@@ -153,6 +156,7 @@ impl Previous {
             window: window.clone(),
             servers,
             stays,
+            turns: KeyTurns::default(),
         }
     }
 

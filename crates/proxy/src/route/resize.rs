@@ -22,9 +22,12 @@
 //! An old owner marked down is not asked: its keys are plain misses. One race is left: a
 //! read that moves a key while another client deletes it may copy it back after the
 //! delete (mg on the old owner, the delete on both, then the add). mcrouter's
-//! WarmUpRoute has the same window between its warm get and its cold add. A read that
-//! finds the key on neither owner while some key was moved meanwhile reads its new owner
-//! again: a request pipelined ahead of it may have moved this very key.
+//! WarmUpRoute has the same window between its warm get and its cold add. Requests on a
+//! moved key take turns on it (`key_turns`): on one worker they run one after another, in
+//! the order they arrived, so pipelined requests on one key answer as memcached would. A
+//! read that finds the key on neither owner while some key was moved meanwhile reads its
+//! new owner again: another worker's request may have moved this very key.
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -124,7 +127,16 @@ pub(super) async fn send(
     let stats = &previous.window.stats;
     let old_server = &previous.servers[old];
     let new_server = &routing.pools[pool].servers[new];
-    match needs(job) {
+    let needs = needs(job);
+    if needs == Needs::Nothing {
+        return pool::send_plain(routing, pool, job).await;
+    }
+    // Taken before the first await, so in the client's order: moving a key takes several
+    // round trips, and a request pipelined behind this one on the same key must not reach
+    // the new owner before this one is done.
+    let turn = previous.turns.take(&job.key);
+    turn.come().await;
+    match needs {
         Needs::Nothing => pool::send_plain(routing, pool, job).await,
         Needs::Read => {
             // Keys moved so far: a request pipelined ahead of this one may move this key
@@ -178,6 +190,11 @@ pub(super) async fn send(
 /// has no servers.
 fn new_owner(routing: &RouteSnapshot, pool: usize, key: &[u8]) -> Option<usize> {
     routing.server_for(pool, key)
+}
+
+/// Whether `key`'s owner in `pool` is another server than its owner before the window.
+fn moved_owner(routing: &RouteSnapshot, pool: usize, previous: &Previous, key: &[u8]) -> bool {
+    new_owner(routing, pool, key).is_some_and(|new| previous.owner(key).1 != Some(new))
 }
 
 /// `HD`/`NF` with the flags a meta reply echoes.
@@ -373,6 +390,18 @@ pub(super) async fn run_multi(
     job: &MultiJob,
     keys: &[u32],
 ) -> KeyReplies {
+    // A turn on every key whose owner changed, taken before the first await (see `send`);
+    // one per key (a key asked twice must not wait for this request's own turn).
+    let mut seen = HashSet::new();
+    let turns: Vec<_> = keys
+        .iter()
+        .map(|&key| &job.keys[key as usize])
+        .filter(|key| moved_owner(routing, pool, previous, key) && seen.insert(*key))
+        .map(|key| previous.turns.take(key))
+        .collect();
+    for turn in &turns {
+        turn.come().await;
+    }
     let mut replies = pool::run_multi_plain(routing, pool, job, keys)
         .await
         .into_keys(job, keys);
