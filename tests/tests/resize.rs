@@ -607,3 +607,84 @@ fn a_read_pipelined_behind_a_request_on_its_moved_key_sees_that_request() {
         show(&reply)
     );
 }
+
+/// `mg KEY f t v` through `c`: (flags, seconds left or -1, value); `None` for a miss.
+fn flags_ttl_value(c: &mut Conn, key: &str) -> Option<(u64, i64, Vec<u8>)> {
+    let line = String::from_utf8(c.roundtrip_line(format!("mg {key} f t v\r\n").as_bytes()))
+        .expect("an ASCII line");
+    if line == "EN\r\n" {
+        return None;
+    }
+    let mut tokens = line.trim_end().split(' ');
+    assert_eq!(tokens.next(), Some("VA"), "mg {key}: {line}");
+    let (mut flags, mut ttl) = (None, None);
+    for token in tokens.skip(1) {
+        match token.split_at(1) {
+            ("f", v) => flags = v.parse().ok(),
+            ("t", v) => ttl = v.parse().ok(),
+            _ => {}
+        }
+    }
+    let value = c.read_line();
+    let value = value[..value.len() - 2].to_vec();
+    Some((flags.expect("f"), ttl.expect("t"), value))
+}
+
+/// A moved key reads on its new owner with the flags and the time left it had: no expiry,
+/// a relative TTL, and an absolute expiry time (a TTL over 30 days, which memcached reads
+/// as a Unix time).
+#[test]
+fn a_moved_key_keeps_its_flags_and_its_time_left() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let proxy = Memroute::start(&config(&listen, &all[..4], "10m"));
+    let mut c = proxy.connect();
+    let keys = numbered_keys("ttl:", 1000);
+    c.set_many(&keys, |_| "10".to_string());
+    let moved: Vec<String> = not_yet_moved(&all, &keys).into_iter().take(3).collect();
+    assert_eq!(moved.len(), 3, "three keys that move");
+    const SIXTY_DAYS: u64 = 60 * 24 * 3600;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let (forever, hour, far) = (&moved[0], &moved[1], &moved[2]);
+    for (key, flags, exptime) in [
+        (forever, u32::MAX as u64, 0),
+        (hour, 7, 3600),
+        (far, 12345, now + SIXTY_DAYS),
+    ] {
+        assert_eq!(
+            c.roundtrip_line(format!("set {key} {flags} {exptime} 5\r\nvalue\r\n").as_bytes()),
+            b"STORED\r\n"
+        );
+    }
+    resize_to(&proxy, &listen, &all, "10m");
+    // Moved by a read through memroute, then read on the new owner alone.
+    for key in &moved {
+        assert_eq!(c.get(key).as_deref(), Some(&b"value"[..]), "get {key}");
+    }
+    let plain = without_window(&all);
+    let mut direct = plain.connect();
+    let (flags, ttl, value) = flags_ttl_value(&mut direct, forever).expect("the key kept forever");
+    assert_eq!(
+        (flags, ttl, &value[..]),
+        (u32::MAX as u64, -1, &b"value"[..])
+    );
+    let (flags, ttl, value) = flags_ttl_value(&mut direct, hour).expect("the key kept an hour");
+    assert_eq!((flags, &value[..]), (7, &b"value"[..]));
+    assert!(
+        (3500..=3600).contains(&ttl),
+        "an hour's key has {ttl}s left"
+    );
+    let (flags, ttl, value) = flags_ttl_value(&mut direct, far).expect("the key kept 60 days");
+    assert_eq!((flags, &value[..]), (12345, &b"value"[..]));
+    // memcached's clock ticks once a second, a little behind the Unix time the expiry is
+    // rebuilt from: a second or two more is the clocks, not the copy.
+    let sixty_days = SIXTY_DAYS as i64;
+    assert!(
+        (sixty_days - 100..=sixty_days + 2).contains(&ttl),
+        "a 60-day key has {ttl}s left"
+    );
+}

@@ -5,7 +5,8 @@
 //!
 //! Moving a key: `mg KEY v f t` on the old owner; a hit is `add`ed to the new owner (meta
 //! set in add mode, with the item's flags and remaining TTL, so a value written there
-//! meanwhile wins) and then deleted from the old owner (so it cannot come back).
+//! meanwhile wins; a TTL over 30 days goes as the Unix time it ends at, as memcached reads
+//! one) and then deleted from the old owner (so it cannot come back).
 //!
 //! - reads (get, gets, gat, gats, mg; the binary protocol's arrive as mg): the new owner
 //!   first; on a miss the key is moved and, if it was, read again from the new owner (a
@@ -285,7 +286,12 @@ fn parse_item(reply: &Bytes) -> Option<Item> {
 /// `ms KEY <len> [b] F<flags> T<ttl> ME` and the data: stored only if the new owner has
 /// no value for the key.
 fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
-    let rest = format!(" {} F{} T{} ME", item.data.len(), item.flags, item.ttl);
+    let rest = format!(
+        " {} F{} T{} ME",
+        item.data.len(),
+        item.flags,
+        exptime(item.ttl, unix_now())
+    );
     // The `b` flag must follow the length: build the line with the key first.
     let mut line = Vec::with_capacity(key.len() * 2 + rest.len() + item.data.len() + 16);
     line.extend_from_slice(b"ms ");
@@ -299,6 +305,25 @@ fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
     data.put_slice(&item.data);
     data.put_slice(b"\r\n");
     (Bytes::from(line), Some(data.freeze()))
+}
+
+/// The longest expiry memcached takes as seconds from now; a larger one is a Unix time.
+const MAX_RELATIVE_TTL: u64 = 30 * 24 * 3600;
+
+/// The expiry to store for an item with `ttl` seconds left (0: never expires) when the
+/// Unix time is `now`: the seconds themselves, or the Unix time they end at when memcached
+/// would read them as one (an item set with an absolute expiry more than 30 days ahead).
+fn exptime(ttl: u64, now: u64) -> u64 {
+    match ttl > MAX_RELATIVE_TTL {
+        true => now.saturating_add(ttl),
+        false => ttl,
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
 }
 
 /// Moves `key` from `old` to `new` (see the module's description). True when the old
@@ -531,6 +556,18 @@ mod tests {
         assert_eq!(&line[..], b"ms YSBi 5 F3 T0 ME b\r\n");
         assert_eq!(&delete_line(b"k").0[..], b"md k\r\n");
         assert_eq!(&lookup_line(b"a b").0[..], b"mg YSBi b v f t\r\n");
+    }
+
+    #[test]
+    fn a_time_left_over_30_days_is_stored_as_the_unix_time_it_ends_at() {
+        let now = 1_800_000_000;
+        assert_eq!(exptime(0, now), 0);
+        assert_eq!(exptime(3600, now), 3600);
+        assert_eq!(exptime(MAX_RELATIVE_TTL, now), MAX_RELATIVE_TTL);
+        assert_eq!(
+            exptime(MAX_RELATIVE_TTL + 1, now),
+            now + MAX_RELATIVE_TTL + 1
+        );
     }
 
     #[test]
