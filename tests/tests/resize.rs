@@ -688,3 +688,59 @@ fn a_moved_key_keeps_its_flags_and_its_time_left() {
         "a 60-day key has {ttl}s left"
     );
 }
+
+/// Keys read (and so moved) on some connections while other connections delete them, on
+/// two workers: once both are done, no deleted key has come back on either owner.
+#[test]
+fn a_key_deleted_while_another_client_moves_it_stays_deleted() {
+    let servers = start_servers(5);
+    let all = servers_of(&servers);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let two_workers = |servers: &[String]| {
+        config(&listen, servers, "10m").replacen("workers = 1", "workers = 2", 1)
+    };
+    let proxy = Memroute::start(&two_workers(&all[..4]));
+    let keys = numbered_keys("race:", 8000);
+    proxy.connect().set_many(&keys, |k| value_of(k, 1));
+    proxy.rewrite_config(&two_workers(&all));
+    proxy.wait_stats("the reloaded pool and its window", WAIT, |s| {
+        stat_u64(s, "pool:main:servers") == Some(5)
+            && stat_u64(s, "pool:main:resize_window_active") == Some(1)
+    });
+    let moved = not_yet_moved(&all, &keys);
+    assert!(moved.len() >= 1000, "only {} keys moved", moved.len());
+    std::thread::scope(|scope| {
+        for chunk in moved.chunks(moved.len() / 4 + 1) {
+            let mut reader = proxy.connect();
+            let mut deleter = proxy.connect();
+            scope.spawn(move || {
+                for batch in chunk.chunks(20) {
+                    let gets: String = batch.iter().map(|k| format!("get {k}\r\n")).collect();
+                    reader.send(gets.as_bytes());
+                    for _ in batch {
+                        reader.read_get_reply();
+                    }
+                }
+            });
+            scope.spawn(move || {
+                for batch in chunk.chunks(20) {
+                    let deletes: String = batch.iter().map(|k| format!("delete {k}\r\n")).collect();
+                    deleter.send(deletes.as_bytes());
+                    for _ in batch {
+                        deleter.read_line();
+                    }
+                }
+            });
+        }
+    });
+    let after = without_window(&all);
+    let back = read_all(&mut after.connect(), &moved);
+    let before = without_window(&all[..4]);
+    let still = read_all(&mut before.connect(), &moved);
+    assert!(
+        back.is_empty() && still.is_empty(),
+        "{} deleted keys back on their new owners, {} on their old owners",
+        back.len(),
+        still.len()
+    );
+}

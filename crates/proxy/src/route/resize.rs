@@ -3,10 +3,13 @@
 //! the window changes about a request is here; keys that did not move pay one placement
 //! on the previous ring more than a plain pool's.
 //!
-//! Moving a key: `mg KEY v f t` on the old owner; a hit is `add`ed to the new owner (meta
+//! Moving a key: `mg KEY v f t c` on the old owner; a hit is `add`ed to the new owner (meta
 //! set in add mode, with the item's flags and remaining TTL, so a value written there
 //! meanwhile wins; a TTL over 30 days goes as the Unix time it ends at, as memcached reads
-//! one) and then deleted from the old owner (so it cannot come back).
+//! one) and then deleted from the old owner only if it is still the item looked at (`md
+//! KEY C<cas>`, so it cannot come back). When that delete finds it gone or changed, a
+//! delete reached the old owner after the look: the copy is taken back from the new owner
+//! (`md KEY C<copy's cas>`, sparing a value written there since).
 //!
 //! - reads (get, gets, gat, gats, mg; the binary protocol's arrive as mg): the new owner
 //!   first; on a miss the key is moved and, if it was, read again from the new owner (a
@@ -16,14 +19,13 @@
 //!   the key is moved first, then the write goes to the new owner, which answers as if the
 //!   pool had never changed;
 //! - unconditional writes (set, delete, ms, md): the new owner, and a delete on the old
-//!   owner, both awaited (a delete found by either is a delete);
+//!   owner, both awaited (a delete found by either is a delete); a delete asks the new
+//!   owner only once the old copy is gone, so a move racing with it either copied before
+//!   (the delete then removes the copy) or takes its copy back;
 //! - multi-gets: every key from its new owner; the misses that moved asked of their old
 //!   owners (one pipelined burst per server), moved, then read again per new owner.
 //!
-//! An old owner marked down is not asked: its keys are plain misses. One race is left: a
-//! read that moves a key while another client deletes it may copy it back after the
-//! delete (mg on the old owner, the delete on both, then the add). mcrouter's
-//! WarmUpRoute has the same window between its warm get and its cold add. Requests on a
+//! An old owner marked down is not asked: its keys are plain misses. Requests on a
 //! moved key take turns on it (`key_turns`): on one worker they run one after another, in
 //! the order they arrived, so pipelined requests on one key answer as memcached would. A
 //! read that finds the key on neither owner while some key was moved meanwhile reads its
@@ -158,15 +160,27 @@ pub(super) async fn send(
             pool::send_plain(routing, pool, job).await
         }
         Needs::Overwrite => {
-            let delete = (!old_server.health.is_down()).then(|| {
+            let mut delete = (!old_server.health.is_down()).then(|| {
                 old_server
                     .pick(job.slot)
                     .send(delete_line(&job.key), ReplyKind::Line)
             });
+            // A delete reaches the new owner only once the old copy is gone: a read moving
+            // the key meanwhile then either copies it before (and this delete removes the
+            // copy) or finds the old item gone when it deletes it (and takes its copy
+            // back, `settle`). A set needs no such order: it overwrites a copy.
+            let mut answer_old = None;
+            if matches!(job.command, Command::Delete | Command::MetaDelete) {
+                if let Some(receiver) = delete.take() {
+                    answer_old = Some(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
+                }
+            }
             let reply = pool::send_plain(routing, pool, job).await;
-            let deleted_old = match delete {
-                Some(receiver) => {
-                    let answer = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+            if let Some(receiver) = delete {
+                answer_old = Some(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
+            }
+            let deleted_old = match answer_old {
+                Some(answer) => {
                     if answer.is_err() {
                         stats.errors.fetch_add(1, Relaxed);
                     }
@@ -238,7 +252,15 @@ fn delete_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
 }
 
 fn lookup_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
-    (Bytes::from(meta_command(b"mg", key, b" v f t")), None)
+    (Bytes::from(meta_command(b"mg", key, b" v f t c")), None)
+}
+
+/// `md KEY C<cas>`: deletes the item only if it is still the one with that CAS.
+fn delete_if_line(key: &[u8], cas: u64) -> (Bytes, Option<Bytes>) {
+    (
+        Bytes::from(meta_command(b"md", key, format!(" C{cas}").as_bytes())),
+        None,
+    )
 }
 
 /// An item as the old owner holds it.
@@ -248,6 +270,9 @@ struct Item {
     flags: u64,
     /// Seconds it has left; 0: it never expires.
     ttl: u64,
+    /// Its CAS on the old owner: the copy stands only if the old item is still this one
+    /// when it is deleted there.
+    cas: u64,
 }
 
 /// The item in an `mg KEY v f t` reply (`VA <len> f<flags> t<ttl>`); `None` for a miss,
@@ -260,10 +285,11 @@ fn parse_item(reply: &Bytes) -> Option<Item> {
         return None;
     }
     let length: usize = tokens.next()?.parse().ok()?;
-    let (mut flags, mut ttl) = (0, 0);
+    let (mut flags, mut ttl, mut cas) = (0, 0, 0);
     for token in tokens {
         match token.split_at_checked(1)? {
             ("f", value) => flags = value.parse().ok()?,
+            ("c", value) => cas = value.parse().ok()?,
             ("t", "-1") => ttl = 0,
             ("t", value) => {
                 ttl = value.parse().ok()?;
@@ -280,14 +306,19 @@ fn parse_item(reply: &Bytes) -> Option<Item> {
         return None;
     }
     let data = reply.slice(start..end);
-    Some(Item { data, flags, ttl })
+    Some(Item {
+        data,
+        flags,
+        ttl,
+        cas,
+    })
 }
 
 /// `ms KEY <len> [b] F<flags> T<ttl> ME` and the data: stored only if the new owner has
 /// no value for the key.
 fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
     let rest = format!(
-        " {} F{} T{} ME",
+        " {} F{} T{} ME c",
         item.data.len(),
         item.flags,
         exptime(item.ttl, unix_now())
@@ -357,7 +388,8 @@ async fn move_key(
     copy(old, new, key, &item, slot, stats).await
 }
 
-/// Adds `item` to `new` and deletes it from `old`; true when the new owner has a value.
+/// Adds `item` to `new` and deletes it from `old` (`settle`); true when the add was
+/// answered (the new owner holds what a read of it should find).
 async fn copy(
     old: &ServerConnections,
     new: &ServerConnections,
@@ -371,37 +403,92 @@ async fn copy(
         .send(add_line(key, item), ReplyKind::Line)
         .await
         .unwrap_or_else(|_| Err(connection_gone()));
-    let there = judge_add(&added, stats);
-    if there {
-        forget(old, key, slot, stats).await;
+    let added = judge_add(&added, stats);
+    if added == Added::Failed {
+        return false;
     }
-    there
-}
-
-/// Whether the new owner has a value for a key after the copy's add answered `added`
-/// (stored, or a value written meanwhile, which wins), counting a copy or an error.
-fn judge_add(added: &Reply, stats: &ResizeStats) -> bool {
-    match added {
-        Ok(line) if line.starts_with(b"HD") => {
-            stats.keys_moved.fetch_add(1, Relaxed);
-            true
-        }
-        Ok(line) if line.starts_with(b"NS") => true,
-        _ => {
-            stats.errors.fetch_add(1, Relaxed);
-            false
-        }
-    }
-}
-
-/// Deletes `key` from its old owner once the new owner has it.
-async fn forget(old: &ServerConnections, key: &[u8], slot: usize, stats: &ResizeStats) {
-    let deleted = old
+    let forgot = old
         .pick(slot)
-        .send(delete_line(key), ReplyKind::Line)
+        .send(delete_if_line(key, item.cas), ReplyKind::Line)
         .await
         .unwrap_or_else(|_| Err(connection_gone()));
-    if deleted.is_err() {
+    if let Some(take_back) = settle(added, &forgot, key, stats) {
+        let taken = new
+            .pick(slot)
+            .send(take_back, ReplyKind::Line)
+            .await
+            .unwrap_or_else(|_| Err(connection_gone()));
+        judge_take_back(&taken, stats);
+    }
+    true
+}
+
+/// What the new owner answered a copy's add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Added {
+    /// Stored, with this CAS.
+    Copied(u64),
+    /// It had a value (written meanwhile, which wins).
+    Present,
+    Failed,
+}
+
+/// Judges the add's answer, counting an error.
+fn judge_add(added: &Reply, stats: &ResizeStats) -> Added {
+    match added {
+        Ok(line) if line.starts_with(b"HD") => Added::Copied(reply_cas(line)),
+        Ok(line) if line.starts_with(b"NS") => Added::Present,
+        _ => {
+            stats.errors.fetch_add(1, Relaxed);
+            Added::Failed
+        }
+    }
+}
+
+/// The `c<cas>` of a meta reply line; 0 when it has none.
+fn reply_cas(line: &[u8]) -> u64 {
+    let line_end = line
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(line.len());
+    line[..line_end]
+        .split(|&b| b == b' ')
+        .find_map(|token| match token {
+            [b'c', digits @ ..] => std::str::from_utf8(digits).ok()?.parse().ok(),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Judges the old owner's answer to deleting the item that was copied (`md KEY C<cas>`,
+/// `forgot`), counting a moved key or an error. The copy stands only if that delete found
+/// the very item copied: otherwise a delete (or a write) reached the old owner between the
+/// look and this delete, and the client that sent it must not see the copy, so it is taken
+/// back from the new owner (the returned `md KEY C<copy's cas>`, which spares a value
+/// written there since).
+fn settle(
+    added: Added,
+    forgot: &Reply,
+    key: &[u8],
+    stats: &ResizeStats,
+) -> Option<(Bytes, Option<Bytes>)> {
+    let gone = matches!(forgot, Ok(line) if line.starts_with(b"HD"));
+    if forgot.is_err() {
+        stats.errors.fetch_add(1, Relaxed);
+    }
+    match (added, gone) {
+        (Added::Copied(_), true) => {
+            stats.keys_moved.fetch_add(1, Relaxed);
+            None
+        }
+        (Added::Copied(cas), false) => Some(delete_if_line(key, cas)),
+        _ => None,
+    }
+}
+
+/// Counts an error when taking a copy back failed.
+fn judge_take_back(taken: &Reply, stats: &ResizeStats) {
+    if taken.is_err() {
         stats.errors.fetch_add(1, Relaxed);
     }
 }
@@ -474,7 +561,8 @@ pub(super) async fn run_multi(
     if found.is_empty() {
         return KeyReplies::Keys(replies);
     }
-    // Every copy sent before any is awaited, then every delete of what was copied.
+    // Every copy sent before any is awaited, then every delete of what was copied, then
+    // every take-back of a copy whose old item had changed (`settle`).
     let adds: Vec<_> = found
         .iter()
         .map(|(position, _, new, item)| {
@@ -484,32 +572,43 @@ pub(super) async fn run_multi(
                 .send(add_line(key, item), ReplyKind::Line)
         })
         .collect();
-    let mut copied = Vec::with_capacity(adds.len());
+    let mut added = Vec::with_capacity(adds.len());
     for add in adds {
-        let added = add.await.unwrap_or_else(|_| Err(connection_gone()));
-        copied.push(judge_add(&added, stats));
+        let answer = add.await.unwrap_or_else(|_| Err(connection_gone()));
+        added.push(judge_add(&answer, stats));
     }
     let deletes: Vec<_> = found
         .iter()
-        .zip(&copied)
-        .filter(|(_, there)| **there)
-        .map(|((position, old, ..), _)| {
+        .zip(&added)
+        .filter(|(_, added)| **added != Added::Failed)
+        .map(|((position, old, new, item), added)| {
             let key = &job.keys[keys[*position] as usize];
-            previous.servers[*old]
+            let receiver = previous.servers[*old]
                 .pick(job.slot)
-                .send(delete_line(key), ReplyKind::Line)
+                .send(delete_if_line(key, item.cas), ReplyKind::Line);
+            (key, *new, *added, receiver)
         })
         .collect();
-    for delete in deletes {
-        if !matches!(delete.await, Ok(Ok(_))) {
-            stats.errors.fetch_add(1, Relaxed);
+    let mut take_backs = Vec::new();
+    for (key, new, added, receiver) in deletes {
+        let forgot = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+        if let Some(take_back) = settle(added, &forgot, key, stats) {
+            take_backs.push(
+                routing.pools[pool].servers[new]
+                    .pick(job.slot)
+                    .send(take_back, ReplyKind::Line),
+            );
         }
+    }
+    for receiver in take_backs {
+        let taken = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+        judge_take_back(&taken, stats);
     }
     // The moved keys read again from their new owners, batched per server.
     let again: Vec<(usize, u32)> = found
         .iter()
-        .zip(copied)
-        .filter(|(_, there)| *there)
+        .zip(added)
+        .filter(|(_, added)| *added != Added::Failed)
         .map(|((position, ..), _)| (*position, keys[*position]))
         .collect();
     if again.is_empty() {
@@ -531,10 +630,10 @@ mod tests {
 
     #[test]
     fn an_item_is_parsed_with_its_flags_and_time_left() {
-        let reply = Bytes::from_static(b"VA 5 f7 t120\r\nhello\r\n");
+        let reply = Bytes::from_static(b"VA 5 f7 t120 c99\r\nhello\r\n");
         let item = parse_item(&reply).expect("item");
         assert_eq!(&item.data[..], b"hello");
-        assert_eq!((item.flags, item.ttl), (7, 120));
+        assert_eq!((item.flags, item.ttl, item.cas), (7, 120, 99));
         let forever = Bytes::from_static(b"VA 2 f0 t-1\r\nhi\r\n");
         assert_eq!(parse_item(&forever).map(|i| i.ttl), Some(0));
         assert!(parse_item(&Bytes::from_static(b"EN\r\n")).is_none());
@@ -548,14 +647,38 @@ mod tests {
             data: Bytes::from_static(b"hello"),
             flags: 3,
             ttl: 0,
+            cas: 1,
         };
         let (line, data) = add_line(b"k", &item);
-        assert_eq!(&line[..], b"ms k 5 F3 T0 ME\r\n");
+        assert_eq!(&line[..], b"ms k 5 F3 T0 ME c\r\n");
         assert_eq!(data.as_deref(), Some(&b"hello\r\n"[..]));
         let (line, _) = add_line(b"a b", &item);
-        assert_eq!(&line[..], b"ms YSBi 5 F3 T0 ME b\r\n");
+        assert_eq!(&line[..], b"ms YSBi 5 F3 T0 ME c b\r\n");
         assert_eq!(&delete_line(b"k").0[..], b"md k\r\n");
-        assert_eq!(&lookup_line(b"a b").0[..], b"mg YSBi b v f t\r\n");
+        assert_eq!(&delete_if_line(b"k", 12).0[..], b"md k C12\r\n");
+        assert_eq!(&lookup_line(b"a b").0[..], b"mg YSBi b v f t c\r\n");
+    }
+
+    #[test]
+    fn a_copy_stands_only_if_the_old_item_copied_was_still_there() {
+        let stats = ResizeStats::default();
+        let hd = |line: &'static [u8]| -> Reply { Ok(Bytes::from_static(line)) };
+        assert_eq!(judge_add(&hd(b"HD c41\r\n"), &stats), Added::Copied(41));
+        assert_eq!(judge_add(&hd(b"NS c0\r\n"), &stats), Added::Present);
+        // The old item deleted there: the copy is taken back (unless rewritten since).
+        let take_back = settle(Added::Copied(41), &hd(b"NF\r\n"), b"k", &stats);
+        assert_eq!(
+            take_back.map(|line| line.0),
+            Some(Bytes::from_static(b"md k C41\r\n"))
+        );
+        assert!(settle(Added::Copied(41), &hd(b"EX\r\n"), b"k", &stats).is_some());
+        assert!(settle(Added::Copied(41), &Err(connection_gone()), b"k", &stats).is_some());
+        assert_eq!(stats.keys_moved.load(Relaxed), 0);
+        // Deleted there as it was copied: moved.
+        assert!(settle(Added::Copied(41), &hd(b"HD\r\n"), b"k", &stats).is_none());
+        assert_eq!(stats.keys_moved.load(Relaxed), 1);
+        // A value written on the new owner meanwhile is never taken back.
+        assert!(settle(Added::Present, &hd(b"NF\r\n"), b"k", &stats).is_none());
     }
 
     #[test]
