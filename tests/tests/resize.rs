@@ -689,10 +689,11 @@ fn a_moved_key_keeps_its_flags_and_its_time_left() {
     );
 }
 
-/// Keys read (and so moved) on some connections while other connections delete them, on
-/// two workers: once both are done, no deleted key has come back on either owner.
+/// Keys read (and so moved) on some connections while other connections delete or
+/// overwrite them, on two workers: once both are done, no deleted key has come back on
+/// either owner and every overwritten key reads its new value on its new owner only.
 #[test]
-fn a_key_deleted_while_another_client_moves_it_stays_deleted() {
+fn a_key_deleted_or_overwritten_while_another_client_moves_it_stays_so() {
     let servers = start_servers(5);
     let all = servers_of(&servers);
     let listen = format!("127.0.0.1:{}", free_port());
@@ -709,10 +710,12 @@ fn a_key_deleted_while_another_client_moves_it_stays_deleted() {
     });
     let moved = not_yet_moved(&all, &keys);
     assert!(moved.len() >= 1000, "only {} keys moved", moved.len());
+    // The moved keys with an even number deleted, the others overwritten.
+    let deleted = |key: &str| key.ends_with(['0', '2', '4', '6', '8']);
     std::thread::scope(|scope| {
         for chunk in moved.chunks(moved.len() / 4 + 1) {
             let mut reader = proxy.connect();
-            let mut deleter = proxy.connect();
+            let mut writer = proxy.connect();
             scope.spawn(move || {
                 for batch in chunk.chunks(20) {
                     let gets: String = batch.iter().map(|k| format!("get {k}\r\n")).collect();
@@ -724,23 +727,49 @@ fn a_key_deleted_while_another_client_moves_it_stays_deleted() {
             });
             scope.spawn(move || {
                 for batch in chunk.chunks(20) {
-                    let deletes: String = batch.iter().map(|k| format!("delete {k}\r\n")).collect();
-                    deleter.send(deletes.as_bytes());
-                    for _ in batch {
-                        deleter.read_line();
+                    let writes: String = batch
+                        .iter()
+                        .map(|k| match deleted(k) {
+                            true => format!("delete {k}\r\n"),
+                            false => {
+                                let value = value_of(k, 2);
+                                format!("set {k} 0 0 {}\r\n{value}\r\n", value.len())
+                            }
+                        })
+                        .collect();
+                    writer.send(writes.as_bytes());
+                    for key in batch {
+                        let reply = writer.read_line();
+                        let want: &[u8] = match deleted(key) {
+                            true => b"DELETED\r\n",
+                            false => b"STORED\r\n",
+                        };
+                        assert_eq!(reply, want, "{key}: {}", show(&reply));
                     }
                 }
             });
         }
     });
     let after = without_window(&all);
-    let back = read_all(&mut after.connect(), &moved);
+    let on_new = read_all(&mut after.connect(), &moved);
     let before = without_window(&all[..4]);
-    let still = read_all(&mut before.connect(), &moved);
+    let on_old = read_all(&mut before.connect(), &moved);
+    let back: Vec<&String> = moved
+        .iter()
+        .filter(|k| deleted(k) && on_new.contains_key(*k))
+        .collect();
+    let overwritten = moved
+        .iter()
+        .filter(|k| !deleted(k))
+        .filter(|k| on_new.get(*k).map(Vec::as_slice) == Some(value_of(k, 2).as_bytes()))
+        .count();
+    let live = moved.iter().filter(|k| !deleted(k)).count();
     assert!(
-        back.is_empty() && still.is_empty(),
-        "{} deleted keys back on their new owners, {} on their old owners",
+        back.is_empty() && on_old.is_empty() && overwritten == live,
+        "{} deleted keys back on their new owners (e.g. {:?}), {} keys left on their old \
+         owners, {overwritten} of {live} overwritten keys read their new value",
         back.len(),
-        still.len()
+        back.first(),
+        on_old.len()
     );
 }
