@@ -543,7 +543,7 @@ fn a_read_pipelined_behind_a_request_on_its_moved_key_sees_that_request() {
     c.set_many(&keys, |_| "10".to_string());
     resize_to(&proxy, &listen, &all, "10m");
     let moved = not_yet_moved(&all, &keys);
-    assert!(moved.len() >= 250, "only {} keys moved", moved.len());
+    assert!(moved.len() >= 300, "only {} keys moved", moved.len());
     let mut moved = moved.chunks(50);
     let mut next = || moved.next().expect("50 moved keys");
     for key in next() {
@@ -598,6 +598,23 @@ fn a_read_pipelined_behind_a_request_on_its_moved_key_sees_that_request() {
             Some(&b"10-b"[..]),
             "multi-get of {key} pipelined behind its append: {}",
             show(&reply)
+        );
+    }
+    // noreply writes: the read behind sees them too.
+    for key in next() {
+        c.send(format!("append {key} 0 0 2 noreply\r\n-c\r\nget {key}\r\n").as_bytes());
+        let reply = c.read_get_reply();
+        assert_eq!(
+            value_in(&reply).as_deref(),
+            Some(&b"10-c"[..]),
+            "get {key} pipelined behind its noreply append: {}",
+            show(&reply)
+        );
+        c.send(format!("delete {key} noreply\r\nget {key}\r\n").as_bytes());
+        assert_eq!(
+            c.read_get_reply(),
+            b"END\r\n",
+            "get {key} pipelined behind its noreply delete"
         );
     }
     // A multi-get naming a moved key twice answers it twice.
