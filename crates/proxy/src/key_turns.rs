@@ -9,17 +9,21 @@
 //! turn before it, so requests that take turns on several keys (multi-gets) cannot wait
 //! for each other in a circle. A turn given up without being waited for (its request
 //! dropped) passes to the next one.
-use std::cell::RefCell;
+//!
+//! Keys go by a 64-bit hash of theirs (nothing copied or allocated per request): two keys
+//! with the same hash share their turns, which orders them more than needed, never less.
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 use std::future::poll_fn;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::task::{Poll, Waker};
-
-use bytes::Bytes;
 
 /// The turns of the keys that have requests waiting or running, on one worker.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTurns {
-    keys: RefCell<HashMap<Bytes, Line>>,
+    keys: RefCell<HashMap<u64, Line>>,
+    /// The number the last request taking turns got (`request`).
+    requests: Cell<u64>,
 }
 
 /// One key's queue of turns.
@@ -33,34 +37,56 @@ struct Line {
     given_up: BTreeSet<u64>,
     /// The requests waiting for their turn.
     waiting: Vec<Waker>,
+    /// The request that took the last turn.
+    last_request: u64,
 }
 
 /// One request's turn on one key; ends (passes to the next) when dropped.
 #[derive(Debug)]
 pub(crate) struct Turn<'a> {
     turns: &'a KeyTurns,
-    key: Bytes,
+    key: u64,
     number: u64,
 }
 
 impl KeyTurns {
-    /// Takes the next turn on `key`.
-    pub(crate) fn take(&self, key: &Bytes) -> Turn<'_> {
+    /// A number for one request, which then takes its turns with it (`take`).
+    pub(crate) fn request(&self) -> u64 {
+        let number = self.requests.get() + 1;
+        self.requests.set(number);
+        number
+    }
+
+    /// Takes the next turn on `key` for request `request`; `None` when that request holds
+    /// one on it already (a key asked twice, or another with the same hash): it must not
+    /// wait for itself.
+    pub(crate) fn take(&self, key: &[u8], request: u64) -> Option<Turn<'_>> {
+        let key = hash(key);
         let mut keys = self.keys.borrow_mut();
-        let line = keys.entry(key.clone()).or_default();
+        let line = keys.entry(key).or_default();
+        if line.next > line.serving && line.last_request == request {
+            return None;
+        }
         let number = line.next;
         line.next += 1;
-        Turn {
+        line.last_request = request;
+        Some(Turn {
             turns: self,
-            key: key.clone(),
+            key,
             number,
-        }
+        })
     }
 
     #[cfg(test)]
     fn lines(&self) -> usize {
         self.keys.borrow().len()
     }
+}
+
+fn hash(key: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Turn<'_> {
@@ -122,10 +148,11 @@ mod tests {
     #[test]
     fn turns_on_one_key_come_in_the_order_taken() {
         let turns = KeyTurns::default();
-        let key = Bytes::from_static(b"k");
-        let first = turns.take(&key);
-        let second = turns.take(&key);
-        let other = turns.take(&Bytes::from_static(b"other"));
+        let key = b"k";
+        let take = |key: &[u8]| turns.take(key, turns.request()).expect("a turn");
+        let first = take(key);
+        let second = take(key);
+        let other = take(b"other");
         assert!(ready(first.come()));
         assert!(!ready(second.come()));
         assert!(ready(other.come()));
@@ -139,15 +166,30 @@ mod tests {
     #[test]
     fn a_turn_given_up_before_it_came_is_skipped() {
         let turns = KeyTurns::default();
-        let key = Bytes::from_static(b"k");
-        let first = turns.take(&key);
-        let second = turns.take(&key);
-        let third = turns.take(&key);
+        let key = b"k";
+        let take = |key: &[u8]| turns.take(key, turns.request()).expect("a turn");
+        let first = take(key);
+        let second = take(key);
+        let third = take(key);
         drop(second);
         assert!(!ready(third.come()));
         drop(first);
         assert!(ready(third.come()));
         drop(third);
+        assert_eq!(turns.lines(), 0);
+    }
+
+    #[test]
+    fn one_request_takes_one_turn_per_key() {
+        let turns = KeyTurns::default();
+        let earlier = turns.take(b"k", turns.request()).expect("a turn");
+        let request = turns.request();
+        let first = turns.take(b"k", request).expect("a turn");
+        assert!(turns.take(b"k", request).is_none());
+        assert!(!ready(first.come()));
+        drop(earlier);
+        assert!(ready(first.come()));
+        drop(first);
         assert_eq!(turns.lines(), 0);
     }
 }

@@ -30,7 +30,6 @@
 //! the order they arrived, so pipelined requests on one key answer as memcached would. A
 //! read that finds the key on neither owner while some key was moved meanwhile reads its
 //! new owner again: another worker's request may have moved this very key.
-use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -38,6 +37,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
 use memroute_protocol::{Command, ReplyKind};
 use memroute_routing::ReplyClass;
+use smallvec::SmallVec;
 
 use super::job::{class_of, Job, KeyReplies, KeyReply, MultiJob};
 use super::pool;
@@ -137,8 +137,10 @@ pub(super) async fn send(
     // Taken before the first await, so in the client's order: moving a key takes several
     // round trips, and a request pipelined behind this one on the same key must not reach
     // the new owner before this one is done.
-    let turn = previous.turns.take(&job.key);
-    turn.come().await;
+    let turn = previous.turns.take(&job.key, previous.turns.request());
+    if let Some(turn) = &turn {
+        turn.come().await;
+    }
     match needs {
         Needs::Nothing => pool::send_plain(routing, pool, job).await,
         Needs::Read => {
@@ -503,13 +505,13 @@ pub(super) async fn run_multi(
     keys: &[u32],
 ) -> KeyReplies {
     // A turn on every key whose owner changed, taken before the first await (see `send`);
-    // one per key (a key asked twice must not wait for this request's own turn).
-    let mut seen = HashSet::new();
-    let turns: Vec<_> = keys
+    // one per key (`take` gives none for a key asked twice).
+    let request = previous.turns.request();
+    let turns: SmallVec<[_; 8]> = keys
         .iter()
         .map(|&key| &job.keys[key as usize])
-        .filter(|key| moved_owner(routing, pool, previous, key) && seen.insert(*key))
-        .map(|key| previous.turns.take(key))
+        .filter(|key| moved_owner(routing, pool, previous, key))
+        .filter_map(|key| previous.turns.take(key, request))
         .collect();
     for turn in &turns {
         turn.come().await;
