@@ -75,6 +75,8 @@ pub enum Status {
     InvalidArguments = 0x04,
     NotStored = 0x05,
     DeltaBadValue = 0x06,
+    /// Not logged in (SASL), or a login refused.
+    AuthError = 0x20,
     UnknownCommand = 0x81,
     OutOfMemory = 0x82,
     /// No memcached reply: a backend failed (the body names it, as the text SERVER_ERROR does).
@@ -92,6 +94,7 @@ impl Status {
             Status::InvalidArguments => b"Invalid arguments",
             Status::NotStored => b"Not stored.",
             Status::DeltaBadValue => b"Non-numeric server-side value for incr or decr",
+            Status::AuthError => b"Auth failure.",
             Status::UnknownCommand => b"Unknown command",
             Status::OutOfMemory => b"Out of memory",
             Status::Internal => b"Internal error",

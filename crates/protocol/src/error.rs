@@ -33,4 +33,9 @@ impl ErrorReply {
 pub enum ProtocolError {
     #[error("malformed reply from server: {0}")]
     BadReply(&'static str),
+    /// An authfile (memcached's `user:password` lines) with a line that is not one.
+    #[error("line {line} is not `user:password`")]
+    AuthfileMalformed { line: usize },
+    #[error("holds no `user:password` line")]
+    AuthfileEmpty,
 }

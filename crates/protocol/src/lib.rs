@@ -14,6 +14,7 @@
 //! while scanning so a hostile client cannot make us buffer unbounded input.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod base64;
 pub mod binary;
 mod error;
