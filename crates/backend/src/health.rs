@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use memroute_net::Connector;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+use crate::hello::{Greeting, Refusal};
 
 /// How a pool's servers are judged and probed; built from the pool's config.
 #[derive(Debug, Clone, PartialEq)]
@@ -312,48 +313,20 @@ pub async fn run_prober(health: Arc<ServerHealth>, connector: Arc<Connector>) {
     }
 }
 
-/// A `VERSION ...` line is short; a peer sending more without a newline is not memcached.
-const MAX_PROBE_REPLY: usize = 1024;
-
-/// One probe: a fresh connection, `version`, and a `VERSION ` line back in time.
+/// One probe: a fresh connection greeted as every connection is (`version`, and the
+/// pool's login when memcached wants one), and a `VERSION ` line or a login taken back in
+/// time. Through the server's connector: a TLS server is probed over TLS (resuming the
+/// connections' session), so a certificate that no longer verifies keeps it down, and a
+/// login that memcached refuses keeps it down too.
 async fn probe(connector: &Connector, settings: &HealthSettings) -> Result<(), String> {
-    // Through the server's connector: a TLS server is probed over TLS (resuming the
-    // connections' session), so a certificate that no longer verifies keeps it down.
-    let mut stream = connector
-        .connect(settings.connect_timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    let exchange = async {
-        stream
-            .write_all(b"version\r\n")
-            .await
-            .map_err(|e| e.to_string())?;
-        stream.flush().await.map_err(|e| e.to_string())?;
-        let mut reply = Vec::with_capacity(64);
-        loop {
-            if let Some(end) = reply.iter().position(|&b| b == b'\n') {
-                return match reply[..end].starts_with(b"VERSION ") {
-                    true => Ok(()),
-                    false => Err(format!(
-                        "unexpected reply {:?}",
-                        String::from_utf8_lossy(&reply[..end]).trim_end()
-                    )),
-                };
-            }
-            if reply.len() > MAX_PROBE_REPLY {
-                return Err("reply too long".to_string());
-            }
-            let mut chunk = [0u8; 256];
-            match stream.read(&mut chunk).await {
-                Ok(0) => return Err("connection closed by server".to_string()),
-                Ok(n) => reply.extend_from_slice(&chunk[..n]),
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-    };
-    tokio::time::timeout(settings.timeout, exchange)
-        .await
-        .map_err(|_| "version timed out".to_string())?
+    let opened = crate::hello::open(connector, settings.connect_timeout, settings.timeout).await;
+    match opened {
+        Ok((_, Greeting::LoggedIn)) => Ok(()),
+        Ok((_, Greeting::Answered(line))) if line.starts_with("VERSION ") => Ok(()),
+        Ok((_, Greeting::Answered(line))) => Err(format!("unexpected reply {line:?}")),
+        Err(Refusal::Connect(error)) => Err(error.to_string()),
+        Err(Refusal::Login(reason) | Refusal::Exchange(reason)) => Err(reason),
+    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ mod connection;
 mod discovery;
 mod error;
 mod health;
+mod hello;
 mod reply;
 
 pub use connection::{

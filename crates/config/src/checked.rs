@@ -33,7 +33,13 @@ impl Config {
             resolve(&mut tls.key);
             tls.client_ca.iter_mut().for_each(resolve);
         }
+        for auth in self.proxy.listen_auth.values_mut() {
+            resolve(&mut auth.authfile);
+        }
         for pool in self.pools.values_mut() {
+            if let Some(Password::File(path)) = pool.auth.as_mut().map(|a| &mut a.password) {
+                resolve(path);
+            }
             if let Some(tls) = pool.tls.as_mut() {
                 tls.ca.iter_mut().for_each(resolve);
                 tls.cert.iter_mut().for_each(resolve);
@@ -192,6 +198,9 @@ pub struct ProxyConfig {
     /// The zone this proxy runs in: `proxy.zone`, else [`ZONE_VARIABLE`] once
     /// [`Config::resolve_zone`] has looked (parsing alone never reads the environment).
     pub zone: Option<ProxyZone>,
+    /// The listeners whose clients must log in (`{ address, auth = { authfile } }`), by
+    /// address; the others take every client, as memcached without `-Y` does.
+    pub listen_auth: BTreeMap<ListenAddress, ListenerAuth>,
 }
 
 impl ProxyConfig {
@@ -336,6 +345,9 @@ pub struct PoolConfig {
     /// The zone (availability zone, rack) the pool's servers run in: a replicated route
     /// reading `nearest` reads from the child in the proxy's own zone first.
     pub zone: Option<String>,
+    /// The login the pool's servers want (`None`: none; a server that wants one is then
+    /// marked down, never used).
+    pub auth: Option<BackendAuth>,
 }
 
 impl PoolConfig {
@@ -358,6 +370,7 @@ impl PoolConfig {
             tls: None,
             resize_window: Duration::from_millis(defaults::RESIZE_WINDOW_MS),
             zone: None,
+            auth: None,
         }
     }
 }
@@ -441,6 +454,45 @@ pub struct ListenerTls {
     pub client_ca: Option<PathBuf>,
     /// Where this table is in the config (`proxy.listen[1].tls`), for error messages.
     pub key_path: String,
+}
+
+/// `auth = { authfile }` on a listen entry: its clients log in as memcached's `-Y` (text)
+/// and `-S` (binary SASL PLAIN) clients do, against memcached's authfile format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerAuth {
+    /// `user:password` lines, read at start and on every reload.
+    pub authfile: PathBuf,
+    /// Where the setting is in the config (`proxy.listen[0].auth.authfile`).
+    pub key_path: String,
+}
+
+/// `[pools.X] auth = { username, password | password_file }`: the login memroute gives
+/// each of the pool's servers (memcached `-Y`) on every connection it opens, before any
+/// request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendAuth {
+    pub username: String,
+    pub password: Password,
+    /// Where this table is in the config (`pools.main.auth`), for error messages.
+    pub key_path: String,
+}
+
+/// A secret: written in the config, or the path of a file that holds it (read at start and
+/// on every reload; a Kubernetes Secret mounted as a file).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Password {
+    Inline(String),
+    File(PathBuf),
+}
+
+/// The secret itself is never printed (logs, `--check`, panics).
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Password::Inline(_) => f.write_str("Inline(<redacted>)"),
+            Password::File(path) => f.debug_tuple("File").field(path).finish(),
+        }
+    }
 }
 
 /// `[pools.X] tls = { ca, server_name, cert, key, insecure_skip_verify }`.

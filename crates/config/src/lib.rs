@@ -15,10 +15,12 @@
 //!    |                                              |                          getters, Errors)
 //!    '--------------------------------------------->+--> checked (the validated types)
 //!                                                              '--> defaults
+//!   raw --> auth (pool logins, listener authfiles) --> walk, checked
 //!   spec (Config -> routing's spec) --> checked        import/ --> raw, parse()
 //! ```
 #![forbid(unsafe_code)]
 
+mod auth;
 mod checked;
 pub mod defaults;
 mod error;
@@ -33,6 +35,7 @@ pub use import::twemproxy;
 
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};
+pub use auth::login_word_problem;
 pub use redact::redacted;
 
 /// Parses and validates a config from TOML text.

@@ -81,6 +81,7 @@ const POOL_KEYS: &[&str] = &[
     "probe_interval_max",
     "tls",
     "zone",
+    "auth",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
 const DNS_KEYS: &[&str] = &["dns", "srv", "refresh"];
@@ -448,6 +449,7 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
 
     let mut listen = Vec::new();
     let mut listen_routes = BTreeMap::new();
+    let mut listen_auth = BTreeMap::new();
     let mut route_paths = Vec::new();
     match t.get("listen") {
         None => listen.push(ListenAddress::Tcp(defaults::LISTEN.to_string())),
@@ -476,6 +478,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
                         if let Some(route) = route {
                             route_paths.push((join(&p, "route"), route.to_string()));
                         }
+                        let auth = entry
+                            .get("auth")
+                            .and_then(|v| crate::auth::check_listener_auth(v, &join(&p, "auth"), errs));
                         let Some((s, tls)) = crate::transport::check_listen_entry(entry, &p, errs)
                         else {
                             continue;
@@ -490,10 +495,13 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
                             if let Some(route) = route {
                                 listen_routes.insert(a.clone(), route.to_string());
                             }
+                            if let Some(auth) = auth {
+                                listen_auth.insert(a.clone(), auth);
+                            }
                             listen.push(a);
                         }
                     }
-                    other => wrong_type(errs, &p, "a string or { address, tls }", other),
+                    other => wrong_type(errs, &p, "a string or { address, route, tls, auth }", other),
                 }
             }
         }
@@ -607,6 +615,7 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
         zone,
         listen,
         listen_routes,
+        listen_auth,
         workers,
         io,
         backlog,
@@ -902,10 +911,14 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         .get("tls")
         .and_then(|v| crate::transport::check_backend_tls(v, &join(path, "tls"), errs));
     let zone = check_zone(t, path, errs);
+    let auth = t
+        .get("auth")
+        .and_then(|v| crate::auth::check_backend_auth(v, &join(path, "auth"), errs));
 
     (errs.0.len() == before).then_some(PoolConfig {
         tls,
         zone,
+        auth,
         placement: PoolSpec {
             servers,
             distribution,

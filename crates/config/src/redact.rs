@@ -1,7 +1,7 @@
 //! The config as the admin endpoint shows it: the operator's TOML with the value of every
-//! secret key replaced. No key holds a secret today; the rule is here so that one added
-//! later (a SASL password, a token) is never served by `GET /config`. TLS file paths are not
-//! secrets and are shown.
+//! secret key replaced (`admin.token`, a pool's `auth.password`), by a rule on key names so
+//! that one added later is never served by `GET /config` either. File paths
+//! (`password_file`, TLS keys, an authfile) are not secrets and are shown.
 use toml::Value;
 
 /// What a secret's value is replaced with.

@@ -21,8 +21,26 @@ pub struct Connector {
     address: Arc<str>,
     tls: Option<ClientTls>,
     fastopen: bool,
+    /// Who to log in as once connected (memcached's ASCII auth). Carried here, beside the
+    /// TLS client certificate, because it belongs to reaching the server and is shared by
+    /// every worker's connections and the prober alike; memroute-backend speaks it.
+    login: Option<BackendLogin>,
     /// Handshakes made to this server (full vs resumed), by every worker.
     pub counters: TlsCounters,
+}
+
+/// A user name and password for a memcached started with `-Y`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BackendLogin {
+    pub username: String,
+    pub password: String,
+}
+
+/// The password is never printed.
+impl std::fmt::Debug for BackendLogin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BackendLogin({}, <redacted>)", self.username)
+    }
 }
 
 impl Connector {
@@ -40,6 +58,7 @@ impl Connector {
             address: Arc::from(address),
             tls,
             fastopen: fastopen && fastopen_connect_allowed(),
+            login: None,
             counters: TlsCounters::default(),
         })
     }
@@ -50,8 +69,20 @@ impl Connector {
             address: Arc::from(address),
             tls: None,
             fastopen: false,
+            login: None,
             counters: TlsCounters::default(),
         }
+    }
+
+    /// This connector, logging in as `login` once connected.
+    pub fn with_login(mut self, login: Option<BackendLogin>) -> Connector {
+        self.login = login;
+        self
+    }
+
+    /// Who to log in as once connected, if anyone.
+    pub fn login(&self) -> Option<&BackendLogin> {
+        self.login.as_ref()
     }
 
     pub fn address(&self) -> &Arc<str> {

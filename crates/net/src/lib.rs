@@ -22,7 +22,7 @@ mod stream;
 mod tls;
 pub mod uring;
 
-pub use connector::Connector;
+pub use connector::{BackendLogin, Connector};
 pub use error::NetError;
 pub use listener::{bind, effective_backlog, BoundListener, Incoming, ListenOptions, Listener};
 pub use stream::{ReadHalf, Stream, WriteHalf};

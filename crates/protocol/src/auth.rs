@@ -16,14 +16,11 @@
 
 use crate::ProtocolError;
 
-/// The shortest line memcached reads on a connection that has not logged in; a shorter
-/// one closes the connection (proto_text.c `MIN_AUTH_REQ_LEN`).
-const MIN_LOGIN_LINE: usize = 6;
 /// Bytes without a newline after which memcached gives up on an unauthenticated
 /// connection and closes it.
 const MAX_LOGIN_LINE: usize = 2048;
 /// The longest `user password` token memroute reads from a client that has not logged in
-/// (memcached's `MAX_AUTH_REQ_LEN`, from 1.6.22 on).
+/// (memcached's `MAX_AUTH_REQ_LEN`, from 1.6.42 on).
 pub const MAX_LOGIN_TOKEN: usize = 16384;
 
 /// The reply memcached gives a connection that has not logged in to anything but a login.

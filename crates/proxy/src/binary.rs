@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::fmt::Write as _;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use memroute_protocol::auth::{sasl_plain, SASL_AUTHENTICATED, SASL_MECHANISMS};
 use memroute_protocol::binary::{
     encode_base64, encode_error, encode_response, is_storage, opcode as op, parse_binary,
     BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN, REQUEST_MAGIC,
@@ -107,6 +108,9 @@ enum Shape {
     Local(Frame, Status),
     /// memroute's own `version` answer.
     Version(Frame),
+    /// A success memroute gives itself, with this body (SASL's mechanisms, and its
+    /// "Authenticated").
+    Body(Frame, &'static [u8]),
     /// A backend reply, to render as binary.
     Translated(Translated),
 }
@@ -264,6 +268,10 @@ impl Translator {
             Shape::Version(frame) => {
                 let version = crate::version::MEMCACHED_COMPAT_VERSION.as_bytes();
                 frame.respond(out, Status::Success, 0, &[], &[], version);
+                Flow::Continue
+            }
+            Shape::Body(frame, body) => {
+                frame.respond(out, Status::Success, 0, &[], &[], body);
                 Flow::Continue
             }
             Shape::Translated(Translated::Get(frame)) => {
@@ -429,6 +437,11 @@ impl Translator {
         input: &mut BytesMut,
         pending: &mut VecDeque<Pending>,
     ) -> Framed {
+        if at.login.wants_login() {
+            if let Some(answered) = self.login(at, &request, pending) {
+                return answered;
+            }
+        }
         if let Some(refused) = self.refuse(at, &request, pending) {
             return refused;
         }
@@ -440,6 +453,55 @@ impl Translator {
             return self.answer_locally(at, request, pending);
         };
         self.send(at, shape, pending)
+    }
+
+    /// On a listener that wants a login, as memcached started with `-S` answers: SASL's
+    /// PLAIN login (the only mechanism offered), and `Auth failure.` for anything but
+    /// VERSION before a login, after which the connection closes. `None` for a request to
+    /// go on as usual.
+    fn login(
+        &mut self,
+        at: &Inbound<'_>,
+        request: &BinaryRequest,
+        pending: &mut VecDeque<Pending>,
+    ) -> Option<Framed> {
+        let frame = Frame::of(request);
+        match request.opcode {
+            op::SASL_LIST_MECHS => {
+                self.push(
+                    pending,
+                    Pending::Ready(Bytes::new()),
+                    Shape::Body(frame, SASL_MECHANISMS),
+                );
+            }
+            op::SASL_AUTH => {
+                let accepted = match (&request.key[..], sasl_plain(&request.value)) {
+                    (b"PLAIN", Some((user, password))) => at.login.attempt(at, user, password),
+                    _ => {
+                        let peer = (at.peer)();
+                        client_log::count(at.context, &peer, ClientEvent::AuthCommand);
+                        client_log::count(at.context, &peer, ClientEvent::AuthError);
+                        false
+                    }
+                };
+                match accepted {
+                    true => self.push(
+                        pending,
+                        Pending::Ready(Bytes::new()),
+                        Shape::Body(frame, SASL_AUTHENTICATED),
+                    ),
+                    false => self.answer(pending, frame, Status::AuthError),
+                }
+            }
+            // PLAIN takes one step: a step memcached's SASL never started fails.
+            op::SASL_STEP => self.answer(pending, frame, Status::AuthError),
+            _ if at.login.open() || request.opcode == op::VERSION => return None,
+            _ => {
+                self.answer(pending, frame, Status::AuthError);
+                return Some(self.close(pending));
+            }
+        }
+        Some(Framed::Next)
     }
 
     /// Answers a request that breaks memcached's rules for its opcode and closes, as

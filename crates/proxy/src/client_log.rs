@@ -53,6 +53,8 @@ pub(crate) struct ListenerEvents {
     oversized_values: prometheus::IntCounter,
     framing_closes: prometheus::IntCounter,
     binary_connections: prometheus::IntCounter,
+    auth_cmds: prometheus::IntCounter,
+    auth_errors: prometheus::IntCounter,
     pub open_connections: prometheus::IntGauge,
 }
 
@@ -68,6 +70,8 @@ impl ListenerEvents {
             oversized_values: metrics.listener_event(listener, "oversized_value"),
             framing_closes: metrics.listener_event(listener, "framing_close"),
             binary_connections: metrics.listener_event(listener, "binary_connection"),
+            auth_cmds: metrics.listener_event(listener, "auth_command"),
+            auth_errors: metrics.listener_event(listener, "auth_error"),
             open_connections: metrics.listener_connections(listener),
         }
     }
@@ -84,6 +88,10 @@ pub(crate) enum ClientEvent {
     FramingClose,
     /// A connection that speaks the binary protocol.
     BinaryConnection,
+    /// A login tried on a listener that wants one (memcached's `auth_cmds`).
+    AuthCommand,
+    /// A login refused: a user or password the authfile does not hold (`auth_errors`).
+    AuthError,
 }
 
 /// Counts `event` for the process (the worker's cells) and for the peer's listener.
@@ -109,6 +117,8 @@ pub(crate) fn count_for(
             &stats.binary_connections,
             listener.map(|l| &l.binary_connections),
         ),
+        ClientEvent::AuthCommand => (&stats.auth_cmds, listener.map(|l| &l.auth_cmds)),
+        ClientEvent::AuthError => (&stats.auth_errors, listener.map(|l| &l.auth_errors)),
     };
     crate::stats::WorkerMetrics::add(cell, 1);
     if let Some(counter) = listener {
@@ -121,6 +131,15 @@ pub(crate) fn protocol_error(peer: &Peer, protocol: &str, what: &str) {
     if admit() {
         let peer = peer.address.as_str();
         tracing::warn!(peer, protocol, error = what, "client protocol error");
+    }
+}
+
+/// A login refused: who tried, never the password.
+pub(crate) fn login_refused(peer: &Peer, user: &[u8]) {
+    if admit() {
+        let peer = peer.address.as_str();
+        let user = String::from_utf8_lossy(user);
+        tracing::warn!(peer, %user, "client login refused");
     }
 }
 

@@ -131,6 +131,8 @@ impl Controller {
             route_stats: Vec::new(),
             shadow_stats: Vec::new(),
             windows: Vec::new(),
+            // Never looser than the config: a client served by this generation logs in.
+            client_logins: crate::credentials::listener_authfiles(&config)?,
             applied: std::sync::mpsc::channel().0,
         });
         let (generation, receiver) = watch::channel(placeholder);
@@ -172,6 +174,9 @@ impl Controller {
         known: &mut Known,
         config: Config,
     ) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
+        // Read first: an authfile that cannot be used fails the reload before anything
+        // changes.
+        let client_logins = crate::credentials::listener_authfiles(&config)?;
         let effective = with_discovered_servers(&mut known.discovered, &config);
         let routes = Arc::new(RouteTable::build(&effective.routing_spec())?);
         let effective = Arc::new(effective);
@@ -210,6 +215,7 @@ impl Controller {
             route_stats,
             shadow_stats,
             windows,
+            client_logins,
             applied,
         });
         *lock(&self.base) = Arc::new(config);

@@ -15,4 +15,7 @@ pub enum ProxyError {
     Routing(#[from] memroute_routing::RoutingError),
     #[error("cannot start a worker thread: {0}")]
     Thread(std::io::Error),
+    /// A pool's password file or a listener's authfile that cannot be read or used.
+    #[error("{setting}: {reason}")]
+    Auth { setting: String, reason: String },
 }

@@ -18,6 +18,7 @@ use std::rc::Rc;
 use bytes::{Bytes, BytesMut};
 use memroute_protocol::{parse_request, Parse};
 
+use crate::client_auth::LoginGate;
 use crate::client_log::Peer;
 use crate::context::WorkerContext;
 use crate::dispatch::{dispatch, Origin};
@@ -32,6 +33,8 @@ pub(crate) struct Inbound<'a> {
     pub origin: Origin,
     /// The client as log lines name it; asked only when a line is written or counted.
     pub peer: &'a dyn Fn() -> Peer,
+    /// Whether this client may send requests yet (its listener's login).
+    pub login: &'a LoginGate<'a>,
 }
 
 /// What framing one request came to.
@@ -63,6 +66,9 @@ pub(crate) fn text(
     swallow: &mut usize,
     pending: &mut VecDeque<Pending>,
 ) -> Framed {
+    if !at.login.open() {
+        return crate::client_auth::text(at, input, pending);
+    }
     match parse_request(input, &at.routing.limits) {
         Parse::Request(request) => {
             dispatch(at.context, at.routing, at.origin, request, pending).into()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use memroute_backend::ServerHealth;
 use memroute_config::Config;
 use memroute_net::Connector;
+use memroute_protocol::auth::Authfile;
 use memroute_routing::RouteTable;
 
 use crate::counters::{RouteStats, ServerStatsTable, ShadowStats};
@@ -33,6 +34,9 @@ pub(crate) struct Generation {
     /// Per pool id: the placement the pool had before its server list changed, while its
     /// resize window runs.
     pub windows: Vec<Option<Arc<crate::resize_window::Window>>>,
+    /// Per entry of `proxy.listen`: the authfile its clients log in against (read when
+    /// this generation was built), or `None` when they need no login.
+    pub client_logins: Vec<Option<Arc<Authfile>>>,
     /// Each worker sends its index once it serves new requests with this generation.
     pub applied: std::sync::mpsc::Sender<usize>,
 }

@@ -44,6 +44,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::binary::Translator;
 use crate::budget::{Charge, ChargeMemory};
 use crate::buffers::{self, QueuePool, CHUNK};
+use crate::client_auth::LoginGate;
 use crate::client_log::{ClientEvent, Peer};
 use crate::context::WorkerContext;
 use crate::dispatch::Origin;
@@ -155,6 +156,7 @@ pub(crate) fn run<C: ClientConnection>(
         slot,
         memory: ChargeMemory::default(),
         protocol: Protocol::Text,
+        logged_in: false,
         start: busy::<C>,
         state: State::Accepted(connection),
     }
@@ -171,6 +173,8 @@ struct Session<C: ClientConnection, M, B> {
     memory: ChargeMemory,
     /// Chosen from the first byte; until then `Text`.
     protocol: Protocol,
+    /// Whether the client has logged in (kept while idle; see `client_auth`).
+    logged_in: bool,
     /// `busy::<C>`: a function item, so no bytes; it names the busy future's type `B`.
     start: M,
     state: State<C, B>,
@@ -194,8 +198,9 @@ enum State<C: ClientConnection, B> {
 
 /// What a busy spell ended with.
 enum Outcome<S> {
-    /// Nothing in flight, nothing buffered: the session waits idle for its next bytes.
-    Idle(S, ChargeMemory),
+    /// Nothing in flight, nothing buffered: the session waits idle for its next bytes
+    /// (with what the budget learnt, and whether the client has logged in).
+    Idle(S, ChargeMemory, bool),
     /// The connection is over.
     Closed,
 }
@@ -210,6 +215,7 @@ struct BusyStart<S> {
     slot: usize,
     memory: ChargeMemory,
     protocol: Protocol,
+    logged_in: bool,
 }
 
 /// The protocol a connection speaks: chosen from its first byte, kept while idle.
@@ -339,6 +345,7 @@ where
                         slot: this.slot,
                         memory: this.memory,
                         protocol: this.protocol,
+                        logged_in: this.logged_in,
                     })));
                 }
                 State::Busy(home) => {
@@ -352,8 +359,9 @@ where
                     if let State::Busy(home) = std::mem::replace(&mut this.state, State::Done) {
                         buffers::end_busy(home);
                     }
-                    if let Outcome::Idle(stream, memory) = outcome {
+                    if let Outcome::Idle(stream, memory, logged_in) = outcome {
                         this.memory = memory;
+                        this.logged_in = logged_in;
                         this.state = State::Idle(stream);
                     }
                 }
@@ -377,6 +385,7 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         slot,
         memory,
         protocol,
+        mut logged_in,
     } = start;
     let context = &*context;
     let origin = Origin {
@@ -412,11 +421,13 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             address: C::describe(&stream),
             listener: listener.clone(),
         };
+        let login = LoginGate::new(routing.login_of(origin.listener), logged_in);
         let at = Inbound {
             context,
             routing: &routing,
             origin,
             peer: &peer,
+            login: &login,
         };
         while reading
             && pending.len() < max_pending
@@ -438,6 +449,8 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
                 Framed::Close => reading = false,
             }
         }
+        logged_in = login.logged_in();
+        drop(login);
         drop(routing);
         if input.is_empty() && input.capacity() > 0 {
             // Everything read was parsed: the buffer goes back for the next reader.
@@ -509,7 +522,7 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             if can_read && idle {
                 // Nothing in flight, nothing buffered: the next bytes are waited for by the
                 // small idle session, and this state goes back to the worker's pool.
-                return Outcome::Idle(stream, charge.memory());
+                return Outcome::Idle(stream, charge.memory(), logged_in);
             }
         }
         tokio::select! {

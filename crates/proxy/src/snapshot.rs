@@ -21,6 +21,7 @@ use memroute_backend::{
 };
 use memroute_config::PoolConfig;
 use memroute_net::Connector;
+use memroute_protocol::auth::Authfile;
 use memroute_protocol::Limits;
 use memroute_routing::{NodeId, Placement, RouteTable};
 
@@ -278,9 +279,18 @@ pub(crate) struct RouteSnapshot {
     hot_keys: Rc<WorkerHotKeys>,
     /// The read order of each replicated route reading `nearest`.
     pub nearest: NearestRoutes,
+    /// Per entry of `proxy.listen`: the authfile its clients log in against, if it wants
+    /// a login.
+    client_logins: Vec<Option<Arc<Authfile>>>,
 }
 
 impl RouteSnapshot {
+    /// The authfile the clients of the `listener`-th entry of `proxy.listen` must log in
+    /// against; `None` when its clients need no login.
+    pub(crate) fn login_of(&self, listener: usize) -> Option<&Authfile> {
+        self.client_logins.get(listener)?.as_deref()
+    }
+
     /// The root route of the `listener`-th entry of `proxy.listen`.
     #[inline]
     pub(crate) fn root_of(&self, listener: usize) -> NodeId {
@@ -488,6 +498,7 @@ impl RouteSnapshot {
             route_stats: generation.route_stats.clone(),
             shadows,
             nearest,
+            client_logins: generation.client_logins.clone(),
             metrics: metrics.for_routes(&generation.routes),
             hot_keys: {
                 let settings = crate::hot_keys::Settings::of(config);

@@ -152,6 +152,8 @@ pub(crate) struct Metrics {
     oversized_values: IntCounter,
     framing_closes: IntCounter,
     binary_connections: IntCounter,
+    auth_cmds: IntCounter,
+    auth_errors: IntCounter,
     requests: IntCounterVec,
     request_duration: HistogramVec,
     backend_round_trip: HistogramVec,
@@ -358,6 +360,16 @@ impl Metrics {
                 r,
                 "memroute_client_binary_connections_total",
                 "Client connections that spoke the binary protocol (first byte 0x80).",
+            ),
+            auth_cmds: counter(
+                r,
+                "memroute_client_auth_commands_total",
+                "Logins tried on listeners that want one (text login sets and SASL PLAIN).",
+            ),
+            auth_errors: counter(
+                r,
+                "memroute_client_auth_errors_total",
+                "Logins refused: a user or password the listener's authfile does not hold.",
             ),
             requests: counter_vec(
                 r,
@@ -704,7 +716,7 @@ impl Metrics {
 }
 
 /// `stats` names memcached tools know, and the family each one is summed from.
-const CLASSIC_STATS: [(&str, &str); 16] = [
+const CLASSIC_STATS: [(&str, &str); 18] = [
     ("curr_connections", "memroute_client_connections_current"),
     ("total_connections", "memroute_client_connections_total"),
     (
@@ -724,6 +736,8 @@ const CLASSIC_STATS: [(&str, &str); 16] = [
         "binary_connections",
         "memroute_client_binary_connections_total",
     ),
+    ("auth_cmds", "memroute_client_auth_commands_total"),
+    ("auth_errors", "memroute_client_auth_errors_total"),
     (
         "buffered_reply_bytes",
         "memroute_client_buffered_reply_bytes",
@@ -892,6 +906,9 @@ pub(crate) struct WorkerMetrics {
     pub framing_closes: Cell<u64>,
     /// Connections that spoke the binary protocol (first byte 0x80).
     pub binary_connections: Cell<u64>,
+    /// Logins tried, and refused, on listeners that want one.
+    pub auth_cmds: Cell<u64>,
+    pub auth_errors: Cell<u64>,
     /// This worker's hot-key sampler (each routing it builds places keys through it).
     pub hot_keys: Rc<WorkerHotKeys>,
     /// The per-route tables of every routing this worker still serves requests with.
@@ -1018,6 +1035,8 @@ impl WorkerMetrics {
             oversized_values: Cell::new(0),
             framing_closes: Cell::new(0),
             binary_connections: Cell::new(0),
+            auth_cmds: Cell::new(0),
+            auth_errors: Cell::new(0),
             routes: RefCell::new(Vec::new()),
             round_trips: RefCell::new(HashMap::new()),
             clock: Rc::new(Cell::new(Instant::now())),
@@ -1142,6 +1161,8 @@ impl WorkerMetrics {
             (&self.oversized_values, &shared.oversized_values),
             (&self.framing_closes, &shared.framing_closes),
             (&self.binary_connections, &shared.binary_connections),
+            (&self.auth_cmds, &shared.auth_cmds),
+            (&self.auth_errors, &shared.auth_errors),
         ] {
             let n = cell.take();
             if n > 0 {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use memroute_config::{Config, ListenAddress, ListenerTls};
-use memroute_net::{BoundListener, Connector, ListenOptions, ServerTls, TlsCounters};
+use memroute_net::{BackendLogin, BoundListener, Connector, ListenOptions, ServerTls, TlsCounters};
 use tokio::sync::watch;
 
 use crate::error::ProxyError;
@@ -162,6 +162,9 @@ struct ConnectorKey {
     tls: Option<memroute_config::BackendTls>,
     files: Vec<memroute_net::FileStamp>,
     fastopen: bool,
+    /// A changed user or password (its file rewritten) means new connections, which log
+    /// in with it.
+    login: Option<BackendLogin>,
 }
 
 impl Connectors {
@@ -185,6 +188,11 @@ impl Connectors {
                     "INSECURE: backend TLS certificates are NOT verified for this pool; anyone on the path can read and change its traffic"
                 );
             }
+            let login = pool
+                .auth
+                .as_ref()
+                .map(crate::credentials::backend_login)
+                .transpose()?;
             let mut servers = Vec::with_capacity(pool.servers.len());
             for server in &pool.servers {
                 let key = ConnectorKey {
@@ -196,14 +204,14 @@ impl Connectors {
                         .map(memroute_net::FileStamp::of_backend)
                         .unwrap_or_default(),
                     fastopen,
+                    login: login.clone(),
                 };
                 let connector = match self.known.iter().find(|(k, _)| *k == key) {
                     Some((_, connector)) => connector.clone(),
-                    None => Arc::new(Connector::new(
-                        &server.address,
-                        pool.tls.as_ref(),
-                        fastopen,
-                    )?),
+                    None => Arc::new(
+                        Connector::new(&server.address, pool.tls.as_ref(), fastopen)?
+                            .with_login(login.clone()),
+                    ),
                 };
                 next.push((key, connector.clone()));
                 servers.push(connector);

@@ -15,6 +15,7 @@ use memroute_net::{Connector, NetError};
 use memroute_protocol::Limits;
 use tokio::time::Instant;
 
+use crate::hello::Refusal;
 use crate::{BackendError, ServerHealth};
 
 mod handle;
@@ -112,9 +113,15 @@ async fn run(settings: ConnectionSettings, shared: Rc<Shared>) {
     let health = &settings.health;
     let mut backoff = settings.backoff_min;
     loop {
-        let reason: Arc<str> = match settings.connector.connect(settings.connect_timeout).await {
-            Ok(stream) => {
-                tracing::debug!(server = %settings.address, tls = stream.is_tls(), "backend connected");
+        let opened = crate::hello::open(
+            &settings.connector,
+            settings.connect_timeout,
+            settings.timeout,
+        )
+        .await;
+        let reason: Arc<str> = match opened {
+            Ok((stream, greeting)) => {
+                tracing::debug!(server = %settings.address, tls = stream.is_tls(), ?greeting, "backend connected");
                 health.connection_opened();
                 let (outcome, answered) = serve(&settings, stream, &shared).await;
                 health.connection_closed();
@@ -144,18 +151,33 @@ async fn run(settings: ConnectionSettings, shared: Rc<Shared>) {
             }
             // Nothing listens there: the server is not running, and waiting for more
             // failures would only fail more requests slowly.
-            Err(NetError::ConnectRefused) => {
+            Err(Refusal::Connect(NetError::ConnectRefused)) => {
                 let reason: Arc<str> = Arc::from(CONNECTION_REFUSED);
                 health.mark_down(&reason);
                 reason
             }
-            Err(error) => {
+            Err(Refusal::Connect(error)) => {
                 // A TLS failure (a certificate that does not verify) names its cause here,
                 // and so in the SERVER_ERROR clients get.
                 let reason: Arc<str> = Arc::from(error.to_string());
                 if matches!(error, NetError::Handshake(_)) {
                     tracing::warn!(server = %settings.address, %reason, "backend TLS handshake failed");
                 }
+                health.record_failure(&reason);
+                reason
+            }
+            // A server that wants a login memroute lacks, or refuses memroute's, must not
+            // serve anyone: down at once, until a probe (with the login a reload may have
+            // fixed) gets in.
+            Err(Refusal::Login(reason)) => {
+                let reason: Arc<str> = Arc::from(reason);
+                if health.mark_down(&reason) {
+                    tracing::error!(server = %settings.address, %reason, "backend login failed; server marked down");
+                }
+                reason
+            }
+            Err(Refusal::Exchange(reason)) => {
+                let reason: Arc<str> = Arc::from(reason);
                 health.record_failure(&reason);
                 reason
             }
