@@ -332,6 +332,7 @@ async fn probe(connector: &Connector, settings: &HealthSettings) -> Result<(), S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn settings(failure_limit: u32) -> HealthSettings {
         HealthSettings {

@@ -58,7 +58,7 @@ pub(crate) async fn open(
         .connect(connect_timeout)
         .await
         .map_err(Refusal::Connect)?;
-    let first = exchange(&mut stream, HELLO, reply_timeout).await?;
+    let first = exchange(&mut stream, HELLO, "version", reply_timeout).await?;
     match (classify_hello(&first), connector.login()) {
         (Hello::Open, _) => {
             let line = String::from_utf8_lossy(&first).trim_end().to_string();
@@ -74,7 +74,7 @@ pub(crate) async fn open(
         ))),
         (Hello::LoginRequired, Some(login)) => {
             let request = login_request(&login.username, &login.password);
-            let answer = exchange(&mut stream, &request, reply_timeout).await?;
+            let answer = exchange(&mut stream, &request, "login", reply_timeout).await?;
             let answer = String::from_utf8_lossy(&answer).trim_end().to_string();
             match answer.as_str() {
                 "STORED" => Ok((stream, Greeting::LoggedIn)),
@@ -87,10 +87,11 @@ pub(crate) async fn open(
     }
 }
 
-/// Writes `request` and reads the one line that answers it.
+/// Writes `request` (`what`, in errors) and reads the one line that answers it.
 async fn exchange(
     stream: &mut Stream,
     request: &[u8],
+    what: &str,
     reply_timeout: Duration,
 ) -> Result<Vec<u8>, Refusal> {
     let round_trip = async {
@@ -115,8 +116,6 @@ async fn exchange(
     };
     match tokio::time::timeout(reply_timeout, round_trip).await {
         Ok(result) => result.map_err(Refusal::Exchange),
-        Err(_) => Err(Refusal::Exchange(
-            "no answer to memroute's version (or login) in time".to_string(),
-        )),
+        Err(_) => Err(Refusal::Exchange(format!("{what} timed out"))),
     }
 }

@@ -78,7 +78,11 @@ pub(crate) fn check_backend_auth(v: &Value, path: &str, errs: &mut Errors) -> Op
 }
 
 /// `auth = { authfile = "..." }` on a listen entry.
-pub(crate) fn check_listener_auth(v: &Value, path: &str, errs: &mut Errors) -> Option<ListenerAuth> {
+pub(crate) fn check_listener_auth(
+    v: &Value,
+    path: &str,
+    errs: &mut Errors,
+) -> Option<ListenerAuth> {
     let Value::Table(t) = v else {
         wrong_type(errs, path, "a table { authfile }", v);
         return None;

@@ -33,9 +33,9 @@ mod walk;
 /// Kept at its old path for callers from before importers had their own module.
 pub use import::twemproxy;
 
+pub use auth::login_word_problem;
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};
-pub use auth::login_word_problem;
 pub use redact::redacted;
 
 /// Parses and validates a config from TOML text.

@@ -478,9 +478,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
                         if let Some(route) = route {
                             route_paths.push((join(&p, "route"), route.to_string()));
                         }
-                        let auth = entry
-                            .get("auth")
-                            .and_then(|v| crate::auth::check_listener_auth(v, &join(&p, "auth"), errs));
+                        let auth = entry.get("auth").and_then(|v| {
+                            crate::auth::check_listener_auth(v, &join(&p, "auth"), errs)
+                        });
                         let Some((s, tls)) = crate::transport::check_listen_entry(entry, &p, errs)
                         else {
                             continue;
@@ -501,7 +501,9 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
                             listen.push(a);
                         }
                     }
-                    other => wrong_type(errs, &p, "a string or { address, route, tls, auth }", other),
+                    other => {
+                        wrong_type(errs, &p, "a string or { address, route, tls, auth }", other)
+                    }
                 }
             }
         }

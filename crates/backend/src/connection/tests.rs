@@ -41,6 +41,23 @@ fn settings(address: &str, failure_limit: u32) -> ConnectionSettings {
     }
 }
 
+/// Accepts a connection and answers memroute's greeting (`version`, see hello.rs) as
+/// memcached does, so what follows is what the test is about. A connection that goes
+/// before it is greeted is passed over.
+async fn accept_greeted(listener: &TcpListener) -> std::io::Result<tokio::net::TcpStream> {
+    loop {
+        let (mut stream, _) = listener.accept().await?;
+        let mut hello = [0u8; memroute_protocol::auth::HELLO.len()];
+        if stream.read_exact(&mut hello).await.is_err() {
+            continue;
+        }
+        assert_eq!(&hello, memroute_protocol::auth::HELLO);
+        if stream.write_all(b"VERSION fake\r\n").await.is_ok() {
+            return Ok(stream);
+        }
+    }
+}
+
 /// A port on loopback that nobody listens on (bound, noted, released).
 fn refused_address() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -66,7 +83,7 @@ async fn recording_server() -> (String, Rc<RefCell<Vec<u8>>>) {
     let received = Rc::new(RefCell::new(Vec::new()));
     let log = received.clone();
     tokio::task::spawn_local(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
+        while let Ok(mut stream) = accept_greeted(&listener).await {
             let log = log.clone();
             tokio::task::spawn_local(async move {
                 let mut request = [0u8; 4096];
@@ -89,7 +106,7 @@ async fn fake_server(fake: Fake) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("local addr").to_string();
     tokio::task::spawn_local(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
+        while let Ok(mut stream) = accept_greeted(&listener).await {
             let reply = match fake {
                 Fake::CloseAtOnce => continue, // `stream` is dropped: closed
                 Fake::Silent => None,
@@ -367,7 +384,7 @@ async fn map_server(
     let received = Rc::new(RefCell::new(Vec::new()));
     let log = received.clone();
     tokio::task::spawn_local(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
+        while let Ok(mut stream) = accept_greeted(&listener).await {
             let log = log.clone();
             tokio::task::spawn_local(async move {
                 let mut pending = Vec::new();
@@ -635,7 +652,7 @@ async fn a_run_is_answered_request_by_request_as_its_blocks_arrive() {
             let address = listener.local_addr().expect("local addr").to_string();
             let (rest_tx, rest_rx) = tokio::sync::oneshot::channel::<()>();
             tokio::task::spawn_local(async move {
-                let (mut stream, _) = listener.accept().await.expect("accept");
+                let mut stream = accept_greeted(&listener).await.expect("accept");
                 let mut request = [0u8; 1024];
                 let n = stream.read(&mut request).await.expect("read");
                 assert_eq!(&request[..n], b"get a b c\r\n");
