@@ -216,10 +216,22 @@ pub struct Memcached {
     memory_mb: u32,
     /// Extra command-line arguments (e.g. `-Z -o ssl_chain_cert=...` for TLS).
     extra_args: Vec<String>,
+    /// Extra environment (`SASL_CONF_PATH` for `-S`).
+    extra_env: Vec<(String, String)>,
     dir: TempDir,
 }
 
 impl Memcached {
+    /// memcached with extra arguments and environment, e.g. `-S` with the `SASL_CONF_PATH`
+    /// that names its SASL database.
+    pub fn start_with_env(extra_args: Vec<String>, extra_env: Vec<(String, String)>) -> Memcached {
+        let hosts = ["127.0.0.1".to_string()];
+        let mut mc = Memcached::unstarted(&hosts, free_port(), 64, extra_args);
+        mc.extra_env = extra_env;
+        mc.spawn();
+        mc
+    }
+
     /// memcached on 127.0.0.1 and a free port, 64 MB.
     pub fn start() -> Memcached {
         Memcached::start_on("127.0.0.1", free_port(), 64)
@@ -254,18 +266,28 @@ impl Memcached {
         memory_mb: u32,
         extra_args: Vec<String>,
     ) -> Memcached {
+        let mut mc = Memcached::unstarted(hosts, port, memory_mb, extra_args);
+        mc.spawn();
+        mc
+    }
+
+    fn unstarted(
+        hosts: &[String],
+        port: u16,
+        memory_mb: u32,
+        extra_args: Vec<String>,
+    ) -> Memcached {
         require_program("memcached");
-        let mut mc = Memcached {
+        Memcached {
             child: None,
             host: hosts[0].clone(),
             port,
             listen: hosts.join(","),
             memory_mb,
             extra_args,
+            extra_env: Vec::new(),
             dir: TempDir::new("memcached"),
-        };
-        mc.spawn();
-        mc
+        }
     }
 
     fn spawn(&mut self) {
@@ -283,6 +305,7 @@ impl Memcached {
             ])
             .args(["-m", &self.memory_mb.to_string()])
             .args(&self.extra_args)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             // memcached refuses to run as root without -u; it ignores -u when not root.
             .args(["-u", "root"])
             .stdin(Stdio::null())

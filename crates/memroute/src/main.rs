@@ -142,8 +142,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.check {
         write_stdout(&describe(&config));
-        let (transport, errors) = memroute_proxy::check_transport(&config);
+        let (transport, mut errors) = memroute_proxy::check_transport(&config);
         write_stdout(&transport);
+        let (logins, login_errors) = memroute_proxy::check_logins(&config);
+        write_stdout(&logins);
+        errors.extend(login_errors);
         if !errors.is_empty() {
             anyhow::bail!("invalid config {}:\n{}", path.display(), errors.join("\n"));
         }

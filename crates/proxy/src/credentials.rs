@@ -9,6 +9,7 @@ use memroute_net::BackendLogin;
 use memroute_protocol::auth::Authfile;
 
 use crate::error::ProxyError;
+use crate::generation::Generation;
 
 /// The user and password of a pool's `auth`, its password file read now (at start and at
 /// every reload, so a rotated Secret applies on the next reload). A trailing newline in the
@@ -62,4 +63,66 @@ pub(crate) fn listener_authfiles(
             Ok(Some(Arc::new(authfile)))
         })
         .collect()
+}
+
+/// Whether the secret files of the running generation now hold something else (or cannot
+/// be read): a SIGHUP or `POST /reload` then applies the running config again, so an
+/// edited authfile or a rotated password takes effect without a change to the config file.
+pub(crate) fn changed_since(generation: &Generation) -> bool {
+    let config = &generation.config;
+    let authfiles_changed = match listener_authfiles(config) {
+        Ok(now) => now != generation.client_logins,
+        Err(_) => true,
+    };
+    let passwords_changed = generation
+        .routes
+        .pool_names
+        .iter()
+        .zip(&generation.connectors)
+        .any(|(name, connectors)| {
+            let Some(auth) = config.pools.get(name).and_then(|p| p.auth.as_ref()) else {
+                return false;
+            };
+            match backend_login(auth) {
+                Ok(login) => connectors.iter().any(|c| c.login() != Some(&login)),
+                Err(_) => true,
+            }
+        });
+    authfiles_changed || passwords_changed
+}
+
+/// What `memroute --check` says about logins: each listener that wants one (its authfile
+/// read, its users counted) and each pool that gives one (its password file read). The
+/// errors, each naming its setting, come back in the second element.
+pub fn check_logins(config: &Config) -> (String, Vec<String>) {
+    let mut out = String::new();
+    let mut errors = Vec::new();
+    for (address, auth) in &config.proxy.listen_auth {
+        let users = std::fs::read(&auth.authfile)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Authfile::parse(&text).map_err(|e| e.to_string()));
+        match users {
+            Ok(users) => out.push_str(&format!(
+                "listener {address}: clients log in ({} users in {})\n",
+                users.len(),
+                auth.authfile.display()
+            )),
+            Err(error) => errors.push(format!(
+                "{}: {}: {error}",
+                auth.key_path,
+                auth.authfile.display()
+            )),
+        }
+    }
+    for (name, pool) in &config.pools {
+        let Some(auth) = &pool.auth else { continue };
+        match backend_login(auth) {
+            Ok(_) => out.push_str(&format!(
+                "pool {name}: logs in to its servers as {}\n",
+                auth.username
+            )),
+            Err(error) => errors.push(error.to_string()),
+        }
+    }
+    (out, errors)
 }

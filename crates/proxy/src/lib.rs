@@ -70,6 +70,7 @@ use tokio::sync::watch;
 
 pub use admin::ReloadRequest;
 pub use counters::ReloadCounts;
+pub use credentials::check_logins;
 pub use error::ProxyError;
 pub use mcrouter_admin::set_config_file;
 pub use memroute_net::effective_backlog;

@@ -103,7 +103,12 @@ impl ProxyHandle {
                 ));
             }
         }
-        if last_read.as_ref().map(|(read, _)| read) == Some(&bytes) {
+        // A SIGHUP or POST /reload re-reads the secret files (authfiles, password files)
+        // even when the config file is as it was: they change on their own (a rotated
+        // Kubernetes Secret).
+        let secrets_changed = trigger != ReloadTrigger::FileChanged
+            && crate::credentials::changed_since(&self.controller.current());
+        if last_read.as_ref().map(|(read, _)| read) == Some(&bytes) && !secrets_changed {
             // The certificate files may have changed even though the config did not.
             self.recheck_certificates();
             tracing::debug!(config = %file, trigger = trigger_name, "config unchanged since the last reload");

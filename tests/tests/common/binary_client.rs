@@ -8,6 +8,8 @@ const REQUEST_MAGIC: u8 = 0x80;
 const RESPONSE_MAGIC: u8 = 0x81;
 const GET: u8 = 0x00;
 pub const GETK: u8 = 0x0c;
+pub const SASL_LIST_MECHS: u8 = 0x20;
+pub const SASL_AUTH: u8 = 0x21;
 const HEADER_LEN: usize = 24;
 
 /// A binary GET of `key`.
@@ -25,6 +27,18 @@ pub fn request(opcode: u8, key: &str) -> Vec<u8> {
     // Opaque and CAS.
     frame.extend_from_slice(&[0; 12]);
     frame.extend_from_slice(key.as_bytes());
+    frame
+}
+
+/// A request of `opcode` with `key` and `value` (no extras, opaque and CAS 0).
+pub fn frame(opcode: u8, key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut frame = vec![REQUEST_MAGIC, opcode];
+    frame.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    frame.extend_from_slice(&[0, 0, 0, 0]);
+    frame.extend_from_slice(&((key.len() + value.len()) as u32).to_be_bytes());
+    frame.extend_from_slice(&[0; 12]);
+    frame.extend_from_slice(key);
+    frame.extend_from_slice(value);
     frame
 }
 
