@@ -222,7 +222,7 @@ mod tests {
             .admit(node)
             .expect("never refused while one is idle");
         assert_eq!(probe.evicted, [Limit::PerPeer]);
-        assert!(admission.lock().slots.get(&held[0].id).is_none());
+        assert!(!admission.lock().slots.contains_key(&held[0].id));
         assert!(
             admission.lock().slots.contains_key(&theirs.id),
             "not another peer's"
@@ -247,7 +247,7 @@ mod tests {
         held[5].idle();
         let admitted = admission.admit(node).expect("room made");
         assert_eq!(admitted.evicted, [Limit::PerPeer]);
-        assert!(admission.lock().slots.get(&held[5].id).is_none());
+        assert!(!admission.lock().slots.contains_key(&held[5].id));
     }
 
     #[test]
@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(newcomer.evicted, [Limit::Total]);
         // held[0] is busy: held[1] was idle longest.
         assert!(admission.lock().slots.contains_key(&held[0].id));
-        assert!(admission.lock().slots.get(&held[1].id).is_none());
+        assert!(!admission.lock().slots.contains_key(&held[1].id));
         assert_eq!(admission.open(), TOTAL);
         for slot in &held {
             slot.busy();
