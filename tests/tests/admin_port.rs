@@ -386,3 +386,32 @@ fn admin_settings_follow_edits_of_the_config_file() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(c.get("the-hot-key"), None, "the proxy serves throughout");
 }
+
+#[test]
+fn removing_the_admin_table_keeps_the_running_endpoint_and_its_token() {
+    let server = Memcached::start();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let with_token = config(&listen, &admin, &server.addr(), "token = \"kept\"\n");
+    let proxy = Memroute::start(&with_token);
+    let (without_admin, _) = with_token
+        .split_once("\n[admin]")
+        .expect("an [admin] table");
+    edit_config(&proxy, &format!("{without_admin}\n"));
+    // The endpoint still serves until a restart; it must not lose its token meanwhile.
+    let (_, state) = admin_http(&admin, "GET", "/state");
+    let state: serde_json::Value = serde_json::from_str(&state).expect("JSON");
+    let detail = state["reloads"][0]["detail"]
+        .as_str()
+        .expect("a reload's detail");
+    assert!(
+        detail.contains("kept (needs a restart): admin: removing [admin] needs a restart"),
+        "{detail}"
+    );
+    assert_eq!(admin_http(&admin, "POST", "/reload").0, 401);
+    let (code, body) = reload_with(&admin, "kept");
+    assert_eq!(code, 200, "{body}");
+    let mut c = proxy.connect();
+    c.set("served", b"v");
+    assert_eq!(c.get("served").as_deref(), Some(&b"v"[..]));
+}
