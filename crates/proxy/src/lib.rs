@@ -137,8 +137,9 @@ impl ProxyHandle {
     ///
     /// Settings that need a restart (which addresses `proxy.listen` binds and whether each
     /// speaks TLS, `proxy.workers`, `proxy.backlog`, `proxy.io`, `proxy.fastopen`,
-    /// `admin.listen`) keep their running values; each changed one is logged as a warning.
-    /// A listener's route follows the new config.
+    /// `admin.listen`, adding or removing `[admin]`) keep their running values; each changed
+    /// one is logged as a warning. A listener's route and the other `[admin]` keys follow
+    /// the new config.
     pub fn reload(&self, config: Config) -> Result<(), ProxyError> {
         self.reload_inner(config).map(drop)
     }
@@ -207,12 +208,7 @@ impl ProxyHandle {
         config.proxy.workers = current.proxy.workers;
         config.proxy.backlog = current.proxy.backlog;
         config.proxy.io = current.proxy.io;
-        // Only the admin address needs a restart; its readiness fraction follows the file.
-        let ready_fraction = config.admin.as_ref().map(|a| a.ready_fraction);
-        config.admin = current.admin.clone();
-        if let (Some(admin), Some(fraction)) = (config.admin.as_mut(), ready_fraction) {
-            admin.ready_fraction = fraction;
-        }
+        config.admin = restart_only::admin_on_reload(current.admin.as_ref(), config.admin.take());
         let acks = self.controller.apply(config)?;
         let deadline = Instant::now() + RELOAD_ACK_TIMEOUT;
         let mut waiting = self.workers.len();

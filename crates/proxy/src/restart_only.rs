@@ -6,7 +6,7 @@
 //! whether one of them speaks TLS.
 use std::collections::BTreeSet;
 
-use memroute_config::{Config, ListenAddress};
+use memroute_config::{AdminConfig, Config, ListenAddress};
 
 /// One restart-only setting a new config changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,10 +38,44 @@ pub(crate) fn changes(old: &Config, new: &Config) -> Vec<RestartOnly> {
     if old.proxy.transport.fastopen != new.proxy.transport.fastopen {
         changes.push(kept("proxy.fastopen"));
     }
-    if old.admin.as_ref().map(|a| &a.listen) != new.admin.as_ref().map(|a| &a.listen) {
-        changes.push(kept("admin.listen"));
+    match (&old.admin, &new.admin) {
+        (Some(running), Some(wanted)) if running.listen != wanted.listen => {
+            changes.push(kept("admin.listen"));
+        }
+        (Some(_), None) => changes.push(RestartOnly {
+            key: "admin",
+            message: "removing [admin] needs a restart; the admin endpoint keeps serving \
+                      with its running settings (token included)"
+                .to_string(),
+        }),
+        (None, Some(_)) => changes.push(RestartOnly {
+            key: "admin",
+            message: "adding [admin] needs a restart; no admin endpoint until then, and \
+                      none of [admin] applies"
+                .to_string(),
+        }),
+        _ => {}
     }
     changes
+}
+
+/// The `[admin]` table a reload serves: the file's, except what needs a restart. Every
+/// key but `listen` applies (the token, `show_keys`, the hot-key settings,
+/// `ready_fraction`: the admin endpoint and the workers read them from the generation
+/// being served). The endpoint is bound once, so `listen` keeps its running value, and
+/// adding or removing the whole table keeps the running one ([`changes`] names both):
+/// a removed table must not drop the token of an endpoint that still serves.
+pub(crate) fn admin_on_reload(
+    running: Option<&AdminConfig>,
+    wanted: Option<AdminConfig>,
+) -> Option<AdminConfig> {
+    match (running, wanted) {
+        (Some(running), Some(mut wanted)) => {
+            wanted.listen = running.listen.clone();
+            Some(wanted)
+        }
+        (running, _) => running.cloned(),
+    }
 }
 
 /// Listeners added or removed, and TLS turned on or off on a listener in both configs.
@@ -121,6 +155,48 @@ mod tests {
                     .to_string(),
             }]
         );
+    }
+
+    fn with_admin(admin: &str) -> Config {
+        memroute_config::parse(&format!(
+            "[proxy]\nlisten = [\"127.0.0.1:1000\"]\nroute = \"a\"\n\
+             [pools.a]\nservers = [\"127.0.0.1:1\"]\n{admin}"
+        ))
+        .expect("valid config")
+    }
+
+    #[test]
+    fn every_admin_key_but_listen_follows_the_file() {
+        let old = with_admin("[admin]\nlisten = \"127.0.0.1:9150\"\n");
+        let new = with_admin(
+            "[admin]\nlisten = \"127.0.0.1:9150\"\ntoken = \"t\"\nshow_keys = false\n\
+             hot_keys_sample = 4\nhot_keys_interval = \"3s\"\nready_fraction = 0.5\n",
+        );
+        assert_eq!(changes(&old, &new), []);
+        assert_eq!(
+            admin_on_reload(old.admin.as_ref(), new.admin.clone()),
+            new.admin
+        );
+        let moved = with_admin("[admin]\nlisten = \"127.0.0.1:9151\"\ntoken = \"t\"\n");
+        let keys: Vec<&str> = changes(&new, &moved).iter().map(|c| c.key).collect();
+        assert_eq!(keys, ["admin.listen"]);
+        let served = admin_on_reload(new.admin.as_ref(), moved.admin.clone()).expect("admin");
+        assert_eq!(served.listen, "127.0.0.1:9150", "the bound address is kept");
+        assert!(served.token.is_some() && served.show_keys);
+    }
+
+    #[test]
+    fn adding_or_removing_the_admin_table_is_named_and_kept() {
+        let without = with_admin("");
+        let with = with_admin("[admin]\nlisten = \"127.0.0.1:9150\"\ntoken = \"t\"\n");
+        for (old, new) in [(&without, &with), (&with, &without)] {
+            let keys: Vec<&str> = changes(old, new).iter().map(|c| c.key).collect();
+            assert_eq!(keys, ["admin"]);
+            assert_eq!(
+                admin_on_reload(old.admin.as_ref(), new.admin.clone()),
+                old.admin
+            );
+        }
     }
 
     #[test]

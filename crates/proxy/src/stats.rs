@@ -170,6 +170,7 @@ pub(crate) struct Metrics {
     config_info: IntGaugeVec,
     config_reload_time: IntGauge,
     admin_refusals: IntCounterVec,
+    admin_evictions: IntCounterVec,
     /// The config-dependent state the collector reads at gather time.
     state: Arc<Mutex<State>>,
     /// Label sets currently exported per family (so a reload can drop servers that left).
@@ -416,8 +417,14 @@ impl Metrics {
             admin_refusals: counter_vec(
                 r,
                 "memroute_admin_refusals_total",
-                "Admin requests and connections refused, by reason: per_peer and total (connection limits), not_loopback, cross_site, bad_token, token_file (POST /reload).",
+                "Admin requests and connections refused, by reason: per_peer and total (connection limits reached with every connection busy), not_loopback, cross_site, bad_token, token_file (POST /reload).",
                 &["reason"],
+            ),
+            admin_evictions: counter_vec(
+                r,
+                "memroute_admin_evictions_total",
+                "Idle admin connections closed to admit a new one, by the limit that was full: per_peer or total.",
+                &["limit"],
             ),
             listener_requests: counter_vec(
                 r,
@@ -515,6 +522,11 @@ impl Metrics {
     /// Counts an admin connection or request refused for `reason`.
     pub(crate) fn count_admin_refusal(&self, reason: &str) {
         self.admin_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts an idle admin connection closed to admit a new one past `limit`.
+    pub(crate) fn count_admin_eviction(&self, limit: &str) {
+        self.admin_evictions.with_label_values(&[limit]).inc();
     }
 
     /// The open-connections gauge of `listener` (resolve once per listener).

@@ -17,9 +17,11 @@
 //! ```
 //!
 //! Each connection is a task: a slow or silent client holds only its own task, never the
-//! scrapes behind it. Headers must arrive within [`HEADER_TIMEOUT`], a connection lives at
-//! most [`CONNECTION_LIMIT`], and each peer address holds at most a few connections at once
-//! (`admission`), so nobody who reaches the port can crowd out the kubelet's probes.
+//! scrapes behind it. A request head must arrive within [`HEADER_TIMEOUT`] (of accept, or of
+//! the previous answer), a connection lives at most [`CONNECTION_LIMIT`], and a newcomer
+//! is always admitted: when its address or the port holds its share, the connection idle
+//! longest is closed instead (`admission`), so nobody who reaches the port, from any
+//! address, can crowd out the kubelet's probes, and the port's memory stays bounded.
 mod access;
 mod admission;
 mod hot_keys;
@@ -43,7 +45,9 @@ use crate::control::Controller;
 use crate::error::ProxyError;
 use crate::stats::Metrics;
 
-/// A request's headers must arrive within this long (a silent client is closed).
+/// A request's head must arrive within this long of accept or of the previous answer (a
+/// silent, slow or idle keep-alive client is closed). A probe or a scraper sends its
+/// request at once; a person's browser reopens a closed keep-alive connection unnoticed.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// No admin connection lives longer than this, however busy.
 const CONNECTION_LIMIT: Duration = Duration::from_secs(60);
@@ -209,31 +213,53 @@ async fn serve(
                 continue;
             }
         };
-        // A flood of connections is shed here, not queued behind the ones being served.
+        // The newcomer is admitted; an idle connection in its way is closed instead.
         let admitted = match admission.admit(peer) {
             Ok(admitted) => admitted,
-            Err(refused) => {
-                tracing::debug!(%peer, reason = refused.label(), "admin connection refused");
-                state.metrics.count_admin_refusal(refused.label());
+            Err(limit) => {
+                tracing::debug!(%peer, limit = limit.label(), "admin connection refused: every connection in the way is answering a request");
+                state.metrics.count_admin_refusal(limit.label());
                 continue;
             }
         };
+        for limit in admitted.evicted {
+            state.metrics.count_admin_eviction(limit.label());
+        }
+        let slot = Arc::new(admitted.slot);
         let state = state.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(answer(&state, peer, request).await) }
-            });
+            let service = {
+                let slot = slot.clone();
+                hyper::service::service_fn(move |request| {
+                    let (state, slot) = (state.clone(), slot.clone());
+                    async move {
+                        slot.busy();
+                        let response = answer(&state, peer, request).await;
+                        slot.idle();
+                        Ok::<_, Infallible>(response)
+                    }
+                })
+            };
+            // hyper's header deadline runs from accept and again after each answer (hyper
+            // 1.12, proto/h1/conn.rs `poll_read_head`), so it closes a silent connection,
+            // a slow-header one, and an idle keep-alive one alike.
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_LIMIT, connection).await {
-                Ok(Err(error)) => tracing::debug!(%error, "admin connection failed"),
-                Err(_) => tracing::debug!("admin connection open too long; closed"),
-                Ok(Ok(())) => {}
+            tokio::select! {
+                // First: a connection closed to make room is closed even if its request
+                // arrived in the same turn (it was the idle-longest; a client retries).
+                biased;
+                () = slot.evicted() => {
+                    tracing::debug!(%peer, "admin connection idle longest; closed to admit a newer one");
+                }
+                finished = tokio::time::timeout(CONNECTION_LIMIT, connection) => match finished {
+                    Ok(Err(error)) => tracing::debug!(%error, "admin connection failed"),
+                    Err(_) => tracing::debug!("admin connection open too long; closed"),
+                    Ok(Ok(())) => {}
+                },
             }
-            drop(admitted);
         });
     }
 }
