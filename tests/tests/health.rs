@@ -184,10 +184,14 @@ fn stalled_server_is_marked_down_fails_fast_and_comes_back_after_sigcont() {
         "health: stopped server: {timeouts} timed-out requests and {unavailable} immediate \
          `unavailable` replies (10 ms apart) before the first marked-down reply"
     );
+    // failure_limit = 2: one request waits out the timeout and breaks the connection; the
+    // reconnect's `version` greeting (memroute speaks first on every connection it opens)
+    // is not answered either, and that second failure marks the server down. Requests sent
+    // meanwhile wait for no timeout of their own.
     assert_eq!(
         timeouts,
-        2,
-        "failure_limit = 2: requests that waited out the timeout before the server was marked down:\n{}",
+        1,
+        "requests that waited out the timeout before the server was marked down:\n{}",
         replies.join("\n")
     );
     assert!(
