@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::defaults;
+use crate::walk::join;
 
 /// The whole, validated configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,7 +88,7 @@ impl Config {
                     _ => zone = Some(pool_zone),
                 }
             } else if let Some(route) = self.routes.get(at) {
-                for (_, target) in crate::raw::route_edges("", route) {
+                for (_, target) in route_edges("", route) {
                     let target = self
                         .pools
                         .get_key_value(&target)
@@ -103,6 +104,53 @@ impl Config {
     /// [`Config::resolve_zone`] with this process's [`ZONE_VARIABLE`].
     pub fn resolve_zone_from_environment(&mut self) {
         self.resolve_zone(std::env::var(ZONE_VARIABLE).ok());
+    }
+}
+
+/// The targets a route refers to, each with the key path that names it (validation names
+/// a missing target by it; `zone_of` walks the targets).
+pub(crate) fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, String)> {
+    match route {
+        RouteConfig::Prefix { prefixes, default } => {
+            let mut edges: Vec<(String, String)> = prefixes
+                .iter()
+                .map(|(p, t)| (join(&join(path, "prefixes"), p), t.clone()))
+                .collect();
+            edges.push((join(path, "default"), default.clone()));
+            edges
+        }
+        RouteConfig::Operation {
+            operations,
+            default,
+        } => {
+            let mut edges: Vec<(String, String)> = operations
+                .iter()
+                .map(|(op, t)| (join(path, op.as_str()), t.clone()))
+                .collect();
+            edges.push((join(path, "default"), default.clone()));
+            edges
+        }
+        RouteConfig::Shadow {
+            primary, shadow, ..
+        } => vec![
+            (join(path, "primary"), primary.clone()),
+            (join(path, "shadow"), shadow.clone()),
+        ],
+        RouteConfig::Replicated { children, .. }
+        | RouteConfig::Failover { children, .. }
+        | RouteConfig::Random { children } => {
+            let cpath = join(path, "children");
+            children
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("{cpath}[{i}]"), c.clone()))
+                .collect()
+        }
+        RouteConfig::WarmUp { cold, warm, .. } => vec![
+            (join(path, "cold"), cold.clone()),
+            (join(path, "warm"), warm.clone()),
+        ],
+        RouteConfig::Null | RouteConfig::Error { .. } => Vec::new(),
     }
 }
 

@@ -302,7 +302,7 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
 
     for (name, route) in &routes {
         let path = join("routes", name);
-        for (key_path, target) in route_edges(&path, route) {
+        for (key_path, target) in crate::checked::route_edges(&path, route) {
             if !known(&target) {
                 errs.push(&key_path, unknown_target(&target));
             }
@@ -319,51 +319,6 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     }
 }
 
-/// The targets a route refers to, each with the key path that names it.
-pub(crate) fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, String)> {
-    match route {
-        RouteConfig::Prefix { prefixes, default } => {
-            let mut edges: Vec<(String, String)> = prefixes
-                .iter()
-                .map(|(p, t)| (join(&join(path, "prefixes"), p), t.clone()))
-                .collect();
-            edges.push((join(path, "default"), default.clone()));
-            edges
-        }
-        RouteConfig::Operation {
-            operations,
-            default,
-        } => {
-            let mut edges: Vec<(String, String)> = operations
-                .iter()
-                .map(|(op, t)| (join(path, op.as_str()), t.clone()))
-                .collect();
-            edges.push((join(path, "default"), default.clone()));
-            edges
-        }
-        RouteConfig::Shadow {
-            primary, shadow, ..
-        } => vec![
-            (join(path, "primary"), primary.clone()),
-            (join(path, "shadow"), shadow.clone()),
-        ],
-        RouteConfig::Replicated { children, .. }
-        | RouteConfig::Failover { children, .. }
-        | RouteConfig::Random { children } => {
-            let cpath = join(path, "children");
-            children
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (format!("{cpath}[{i}]"), c.clone()))
-                .collect()
-        }
-        RouteConfig::WarmUp { cold, warm, .. } => vec![
-            (join(path, "cold"), cold.clone()),
-            (join(path, "warm"), warm.clone()),
-        ],
-        RouteConfig::Null | RouteConfig::Error { .. } => Vec::new(),
-    }
-}
 
 /// Reports each route cycle once, at the key of its first route (in name order) that
 /// leads into it: `routes.a.default: route cycle a -> b -> a`.
@@ -387,7 +342,7 @@ fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {
         let edges_of = |name: &str| {
             routes
                 .get(name)
-                .map(|r| route_edges(&join("routes", name), r))
+                .map(|r| crate::checked::route_edges(&join("routes", name), r))
                 .unwrap_or_default()
         };
         marks.insert(start, Mark::OnStack);
