@@ -319,7 +319,6 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     }
 }
 
-
 /// Reports each route cycle once, at the key of its first route (in name order) that
 /// leads into it: `routes.a.default: route cycle a -> b -> a`.
 fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {

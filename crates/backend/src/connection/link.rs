@@ -1,7 +1,5 @@
 //! One established connection: the writer half sends what is queued, the reader half
 //! answers the requests in flight in order.
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,35 +9,12 @@ use memroute_protocol::{parse_reply_counting, ReplyKind, ReplyParse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::reply::ReplySender;
 use crate::BackendError;
 
-use super::notify::LocalNotify;
-use super::outgoing::{RunPart, Shared};
+use super::in_flight::{InFlight, Link};
+use super::outgoing::Shared;
 use super::run_reader::RunReader;
 use super::{down_error, ConnectionSettings, CONNECTION_REFUSED};
-
-/// A request written to the server whose reply has not been read yet.
-#[derive(Debug)]
-pub(super) struct InFlight {
-    kind: ReplyKind,
-    reply: ReplySender,
-    sent_at: Instant,
-    pub(super) run: RunPart,
-}
-
-/// What the writer and reader halves of one connection share.
-#[derive(Default)]
-pub(super) struct Link {
-    pub(super) in_flight: RefCell<VecDeque<InFlight>>,
-    /// Wakes an idle reader when the writer sends the first request after a quiet spell,
-    /// so an idle connection needs no timer at all.
-    wake_reader: LocalNotify,
-    /// At least one reply was read on this connection.
-    answered: Cell<bool>,
-    /// The keys of the runs in flight (`Shared::run_keys`, moved here as they are sent).
-    pub(super) run_keys: RefCell<BytesMut>,
-}
 
 /// Runs one established connection. Returns `None` when every handle is gone (shut down),
 /// or the error that broke the connection (every request in flight gets that error), and

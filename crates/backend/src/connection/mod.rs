@@ -4,6 +4,7 @@
 //!   handle.rs      BackendHandle / RequestWriter: sessions append requests
 //!   outgoing.rs    Shared: the outgoing buffer, the queue, gets joined into runs
 //!   mod.rs         run: connect, serve, back off, repeat
+//!   in_flight.rs   Link: the requests written and awaiting replies, shared by both halves
 //!   link.rs        serve: one established connection's writer and reader halves
 //!   run_reader.rs  RunReader: a coalesced get's reply split back per request
 //! ```
@@ -19,6 +20,7 @@ use crate::hello::Refusal;
 use crate::{BackendError, ServerHealth};
 
 mod handle;
+mod in_flight;
 mod link;
 mod notify;
 mod outgoing;

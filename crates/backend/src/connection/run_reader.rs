@@ -1,7 +1,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use memroute_protocol::{parse_retrieval_blocks, retrieval_error, Limits, ReplyParse};
 
-use super::link::{InFlight, Link};
+use super::in_flight::{InFlight, Link};
 
 /// The keys of a key-journal entry (space-separated key text), in order.
 pub(super) fn journal_keys(text: &[u8]) -> impl Iterator<Item = &[u8]> {
