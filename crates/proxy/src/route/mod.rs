@@ -449,7 +449,7 @@ fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
 async fn run_child(routing: &Rc<RouteSnapshot>, node: NodeId, job: &Rc<Job>) -> Reply {
     match routing.routes.node(node) {
         Node::Pool(pool) if job.operation != Operation::FlushAll => {
-            pool::send(routing, *pool, job).await
+            resize::send(routing, *pool, job).await
         }
         _ => run(routing.clone(), node, job.clone()).await,
     }
@@ -463,7 +463,7 @@ async fn run_multi_child(
     keys: Vec<u32>,
 ) -> KeyReplies {
     match routing.routes.node(node) {
-        Node::Pool(pool) => pool::run_multi(routing, *pool, job, &keys).await,
+        Node::Pool(pool) => resize::run_multi(routing, *pool, job, &keys).await,
         _ => run_multi(routing.clone(), node, job.clone(), keys).await,
     }
 }

@@ -94,16 +94,8 @@ pub(super) fn merge_flush_all(routing: &RouteSnapshot, legs: &mut [Leg]) -> Repl
     merge.finish()
 }
 
-/// One request to the server that owns its key (flush_all: to every server); during a
-/// resize window, as `resize::send` says.
-pub(super) async fn send(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
-    match &routing.pools[pool].previous {
-        None => send_plain(routing, pool, job).await,
-        Some(previous) => super::resize::send(routing, pool, previous, job).await,
-    }
-}
-
-/// `send` by the current placement only.
+/// One request to the server that owns its key (flush_all: to every server), by the
+/// pool's current placement (`resize::send` adds a running resize window's steps).
 pub(super) async fn send_plain(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
     if job.operation == Operation::FlushAll {
         return flush_pool(routing, pool, job).await;
@@ -236,22 +228,9 @@ impl<'r> BatchLines<'r> {
     }
 }
 
-/// A pool's share of a multi-get: its keys batched per server exactly as a plain pool's
-/// are (`send_batches`), every batch sent before any reply is awaited; during a resize
-/// window, as `resize::run_multi` says.
-pub(super) async fn run_multi(
-    routing: &Rc<RouteSnapshot>,
-    pool: usize,
-    job: &MultiJob,
-    keys: &[u32],
-) -> KeyReplies {
-    match &routing.pools[pool].previous {
-        None => run_multi_plain(routing, pool, job, keys).await,
-        Some(previous) => super::resize::run_multi(routing, pool, previous, job, keys).await,
-    }
-}
-
-/// `run_multi` by the current placement only.
+/// A pool's share of a multi-get by its current placement: its keys batched per server
+/// (`send_batches`), every batch sent before any reply is awaited (`resize::run_multi`
+/// adds a running resize window's steps).
 pub(super) async fn run_multi_plain(
     routing: &Rc<RouteSnapshot>,
     pool: usize,

@@ -98,9 +98,33 @@ fn meta_conditional(frame: &[u8]) -> bool {
         })
 }
 
+/// A pool's request: to the server that owns its key (flush_all: to every server), and
+/// during a resize window the steps the window adds (`send_in_window`). Every pool's
+/// request starts here, so the window is a layer over `pool`, never its callee.
+pub(super) async fn send(routing: &Rc<RouteSnapshot>, pool: usize, job: &Job) -> Reply {
+    match &routing.pools[pool].previous {
+        None => pool::send_plain(routing, pool, job).await,
+        Some(previous) => send_in_window(routing, pool, previous, job).await,
+    }
+}
+
+/// A pool's share of a multi-get (`pool::run_multi_plain`), and during a resize window the
+/// steps the window adds (`run_multi_in_window`).
+pub(super) async fn run_multi(
+    routing: &Rc<RouteSnapshot>,
+    pool: usize,
+    job: &MultiJob,
+    keys: &[u32],
+) -> KeyReplies {
+    match &routing.pools[pool].previous {
+        None => pool::run_multi_plain(routing, pool, job, keys).await,
+        Some(previous) => run_multi_in_window(routing, pool, previous, job, keys).await,
+    }
+}
+
 /// A request to `pool` (which has a window, `previous`) for a key: see the module's
 /// description. flush_all also reaches the servers that left.
-pub(super) async fn send(
+async fn send_in_window(
     routing: &Rc<RouteSnapshot>,
     pool: usize,
     previous: &Previous,
@@ -497,14 +521,14 @@ fn judge_take_back(taken: &Reply, stats: &ResizeStats) {
 
 /// A multi-get's keys `keys` (indexes into `job.keys`) in `pool`, which has a window
 /// (`previous`): see the module's description.
-pub(super) async fn run_multi(
+async fn run_multi_in_window(
     routing: &Rc<RouteSnapshot>,
     pool: usize,
     previous: &Previous,
     job: &MultiJob,
     keys: &[u32],
 ) -> KeyReplies {
-    // A turn on every key whose owner changed, taken before the first await (see `send`);
+    // A turn on every key whose owner changed, taken before the first await (see `send_in_window`);
     // one per key (`take` gives none for a key asked twice).
     let request = previous.turns.request();
     let turns: SmallVec<[_; 8]> = keys

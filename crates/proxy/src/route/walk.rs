@@ -11,7 +11,7 @@ use memroute_routing::{Node, NodeId};
 use smallvec::SmallVec;
 
 use super::job::{Job, KeyReplies, MultiJob};
-use super::{failover, fixed, pool, random, replicated, select, shadow, warm_up};
+use super::{failover, fixed, random, replicated, resize, select, shadow, warm_up};
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
 
@@ -131,7 +131,7 @@ impl Walk for Rc<Job> {
     }
 
     async fn pool(self, routing: &Rc<RouteSnapshot>, pool: usize) -> Reply {
-        pool::send(routing, pool, &self).await
+        resize::send(routing, pool, &self).await
     }
 
     fn shadow(&self, routing: &Rc<RouteSnapshot>, node: NodeId) {
@@ -207,7 +207,7 @@ impl Walk for Keys {
     }
 
     async fn pool(self, routing: &Rc<RouteSnapshot>, pool: usize) -> KeyReplies {
-        pool::run_multi(routing, pool, &self.job, &self.keys).await
+        resize::run_multi(routing, pool, &self.job, &self.keys).await
     }
 
     fn shadow(&self, routing: &Rc<RouteSnapshot>, node: NodeId) {
