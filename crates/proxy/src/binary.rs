@@ -476,7 +476,9 @@ impl Translator {
             }
             op::SASL_AUTH => {
                 let accepted = match (&request.key[..], sasl_plain(&request.value)) {
-                    (b"PLAIN", Some((user, password))) => at.login.attempt(at, user, password),
+                    (b"PLAIN", Some((user, password))) => {
+                        at.login.attempt(at.context, at.peer, user, password)
+                    }
                     _ => {
                         let peer = (at.peer)();
                         client_log::count(at.context, &peer, ClientEvent::AuthCommand);

@@ -3,7 +3,7 @@
 //! backend connection; once it has, they pass untouched.
 //!
 //! ```text
-//!   text:   parse_login -> "CLIENT_ERROR unauthenticated" | login: STORED / "CLIENT_ERROR
+//!   text (framing.rs, `login`):   parse_login -> "CLIENT_ERROR unauthenticated" | login: STORED / "CLIENT_ERROR
 //!           authentication failure" | close (2 KiB without a newline)
 //!   binary: SASL_LIST_MECHS -> "PLAIN"; SASL_AUTH PLAIN -> "Authenticated" / Auth failure;
 //!           VERSION answered; anything else -> Auth failure, and the connection closes
@@ -14,14 +14,11 @@
 //! login `set` is then a plain `set`, as memcached without `-Y` reads it, and its SASL
 //! frames get memcached's "Unknown command".
 use std::cell::Cell;
-use std::collections::VecDeque;
 
-use bytes::{Buf, Bytes, BytesMut};
-use memroute_protocol::auth::{parse_login, Authfile, Login, AUTHENTICATION_FAILURE, LOGGED_IN};
+use memroute_protocol::auth::Authfile;
 
-use crate::client_log::{self, ClientEvent};
-use crate::framing::{Framed, Inbound};
-use crate::pending::Pending;
+use crate::client_log::{self, ClientEvent, Peer};
+use crate::context::WorkerContext;
 
 /// One session's login state for one batch of requests: the listener's authfile (from the
 /// batch's routing snapshot, so a reload that turns a login on applies to the next batch)
@@ -58,48 +55,25 @@ impl<'a> LoginGate<'a> {
 
     /// Checks a login; the client is logged in from now on when it holds. A failed login
     /// leaves a client logged in earlier logged in, as memcached does.
-    pub(crate) fn attempt(&self, at: &Inbound<'_>, user: &[u8], password: &[u8]) -> bool {
+    pub(crate) fn attempt(
+        &self,
+        context: &WorkerContext,
+        peer: &dyn Fn() -> Peer,
+        user: &[u8],
+        password: &[u8],
+    ) -> bool {
         let Some(authfile) = self.authfile else {
             return false;
         };
         let accepted = authfile.check(user, password);
-        let peer = (at.peer)();
-        client_log::count(at.context, &peer, ClientEvent::AuthCommand);
+        let peer = peer();
+        client_log::count(context, &peer, ClientEvent::AuthCommand);
         if accepted {
             self.logged_in.set(true);
         } else {
-            client_log::count(at.context, &peer, ClientEvent::AuthError);
+            client_log::count(context, &peer, ClientEvent::AuthError);
             client_log::login_refused(&peer, user);
         }
         accepted
     }
-}
-
-/// Frames the next text request of a client that has not logged in: a login is checked,
-/// anything else answered as memcached answers it before a login.
-pub(crate) fn text(
-    at: &Inbound<'_>,
-    input: &mut BytesMut,
-    pending: &mut VecDeque<Pending>,
-) -> Framed {
-    let (consumed, reply) = match parse_login(input) {
-        Login::Incomplete => return Framed::Incomplete,
-        Login::Close => {
-            input.clear();
-            pending.push_back(Pending::Close);
-            return Framed::Close;
-        }
-        Login::Answer { consumed, reply } => (consumed, reply),
-        Login::Attempt {
-            consumed,
-            user,
-            password,
-        } => match at.login.attempt(at, user, password) {
-            true => (consumed, LOGGED_IN),
-            false => (consumed, AUTHENTICATION_FAILURE),
-        },
-    };
-    input.advance(consumed);
-    pending.push_back(Pending::Ready(Bytes::from_static(reply)));
-    Framed::Next
 }

@@ -15,7 +15,8 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+use memroute_protocol::auth::{parse_login, Login, AUTHENTICATION_FAILURE, LOGGED_IN};
 use memroute_protocol::{parse_request, Parse};
 
 use crate::client_auth::LoginGate;
@@ -67,7 +68,7 @@ pub(crate) fn text(
     pending: &mut VecDeque<Pending>,
 ) -> Framed {
     if !at.login.open() {
-        return crate::client_auth::text(at, input, pending);
+        return login(at, input, pending);
     }
     match parse_request(input, &at.routing.limits) {
         Parse::Request(request) => {
@@ -89,4 +90,33 @@ pub(crate) fn text(
             Framed::Next
         }
     }
+}
+
+/// Frames the next text request of a client that has not logged in: a login is checked,
+/// anything else answered as memcached answers it before a login (see `client_auth`).
+fn login(
+    at: &Inbound<'_>,
+    input: &mut BytesMut,
+    pending: &mut VecDeque<Pending>,
+) -> Framed {
+    let (consumed, reply) = match parse_login(input) {
+        Login::Incomplete => return Framed::Incomplete,
+        Login::Close => {
+            input.clear();
+            pending.push_back(Pending::Close);
+            return Framed::Close;
+        }
+        Login::Answer { consumed, reply } => (consumed, reply),
+        Login::Attempt {
+            consumed,
+            user,
+            password,
+        } => match at.login.attempt(at.context, at.peer, user, password) {
+            true => (consumed, LOGGED_IN),
+            false => (consumed, AUTHENTICATION_FAILURE),
+        },
+    };
+    input.advance(consumed);
+    pending.push_back(Pending::Ready(Bytes::from_static(reply)));
+    Framed::Next
 }
