@@ -24,8 +24,13 @@
 //!     | down: bump the pool's epoch, wake the prober       ^ up: bump the epoch, wake
 //!     v                                                    | connections in backoff
 //!  run_prober (control thread): after probe_interval, x1.5 +-20% up to probe_interval_max,
-//!     connect + "version\r\n" -> "VERSION ..." within timeout -> mark_up
+//!     connect + the greeting below -> "VERSION ..." (or a login taken) within timeout -> mark_up
 //! ```
+//!
+//! Every connection (and every probe) is greeted before it carries a request (`hello`):
+//! `version`, and the pool's login when memcached wants one. A server that wants a login
+//! memroute lacks, or refuses memroute's, is marked down at once with that reason: no
+//! client's bytes are ever the first thing a connection hears.
 //!
 //! A reply that does not come within the pool's timeout breaks the connection: every
 //! request in flight on it gets a `Timeout` error (the stream cannot be resynchronised
