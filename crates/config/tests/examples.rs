@@ -246,7 +246,7 @@ hashh = "md5"
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
             "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout, io, zone, fastopen, fastopen_connect, tls_handshake_timeout, tls_ticket_lifetime, tls_session_cache)",
-            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, coalesce_gets, resize_window, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max, tls, zone)",
+            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, coalesce_gets, resize_window, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max, tls, zone, auth)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
     );
@@ -356,7 +356,7 @@ servers = ["10.0.0.1:11211"]
         [
             "proxy.listen[0]: invalid address \"0.0.0.0\" (expected host:port with a numeric port), or unix:/path",
             "proxy.listen[1]: invalid unix socket address \"unix:relative.sock\" (expected unix:/absolute/path)",
-            "proxy.listen[2]: expected a string or { address, tls }, found an integer",
+            "proxy.listen[2]: expected a string or { address, route, tls, auth }, found an integer",
             "proxy.workers: must be >= 0",
             "proxy.backlog: must be > 0",
             "proxy.max_value_size: invalid size \"1 PiB\" (expected a size such as \"1MiB\", \"512KiB\" or an integer number of bytes)",
