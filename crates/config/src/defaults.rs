@@ -5,8 +5,9 @@
 /// Listen address when `proxy.listen` is absent: local only, memcached's port.
 pub const LISTEN: &str = "127.0.0.1:11211";
 pub const BACKLOG: u32 = 65535;
-pub const MAX_VALUE_SIZE: usize = 1024 * 1024;
-pub const MAX_LINE_SIZE: usize = 64 * 1024;
+/// The protocol's scanning limits are the defaults (protocol owns them: `Limits::default`).
+pub const MAX_VALUE_SIZE: usize = memroute_protocol::DEFAULT_MAX_VALUE_LEN;
+pub const MAX_LINE_SIZE: usize = memroute_protocol::DEFAULT_MAX_LINE_LEN;
 /// Smallest accepted `max_line_size`: a `set` line with a 250-byte key must fit.
 pub const MIN_LINE_SIZE: usize = 1024;
 /// With 1 MiB values this bounds one client's replies in memory at 256 MiB.

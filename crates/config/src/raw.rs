@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use memroute_protocol::MAX_RELATIVE_EXPTIME;
 use toml::{Table, Value};
 
 use crate::checked::{
@@ -115,9 +116,6 @@ const ERROR_ROUTE_KEYS: &[&str] = &["type", "message"];
 const WRITE_POLICIES: &[(&str, WritePolicy)] = WritePolicy::NAMES;
 const READ_POLICIES: &[(&str, ReadPolicy)] = ReadPolicy::NAMES;
 const FAILOVER_ON: &[(&str, FailoverOn)] = FailoverOn::NAMES;
-/// memcached reads an exptime above 30 days as an absolute unix time, so a larger
-/// warm-up `ttl` would fill items that are already expired.
-const MAX_RELATIVE_EXPTIME_SECS: u64 = 30 * 24 * 3600;
 const TOP_KEYS: &[&str] = &["proxy", "admin", "pools", "routes", "discovery"];
 
 /// The config as written: a TOML table that has passed the syntax check only.
@@ -1539,10 +1537,12 @@ fn check_ttl(v: &Value, path: &str, errs: &mut Errors) -> Option<u32> {
         return None;
     }
     let secs = d.as_secs();
-    if secs > MAX_RELATIVE_EXPTIME_SECS {
+    // memcached reads a larger exptime as an absolute unix time, so a warm-up fill
+    // would store items that are already expired.
+    if secs > MAX_RELATIVE_EXPTIME {
         errs.push(
             path,
-            format!("must be at most 30 days ({MAX_RELATIVE_EXPTIME_SECS}s): memcached reads a larger expiry as a unix timestamp (found {secs}s)"),
+            format!("must be at most 30 days ({MAX_RELATIVE_EXPTIME}s): memcached reads a larger expiry as a unix timestamp (found {secs}s)"),
         );
         return None;
     }

@@ -31,6 +31,19 @@ pub fn single_get_line(frame: &[u8]) -> Option<(bool, usize)> {
         .then_some((gets, keys_start))
 }
 
+/// Longest command line accepted by default (memroute's own bound: memcached has none
+/// past its 2048-byte read buffer for lines other than gets, see [`MAX_SHORT_LINE`]).
+/// `proxy.max_line_size` in the config defaults to this.
+pub const DEFAULT_MAX_LINE_LEN: usize = 64 * 1024;
+
+/// Largest data block accepted by default: memcached 1.6's item size max (`-I`, 1 MiB).
+/// `proxy.max_value_size` in the config defaults to this.
+pub const DEFAULT_MAX_VALUE_LEN: usize = 1024 * 1024;
+
+/// The longest exptime memcached reads as seconds from now (30 days); it reads a larger
+/// one as an absolute Unix time. So a relative TTL above this cannot be sent as is.
+pub const MAX_RELATIVE_EXPTIME: u64 = 30 * 24 * 3600;
+
 /// Scanning limits. Defaults follow memcached 1.6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -58,8 +71,8 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_key_len: MAX_KEY_LEN,
-            max_line_len: 64 * 1024,
-            max_value_len: 1024 * 1024,
+            max_line_len: DEFAULT_MAX_LINE_LEN,
+            max_value_len: DEFAULT_MAX_VALUE_LEN,
         }
     }
 }
@@ -113,6 +126,14 @@ impl Command {
         matches!(
             self,
             Command::Get | Command::Gets | Command::Gat | Command::Gats
+        )
+    }
+    /// Reads of a key's value: get, gets, gat, gats and mg. The routes that treat a read
+    /// apart (warm-up, a resize window's fallback) and the hit/miss counters use this.
+    pub fn is_read(self) -> bool {
+        matches!(
+            self,
+            Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
         )
     }
     /// Commands that carry a data block after the command line.
@@ -1057,6 +1078,69 @@ fn parse_simple(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every command, each with whether it reads a key's value. The match has no
+    /// wildcard, so a new command does not compile until it is placed here.
+    #[test]
+    fn is_read_names_the_reads_and_nothing_else() {
+        let all = [
+            Command::Get,
+            Command::Gets,
+            Command::Gat,
+            Command::Gats,
+            Command::Set,
+            Command::Add,
+            Command::Replace,
+            Command::Append,
+            Command::Prepend,
+            Command::Cas,
+            Command::Delete,
+            Command::Incr,
+            Command::Decr,
+            Command::Touch,
+            Command::FlushAll,
+            Command::Version,
+            Command::Verbosity,
+            Command::Stats,
+            Command::Quit,
+            Command::Shutdown,
+            Command::MetaGet,
+            Command::MetaSet,
+            Command::MetaDelete,
+            Command::MetaArithmetic,
+            Command::MetaNoop,
+            Command::MetaDebug,
+        ];
+        for command in all {
+            let read = match command {
+                Command::Get | Command::Gets | Command::Gat | Command::Gats => true,
+                Command::MetaGet => true,
+                // touch changes only the expiry and returns no value; me returns
+                // debug data, not the value.
+                Command::Touch | Command::MetaDebug => false,
+                Command::Set
+                | Command::Add
+                | Command::Replace
+                | Command::Append
+                | Command::Prepend
+                | Command::Cas
+                | Command::Delete
+                | Command::Incr
+                | Command::Decr
+                | Command::FlushAll
+                | Command::Version
+                | Command::Verbosity
+                | Command::Stats
+                | Command::Quit
+                | Command::Shutdown
+                | Command::MetaSet
+                | Command::MetaDelete
+                | Command::MetaArithmetic
+                | Command::MetaNoop => false,
+            };
+            assert_eq!(command.is_read(), read, "{}", command.name());
+        }
+    }
 
     #[test]
     fn single_get_line_is_one_whole_get_or_gets_line() {

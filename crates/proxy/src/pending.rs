@@ -177,10 +177,7 @@ fn finish_single(
     let is_meta = command.is_keyed_meta();
     match reply {
         Ok(bytes) => {
-            if matches!(
-                command,
-                Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
-            ) {
+            if command.is_read() {
                 // Judged as the routes judge it; an error line counts as a miss.
                 let hit = classify_reply(&bytes) == ReplyClass::Hit;
                 let counter = if hit {

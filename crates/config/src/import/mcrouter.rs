@@ -1234,7 +1234,7 @@ impl Importer {
             format!("warm = {}", quote(&warm)),
         ];
         if let Some(v) = o.get("exptime") {
-            let Some(ttl) = v.as_u64().filter(|&t| t <= 30 * 24 * 3600) else {
+            let Some(ttl) = v.as_u64().filter(|&t| t <= memroute_protocol::MAX_RELATIVE_EXPTIME) else {
                 self.error(&join(path, "exptime"), "expected seconds, at most 30 days");
                 return None;
             };

@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
-use memroute_protocol::{Command, ReplyKind};
+use memroute_protocol::{Command, ReplyKind, MAX_RELATIVE_EXPTIME as MAX_RELATIVE_TTL};
 use memroute_routing::ReplyClass;
 use smallvec::SmallVec;
 
@@ -60,9 +60,7 @@ enum Needs {
 
 fn needs(job: &Job) -> Needs {
     match job.command {
-        Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet => {
-            Needs::Read
-        }
+        command if command.is_read() => Needs::Read,
         Command::Add
         | Command::Replace
         | Command::Append
@@ -363,9 +361,6 @@ fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
     data.put_slice(b"\r\n");
     (Bytes::from(line), Some(data.freeze()))
 }
-
-/// The longest expiry memcached takes as seconds from now; a larger one is a Unix time.
-const MAX_RELATIVE_TTL: u64 = 30 * 24 * 3600;
 
 /// The expiry to store for an item with `ttl` seconds left (0: never expires) when the
 /// Unix time is `now`: the seconds themselves, or the Unix time they end at when memcached

@@ -45,10 +45,7 @@ pub(super) async fn run(
 /// Whether a warm-up route asks warm for `command` when cold missed it: reads (the
 /// classic retrievals and meta get); everything else goes to cold only.
 pub(crate) fn warms_up(command: Command) -> bool {
-    matches!(
-        command,
-        Command::Get | Command::Gets | Command::Gat | Command::Gats | Command::MetaGet
-    )
+    command.is_read()
 }
 
 /// For a single-key request that reached policy route `node`: when it is a warm-up route
