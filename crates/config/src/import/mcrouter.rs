@@ -1234,7 +1234,10 @@ impl Importer {
             format!("warm = {}", quote(&warm)),
         ];
         if let Some(v) = o.get("exptime") {
-            let Some(ttl) = v.as_u64().filter(|&t| t <= memroute_protocol::MAX_RELATIVE_EXPTIME) else {
+            let Some(ttl) = v
+                .as_u64()
+                .filter(|&t| t <= memroute_protocol::MAX_RELATIVE_EXPTIME)
+            else {
                 self.error(&join(path, "exptime"), "expected seconds, at most 30 days");
                 return None;
             };
