@@ -6,7 +6,8 @@
 //!
 //! `validate` reports *every* problem at once, each with the key path that is
 //! wrong (`pools.main.servers[1].weight: must be > 0`). Builds memroute-routing's spec
-//! ([`Config::routing_spec`]): the one workspace crate it depends on.
+//! ([`Config::routing_spec`]), and takes memroute-protocol's limits and expiry rule for its
+//! defaults and checks: the two workspace crates it depends on, both sans-I/O.
 //!
 //! Modules import one way:
 //!
@@ -16,8 +17,12 @@
 //!    '--------------------------------------------->+--> checked (the validated types)
 //!                                                              '--> defaults
 //!   raw --> auth (pool logins, listener authfiles) --> walk, checked
-//!   spec (Config -> routing's spec) --> checked        import/ --> raw, parse()
+//!   spec (Config -> routing's spec) --> checked        import/ --> raw, load (parse())
+//!   load (parse, load) --> raw
 //! ```
+//!
+//! lib.rs only declares and re-exports: an item defined here would be above every module
+//! that uses it and below the re-exports, a circle (tests/tests/layers.rs finds those).
 #![forbid(unsafe_code)]
 
 mod auth;
@@ -25,6 +30,7 @@ mod checked;
 pub mod defaults;
 mod error;
 pub mod import;
+mod load;
 pub mod raw;
 mod redact;
 mod spec;
@@ -36,21 +42,5 @@ pub use import::twemproxy;
 pub use auth::login_word_problem;
 pub use checked::*;
 pub use error::{ConfigError, ConfigErrors};
+pub use load::{load, parse};
 pub use redact::redacted;
-
-/// Parses and validates a config from TOML text.
-pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
-    let raw = raw::RawConfig::from_toml(text)?;
-    raw.validate()
-}
-
-/// Reads, parses and validates a config file.
-pub fn load(path: &std::path::Path) -> Result<Config, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigErrors::single(ConfigError::new(
-            "",
-            format!("cannot read {}: {e}", path.display()),
-        ))
-    })?;
-    parse(&text)
-}
