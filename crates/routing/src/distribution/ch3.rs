@@ -2,7 +2,7 @@
 //! [`crate::mcrouter_hash`]). Depends on the server's position in the list, not its name:
 //! mcrouter users keep their servers in the same order to keep their keys in place.
 //! Pinned by `tests/golden/mcrouter/mcrouter-ch3.tsv`.
-use super::Distribution;
+use super::member::Distribution;
 use crate::mcrouter_hash::furc;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! mcrouter's `Crc32`: `(crc32(routing key) & 0x7FFFFFFF) % n` with the standard CRC-32.
 //! Not libmemcached's 15-bit "crc32" that the pool `hash = "crc32"` names (twemproxy's).
 //! Pinned by `tests/golden/mcrouter/mcrouter-crc32.tsv`.
-use super::Distribution;
+use super::member::Distribution;
 use crate::mcrouter_hash::crc32_index;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

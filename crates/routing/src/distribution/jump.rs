@@ -3,7 +3,7 @@
 //! are not used: jump needs a 64-bit key and has no notion of weight. Moves only ~1/n of
 //! keys when the n-th server is appended; removing one from the middle renumbers the rest.
 //! Pinned by `tests/golden/memroute/ring-jump.tsv`.
-use super::Distribution;
+use super::member::Distribution;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Jump {

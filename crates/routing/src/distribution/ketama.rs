@@ -3,7 +3,7 @@
 use crate::spec::ServerSpec;
 
 use super::continuum::Continuum;
-use super::{twemproxy_key_hash, twemproxy_order, Distribution};
+use super::member::{twemproxy_key_hash, twemproxy_order, Distribution};
 use crate::hash::HashFn;
 
 /// twemproxy's ketama: 160 points per server at equal weights, 4 per MD5 digest.

@@ -28,7 +28,7 @@
 //! A twemproxy quirk that decides modula placement: while checking for duplicates,
 //! nutcracker sorts each pool's servers by identity (shorter identity first, then
 //! bytewise) and builds its continuum in that order, so modula slot `i` is the `i`-th
-//! server in *that* order, not in config order. [`twemproxy_order`] reproduces it.
+//! server in *that* order, not in config order. `member::twemproxy_order` reproduces it.
 use crate::spec::{DistributionName, PoolSpec, ServerSpec};
 
 use smallvec::SmallVec;
@@ -41,6 +41,7 @@ mod continuum;
 mod crc32;
 mod jump;
 mod ketama;
+mod member;
 mod modula;
 mod random;
 mod ring;
@@ -48,40 +49,11 @@ mod wch3;
 
 #[cfg(test)]
 use ketama::ketama_points;
+#[cfg(test)]
+use member::twemproxy_order;
+use member::Distribution;
+pub use member::ServerIdentity;
 use wch3::WCH3_MISSING_WEIGHT;
-
-/// What every distribution answers.
-pub(crate) trait Distribution {
-    /// Position, among the servers the distribution was built over (in config order), of
-    /// the one owning `part` (the bytes of the key that are hashed). Called only with two
-    /// or more servers.
-    fn pick(&self, part: &[u8]) -> usize;
-}
-
-/// memcached's default port: twemproxy leaves it out of a server's ketama identity, for
-/// compatibility with libmemcached.
-const KETAMA_DEFAULT_PORT: u16 = 11211;
-
-/// What a server is hashed as by ketama and ring: twemproxy uses the server's `name` when
-/// given, else `host` when the port is 11211, else `host:port`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerIdentity(pub String);
-
-impl ServerIdentity {
-    /// The identity twemproxy would give this server.
-    pub fn of(server: &ServerSpec) -> ServerIdentity {
-        if let Some(name) = &server.name {
-            return ServerIdentity(name.clone());
-        }
-        // twemproxy compares the parsed port number, so "h:11211" is "h".
-        match server.address.rsplit_once(':') {
-            Some((host, port)) if port.parse::<u16>() == Ok(KETAMA_DEFAULT_PORT) => {
-                ServerIdentity(host.to_string())
-            }
-            _ => ServerIdentity(server.address.clone()),
-        }
-    }
-}
 
 /// A pool's placement: key -> index into the pool's `servers` (config order).
 #[derive(Debug, Clone)]
@@ -227,7 +199,7 @@ impl Placement {
             let parts = [0, 1, 2, 3].map(|i| hash_key_part(keys[i], self.hash_tag));
             let hashes = hash.hash4(parts);
             for ((server, part), hashed) in servers.iter_mut().zip(parts).zip(hashes) {
-                // twemproxy hashes an empty key to 0 (see `twemproxy_key_hash`).
+                // twemproxy hashes an empty key to 0 (see `member::twemproxy_key_hash`).
                 let hashed = if part.is_empty() { 0 } else { hashed };
                 let member = match &self.kind {
                     Kind::Ketama(ketama) => ketama.continuum.lookup(hashed),
@@ -247,33 +219,6 @@ impl Placement {
     pub fn server_count(&self) -> usize {
         self.members.len()
     }
-}
-
-/// The key's hash as twemproxy's distributions see it; twemproxy hashes an empty key to 0.
-#[inline]
-fn twemproxy_key_hash(hash: HashFn, part: &[u8]) -> u32 {
-    if part.is_empty() {
-        0
-    } else {
-        hash.hash(part)
-    }
-}
-
-/// Member positions and identities of `servers`, in the order nutcracker keeps them:
-/// sorted by identity length, then bytes (its `string_compare`). Stable, so duplicate
-/// identities (which nutcracker would reject) keep config order.
-fn twemproxy_order(servers: &[&ServerSpec]) -> Vec<(usize, ServerIdentity)> {
-    let mut order: Vec<(usize, ServerIdentity)> = servers
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (i, ServerIdentity::of(s)))
-        .collect();
-    order.sort_by(|(_, a), (_, b)| {
-        a.0.len()
-            .cmp(&b.0.len())
-            .then_with(|| a.0.as_bytes().cmp(b.0.as_bytes()))
-    });
-    order
 }
 
 #[cfg(test)]

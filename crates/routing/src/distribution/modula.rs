@@ -2,7 +2,7 @@
 //! server holding `weight` slots in twemproxy's server order (see `twemproxy_order`).
 use crate::spec::ServerSpec;
 
-use super::{twemproxy_key_hash, twemproxy_order, Distribution};
+use super::member::{twemproxy_key_hash, twemproxy_order, Distribution};
 use crate::hash::HashFn;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

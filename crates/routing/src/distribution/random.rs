@@ -2,7 +2,7 @@
 //! server per request; twemproxy 0.5.0 ignores weights here, and so do we.
 use rand::Rng;
 
-use super::Distribution;
+use super::member::Distribution;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Random {

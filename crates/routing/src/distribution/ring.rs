@@ -3,7 +3,7 @@
 use crate::spec::ServerSpec;
 
 use super::continuum::Continuum;
-use super::{twemproxy_key_hash, Distribution, ServerIdentity};
+use super::member::{twemproxy_key_hash, Distribution, ServerIdentity};
 use crate::hash::HashFn;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

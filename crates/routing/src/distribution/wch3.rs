@@ -7,7 +7,7 @@
 //! Pinned by `tests/golden/mcrouter/mcrouter-wch3.tsv` and `mcrouter-spooky32.tsv`.
 use smallvec::SmallVec;
 
-use super::Distribution;
+use super::member::Distribution;
 use crate::mcrouter_hash::{furc, spooky32};
 
 const WCH3_TRIES: u32 = 32;
