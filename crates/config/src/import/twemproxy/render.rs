@@ -1,7 +1,7 @@
 //! The memroute TOML for twemproxy pools already read: `[proxy]` with a listener per
 //! memcached pool and the per-pool settings memroute has once per process merged, then
 //! each pool's table (a redis pool's commented out).
-use super::{quote, Pool};
+use super::pool::{quote, Pool};
 use crate::import::push_note;
 use crate::raw::toml_key;
 
