@@ -21,8 +21,9 @@ use toml::{Table, Value};
 
 use crate::checked::{
     AdminConfig, AdminToken, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind,
-    FailoverOn, HashName, IoMode, ListenAddress, Operation, PoolConfig, PoolSpec, ProxyConfig,
-    ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, WritePolicy, ZoneSource,
+    FailoverOn, HashName, IoMode, ListenAddress, ListenerAuth, Operation, PoolConfig, PoolSpec,
+    ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, TransportConfig,
+    WritePolicy, ZoneSource,
 };
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,
@@ -203,6 +204,29 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
         .map(|t| check_discovery(t, errs))
         .unwrap_or_default();
 
+    let pools = check_pools(top, errs);
+    let routes = check_routes(top, errs);
+    check_targets(
+        top,
+        proxy_table,
+        &mut proxy,
+        &listener_targets,
+        &routes,
+        errs,
+    );
+    check_cycles(&routes, errs);
+
+    Config {
+        proxy,
+        admin,
+        pools,
+        routes,
+        discovery,
+    }
+}
+
+/// `[pools.NAME]`: each pool that passed its checks (at least one is required).
+fn check_pools(top: &Table, errs: &mut Errors) -> BTreeMap<String, PoolConfig> {
     let mut pools = BTreeMap::new();
     match top.get("pools") {
         None => errs.push("pools", "at least one pool is required"),
@@ -224,7 +248,11 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
         }
         Some(other) => wrong_type(errs, "pools", "a table", other),
     }
+    pools
+}
 
+/// `[routes.NAME]`: each route that passed its own checks (targets are checked later).
+fn check_routes(top: &Table, errs: &mut Errors) -> BTreeMap<String, RouteConfig> {
     let mut routes = BTreeMap::new();
     if let Some(t) = get_table(top, "routes", "", errs) {
         for (name, v) in t {
@@ -239,7 +267,19 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
             }
         }
     }
+    routes
+}
 
+/// Every name a listener, `proxy.route` or a route points at is a pool or a route, and
+/// no name is both; sets the default root when `proxy.route` is absent.
+fn check_targets(
+    top: &Table,
+    proxy_table: &Table,
+    proxy: &mut ProxyConfig,
+    listener_targets: &[(String, String)],
+    routes: &BTreeMap<String, RouteConfig>,
+    errs: &mut Errors,
+) {
     // Names are looked up in one namespace, so a name used by both is ambiguous.
     // Check against the raw tables so a pool with other errors still counts.
     let pool_names: BTreeSet<&String> = match top.get("pools") {
@@ -259,16 +299,38 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     let known =
         |t: &str| pool_names.contains(&t.to_string()) || route_names.contains(&t.to_string());
 
-    let unknown_target =
-        |target: &str| format!("unknown target \"{target}\" (no pool or route has that name)");
-    for (key_path, target) in &listener_targets {
+    for (key_path, target) in listener_targets {
         if !known(target) {
             errs.push(key_path, unknown_target(target));
         }
     }
 
-    // The default root: the only pool, or when every listener names its own root, the
-    // first listener's (so `memroute route` and `RouteTable::root` have one to show).
+    check_default_root(proxy_table, proxy, &pool_names, &known, errs);
+
+    for (name, route) in routes {
+        let path = join("routes", name);
+        for (key_path, target) in crate::checked::route_edges(&path, route) {
+            if !known(&target) {
+                errs.push(&key_path, unknown_target(&target));
+            }
+        }
+    }
+}
+
+fn unknown_target(target: &str) -> String {
+    format!("unknown target \"{target}\" (no pool or route has that name)")
+}
+
+/// `proxy.route` names a known target; absent, the default root is the only pool, or when
+/// every listener names its own root, the first listener's (so `memroute route` and
+/// `RouteTable::root` have one to show).
+fn check_default_root(
+    proxy_table: &Table,
+    proxy: &mut ProxyConfig,
+    pool_names: &BTreeSet<&String>,
+    known: &dyn Fn(&str) -> bool,
+    errs: &mut Errors,
+) {
     let every_listener_routed = proxy
         .listen
         .iter()
@@ -296,24 +358,6 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
                 errs.push("proxy.route", "required when there is more than one pool (name the pool or route to send requests to)");
             }
         }
-    }
-
-    for (name, route) in &routes {
-        let path = join("routes", name);
-        for (key_path, target) in crate::checked::route_edges(&path, route) {
-            if !known(&target) {
-                errs.push(&key_path, unknown_target(&target));
-            }
-        }
-    }
-    check_cycles(&routes, errs);
-
-    Config {
-        proxy,
-        admin,
-        pools,
-        routes,
-        discovery,
     }
 }
 
@@ -398,69 +442,7 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
         .collect();
     check_keys(t, path, &allowed, errs);
     let mut transport = crate::transport::check_proxy_transport(t, path, errs);
-
-    let mut listen = Vec::new();
-    let mut listen_routes = BTreeMap::new();
-    let mut listen_auth = BTreeMap::new();
-    let mut route_paths = Vec::new();
-    match t.get("listen") {
-        None => listen.push(ListenAddress::Tcp(defaults::LISTEN.to_string())),
-        Some(Value::String(s)) => {
-            if let Some(a) = check_listen(s, "proxy.listen", errs) {
-                listen.push(a);
-            }
-        }
-        Some(Value::Array(items)) => {
-            if items.is_empty() {
-                errs.push("proxy.listen", "needs at least one address");
-            }
-            for (i, item) in items.iter().enumerate() {
-                let p = format!("proxy.listen[{i}]");
-                match item {
-                    Value::String(s) => {
-                        if let Some(a) = check_listen(s, &p, errs) {
-                            if listen.contains(&a) {
-                                errs.push(&p, format!("duplicate listen address \"{s}\""));
-                            }
-                            listen.push(a);
-                        }
-                    }
-                    Value::Table(entry) => {
-                        let route = get_str(entry, "route", &p, errs);
-                        if let Some(route) = route {
-                            route_paths.push((join(&p, "route"), route.to_string()));
-                        }
-                        let auth = entry.get("auth").and_then(|v| {
-                            crate::auth::check_listener_auth(v, &join(&p, "auth"), errs)
-                        });
-                        let Some((s, tls)) = crate::transport::check_listen_entry(entry, &p, errs)
-                        else {
-                            continue;
-                        };
-                        if let Some(a) = check_listen(s, &join(&p, "address"), errs) {
-                            if listen.contains(&a) {
-                                errs.push(&p, format!("duplicate listen address \"{s}\""));
-                            }
-                            if let Some(tls) = tls {
-                                transport.listen_tls.insert(a.clone(), tls);
-                            }
-                            if let Some(route) = route {
-                                listen_routes.insert(a.clone(), route.to_string());
-                            }
-                            if let Some(auth) = auth {
-                                listen_auth.insert(a.clone(), auth);
-                            }
-                            listen.push(a);
-                        }
-                    }
-                    other => {
-                        wrong_type(errs, &p, "a string or { address, route, tls, auth }", other)
-                    }
-                }
-            }
-        }
-        Some(other) => wrong_type(errs, "proxy.listen", "an array of addresses", other),
-    }
+    let listeners = check_listeners(t, &mut transport, errs);
 
     let workers: usize = get_int(t, "workers", path, 0, usize_max(), 0, errs);
     let workers = if workers == 0 {
@@ -480,6 +462,145 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
     let route = get_str(t, "route", path, errs)
         .unwrap_or_default()
         .to_string();
+    let ProxyLimits {
+        max_value_size,
+        max_line_size,
+        max_client_pending,
+        max_connections,
+        shutdown_timeout,
+        drain_delay,
+        max_buffered_replies,
+        slow_client_timeout,
+    } = check_proxy_limits(t, path, errs);
+    let io = check_io(t, path, errs);
+    let zone = check_zone(t, path, errs).map(|name| ProxyZone {
+        name,
+        source: ZoneSource::Config,
+    });
+
+    let proxy = ProxyConfig {
+        zone,
+        listen: listeners.listen,
+        listen_routes: listeners.routes,
+        listen_auth: listeners.auth,
+        workers,
+        io,
+        backlog,
+        route,
+        max_value_size,
+        max_line_size,
+        max_client_pending,
+        max_connections,
+        shutdown_timeout,
+        drain_delay,
+        max_buffered_replies,
+        slow_client_timeout,
+        transport,
+    };
+    (proxy, listeners.route_paths)
+}
+
+/// `proxy.listen`: the addresses, and what the table entries add to them.
+#[derive(Default)]
+struct Listeners {
+    listen: Vec<ListenAddress>,
+    routes: BTreeMap<ListenAddress, String>,
+    auth: BTreeMap<ListenAddress, ListenerAuth>,
+    /// Each listener's `route`, with its key path, to check once pools and routes are known.
+    route_paths: Vec<(String, String)>,
+}
+
+/// `listen = "addr"`, or an array of addresses and `{ address, route, tls, auth }` tables
+/// (a listener's TLS goes into `transport`).
+fn check_listeners(t: &Table, transport: &mut TransportConfig, errs: &mut Errors) -> Listeners {
+    let mut listeners = Listeners::default();
+    match t.get("listen") {
+        None => listeners
+            .listen
+            .push(ListenAddress::Tcp(defaults::LISTEN.to_string())),
+        Some(Value::String(s)) => {
+            if let Some(a) = check_listen(s, "proxy.listen", errs) {
+                listeners.listen.push(a);
+            }
+        }
+        Some(Value::Array(items)) => {
+            if items.is_empty() {
+                errs.push("proxy.listen", "needs at least one address");
+            }
+            for (i, item) in items.iter().enumerate() {
+                let p = format!("proxy.listen[{i}]");
+                match item {
+                    Value::String(s) => {
+                        if let Some(a) = check_listen(s, &p, errs) {
+                            if listeners.listen.contains(&a) {
+                                errs.push(&p, format!("duplicate listen address \"{s}\""));
+                            }
+                            listeners.listen.push(a);
+                        }
+                    }
+                    Value::Table(entry) => listeners.add_entry(entry, &p, transport, errs),
+                    other => {
+                        wrong_type(errs, &p, "a string or { address, route, tls, auth }", other)
+                    }
+                }
+            }
+        }
+        Some(other) => wrong_type(errs, "proxy.listen", "an array of addresses", other),
+    }
+    listeners
+}
+
+impl Listeners {
+    /// `{ address, route, tls, auth }` at key path `p`.
+    fn add_entry(
+        &mut self,
+        entry: &Table,
+        p: &str,
+        transport: &mut TransportConfig,
+        errs: &mut Errors,
+    ) {
+        let route = get_str(entry, "route", p, errs);
+        if let Some(route) = route {
+            self.route_paths.push((join(p, "route"), route.to_string()));
+        }
+        let auth = entry
+            .get("auth")
+            .and_then(|v| crate::auth::check_listener_auth(v, &join(p, "auth"), errs));
+        let Some((s, tls)) = crate::transport::check_listen_entry(entry, p, errs) else {
+            return;
+        };
+        let Some(a) = check_listen(s, &join(p, "address"), errs) else {
+            return;
+        };
+        if self.listen.contains(&a) {
+            errs.push(p, format!("duplicate listen address \"{s}\""));
+        }
+        if let Some(tls) = tls {
+            transport.listen_tls.insert(a.clone(), tls);
+        }
+        if let Some(route) = route {
+            self.routes.insert(a.clone(), route.to_string());
+        }
+        if let Some(auth) = auth {
+            self.auth.insert(a.clone(), auth);
+        }
+        self.listen.push(a);
+    }
+}
+
+/// `[proxy]`'s bounds on clients and on shutdown, read in the order they are documented.
+struct ProxyLimits {
+    max_value_size: usize,
+    max_line_size: usize,
+    max_client_pending: usize,
+    max_connections: usize,
+    shutdown_timeout: Duration,
+    drain_delay: Duration,
+    max_buffered_replies: usize,
+    slow_client_timeout: Duration,
+}
+
+fn check_proxy_limits(t: &Table, path: &str, errs: &mut Errors) -> ProxyLimits {
     let max_value_size = get_size(t, "max_value_size", path, 1, defaults::MAX_VALUE_SIZE, errs);
     let max_line_size = get_size(
         t,
@@ -539,7 +660,21 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
         errs,
     );
 
-    let io = match get_str(t, "io", path, errs) {
+    ProxyLimits {
+        max_value_size,
+        max_line_size,
+        max_client_pending,
+        max_connections,
+        shutdown_timeout,
+        drain_delay,
+        max_buffered_replies,
+        slow_client_timeout,
+    }
+}
+
+/// `io = "epoll" | "io_uring"`.
+fn check_io(t: &Table, path: &str, errs: &mut Errors) -> IoMode {
+    match get_str(t, "io", path, errs) {
         None => IoMode::default(),
         Some(text) => match IoMode::NAMES.iter().find(|(name, _)| *name == text) {
             Some(&(_, mode)) => mode,
@@ -558,33 +693,7 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
                 IoMode::default()
             }
         },
-    };
-
-    let zone = check_zone(t, path, errs).map(|name| ProxyZone {
-        name,
-        source: ZoneSource::Config,
-    });
-
-    let proxy = ProxyConfig {
-        zone,
-        listen,
-        listen_routes,
-        listen_auth,
-        workers,
-        io,
-        backlog,
-        route,
-        max_value_size,
-        max_line_size,
-        max_client_pending,
-        max_connections,
-        shutdown_timeout,
-        drain_delay,
-        max_buffered_replies,
-        slow_client_timeout,
-        transport,
-    };
-    (proxy, route_paths)
+    }
 }
 
 /// `zone = "..."` of `[proxy]` or a pool: a name without surrounding blanks (a zone is
@@ -749,59 +858,7 @@ fn parse_nameserver(text: &str) -> Option<std::net::SocketAddr> {
 fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
     let before = errs.0.len();
     check_keys(t, path, POOL_KEYS, errs);
-
-    let servers_path = join(path, "servers");
-    let (servers, discovery) = match t.get("servers") {
-        Some(Value::Table(dns)) => (Vec::new(), check_dns(dns, &servers_path, errs)),
-        other => (check_servers(other, &servers_path, errs), None),
-    };
-
-    let distribution = match get_str(t, "distribution", path, errs) {
-        None => DistributionName::Ketama,
-        Some(s) => DistributionName::parse(s).unwrap_or_else(|| {
-            let all: Vec<&str> = DistributionName::ALL.iter().map(|d| d.as_str()).collect();
-            errs.push(
-                &join(path, "distribution"),
-                format!(
-                    "unknown distribution \"{s}\" (expected one of: {})",
-                    all.join(", ")
-                ),
-            );
-            DistributionName::Ketama
-        }),
-    };
-    let hash = match get_str(t, "hash", path, errs) {
-        None => HashName::Fnv1a_64,
-        Some(s) => HashName::parse(s).unwrap_or_else(|| {
-            let all: Vec<&str> = HashName::ALL.iter().map(|h| h.as_str()).collect();
-            errs.push(
-                &join(path, "hash"),
-                format!("unknown hash \"{s}\" (expected one of: {})", all.join(", ")),
-            );
-            HashName::Fnv1a_64
-        }),
-    };
-    let hash_tag = get_str(t, "hash_tag", path, errs).and_then(|s| match s.as_bytes() {
-        [a, b] => Some([*a, *b]),
-        _ => {
-            errs.push(
-                &join(path, "hash_tag"),
-                format!("must be exactly two bytes, e.g. \"{{}}\" (found \"{s}\")"),
-            );
-            None
-        }
-    });
-    let vnodes: u32 = get_int(
-        t,
-        "vnodes",
-        path,
-        1,
-        u64::from(u32::MAX),
-        defaults::VNODES,
-        errs,
-    );
-    let weights = check_weights(t, path, distribution, servers.len(), errs);
-    let salt = check_salt(t, path, distribution, errs);
+    let (placement, discovery) = check_placement(t, path, errs);
     let connections: usize = get_int(t, "connections", path, 1, 1024, defaults::CONNECTIONS, errs);
     let max_keys_per_request: usize = get_int(
         t,
@@ -824,6 +881,126 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         errs,
     );
 
+    let PoolHealth {
+        failure_limit,
+        eject,
+        max_ejected_fraction,
+        probe_interval,
+        probe_interval_max,
+    } = check_pool_health(t, path, errs);
+    let tls = t
+        .get("tls")
+        .and_then(|v| crate::transport::check_backend_tls(v, &join(path, "tls"), errs));
+    let zone = check_zone(t, path, errs);
+    let auth = t
+        .get("auth")
+        .and_then(|v| crate::auth::check_backend_auth(v, &join(path, "auth"), errs));
+
+    (errs.0.len() == before).then_some(PoolConfig {
+        tls,
+        zone,
+        auth,
+        placement,
+        discovery,
+        failure_limit,
+        eject,
+        max_ejected_fraction,
+        probe_interval,
+        probe_interval_max,
+        connections,
+        timeout,
+        connect_timeout,
+        max_keys_per_request,
+        coalesce_gets,
+        resize_window,
+    })
+}
+
+/// Where a pool's keys go: its servers (or their DNS name) and how keys are spread over them.
+fn check_placement(t: &Table, path: &str, errs: &mut Errors) -> (PoolSpec, Option<DnsDiscovery>) {
+    let servers_path = join(path, "servers");
+    let (servers, discovery) = match t.get("servers") {
+        Some(Value::Table(dns)) => (Vec::new(), check_dns(dns, &servers_path, errs)),
+        other => (check_servers(other, &servers_path, errs), None),
+    };
+
+    let distribution = check_distribution(t, path, errs);
+    let hash = check_hash(t, path, errs);
+    let hash_tag = get_str(t, "hash_tag", path, errs).and_then(|s| match s.as_bytes() {
+        [a, b] => Some([*a, *b]),
+        _ => {
+            errs.push(
+                &join(path, "hash_tag"),
+                format!("must be exactly two bytes, e.g. \"{{}}\" (found \"{s}\")"),
+            );
+            None
+        }
+    });
+    let vnodes: u32 = get_int(
+        t,
+        "vnodes",
+        path,
+        1,
+        u64::from(u32::MAX),
+        defaults::VNODES,
+        errs,
+    );
+    let weights = check_weights(t, path, distribution, servers.len(), errs);
+    let salt = check_salt(t, path, distribution, errs);
+    let spec = PoolSpec {
+        servers,
+        distribution,
+        hash,
+        hash_tag,
+        vnodes,
+        weights,
+        salt,
+        discovered: discovery.is_some(),
+    };
+    (spec, discovery)
+}
+
+fn check_distribution(t: &Table, path: &str, errs: &mut Errors) -> DistributionName {
+    match get_str(t, "distribution", path, errs) {
+        None => DistributionName::Ketama,
+        Some(s) => DistributionName::parse(s).unwrap_or_else(|| {
+            let all: Vec<&str> = DistributionName::ALL.iter().map(|d| d.as_str()).collect();
+            errs.push(
+                &join(path, "distribution"),
+                format!(
+                    "unknown distribution \"{s}\" (expected one of: {})",
+                    all.join(", ")
+                ),
+            );
+            DistributionName::Ketama
+        }),
+    }
+}
+
+fn check_hash(t: &Table, path: &str, errs: &mut Errors) -> HashName {
+    match get_str(t, "hash", path, errs) {
+        None => HashName::Fnv1a_64,
+        Some(s) => HashName::parse(s).unwrap_or_else(|| {
+            let all: Vec<&str> = HashName::ALL.iter().map(|h| h.as_str()).collect();
+            errs.push(
+                &join(path, "hash"),
+                format!("unknown hash \"{s}\" (expected one of: {})", all.join(", ")),
+            );
+            HashName::Fnv1a_64
+        }),
+    }
+}
+
+/// How a pool's servers are marked down, ejected and probed.
+struct PoolHealth {
+    failure_limit: u32,
+    eject: bool,
+    max_ejected_fraction: f64,
+    probe_interval: Duration,
+    probe_interval_max: Duration,
+}
+
+fn check_pool_health(t: &Table, path: &str, errs: &mut Errors) -> PoolHealth {
     let failure_limit: u32 = get_int(
         t,
         "failure_limit",
@@ -845,7 +1022,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         Duration::from_millis(defaults::PROBE_INTERVAL_MS),
         errs,
     );
-    // Unset, the ceiling is 30s or the first interval if that is longer, so raising
+    // Unset, the ceiling is the default one or the first interval if that is longer, so raising
     // only `probe_interval` is never an error.
     let probe_interval_max = match t.get("probe_interval_max") {
         None => probe_interval.max(Duration::from_millis(defaults::PROBE_INTERVAL_MAX_MS)),
@@ -860,42 +1037,13 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
             max
         }
     };
-
-    let tls = t
-        .get("tls")
-        .and_then(|v| crate::transport::check_backend_tls(v, &join(path, "tls"), errs));
-    let zone = check_zone(t, path, errs);
-    let auth = t
-        .get("auth")
-        .and_then(|v| crate::auth::check_backend_auth(v, &join(path, "auth"), errs));
-
-    (errs.0.len() == before).then_some(PoolConfig {
-        tls,
-        zone,
-        auth,
-        placement: PoolSpec {
-            servers,
-            distribution,
-            hash,
-            hash_tag,
-            vnodes,
-            weights,
-            salt,
-            discovered: discovery.is_some(),
-        },
-        discovery,
+    PoolHealth {
         failure_limit,
         eject,
         max_ejected_fraction,
         probe_interval,
         probe_interval_max,
-        connections,
-        timeout,
-        connect_timeout,
-        max_keys_per_request,
-        coalesce_gets,
-        resize_window,
-    })
+    }
 }
 
 const NO_SERVERS: &str = "a pool needs at least one server (or servers = { dns = ... })";
