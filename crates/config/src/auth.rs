@@ -13,6 +13,7 @@ use toml::Value;
 
 use crate::checked::{BackendAuth, ListenerAuth, Password};
 use crate::walk::{check_keys, get_str, join, wrong_type, Errors};
+use crate::ErrorKind;
 
 const BACKEND_AUTH_KEYS: &[&str] = &["username", "password", "password_file"];
 const LISTENER_AUTH_KEYS: &[&str] = &["authfile"];
@@ -38,20 +39,25 @@ pub(crate) fn check_backend_auth(v: &Value, path: &str, errs: &mut Errors) -> Op
     check_keys(t, path, BACKEND_AUTH_KEYS, errs);
     let username = get_str(t, "username", path, errs);
     if username.is_none() && !t.contains_key("username") {
-        errs.push(&join(path, "username"), "required");
+        errs.push(ErrorKind::Missing, &join(path, "username"), "required");
     }
     if let Some(problem) = username.and_then(login_word_problem) {
-        errs.push(&join(path, "username"), problem);
+        errs.push(ErrorKind::Invalid, &join(path, "username"), problem);
     }
     let inline = get_str(t, "password", path, errs);
     let file = get_str(t, "password_file", path, errs);
     let password = match (inline, file) {
         (Some(_), Some(_)) => {
-            errs.push(path, "set password or password_file, not both");
+            errs.push(
+                ErrorKind::Conflict,
+                path,
+                "set password or password_file, not both",
+            );
             None
         }
         (None, None) => {
             errs.push(
+                ErrorKind::Missing,
                 &join(path, "password_file"),
                 "required (or password; a file keeps the secret out of the config)",
             );
@@ -59,13 +65,17 @@ pub(crate) fn check_backend_auth(v: &Value, path: &str, errs: &mut Errors) -> Op
         }
         (Some(password), None) => match login_word_problem(password) {
             Some(problem) => {
-                errs.push(&join(path, "password"), problem);
+                errs.push(ErrorKind::Invalid, &join(path, "password"), problem);
                 None
             }
             None => Some(Password::Inline(password.to_string())),
         },
         (None, Some("")) => {
-            errs.push(&join(path, "password_file"), "must not be empty");
+            errs.push(
+                ErrorKind::Invalid,
+                &join(path, "password_file"),
+                "must not be empty",
+            );
             None
         }
         (None, Some(file)) => Some(Password::File(PathBuf::from(file))),
@@ -92,13 +102,18 @@ pub(crate) fn check_listener_auth(
     match authfile {
         None if !t.contains_key("authfile") => {
             errs.push(
+                ErrorKind::Missing,
                 &join(path, "authfile"),
                 "required (memcached's -Y file: user:password lines)",
             );
             None
         }
         Some("") => {
-            errs.push(&join(path, "authfile"), "must not be empty");
+            errs.push(
+                ErrorKind::Invalid,
+                &join(path, "authfile"),
+                "must not be empty",
+            );
             None
         }
         None => None,

@@ -41,6 +41,6 @@ pub use import::twemproxy;
 
 pub use auth::login_word_problem;
 pub use checked::*;
-pub use error::{ConfigError, ConfigErrors};
+pub use error::{ConfigError, ConfigErrors, ErrorKind};
 pub use load::{load, parse};
 pub use redact::redacted;

@@ -27,9 +27,9 @@ use crate::checked::{
 };
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,
-    get_str, get_table, join, usize_max, wrong_type, Errors,
+    get_str, get_table, join, parse_error_kind, usize_max, wrong_type, Errors,
 };
-use crate::{ConfigError, ConfigErrors};
+use crate::{ConfigError, ConfigErrors, ErrorKind};
 
 use crate::defaults;
 /// For the importers, which write keys the way the walker reads them back.
@@ -141,6 +141,7 @@ impl RawConfig {
                     None => "toml".to_string(),
                 };
                 Err(ConfigErrors::single(ConfigError::new(
+                    ErrorKind::Syntax,
                     path,
                     e.message().trim_end(),
                 )))
@@ -229,10 +230,10 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
 fn check_pools(top: &Table, errs: &mut Errors) -> BTreeMap<String, PoolConfig> {
     let mut pools = BTreeMap::new();
     match top.get("pools") {
-        None => errs.push("pools", "at least one pool is required"),
+        None => errs.push(ErrorKind::Missing, "pools", "at least one pool is required"),
         Some(Value::Table(t)) => {
             if t.is_empty() {
-                errs.push("pools", "at least one pool is required");
+                errs.push(ErrorKind::Missing, "pools", "at least one pool is required");
             }
             for (name, v) in t {
                 let path = join("pools", name);
@@ -292,6 +293,7 @@ fn check_targets(
     };
     for name in route_names.intersection(&pool_names) {
         errs.push(
+            ErrorKind::Conflict,
             &join("routes", name),
             format!("\"{name}\" is also a pool name; a target name must be unique"),
         );
@@ -301,7 +303,7 @@ fn check_targets(
 
     for (key_path, target) in listener_targets {
         if !known(target) {
-            errs.push(key_path, unknown_target(target));
+            errs.push(ErrorKind::UnknownTarget, key_path, unknown_target(target));
         }
     }
 
@@ -311,7 +313,7 @@ fn check_targets(
         let path = join("routes", name);
         for (key_path, target) in crate::checked::route_edges(&path, route) {
             if !known(&target) {
-                errs.push(&key_path, unknown_target(&target));
+                errs.push(ErrorKind::UnknownTarget, &key_path, unknown_target(&target));
             }
         }
     }
@@ -338,7 +340,7 @@ fn check_default_root(
     match proxy_table.get("route") {
         Some(Value::String(r)) => {
             if !known(r) {
-                errs.push("proxy.route", unknown_target(r));
+                errs.push(ErrorKind::UnknownTarget, "proxy.route", unknown_target(r));
             }
         }
         Some(_) => {} // wrong type, reported by check_proxy
@@ -355,7 +357,7 @@ fn check_default_root(
                     proxy.route = (*only).clone();
                 }
             } else if pool_names.len() > 1 {
-                errs.push("proxy.route", "required when there is more than one pool (name the pool or route to send requests to)");
+                errs.push(ErrorKind::Missing, "proxy.route", "required when there is more than one pool (name the pool or route to send requests to)");
             }
         }
     }
@@ -423,7 +425,11 @@ fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {
                         .get(first_idx.saturating_sub(1))
                         .map(|(p, _)| p.clone())
                         .unwrap_or_else(|| join("routes", target_name));
-                    errs.push(&key_path, format!("route cycle {}", names.join(" -> ")));
+                    errs.push(
+                        ErrorKind::Circle,
+                        &key_path,
+                        format!("route cycle {}", names.join(" -> ")),
+                    );
                 }
                 Mark::Done => {}
             }
@@ -525,7 +531,11 @@ fn check_listeners(t: &Table, transport: &mut TransportConfig, errs: &mut Errors
         }
         Some(Value::Array(items)) => {
             if items.is_empty() {
-                errs.push("proxy.listen", "needs at least one address");
+                errs.push(
+                    ErrorKind::Missing,
+                    "proxy.listen",
+                    "needs at least one address",
+                );
             }
             for (i, item) in items.iter().enumerate() {
                 let p = format!("proxy.listen[{i}]");
@@ -533,7 +543,11 @@ fn check_listeners(t: &Table, transport: &mut TransportConfig, errs: &mut Errors
                     Value::String(s) => {
                         if let Some(a) = check_listen(s, &p, errs) {
                             if listeners.listen.contains(&a) {
-                                errs.push(&p, format!("duplicate listen address \"{s}\""));
+                                errs.push(
+                                    ErrorKind::Conflict,
+                                    &p,
+                                    format!("duplicate listen address \"{s}\""),
+                                );
                             }
                             listeners.listen.push(a);
                         }
@@ -573,7 +587,11 @@ impl Listeners {
             return;
         };
         if self.listen.contains(&a) {
-            errs.push(p, format!("duplicate listen address \"{s}\""));
+            errs.push(
+                ErrorKind::Conflict,
+                p,
+                format!("duplicate listen address \"{s}\""),
+            );
         }
         if let Some(tls) = tls {
             transport.listen_tls.insert(a.clone(), tls);
@@ -639,7 +657,7 @@ fn check_proxy_limits(t: &Table, path: &str, errs: &mut Errors) -> ProxyLimits {
     let drain_delay = match t.get("drain_delay") {
         None => Duration::from_millis(defaults::DRAIN_DELAY_MS),
         Some(v) => parse_duration(v).unwrap_or_else(|m| {
-            errs.push(&join(path, "drain_delay"), m);
+            errs.push(parse_error_kind(v, &m), &join(path, "drain_delay"), m);
             Duration::from_millis(defaults::DRAIN_DELAY_MS)
         }),
     };
@@ -684,6 +702,7 @@ fn check_io(t: &Table, path: &str, errs: &mut Errors) -> IoMode {
                     .map(|(name, _)| format!("\"{name}\""))
                     .collect();
                 errs.push(
+                    ErrorKind::Invalid,
                     &join(path, "io"),
                     format!(
                         "unknown I/O mode `{text}`; expected {}",
@@ -702,6 +721,7 @@ fn check_zone(t: &Table, path: &str, errs: &mut Errors) -> Option<String> {
     let zone = get_str(t, "zone", path, errs)?;
     if zone.is_empty() || zone.trim() != zone {
         errs.push(
+            ErrorKind::Invalid,
             &join(path, "zone"),
             format!("must be a zone name without surrounding blanks (found {zone:?})"),
         );
@@ -714,6 +734,7 @@ fn check_listen(s: &str, path: &str, errs: &mut Errors) -> Option<ListenAddress>
     if let Some(p) = s.strip_prefix("unix:") {
         if !p.starts_with('/') {
             errs.push(
+                ErrorKind::Invalid,
                 path,
                 format!("invalid unix socket address \"{s}\" (expected unix:/absolute/path)"),
             );
@@ -724,7 +745,7 @@ fn check_listen(s: &str, path: &str, errs: &mut Errors) -> Option<ListenAddress>
     match check_host_port(s) {
         Ok(()) => Some(ListenAddress::Tcp(s.to_string())),
         Err(m) => {
-            errs.push(path, format!("{m}, or unix:/path"));
+            errs.push(ErrorKind::Invalid, path, format!("{m}, or unix:/path"));
             None
         }
     }
@@ -735,13 +756,17 @@ fn check_admin(t: &Table, errs: &mut Errors) -> AdminConfig {
     let listen = match get_str(t, "listen", "admin", errs) {
         Some(s) => {
             if let Err(m) = check_host_port(s) {
-                errs.push("admin.listen", m);
+                errs.push(ErrorKind::Invalid, "admin.listen", m);
             }
             s.to_string()
         }
         None => {
             if !t.contains_key("listen") {
-                errs.push("admin.listen", "required when [admin] is present");
+                errs.push(
+                    ErrorKind::Missing,
+                    "admin.listen",
+                    "required when [admin] is present",
+                );
             }
             String::new()
         }
@@ -780,17 +805,18 @@ fn check_admin_token(t: &Table, errs: &mut Errors) -> Option<AdminToken> {
     match (inline, file) {
         (Some(_), Some(_)) => {
             errs.push(
+                ErrorKind::Conflict,
                 "admin.token_file",
                 "set admin.token or admin.token_file, not both",
             );
             None
         }
         (Some(""), None) => {
-            errs.push("admin.token", "must not be empty");
+            errs.push(ErrorKind::Invalid, "admin.token", "must not be empty");
             None
         }
         (None, Some("")) => {
-            errs.push("admin.token_file", "must not be empty");
+            errs.push(ErrorKind::Invalid, "admin.token_file", "must not be empty");
             None
         }
         (Some(token), None) => Some(AdminToken::Inline(token.to_string())),
@@ -804,7 +830,11 @@ fn check_discovery(t: &Table, errs: &mut Errors) -> DiscoveryConfig {
     check_keys(t, path, DISCOVERY_KEYS, errs);
     let hosts_file = get_str(t, "hosts_file", path, errs).and_then(|s| {
         if s.is_empty() {
-            errs.push(&join(path, "hosts_file"), "must not be empty");
+            errs.push(
+                ErrorKind::Invalid,
+                &join(path, "hosts_file"),
+                "must not be empty",
+            );
             None
         } else {
             Some(PathBuf::from(s))
@@ -821,7 +851,7 @@ fn check_discovery(t: &Table, errs: &mut Errors) -> DiscoveryConfig {
                     Value::String(text) => match parse_nameserver(text) {
                         Some(address) => Some(address),
                         None => {
-                            errs.push(
+                            errs.push(ErrorKind::Invalid,
                                 &item_path,
                                 format!("invalid nameserver \"{text}\" (expected \"ip\" or \"ip:port\", e.g. \"10.96.0.10:53\")"),
                             );
@@ -930,6 +960,7 @@ fn check_placement(t: &Table, path: &str, errs: &mut Errors) -> (PoolSpec, Optio
         [a, b] => Some([*a, *b]),
         _ => {
             errs.push(
+                ErrorKind::Invalid,
                 &join(path, "hash_tag"),
                 format!("must be exactly two bytes, e.g. \"{{}}\" (found \"{s}\")"),
             );
@@ -966,6 +997,7 @@ fn check_distribution(t: &Table, path: &str, errs: &mut Errors) -> DistributionN
         Some(s) => DistributionName::parse(s).unwrap_or_else(|| {
             let all: Vec<&str> = DistributionName::ALL.iter().map(|d| d.as_str()).collect();
             errs.push(
+                ErrorKind::Invalid,
                 &join(path, "distribution"),
                 format!(
                     "unknown distribution \"{s}\" (expected one of: {})",
@@ -983,6 +1015,7 @@ fn check_hash(t: &Table, path: &str, errs: &mut Errors) -> HashName {
         Some(s) => HashName::parse(s).unwrap_or_else(|| {
             let all: Vec<&str> = HashName::ALL.iter().map(|h| h.as_str()).collect();
             errs.push(
+                ErrorKind::Invalid,
                 &join(path, "hash"),
                 format!("unknown hash \"{s}\" (expected one of: {})", all.join(", ")),
             );
@@ -1030,6 +1063,7 @@ fn check_pool_health(t: &Table, path: &str, errs: &mut Errors) -> PoolHealth {
             let max = get_duration(t, "probe_interval_max", path, probe_interval, errs);
             if max < probe_interval {
                 errs.push(
+                    ErrorKind::OutOfRange,
                     &join(path, "probe_interval_max"),
                     format!("must be at least probe_interval (found {max:?} < {probe_interval:?})"),
                 );
@@ -1056,11 +1090,11 @@ fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
     let srv_path = join(path, "srv");
     let target = match (t.contains_key("dns"), t.contains_key("srv")) {
         (true, true) => {
-            errs.push(path, "give either dns = \"name:port\" or srv = \"_service._proto.name\", not both");
+            errs.push(ErrorKind::Conflict, path, "give either dns = \"name:port\" or srv = \"_service._proto.name\", not both");
             None
         }
         (false, false) => {
-            errs.push(
+            errs.push(ErrorKind::Missing,
                 &dns_path,
                 "required (the name to resolve, as \"name:port\"; or srv = \"_service._proto.name\")",
             );
@@ -1069,7 +1103,7 @@ fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
         (true, false) => get_str(t, "dns", path, errs).and_then(|spec| match split_dns_spec(spec) {
             Ok((host, port)) => Some((host, port, DnsKind::Address)),
             Err(m) => {
-                errs.push(&dns_path, m);
+                errs.push(ErrorKind::Invalid, &dns_path, m);
                 None
             }
         }),
@@ -1077,7 +1111,7 @@ fn check_dns(t: &Table, path: &str, errs: &mut Errors) -> Option<DnsDiscovery> {
             if check_srv_name(name) {
                 Some((name.to_string(), 0, DnsKind::Srv))
             } else {
-                errs.push(
+                errs.push(ErrorKind::Invalid,
                     &srv_path,
                     format!("invalid SRV name \"{name}\" (expected \"_service._proto.name\", e.g. \"_memcache._tcp.memcached.cache.svc.cluster.local\")"),
                 );
@@ -1152,7 +1186,11 @@ fn check_unit_number(v: &Value, path: &str, errs: &mut Errors) -> Option<f64> {
         Some(x)
     } else {
         // Shown as written in TOML (`nan`, `inf`), not as Rust prints it.
-        errs.push(path, format!("must be between 0 and 1 (found {v})"));
+        errs.push(
+            ErrorKind::OutOfRange,
+            path,
+            format!("must be between 0 and 1 (found {v})"),
+        );
         None
     }
 }
@@ -1170,12 +1208,20 @@ fn check_weights(
     let weights_path = join(path, "weights");
     let Some(v) = t.get("weights") else {
         if distribution == DistributionName::WeightedCh3 {
-            errs.push(&weights_path, "required by distribution \"wch3\"");
+            errs.push(
+                ErrorKind::Missing,
+                &weights_path,
+                "required by distribution \"wch3\"",
+            );
         }
         return Vec::new();
     };
     if distribution != DistributionName::WeightedCh3 {
-        errs.push(&weights_path, "only used by distribution \"wch3\"");
+        errs.push(
+            ErrorKind::Conflict,
+            &weights_path,
+            "only used by distribution \"wch3\"",
+        );
         return Vec::new();
     }
     let Value::Array(items) = v else {
@@ -1189,6 +1235,7 @@ fn check_weights(
     };
     if servers > 0 && items.len() != servers {
         errs.push(
+            ErrorKind::Conflict,
             &weights_path,
             format!("has {} weights for {servers} servers", items.len()),
         );
@@ -1210,6 +1257,7 @@ fn check_salt(t: &Table, path: &str, distribution: DistributionName, errs: &mut 
         DistributionName::Ch3 | DistributionName::WeightedCh3 | DistributionName::Crc32
     ) {
         errs.push(
+            ErrorKind::Conflict,
             &join(path, "salt"),
             "only used by distributions \"ch3\", \"wch3\" and \"crc32\"",
         );
@@ -1220,7 +1268,7 @@ fn check_salt(t: &Table, path: &str, distribution: DistributionName, errs: &mut 
 fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<ServerConfig> {
     let items = match v {
         None => {
-            errs.push(path, NO_SERVERS);
+            errs.push(ErrorKind::Missing, path, NO_SERVERS);
             return Vec::new();
         }
         Some(Value::Array(items)) => items,
@@ -1235,7 +1283,7 @@ fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<Server
         }
     };
     if items.is_empty() {
-        errs.push(path, NO_SERVERS);
+        errs.push(ErrorKind::Missing, path, NO_SERVERS);
     }
     let mut servers: Vec<ServerConfig> = Vec::new();
     // Where each address and name was first seen, to name the duplicate's twin.
@@ -1248,6 +1296,7 @@ fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<Server
         };
         if let Some(first) = seen_addr.get(&server.address) {
             errs.push(
+                ErrorKind::Conflict,
                 &format!("{p}.address"),
                 format!(
                     "duplicate address \"{}\" (also servers[{first}])",
@@ -1260,6 +1309,7 @@ fn check_servers(v: Option<&Value>, path: &str, errs: &mut Errors) -> Vec<Server
         if let Some(name) = &server.name {
             if let Some(first) = seen_name.get(name) {
                 errs.push(
+                    ErrorKind::Conflict,
                     &format!("{p}.name"),
                     format!("duplicate name \"{name}\" (also servers[{first}])"),
                 );
@@ -1284,6 +1334,7 @@ fn check_server(v: &Value, path: &str, errs: &mut Errors) -> Option<ServerConfig
             let name = words.next().map(str::to_string);
             if words.next().is_some() {
                 errs.push(
+                    ErrorKind::Invalid,
                     path,
                     format!("invalid server \"{s}\" (expected \"host:port[:weight] [name]\")"),
                 );
@@ -1303,6 +1354,7 @@ fn check_server(v: &Value, path: &str, errs: &mut Errors) -> Option<ServerConfig
                     ),
                     Err(_) => {
                         errs.push(
+                            ErrorKind::WrongType,
                             &format!("{path}.weight"),
                             format!("expected an integer, found \"{w}\""),
                         );
@@ -1318,7 +1370,7 @@ fn check_server(v: &Value, path: &str, errs: &mut Errors) -> Option<ServerConfig
                 Some(a) => a.to_string(),
                 None => {
                     if !t.contains_key("address") {
-                        errs.push(&format!("{path}.address"), "required");
+                        errs.push(ErrorKind::Missing, &format!("{path}.address"), "required");
                     }
                     return None;
                 }
@@ -1346,11 +1398,12 @@ fn check_server(v: &Value, path: &str, errs: &mut Errors) -> Option<ServerConfig
         }
     };
     if let Err(m) = check_host_port(&address) {
-        errs.push(&format!("{path}.address"), m);
+        errs.push(ErrorKind::Invalid, &format!("{path}.address"), m);
     }
     if let Some(n) = &name {
         if n.is_empty() || n.chars().any(char::is_whitespace) {
             errs.push(
+                ErrorKind::Invalid,
                 &format!("{path}.name"),
                 "must be non-empty and contain no whitespace",
             );
@@ -1388,6 +1441,7 @@ fn check_route(t: &Table, path: &str, errs: &mut Errors) -> Option<RouteConfig> 
     let kind = match t.get("type") {
         None => {
             errs.push(
+                ErrorKind::Missing,
                 &join(path, "type"),
                 format!("required (one of: {})", ROUTE_TYPES.join(", ")),
             );
@@ -1445,6 +1499,7 @@ fn check_route(t: &Table, path: &str, errs: &mut Errors) -> Option<RouteConfig> 
                     // end the reply early and desynchronise the client.
                     if m.is_empty() || m.contains(['\r', '\n']) {
                         errs.push(
+                            ErrorKind::Invalid,
                             &join(path, "message"),
                             "must be non-empty and on one line (no \\r or \\n)",
                         );
@@ -1456,6 +1511,7 @@ fn check_route(t: &Table, path: &str, errs: &mut Errors) -> Option<RouteConfig> 
         }
         other => {
             errs.push(
+                ErrorKind::Invalid,
                 &join(path, "type"),
                 format!(
                     "unknown route type \"{other}\" (expected one of: {})",
@@ -1473,15 +1529,24 @@ fn check_prefix_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
     let ppath = join(path, "prefixes");
     let mut prefixes = Vec::new();
     match t.get("prefixes") {
-        None => errs.push(&ppath, "a prefix route needs at least one prefix"),
+        None => errs.push(
+            ErrorKind::Missing,
+            &ppath,
+            "a prefix route needs at least one prefix",
+        ),
         Some(Value::Table(pt)) => {
             if pt.is_empty() {
-                errs.push(&ppath, "a prefix route needs at least one prefix");
+                errs.push(
+                    ErrorKind::Missing,
+                    &ppath,
+                    "a prefix route needs at least one prefix",
+                );
             }
             for (prefix, target) in pt {
                 let kp = join(&ppath, prefix);
                 if prefix.is_empty() {
                     errs.push(
+                        ErrorKind::Invalid,
                         &kp,
                         "a prefix must not be empty (use `default` for other keys)",
                     );
@@ -1524,6 +1589,7 @@ fn check_operation_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfi
     let named = Operation::ALL.iter().any(|op| t.contains_key(op.as_str()));
     if !named {
         errs.push(
+            ErrorKind::Missing,
             path,
             format!(
                 "an operation route needs at least one operation (one of: {})",
@@ -1556,6 +1622,7 @@ fn check_shadow_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
     );
     if !primary.is_empty() && primary == shadow {
         errs.push(
+            ErrorKind::Conflict,
             &join(path, "shadow"),
             format!("must differ from primary (both are \"{primary}\")"),
         );
@@ -1568,7 +1635,7 @@ fn check_shadow_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
         .and_then(|v| check_key_range(v, &join(path, "key_range"), errs));
     let select = match (t.contains_key("fraction"), t.contains_key("key_range")) {
         (true, true) => {
-            errs.push(
+            errs.push(ErrorKind::Conflict,
                 path,
                 "set either fraction or key_range, not both (they both choose which keys are shadowed)",
             );
@@ -1576,6 +1643,7 @@ fn check_shadow_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
         }
         (false, false) => {
             errs.push(
+                ErrorKind::Missing,
                 path,
                 "required: fraction = f or key_range = [a, b] (which keys are shadowed)",
             );
@@ -1610,7 +1678,11 @@ fn check_key_range(v: &Value, path: &str, errs: &mut Errors) -> Option<(f64, f64
         return None;
     };
     let [a, b] = items.as_slice() else {
-        errs.push(path, format!("must be two numbers [a, b] (found {})", v));
+        errs.push(
+            ErrorKind::Invalid,
+            path,
+            format!("must be two numbers [a, b] (found {})", v),
+        );
         return None;
     };
     let a = check_unit_number(a, &format!("{path}[0]"), errs);
@@ -1618,6 +1690,7 @@ fn check_key_range(v: &Value, path: &str, errs: &mut Errors) -> Option<(f64, f64
     let (a, b) = (a?, b?);
     if a > b {
         errs.push(
+            ErrorKind::Invalid,
             path,
             format!("the range must not be reversed: need a <= b (found [{a}, {b}])"),
         );
@@ -1638,6 +1711,7 @@ fn check_warm_up_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig 
     let warm = required_target(t, "warm", path, "the target read on a miss in cold", errs);
     if !cold.is_empty() && cold == warm {
         errs.push(
+            ErrorKind::Conflict,
             &join(path, "warm"),
             format!("must differ from cold (both are \"{cold}\")"),
         );
@@ -1656,14 +1730,14 @@ fn check_ttl(v: &Value, path: &str, errs: &mut Errors) -> Option<u32> {
         Value::Integer(n) => match u64::try_from(*n) {
             Ok(secs) => Duration::from_secs(secs),
             Err(_) => {
-                errs.push(path, "must be >= 0");
+                errs.push(ErrorKind::OutOfRange, path, "must be >= 0");
                 return None;
             }
         },
         Value::String(_) => match parse_duration(v) {
             Ok(d) => d,
             Err(m) => {
-                errs.push(path, m);
+                errs.push(ErrorKind::Invalid, path, m);
                 return None;
             }
         },
@@ -1679,6 +1753,7 @@ fn check_ttl(v: &Value, path: &str, errs: &mut Errors) -> Option<u32> {
     };
     if !d.is_zero() && d < Duration::from_secs(1) {
         errs.push(
+            ErrorKind::OutOfRange,
             path,
             "must be at least 1s (memcached expiry is in whole seconds; 0 = never)",
         );
@@ -1688,7 +1763,7 @@ fn check_ttl(v: &Value, path: &str, errs: &mut Errors) -> Option<u32> {
     // memcached reads a larger exptime as an absolute unix time, so a warm-up fill
     // would store items that are already expired.
     if secs > MAX_RELATIVE_EXPTIME {
-        errs.push(
+        errs.push(ErrorKind::OutOfRange,
             path,
             format!("must be at most 30 days ({MAX_RELATIVE_EXPTIME}s): memcached reads a larger expiry as a unix timestamp (found {secs}s)"),
         );
@@ -1703,7 +1778,11 @@ fn required_target(t: &Table, key: &str, path: &str, what: &str, errs: &mut Erro
         Some(s) => s.to_string(),
         None => {
             if !t.contains_key(key) {
-                errs.push(&join(path, key), format!("required ({what})"));
+                errs.push(
+                    ErrorKind::Missing,
+                    &join(path, key),
+                    format!("required ({what})"),
+                );
             }
             String::new()
         }
@@ -1715,7 +1794,11 @@ fn get_children(t: &Table, path: &str, errs: &mut Errors) -> Vec<String> {
     let cpath = join(path, "children");
     let items = match t.get("children") {
         None => {
-            errs.push(&cpath, "required (a non-empty array of target names)");
+            errs.push(
+                ErrorKind::Missing,
+                &cpath,
+                "required (a non-empty array of target names)",
+            );
             return Vec::new();
         }
         Some(Value::Array(items)) => items,
@@ -1725,7 +1808,7 @@ fn get_children(t: &Table, path: &str, errs: &mut Errors) -> Vec<String> {
         }
     };
     if items.is_empty() {
-        errs.push(&cpath, "needs at least one child");
+        errs.push(ErrorKind::Missing, &cpath, "needs at least one child");
     }
     let mut children: Vec<String> = Vec::new();
     for (i, item) in items.iter().enumerate() {
@@ -1736,6 +1819,7 @@ fn get_children(t: &Table, path: &str, errs: &mut Errors) -> Vec<String> {
                 // towards a majority: always a mistake.
                 if let Some(first) = children.iter().position(|c| c == s) {
                     errs.push(
+                        ErrorKind::Conflict,
                         &p,
                         format!("duplicate child \"{s}\" (also children[{first}])"),
                     );
@@ -1765,6 +1849,7 @@ fn get_choice<T: Copy>(
         None => {
             let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
             errs.push(
+                ErrorKind::Invalid,
                 &join(path, key),
                 format!(
                     "unknown value \"{s}\" (expected one of: {})",

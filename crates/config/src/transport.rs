@@ -12,6 +12,7 @@ use toml::{Table, Value};
 use crate::checked::{BackendTls, ListenerTls, TransportConfig};
 use crate::defaults;
 use crate::walk::{check_keys, get_bool, get_duration, get_int, get_str, join, wrong_type, Errors};
+use crate::ErrorKind;
 
 /// `[proxy]` keys this module checks.
 pub(crate) const PROXY_TRANSPORT_KEYS: &[&str] = &[
@@ -54,6 +55,7 @@ pub(crate) fn check_proxy_transport(t: &Table, path: &str, errs: &mut Errors) ->
     let mut tls_ticket_lifetime = get_duration(t, "tls_ticket_lifetime", path, max_lifetime, errs);
     if tls_ticket_lifetime > max_lifetime || tls_ticket_lifetime < Duration::from_secs(1) {
         errs.push(
+            ErrorKind::OutOfRange,
             &join(path, "tls_ticket_lifetime"),
             "must be between 1s and 6h (rustls rotates its own ticket keys every 6h)",
         );
@@ -88,7 +90,11 @@ pub(crate) fn check_listen_entry<'a>(
     check_keys(t, path, LISTENER_ENTRY_KEYS, errs);
     let address = get_str(t, "address", path, errs);
     if address.is_none() && !t.contains_key("address") {
-        errs.push(&join(path, "address"), "required (host:port or unix:/path)");
+        errs.push(
+            ErrorKind::Missing,
+            &join(path, "address"),
+            "required (host:port or unix:/path)",
+        );
     }
     let tls = match t.get("tls") {
         None => None,
@@ -100,6 +106,7 @@ pub(crate) fn check_listen_entry<'a>(
     };
     if tls.is_some() && address.is_some_and(|a| a.starts_with("unix:")) {
         errs.push(
+            ErrorKind::Conflict,
             &join(path, "tls"),
             "TLS is for TCP listeners (a unix socket never leaves the host)",
         );
@@ -130,12 +137,17 @@ pub(crate) fn check_backend_tls(v: &Value, path: &str, errs: &mut Errors) -> Opt
     let ca = optional_path(t, "ca", path, errs);
     let server_name = get_str(t, "server_name", path, errs).map(str::to_string);
     if server_name.as_deref() == Some("") {
-        errs.push(&join(path, "server_name"), "must not be empty");
+        errs.push(
+            ErrorKind::Invalid,
+            &join(path, "server_name"),
+            "must not be empty",
+        );
     }
     let cert = optional_path(t, "cert", path, errs);
     let key = optional_path(t, "key", path, errs);
     if cert.is_some() != key.is_some() {
         errs.push(
+            ErrorKind::Conflict,
             path,
             "cert and key go together (a client certificate needs its key)",
         );
@@ -143,6 +155,7 @@ pub(crate) fn check_backend_tls(v: &Value, path: &str, errs: &mut Errors) -> Opt
     let insecure_skip_verify = get_bool(t, "insecure_skip_verify", path, false, errs);
     if ca.is_none() && !insecure_skip_verify {
         errs.push(
+            ErrorKind::Missing,
             &join(path, "ca"),
             "required: the CA file that signs the servers' certificates \
              (or insecure_skip_verify = true to accept any certificate)",
@@ -161,7 +174,7 @@ pub(crate) fn check_backend_tls(v: &Value, path: &str, errs: &mut Errors) -> Opt
 fn optional_path(t: &Table, key: &str, path: &str, errs: &mut Errors) -> Option<PathBuf> {
     let s = get_str(t, key, path, errs)?;
     if s.is_empty() {
-        errs.push(&join(path, key), "must not be empty");
+        errs.push(ErrorKind::Invalid, &join(path, key), "must not be empty");
         return None;
     }
     Some(PathBuf::from(s))
@@ -169,7 +182,11 @@ fn optional_path(t: &Table, key: &str, path: &str, errs: &mut Errors) -> Option<
 
 fn required_path(t: &Table, key: &str, path: &str, errs: &mut Errors) -> Option<PathBuf> {
     if !t.contains_key(key) {
-        errs.push(&join(path, key), "required (a PEM file)");
+        errs.push(
+            ErrorKind::Missing,
+            &join(path, key),
+            "required (a PEM file)",
+        );
         return None;
     }
     optional_path(t, key, path, errs)

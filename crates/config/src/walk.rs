@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use toml::{Table, Value};
 
-use crate::ConfigError;
+use crate::{ConfigError, ErrorKind};
 
 /// Every problem a walk has found so far, each at its key path.
 #[derive(Debug, Default)]
 pub(crate) struct Errors(pub(crate) Vec<ConfigError>);
 
 impl Errors {
-    pub(crate) fn push(&mut self, path: &str, message: impl Into<String>) {
-        self.0.push(ConfigError::new(path, message));
+    pub(crate) fn push(&mut self, kind: ErrorKind, path: &str, message: impl Into<String>) {
+        self.0.push(ConfigError::new(kind, path, message));
     }
 }
 
@@ -59,6 +59,7 @@ pub(crate) fn type_name(v: &Value) -> &'static str {
 
 pub(crate) fn wrong_type(errs: &mut Errors, path: &str, expected: &str, found: &Value) {
     errs.push(
+        ErrorKind::WrongType,
         path,
         format!("expected {expected}, found {}", type_name(found)),
     );
@@ -69,6 +70,7 @@ pub(crate) fn check_keys(table: &Table, path: &str, allowed: &[&str], errs: &mut
     for key in table.keys() {
         if !allowed.contains(&key.as_str()) {
             errs.push(
+                ErrorKind::UnknownKey,
                 &join(path, key),
                 format!("unknown key (expected one of: {})", allowed.join(", ")),
             );
@@ -149,19 +151,39 @@ where
             1 => "must be > 0".to_string(),
             _ => format!("must be at least {min}"),
         };
-        errs.push(path, msg);
+        errs.push(ErrorKind::OutOfRange, path, msg);
         return default;
     }
     if u64::try_from(n).map_or(true, |u| u > max) {
-        errs.push(path, format!("must be at most {max}"));
+        errs.push(
+            ErrorKind::OutOfRange,
+            path,
+            format!("must be at most {max}"),
+        );
         return default;
     }
     match T::try_from(n) {
         Ok(v) => v,
         Err(_) => {
-            errs.push(path, format!("must be at most {max}"));
+            errs.push(
+                ErrorKind::OutOfRange,
+                path,
+                format!("must be at most {max}"),
+            );
             default
         }
+    }
+}
+
+/// The kind of a [`parse_duration`] or [`parse_size`] error `message` for value `v`: a
+/// negative integer or a number too large is out of range, another string that does not
+/// parse is invalid, anything else is the wrong type.
+pub(crate) fn parse_error_kind(v: &Value, message: &str) -> ErrorKind {
+    match v {
+        Value::Integer(_) => ErrorKind::OutOfRange,
+        Value::String(_) if message.ends_with("is too large") => ErrorKind::OutOfRange,
+        Value::String(_) => ErrorKind::Invalid,
+        _ => ErrorKind::WrongType,
     }
 }
 
@@ -242,20 +264,24 @@ pub(crate) fn get_size(
         Ok(n) => match usize::try_from(n) {
             Ok(n) if n >= min => n,
             Ok(_) if min == 1 => {
-                errs.push(&p, "must be > 0");
+                errs.push(ErrorKind::OutOfRange, &p, "must be > 0");
                 default
             }
             Ok(_) => {
-                errs.push(&p, format!("must be at least {min} bytes"));
+                errs.push(
+                    ErrorKind::OutOfRange,
+                    &p,
+                    format!("must be at least {min} bytes"),
+                );
                 default
             }
             Err(_) => {
-                errs.push(&p, "is too large");
+                errs.push(ErrorKind::OutOfRange, &p, "is too large");
                 default
             }
         },
         Err(m) => {
-            errs.push(&p, m);
+            errs.push(parse_error_kind(v, &m), &p, m);
             default
         }
     }
@@ -272,12 +298,12 @@ pub(crate) fn get_duration(
     let p = join(path, key);
     match parse_duration(v) {
         Ok(d) if d.is_zero() => {
-            errs.push(&p, "must be > 0");
+            errs.push(ErrorKind::OutOfRange, &p, "must be > 0");
             default
         }
         Ok(d) => d,
         Err(m) => {
-            errs.push(&p, m);
+            errs.push(parse_error_kind(v, &m), &p, m);
             default
         }
     }
@@ -293,7 +319,7 @@ pub(crate) fn get_duration_or_zero(
 ) -> Duration {
     let Some(v) = t.get(key) else { return default };
     parse_duration(v).unwrap_or_else(|m| {
-        errs.push(&join(path, key), m);
+        errs.push(parse_error_kind(v, &m), &join(path, key), m);
         default
     })
 }

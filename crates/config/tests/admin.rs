@@ -1,5 +1,5 @@
 //! `[admin]`: who may change state through the admin port.
-use memroute_config::{parse, AdminToken};
+use memroute_config::{parse, AdminToken, ErrorKind};
 
 const POOL: &str =
     "[proxy]\nlisten = [\"127.0.0.1:11211\"]\n\n[pools.main]\nservers = [\"127.0.0.1:11311\"]\n";
@@ -27,17 +27,21 @@ fn a_token_is_inline_or_in_a_file_or_absent() {
 
 #[test]
 fn a_token_that_cannot_work_is_an_error_at_its_key() {
-    for (lines, path) in [
-        ("token = \"\"", "admin.token"),
-        ("token_file = \"\"", "admin.token_file"),
-        ("token = \"a\"\ntoken_file = \"/f\"", "admin.token_file"),
-        ("token = 7", "admin.token"),
+    for (lines, path, kind) in [
+        ("token = \"\"", "admin.token", ErrorKind::Invalid),
+        ("token_file = \"\"", "admin.token_file", ErrorKind::Invalid),
+        (
+            "token = \"a\"\ntoken_file = \"/f\"",
+            "admin.token_file",
+            ErrorKind::Conflict,
+        ),
+        ("token = 7", "admin.token", ErrorKind::WrongType),
     ] {
-        let errors = admin(lines).expect_err(lines);
-        assert!(
-            errors.iter().any(|e| e.starts_with(path)),
-            "{lines}: {errors:?}"
-        );
+        let errors = parse(&format!(
+            "{POOL}\n[admin]\nlisten = \"127.0.0.1:9150\"\n{lines}"
+        ))
+        .expect_err(lines);
+        assert_eq!(errors.kinds(), [(path, kind)], "{lines}: {errors}");
     }
 }
 

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use super::push_note;
 use crate::raw::{check_host_port, toml_key};
 use crate::walk::join;
-use crate::{ConfigError, ConfigErrors};
+use crate::{ConfigError, ConfigErrors, ErrorKind};
 
 /// Route handles read here, by mcrouter's name.
 const HANDLES: &[&str] = &[
@@ -73,12 +73,17 @@ const MAX_MACRO_DEPTH: usize = 32;
 pub fn import(json: &str) -> Result<String, ConfigErrors> {
     let doc: Value = serde_json::from_str(json).map_err(|e| {
         ConfigErrors::single(ConfigError::new(
+            ErrorKind::Syntax,
             format!("line {}, column {}", e.line(), e.column()),
             format!("invalid JSON: {e}"),
         ))
     })?;
     let Value::Object(top) = doc else {
-        return Err(single("", "expected a JSON object (an mcrouter config)"));
+        return Err(single(
+            ErrorKind::WrongType,
+            "",
+            "expected a JSON object (an mcrouter config)",
+        ));
     };
     let mut importer = Importer::default();
     let top = importer.expand_macros(top);
@@ -94,13 +99,13 @@ pub fn import(json: &str) -> Result<String, ConfigErrors> {
         return Err(ConfigErrors(importer.errs));
     }
     let Some(root) = root else {
-        return Err(single("", "no route to import"));
+        return Err(single(ErrorKind::Missing, "", "no route to import"));
     };
     super::checked(importer.render(&root))
 }
 
-fn single(path: &str, message: impl Into<String>) -> ConfigErrors {
-    ConfigErrors::single(ConfigError::new(path, message))
+fn single(kind: ErrorKind, path: &str, message: impl Into<String>) -> ConfigErrors {
+    ConfigErrors::single(ConfigError::new(kind, path, message))
 }
 
 fn index(parent: &str, i: usize) -> String {
@@ -199,8 +204,8 @@ struct Importer {
 }
 
 impl Importer {
-    fn error(&mut self, path: &str, message: impl Into<String>) {
-        self.errs.push(ConfigError::new(path, message));
+    fn error(&mut self, kind: ErrorKind, path: &str, message: impl Into<String>) {
+        self.errs.push(ConfigError::new(kind, path, message));
     }
 
     /// A memroute name not used yet, as close to `wanted` as possible. Pools keep their
@@ -252,19 +257,28 @@ impl Importer {
         let mut macros = Macros::new();
         if let Some(defs) = top.remove("macros") {
             let Value::Object(defs) = defs else {
-                self.error("macros", "expected an object of macro definitions");
+                self.error(
+                    ErrorKind::WrongType,
+                    "macros",
+                    "expected an object of macro definitions",
+                );
                 return top;
             };
             for (name, def) in defs {
                 let path = join("macros", &name);
                 let Some(def) = def.as_object() else {
-                    self.error(&path, "expected a macro definition object");
+                    self.error(
+                        ErrorKind::WrongType,
+                        &path,
+                        "expected a macro definition object",
+                    );
                     continue;
                 };
                 match def.get("type").and_then(Value::as_str) {
                     Some("macroDef") | Some("constDef") => {}
                     other => {
                         self.error(
+                            ErrorKind::Invalid,
                             &join(&path, "type"),
                             format!(
                                 "expected \"macroDef\" or \"constDef\", found {}",
@@ -287,18 +301,20 @@ impl Importer {
                         Value::Object(o) => match o.get("name").and_then(Value::as_str) {
                             Some(n) => params.push((n.to_string(), o.get("default").cloned())),
                             None => self.error(
+                                ErrorKind::Missing,
                                 &index(&join(&path, "params"), i),
                                 "a parameter needs a \"name\"",
                             ),
                         },
                         _ => self.error(
+                            ErrorKind::WrongType,
                             &index(&join(&path, "params"), i),
                             "expected a parameter name or {\"name\": ..., \"default\": ...}",
                         ),
                     }
                 }
                 let Some(result) = def.get("result") else {
-                    self.error(&path, "a macro needs a \"result\"");
+                    self.error(ErrorKind::Missing, &path, "a macro needs a \"result\"");
                     continue;
                 };
                 macros.insert(name, (params, result.clone()));
@@ -322,6 +338,7 @@ impl Importer {
     fn expand(&mut self, value: Value, macros: &Macros, path: &str, depth: usize) -> Value {
         if depth > MAX_MACRO_DEPTH {
             self.error(
+                ErrorKind::Circle,
                 path,
                 "macro expansion too deep (a macro that calls itself?)",
             );
@@ -330,11 +347,15 @@ impl Importer {
         match value {
             Value::String(s) if s.starts_with('@') => {
                 let Some((name, args)) = parse_call(&s) else {
-                    self.error(path, format!("cannot read macro call \"{s}\""));
+                    self.error(
+                        ErrorKind::Invalid,
+                        path,
+                        format!("cannot read macro call \"{s}\""),
+                    );
                     return Value::Null;
                 };
                 let Some((params, body)) = macros.get(name) else {
-                    self.error(
+                    self.error(ErrorKind::Invalid,
                         path,
                         format!(
                             "macro \"@{name}\" is not a plain macro defined in \"macros\" (mcrouter's built-in macros compute; write the result out)"
@@ -353,6 +374,7 @@ impl Importer {
                             bound.insert(param.clone(), v);
                         }
                         None => self.error(
+                            ErrorKind::Missing,
                             path,
                             format!("macro \"@{name}\": no value for parameter \"{param}\""),
                         ),
@@ -375,6 +397,7 @@ impl Importer {
                                 bound.insert(param.clone(), v);
                             }
                             None => self.error(
+                                ErrorKind::Missing,
                                 path,
                                 format!("macro call: no value for parameter \"{param}\""),
                             ),
@@ -409,7 +432,11 @@ impl Importer {
             return;
         };
         let Some(pools) = pools.as_object() else {
-            self.error("pools", "expected an object of pools by name");
+            self.error(
+                ErrorKind::WrongType,
+                "pools",
+                "expected an object of pools by name",
+            );
             return;
         };
         for (name, pool) in pools {
@@ -427,7 +454,11 @@ impl Importer {
 
     fn read_pool(&mut self, pool: &Value, path: &str) -> Option<McPool> {
         let Some(pool) = pool.as_object() else {
-            self.error(path, "expected a pool object with \"servers\"");
+            self.error(
+                ErrorKind::WrongType,
+                path,
+                "expected a pool object with \"servers\"",
+            );
             return None;
         };
         let before = self.errs.len();
@@ -447,14 +478,26 @@ impl Importer {
                             }
                             servers.push(address);
                         }
-                        Some(Err(message)) => self.error(&item_path, message),
-                        None => self.error(&item_path, "expected a \"host:port\" string"),
+                        Some(Err(message)) => self.error(ErrorKind::Invalid, &item_path, message),
+                        None => self.error(
+                            ErrorKind::WrongType,
+                            &item_path,
+                            "expected a \"host:port\" string",
+                        ),
                     }
                 }
             }
-            Some(Value::Array(_)) => self.error(&servers_path, "a pool needs at least one server"),
-            Some(_) => self.error(&servers_path, "expected an array of \"host:port\" strings"),
-            None => self.error(&servers_path, "required"),
+            Some(Value::Array(_)) => self.error(
+                ErrorKind::Missing,
+                &servers_path,
+                "a pool needs at least one server",
+            ),
+            Some(_) => self.error(
+                ErrorKind::WrongType,
+                &servers_path,
+                "expected an array of \"host:port\" strings",
+            ),
+            None => self.error(ErrorKind::Missing, &servers_path, "required"),
         }
         let weights = pool
             .get("weights")
@@ -465,6 +508,7 @@ impl Importer {
                 Some(ms) => Some(ms),
                 None => {
                     self.error(
+                        ErrorKind::OutOfRange,
                         &join(path, "server_timeout"),
                         "expected a positive number of milliseconds",
                     );
@@ -494,7 +538,11 @@ impl Importer {
     /// WeightedCh3 weights: numbers in (0, 1].
     fn read_weights(&mut self, v: &Value, path: &str) -> Vec<f64> {
         let Some(items) = v.as_array() else {
-            self.error(path, "expected an array of weights between 0 and 1");
+            self.error(
+                ErrorKind::WrongType,
+                path,
+                "expected an array of weights between 0 and 1",
+            );
             return Vec::new();
         };
         let mut out = Vec::with_capacity(items.len());
@@ -503,13 +551,18 @@ impl Importer {
             match w.as_f64() {
                 Some(x) if x > 0.0 && x <= 1.0 => out.push(x),
                 Some(x) if x <= 0.0 => {
-                    self.error(
+                    self.error(ErrorKind::OutOfRange,
                         &item_path,
                         format!("weight {x} must be > 0 (a server that should get no keys belongs out of the pool; with weight 0 WeightedCh3 still gives it the keys all 32 tries miss)"),
                     );
                 }
-                Some(x) => self.error(&item_path, format!("weight {x} must be at most 1")),
+                Some(x) => self.error(
+                    ErrorKind::OutOfRange,
+                    &item_path,
+                    format!("weight {x} must be at most 1"),
+                ),
                 None => self.error(
+                    ErrorKind::WrongType,
                     &item_path,
                     format!("expected a number, found {}", compact(w)),
                 ),
@@ -529,7 +582,11 @@ impl Importer {
     ) -> Option<String> {
         let Some(pool) = self.pools.get(name).cloned() else {
             if !self.bad_pools.contains(name) {
-                self.error(path, format!("unknown pool \"{name}\""));
+                self.error(
+                    ErrorKind::UnknownTarget,
+                    path,
+                    format!("unknown pool \"{name}\""),
+                );
             }
             return None;
         };
@@ -593,7 +650,11 @@ impl Importer {
     fn server_targets(&mut self, name: &str, path: &str) -> Option<Vec<String>> {
         let Some(pool) = self.pools.get(name).cloned() else {
             if !self.bad_pools.contains(name) {
-                self.error(path, format!("unknown pool \"{name}\""));
+                self.error(
+                    ErrorKind::UnknownTarget,
+                    path,
+                    format!("unknown pool \"{name}\""),
+                );
             }
             return None;
         };
@@ -641,13 +702,17 @@ impl Importer {
                 .map(|(n, h)| (n.clone(), h.clone(), join("named_handles", n)))
                 .collect(),
             _ => {
-                self.error("named_handles", "expected an array of named route handles");
+                self.error(
+                    ErrorKind::WrongType,
+                    "named_handles",
+                    "expected an array of named route handles",
+                );
                 return;
             }
         };
         for (name, handle, path) in items {
             if name.is_empty() {
-                self.error(&path, "a named handle needs a \"name\"");
+                self.error(ErrorKind::Missing, &path, "a named handle needs a \"name\"");
             } else {
                 self.named.insert(name, (handle, path));
             }
@@ -674,24 +739,29 @@ impl Importer {
                 match first.get("route") {
                     Some(route) => self.route(route, "routes[0].route", "root"),
                     None => {
-                        self.error("routes[0].route", "required");
+                        self.error(ErrorKind::Missing, "routes[0].route", "required");
                         None
                     }
                 }
             }
             (None, Some(_)) => {
                 self.error(
+                    ErrorKind::WrongType,
                     "routes",
                     "expected a non-empty array of {\"aliases\", \"route\"}",
                 );
                 None
             }
             (Some(_), Some(_)) => {
-                self.error("routes", "write either \"route\" or \"routes\", not both");
+                self.error(
+                    ErrorKind::Conflict,
+                    "routes",
+                    "write either \"route\" or \"routes\", not both",
+                );
                 None
             }
             (None, None) => {
-                self.error("route", "required (or \"routes\")");
+                self.error(ErrorKind::Missing, "route", "required (or \"routes\")");
                 None
             }
         }
@@ -715,7 +785,11 @@ impl Importer {
             Value::String(s) => self.route_string(s, path, hint),
             Value::Object(o) => {
                 let Some(kind) = o.get("type").and_then(Value::as_str) else {
-                    self.error(&join(path, "type"), "required (the route handle's name)");
+                    self.error(
+                        ErrorKind::Missing,
+                        &join(path, "type"),
+                        "required (the route handle's name)",
+                    );
                     return None;
                 };
                 match o.get("name").and_then(Value::as_str) {
@@ -732,11 +806,19 @@ impl Importer {
                 }
             }
             Value::Array(_) => {
-                self.error(path, "expected one route here, found a list");
+                self.error(
+                    ErrorKind::WrongType,
+                    path,
+                    "expected one route here, found a list",
+                );
                 None
             }
             other => {
-                self.error(path, format!("expected a route, found {}", compact(other)));
+                self.error(
+                    ErrorKind::WrongType,
+                    path,
+                    format!("expected a route, found {}", compact(other)),
+                );
                 None
             }
         }
@@ -749,7 +831,11 @@ impl Importer {
         if let Some((handle, path_of_def)) = self.named.get(s).cloned() {
             if let Some(at) = self.resolving.iter().position(|n| n == s) {
                 let chain = self.resolving[at..].join(" -> ");
-                self.error(path, format!("named handle loop: {chain} -> {s}"));
+                self.error(
+                    ErrorKind::Circle,
+                    path,
+                    format!("named handle loop: {chain} -> {s}"),
+                );
                 return None;
             }
             self.resolving.push(s.to_string());
@@ -757,7 +843,7 @@ impl Importer {
                 Some(o) => match o.get("type").and_then(Value::as_str) {
                     Some(kind) => self.route_object(kind, o, &path_of_def, s),
                     None => {
-                        self.error(&join(&path_of_def, "type"), "required");
+                        self.error(ErrorKind::Missing, &join(&path_of_def, "type"), "required");
                         None
                     }
                 },
@@ -779,6 +865,7 @@ impl Importer {
                 Some(pool) => self.pool_target(pool, None, path),
                 None => {
                     self.error(
+                        ErrorKind::Invalid,
                         path,
                         format!("cannot read \"{s}\" (expected HashRoute|Pool|NAME)"),
                     );
@@ -794,6 +881,7 @@ impl Importer {
             }
             _ if HANDLES.contains(&kind) => {
                 self.error(
+                    ErrorKind::Invalid,
                     path,
                     format!("\"{s}\": this handle needs its settings (write it as an object)"),
                 );
@@ -801,6 +889,7 @@ impl Importer {
             }
             _ => {
                 self.error(
+                    ErrorKind::UnknownTarget,
                     path,
                     format!("unknown route handle or named handle \"{s}\""),
                 );
@@ -843,6 +932,7 @@ impl Importer {
                 for (i, t) in out.iter().enumerate() {
                     if !seen.insert(t) {
                         self.error(
+                            ErrorKind::Conflict,
                             &index(&children_path, i),
                             format!(
                                 "the same target twice (\"{t}\"); memroute needs distinct children"
@@ -854,11 +944,16 @@ impl Importer {
                 ok.then_some(out)
             }
             Some(Value::Array(_)) => {
-                self.error(&children_path, "needs at least one child");
+                self.error(
+                    ErrorKind::Missing,
+                    &children_path,
+                    "needs at least one child",
+                );
                 None
             }
             Some(other) => {
                 self.error(
+                    ErrorKind::WrongType,
                     &children_path,
                     format!(
                         "expected a list of routes or \"Pool|NAME\", found {}",
@@ -868,7 +963,7 @@ impl Importer {
                 None
             }
             None => {
-                self.error(&children_path, "required");
+                self.error(ErrorKind::Missing, &children_path, "required");
                 None
             }
         }
@@ -930,7 +1025,7 @@ impl Importer {
                 } else {
                     format!("unknown route handle \"{other}\"")
                 };
-                self.error(&join(path, "type"), message);
+                self.error(ErrorKind::Invalid, &join(path, "type"), message);
                 return None;
             }
         };
@@ -963,7 +1058,11 @@ impl Importer {
             Some(Value::String(p)) => self.pool_target(p, hash, &pool_path)?,
             Some(Value::Object(inline)) => {
                 let Some(name) = inline.get("name").and_then(Value::as_str) else {
-                    self.error(&pool_path, "an inline pool needs a \"name\"");
+                    self.error(
+                        ErrorKind::Missing,
+                        &pool_path,
+                        "an inline pool needs a \"name\"",
+                    );
                     return None;
                 };
                 let read = self.read_pool(&Value::Object(inline.clone()), &pool_path)?;
@@ -971,7 +1070,7 @@ impl Importer {
                 self.pool_target(name, hash, &pool_path)?
             }
             _ => {
-                self.error(&pool_path, "required (a pool name)");
+                self.error(ErrorKind::Missing, &pool_path, "required (a pool name)");
                 return None;
             }
         };
@@ -1002,7 +1101,7 @@ impl Importer {
         };
         let children = o.get("children").and_then(Value::as_str);
         let Some(pool) = children.and_then(|s| s.strip_prefix("Pool|")) else {
-            self.error(
+            self.error(ErrorKind::Invalid,
                 &join(path, "children"),
                 "memroute hashes over a pool's servers only: expected \"Pool|NAME\" (a HashRoute over other routes has no memroute equivalent)",
             );
@@ -1031,7 +1130,11 @@ impl Importer {
             "children"
         };
         let Some(primary) = o.get(key) else {
-            self.error(&join(path, "children"), "required (the route that answers)");
+            self.error(
+                ErrorKind::Missing,
+                &join(path, "children"),
+                "required (the route that answers)",
+            );
             return None;
         };
         let primary = self.route(primary, &join(path, key), &format!("{hint}_primary"))?;
@@ -1061,7 +1164,7 @@ impl Importer {
                 for (prefix, route) in policies {
                     let p = join(&policies_path, prefix);
                     if prefix.is_empty() {
-                        self.error(&p, "an empty prefix; use \"wildcard\"");
+                        self.error(ErrorKind::Invalid, &p, "an empty prefix; use \"wildcard\"");
                         continue;
                     }
                     if let Some(t) = self.route(route, &p, &format!("{hint}_{prefix}")) {
@@ -1070,7 +1173,11 @@ impl Importer {
                 }
             }
             None => {}
-            Some(_) => self.error(&policies_path, "expected an object of prefix -> route"),
+            Some(_) => self.error(
+                ErrorKind::WrongType,
+                &policies_path,
+                "expected an object of prefix -> route",
+            ),
         }
         let default = self.default_or_error(o, "wildcard", path, hint, "key", notes)?;
         if prefixes.is_empty() {
@@ -1113,7 +1220,11 @@ impl Importer {
                 }
             }
             Some(_) => {
-                self.error(&policies_path, "expected an object of operation -> route");
+                self.error(
+                    ErrorKind::WrongType,
+                    &policies_path,
+                    "expected an object of operation -> route",
+                );
                 return None;
             }
         }
@@ -1218,14 +1329,18 @@ impl Importer {
         let side = |me: &mut Self, key: &str| match o.get(key) {
             Some(r) => me.route(r, &join(path, key), &format!("{hint}_{key}")),
             None => {
-                me.error(&join(path, key), "required");
+                me.error(ErrorKind::Missing, &join(path, key), "required");
                 None
             }
         };
         let (cold, warm) = (side(self, "cold"), side(self, "warm"));
         let (cold, warm) = (cold?, warm?);
         if cold == warm {
-            self.error(path, "cold and warm are the same target");
+            self.error(
+                ErrorKind::Conflict,
+                path,
+                "cold and warm are the same target",
+            );
             return None;
         }
         let mut lines = vec![
@@ -1238,7 +1353,11 @@ impl Importer {
                 .as_u64()
                 .filter(|&t| t <= memroute_protocol::MAX_RELATIVE_EXPTIME)
             else {
-                self.error(&join(path, "exptime"), "expected seconds, at most 30 days");
+                self.error(
+                    ErrorKind::OutOfRange,
+                    &join(path, "exptime"),
+                    "expected seconds, at most 30 days",
+                );
                 return None;
             };
             lines.push(format!("ttl = {ttl}"));
@@ -1260,17 +1379,25 @@ impl Importer {
         };
         let shadows_path = join(path, "shadows");
         let Some(shadows) = shadows.as_array() else {
-            self.error(&shadows_path, "expected an array of shadow settings");
+            self.error(
+                ErrorKind::WrongType,
+                &shadows_path,
+                "expected an array of shadow settings",
+            );
             return None;
         };
         for (i, shadow) in shadows.iter().enumerate() {
             let p = index(&shadows_path, i);
             let Some(s) = shadow.as_object() else {
-                self.error(&p, "expected a shadow object with \"target\"");
+                self.error(
+                    ErrorKind::WrongType,
+                    &p,
+                    "expected a shadow object with \"target\"",
+                );
                 return None;
             };
             let Some(t) = s.get("target") else {
-                self.error(&join(&p, "target"), "required");
+                self.error(ErrorKind::Missing, &join(&p, "target"), "required");
                 return None;
             };
             let shadow_target =
@@ -1285,6 +1412,7 @@ impl Importer {
                     Some([Some(a), Some(b)]) if 0.0 <= *a && a <= b && *b <= 1.0 => [*a, *b],
                     _ => {
                         self.error(
+                            ErrorKind::Invalid,
                             &join(&p, "key_fraction_range"),
                             "expected [a, b] with 0 <= a <= b <= 1",
                         );
@@ -1305,7 +1433,11 @@ impl Importer {
                 }
             }
             if shadow_target == target {
-                self.error(&join(&p, "target"), "shadows the route to itself");
+                self.error(
+                    ErrorKind::Conflict,
+                    &join(&p, "target"),
+                    "shadows the route to itself",
+                );
                 return None;
             }
             let name = self.fresh_name(&format!("{hint}_shadowed_{i}"), false);
@@ -1343,6 +1475,7 @@ impl Importer {
                     Some(Value::String(s)) => salt = s.clone(),
                     Some(other) => {
                         self.error(
+                            ErrorKind::WrongType,
                             &join(path, "salt"),
                             format!("expected a string, found {}", compact(other)),
                         );
@@ -1366,6 +1499,7 @@ impl Importer {
             }
             other => {
                 self.error(
+                    ErrorKind::WrongType,
                     path,
                     format!(
                         "expected a hash function name or object, found {}",
@@ -1385,12 +1519,16 @@ impl Importer {
                     (self.errs.len() == before).then_some(Hash::WeightedCh3(w))
                 }
                 None => {
-                    self.error(&join(path, "weights"), "required by WeightedCh3");
+                    self.error(
+                        ErrorKind::Missing,
+                        &join(path, "weights"),
+                        "required by WeightedCh3",
+                    );
                     None
                 }
             },
             other => {
-                self.error(&func_path, format!("hash function \"{other}\" has no memroute equivalent (expected Ch3, WeightedCh3 or Crc32)"));
+                self.error(ErrorKind::Invalid, &func_path, format!("hash function \"{other}\" has no memroute equivalent (expected Ch3, WeightedCh3 or Crc32)"));
                 None
             }
         };

@@ -17,7 +17,11 @@ pub(crate) fn checked(text: String) -> Result<String, ConfigErrors> {
             errors
                 .into_iter()
                 .map(|e| {
-                    ConfigError::new(e.path, format!("{} (in the imported config)", e.message))
+                    ConfigError::new(
+                        e.kind,
+                        e.path,
+                        format!("{} (in the imported config)", e.message),
+                    )
                 })
                 .collect(),
         )),

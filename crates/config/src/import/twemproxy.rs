@@ -17,7 +17,7 @@ mod render;
 
 use serde_yaml::Value;
 
-use crate::{ConfigError, ConfigErrors};
+use crate::{ConfigError, ConfigErrors, ErrorKind};
 use pool::{read_pool, scalar_string, Pool};
 
 /// Returns the equivalent memroute TOML for a nutcracker YAML config.
@@ -27,16 +27,21 @@ pub fn import(yaml: &str) -> Result<String, ConfigErrors> {
             Some(l) => format!("line {}, column {}", l.line(), l.column()),
             None => "yaml".to_string(),
         };
-        ConfigErrors::single(ConfigError::new(path, e.to_string()))
+        ConfigErrors::single(ConfigError::new(ErrorKind::Syntax, path, e.to_string()))
     })?;
     let Value::Mapping(top) = doc else {
         return Err(ConfigErrors::single(ConfigError::new(
+            ErrorKind::WrongType,
             "",
             "expected a mapping of pool names to pools (a nutcracker.yml)",
         )));
     };
     if top.is_empty() {
-        return Err(ConfigErrors::single(ConfigError::new("", "no pools found")));
+        return Err(ConfigErrors::single(ConfigError::new(
+            ErrorKind::Missing,
+            "",
+            "no pools found",
+        )));
     }
 
     let mut errs = Vec::new();
@@ -44,6 +49,7 @@ pub fn import(yaml: &str) -> Result<String, ConfigErrors> {
     for (k, v) in &top {
         let Some(name) = scalar_string(k) else {
             errs.push(ConfigError::new(
+                ErrorKind::WrongType,
                 "",
                 format!("a pool name must be a string, found {k:?}"),
             ));
@@ -52,6 +58,7 @@ pub fn import(yaml: &str) -> Result<String, ConfigErrors> {
         match v {
             Value::Mapping(m) => pools.push(read_pool(&name, m, &mut errs)),
             _ => errs.push(ConfigError::new(
+                ErrorKind::WrongType,
                 name.clone(),
                 "expected a mapping of pool settings",
             )),
@@ -59,7 +66,7 @@ pub fn import(yaml: &str) -> Result<String, ConfigErrors> {
     }
     let served: Vec<&Pool> = pools.iter().filter(|p| !p.redis).collect();
     if served.is_empty() {
-        errs.push(ConfigError::new(
+        errs.push(ConfigError::new(ErrorKind::Missing,
             "",
             "no memcached pools to import: every pool has `redis: true`, and memroute speaks memcached only",
         ));
@@ -79,6 +86,7 @@ fn check_listen_addresses(served: &[&Pool], errs: &mut Vec<ConfigError>) {
         let path = format!("{}.listen", pool.name);
         match &pool.listen {
             None => errs.push(ConfigError::new(
+                ErrorKind::Missing,
                 path,
                 "missing: twemproxy serves every pool on its own listen address",
             )),
@@ -88,6 +96,7 @@ fn check_listen_addresses(served: &[&Pool], errs: &mut Vec<ConfigError>) {
                     .find(|p| p.listen.as_ref() == Some(address))
                 {
                     errs.push(ConfigError::new(
+                        ErrorKind::Conflict,
                         path,
                         format!(
                             "\"{address}\" is also pool \"{}\"'s listen address",

@@ -5,7 +5,7 @@
 use serde_yaml::{Mapping, Value};
 
 use crate::raw::check_host_port;
-use crate::{ConfigError, DistributionName, HashName};
+use crate::{ConfigError, DistributionName, ErrorKind, HashName};
 
 /// Pool keys twemproxy 0.5.0 accepts (plus `reuseport` from later releases).
 const TWEMPROXY_KEYS: &[&str] = &[
@@ -69,6 +69,7 @@ pub(super) fn read_pool(name: &str, m: &Mapping, errs: &mut Vec<ConfigError>) ->
     for (k, v) in m {
         let Some(key) = scalar_string(k) else {
             errs.push(ConfigError::new(
+                ErrorKind::WrongType,
                 name,
                 format!("a key must be a string, found {k:?}"),
             ));
@@ -87,6 +88,7 @@ pub(super) fn read_pool(name: &str, m: &Mapping, errs: &mut Vec<ConfigError>) ->
     ejection.carry_over(&mut pool, errs);
     if !m.contains_key("servers") {
         errs.push(ConfigError::new(
+            ErrorKind::Missing,
             format!("{name}.servers"),
             "a pool needs at least one server",
         ));
@@ -118,6 +120,7 @@ fn read_key(
         "server_failure_limit" => ejection.failure_limit = read_int(&p, v, errs),
         "servers" => pool.servers = read_servers(&p, v, errs),
         _ => errs.push(ConfigError::new(
+            ErrorKind::UnknownKey,
             p,
             format!(
                 "unknown twemproxy key (expected one of: {})",
@@ -138,7 +141,11 @@ fn read_pool_line(pool: &mut Pool, key: &str, p: &str, v: &Value, errs: &mut Vec
         "hash" => {
             if let Some(s) = read_str(p, v, errs) {
                 if HashName::parse(&s).is_none() {
-                    errs.push(ConfigError::new(p, format!("unknown hash \"{s}\"")));
+                    errs.push(ConfigError::new(
+                        ErrorKind::Invalid,
+                        p,
+                        format!("unknown hash \"{s}\""),
+                    ));
                 }
                 pool.lines.push(format!("hash = {}", quote(&s)));
             }
@@ -151,7 +158,11 @@ fn read_pool_line(pool: &mut Pool, key: &str, p: &str, v: &Value, errs: &mut Vec
         "distribution" => {
             if let Some(s) = read_str(p, v, errs) {
                 if DistributionName::parse(&s).is_none() {
-                    errs.push(ConfigError::new(p, format!("unknown distribution \"{s}\"")));
+                    errs.push(ConfigError::new(
+                        ErrorKind::Invalid,
+                        p,
+                        format!("unknown distribution \"{s}\""),
+                    ));
                 }
                 pool.lines.push(format!("distribution = {}", quote(&s)));
             }
@@ -170,7 +181,7 @@ fn read_pool_line(pool: &mut Pool, key: &str, p: &str, v: &Value, errs: &mut Vec
         "server_connections" => {
             if let Some(n) = read_int(p, v, errs) {
                 if n == 0 {
-                    errs.push(ConfigError::new(p, "must be > 0"));
+                    errs.push(ConfigError::new(ErrorKind::OutOfRange, p, "must be > 0"));
                 } else {
                     pool.lines.push(format!("connections = {n}"));
                     pool.notes.push(format!(
@@ -251,12 +262,14 @@ impl Ejection {
             let retry_ms = retry_timeout.unwrap_or(TWEMPROXY_RETRY_TIMEOUT_MS);
             if limit == 0 {
                 errs.push(ConfigError::new(
+                    ErrorKind::OutOfRange,
                     path("server_failure_limit"),
                     "must be > 0",
                 ));
             }
             if retry_ms == 0 {
                 errs.push(ConfigError::new(
+                    ErrorKind::OutOfRange,
                     path("server_retry_timeout"),
                     "must be > 0",
                 ));
@@ -307,7 +320,7 @@ fn convert_listen(
         format!("unix:{socket}")
     } else {
         if let Err(m) = check_host_port(s) {
-            errs.push(ConfigError::new(path, m));
+            errs.push(ConfigError::new(ErrorKind::Invalid, path, m));
         }
         s.to_string()
     }
@@ -318,6 +331,7 @@ fn convert_listen(
 fn read_servers(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Vec<String> {
     let Value::Sequence(items) = v else {
         errs.push(ConfigError::new(
+            ErrorKind::WrongType,
             path,
             "expected a list of \"host:port:weight [name]\"",
         ));
@@ -332,6 +346,7 @@ fn read_servers(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Vec<Strin
         let words: Vec<&str> = s.split_whitespace().collect();
         if words.first().is_some_and(|w| w.starts_with('/')) {
             errs.push(ConfigError::new(
+                ErrorKind::Invalid,
                 p,
                 format!(
                     "unix socket servers are not supported by memroute (\"{s}\"); use host:port"
@@ -359,6 +374,7 @@ fn read_int(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Option<i64> {
         Some(n) if n >= 0 => Some(n),
         _ => {
             errs.push(ConfigError::new(
+                ErrorKind::WrongType,
                 path,
                 format!("expected a non-negative integer, found {}", show(v)),
             ));
@@ -373,6 +389,7 @@ fn read_bool(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Option<bool>
         Some("false") => Some(false),
         _ => {
             errs.push(ConfigError::new(
+                ErrorKind::WrongType,
                 path,
                 format!("expected true or false, found {}", show(v)),
             ));
@@ -385,6 +402,7 @@ fn read_str(path: &str, v: &Value, errs: &mut Vec<ConfigError>) -> Option<String
     let s = scalar_string(v);
     if s.is_none() {
         errs.push(ConfigError::new(
+            ErrorKind::WrongType,
             path,
             format!("expected a string, found {}", show(v)),
         ));
