@@ -135,6 +135,16 @@ fn one_clients_login_never_opens_the_cache_for_another() {
     let proxy_stats = proxy.connect().stats();
     let down = format!("server:main:{}:down", mc.addr());
     assert_eq!(stat_u64(&proxy_stats, &down), Some(1), "{proxy_stats:?}");
+    let refused = format!("server:main:{}:login_failures", mc.addr());
+    assert!(
+        stat_u64(&proxy_stats, &refused) >= Some(1),
+        "{proxy_stats:?}"
+    );
+    let (_, metrics) = admin_http(&admin, "GET", "/metrics");
+    assert!(
+        metrics.contains("memroute_backend_login_failures_total{pool=\"main\""),
+        "{metrics}"
+    );
     assert!(
         proxy.wait_log("backend login failed", WAIT),
         "{}",

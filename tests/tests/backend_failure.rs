@@ -76,11 +76,14 @@ fn killed_backend_fails_fast_and_recovers_after_restart() {
 #[test]
 fn sigterm_exits_zero() {
     let backend = Memcached::start();
-    let mut proxy = Memroute::start_pool(&[backend.addr()]);
+    // No drain delay: drain.rs tests the drain; this test waits for the exit only.
+    let listen = format!("127.0.0.1:{}", memroute_tests::free_port());
+    let config = memroute_tests::simple_config(&listen, &[backend.addr()], "")
+        .replacen("[proxy]\n", "[proxy]\ndrain_delay = \"0s\"\n", 1);
+    let mut proxy = Memroute::start(&config);
     let mut c = proxy.connect();
     c.set("k", b"v");
     proxy.signal("TERM");
-    // drain_delay (5 s by default) comes first.
     let status = proxy.wait_exit(Duration::from_secs(20));
     assert!(
         status.success(),

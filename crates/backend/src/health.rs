@@ -51,6 +51,9 @@ pub struct ServerHealth {
     state: watch::Sender<Transition>,
     marked_down_total: AtomicU64,
     marked_up_total: AtomicU64,
+    /// Connections and probes the server would not let in: it wants a login memroute
+    /// lacks, or refused memroute's.
+    login_failures_total: AtomicU64,
     /// Connections to this server open now, over every worker (readiness, metrics).
     open_connections: AtomicU64,
     /// The last failure and when it happened (the admin panel shows it). Written only on
@@ -81,6 +84,7 @@ impl ServerHealth {
             failures: AtomicU32::new(0),
             state,
             marked_down_total: AtomicU64::new(0),
+            login_failures_total: AtomicU64::new(0),
             marked_up_total: AtomicU64::new(0),
             open_connections: AtomicU64::new(0),
             last_failure: Mutex::new(None),
@@ -155,6 +159,19 @@ impl ServerHealth {
             tracing::warn!(pool = %self.pool, server = %self.address, reason, "server marked down");
         }
         changed
+    }
+
+    /// The server would not let a connection or a probe in (`hello`): it must serve nobody
+    /// until it does, so it is marked down at once with the reason. Returns whether it was
+    /// up before.
+    pub fn login_refused(&self, reason: &str) -> bool {
+        self.login_failures_total.fetch_add(1, Ordering::Relaxed);
+        self.mark_down(reason)
+    }
+
+    /// Connections and probes refused at login since start.
+    pub fn login_failures_total(&self) -> u64 {
+        self.login_failures_total.load(Ordering::Relaxed)
     }
 
     fn remember_failure(&self, reason: &str) {
@@ -291,7 +308,7 @@ pub async fn run_prober(health: Arc<ServerHealth>, connector: Arc<Connector>) {
                 // Something else (a reload, an operator) brought it back: stop probing.
                 _ = health.wait_up() => break,
             }
-            match probe(&connector, &settings).await {
+            match probe(&connector, &health).await {
                 Ok(()) => {
                     health.mark_up();
                     break;
@@ -318,14 +335,21 @@ pub async fn run_prober(health: Arc<ServerHealth>, connector: Arc<Connector>) {
 /// time. Through the server's connector: a TLS server is probed over TLS (resuming the
 /// connections' session), so a certificate that no longer verifies keeps it down, and a
 /// login that memcached refuses keeps it down too.
-async fn probe(connector: &Connector, settings: &HealthSettings) -> Result<(), String> {
+async fn probe(connector: &Connector, health: &ServerHealth) -> Result<(), String> {
+    let settings = health.settings();
     let opened = crate::hello::open(connector, settings.connect_timeout, settings.timeout).await;
     match opened {
         Ok((_, Greeting::LoggedIn)) => Ok(()),
         Ok((_, Greeting::Answered(line))) if line.starts_with("VERSION ") => Ok(()),
         Ok((_, Greeting::Answered(line))) => Err(format!("unexpected reply {line:?}")),
         Err(Refusal::Connect(error)) => Err(error.to_string()),
-        Err(Refusal::Login(reason) | Refusal::Exchange(reason)) => Err(reason),
+        Err(Refusal::Login(reason)) => {
+            // Counted, and the reason becomes the server's last failure: a probe that
+            // still cannot log in keeps the panel saying why.
+            health.login_refused(&reason);
+            Err(reason)
+        }
+        Err(Refusal::Exchange(reason)) => Err(reason),
     }
 }
 
@@ -568,7 +592,7 @@ mod tests {
         assert!(health.is_down());
         assert_eq!(health.marked_up_total(), 0);
         prober.abort();
-        let outcome = within(probe(&Connector::plain(&address), health.settings())).await;
+        let outcome = within(probe(&Connector::plain(&address), &health)).await;
         assert_eq!(outcome, Err("version timed out".to_string()));
     }
 
@@ -576,7 +600,7 @@ mod tests {
     async fn probe_rejects_a_reply_that_is_not_version() {
         let (address, _accepts) = fake_server(Some(b"ERROR\r\n")).await;
         let (health, _) = health(&address, 1);
-        let outcome = within(probe(&Connector::plain(&address), health.settings())).await;
+        let outcome = within(probe(&Connector::plain(&address), &health)).await;
         assert_eq!(outcome, Err("unexpected reply \"ERROR\"".to_string()));
     }
 
@@ -587,10 +611,8 @@ mod tests {
             listener.local_addr().expect("local addr").to_string()
         };
         let (health, _) = health(&address, 1);
-        assert!(
-            within(probe(&Connector::plain(&address), health.settings()))
-                .await
-                .is_err()
-        );
+        assert!(within(probe(&Connector::plain(&address), &health))
+            .await
+            .is_err());
     }
 }

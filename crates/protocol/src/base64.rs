@@ -5,18 +5,16 @@
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /// Appends `bytes` in standard base64 (RFC 4648, `+/`, `=` padding) to `out`.
-pub fn encode_base64(bytes: &[u8], out: &mut Vec<u8>) {
+pub fn encode_base64<B: bytes::BufMut>(bytes: &[u8], out: &mut B) {
     for chunk in bytes.chunks(3) {
         let mut quad = [0u8; 3];
         quad[..chunk.len()].copy_from_slice(chunk);
         let value = u32::from_be_bytes([0, quad[0], quad[1], quad[2]]);
-        for index in 0..4 {
-            if index <= chunk.len() {
-                out.push(ALPHABET[(value >> (18 - 6 * index)) as usize & 63]);
-            } else {
-                out.push(b'=');
-            }
+        let mut symbols = [b'='; 4];
+        for (index, symbol) in symbols.iter_mut().enumerate().take(chunk.len() + 1) {
+            *symbol = ALPHABET[(value >> (18 - 6 * index)) as usize & 63];
         }
+        out.put_slice(&symbols);
     }
 }
 

@@ -271,27 +271,3 @@ pub fn encode_response(
 pub fn encode_error(out: &mut BytesMut, opcode: u8, status: Status, opaque: u32) {
     encode_response(out, opcode, status, opaque, 0, &[], &[], status.message());
 }
-
-/// Standard base64 (RFC 4648 with padding), for binary keys the meta protocol cannot carry raw.
-pub fn encode_base64(input: &[u8], out: &mut BytesMut) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for chunk in input.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        let symbols = [
-            ALPHABET[(n >> 18) as usize & 63],
-            ALPHABET[(n >> 12) as usize & 63],
-            ALPHABET[(n >> 6) as usize & 63],
-            ALPHABET[n as usize & 63],
-        ];
-        let kept = chunk.len() + 1;
-        out.put_slice(&symbols[..kept]);
-        for _ in kept..4 {
-            out.put_u8(b'=');
-        }
-    }
-}

@@ -18,6 +18,7 @@ pub mod auth;
 mod base64;
 pub mod binary;
 mod error;
+pub mod meta;
 mod reply;
 mod request;
 mod scan;

@@ -1,10 +1,9 @@
 //! Framing of binary-protocol requests: whole frames, partial frames, every malformed header.
 use bytes::BytesMut;
 use memroute_protocol::binary::{
-    encode_base64, encode_error, opcode, parse_binary, BinaryError, BinaryParse, Status,
-    BODY_HEADROOM,
+    encode_error, opcode, parse_binary, BinaryError, BinaryParse, Status, BODY_HEADROOM,
 };
-use memroute_protocol::{decode_base64, Limits};
+use memroute_protocol::{decode_base64, encode_base64, Limits};
 
 fn frame(op: u8, key: &[u8], extras: &[u8], value: &[u8], opaque: u32, cas: u64) -> Vec<u8> {
     let mut f = vec![0x80, op];

@@ -25,9 +25,10 @@ use std::fmt::Write as _;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use memroute_protocol::auth::{sasl_plain, SASL_AUTHENTICATED, SASL_MECHANISMS};
 use memroute_protocol::binary::{
-    encode_base64, encode_error, encode_response, is_storage, opcode as op, parse_binary,
-    BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN, REQUEST_MAGIC,
+    encode_error, encode_response, is_storage, opcode as op, parse_binary, BinaryError,
+    BinaryParse, BinaryRequest, Status, HEADER_LEN, REQUEST_MAGIC,
 };
+use memroute_protocol::meta::{decimal, is_text_key, split_line, MetaReply, MetaRequest};
 use memroute_protocol::{parse_request, Limits, Parse, MAX_KEY_LEN};
 
 use crate::buffers::{self, QueuePool};
@@ -315,15 +316,15 @@ impl Translator {
     ) -> Flow {
         let start = out.len();
         let flow = head.finish(context, out);
-        let reply = TextReply::of(&out[start..]);
+        let reply = MetaReply::of(&out[start..]);
         if !reply.is(b"VA") {
             // A miss or an error: a few bytes, rendered from a copy.
             self.scratch.extend_from_slice(&out[start..]);
             out.truncate(start);
-            render_get(frame, &TextReply::of(&self.scratch), out);
+            render_get(frame, &MetaReply::of(&self.scratch), out);
             return flow;
         }
-        let meta = reply.meta();
+        let meta = reply.numbers();
         let value_at = out.len() - reply.rest.len();
         // A reply shorter than its size line says reads as an empty value.
         let size = if meta.size <= reply.rest.len() {
@@ -445,7 +446,7 @@ impl Translator {
         if let Some(refused) = self.refuse(at, &request, pending) {
             return refused;
         }
-        if matches!(request.opcode, op::GETQ | op::GETKQ) && text_safe(&request.key) {
+        if matches!(request.opcode, op::GETQ | op::GETKQ) && is_text_key(&request.key) {
             return self.batch_quiet_gets(at, request, input, pending);
         }
         let line = self.line_buffer(request.key.len() * 2 + request.value.len());
@@ -730,10 +731,7 @@ fn write_request(line: &mut BytesMut, request: &BinaryRequest) -> Option<Transla
             Translated::Store(frame)
         }
         op::DELETE | op::DELETEQ => {
-            line.put_slice(b"md ");
-            let base64 = put_key(line, &request.key);
-            put_cas(line, request.cas);
-            end_line(line, base64);
+            with_cas(MetaRequest::new(line, b"md", &request.key), request.cas).finish();
             Translated::Delete(frame)
         }
         op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
@@ -764,102 +762,70 @@ fn expiry(binary: u32) -> u32 {
 
 /// `mg <key> [v] f c [T<ttl>]`: a get (with the value), a gat, or a touch (without).
 fn meta_get(line: &mut BytesMut, key: &[u8], value: bool, ttl: Option<u32>) {
-    line.put_slice(b"mg ");
-    let base64 = put_key(line, key);
-    line.put_slice(if value { b" v f c" } else { b" f c" });
-    if let Some(ttl) = ttl {
-        let _ = write!(line, " T{ttl}");
+    let mut get = MetaRequest::new(line, b"mg", key);
+    if value {
+        get = get.flag(b'v');
     }
-    end_line(line, base64);
+    get = get.flag(b'f').flag(b'c');
+    if let Some(ttl) = ttl {
+        get = get.number(b'T', u64::from(ttl));
+    }
+    get.finish();
 }
 
 /// `ms <key> <bytes> M<mode> c [F<flags> T<ttl>] [C<cas>]` and the value.
 fn meta_set(line: &mut BytesMut, request: &BinaryRequest) {
     let mode = match request.opcode {
-        op::SET | op::SETQ => 'S',
+        op::SET | op::SETQ => b'S',
         // memcached stores a binary add that carries a CAS as a compare-and-swap (a missing
         // key is `Not found`); a meta add ignores its CAS, a meta set honours it.
-        op::ADD | op::ADDQ if request.cas != 0 => 'S',
-        op::ADD | op::ADDQ => 'E',
-        op::REPLACE | op::REPLACEQ => 'R',
-        op::APPEND | op::APPENDQ => 'A',
-        _ => 'P',
+        op::ADD | op::ADDQ if request.cas != 0 => b'S',
+        op::ADD | op::ADDQ => b'E',
+        op::REPLACE | op::REPLACEQ => b'R',
+        op::APPEND | op::APPENDQ => b'A',
+        _ => b'P',
     };
-    line.put_slice(b"ms ");
-    let base64 = put_key(line, &request.key);
-    let _ = write!(line, " {} M{mode} c", request.value.len());
+    let mut set = MetaRequest::new(line, b"ms", &request.key)
+        .size(request.value.len())
+        .mode(b'M', mode)
+        .flag(b'c');
     if let (Some(flags), Some(ttl)) = (request.extra_u32(0), request.extra_u32(4)) {
-        let _ = write!(line, " F{flags} T{}", expiry(ttl));
+        set = set
+            .number(b'F', u64::from(flags))
+            .number(b'T', u64::from(expiry(ttl)));
     }
-    put_cas(line, request.cas);
-    end_line(line, base64);
-    line.put_slice(&request.value);
-    line.put_slice(b"\r\n");
+    with_cas(set, request.cas).finish_with_data(&request.value);
 }
 
 /// `ma <key> M<I|D> D<delta> v c [N<ttl> J<initial>] [C<cas>]`.
 fn meta_arithmetic(line: &mut BytesMut, request: &BinaryRequest) {
     let mode = match request.opcode {
-        op::INCREMENT | op::INCREMENTQ => 'I',
-        _ => 'D',
+        op::INCREMENT | op::INCREMENTQ => b'I',
+        _ => b'D',
     };
     let delta = request.extra_u64(0).unwrap_or(0);
     let initial = request.extra_u64(8).unwrap_or(0);
     let create = request.extra_u32(16).unwrap_or(u32::MAX);
-    line.put_slice(b"ma ");
-    let base64 = put_key(line, &request.key);
-    let _ = write!(line, " M{mode} D{delta} v c");
+    let mut arithmetic = MetaRequest::new(line, b"ma", &request.key)
+        .mode(b'M', mode)
+        .number(b'D', delta)
+        .flag(b'v')
+        .flag(b'c');
     // 0xffffffff: fail on a missing key; anything else creates it with `initial`.
     if create != u32::MAX {
-        let _ = write!(line, " N{} J{initial}", expiry(create));
+        arithmetic = arithmetic
+            .number(b'N', u64::from(expiry(create)))
+            .number(b'J', initial);
     }
-    put_cas(line, request.cas);
-    end_line(line, base64);
+    with_cas(arithmetic, request.cas).finish();
 }
 
-fn put_cas(line: &mut BytesMut, cas: u64) {
-    if cas != 0 {
-        let _ = write!(line, " C{cas}");
+/// The request's CAS (`C<cas>`), when it carries one (0: none).
+fn with_cas(request: MetaRequest<'_, BytesMut>, cas: u64) -> MetaRequest<'_, BytesMut> {
+    match cas {
+        0 => request,
+        cas => request.number(b'C', cas),
     }
-}
-
-/// The key as a meta command carries it: raw when it is a valid text key, else base64
-/// (binary keys may hold spaces, newlines and control bytes); true when it went base64, so
-/// `end_line` adds the `b` flag.
-///
-/// memcached limits a base64 key's encoded form to 250 bytes, so a key of 187 bytes or more
-/// goes raw when memcached's text parser takes it whole (it splits words at spaces only and
-/// stores control bytes and 0x7f as they are); one holding a space, a line end or a NUL
-/// goes base64 and is refused as too long (see `send`).
-fn put_key(line: &mut BytesMut, key: &[u8]) -> bool {
-    if text_safe(key) || (base64_len(key.len()) > MAX_KEY_LEN && raw_in_a_line(key)) {
-        line.put_slice(key);
-        return false;
-    }
-    encode_base64(key, line);
-    true
-}
-
-/// The length of `len` bytes in padded base64.
-fn base64_len(len: usize) -> usize {
-    len.div_ceil(3) * 4
-}
-
-/// Whether memcached's text parser reads `key` as one word of a line as it is.
-fn raw_in_a_line(key: &[u8]) -> bool {
-    !key.iter().any(|&b| matches!(b, b' ' | b'\n' | b'\r' | 0))
-}
-
-/// Ends a meta command line: the `b` flag when the key went base64, then `\r\n`.
-fn end_line(line: &mut BytesMut, base64: bool) {
-    if base64 {
-        line.put_slice(b" b");
-    }
-    line.put_slice(b"\r\n");
-}
-
-fn text_safe(key: &[u8]) -> bool {
-    key.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
 /// How many whole, well-formed getq/getkq frames with text-safe keys start `input` (at most
@@ -894,79 +860,8 @@ fn quiet_get_key_len(input: &[u8]) -> Option<usize> {
         && key_len <= MAX_KEY_LEN
         && body == key_len
         && input.len() >= HEADER_LEN + body
-        && text_safe(&input[HEADER_LEN..HEADER_LEN + body]);
+        && is_text_key(&input[HEADER_LEN..HEADER_LEN + body]);
     whole.then_some(key_len)
-}
-
-/// A text or meta reply: its first line (without `\r\n`), that line's first word (meta
-/// status codes come with flags, `NS c0`: judged by the first word) and what follows.
-struct TextReply<'a> {
-    line: &'a [u8],
-    code: &'a [u8],
-    rest: &'a [u8],
-}
-
-impl<'a> TextReply<'a> {
-    fn of(reply: &'a [u8]) -> TextReply<'a> {
-        let (line, rest) = split_line(reply);
-        let code = line.split(|&b| b == b' ').next().unwrap_or_default();
-        TextReply { line, code, rest }
-    }
-
-    fn is(&self, code: &[u8]) -> bool {
-        self.code == code
-    }
-
-    /// The numbers of a meta reply line, read in one pass over its words after the code.
-    fn meta(&self) -> MetaNumbers {
-        let mut numbers = MetaNumbers::default();
-        let words = self.line.get(self.code.len() + 1..).unwrap_or_default();
-        for (at, word) in words.split(|&b| b == b' ').enumerate() {
-            match word.first() {
-                Some(first) if at == 0 && first.is_ascii_digit() => {
-                    numbers.size = digits(word).unwrap_or(0) as usize;
-                }
-                Some(b'f') => numbers.flags = digits(&word[1..]).unwrap_or(0) as u32,
-                Some(b'c') => numbers.cas = digits(&word[1..]).unwrap_or(0),
-                _ => {}
-            }
-        }
-        numbers
-    }
-}
-
-/// `VA <size> f<flags> c<cas>` (or `HD f<flags> c<cas>`): what is absent reads as 0.
-#[derive(Debug, Default)]
-struct MetaNumbers {
-    size: usize,
-    flags: u32,
-    cas: u64,
-}
-
-fn split_line(reply: &[u8]) -> (&[u8], &[u8]) {
-    match reply.iter().position(|&b| b == b'\n') {
-        Some(nl) => {
-            let line = &reply[..nl];
-            (line.strip_suffix(b"\r").unwrap_or(line), &reply[nl + 1..])
-        }
-        None => (reply, &[]),
-    }
-}
-
-/// A decimal number (digits only, no overflow).
-fn digits(word: &[u8]) -> Option<u64> {
-    if word.is_empty() || word.len() > 20 {
-        return None;
-    }
-    let mut number = 0u64;
-    for &digit in word {
-        let value = digit.wrapping_sub(b'0');
-        if value > 9 {
-            return None;
-        }
-        number = number.checked_mul(10)?.checked_add(u64::from(value))?;
-    }
-    Some(number)
 }
 
 /// A reply that is no answer of memcached's (a backend failure): an internal error whose
@@ -988,7 +883,7 @@ fn failure(frame: &Frame, line: &[u8], out: &mut BytesMut) {
 }
 
 fn render(shape: Translated, reply: &[u8], out: &mut BytesMut) {
-    let reply_text = TextReply::of(reply);
+    let reply_text = MetaReply::of(reply);
     match shape {
         Translated::Get(frame) => render_get(&frame, &reply_text, out),
         Translated::Touch(frame) => render_touch(&frame, &reply_text, out),
@@ -1008,9 +903,9 @@ fn render(shape: Translated, reply: &[u8], out: &mut BytesMut) {
 }
 
 /// `VA <bytes> f<flags> c<cas>` and the value, or `EN` (a miss).
-fn render_get(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+fn render_get(frame: &Frame, reply: &MetaReply<'_>, out: &mut BytesMut) {
     if reply.is(b"VA") {
-        let meta = reply.meta();
+        let meta = reply.numbers();
         let value = reply.rest.get(..meta.size).unwrap_or_default();
         frame.hit(out, meta.cas, meta.flags, value);
     } else if reply.is(b"EN") {
@@ -1028,9 +923,9 @@ fn render_get(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
     }
 }
 
-fn render_touch(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+fn render_touch(frame: &Frame, reply: &MetaReply<'_>, out: &mut BytesMut) {
     if reply.is(b"HD") {
-        let meta = reply.meta();
+        let meta = reply.numbers();
         let flags = meta.flags.to_be_bytes();
         frame.respond(out, Status::Success, meta.cas, &flags, &[], &[]);
     } else if reply.is(b"EN") {
@@ -1040,11 +935,11 @@ fn render_touch(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
     }
 }
 
-fn render_store(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+fn render_store(frame: &Frame, reply: &MetaReply<'_>, out: &mut BytesMut) {
     let status = match reply.code {
         b"HD" => {
             if !frame.quiet() {
-                frame.ok(out, reply.meta().cas);
+                frame.ok(out, reply.numbers().cas);
             }
             return;
         }
@@ -1060,7 +955,7 @@ fn render_store(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
     frame.status(out, status);
 }
 
-fn render_delete(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+fn render_delete(frame: &Frame, reply: &MetaReply<'_>, out: &mut BytesMut) {
     match reply.code {
         b"HD" if frame.quiet() => {}
         b"HD" => frame.ok(out, 0),
@@ -1071,13 +966,13 @@ fn render_delete(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
 }
 
 /// `VA <bytes> c<cas>` and the new value as decimal digits.
-fn render_arithmetic(frame: &Frame, reply: &TextReply<'_>, out: &mut BytesMut) {
+fn render_arithmetic(frame: &Frame, reply: &MetaReply<'_>, out: &mut BytesMut) {
     match reply.code {
         b"VA" if frame.quiet() => {}
         b"VA" => {
             let (number, _) = split_line(reply.rest);
-            let value = digits(number).unwrap_or(0).to_be_bytes();
-            frame.respond(out, Status::Success, reply.meta().cas, &[], &[], &value);
+            let value = decimal(number).unwrap_or(0).to_be_bytes();
+            frame.respond(out, Status::Success, reply.numbers().cas, &[], &[], &value);
         }
         b"NF" => frame.status(out, Status::KeyNotFound),
         b"EX" => frame.status(out, Status::KeyExists),
@@ -1123,7 +1018,7 @@ fn render_multi_get(frames: &[Frame], reply: &[u8], out: &mut BytesMut) {
         if key != &frame.key[..] {
             continue;
         }
-        let mut number = || words.next().and_then(digits).unwrap_or(0);
+        let mut number = || words.next().and_then(decimal).unwrap_or(0);
         let flags = number() as u32;
         let len = number() as usize;
         let cas = number();
@@ -1254,19 +1149,5 @@ mod tests {
         translator.rest();
         assert_eq!(translator.scratch.capacity(), 0);
         assert_eq!(translator.shapes.capacity(), 0);
-    }
-
-    #[test]
-    fn meta_numbers_are_read_in_one_pass_and_what_is_absent_or_garbled_reads_as_zero() {
-        let numbers = |line: &'static [u8]| {
-            let meta = TextReply::of(line).meta();
-            (meta.size, meta.flags, meta.cas)
-        };
-        assert_eq!(numbers(b"VA 5 f7 c123\r\nhello\r\n"), (5, 7, 123));
-        assert_eq!(numbers(b"HD c9 f1"), (0, 1, 9));
-        assert_eq!(numbers(b"HD"), (0, 0, 0));
-        assert_eq!(numbers(b"VA 2 fx c99999999999999999999999"), (2, 0, 0));
-        assert_eq!(digits(b"18446744073709551615"), Some(u64::MAX));
-        assert_eq!(digits(b""), None);
     }
 }

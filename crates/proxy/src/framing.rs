@@ -94,11 +94,7 @@ pub(crate) fn text(
 
 /// Frames the next text request of a client that has not logged in: a login is checked,
 /// anything else answered as memcached answers it before a login (see `client_auth`).
-fn login(
-    at: &Inbound<'_>,
-    input: &mut BytesMut,
-    pending: &mut VecDeque<Pending>,
-) -> Framed {
+fn login(at: &Inbound<'_>, input: &mut BytesMut, pending: &mut VecDeque<Pending>) -> Framed {
     let (consumed, reply) = match parse_login(input) {
         Login::Incomplete => return Framed::Incomplete,
         Login::Close => {

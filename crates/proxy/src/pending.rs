@@ -57,6 +57,10 @@ pub(crate) struct InFlight {
     noreply: bool,
 }
 
+// An entry in flight (the routing, its legs, what its route does next) stays under 128
+// bytes: every pipelined request of every client holds one.
+const _: () = assert!(std::mem::size_of::<InFlight>() <= 128);
+
 impl InFlight {
     fn advance(&mut self, context: Option<&mut Context<'_>>) -> bool {
         self.then.advance(&self.routing, &mut self.legs, context)

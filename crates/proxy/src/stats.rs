@@ -778,6 +778,7 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
         "memroute_backend_down" => legacy("server", "down"),
         "memroute_backend_marked_down_total" => legacy("server", "marked_down"),
         "memroute_backend_marked_up_total" => legacy("server", "marked_up"),
+        "memroute_backend_login_failures_total" => legacy("server", "login_failures"),
         "memroute_pool_servers" => legacy("pool", "servers"),
         "memroute_route_failovers_total" => legacy("route", "failovers"),
         "memroute_route_write_failures_total" => legacy("route", "write_failures"),
@@ -1240,7 +1241,7 @@ const HOT_KEY_FAMILY: &str = "memroute_hot_key_share";
 const LISTENER_ROUTE_FAMILY: &str = "memroute_listener_route_info";
 
 /// (name, help, labels) of every family [`StateCollector`] produces.
-const STATE_FAMILIES: [(&str, &str, &[&str]); 25] = [
+const STATE_FAMILIES: [(&str, &str, &[&str]); 26] = [
     (
         "memroute_process_uptime_seconds",
         "Seconds since memroute started.",
@@ -1361,6 +1362,11 @@ const STATE_FAMILIES: [(&str, &str, &[&str]); 25] = [
         "memroute_resize_errors_total",
         "Failed lookups, copies or deletes on old owners during a resize window (the key reads as a miss).",
         &["pool"],
+    ),
+    (
+        "memroute_backend_login_failures_total",
+        "Connections and probes a server would not let in: it wants a login the pool has no auth for, or refused the pool's (the server is marked down).",
+        &["pool", "server"],
     ),
 ];
 
@@ -1613,6 +1619,14 @@ impl Collector for StateCollector {
             family(22, resize_rows(|s| s.fallback_reads.load(Relaxed))),
             family(23, resize_rows(|s| s.keys_moved.load(Relaxed))),
             family(24, resize_rows(|s| s.errors.load(Relaxed))),
+            family(
+                25,
+                state
+                    .health
+                    .iter()
+                    .map(|h| (server(h), h.login_failures_total() as f64))
+                    .collect(),
+            ),
         ]
     }
 }

@@ -173,7 +173,7 @@ async fn run(settings: ConnectionSettings, shared: Rc<Shared>) {
             // fixed) gets in.
             Err(Refusal::Login(reason)) => {
                 let reason: Arc<str> = Arc::from(reason);
-                if health.mark_down(&reason) {
+                if health.login_refused(&reason) {
                     tracing::error!(server = %settings.address, %reason, "backend login failed; server marked down");
                 }
                 reason

@@ -339,7 +339,11 @@ async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) ->
         (&Method::GET, "/hotkeys") => {
             json(hot_keys::report(&state.metrics, hot_keys::top_of(query)))
         }
-        (_, "/metrics" | "/healthz" | "/ready" | "/config" | "/route" | "/hotkeys" | "/reload") => {
+        (
+            _,
+            "/" | "/state" | "/metrics" | "/healthz" | "/ready" | "/config" | "/route" | "/hotkeys"
+            | "/reload",
+        ) => {
             text(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method not allowed (POST /reload, GET for the rest)\n",

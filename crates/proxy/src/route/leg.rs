@@ -115,13 +115,13 @@ impl Leg {
         self.receiver = Some(receiver);
     }
 
-    /// Records the leg's latency under route node `route` (a policy route it went through)
-    /// rather than under its pool.
     /// The pool the request went to (its node id is the same number).
     pub(crate) fn pool(&self) -> usize {
         self.pool as usize
     }
 
+    /// Records the leg's latency under route node `route` (a policy route it went through)
+    /// rather than under its pool.
     pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
         self.route = route;
         self

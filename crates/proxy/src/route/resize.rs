@@ -35,6 +35,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
+use memroute_protocol::meta::{MetaReply, MetaRequest};
 use memroute_protocol::{Command, ReplyKind, MAX_RELATIVE_EXPTIME as MAX_RELATIVE_TTL};
 use memroute_routing::ReplyClass;
 use smallvec::SmallVec;
@@ -208,7 +209,7 @@ async fn send_in_window(
                     if answer.is_err() {
                         stats.errors.fetch_add(1, Relaxed);
                     }
-                    matches!(answer, Ok(line) if line.starts_with(b"HD"))
+                    matches!(answer, Ok(line) if MetaReply::of(&line).is(b"HD"))
                 }
                 None => false,
             };
@@ -216,7 +217,7 @@ async fn send_in_window(
                 (Command::Delete, Ok(line)) if deleted_old && line.starts_with(b"NOT_FOUND") => {
                     Ok(Bytes::from_static(b"DELETED\r\n"))
                 }
-                (Command::MetaDelete, Ok(line)) if deleted_old && line.starts_with(b"NF") => {
+                (Command::MetaDelete, Ok(line)) if deleted_old && MetaReply::of(line).is(b"NF") => {
                     Ok(meta_line(b"HD", job.echo.as_deref()))
                 }
                 _ => reply,
@@ -247,44 +248,31 @@ fn meta_line(code: &[u8], echo: Option<&[u8]>) -> Bytes {
     line.freeze()
 }
 
-/// Appends `key` to a meta command line: raw when a text line can carry it, else base64
-/// with the `b` flag (`meta_key_flag` says which).
-fn put_key(line: &mut Vec<u8>, key: &[u8]) -> bool {
-    let raw = !key.is_empty() && key.iter().all(|&b| b > b' ' && b != 0x7f);
-    match raw {
-        true => line.extend_from_slice(key),
-        false => memroute_protocol::encode_base64(key, line),
-    }
-    !raw
-}
-
-/// A meta command `verb KEY [b] rest\r\n`.
-fn meta_command(verb: &[u8], key: &[u8], rest: &[u8]) -> Vec<u8> {
-    let mut line = Vec::with_capacity(verb.len() + key.len() * 2 + rest.len() + 8);
-    line.extend_from_slice(verb);
-    line.push(b' ');
-    if put_key(&mut line, key) {
-        line.extend_from_slice(b" b");
-    }
-    line.extend_from_slice(rest);
-    line.extend_from_slice(b"\r\n");
-    line
+/// A meta command for `key` (`verb KEY` and `flags`, the key as `meta::key_goes_raw` says).
+fn meta_command(
+    verb: &[u8],
+    key: &[u8],
+    flags: impl FnOnce(MetaRequest<'_, BytesMut>) -> MetaRequest<'_, BytesMut>,
+) -> Bytes {
+    let mut line = BytesMut::with_capacity(verb.len() + key.len() * 2 + 32);
+    flags(MetaRequest::new(&mut line, verb, key)).finish();
+    line.freeze()
 }
 
 fn delete_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
-    (Bytes::from(meta_command(b"md", key, b"")), None)
+    (meta_command(b"md", key, |md| md), None)
 }
 
 fn lookup_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
-    (Bytes::from(meta_command(b"mg", key, b" v f t c")), None)
+    let line = meta_command(b"mg", key, |mg| {
+        mg.flag(b'v').flag(b'f').flag(b't').flag(b'c')
+    });
+    (line, None)
 }
 
 /// `md KEY C<cas>`: deletes the item only if it is still the one with that CAS.
 fn delete_if_line(key: &[u8], cas: u64) -> (Bytes, Option<Bytes>) {
-    (
-        Bytes::from(meta_command(b"md", key, format!(" C{cas}").as_bytes())),
-        None,
-    )
+    (meta_command(b"md", key, |md| md.number(b'C', cas)), None)
 }
 
 /// An item as the old owner holds it.
@@ -299,67 +287,47 @@ struct Item {
     cas: u64,
 }
 
-/// The item in an `mg KEY v f t` reply (`VA <len> f<flags> t<ttl>`); `None` for a miss,
-/// an error, or an item with no time left.
+/// The item in an `mg KEY v f t c` reply (`VA <len> f<flags> t<ttl> c<cas>`); `None` for
+/// a miss, an error, or an item with no time left.
 fn parse_item(reply: &Bytes) -> Option<Item> {
-    let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
-    let line = std::str::from_utf8(&reply[..line_end]).ok()?;
-    let mut tokens = line.split(' ');
-    if tokens.next()? != "VA" {
+    let meta = MetaReply::of(reply);
+    if !meta.is(b"VA") {
         return None;
     }
-    let length: usize = tokens.next()?.parse().ok()?;
-    let (mut flags, mut ttl, mut cas) = (0, 0, 0);
-    for token in tokens {
-        match token.split_at_checked(1)? {
-            ("f", value) => flags = value.parse().ok()?,
-            ("c", value) => cas = value.parse().ok()?,
-            ("t", "-1") => ttl = 0,
-            ("t", value) => {
-                ttl = value.parse().ok()?;
-                if ttl == 0 {
-                    return None;
-                }
-            }
-            _ => {}
-        }
-    }
-    let start = line_end + 2;
-    let end = start.checked_add(length)?;
+    let numbers = meta.numbers();
+    let ttl = match numbers.ttl {
+        // t-1 (or no t): it never expires.
+        None => 0,
+        Some(0) => return None,
+        Some(ttl) => ttl,
+    };
+    let start = reply.len() - meta.rest.len();
+    let end = start.checked_add(numbers.size)?;
     if end > reply.len() {
         return None;
     }
-    let data = reply.slice(start..end);
     Some(Item {
-        data,
-        flags,
+        data: reply.slice(start..end),
+        flags: u64::from(numbers.flags),
         ttl,
-        cas,
+        cas: numbers.cas,
     })
 }
 
-/// `ms KEY <len> [b] F<flags> T<ttl> ME` and the data: stored only if the new owner has
-/// no value for the key.
+/// `ms KEY <len> F<flags> T<ttl> ME c` and the data: stored only if the new owner has no
+/// value for the key.
 fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
-    let rest = format!(
-        " {} F{} T{} ME c",
-        item.data.len(),
-        item.flags,
-        exptime(item.ttl, unix_now())
-    );
-    // The `b` flag must follow the length: build the line with the key first.
-    let mut line = Vec::with_capacity(key.len() * 2 + rest.len() + item.data.len() + 16);
-    line.extend_from_slice(b"ms ");
-    let base64 = put_key(&mut line, key);
-    line.extend_from_slice(rest.as_bytes());
-    if base64 {
-        line.extend_from_slice(b" b");
-    }
-    line.extend_from_slice(b"\r\n");
+    let line = meta_command(b"ms", key, |ms| {
+        ms.size(item.data.len())
+            .number(b'F', item.flags)
+            .number(b'T', exptime(item.ttl, unix_now()))
+            .mode(b'M', b'E')
+            .flag(b'c')
+    });
     let mut data = BytesMut::with_capacity(item.data.len() + 2);
     data.put_slice(&item.data);
     data.put_slice(b"\r\n");
-    (Bytes::from(line), Some(data.freeze()))
+    (line, Some(data.freeze()))
 }
 
 /// The expiry to store for an item with `ttl` seconds left (0: never expires) when the
@@ -457,28 +425,15 @@ enum Added {
 /// Judges the add's answer, counting an error.
 fn judge_add(added: &Reply, stats: &ResizeStats) -> Added {
     match added {
-        Ok(line) if line.starts_with(b"HD") => Added::Copied(reply_cas(line)),
-        Ok(line) if line.starts_with(b"NS") => Added::Present,
+        Ok(line) if MetaReply::of(line).is(b"HD") => {
+            Added::Copied(MetaReply::of(line).numbers().cas)
+        }
+        Ok(line) if MetaReply::of(line).is(b"NS") => Added::Present,
         _ => {
             stats.errors.fetch_add(1, Relaxed);
             Added::Failed
         }
     }
-}
-
-/// The `c<cas>` of a meta reply line; 0 when it has none.
-fn reply_cas(line: &[u8]) -> u64 {
-    let line_end = line
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .unwrap_or(line.len());
-    line[..line_end]
-        .split(|&b| b == b' ')
-        .find_map(|token| match token {
-            [b'c', digits @ ..] => std::str::from_utf8(digits).ok()?.parse().ok(),
-            _ => None,
-        })
-        .unwrap_or(0)
 }
 
 /// Judges the old owner's answer to deleting the item that was copied (`md KEY C<cas>`,
@@ -493,7 +448,7 @@ fn settle(
     key: &[u8],
     stats: &ResizeStats,
 ) -> Option<(Bytes, Option<Bytes>)> {
-    let gone = matches!(forgot, Ok(line) if line.starts_with(b"HD"));
+    let gone = matches!(forgot, Ok(line) if MetaReply::of(line).is(b"HD"));
     if forgot.is_err() {
         stats.errors.fetch_add(1, Relaxed);
     }
@@ -675,9 +630,12 @@ mod tests {
         assert_eq!(data.as_deref(), Some(&b"hello\r\n"[..]));
         let (line, _) = add_line(b"a b", &item);
         assert_eq!(&line[..], b"ms YSBi 5 F3 T0 ME c b\r\n");
+        // One text-key rule for every meta line memroute writes (protocol::meta).
+        let long_control = [&[1u8][..], &[b'k'; 186]].concat();
+        assert!(add_line(&long_control, &item).0.starts_with(b"ms \x01k"));
         assert_eq!(&delete_line(b"k").0[..], b"md k\r\n");
         assert_eq!(&delete_if_line(b"k", 12).0[..], b"md k C12\r\n");
-        assert_eq!(&lookup_line(b"a b").0[..], b"mg YSBi b v f t c\r\n");
+        assert_eq!(&lookup_line(b"a b").0[..], b"mg YSBi v f t c b\r\n");
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub(crate) enum Then {
     Executor(Homed<Routed>),
 }
 
-// An entry (`pending::InFlight`: the routing, its legs, this) stays under 128 bytes.
+// What a route does next is at most two words, so an entry (`pending::InFlight`: the
+// routing, its legs, this) stays small; pending.rs holds the entry itself to its bound.
 const _: () = assert!(std::mem::size_of::<Then>() <= 16);
 
 /// A finished entry's answer for the session to write.
