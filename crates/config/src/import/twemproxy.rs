@@ -12,6 +12,9 @@
 //! becomes a listener whose `route` is that pool. What twemproxy sets per pool but memroute
 //! per process (the listen backlog, the client limit) is merged into `[proxy]` with a NOTE.
 //! Redis pools (`redis: true`) are emitted as comments only: memroute speaks memcached.
+//!
+//! This file reads the document and checks what spans pools (their listen addresses);
+//! `pool` reads one pool, `render` writes the TOML. Both import `pool`'s types, nothing here.
 mod pool;
 mod render;
 
