@@ -78,8 +78,11 @@ fn sigterm_exits_zero() {
     let backend = Memcached::start();
     // No drain delay: drain.rs tests the drain; this test waits for the exit only.
     let listen = format!("127.0.0.1:{}", memroute_tests::free_port());
-    let config = memroute_tests::simple_config(&listen, &[backend.addr()], "")
-        .replacen("[proxy]\n", "[proxy]\ndrain_delay = \"0s\"\n", 1);
+    let config = memroute_tests::simple_config(&listen, &[backend.addr()], "").replacen(
+        "[proxy]\n",
+        "[proxy]\ndrain_delay = \"0s\"\n",
+        1,
+    );
     let mut proxy = Memroute::start(&config);
     let mut c = proxy.connect();
     c.set("k", b"v");

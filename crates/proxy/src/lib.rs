@@ -19,7 +19,7 @@
 //!
 //! Modules follow a request downwards (worker -> session -> dispatch -> pending -> route
 //! -> snapshot -> stats) and never import upwards; docs/architecture.md has the layers and
-//! tests/layers.rs keeps the import graph free of circles.
+//! tests/tests/layers.rs keeps the import graph free of circles.
 #![forbid(unsafe_code)]
 
 mod admin;

@@ -450,7 +450,6 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             }
         }
         logged_in = login.logged_in();
-        drop(login);
         drop(routing);
         if input.is_empty() && input.capacity() > 0 {
             // Everything read was parsed: the buffer goes back for the next reader.
