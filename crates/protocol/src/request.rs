@@ -653,7 +653,13 @@ fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: 
         b"me" => Command::MetaDebug,
         // Everything else, including memcached's admin commands memroute does
         // not proxy (slabs, lru, watch, ...).
-        _ => return reject(buf, line_total, ErrorReply::Error, 0, false),
+        _ => {
+            words.split_more(line);
+            if hangs_up_on(name, words.last(line)) {
+                return close(buf, ErrorReply::Silent);
+            }
+            return reject(buf, line_total, ErrorReply::Error, 0, false);
+        }
     };
     if let Command::Get | Command::Gets | Command::Gat | Command::Gats = command {
         return parse_retrieval(buf, limits, command, &words, line_end, line_total);
@@ -682,6 +688,41 @@ fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: 
         }
         _ => parse_simple(buf, limits, command, &words, line_total),
     }
+}
+
+/// Whether memcached hangs up, without a reply, on a line whose first word is `name` and
+/// whose last word (of the first 23, as its tokenizer keeps them) is `last`: a line it does
+/// not know whose last word starts with `HTTP/` (`GET / HTTP/1.0`, `PUT /x HTTP/1.1`,
+/// `DELETE HTTP/1.1`). That is an HTTP request, most likely a web page making a browser
+/// talk to a cache on localhost; answering `ERROR` and reading on would take the request's
+/// headers and body as commands (memcached's t/malicious-commands.t).
+///
+/// memcached 1.6.18 (process_command_ascii) looks only in its last branch, reached by a
+/// name it dispatched nowhere before: not one starting with g, s, a, c, i, d or t (those
+/// branches answer `ERROR` themselves), not a two-byte name starting with m (meta), and
+/// none of the admin commands it runs there. A one-byte name never gets this far
+/// (`ERROR`). `misbehave` exists only in debug builds, so it reaches the last branch too.
+fn hangs_up_on(name: &[u8], last: &[u8]) -> bool {
+    let dispatched_earlier = match name.first() {
+        Some(b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't') => true,
+        Some(b'm') => name.len() == 2,
+        _ => matches!(
+            name,
+            b"replace"
+                | b"prepend"
+                | b"bget"
+                | b"flush_all"
+                | b"version"
+                | b"quit"
+                | b"lru_crawler"
+                | b"watch"
+                | b"verbosity"
+                | b"lru"
+                | b"extstore"
+                | b"refresh_certs"
+        ),
+    };
+    !dispatched_earlier && last.starts_with(b"HTTP/")
 }
 
 /// No newline in the buffer yet: wait, or give up the way memcached does.

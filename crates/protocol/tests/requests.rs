@@ -969,3 +969,81 @@ fn err_close_silent() -> Parse {
         close: true,
     }
 }
+
+/// memcached hangs up without a word on a line it does not know whose last word starts
+/// with `HTTP/` (t/malicious-commands.t), and answers `ERROR` to the lines that look alike
+/// but reach another branch of its dispatch first. Every case checked against memcached
+/// 1.6.18 (Debian's build).
+#[test]
+fn http_request_lines_are_hung_up_on_as_memcached_does() {
+    let words_then_http = |words: usize, tail: &str| {
+        let mut line = "xb ".repeat(words);
+        line.push_str(tail);
+        line.push_str("\r\n");
+        line
+    };
+    let hung_up: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.0\r\n".to_vec(),
+        b"PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1\r\n".to_vec(),
+        b"DELETE HTTP/1.1\r\n".to_vec(),
+        b"POST /x HTTP/1.1\n".to_vec(),
+        b"HEAD / HTTP/1.1 \r\n".to_vec(),
+        b" PUT /x HTTP/1.1\r\n".to_vec(),
+        // A line of only the HTTP word: memcached 1.6.18 looks at its one word.
+        b"HTTP/1.1\r\n".to_vec(),
+        b"HTTP/\r\n".to_vec(),
+        // Names that reach the last branch: upper case, unknown, or debug-only.
+        b"Xb HTTP/1.1\r\n".to_vec(),
+        b"ver HTTP/1.1\r\n".to_vec(),
+        b"misbehave HTTP/1.1\r\n".to_vec(),
+        // The line as memcached reads it ends at a NUL byte.
+        b"POST /x HTTP/1.1\0zz\r\n".to_vec(),
+        // The 23rd word is the last one memcached's tokenizer keeps.
+        words_then_http(22, "HTTP/1.1 x y").into_bytes(),
+    ];
+    for line in &hung_up {
+        let (parsed, rest) = parse(line);
+        assert_eq!(
+            parsed,
+            err_close_silent(),
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+        assert!(rest.is_empty());
+    }
+    let answered: Vec<Vec<u8>> = vec![
+        // Not `HTTP/` as the last word (case and the slash matter; a tab is no separator).
+        b"PUT /x HTTP\r\n".to_vec(),
+        b"PUT /x http/1.1\r\n".to_vec(),
+        b"PUT /x\tHTTP/1.1\r\n".to_vec(),
+        b"GET / HTTP/1.0 x\r\n".to_vec(),
+        // A one-byte name is refused before the check.
+        b"X HTTP/1.1\r\n".to_vec(),
+        // Names memcached dispatches by their first letter, or as meta commands.
+        b"gx / HTTP/1.1\r\n".to_vec(),
+        b"delete_all HTTP/1.1\r\n".to_vec(),
+        b"slabs HTTP/1.1\r\n".to_vec(),
+        b"mx / HTTP/1.1\r\n".to_vec(),
+        // Admin commands memcached runs (memroute answers ERROR, and reads on).
+        b"lru HTTP/1.1\r\n".to_vec(),
+        b"lru_crawler HTTP/1.1\r\n".to_vec(),
+        b"watch HTTP/1.1\r\n".to_vec(),
+        b"extstore HTTP/1.1\r\n".to_vec(),
+        // The HTTP word past the 23 words memcached keeps, or before the last.
+        words_then_http(30, "HTTP/1.1").into_bytes(),
+        words_then_http(23, "HTTP/1.1").into_bytes(),
+        words_then_http(21, "HTTP/1.1 x y").into_bytes(),
+    ];
+    for line in &answered {
+        assert_eq!(
+            err(line),
+            (b"ERROR\r\n".to_vec(), 0, false),
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
+    // Known commands whose arguments look like HTTP are parsed as themselves.
+    assert_eq!(req(b"get / HTTP/1.0\r\n").keys().count(), 2);
+    assert_eq!(req(b"version HTTP/1.1\r\n").command, Command::Version);
+    assert_eq!(req(b"bget HTTP/1.1\r\n").command, Command::Get);
+}
