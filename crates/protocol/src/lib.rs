@@ -29,6 +29,6 @@ pub use reply::{
     ReplyParse, ValueBlock, MAX_REPLY_VALUE_LEN,
 };
 pub use request::{
-    parse_request, single_get_line, Command, KeyRanges, Limits, Parse, Request, MAX_KEY_LEN,
-    MAX_SHORT_LINE,
+    parse_request, single_get_line, Command, KeyRanges, Limits, Parse, Request, TooLarge,
+    MAX_KEY_LEN, MAX_SHORT_LINE,
 };

@@ -1,7 +1,7 @@
 //! Client request framing: text protocol and meta protocol.
 use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use crate::ErrorReply;
@@ -305,6 +305,29 @@ pub enum Parse {
         swallow: usize,
         close: bool,
     },
+    /// A `set` or `ms` whose value is over `Limits::max_value_len`: answered and swallowed
+    /// like `Invalid` (the line is removed, the stream goes on), and the key's old value must
+    /// go, as memcached unlinks it so that a client who failed to write never reads the
+    /// value it meant to replace (t/getset.t). memcached does this for `set`, binary set
+    /// and `ms` in every mode; an add, replace, append, prepend or cas refused as too large
+    /// leaves the old value, and is `Invalid`. Boxed: rare, and larger than a request.
+    TooLarge(Box<TooLarge>),
+}
+
+/// A refused write whose key's old value must go: see [`Parse::TooLarge`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooLarge {
+    /// What memcached answers (`Silent` for a text `noreply`).
+    pub reply: ErrorReply,
+    /// Bytes of the data block still to discard as they arrive (see `Parse::Invalid`).
+    pub swallow: usize,
+    /// The refused request as far as it was framed: its `frame` is the command line alone
+    /// (the data block is never buffered). Never to be sent: it says where the write would
+    /// have gone (routes pick their way by its command and, for `ms`, its mode flag).
+    pub refused: Request,
+    /// `md <key>` (with `b` for a base64 key): the delete to send where `refused` would
+    /// have gone. Its reply is not the client's; `reply` is.
+    pub unlink: Request,
 }
 
 /// memcached's tokenizer keeps at most 23 words plus a terminal token; the
@@ -535,8 +558,11 @@ impl Head {
 }
 
 fn finish(buf: &mut BytesMut, total: usize, line_len: usize, h: Head) -> Parse {
-    let frame = buf.split_to(total).freeze();
-    Parse::Request(Request {
+    Parse::Request(request(buf.split_to(total).freeze(), line_len, h))
+}
+
+fn request(frame: Bytes, line_len: usize, h: Head) -> Request {
+    Request {
         command: h.command,
         frame,
         line_len,
@@ -546,7 +572,7 @@ fn finish(buf: &mut BytesMut, total: usize, line_len: usize, h: Head) -> Parse {
         base64_key: h.base64_key,
         arg: h.arg,
         stats_arg: h.stats_arg,
-    })
+    }
 }
 
 /// Range of word `i` together with the space before it (words are separated by
@@ -593,6 +619,10 @@ pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Parse {
         None => parse_line(buf, limits, line_end, line_total),
         Some(cut) => match parse_line(buf, limits, cut, line_total) {
             Parse::Request(request) => Parse::Request(without_nul_tail(request, cut)),
+            Parse::TooLarge(mut refused) => {
+                refused.refused = without_nul_tail(refused.refused, cut);
+                Parse::TooLarge(refused)
+            }
             other => other,
         },
     }
@@ -876,6 +906,9 @@ fn data_block(
 ) -> Parse {
     let data_total = vlen + 2;
     if vlen > limits.max_value_len {
+        if matches!(h.command, Command::Set | Command::MetaSet) {
+            return too_large(buf, h, line_total, data_total, quiet_errors);
+        }
         return reject_with_data(buf, line_total, data_total, TOO_LARGE, quiet_errors);
     }
     let total = line_total + data_total;
@@ -887,6 +920,50 @@ fn data_block(
         return reject(buf, total, BAD_CHUNK, 0, quiet_errors);
     }
     finish(buf, total, line_total, h)
+}
+
+/// Refuses a `set` or `ms` as too large, as `reject_with_data` does, with the delete of
+/// its key that memcached does in its place (`Parse::TooLarge`). Allocates: only a
+/// refused request comes here.
+fn too_large(
+    buf: &mut BytesMut,
+    h: Head,
+    line_total: usize,
+    data_total: usize,
+    noreply: bool,
+) -> Parse {
+    let line = buf.split_to(line_total).freeze();
+    let now = buf.len().min(data_total);
+    buf.advance(now);
+    let key = h.keys.first().unwrap_or(0..0);
+    let unlink = unlink_request(&line[key], h.base64_key);
+    let refused = request(line, line_total, h);
+    Parse::TooLarge(Box::new(TooLarge {
+        reply: if noreply {
+            ErrorReply::Silent
+        } else {
+            TOO_LARGE
+        },
+        swallow: data_total - now,
+        refused,
+        unlink,
+    }))
+}
+
+/// `md <key>` (`b` when the key is base64, as the client sent it), framed as a request.
+fn unlink_request(key: &[u8], base64: bool) -> Request {
+    let mut line = BytesMut::with_capacity(key.len() + 7);
+    line.extend_from_slice(b"md ");
+    line.extend_from_slice(key);
+    if base64 {
+        line.extend_from_slice(b" b");
+    }
+    line.extend_from_slice(b"\r\n");
+    let mut h = Head::new(Command::MetaDelete);
+    h.keys.push(3..3 + key.len());
+    h.base64_key = base64;
+    let line_len = line.len();
+    request(line.freeze(), line_len, h)
 }
 
 /// The meta flags after the key (or after ms's length): find `q` and `b`.

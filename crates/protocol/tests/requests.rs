@@ -2,7 +2,7 @@
 //! Every expected error below was checked with a socket against a real
 //! memcached 1.6.18 (`memcached -p 23456 -U 0`).
 use bytes::BytesMut;
-use memroute_protocol::{parse_request, Command, ErrorReply, Limits, Parse, Request};
+use memroute_protocol::{parse_request, Command, ErrorReply, Limits, Parse, Request, TooLarge};
 
 fn limits() -> Limits {
     Limits::default()
@@ -279,6 +279,29 @@ fn bad_data_chunk_consumes_exactly_bytes_plus_two() {
     );
 }
 
+/// A refused `set` or `ms`: what memcached answers, how much of the data is still to
+/// swallow, and the delete of its key memcached does in its place (t/getset.t).
+fn too_large(input: &[u8], limits: &Limits) -> (ErrorReply, usize, Request, Request, Vec<u8>) {
+    let mut buf = BytesMut::from(input);
+    match parse_request(&mut buf, limits) {
+        Parse::TooLarge(refused) => {
+            let TooLarge {
+                reply,
+                swallow,
+                refused,
+                unlink,
+            } = *refused;
+            (reply, swallow, refused, unlink, buf.to_vec())
+        }
+        other => panic!(
+            "expected TooLarge for {:?}, got {other:?}",
+            String::from_utf8_lossy(input)
+        ),
+    }
+}
+
+const TOO_LARGE: ErrorReply = ErrorReply::Server("object too large for cache");
+
 #[test]
 fn too_large_value_is_swallowed() {
     let lim = Limits {
@@ -286,57 +309,67 @@ fn too_large_value_is_swallowed() {
         ..Limits::default()
     };
     // Nothing of the data has arrived: all of it (and \r\n) is to be swallowed.
-    let mut buf = BytesMut::from(&b"set a 0 0 20\r\n"[..]);
+    let (reply, swallow, refused, unlink, rest) = too_large(b"set a 0 0 20\r\n", &lim);
+    assert_eq!((reply, swallow, rest.len()), (TOO_LARGE, 22, 0));
+    assert_eq!(&refused.frame[..], b"set a 0 0 20\r\n");
+    assert_eq!((refused.command, refused.key(0)), (Command::Set, &b"a"[..]));
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
     assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Server("object too large for cache"),
-            swallow: 22,
-            close: false
-        }
+        (unlink.command, unlink.key(0)),
+        (Command::MetaDelete, &b"a"[..])
     );
-    assert!(buf.is_empty());
+    assert!(!unlink.noreply && !unlink.base64_key);
     // Part of it has arrived: removed now, the rest swallowed.
-    let mut buf = BytesMut::from(&b"set a 0 0 20\r\n0123456789"[..]);
-    assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Server("object too large for cache"),
-            swallow: 12,
-            close: false
-        }
+    let (reply, swallow, ..) = too_large(b"set a 0 0 20\r\n0123456789", &lim);
+    assert_eq!((reply, swallow), (TOO_LARGE, 12));
+    // All of it and more: the next command stays; noreply silences the answer, not the
+    // delete.
+    let (reply, swallow, refused, unlink, rest) = too_large(
+        b"set a 0 0 20 noreply\r\n01234567890123456789\r\nmn\r\n",
+        &lim,
     );
-    assert!(buf.is_empty());
-    // All of it and more: the next command stays.
-    let mut buf = BytesMut::from(&b"set a 0 0 20 noreply\r\n01234567890123456789\r\nmn\r\n"[..]);
-    assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Silent,
-            swallow: 0,
-            close: false
-        }
-    );
-    assert_eq!(&buf[..], b"mn\r\n");
-    // ms under q still gets the error.
-    let mut buf = BytesMut::from(&b"ms a 20 q\r\n"[..]);
-    assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Server("object too large for cache"),
-            swallow: 22,
-            close: false
-        }
-    );
+    assert_eq!((reply, swallow), (ErrorReply::Silent, 0));
+    assert_eq!(rest, b"mn\r\n");
+    assert!(refused.noreply);
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
+    // ms under q still gets the error (memcached shows meta errors); every mode unlinks.
+    let (reply, swallow, refused, unlink, _) = too_large(b"ms a 20 q MA\r\n", &lim);
+    assert_eq!((reply, swallow), (TOO_LARGE, 22));
+    assert_eq!(&refused.frame[..], b"ms a 20 q MA\r\n");
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
+    // A base64 key is deleted as the client named it.
+    let (_, _, refused, unlink, _) = too_large(b"ms Zm9v 20 b\r\n", &lim);
+    assert!(refused.base64_key);
+    assert_eq!(&unlink.frame[..], b"md Zm9v b\r\n");
+    assert!(unlink.base64_key);
+    // The refused line as memcached reads it ends at a NUL byte.
+    let (_, _, refused, unlink, _) = too_large(b"set a 0 0 20\0 junk\r\n", &lim);
+    assert_eq!(&refused.frame[..], b"set a 0 0 20\r\n");
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
+    // add, replace, append, prepend and cas refused as too large leave the old value
+    // (memcached unlinks for set only): refused, nothing more.
+    for line in [
+        &b"add a 0 0 20\r\n"[..],
+        b"replace a 0 0 20\r\n",
+        b"append a 0 0 20\r\n",
+        b"prepend a 0 0 20\r\n",
+        b"cas a 0 0 20 1\r\n",
+    ] {
+        let mut buf = BytesMut::from(line);
+        assert_eq!(
+            parse_request(&mut buf, &lim),
+            Parse::Invalid {
+                reply: TOO_LARGE,
+                swallow: 22,
+                close: false
+            },
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
     // Default limit: 1 MiB is fine, 2000000 is not (memcached says the same).
-    let mut buf = BytesMut::from(&b"set a 0 0 2000000\r\n"[..]);
-    assert!(matches!(
-        parse_request(&mut buf, &limits()),
-        Parse::Invalid {
-            swallow: 2000002,
-            ..
-        }
-    ));
+    let (_, swallow, ..) = too_large(b"set a 0 0 2000000\r\n", &limits());
+    assert_eq!(swallow, 2000002);
 }
 
 #[test]
@@ -541,6 +574,7 @@ fn pipelined_frames_come_out_one_by_one() {
                     .trim()
                     .to_string(),
             ),
+            Parse::TooLarge(refused) => panic!("nothing here is too large: {refused:?}"),
             Parse::Incomplete => break,
         }
     }
@@ -677,6 +711,14 @@ fn random_input_never_panics_and_never_consumes_on_incomplete() {
                     if close {
                         break;
                     }
+                }
+                Parse::TooLarge(refused) => {
+                    assert!(buf.len() < before.len());
+                    assert_eq!(refused.unlink.key(0), refused.refused.key(0));
+                    assert!(
+                        !refused.refused.frame.contains(&0),
+                        "NUL in the refused line"
+                    );
                 }
             }
         }
@@ -849,16 +891,17 @@ fn data_length_bounds_match_memcached() {
     }
     // The largest length memcached accepts on the line: too large, swallowed with its \r\n.
     for line in ["set k 0 0 2147483645\r\n", "ms k 2147483645 T0\r\n"] {
-        assert_eq!(
-            err(line.as_bytes()),
-            (
-                b"SERVER_ERROR object too large for cache\r\n".to_vec(),
-                2147483647,
-                false
-            ),
-            "{line:?}"
-        );
+        let (reply, swallow, ..) = too_large(line.as_bytes(), &limits());
+        assert_eq!((reply, swallow), (TOO_LARGE, 2147483647), "{line:?}");
     }
+    assert_eq!(
+        err(b"cas k 0 0 2147483645 1\r\n"),
+        (
+            b"SERVER_ERROR object too large for cache\r\n".to_vec(),
+            2147483647,
+            false
+        ),
+    );
     // Flag errors on ms come after the length: swallowed.
     assert_eq!(
         err(b"ms k 2147483645 q q\r\n"),
@@ -869,14 +912,8 @@ fn data_length_bounds_match_memcached() {
         )
     );
     // Just above the item size: too large, swallowed.
-    assert_eq!(
-        err(b"set k 0 0 1048577\r\n"),
-        (
-            b"SERVER_ERROR object too large for cache\r\n".to_vec(),
-            1048579,
-            false
-        )
-    );
+    let (reply, swallow, ..) = too_large(b"set k 0 0 1048577\r\n", &limits());
+    assert_eq!((reply, swallow), (TOO_LARGE, 1048579));
     // 2^32 truncates to 0: a valid empty value.
     let r = req(b"set k 0 0 4294967296\r\n\r\n");
     assert_eq!(r.frame.len(), 24);
