@@ -57,6 +57,26 @@ fn text_and_meta_scripts() -> Vec<Script> {
         ("ms add mode", "ms foo {LEN} ME"),
         // `Zm9v` is `foo` in base64.
         ("ms base64 key", "ms Zm9v {LEN} b"),
+        // memcached checks an ms's flags before its size: a flag error is the answer and
+        // the old value stays (the first error found, as memcached finds it).
+        ("ms unknown flag", "ms foo {LEN} T1 Z"),
+        ("ms duplicate flag", "ms foo {LEN} T1 T2"),
+        ("ms bad token", "ms foo {LEN} Tx Cx"),
+        ("ms bad client flags", "ms foo {LEN} Fx MZ"),
+        ("ms bad mode", "ms foo {LEN} MZ"),
+        ("ms long mode", "ms foo {LEN} MSS"),
+        ("ms bad initial", "ms foo {LEN} Jx"),
+        ("ms bad delta", "ms foo {LEN} Dx"),
+        (
+            "ms long opaque",
+            "ms foo {LEN} O123456789012345678901234567890123",
+        ),
+        (
+            "ms long opaque and bad mode",
+            "ms foo {LEN} O123456789012345678901234567890123 MZ",
+        ),
+        ("ms key not base64", "ms foo {LEN} b"),
+        ("ms flags that pass", "ms foo {LEN} T1 I k O1 F5 C0 MS"),
     ];
     let mut scripts = Vec::new();
     for &(name, line) in cases {

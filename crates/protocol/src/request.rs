@@ -4,7 +4,7 @@ use std::ops::Range;
 use bytes::{Buf, Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::ErrorReply;
+use crate::{decode_base64, ErrorReply};
 
 /// Longest key memcached accepts, in any protocol (`KEY_MAX_LENGTH`).
 pub const MAX_KEY_LEN: usize = 250;
@@ -1077,8 +1077,78 @@ fn parse_meta_set(buf: &mut BytesMut, limits: &Limits, words: &Words, line_total
         // Flag errors come after the length is known: memcached swallows the data.
         return reject_with_data(buf, line_total, vlen + 2, ErrorReply::Client(msg), false);
     }
+    if vlen > limits.max_value_len {
+        // memroute refuses this one itself, so it answers what memcached would: the first
+        // error memcached finds in the flags comes before the size (and keeps the value).
+        if let Some(msg) = mset_flag_error(line, words) {
+            return reject_with_data(buf, line_total, vlen + 2, ErrorReply::Client(msg), false);
+        }
+    }
     // Meta errors are never suppressed by `q`.
     data_block(buf, limits, h, line_total, vlen, false)
+}
+
+/// The error memcached 1.6.18 gives an `ms` for its flags before it looks at the value's
+/// size (process_mset_command: `_meta_flag_preparse`, the opaque's length, the mode), or
+/// `None` when the flags pass. Asked only for an `ms` memroute refuses as too large: any
+/// other goes to memcached, which checks for itself. A duplicate or unknown flag stops the
+/// scan at once; other errors are remembered (the last message wins, as in memcached,
+/// whose `F` error keeps the message it had) and reported after it.
+fn mset_flag_error(line: &[u8], words: &Words) -> Option<&'static str> {
+    const BAD_TOKEN: &str = "bad token in command line format";
+    let mut seen = [false; 127];
+    let mut message = "bad command line format";
+    let mut failed = false;
+    let mut mode = 0u8;
+    let mut fail = |msg: Option<&'static str>| {
+        failed = true;
+        if let Some(msg) = msg {
+            message = msg;
+        }
+    };
+    for i in 3..words.n {
+        let token = words.get(line, i);
+        let (flag, argument) = match token.split_first() {
+            Some((&flag, argument)) => (flag, argument),
+            None => continue,
+        };
+        if flag >= 127 || seen[usize::from(flag)] {
+            return Some("duplicate flag");
+        }
+        seen[usize::from(flag)] = true;
+        match flag {
+            b'b' => {
+                // memcached decodes the key in place; nothing decoded is an error.
+                let mut decoded = [0u8; MAX_KEY_LEN];
+                if !matches!(decode_base64(words.get(line, 1), &mut decoded), Some(1..)) {
+                    fail(Some("error decoding key"));
+                }
+            }
+            b'N' | b'T' | b'R' if strtol32(argument).is_none() => fail(Some(BAD_TOKEN)),
+            b'C' if strtoull(argument).is_none() => fail(Some(BAD_TOKEN)),
+            b'F' if strtoul32(argument).is_none() => fail(None),
+            b'M' if token.len() != 2 => fail(Some("incorrect length for M token")),
+            b'M' => mode = token[1],
+            b'J' if strtoull(argument).is_none() => fail(Some("invalid numeric initial value")),
+            b'D' if strtoull(argument).is_none() => fail(Some("invalid numeric delta value")),
+            b'N' | b'T' | b'R' | b'C' | b'F' | b'J' | b'D' => {}
+            b'l' | b'O' | b'P' | b'L' | b'k' | b's' | b't' | b'c' | b'f' | b'v' | b'h' | b'u'
+            | b'q' | b'I' => {}
+            _ => return Some("invalid flag"),
+        }
+    }
+    if failed {
+        return Some(message);
+    }
+    // After the flags: an opaque longer than 32 bytes is remembered, a bad mode ends it.
+    let opaque_too_long = (3..words.n).any(|i| {
+        let token = words.get(line, i);
+        token.first() == Some(&b'O') && token.len() > 32
+    });
+    if !matches!(mode, 0 | b'E' | b'A' | b'P' | b'R' | b'S') {
+        return Some("invalid mode for ms M token");
+    }
+    opaque_too_long.then_some("opaque token too long")
 }
 
 /// delete, incr, decr, touch, flush_all, verbosity: one line, fixed arity.
