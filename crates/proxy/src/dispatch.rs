@@ -154,10 +154,10 @@ fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
 }
 
 /// Sends `unlink`, the delete memcached does in place of a `set` or `ms` it refused as too
-/// large (`memroute_protocol::TooLarge`), wherever a request of `refused`'s operation on
-/// its key goes: through operation routes by the write's operation, to every replica, to
-/// the shadow, along a failover's children, as the write would have gone, so no server
-/// that could hold the old value keeps it. Nothing of its reply reaches the client (the
+/// large (`memroute_protocol::TooLarge`), wherever a request of the refused write's
+/// `operation` on its key goes: through operation routes by that operation, to every
+/// replica, to the shadow, along a failover's children, as the write would have gone, so
+/// no server that could hold the old value keeps it. Nothing of its reply reaches the client (the
 /// refusal, queued after it, is the client's answer); being dispatched in the client's
 /// order, it reaches each server before any request the client sends after the refusal.
 pub(crate) fn unlink(
