@@ -249,6 +249,23 @@ fn run(chunks: &[&[u8]], limits: &Limits) -> Vec<Event> {
                     check_request(&r, &before[..consumed], limits);
                     events.push(Event::Request(r));
                 }
+                Parse::TooLarge(refused) => {
+                    assert!(consumed > 0, "TooLarge consumed nothing");
+                    // The unlink names the refused request's key, and is itself a request
+                    // a backend can read: one `md` line.
+                    assert_eq!(refused.unlink.command, Command::MetaDelete);
+                    assert_eq!(refused.unlink.key(0), refused.refused.key(0));
+                    assert!(refused.unlink.frame.ends_with(b"\r\n"));
+                    assert!(!refused.unlink.frame[..refused.unlink.frame.len() - 1].contains(&b'\n'));
+                    if refused.swallow > 0 {
+                        assert!(input.is_empty(), "swallow with input still buffered");
+                    }
+                    swallow = refused.swallow;
+                    events.push(Event::Invalid {
+                        reply: refused.reply,
+                        close: false,
+                    });
+                }
                 Parse::Invalid {
                     reply,
                     swallow: rest,

@@ -98,3 +98,58 @@ fn many_connections_opened_and_dropped() {
     }
     abuse_then_check(&mut proxy, "connection churn", b"mn\r\n", false);
 }
+
+/// What a connection got for `line`: the bytes before the peer closed, and whether it
+/// closed (read to end of stream, bounded by the read timeout); for a line that is
+/// answered, the answer (fenced by `mn`) and no close.
+fn answer_to(mut c: Conn, line: &[u8]) -> (Vec<u8>, bool) {
+    let mut bytes = line.to_vec();
+    bytes.extend_from_slice(b"mn\r\n");
+    c.send(&bytes);
+    match c.read_until_with(|b| find(b, b"MN\r\n").map(|at| at + 4)) {
+        Ok(reply) => (reply, false),
+        Err(e) => (e.partial, e.eof),
+    }
+}
+
+/// memcached hangs up without a word on an HTTP request line (t/malicious-commands.t: a web
+/// page must not make a browser talk to a cache on localhost), and answers `ERROR` to lines
+/// that only look alike. memroute must do the same, byte for byte and close for close.
+#[test]
+fn http_request_lines_are_hung_up_on_as_memcached_does() {
+    let reference = Memcached::start();
+    let backend = Memcached::start();
+    let mut proxy = Memroute::start_pool(&[backend.addr()]);
+    let lines: [&[u8]; 9] = [
+        // memcached's own three.
+        b"GET / HTTP/1.0\r\n",
+        b"PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1\r\n",
+        b"DELETE HTTP/1.1\r\n",
+        // What a browser's form post starts with: the rest must never be read as commands.
+        b"POST /x HTTP/1.1\r\nHost: localhost\r\n\r\nset k 0 0 1\r\n",
+        b"HTTP/1.1\r\n",
+        // Answered ERROR: the last word is not HTTP/..., or memcached dispatched the name
+        // earlier (by its first letter).
+        b"PUT /x HTTP\r\n",
+        b"GET / HTTP/1.0 x\r\n",
+        b"gx / HTTP/1.1\r\n",
+        b"delete_all HTTP/1.1\r\n",
+    ];
+    let mut closes = 0;
+    for line in lines {
+        let want = answer_to(reference.connect(), line);
+        let got = answer_to(proxy.connect(), line);
+        assert_eq!(
+            (show(&got.0), got.1),
+            (show(&want.0), want.1),
+            "{} (memroute, then memcached)",
+            show(line)
+        );
+        closes += usize::from(want.1);
+    }
+    assert_eq!(closes, 5, "memcached hung up on the HTTP lines only");
+    assert!(proxy.is_running());
+    let mut c = proxy.connect();
+    c.set("after-http", b"served");
+    assert_eq!(c.get("after-http").as_deref(), Some(&b"served"[..]));
+}

@@ -180,6 +180,16 @@ fn be_u64(b: &[u8], at: usize) -> u64 {
     (u64::from(be_u32(b, at)) << 32) | u64::from(be_u32(b, at + 4))
 }
 
+/// The key of the request whose header starts `buf`, once its extras and key are buffered:
+/// memcached reads them before it judges a frame, so a frame refused from its header (a
+/// body too large) still has a known key.
+pub fn buffered_key(buf: &[u8]) -> Option<&[u8]> {
+    let header = buf.get(..HEADER_LEN)?;
+    let key_len = usize::from(be_u16(header, 2));
+    let extras_len = usize::from(header[4]);
+    buf.get(HEADER_LEN + extras_len..HEADER_LEN + extras_len + key_len)
+}
+
 /// Frames one binary request from the front of `buf`.
 pub fn parse_binary(buf: &mut BytesMut, limits: &Limits) -> BinaryParse {
     let Some(&magic) = buf.first() else {

@@ -1,10 +1,10 @@
 //! Client request framing: text protocol and meta protocol.
 use std::ops::Range;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use crate::ErrorReply;
+use crate::{decode_base64, ErrorReply};
 
 /// Longest key memcached accepts, in any protocol (`KEY_MAX_LENGTH`).
 pub const MAX_KEY_LEN: usize = 250;
@@ -326,6 +326,29 @@ pub enum Parse {
         swallow: usize,
         close: bool,
     },
+    /// A `set` or `ms` whose value is over `Limits::max_value_len`: answered and swallowed
+    /// like `Invalid` (the line is removed, the stream goes on), and the key's old value must
+    /// go, as memcached unlinks it so that a client who failed to write never reads the
+    /// value it meant to replace (t/getset.t). memcached does this for `set`, binary set
+    /// and `ms` in every mode; an add, replace, append, prepend or cas refused as too large
+    /// leaves the old value, and is `Invalid`. Boxed: rare, and larger than a request.
+    TooLarge(Box<TooLarge>),
+}
+
+/// A refused write whose key's old value must go: see [`Parse::TooLarge`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct TooLarge {
+    /// What memcached answers (`Silent` for a text `noreply`).
+    pub reply: ErrorReply,
+    /// Bytes of the data block still to discard as they arrive (see `Parse::Invalid`).
+    pub swallow: usize,
+    /// The refused request as far as it was framed: its `frame` is the command line alone
+    /// (the data block is never buffered). Never to be sent: it says where the write would
+    /// have gone (routes pick their way by its command and, for `ms`, its mode flag).
+    pub refused: Request,
+    /// `md <key>` (with `b` for a base64 key): the delete to send where `refused` would
+    /// have gone. Its reply is not the client's; `reply` is.
+    pub unlink: Request,
 }
 
 /// memcached's tokenizer keeps at most 23 words plus a terminal token; the
@@ -556,8 +579,11 @@ impl Head {
 }
 
 fn finish(buf: &mut BytesMut, total: usize, line_len: usize, h: Head) -> Parse {
-    let frame = buf.split_to(total).freeze();
-    Parse::Request(Request {
+    Parse::Request(request(buf.split_to(total).freeze(), line_len, h))
+}
+
+fn request(frame: Bytes, line_len: usize, h: Head) -> Request {
+    Request {
         command: h.command,
         frame,
         line_len,
@@ -567,7 +593,7 @@ fn finish(buf: &mut BytesMut, total: usize, line_len: usize, h: Head) -> Parse {
         base64_key: h.base64_key,
         arg: h.arg,
         stats_arg: h.stats_arg,
-    })
+    }
 }
 
 /// Range of word `i` together with the space before it (words are separated by
@@ -614,6 +640,10 @@ pub fn parse_request(buf: &mut BytesMut, limits: &Limits) -> Parse {
         None => parse_line(buf, limits, line_end, line_total),
         Some(cut) => match parse_line(buf, limits, cut, line_total) {
             Parse::Request(request) => Parse::Request(without_nul_tail(request, cut)),
+            Parse::TooLarge(mut refused) => {
+                refused.refused = without_nul_tail(refused.refused, cut);
+                Parse::TooLarge(refused)
+            }
             other => other,
         },
     }
@@ -674,7 +704,13 @@ fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: 
         b"me" => Command::MetaDebug,
         // Everything else, including memcached's admin commands memroute does
         // not proxy (slabs, lru, watch, ...).
-        _ => return reject(buf, line_total, ErrorReply::Error, 0, false),
+        _ => {
+            words.split_more(line);
+            if hangs_up_on(name, words.last(line)) {
+                return close(buf, ErrorReply::Silent);
+            }
+            return reject(buf, line_total, ErrorReply::Error, 0, false);
+        }
     };
     if let Command::Get | Command::Gets | Command::Gat | Command::Gats = command {
         return parse_retrieval(buf, limits, command, &words, line_end, line_total);
@@ -703,6 +739,41 @@ fn parse_line(buf: &mut BytesMut, limits: &Limits, line_end: usize, line_total: 
         }
         _ => parse_simple(buf, limits, command, &words, line_total),
     }
+}
+
+/// Whether memcached hangs up, without a reply, on a line whose first word is `name` and
+/// whose last word (of the first 23, as its tokenizer keeps them) is `last`: a line it does
+/// not know whose last word starts with `HTTP/` (`GET / HTTP/1.0`, `PUT /x HTTP/1.1`,
+/// `DELETE HTTP/1.1`). That is an HTTP request, most likely a web page making a browser
+/// talk to a cache on localhost; answering `ERROR` and reading on would take the request's
+/// headers and body as commands (memcached's t/malicious-commands.t).
+///
+/// memcached 1.6.18 (process_command_ascii) looks only in its last branch, reached by a
+/// name it dispatched nowhere before: not one starting with g, s, a, c, i, d or t (those
+/// branches answer `ERROR` themselves), not a two-byte name starting with m (meta), and
+/// none of the admin commands it runs there. A one-byte name never gets this far
+/// (`ERROR`). `misbehave` exists only in debug builds, so it reaches the last branch too.
+fn hangs_up_on(name: &[u8], last: &[u8]) -> bool {
+    let dispatched_earlier = match name.first() {
+        Some(b'g' | b's' | b'a' | b'c' | b'i' | b'd' | b't') => true,
+        Some(b'm') => name.len() == 2,
+        _ => matches!(
+            name,
+            b"replace"
+                | b"prepend"
+                | b"bget"
+                | b"flush_all"
+                | b"version"
+                | b"quit"
+                | b"lru_crawler"
+                | b"watch"
+                | b"verbosity"
+                | b"lru"
+                | b"extstore"
+                | b"refresh_certs"
+        ),
+    };
+    !dispatched_earlier && last.starts_with(b"HTTP/")
 }
 
 /// No newline in the buffer yet: wait, or give up the way memcached does.
@@ -856,6 +927,9 @@ fn data_block(
 ) -> Parse {
     let data_total = vlen + 2;
     if vlen > limits.max_value_len {
+        if matches!(h.command, Command::Set | Command::MetaSet) {
+            return too_large(buf, h, line_total, data_total, quiet_errors);
+        }
         return reject_with_data(buf, line_total, data_total, TOO_LARGE, quiet_errors);
     }
     let total = line_total + data_total;
@@ -867,6 +941,50 @@ fn data_block(
         return reject(buf, total, BAD_CHUNK, 0, quiet_errors);
     }
     finish(buf, total, line_total, h)
+}
+
+/// Refuses a `set` or `ms` as too large, as `reject_with_data` does, with the delete of
+/// its key that memcached does in its place (`Parse::TooLarge`). Allocates: only a
+/// refused request comes here.
+fn too_large(
+    buf: &mut BytesMut,
+    h: Head,
+    line_total: usize,
+    data_total: usize,
+    noreply: bool,
+) -> Parse {
+    let line = buf.split_to(line_total).freeze();
+    let now = buf.len().min(data_total);
+    buf.advance(now);
+    let key = h.keys.first().unwrap_or(0..0);
+    let unlink = unlink_request(&line[key], h.base64_key);
+    let refused = request(line, line_total, h);
+    Parse::TooLarge(Box::new(TooLarge {
+        reply: if noreply {
+            ErrorReply::Silent
+        } else {
+            TOO_LARGE
+        },
+        swallow: data_total - now,
+        refused,
+        unlink,
+    }))
+}
+
+/// `md <key>` (`b` when the key is base64, as the client sent it), framed as a request.
+fn unlink_request(key: &[u8], base64: bool) -> Request {
+    let mut line = BytesMut::with_capacity(key.len() + 7);
+    line.extend_from_slice(b"md ");
+    line.extend_from_slice(key);
+    if base64 {
+        line.extend_from_slice(b" b");
+    }
+    line.extend_from_slice(b"\r\n");
+    let mut h = Head::new(Command::MetaDelete);
+    h.keys.push(3..3 + key.len());
+    h.base64_key = base64;
+    let line_len = line.len();
+    request(line.freeze(), line_len, h)
 }
 
 /// The meta flags after the key (or after ms's length): find `q` and `b`.
@@ -980,8 +1098,78 @@ fn parse_meta_set(buf: &mut BytesMut, limits: &Limits, words: &Words, line_total
         // Flag errors come after the length is known: memcached swallows the data.
         return reject_with_data(buf, line_total, vlen + 2, ErrorReply::Client(msg), false);
     }
+    if vlen > limits.max_value_len {
+        // memroute refuses this one itself, so it answers what memcached would: the first
+        // error memcached finds in the flags comes before the size (and keeps the value).
+        if let Some(msg) = mset_flag_error(line, words) {
+            return reject_with_data(buf, line_total, vlen + 2, ErrorReply::Client(msg), false);
+        }
+    }
     // Meta errors are never suppressed by `q`.
     data_block(buf, limits, h, line_total, vlen, false)
+}
+
+/// The error memcached 1.6.18 gives an `ms` for its flags before it looks at the value's
+/// size (process_mset_command: `_meta_flag_preparse`, the opaque's length, the mode), or
+/// `None` when the flags pass. Asked only for an `ms` memroute refuses as too large: any
+/// other goes to memcached, which checks for itself. A duplicate or unknown flag stops the
+/// scan at once; other errors are remembered (the last message wins, as in memcached,
+/// whose `F` error keeps the message it had) and reported after it.
+fn mset_flag_error(line: &[u8], words: &Words) -> Option<&'static str> {
+    const BAD_TOKEN: &str = "bad token in command line format";
+    let mut seen = [false; 127];
+    let mut message = "bad command line format";
+    let mut failed = false;
+    let mut mode = 0u8;
+    let mut fail = |msg: Option<&'static str>| {
+        failed = true;
+        if let Some(msg) = msg {
+            message = msg;
+        }
+    };
+    for i in 3..words.n {
+        let token = words.get(line, i);
+        let (flag, argument) = match token.split_first() {
+            Some((&flag, argument)) => (flag, argument),
+            None => continue,
+        };
+        if flag >= 127 || seen[usize::from(flag)] {
+            return Some("duplicate flag");
+        }
+        seen[usize::from(flag)] = true;
+        match flag {
+            b'b' => {
+                // memcached decodes the key in place; nothing decoded is an error.
+                let mut decoded = [0u8; MAX_KEY_LEN];
+                if !matches!(decode_base64(words.get(line, 1), &mut decoded), Some(1..)) {
+                    fail(Some("error decoding key"));
+                }
+            }
+            b'N' | b'T' | b'R' if strtol32(argument).is_none() => fail(Some(BAD_TOKEN)),
+            b'C' if strtoull(argument).is_none() => fail(Some(BAD_TOKEN)),
+            b'F' if strtoul32(argument).is_none() => fail(None),
+            b'M' if token.len() != 2 => fail(Some("incorrect length for M token")),
+            b'M' => mode = token[1],
+            b'J' if strtoull(argument).is_none() => fail(Some("invalid numeric initial value")),
+            b'D' if strtoull(argument).is_none() => fail(Some("invalid numeric delta value")),
+            b'N' | b'T' | b'R' | b'C' | b'F' | b'J' | b'D' => {}
+            b'l' | b'O' | b'P' | b'L' | b'k' | b's' | b't' | b'c' | b'f' | b'v' | b'h' | b'u'
+            | b'q' | b'I' => {}
+            _ => return Some("invalid flag"),
+        }
+    }
+    if failed {
+        return Some(message);
+    }
+    // After the flags: an opaque longer than 32 bytes is remembered, a bad mode ends it.
+    let opaque_too_long = (3..words.n).any(|i| {
+        let token = words.get(line, i);
+        token.first() == Some(&b'O') && token.len() > 32
+    });
+    if !matches!(mode, 0 | b'E' | b'A' | b'P' | b'R' | b'S') {
+        return Some("invalid mode for ms M token");
+    }
+    opaque_too_long.then_some("opaque token too long")
 }
 
 /// delete, incr, decr, touch, flush_all, verbosity: one line, fixed arity.

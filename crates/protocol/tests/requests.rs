@@ -2,7 +2,7 @@
 //! Every expected error below was checked with a socket against a real
 //! memcached 1.6.18 (`memcached -p 23456 -U 0`).
 use bytes::BytesMut;
-use memroute_protocol::{parse_request, Command, ErrorReply, Limits, Parse, Request};
+use memroute_protocol::{parse_request, Command, ErrorReply, Limits, Parse, Request, TooLarge};
 
 fn limits() -> Limits {
     Limits::default()
@@ -279,6 +279,29 @@ fn bad_data_chunk_consumes_exactly_bytes_plus_two() {
     );
 }
 
+/// A refused `set` or `ms`: what memcached answers, how much of the data is still to
+/// swallow, and the delete of its key memcached does in its place (t/getset.t).
+fn too_large(input: &[u8], limits: &Limits) -> (ErrorReply, usize, Request, Request, Vec<u8>) {
+    let mut buf = BytesMut::from(input);
+    match parse_request(&mut buf, limits) {
+        Parse::TooLarge(refused) => {
+            let TooLarge {
+                reply,
+                swallow,
+                refused,
+                unlink,
+            } = *refused;
+            (reply, swallow, refused, unlink, buf.to_vec())
+        }
+        other => panic!(
+            "expected TooLarge for {:?}, got {other:?}",
+            String::from_utf8_lossy(input)
+        ),
+    }
+}
+
+const TOO_LARGE: ErrorReply = ErrorReply::Server("object too large for cache");
+
 #[test]
 fn too_large_value_is_swallowed() {
     let lim = Limits {
@@ -286,57 +309,67 @@ fn too_large_value_is_swallowed() {
         ..Limits::default()
     };
     // Nothing of the data has arrived: all of it (and \r\n) is to be swallowed.
-    let mut buf = BytesMut::from(&b"set a 0 0 20\r\n"[..]);
+    let (reply, swallow, refused, unlink, rest) = too_large(b"set a 0 0 20\r\n", &lim);
+    assert_eq!((reply, swallow, rest.len()), (TOO_LARGE, 22, 0));
+    assert_eq!(&refused.frame[..], b"set a 0 0 20\r\n");
+    assert_eq!((refused.command, refused.key(0)), (Command::Set, &b"a"[..]));
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
     assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Server("object too large for cache"),
-            swallow: 22,
-            close: false
-        }
+        (unlink.command, unlink.key(0)),
+        (Command::MetaDelete, &b"a"[..])
     );
-    assert!(buf.is_empty());
+    assert!(!unlink.noreply && !unlink.base64_key);
     // Part of it has arrived: removed now, the rest swallowed.
-    let mut buf = BytesMut::from(&b"set a 0 0 20\r\n0123456789"[..]);
-    assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Server("object too large for cache"),
-            swallow: 12,
-            close: false
-        }
+    let (reply, swallow, ..) = too_large(b"set a 0 0 20\r\n0123456789", &lim);
+    assert_eq!((reply, swallow), (TOO_LARGE, 12));
+    // All of it and more: the next command stays; noreply silences the answer, not the
+    // delete.
+    let (reply, swallow, refused, unlink, rest) = too_large(
+        b"set a 0 0 20 noreply\r\n01234567890123456789\r\nmn\r\n",
+        &lim,
     );
-    assert!(buf.is_empty());
-    // All of it and more: the next command stays.
-    let mut buf = BytesMut::from(&b"set a 0 0 20 noreply\r\n01234567890123456789\r\nmn\r\n"[..]);
-    assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Silent,
-            swallow: 0,
-            close: false
-        }
-    );
-    assert_eq!(&buf[..], b"mn\r\n");
-    // ms under q still gets the error.
-    let mut buf = BytesMut::from(&b"ms a 20 q\r\n"[..]);
-    assert_eq!(
-        parse_request(&mut buf, &lim),
-        Parse::Invalid {
-            reply: ErrorReply::Server("object too large for cache"),
-            swallow: 22,
-            close: false
-        }
-    );
+    assert_eq!((reply, swallow), (ErrorReply::Silent, 0));
+    assert_eq!(rest, b"mn\r\n");
+    assert!(refused.noreply);
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
+    // ms under q still gets the error (memcached shows meta errors); every mode unlinks.
+    let (reply, swallow, refused, unlink, _) = too_large(b"ms a 20 q MA\r\n", &lim);
+    assert_eq!((reply, swallow), (TOO_LARGE, 22));
+    assert_eq!(&refused.frame[..], b"ms a 20 q MA\r\n");
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
+    // A base64 key is deleted as the client named it.
+    let (_, _, refused, unlink, _) = too_large(b"ms Zm9v 20 b\r\n", &lim);
+    assert!(refused.base64_key);
+    assert_eq!(&unlink.frame[..], b"md Zm9v b\r\n");
+    assert!(unlink.base64_key);
+    // The refused line as memcached reads it ends at a NUL byte.
+    let (_, _, refused, unlink, _) = too_large(b"set a 0 0 20\0 junk\r\n", &lim);
+    assert_eq!(&refused.frame[..], b"set a 0 0 20\r\n");
+    assert_eq!(&unlink.frame[..], b"md a\r\n");
+    // add, replace, append, prepend and cas refused as too large leave the old value
+    // (memcached unlinks for set only): refused, nothing more.
+    for line in [
+        &b"add a 0 0 20\r\n"[..],
+        b"replace a 0 0 20\r\n",
+        b"append a 0 0 20\r\n",
+        b"prepend a 0 0 20\r\n",
+        b"cas a 0 0 20 1\r\n",
+    ] {
+        let mut buf = BytesMut::from(line);
+        assert_eq!(
+            parse_request(&mut buf, &lim),
+            Parse::Invalid {
+                reply: TOO_LARGE,
+                swallow: 22,
+                close: false
+            },
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
     // Default limit: 1 MiB is fine, 2000000 is not (memcached says the same).
-    let mut buf = BytesMut::from(&b"set a 0 0 2000000\r\n"[..]);
-    assert!(matches!(
-        parse_request(&mut buf, &limits()),
-        Parse::Invalid {
-            swallow: 2000002,
-            ..
-        }
-    ));
+    let (_, swallow, ..) = too_large(b"set a 0 0 2000000\r\n", &limits());
+    assert_eq!(swallow, 2000002);
 }
 
 #[test]
@@ -541,6 +574,7 @@ fn pipelined_frames_come_out_one_by_one() {
                     .trim()
                     .to_string(),
             ),
+            Parse::TooLarge(refused) => panic!("nothing here is too large: {refused:?}"),
             Parse::Incomplete => break,
         }
     }
@@ -677,6 +711,14 @@ fn random_input_never_panics_and_never_consumes_on_incomplete() {
                     if close {
                         break;
                     }
+                }
+                Parse::TooLarge(refused) => {
+                    assert!(buf.len() < before.len());
+                    assert_eq!(refused.unlink.key(0), refused.refused.key(0));
+                    assert!(
+                        !refused.refused.frame.contains(&0),
+                        "NUL in the refused line"
+                    );
                 }
             }
         }
@@ -849,16 +891,17 @@ fn data_length_bounds_match_memcached() {
     }
     // The largest length memcached accepts on the line: too large, swallowed with its \r\n.
     for line in ["set k 0 0 2147483645\r\n", "ms k 2147483645 T0\r\n"] {
-        assert_eq!(
-            err(line.as_bytes()),
-            (
-                b"SERVER_ERROR object too large for cache\r\n".to_vec(),
-                2147483647,
-                false
-            ),
-            "{line:?}"
-        );
+        let (reply, swallow, ..) = too_large(line.as_bytes(), &limits());
+        assert_eq!((reply, swallow), (TOO_LARGE, 2147483647), "{line:?}");
     }
+    assert_eq!(
+        err(b"cas k 0 0 2147483645 1\r\n"),
+        (
+            b"SERVER_ERROR object too large for cache\r\n".to_vec(),
+            2147483647,
+            false
+        ),
+    );
     // Flag errors on ms come after the length: swallowed.
     assert_eq!(
         err(b"ms k 2147483645 q q\r\n"),
@@ -869,14 +912,8 @@ fn data_length_bounds_match_memcached() {
         )
     );
     // Just above the item size: too large, swallowed.
-    assert_eq!(
-        err(b"set k 0 0 1048577\r\n"),
-        (
-            b"SERVER_ERROR object too large for cache\r\n".to_vec(),
-            1048579,
-            false
-        )
-    );
+    let (reply, swallow, ..) = too_large(b"set k 0 0 1048577\r\n", &limits());
+    assert_eq!((reply, swallow), (TOO_LARGE, 1048579));
     // 2^32 truncates to 0: a valid empty value.
     let r = req(b"set k 0 0 4294967296\r\n\r\n");
     assert_eq!(r.frame.len(), 24);
@@ -968,4 +1005,131 @@ fn err_close_silent() -> Parse {
         swallow: 0,
         close: true,
     }
+}
+
+/// memcached hangs up without a word on a line it does not know whose last word starts
+/// with `HTTP/` (t/malicious-commands.t), and answers `ERROR` to the lines that look alike
+/// but reach another branch of its dispatch first. Every case checked against memcached
+/// 1.6.18 (Debian's build).
+#[test]
+fn http_request_lines_are_hung_up_on_as_memcached_does() {
+    let words_then_http = |words: usize, tail: &str| {
+        let mut line = "xb ".repeat(words);
+        line.push_str(tail);
+        line.push_str("\r\n");
+        line
+    };
+    let hung_up: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.0\r\n".to_vec(),
+        b"PUT /asdf/asd/fasdfasdf/sadf HTTP/1.1\r\n".to_vec(),
+        b"DELETE HTTP/1.1\r\n".to_vec(),
+        b"POST /x HTTP/1.1\n".to_vec(),
+        b"HEAD / HTTP/1.1 \r\n".to_vec(),
+        b" PUT /x HTTP/1.1\r\n".to_vec(),
+        // A line of only the HTTP word: memcached 1.6.18 looks at its one word.
+        b"HTTP/1.1\r\n".to_vec(),
+        b"HTTP/\r\n".to_vec(),
+        // Names that reach the last branch: upper case, unknown, or debug-only.
+        b"Xb HTTP/1.1\r\n".to_vec(),
+        b"ver HTTP/1.1\r\n".to_vec(),
+        b"misbehave HTTP/1.1\r\n".to_vec(),
+        // The line as memcached reads it ends at a NUL byte.
+        b"POST /x HTTP/1.1\0zz\r\n".to_vec(),
+        // The 23rd word is the last one memcached's tokenizer keeps.
+        words_then_http(22, "HTTP/1.1 x y").into_bytes(),
+    ];
+    for line in &hung_up {
+        let (parsed, rest) = parse(line);
+        assert_eq!(
+            parsed,
+            err_close_silent(),
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+        assert!(rest.is_empty());
+    }
+    let answered: Vec<Vec<u8>> = vec![
+        // Not `HTTP/` as the last word (case and the slash matter; a tab is no separator).
+        b"PUT /x HTTP\r\n".to_vec(),
+        b"PUT /x http/1.1\r\n".to_vec(),
+        b"PUT /x\tHTTP/1.1\r\n".to_vec(),
+        b"GET / HTTP/1.0 x\r\n".to_vec(),
+        // A one-byte name is refused before the check.
+        b"X HTTP/1.1\r\n".to_vec(),
+        // Names memcached dispatches by their first letter, or as meta commands.
+        b"gx / HTTP/1.1\r\n".to_vec(),
+        b"delete_all HTTP/1.1\r\n".to_vec(),
+        b"slabs HTTP/1.1\r\n".to_vec(),
+        b"mx / HTTP/1.1\r\n".to_vec(),
+        // Admin commands memcached runs (memroute answers ERROR, and reads on).
+        b"lru HTTP/1.1\r\n".to_vec(),
+        b"lru_crawler HTTP/1.1\r\n".to_vec(),
+        b"watch HTTP/1.1\r\n".to_vec(),
+        b"extstore HTTP/1.1\r\n".to_vec(),
+        // The HTTP word past the 23 words memcached keeps, or before the last.
+        words_then_http(30, "HTTP/1.1").into_bytes(),
+        words_then_http(23, "HTTP/1.1").into_bytes(),
+        words_then_http(21, "HTTP/1.1 x y").into_bytes(),
+    ];
+    for line in &answered {
+        assert_eq!(
+            err(line),
+            (b"ERROR\r\n".to_vec(), 0, false),
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
+    // Known commands whose arguments look like HTTP are parsed as themselves.
+    assert_eq!(req(b"get / HTTP/1.0\r\n").keys().count(), 2);
+    assert_eq!(req(b"version HTTP/1.1\r\n").command, Command::Version);
+    assert_eq!(req(b"bget HTTP/1.1\r\n").command, Command::Get);
+}
+
+/// An `ms` memroute refuses as too large gets the error memcached finds first in its flags
+/// (then the value stays): checked against memcached 1.6.18 with a 1 MiB + 1 value.
+#[test]
+fn a_too_large_ms_with_a_bad_flag_gets_the_flag_error() {
+    let lim = Limits {
+        max_value_len: 10,
+        ..Limits::default()
+    };
+    let cases: [(&[u8], &str); 13] = [
+        (b"ms foo 20 T1 Z\r\n", "invalid flag"),
+        (b"ms foo 20 T1 T2\r\n", "duplicate flag"),
+        (b"ms foo 20 Tx\r\n", "bad token in command line format"),
+        (b"ms foo 20 Tx Cx\r\n", "bad token in command line format"),
+        (b"ms foo 20 Cx Fx\r\n", "bad token in command line format"),
+        (b"ms foo 20 Fx\r\n", "bad command line format"),
+        (b"ms foo 20 Fx MZ\r\n", "bad command line format"),
+        (b"ms foo 20 MXX\r\n", "incorrect length for M token"),
+        (b"ms foo 20 MZ\r\n", "invalid mode for ms M token"),
+        (b"ms foo 20 Jx Dx\r\n", "invalid numeric delta value"),
+        (
+            b"ms foo 20 O123456789012345678901234567890123\r\n",
+            "opaque token too long",
+        ),
+        (
+            b"ms foo 20 O123456789012345678901234567890123 MZ\r\n",
+            "invalid mode for ms M token",
+        ),
+        (b"ms foo 20 b\r\n", "error decoding key"),
+    ];
+    for (line, message) in cases {
+        let mut buf = BytesMut::from(line);
+        assert_eq!(
+            parse_request(&mut buf, &lim),
+            Parse::Invalid {
+                reply: ErrorReply::Client(message),
+                swallow: 22,
+                close: false
+            },
+            "{:?}",
+            String::from_utf8_lossy(line)
+        );
+    }
+    // Flags memcached accepts: too large, and the key goes.
+    let (reply, swallow, ..) = too_large(b"ms foo 20 T1 I k O1 F5 C0 MS\r\n", &lim);
+    assert_eq!((reply, swallow), (TOO_LARGE, 22));
+    // Within the limit the flags are memcached's to judge: forwarded as they are.
+    assert_eq!(req(b"ms foo 2 Z\r\nhi\r\n").command, Command::MetaSet);
 }

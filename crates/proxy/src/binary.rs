@@ -25,11 +25,12 @@ use std::fmt::Write as _;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use memroute_protocol::auth::{sasl_plain, SASL_AUTHENTICATED, SASL_MECHANISMS};
 use memroute_protocol::binary::{
-    encode_error, encode_response, is_storage, opcode as op, parse_binary, BinaryError,
-    BinaryParse, BinaryRequest, Status, HEADER_LEN, REQUEST_MAGIC,
+    buffered_key, encode_error, encode_response, is_storage, opcode as op, parse_binary,
+    BinaryError, BinaryParse, BinaryRequest, Status, HEADER_LEN, REQUEST_MAGIC,
 };
 use memroute_protocol::meta::{decimal, is_text_key, split_line, MetaReply, MetaRequest};
 use memroute_protocol::{parse_request, Limits, Parse, MAX_KEY_LEN};
+use memroute_routing::Operation;
 
 use crate::buffers::{self, QueuePool};
 use crate::client_log::{self, ClientEvent};
@@ -408,6 +409,8 @@ impl Translator {
                 None
             };
             if let Some(status) = status {
+                let key = buffered_key(input).unwrap_or_default();
+                self.unlink(at, frame.opcode, key, pending);
                 self.answer(pending, frame, status);
                 let now = input.len().min(HEADER_LEN + body_len);
                 input.advance(now);
@@ -527,10 +530,51 @@ impl Translator {
             let peer = (at.peer)();
             client_log::count(at.context, &peer, ClientEvent::OversizedValue);
             client_log::protocol_error(&peer, "binary", "value too large");
+            self.unlink(at, request.opcode, &request.key, pending);
             self.answer(pending, Frame::of(request), Status::TooLarge);
             return Some(Framed::Next);
         }
         None
+    }
+
+    /// memcached drops a key's old value when it refuses a binary set (setq too, not add,
+    /// replace, append or prepend) as too large, as it does for a text set
+    /// (proto_bin.c, process_bin_update): the key's delete, translated as a binary delete
+    /// is, goes where the set would have gone (`dispatch::unlink`) ahead of the refusal,
+    /// and no reply of it is written.
+    fn unlink(
+        &mut self,
+        at: &Inbound<'_>,
+        opcode: u8,
+        key: &[u8],
+        pending: &mut VecDeque<Pending>,
+    ) {
+        if !matches!(opcode, op::SET | op::SETQ) || key.is_empty() || key.len() > MAX_KEY_LEN {
+            return;
+        }
+        let delete = BinaryRequest {
+            opcode: op::DELETE,
+            opaque: 0,
+            cas: 0,
+            extras: Bytes::new(),
+            key: Bytes::copy_from_slice(key),
+            value: Bytes::new(),
+        };
+        let line = self.line_buffer(key.len() * 2);
+        if write_request(line, &delete).is_none() {
+            return;
+        }
+        // A key no meta line can carry (a base64 form over 250 bytes) was never stored
+        // through memroute: nothing to drop.
+        let Parse::Request(unlink) = parse_request(&mut self.scratch, &at.routing.limits) else {
+            self.scratch.clear();
+            return;
+        };
+        let queued = pending.len();
+        crate::dispatch::unlink(at.routing, at.origin, Operation::Set, unlink, pending);
+        for _ in queued..pending.len() {
+            self.shapes.push_back(Shape::AsIs);
+        }
     }
 
     /// Requests memroute answers itself (no backend has anything to add).

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_protocol::{decode_base64, Command, ReplyKind, Request, MAX_SHORT_LINE};
-use memroute_routing::{operation_of, NodeId};
+use memroute_routing::{operation_of, NodeId, Operation};
 
 use crate::context::WorkerContext;
 use crate::pending::{Flow, Pending};
@@ -153,11 +153,53 @@ fn stats_reply(context: &WorkerContext, request: &Request) -> Pending {
     Pending::Ready(Bytes::from_static(b"ERROR\r\n"))
 }
 
+/// Sends `unlink`, the delete memcached does in place of a `set` or `ms` it refused as too
+/// large (`memroute_protocol::TooLarge`), wherever a request of the refused write's
+/// `operation` on its key goes: through operation routes by that operation, to every
+/// replica, to the shadow, along a failover's children, as the write would have gone, so
+/// no server that could hold the old value keeps it. Nothing of its reply reaches the client (the
+/// refusal, queued after it, is the client's answer); being dispatched in the client's
+/// order, it reaches each server before any request the client sends after the refusal.
+pub(crate) fn unlink(
+    routing: &Rc<RouteSnapshot>,
+    origin: Origin,
+    operation: Operation,
+    unlink: Request,
+    pending: &mut std::collections::VecDeque<Pending>,
+) {
+    let root = routing.root_of(origin.listener);
+    // Finished as a text `delete <key> noreply` is: no reply, success or error, is written.
+    let answered_as = (Command::Delete, true);
+    pending.push_back(send_placed(
+        routing,
+        root,
+        origin.slot,
+        unlink,
+        operation,
+        answered_as,
+    ));
+}
+
 fn send_single(
     routing: &Rc<RouteSnapshot>,
     root: NodeId,
     slot: usize,
     request: Request,
+) -> Pending {
+    let operation = operation_of(&request);
+    let answered_as = (request.command, request.noreply);
+    send_placed(routing, root, slot, request, operation, answered_as)
+}
+
+/// Sends a single-key request by the route `operation` selects from `root`; its reply is
+/// written as `answered_as` (command, noreply) says (`pending::finish_single`).
+fn send_placed(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
+    slot: usize,
+    request: Request,
+    operation: Operation,
+    (command, noreply): (Command, bool),
 ) -> Pending {
     let Some(key) = request.keys().next() else {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
@@ -169,7 +211,6 @@ fn send_single(
         true => decode_base64(key, &mut decoded).map_or(key, |len| &decoded[..len]),
         false => key,
     };
-    let operation = operation_of(&request);
     let Some(parts) = forwardable(&request) else {
         return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
     };
@@ -178,7 +219,6 @@ fn send_single(
     let node = routes.select(root, operation, key);
     routing.metrics.count(node as usize, request.command);
     let started = routing.metrics.now();
-    let (command, noreply) = (request.command, request.noreply);
     let single = route::Single {
         request: &request,
         key,

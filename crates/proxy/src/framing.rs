@@ -17,10 +17,11 @@ use std::rc::Rc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use memroute_protocol::auth::{parse_login, Login, AUTHENTICATION_FAILURE, LOGGED_IN};
-use memroute_protocol::{parse_request, Parse};
+use memroute_protocol::{parse_request, Parse, TooLarge};
+use memroute_routing::operation_of;
 
 use crate::client_auth::LoginGate;
-use crate::client_log::Peer;
+use crate::client_log::{ClientEvent, Peer};
 use crate::context::WorkerContext;
 use crate::dispatch::{dispatch, Origin};
 use crate::pending::{Flow, Pending};
@@ -87,6 +88,23 @@ pub(crate) fn text(
                 pending.push_back(Pending::Close);
                 return Framed::Close;
             }
+            Framed::Next
+        }
+        Parse::TooLarge(refused) => {
+            let TooLarge {
+                reply,
+                swallow: rest,
+                refused,
+                unlink,
+            } = *refused;
+            let peer = (at.peer)();
+            crate::client_log::count(at.context, &peer, ClientEvent::Error);
+            crate::client_log::count(at.context, &peer, ClientEvent::OversizedValue);
+            crate::client_log::protocol_error(&peer, "text", "value too large");
+            let operation = operation_of(&refused);
+            crate::dispatch::unlink(at.routing, at.origin, operation, unlink, pending);
+            pending.push_back(Pending::Ready(Bytes::from(reply.to_bytes())));
+            *swallow = rest;
             Framed::Next
         }
     }
