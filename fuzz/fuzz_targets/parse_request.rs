@@ -162,7 +162,7 @@ fn check_request(r: &Request, consumed: &[u8], limits: &Limits) {
     // What goes to the backend: the frame without the quiet token. It must parse back to
     // the same request, without noreply (so the backend sends every reply), and with the
     // same keys, data and arguments.
-    let (head, tail) = r.forward_parts();
+    let memroute_protocol::RequestBytes { head, tail } = r.forward_parts();
     let mut forwarded = BytesMut::new();
     forwarded.extend_from_slice(&head);
     if let Some(tail) = &tail {

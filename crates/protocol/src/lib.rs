@@ -31,6 +31,7 @@ pub use reply::{
     ReplyParse, ValueBlock, MAX_REPLY_VALUE_LEN,
 };
 pub use request::{
-    parse_request, single_get_line, Command, KeyRanges, Limits, Parse, Request, TooLarge,
-    DEFAULT_MAX_LINE_LEN, DEFAULT_MAX_VALUE_LEN, MAX_KEY_LEN, MAX_RELATIVE_EXPTIME, MAX_SHORT_LINE,
+    parse_request, single_get_line, Command, KeyRanges, Limits, Parse, Request, RequestBytes,
+    TooLarge, DEFAULT_MAX_LINE_LEN, DEFAULT_MAX_VALUE_LEN, MAX_KEY_LEN, MAX_RELATIVE_EXPTIME,
+    MAX_SHORT_LINE,
 };

@@ -300,12 +300,39 @@ impl Request {
         }
     }
     /// The frame as it must be sent to a backend: without the `noreply`/`q` token
-    /// when present (returned as up to two slices of the same buffer, no copy).
-    pub fn forward_parts(&self) -> (Bytes, Option<Bytes>) {
+    /// when present (up to two slices of the same buffer, no copy).
+    pub fn forward_parts(&self) -> RequestBytes {
         match &self.quiet_token {
-            None => (self.frame.clone(), None),
-            Some(r) => (self.frame.slice(..r.start), Some(self.frame.slice(r.end..))),
+            None => RequestBytes::whole(self.frame.clone()),
+            Some(r) => RequestBytes {
+                head: self.frame.slice(..r.start),
+                tail: Some(self.frame.slice(r.end..)),
+            },
         }
+    }
+}
+
+/// A request's bytes as a server gets them: whole, or in two pieces around a `noreply` or
+/// `q` token cut out (both views of the client's buffer, no copy). What travels from the
+/// session through a route to a backend connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestBytes {
+    pub head: Bytes,
+    pub tail: Option<Bytes>,
+}
+
+impl RequestBytes {
+    /// Bytes sent as they are.
+    pub fn whole(bytes: Bytes) -> RequestBytes {
+        RequestBytes {
+            head: bytes,
+            tail: None,
+        }
+    }
+
+    /// The pieces, in the order they go on the wire.
+    pub fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&self.head[..]).chain(self.tail.as_deref())
     }
 }
 

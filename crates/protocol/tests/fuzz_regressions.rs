@@ -16,7 +16,7 @@ fn value_block_at_empty_value_line_with_bare_newline() {
 
 /// The bytes a request is forwarded as (`forward_parts`, joined).
 fn forwarded(request: &memroute_protocol::Request) -> bytes::BytesMut {
-    let (head, tail) = request.forward_parts();
+    let memroute_protocol::RequestBytes { head, tail } = request.forward_parts();
     let mut out = bytes::BytesMut::from(&head[..]);
     if let Some(tail) = tail {
         out.extend_from_slice(&tail);

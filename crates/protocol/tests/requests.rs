@@ -143,7 +143,7 @@ fn noreply_is_flagged_with_its_range() {
     assert!(r.noreply);
     let q = r.quiet_token.clone().expect("quiet token");
     assert_eq!(&r.frame[q], b" noreply");
-    let (a, b) = r.forward_parts();
+    let memroute_protocol::RequestBytes { head: a, tail: b } = r.forward_parts();
     let mut fwd = a.to_vec();
     fwd.extend_from_slice(&b.expect("second part"));
     assert_eq!(fwd, b"set k 0 0 1\r\nx\r\n");
@@ -441,7 +441,7 @@ fn meta_commands() {
     let r = req(b"mg Zm9v b q v\r\n");
     assert!(r.noreply && r.base64_key);
     assert_eq!(&r.frame[r.quiet_token.clone().expect("q")], b" q");
-    let (a, b) = r.forward_parts();
+    let memroute_protocol::RequestBytes { head: a, tail: b } = r.forward_parts();
     assert_eq!([&a[..], &b.expect("rest")[..]].concat(), b"mg Zm9v b v\r\n");
 
     let r = req(b"ms foo 3 T10 F5 q\r\nbar\r\nmn\r\n");
@@ -786,7 +786,7 @@ fn nul_byte_ends_the_command_line() {
     // noreply just before the NUL is seen, and still strippable.
     let r = req(b"delete k noreply\0x\r\n");
     assert!(r.noreply);
-    let (a, b) = r.forward_parts();
+    let memroute_protocol::RequestBytes { head: a, tail: b } = r.forward_parts();
     assert_eq!(
         [&a[..], &b.expect("split at noreply")[..]].concat(),
         b"delete k\r\n"
@@ -807,7 +807,7 @@ fn nul_byte_ends_the_command_line() {
     assert_eq!(&r.frame[..], b"ms k 5\r\nhello\r\n");
     let r = req(b"set k 0 0 1 noreply\0 x\r\nz\r\n");
     assert!(r.noreply);
-    let (a, b) = r.forward_parts();
+    let memroute_protocol::RequestBytes { head: a, tail: b } = r.forward_parts();
     assert_eq!(
         [&a[..], &b.expect("split at noreply")[..]].concat(),
         b"set k 0 0 1\r\nz\r\n"

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memroute_protocol::{decode_base64, Command, ReplyKind, Request, MAX_SHORT_LINE};
+use memroute_protocol::{decode_base64, Command, ReplyKind, Request, RequestBytes, MAX_SHORT_LINE};
 use memroute_routing::{operation_of, NodeId, Operation};
 
 use crate::context::WorkerContext;
@@ -246,7 +246,7 @@ fn line_limited(command: Command) -> bool {
 /// `noreply`/`q` token, and, when the command line is longer than memcached tolerates on
 /// a shared connection (padding spaces), the line rebuilt with single spaces. `None` when
 /// even the rebuilt line is too long.
-fn forwardable(request: &Request) -> Option<(Bytes, Option<Bytes>)> {
+fn forwardable(request: &Request) -> Option<RequestBytes> {
     if request.line_len < MAX_SHORT_LINE || !line_limited(request.command) {
         return Some(request.forward_parts());
     }
@@ -272,7 +272,7 @@ fn forwardable(request: &Request) -> Option<(Bytes, Option<Bytes>)> {
         return None;
     }
     rebuilt.put_slice(&request.frame[request.line_len..]);
-    Some((rebuilt.freeze(), None))
+    Some(RequestBytes::whole(rebuilt.freeze()))
 }
 
 /// The part of a multi-key line before its keys (`gat 300 `), with padding squeezed out

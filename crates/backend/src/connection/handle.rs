@@ -3,8 +3,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use memroute_protocol::ReplyKind;
+use bytes::{BufMut, BytesMut};
+use memroute_protocol::{ReplyKind, RequestBytes};
 
 use crate::reply::{reply_slot, ReplyReceiver};
 use crate::{BackendError, ServerHealth};
@@ -52,11 +52,10 @@ impl std::fmt::Debug for BackendHandle {
 impl BackendHandle {
     /// Queues a request (a frame, possibly in two pieces: a `noreply` token cut out); its
     /// reply (or the reason there is none) arrives on the receiver.
-    pub fn send(&self, parts: (Bytes, Option<Bytes>), kind: ReplyKind) -> ReplyReceiver {
+    pub fn send(&self, parts: RequestBytes, kind: ReplyKind) -> ReplyReceiver {
         let mut request = self.writer();
-        request.append(&parts.0);
-        if let Some(rest) = &parts.1 {
-            request.append(rest);
+        for piece in parts.pieces() {
+            request.append(piece);
         }
         request.finish(kind)
     }

@@ -4,7 +4,7 @@ use crate::reply::ReplyReceiver;
 use crate::reply::TryRecvError;
 use crate::HealthSettings;
 use bytes::Bytes;
-use memroute_protocol::ReplyKind;
+use memroute_protocol::{ReplyKind, RequestBytes};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::AtomicU64;
@@ -133,7 +133,7 @@ async fn within<F: std::future::Future>(future: F) -> F::Output {
 
 fn get(handle: &BackendHandle) -> ReplyReceiver {
     handle.send(
-        (Bytes::from_static(b"get key\r\n"), None),
+        RequestBytes::whole(Bytes::from_static(b"get key\r\n")),
         ReplyKind::Retrieval,
     )
 }
@@ -157,10 +157,10 @@ async fn requests_written_in_pieces_go_out_whole_and_in_order() {
             abandoned.append(b"get never");
             drop(abandoned);
             let second = other.send(
-                (
-                    Bytes::from_static(b"get c"),
-                    Some(Bytes::from_static(b"\r\n")),
-                ),
+                RequestBytes {
+                    head: Bytes::from_static(b"get c"),
+                    tail: Some(Bytes::from_static(b"\r\n")),
+                },
                 ReplyKind::Retrieval,
             );
             let third = handle.send_with(ReplyKind::Retrieval, |buffer| {
@@ -347,7 +347,10 @@ async fn a_reply_resets_the_failure_count() {
             let handle = spawn_connection(settings);
             health.record_failure("timed out");
             health.record_failure("timed out");
-            let reply = handle.send((Bytes::from_static(b"version\r\n"), None), ReplyKind::Line);
+            let reply = handle.send(
+                RequestBytes::whole(Bytes::from_static(b"version\r\n")),
+                ReplyKind::Line,
+            );
             let reply = within(reply).await.expect("reply slot").expect("reply");
             assert_eq!(&reply[..], b"VERSION 1.6.18\r\n");
             assert_eq!(health.consecutive_failures(), 0);
@@ -430,7 +433,10 @@ async fn map_server(
 }
 
 fn send_line(handle: &BackendHandle, line: &'static [u8]) -> ReplyReceiver {
-    handle.send((Bytes::from_static(line), None), ReplyKind::Retrieval)
+    handle.send(
+        RequestBytes::whole(Bytes::from_static(line)),
+        ReplyKind::Retrieval,
+    )
 }
 
 /// The reply and its VALUE-block count.
@@ -570,7 +576,7 @@ async fn a_coalesced_line_stays_under_its_byte_limit() {
             let replies: Vec<_> = (0..25)
                 .map(|i| {
                     handle.send(
-                        (Bytes::from(format!("get {}\r\n", key(i))), None),
+                        RequestBytes::whole(Bytes::from(format!("get {}\r\n", key(i)))),
                         ReplyKind::Retrieval,
                     )
                 })

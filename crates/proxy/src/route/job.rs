@@ -6,7 +6,9 @@ use std::pin::Pin;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
-use memroute_protocol::{retrieval_error, value_block_at, Command, ReplyKind, Request};
+use memroute_protocol::{
+    retrieval_error, value_block_at, Command, ReplyKind, Request, RequestBytes,
+};
 use memroute_routing::{classify_reply, ReplyClass};
 use smallvec::SmallVec;
 
@@ -22,7 +24,7 @@ pub(crate) struct Job {
     /// The key the route and the placement use (a base64 meta key decoded); empty for flush_all.
     pub key: Bytes,
     /// The bytes to send to a server (noreply/q already stripped).
-    pub parts: (Bytes, Option<Bytes>),
+    pub parts: RequestBytes,
     pub kind: ReplyKind,
     /// The client session's connection slot (keeps one client's requests on one connection).
     pub slot: usize,

@@ -39,7 +39,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use memroute_backend::ReplyReceiver;
 use memroute_config::{Operation, ReadPolicy};
-use memroute_protocol::{Command, ReplyKind, Request};
+use memroute_protocol::{Command, ReplyKind, Request, RequestBytes};
 use memroute_routing::{Node, NodeId};
 
 mod failover;
@@ -80,7 +80,7 @@ pub(crate) struct Single<'r> {
     /// The key the request is placed by (a base64 meta key decoded).
     pub key: &'r [u8],
     /// The bytes to send to a server (noreply/q stripped, padding squeezed out).
-    pub parts: (Bytes, Option<Bytes>),
+    pub parts: RequestBytes,
     pub kind: ReplyKind,
     pub operation: Operation,
     /// The client session's connection slot.
@@ -95,7 +95,7 @@ pub(crate) struct Single<'r> {
 pub(crate) fn start_flush_all(
     routing: &Rc<RouteSnapshot>,
     node: NodeId,
-    parts: (Bytes, Option<Bytes>),
+    parts: RequestBytes,
     slot: usize,
     started: Instant,
 ) -> Start {

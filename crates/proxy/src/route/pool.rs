@@ -7,11 +7,9 @@ use std::time::Instant;
 
 use memroute_backend::{ReplyReceiver, RequestWriter};
 use memroute_config::Operation;
-use memroute_protocol::{retrieval_error, ReplyKind};
+use memroute_protocol::{retrieval_error, ReplyKind, RequestBytes};
 use memroute_routing::{Node, NodeId};
 use smallvec::SmallVec;
-
-use bytes::Bytes;
 
 use super::job::{per_key, Job, KeyReplies, MultiJob};
 use super::{Leg, Legs, Single, Start, Then};
@@ -44,13 +42,12 @@ pub(super) fn start(routing: &RouteSnapshot, pool: usize, single: Single<'_>) ->
 /// of bytes that are sent again (another replica) or kept (a failover's later children).
 pub(crate) fn send_copy(
     connection: &memroute_backend::BackendHandle,
-    parts: &(Bytes, Option<Bytes>),
+    parts: &RequestBytes,
     kind: ReplyKind,
 ) -> ReplyReceiver {
     let mut request = connection.writer();
-    request.append(&parts.0);
-    if let Some(rest) = &parts.1 {
-        request.append(rest);
+    for piece in parts.pieces() {
+        request.append(piece);
     }
     request.finish(kind)
 }
@@ -59,7 +56,7 @@ pub(crate) fn send_copy(
 pub(super) fn start_flush_all(
     routing: &RouteSnapshot,
     pool: usize,
-    parts: (Bytes, Option<Bytes>),
+    parts: RequestBytes,
     slot: usize,
     started: Instant,
 ) -> Start {

@@ -36,7 +36,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
 use memroute_protocol::meta::{MetaReply, MetaRequest};
-use memroute_protocol::{Command, ReplyKind, MAX_RELATIVE_EXPTIME as MAX_RELATIVE_TTL};
+use memroute_protocol::{
+    Command, ReplyKind, RequestBytes, MAX_RELATIVE_EXPTIME as MAX_RELATIVE_TTL,
+};
 use memroute_routing::ReplyClass;
 use smallvec::SmallVec;
 
@@ -72,7 +74,7 @@ fn needs(job: &Job) -> Needs {
         | Command::Touch
         | Command::MetaArithmetic => Needs::Current,
         Command::Set | Command::Delete => Needs::Overwrite,
-        Command::MetaSet | Command::MetaDelete => match meta_conditional(&job.parts.0) {
+        Command::MetaSet | Command::MetaDelete => match meta_conditional(&job.parts.head) {
             true => Needs::Current,
             false => Needs::Overwrite,
         },
@@ -259,20 +261,20 @@ fn meta_command(
     line.freeze()
 }
 
-fn delete_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
-    (meta_command(b"md", key, |md| md), None)
+fn delete_line(key: &[u8]) -> RequestBytes {
+    RequestBytes::whole(meta_command(b"md", key, |md| md))
 }
 
-fn lookup_line(key: &[u8]) -> (Bytes, Option<Bytes>) {
+fn lookup_line(key: &[u8]) -> RequestBytes {
     let line = meta_command(b"mg", key, |mg| {
         mg.flag(b'v').flag(b'f').flag(b't').flag(b'c')
     });
-    (line, None)
+    RequestBytes::whole(line)
 }
 
 /// `md KEY C<cas>`: deletes the item only if it is still the one with that CAS.
-fn delete_if_line(key: &[u8], cas: u64) -> (Bytes, Option<Bytes>) {
-    (meta_command(b"md", key, |md| md.number(b'C', cas)), None)
+fn delete_if_line(key: &[u8], cas: u64) -> RequestBytes {
+    RequestBytes::whole(meta_command(b"md", key, |md| md.number(b'C', cas)))
 }
 
 /// An item as the old owner holds it.
@@ -316,7 +318,7 @@ fn parse_item(reply: &Bytes) -> Option<Item> {
 
 /// `ms KEY <len> F<flags> T<ttl> ME c` and the data: stored only if the new owner has no
 /// value for the key.
-fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
+fn add_line(key: &[u8], item: &Item) -> RequestBytes {
     let line = meta_command(b"ms", key, |ms| {
         ms.size(item.data.len())
             .number(b'F', item.flags)
@@ -327,7 +329,10 @@ fn add_line(key: &[u8], item: &Item) -> (Bytes, Option<Bytes>) {
     let mut data = BytesMut::with_capacity(item.data.len() + 2);
     data.put_slice(&item.data);
     data.put_slice(b"\r\n");
-    (line, Some(data.freeze()))
+    RequestBytes {
+        head: line,
+        tail: Some(data.freeze()),
+    }
 }
 
 /// The expiry to store for an item with `ttl` seconds left (0: never expires) when the
@@ -442,12 +447,7 @@ fn judge_add(added: &Reply, stats: &ResizeStats) -> Added {
 /// look and this delete, and the client that sent it must not see the copy, so it is taken
 /// back from the new owner (the returned `md KEY C<copy's cas>`, which spares a value
 /// written there since).
-fn settle(
-    added: Added,
-    forgot: &Reply,
-    key: &[u8],
-    stats: &ResizeStats,
-) -> Option<(Bytes, Option<Bytes>)> {
+fn settle(added: Added, forgot: &Reply, key: &[u8], stats: &ResizeStats) -> Option<RequestBytes> {
     let gone = matches!(forgot, Ok(line) if MetaReply::of(line).is(b"HD"));
     if forgot.is_err() {
         stats.errors.fetch_add(1, Relaxed);
@@ -625,17 +625,20 @@ mod tests {
             ttl: 0,
             cas: 1,
         };
-        let (line, data) = add_line(b"k", &item);
+        let RequestBytes {
+            head: line,
+            tail: data,
+        } = add_line(b"k", &item);
         assert_eq!(&line[..], b"ms k 5 F3 T0 ME c\r\n");
         assert_eq!(data.as_deref(), Some(&b"hello\r\n"[..]));
-        let (line, _) = add_line(b"a b", &item);
+        let line = add_line(b"a b", &item).head;
         assert_eq!(&line[..], b"ms YSBi 5 F3 T0 ME c b\r\n");
         // One text-key rule for every meta line memroute writes (protocol::meta).
         let long_control = [&[1u8][..], &[b'k'; 186]].concat();
-        assert!(add_line(&long_control, &item).0.starts_with(b"ms \x01k"));
-        assert_eq!(&delete_line(b"k").0[..], b"md k\r\n");
-        assert_eq!(&delete_if_line(b"k", 12).0[..], b"md k C12\r\n");
-        assert_eq!(&lookup_line(b"a b").0[..], b"mg YSBi v f t c b\r\n");
+        assert!(add_line(&long_control, &item).head.starts_with(b"ms \x01k"));
+        assert_eq!(&delete_line(b"k").head[..], b"md k\r\n");
+        assert_eq!(&delete_if_line(b"k", 12).head[..], b"md k C12\r\n");
+        assert_eq!(&lookup_line(b"a b").head[..], b"mg YSBi v f t c b\r\n");
     }
 
     #[test]
@@ -647,7 +650,7 @@ mod tests {
         // The old item deleted there: the copy is taken back (unless rewritten since).
         let take_back = settle(Added::Copied(41), &hd(b"NF\r\n"), b"k", &stats);
         assert_eq!(
-            take_back.map(|line| line.0),
+            take_back.map(|line| line.head),
             Some(Bytes::from_static(b"md k C41\r\n"))
         );
         assert!(settle(Added::Copied(41), &hd(b"EX\r\n"), b"k", &stats).is_some());

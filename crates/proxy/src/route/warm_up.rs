@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_config::Operation;
-use memroute_protocol::{Command, ReplyKind};
+use memroute_protocol::{Command, ReplyKind, RequestBytes};
 use memroute_routing::{Node, NodeId, ReplyClass};
 
 use super::in_place::{eager, join_all, BoxedMultiReply, InPlace, Routed};
@@ -199,7 +199,7 @@ fn fill_job(reply: &Bytes, ttl: u32, slot: usize) -> Option<Job> {
         operation: Operation::Add,
         command: Command::Add,
         key: Bytes::copy_from_slice(key.as_bytes()),
-        parts: (frame.freeze(), None),
+        parts: RequestBytes::whole(frame.freeze()),
         kind: ReplyKind::Line,
         slot,
         echo: None,
@@ -304,7 +304,7 @@ mod tests {
     fn fill_is_built_from_the_first_value_block() {
         let reply = Bytes::from_static(b"VALUE k 7 5 99\r\nhello\r\nEND\r\n");
         let job = fill_job(&reply, 3600, 0).expect("fill");
-        assert_eq!(&job.parts.0[..], b"add k 7 3600 5\r\nhello\r\n");
+        assert_eq!(&job.parts.head[..], b"add k 7 3600 5\r\nhello\r\n");
         assert_eq!(&job.key[..], b"k");
         assert!(fill_job(&Bytes::from_static(b"END\r\n"), 0, 0).is_none());
         // A reply cut short is never filled.
