@@ -1378,6 +1378,26 @@ impl Memroute {
 
     /// Polls memroute's `stats` until `done` holds for them (bounded); panics with `what`,
     /// the last stats and the log otherwise. Returns the stats that satisfied `done`.
+    /// Waits (bounded) until memroute has greeted every server it knows: each has an open
+    /// connection (`backend_connections:POOL:ADDRESS`, counted once its `version` greeting
+    /// was answered) or is marked down. A test that counts what a server read (its
+    /// `bytes_read`) starts after this, so the 9 bytes of a greeting never land in it.
+    pub fn wait_greeted(&self) {
+        self.wait_stats("every server greeted or down", START_DEADLINE, |stats| {
+            let servers: Vec<&str> = stats
+                .iter()
+                .filter_map(|(name, _)| name.strip_prefix("backend_connections:"))
+                .collect();
+            // No server listed at all would make the wait pass for nothing.
+            !servers.is_empty()
+                && servers.iter().all(|server| {
+                    let value = |name: String| stat_u64(stats, &name).unwrap_or(0);
+                    value(format!("backend_connections:{server}")) > 0
+                        || value(format!("server:{server}:down")) > 0
+                })
+        });
+    }
+
     pub fn wait_stats(
         &self,
         what: &str,

@@ -253,6 +253,8 @@ fn getkq_run_and_noop_is_one_backend_request_per_server() {
     let pool: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let addrs: Vec<String> = pool.iter().map(Memcached::addr).collect();
     let proxy = Memroute::start_pool(&addrs);
+    // Counted below: each server's bytes_read, which memroute's greetings must not reach.
+    proxy.wait_greeted();
     let keys: Vec<String> = (0..20).map(|i| format!("batch-key-{i:02}")).collect();
     let mut c = proxy.connect();
     // Store half of them (through memroute), so the run has hits and misses.

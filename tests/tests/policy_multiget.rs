@@ -49,6 +49,14 @@ fn multi_get(c: &mut Conn, keys: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// memroute over `sections` with root `root`, once it has greeted every server (so the
+/// greetings' bytes are read before any test counts `bytes_read`).
+fn start_greeted(root: &str, sections: &[String]) -> Memroute {
+    let proxy = Memroute::start_routes(root, sections);
+    proxy.wait_greeted();
+    proxy
+}
+
 /// A server's (cmd_get, bytes_read) as its own `stats` reports them, without the bytes of
 /// the `stats` requests themselves (each asked on a fresh connection: `stats\r\n`).
 struct Counters {
@@ -93,7 +101,7 @@ fn line_bytes(asked: &[&String]) -> (u64, u64) {
 fn failover_multiget_answers_every_key_with_a_primary_server_dead_re_asking_only_its_keys() {
     let mut main = [Memcached::start(), Memcached::start()];
     let spare = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("main", &[&main[0], &main[1]]),
@@ -187,7 +195,7 @@ fn replicated(name: &str, reads: &str) -> String {
 #[test]
 fn replicated_multiget_reads_one_replica_per_batch_and_fails_over_as_a_batch() {
     let mut servers = [Memcached::start(), Memcached::start(), Memcached::start()];
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("a", &[&servers[0]]),
@@ -270,7 +278,7 @@ fn replicated_multiget_reads_one_replica_per_batch_and_fails_over_as_a_batch() {
 fn warm_up_multiget_asks_warm_only_for_cold_misses_and_fills_cold() {
     let cold = Memcached::start();
     let warm = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("cold", &[&cold]),
@@ -333,7 +341,7 @@ fn warm_up_multiget_asks_warm_only_for_cold_misses_and_fills_cold() {
 fn shadow_multiget_copies_the_keys_in_range_as_batches() {
     let primary = Memcached::start();
     let shadow = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("p", &[&primary]),
@@ -409,7 +417,7 @@ fn a_multiget_mixing_plain_pool_and_policy_keys_merges_in_client_order() {
     let plain = Memcached::start();
     let a = Memcached::start();
     let b = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("plain", &[&plain]),
@@ -492,7 +500,7 @@ fn prefix_routed_failover_multiget_with_its_first_server_dead_moves_only_its_key
     let mut main = [Memcached::start(), Memcached::start()];
     let spare = Memcached::start();
     let plain = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("main", &[&main[0], &main[1]]),
@@ -604,7 +612,7 @@ fn prefix_routed_failover_multiget_with_its_first_server_dead_moves_only_its_key
 fn prefix_routed_warm_up_multiget_asks_warm_only_for_its_own_misses_and_fills_cold() {
     let cold = Memcached::start();
     let mut warm = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("cold", &[&cold]),
@@ -762,7 +770,7 @@ fn prefix_routed_shadow_and_random_multigets_answer_from_the_primary_and_one_ran
     let mut shadow = Memcached::start();
     let r = [Memcached::start(), Memcached::start()];
     let plain = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("p", &[&primary]),
@@ -887,7 +895,7 @@ fn prefix_routed_shadow_and_random_multigets_answer_from_the_primary_and_one_ran
 fn error_or_miss_failover_multiget_keeps_a_first_miss_over_a_later_error() {
     let a = Memcached::start();
     let mut b = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("a", &[&a]),
@@ -941,7 +949,7 @@ fn error_or_miss_failover_multiget_keeps_a_first_miss_over_a_later_error() {
 #[test]
 fn random_route_over_a_pool_and_a_route_picks_each_child_evenly() {
     let server = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "rnd",
         &[
             pool("p", &[&server]),
@@ -978,7 +986,7 @@ fn a_multiget_failed_by_a_plain_pool_sends_no_failover_or_warm_up_follow_ups() {
     let spare = Memcached::start();
     let cold = Memcached::start();
     let warm = Memcached::start();
-    let proxy = Memroute::start_routes(
+    let proxy = start_greeted(
         "root",
         &[
             pool("main", &[&main[0], &main[1]]),

@@ -299,59 +299,54 @@ impl RouteSnapshot {
 
     /// The server of `pool` that serves `key`, with down servers of an ejecting pool left
     /// out of the ring. `None` when the pool has no servers (a DNS pool not resolved yet).
+    /// A query: nothing is counted or sampled (`sent_to` does that for a request sent).
     #[inline]
     pub(crate) fn server_for(&self, pool: usize, key: &[u8]) -> Option<usize> {
-        let connections = &self.pools[pool];
-        if connections.servers.is_empty() {
+        if self.pools[pool].servers.is_empty() {
             return None;
         }
-        let placement = &self.routes.placements[pool];
-        let server = match &connections.ejection {
-            None => placement.server_for(key),
-            Some(ejection) => {
-                let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
-                if ejection.live.borrow().0 != epoch {
-                    let reduced = reduced_placement(ejection, &connections.servers);
-                    *ejection.live.borrow_mut() = (epoch, reduced);
-                }
-                match &ejection.live.borrow().1 {
-                    Some(reduced) => reduced.server_for(key),
-                    None => placement.server_for(key),
-                }
-            }
-        };
-        self.hot_keys.observe(&connections.name, key, server);
-        Some(server)
+        Some(self.placing(pool, |placement| placement.server_for(key)))
     }
 
     /// [`RouteSnapshot::server_for`] of each of `keys`, into `servers` (as long as `keys`),
     /// placed together (`Placement::servers_for`: a multi-get's keys hashed four at a
     /// time). False when the pool has no servers.
     pub(crate) fn servers_for(&self, pool: usize, keys: &[&[u8]], servers: &mut [u32]) -> bool {
-        let connections = &self.pools[pool];
-        if connections.servers.is_empty() {
+        if self.pools[pool].servers.is_empty() {
             return false;
         }
-        let placement = &self.routes.placements[pool];
-        match &connections.ejection {
-            None => placement.servers_for(keys, servers),
-            Some(ejection) => {
-                let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
-                if ejection.live.borrow().0 != epoch {
-                    let reduced = reduced_placement(ejection, &connections.servers);
-                    *ejection.live.borrow_mut() = (epoch, reduced);
-                }
-                match &ejection.live.borrow().1 {
-                    Some(reduced) => reduced.servers_for(keys, servers),
-                    None => placement.servers_for(keys, servers),
-                }
-            }
-        }
-        for (key, server) in keys.iter().zip(servers.iter()) {
-            self.hot_keys
-                .observe(&connections.name, key, *server as usize);
-        }
+        self.placing(pool, |placement| placement.servers_for(keys, servers));
         true
+    }
+
+    /// `place` with the placement `pool`'s keys go by now: its ring, or, in an ejecting
+    /// pool with servers down, the ring of its live servers (rebuilt when the pool's
+    /// epoch moved since it was built).
+    #[inline]
+    fn placing<R>(&self, pool: usize, place: impl FnOnce(&Placement) -> R) -> R {
+        let connections = &self.pools[pool];
+        let placement = &self.routes.placements[pool];
+        let Some(ejection) = &connections.ejection else {
+            return place(placement);
+        };
+        let epoch = ejection.epoch.load(std::sync::atomic::Ordering::Acquire);
+        if ejection.live.borrow().0 != epoch {
+            let reduced = reduced_placement(ejection, &connections.servers);
+            *ejection.live.borrow_mut() = (epoch, reduced);
+        }
+        match &ejection.live.borrow().1 {
+            Some(reduced) => place(reduced),
+            None => place(placement),
+        }
+    }
+
+    /// A client's request for `key` was sent to `server` of `pool`: the hot-key sampler
+    /// sees it (about one in `admin.hot_keys_sample`). Called where requests are sent, so
+    /// lookups (`/route`, `__mcrouter__.route`) and a resize window's own moves are not
+    /// traffic.
+    #[inline]
+    pub(crate) fn sent_to(&self, pool: usize, key: &[u8], server: usize) {
+        self.hot_keys.observe(&self.pools[pool].name, key, server);
     }
 
     /// The error for a request to a pool without servers.

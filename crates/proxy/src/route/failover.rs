@@ -263,16 +263,15 @@ pub(super) fn start(
     let Some((pool, more)) = first else {
         return Err(job);
     };
-    let Some(server) = routing.server_for(pool, &job.key) else {
+    let request = (&job.parts, job.kind, job.slot);
+    let Some(leg) = pool::leg_to(routing, pool, &job.key, request, started) else {
         return Err(job);
     };
     if let Some(order) = nearest {
         let local = order.is_local(pool as NodeId);
         routing.metrics.count_zone_reads(node, local, 1);
     }
-    let connection = routing.pools[pool].servers[server].pick(job.slot);
-    let receiver = pool::send_copy(connection, &job.parts, job.kind);
-    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+    let leg = leg.on_route(node);
     if !more {
         return Ok(Start::leg(leg));
     }

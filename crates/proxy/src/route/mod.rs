@@ -172,14 +172,15 @@ fn start_through_shadow_or_random(
     // A pool without servers yet (DNS discovery) answers as the executor does for it; the
     // executor is not asked, as it would draw a random route's child again (favouring the
     // children with servers).
-    let (receiver, server) = match routing.server_for(pool, &job.key) {
-        Some(server) => {
-            let connection = routing.pools[pool].servers[server].pick(job.slot);
-            (connection.send(job.parts.clone(), job.kind), server)
+    let request = (&job.parts, job.kind, job.slot);
+    let leg = match pool::leg_to(routing, pool, &job.key, request, started) {
+        Some(leg) => leg,
+        None => {
+            let receiver = ReplyReceiver::ready(Err(routing.no_servers(pool)));
+            Leg::new(receiver, pool, 0, started)
         }
-        None => (ReplyReceiver::ready(Err(routing.no_servers(pool))), 0),
-    };
-    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+    }
+    .on_route(node);
     if let Some(shadow) = shadow {
         shadow::copy_single(routing, shadow, job);
     }

@@ -29,12 +29,29 @@ pub(crate) fn with_servers(routing: &RouteSnapshot, node: NodeId) -> Option<usiz
 /// The fast path: a single-key request to a plain pool, straight to its server's
 /// connection as a leg of the session's own (no task, no allocation).
 pub(super) fn start(routing: &RouteSnapshot, pool: usize, single: Single<'_>) -> Start {
-    let Some(server) = routing.server_for(pool, single.key) else {
-        return Start::NoServers(pool);
-    };
-    let connection = routing.pools[pool].servers[server].pick(single.slot);
-    let receiver = connection.send(single.parts, single.kind);
-    Start::leg(Leg::new(receiver, pool, server, single.started))
+    let request = (&single.parts, single.kind, single.slot);
+    match leg_to(routing, pool, single.key, request, single.started) {
+        Some(leg) => Start::leg(leg),
+        None => Start::NoServers(pool),
+    }
+}
+
+/// A plain leg: the request (`parts`, its reply's kind, the client's connection `slot`)
+/// to the server of `pool` that owns `key`, seen by the hot-key sampler. `None` when the
+/// pool has no servers. Every single-key request a route sends to a pool as it is starts
+/// here.
+pub(crate) fn leg_to(
+    routing: &RouteSnapshot,
+    pool: usize,
+    key: &[u8],
+    (parts, kind, slot): (&RequestBytes, ReplyKind, usize),
+    started: Instant,
+) -> Option<Leg> {
+    let server = routing.server_for(pool, key)?;
+    routing.sent_to(pool, key, server);
+    let connection = routing.pools[pool].servers[server].pick(slot);
+    let receiver = send_copy(connection, parts, kind);
+    Some(Leg::new(receiver, pool, server, started))
 }
 
 /// Queues `parts` on `connection` without taking them: copied into its outgoing buffer as
@@ -100,6 +117,7 @@ pub(super) async fn send_plain(routing: &Rc<RouteSnapshot>, pool: usize, job: &J
     let Some(server) = routing.server_for(pool, &job.key) else {
         return Err(routing.no_servers(pool));
     };
+    routing.sent_to(pool, &job.key, server);
     let connections = &routing.pools[pool].servers[server];
     let reply = connections
         .pick(job.slot)
@@ -187,6 +205,8 @@ struct BatchLines<'r> {
     slot: usize,
     /// Indexed by leg; taken when the leg is sent.
     writers: SmallVec<[Option<RequestWriter<'r>>; 4]>,
+    /// Indexed by leg: its (pool, server), for the hot-key sampler.
+    targets: SmallVec<[(usize, usize); 4]>,
 }
 
 impl<'r> BatchLines<'r> {
@@ -197,11 +217,14 @@ impl<'r> BatchLines<'r> {
             head,
             slot,
             writers: SmallVec::new(),
+            targets: SmallVec::new(),
         }
     }
 
     /// Starts the next leg's line, to `server` of `pool`, with its first key.
     fn open(&mut self, pool: usize, server: usize, key: &[u8]) {
+        self.routing.sent_to(pool, key, server);
+        self.targets.push((pool, server));
         let mut writer = self.routing.pools[pool].servers[server]
             .pick(self.slot)
             .writer();
@@ -214,6 +237,8 @@ impl<'r> BatchLines<'r> {
     fn add(&mut self, leg: usize, key: &[u8]) {
         if let Some(writer) = &mut self.writers[leg] {
             writer.append_word(key);
+            let (pool, server) = self.targets[leg];
+            self.routing.sent_to(pool, key, server);
         }
     }
 

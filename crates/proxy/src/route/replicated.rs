@@ -181,6 +181,7 @@ pub(super) fn start_write(
     if let Legs::Many(home) = &mut legs {
         if let Some(list) = home.get_mut() {
             for &(pool, server) in &servers {
+                routing.sent_to(pool, single.key, server);
                 let connection = routing.pools[pool].servers[server].pick(single.slot);
                 let receiver = pool::send_copy(connection, &single.parts, single.kind);
                 list.push(Leg::new(receiver, pool, server, started).on_route(node));

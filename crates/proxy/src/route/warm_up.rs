@@ -93,12 +93,11 @@ pub(super) fn start(
     let Some(pool) = cold_pool(routing, node) else {
         return Err(job);
     };
-    let Some(server) = routing.server_for(pool, &job.key) else {
+    let request = (&job.parts, job.kind, job.slot);
+    let Some(leg) = pool::leg_to(routing, pool, &job.key, request, started) else {
         return Err(job);
     };
-    let connection = routing.pools[pool].servers[server].pick(job.slot);
-    let receiver = connection.send(job.parts.clone(), job.kind);
-    let leg = Leg::new(receiver, pool, server, started).on_route(node);
+    let leg = leg.on_route(node);
     if !warms_up(job.command) {
         return Ok(Start::leg(leg));
     }
