@@ -67,7 +67,7 @@ fn refused_address() -> String {
 /// Bounds every wait in these tests: a hang is a failure, not a stuck CI job.
 /// How a fake server (for faults a real memcached will not produce on demand) behaves.
 enum Fake {
-    /// Accepts and closes at once: each connection breaks without a reply.
+    /// Greets, then closes at the first request: each connection breaks without a reply.
     CloseAtOnce,
     /// Accepts, reads, never answers.
     Silent,
@@ -108,7 +108,13 @@ async fn fake_server(fake: Fake) -> String {
     tokio::task::spawn_local(async move {
         while let Ok(mut stream) = accept_greeted(&listener).await {
             let reply = match fake {
-                Fake::CloseAtOnce => continue, // `stream` is dropped: closed
+                Fake::CloseAtOnce => {
+                    // Greeted (the connection is up), it breaks at its first request:
+                    // read, then dropped without a reply.
+                    let mut request = [0u8; 1024];
+                    let _ = stream.read(&mut request).await;
+                    continue;
+                }
                 Fake::Silent => None,
                 Fake::Answer(reply) => Some(reply),
             };
