@@ -316,7 +316,7 @@ pub struct AdminConfig {
     pub ready_fraction: f64,
     /// Who may change state (`POST /reload`): with neither, a loopback peer only.
     pub token: Option<AdminToken>,
-    /// Hot-key detection samples about one placed key in this many; 0 turns it off.
+    /// Hot-key detection samples about one key sent to a pool in this many; 0 turns it off.
     pub hot_keys_sample: u32,
     /// Hot keys are counted over the interval in progress and the one before.
     pub hot_keys_interval: Duration,
