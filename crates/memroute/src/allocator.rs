@@ -18,9 +18,14 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's startup options (a C string: `const char *malloc_conf`, under the prefix
 /// tikv-jemalloc-sys gives its symbols). `background_thread`: a thread purges unused
 /// pages, so memory returns even while the workers sleep (one is enough for a proxy's few
-/// threads; jemalloc would start one per CPU); the decays: freed pages go back to the
-/// system after about a second rather than jemalloc's default ten.
+/// threads; jemalloc would start one per CPU). `dirty_decay_ms:500`: freed pages go back
+/// within half a second rather than jemalloc's default ten, so a burst's memory is back
+/// within a second (the workers' pools give theirs back within half a second, see
+/// `TRIM_INTERVAL` in the proxy's worker). `muzzy_decay_ms:0`: a purge returns pages at
+/// once (`MADV_DONTNEED`) rather than marking them lazily free first: lazily freed pages
+/// still count in RSS until the kernel needs them, which kept a burst's memory in RSS for
+/// a second more (muzzy_decay_ms:1000 before; scripts/bench-memory measures both).
 #[allow(unsafe_code)] // a symbol export only: jemalloc reads these bytes, nothing is called
 #[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: &[u8; 88] =
-    b"background_thread:true,max_background_threads:1,dirty_decay_ms:1000,muzzy_decay_ms:1000\0";
+static MALLOC_CONF: &[u8; 84] =
+    b"background_thread:true,max_background_threads:1,dirty_decay_ms:500,muzzy_decay_ms:0\0";
