@@ -1,13 +1,15 @@
-//! The process's global allocator: jemalloc, with background purging and a one-second
+//! The process's global allocator: jemalloc, with background purging and a half-second
 //! decay, unless the `jemalloc` feature is off (then the system's malloc).
 //!
 //! Chosen by measurement against glibc and mimalloc (docs/benchmarks.md, "Global
 //! allocator"): a proxy's memory comes in storms (thousands of connections opening and
 //! closing, slow clients holding megabytes of replies) and must go back to the system
-//! after them. Three seconds after ten slow readers left, glibc still held 29 MiB of what
-//! they had freed and mimalloc 26 MiB; jemalloc's background thread had returned all but
-//! 2 MiB. Per connection it is also a little tighter than glibc (0.79 KiB against 0.97
-//! after traffic), and CPU per request is the same within 1%.
+//! after them. After ten slow readers left, glibc and mimalloc kept most of what they had
+//! freed and jemalloc's background thread returned it (one run each). With the settings
+//! below, RSS is 2.5-4.4 MiB above the start 1 s after such a storm (`scripts/bench-memory`,
+//! docs/benchmarks.md "Memory after a storm"). Per connection it is also a little tighter
+//! than glibc (0.79 KiB against 0.97 after traffic), and CPU per request is the same
+//! within 1%.
 //!
 //! jemalloc reads its settings at its start from `MALLOC_CONF` below; an operator can still
 //! override them with the `_RJEM_MALLOC_CONF` environment variable (same syntax).
