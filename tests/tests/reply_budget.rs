@@ -16,6 +16,12 @@
 //! returns to zero once they go, and RSS is back within [`RETURNED_WITHIN`] of where it
 //! started within [`RETURN_DEADLINE`] of the slow clients leaving (memroute's pools keep
 //! only bounded, small buffers; the allocator gives back what was freed).
+//!
+//! Then the count is held to be exact: five rounds of slow clients that close on their own
+//! (mid-reply, mid-multi-get, mid-binary-frame; through a plain pool and replicated, shadow
+//! and failover routes) must each leave `buffered_reply_bytes` at exactly 0 and no session
+//! of theirs behind. How soon memory and the count come back is measured, not asserted:
+//! `scripts/bench-memory --scenarios storm`.
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Mutex;
@@ -202,4 +208,201 @@ fn slow_readers_are_bounded(protocol: Protocol) {
         protocol.get(&mut reader, "big").map(|v| v.len()),
         Some(VALUE_SIZE)
     );
+}
+
+/// How long each round's slow clients pipeline before they close: long enough for their
+/// sessions to fill the budget, pause and block writing (a few hundred ms on this machine).
+const STORM: Duration = Duration::from_millis(1000);
+const ROUNDS: usize = 5;
+/// A slow client's receive buffer (SO_RCVBUF): its kernel takes a few KiB of replies, then
+/// memroute's writes to it block.
+const SLOW_RCVBUF: usize = 4096;
+
+/// One kind of slow client and the routes it goes through.
+struct Leak {
+    name: &'static str,
+    /// `[proxy]` root and the route sections over pools `main`, `spare` and `empty`.
+    root: &'static str,
+    routes: &'static str,
+    /// What each slow client pipelines, again and again, without reading.
+    requests: fn() -> Vec<u8>,
+}
+
+fn text_gets() -> Vec<u8> {
+    b"get big\r\n".repeat(200)
+}
+
+/// Multi-gets whose keys are on both servers of a pool: each waits for several legs.
+fn text_multi_gets() -> Vec<u8> {
+    b"get big big:1 big:2 big:3 small\r\n".repeat(50)
+}
+
+/// Binary gets (27-byte frames: memroute's 16 KiB reads end mid-frame, and so does the
+/// client's last write, cut by its timeout).
+fn binary_gets() -> Vec<u8> {
+    binary_client::get_request("big").repeat(200)
+}
+
+/// Every way a client can leave with replies charged: mid-reply (its socket full, a write
+/// blocked), mid-multi-get (legs in flight), mid-binary-frame, and through each policy
+/// route kind that holds more per request (replicated, shadow, failover).
+const LEAKS: &[Leak] = &[
+    Leak {
+        name: "text get, closed mid-reply",
+        root: "main",
+        routes: "",
+        requests: text_gets,
+    },
+    Leak {
+        name: "text multi-get over two servers, closed mid-multi-get",
+        root: "main",
+        routes: "",
+        requests: text_multi_gets,
+    },
+    Leak {
+        name: "binary get, closed mid-frame",
+        root: "main",
+        routes: "",
+        requests: binary_gets,
+    },
+    Leak {
+        name: "replicated route, reads = fastest",
+        root: "both",
+        routes: "[routes.both]\ntype = \"replicated\"\nchildren = [\"main\", \"spare\"]\nreads = \"fastest\"\n",
+        requests: text_multi_gets,
+    },
+    Leak {
+        name: "shadow route, every key shadowed",
+        root: "shadowed",
+        routes: "[routes.shadowed]\ntype = \"shadow\"\nprimary = \"main\"\nshadow = \"spare\"\nfraction = 1.0\n",
+        requests: text_gets,
+    },
+    Leak {
+        name: "failover route on miss (every read asks both pools)",
+        root: "fo",
+        routes: "[routes.fo]\ntype = \"failover\"\nchildren = [\"empty\", \"main\"]\non = \"error-or-miss\"\n",
+        requests: text_multi_gets,
+    },
+];
+
+/// After every round of slow clients leaving, the budget's count is exactly 0 again, and no
+/// session of theirs is left: in every protocol, framing state and route kind.
+#[test]
+fn the_budget_count_returns_to_zero_after_every_round() {
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let main = [Memcached::start(), Memcached::start()];
+    let spare = Memcached::start();
+    let empty = Memcached::start();
+    let main_addrs: Vec<String> = main.iter().map(Memcached::addr).collect();
+    // The values are written to the servers directly, every key on each (whichever server
+    // a key hashes to has it); `empty` has none, so a failover on miss asks two pools for
+    // every key.
+    for server in main.iter().chain([&spare]) {
+        let mut direct = server.connect();
+        for key in ["big", "big:1", "big:2", "big:3"] {
+            direct.set(key, &vec![b'x'; VALUE_SIZE]);
+        }
+        direct.set("small", b"s");
+    }
+    for leak in LEAKS {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut toml = proxy_section(&listen, leak.root).replace(
+            "\n\n",
+            // A small budget so that every storm goes past it: sessions pause and their
+            // writes block over their share, the states a client can leave in.
+            "\nmax_buffered_replies = \"4MiB\"\n\n",
+        );
+        toml.push_str(&pool_section("main", &main_addrs, ""));
+        toml.push_str(&pool_section("spare", &[spare.addr()], ""));
+        toml.push_str(&pool_section("empty", &[empty.addr()], ""));
+        toml.push_str(leak.routes);
+        let proxy = Memroute::start(&toml);
+        let mut observer = proxy.connect();
+        for round in 1..=ROUNDS {
+            let peak = storm(&proxy, &mut observer, (leak.requests)());
+            // A round whose clients held nothing would test nothing.
+            assert!(
+                peak > 0,
+                "{}, round {round}: nothing was charged",
+                leak.name
+            );
+            let mut last = u64::MAX;
+            let mut sessions = u64::MAX;
+            let released = poll_until(DEADLINE, || {
+                let stats = observer.stats();
+                last = stat_u64(&stats, "buffered_reply_bytes").unwrap_or(u64::MAX);
+                sessions = stat_u64(&stats, "curr_connections").unwrap_or(u64::MAX);
+                last == 0 && sessions == 1
+            });
+            assert!(
+                released,
+                "{}, round {round}: buffered_reply_bytes stays at {last} (peak {peak}), {sessions} connections open\n{}",
+                leak.name,
+                proxy.log_text()
+            );
+            println!(
+                "{}, round {round}: buffered_reply_bytes peaked at {peak}, back to 0",
+                leak.name
+            );
+        }
+        // Still serving, with nothing charged to a client that reads.
+        assert_eq!(
+            observer.get("big").map(|v| v.len()),
+            Some(VALUE_SIZE),
+            "{}",
+            leak.name
+        );
+        assert_eq!(stat(&mut observer, "buffered_reply_bytes"), 0);
+    }
+}
+
+/// Ten clients with a small receive buffer pipeline `requests` for [`STORM`] without
+/// reading, then close (with replies unread: a reset). Returns the highest
+/// `buffered_reply_bytes` seen meanwhile.
+fn storm(proxy: &Memroute, observer: &mut Conn, requests: Vec<u8>) -> u64 {
+    let until = Instant::now() + STORM;
+    let writers: Vec<_> = (0..SLOW_CLIENTS)
+        .map(|_| {
+            let socket = slow_socket(&proxy.listen);
+            let requests = requests.clone();
+            std::thread::spawn(move || pipeline_until(socket, &requests, until))
+        })
+        .collect();
+    let mut peak = 0;
+    while Instant::now() < until {
+        peak = peak.max(stat(observer, "buffered_reply_bytes"));
+    }
+    for writer in writers {
+        writer.join().expect("a slow client's thread");
+    }
+    peak
+}
+
+/// A client socket whose receive buffer holds [`SLOW_RCVBUF`] bytes (set before connecting,
+/// so the window it offers is small from the start).
+fn slow_socket(addr: &str) -> TcpStream {
+    let addr: std::net::SocketAddr = addr.parse().expect("listen address");
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(SLOW_RCVBUF).expect("SO_RCVBUF");
+    socket.connect(&addr.into()).expect("connect");
+    socket.into()
+}
+
+/// Writes `requests` again and again until `until`, never reading; a write blocked because
+/// memroute stopped reading ends at `until` (a write timeout), wherever it stands in a
+/// frame. Then the socket closes with replies unread.
+fn pipeline_until(mut socket: TcpStream, requests: &[u8], until: Instant) {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        socket.set_write_timeout(Some(left)).expect("write timeout");
+        if socket.write_all(requests).is_err() {
+            break;
+        }
+    }
 }

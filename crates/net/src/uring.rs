@@ -131,7 +131,10 @@ pub const INPUT_CAP: usize = 64 * 1024;
 /// Small for the same reason: replies written here have left the reply budget.
 pub const WRITE_CAP: usize = 64 * 1024;
 /// Slot buffers (input, sending, filling) come from and go back to a per-driver pool of
-/// this size; bigger ones (a large value grew them) are freed instead.
+/// this size; bigger ones (a large value grew them) are freed instead. The pool keeps at
+/// most `POOL_MAX`, and [`Driver::trim_pool`] frees those a whole interval did not use:
+/// a burst of thousands of connections fills it, and 4 MiB per worker kept for good was
+/// most of what a burst left behind (scripts/bench-memory).
 const POOLED_CAPACITY: usize = 16 * 1024;
 const POOL_MAX: usize = 256;
 
@@ -213,6 +216,8 @@ struct Inner {
     slots: Vec<Slot>,
     free: Vec<u32>,
     pool: Vec<Vec<u8>>,
+    /// The fewest buffers `pool` held since the last `trim_pool`: that many sat unused.
+    pool_low: usize,
     /// Backend provided buffers held by slots (`Slot::held`): at most half the group, so
     /// the others' receives always find buffers.
     backend_held: u16,
@@ -361,6 +366,7 @@ impl Driver {
             slots: Vec::new(),
             free: Vec::new(),
             pool: Vec::new(),
+            pool_low: 0,
             backend_held: 0,
             starved: Vec::new(),
             backlog: std::collections::VecDeque::new(),
@@ -384,6 +390,17 @@ impl Driver {
             kicked: Cell::new(false),
             waker: RefCell::new(None),
         })
+    }
+
+    /// Frees the pooled slot buffers that no connection took since the last call: called
+    /// on a steady tick, it gives a burst's buffers back within two ticks and leaves a
+    /// pool that a steady load keeps drawing from as it is (no allocation per request).
+    pub fn trim_pool(&self) {
+        let mut inner = self.inner.borrow_mut();
+        let unused = inner.pool_low.min(inner.pool.len());
+        // The oldest first: `take_buffer` takes the newest, whose pages are warm.
+        inner.pool.drain(..unused);
+        inner.pool_low = inner.pool.len();
     }
 
     /// What the driver did so far.
@@ -627,9 +644,9 @@ impl Inner {
     }
 
     fn take_buffer(&mut self) -> Vec<u8> {
-        self.pool
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(POOLED_CAPACITY))
+        let buffer = self.pool.pop();
+        self.pool_low = self.pool_low.min(self.pool.len());
+        buffer.unwrap_or_else(|| Vec::with_capacity(POOLED_CAPACITY))
     }
 
     fn give_buffer(&mut self, mut buffer: Vec<u8>) {

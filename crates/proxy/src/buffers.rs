@@ -7,12 +7,14 @@
 //! when everything read was parsed), and for one batch of replies (given back once
 //! written). A worker is one thread running one session at a time, so a handful of
 //! buffers serve all its sessions; the pool keeps at most [`POOL_LIMIT`] and drops the
-//! rest so a burst does not pin memory for the process's life.
+//! rest so a burst does not pin memory for the process's life, and [`trim`] (the worker's
+//! steady tick) frees those that a whole tick did not use, so what a burst left in the
+//! pool goes back within two ticks while a steady load keeps its buffers.
 //!
 //! A thread-local rather than a field of the worker context keeps this module
 //! self-contained: every worker is one thread with one current-thread runtime.
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,6 +38,8 @@ const BUSY_POOL_LIMIT: usize = 64;
 
 thread_local! {
     static BUFFERS: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    /// The fewest buffers `BUFFERS` held since the last [`trim`]: that many sat unused.
+    static BUFFERS_LOW: Cell<usize> = const { Cell::new(0) };
     /// One `Vec<Pin<Box<Option<F>>>>` per busy-future type `F` (the text session over a
     /// socket; the fuzzing harness's over a pipe), found by type.
     static BUSY: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
@@ -52,7 +56,9 @@ pub(crate) fn take() -> BytesMut {
         let usable = (0..pool.len())
             .rev()
             .find(|&i| pool[i].capacity() >= CHUNK / 4 || pool[i].try_reclaim(CHUNK))?;
-        Some(pool.remove(usable))
+        let buffer = pool.remove(usable);
+        BUFFERS_LOW.with(|low| low.set(low.get().min(pool.len())));
+        Some(buffer)
     });
     reused.unwrap_or_else(|| BytesMut::with_capacity(CHUNK))
 }
@@ -69,6 +75,17 @@ pub(crate) fn give(mut buffer: BytesMut) {
         if pool.len() < POOL_LIMIT {
             pool.push(buffer);
         }
+    });
+}
+
+/// Frees the pooled buffers that nothing took since the last call (see the module header).
+pub(crate) fn trim() {
+    BUFFERS.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        let unused = BUFFERS_LOW.with(Cell::get).min(pool.len());
+        // The oldest first: `take` prefers the newest.
+        pool.drain(..unused);
+        BUFFERS_LOW.with(|low| low.set(pool.len()));
     });
 }
 
@@ -207,6 +224,29 @@ fn with_busy_pool<P: Default + 'static, R>(use_pool: impl FnOnce(&mut P) -> R) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trim_frees_only_the_buffers_a_whole_tick_left_unused() {
+        // A burst: eight buffers in use at once, then all given back.
+        let burst: Vec<BytesMut> = (0..8).map(|_| take()).collect();
+        burst.into_iter().for_each(give);
+        let pooled = || BUFFERS.with(|pool| pool.borrow().len());
+        assert_eq!(pooled(), 8);
+        // The tick that saw the burst: the pool was empty at one point, nothing goes.
+        trim();
+        assert_eq!(pooled(), 8);
+        // A steady load of two at a time through the next tick: the six it never reached go.
+        for _ in 0..100 {
+            let (a, b) = (take(), take());
+            give(a);
+            give(b);
+        }
+        trim();
+        assert_eq!(pooled(), 2);
+        // Idle through a whole tick: the rest go too.
+        trim();
+        assert_eq!(pooled(), 0);
+    }
 
     /// The bench's 0.00 allocations per single-key request rests on this: a buffer that
     /// requests were split off is not replaced while they are in flight and then freed, but

@@ -76,6 +76,7 @@ impl Worker {
         ));
         drop(first);
         let flusher = tokio::task::spawn_local(metrics.run_flusher());
+        let trimmer = tokio::task::spawn_local(trim_pools());
         let reloads =
             tokio::task::spawn_local(apply_reloads(context.clone(), self.generation.clone()));
         // Every session holds a clone of `alive`; when all are dropped, `all_done` yields None.
@@ -106,11 +107,31 @@ impl Worker {
         }
         reloads.abort();
         flusher.abort();
+        trimmer.abort();
         if let Some(driver) = uring {
             driver.abort();
         }
         context.metrics.flush();
         tracing::debug!(worker = self.index, "worker stopped");
+    }
+}
+
+/// How often a worker frees the pooled buffers a whole tick did not use. A burst's buffers
+/// go back within two ticks, and the allocator returns their pages about half a second
+/// later (crates/memroute/src/allocator.rs): within a second of the burst in all.
+const TRIM_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Trims this worker's buffer pools (`buffers`, the io_uring driver's) on a steady tick,
+/// so memory that a burst of connections took comes back once the burst ends.
+async fn trim_pools() {
+    let mut tick = tokio::time::interval(TRIM_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        crate::buffers::trim();
+        if let Some(driver) = memroute_net::uring::current() {
+            driver.trim_pool();
+        }
     }
 }
 
