@@ -95,8 +95,14 @@ async fn exchange(
     reply_timeout: Duration,
 ) -> Result<Vec<u8>, Refusal> {
     let round_trip = async {
-        stream.write_all(request).await.map_err(|e| e.to_string())?;
-        stream.flush().await.map_err(|e| e.to_string())?;
+        // A TCP Fast Open connect is made by its first write: a refusal shows here, and
+        // is the refused connect it is (the server is not running).
+        let refused = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => Refusal::Connect(NetError::ConnectRefused),
+            _ => Refusal::Exchange(e.to_string()),
+        };
+        stream.write_all(request).await.map_err(refused)?;
+        stream.flush().await.map_err(refused)?;
         let mut reply = Vec::with_capacity(64);
         loop {
             if let Some(end) = reply.iter().position(|&b| b == b'\n') {
@@ -104,18 +110,21 @@ async fn exchange(
                 return Ok(reply);
             }
             if reply.len() > MAX_HELLO_REPLY {
-                return Err("reply too long".to_string());
+                return Err(Refusal::Exchange("reply too long".to_string()));
             }
             let mut chunk = [0u8; 256];
             match stream.read(&mut chunk).await {
-                Ok(0) => return Err("connection closed by server".to_string()),
+                Ok(0) => {
+                    let closed = "connection closed by server".to_string();
+                    return Err(Refusal::Exchange(closed));
+                }
                 Ok(n) => reply.extend_from_slice(&chunk[..n]),
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(refused(e)),
             }
         }
     };
     match tokio::time::timeout(reply_timeout, round_trip).await {
-        Ok(result) => result.map_err(Refusal::Exchange),
+        Ok(result) => result,
         Err(_) => Err(Refusal::Exchange(format!("{what} timed out"))),
     }
 }

@@ -273,6 +273,26 @@ async fn a_refused_connect_marks_the_server_down_at_once() {
 }
 
 #[tokio::test]
+async fn a_refused_connect_marks_the_server_down_at_once_with_fast_open_on_too() {
+    LocalSet::new()
+        .run_until(async {
+            // With TCP Fast Open a deferred connect is made by the first write, the
+            // greeting's, and a refusal may show there (hello.rs maps it to a refused
+            // connect); where the kernel connects at once, the connect itself is refused.
+            // Either way: down at once, no failure counted first.
+            let address = refused_address();
+            let mut settings = settings(&address, 3);
+            settings.connector = Arc::new(Connector::new(&address, None, true).expect("connector"));
+            let health = settings.health.clone();
+            let _handle = spawn_connection(settings);
+            within(health.wait_down()).await;
+            assert_eq!(&*health.down_reason(), "connection refused");
+            assert_eq!(health.consecutive_failures(), 0, "no failure counted first");
+        })
+        .await;
+}
+
+#[tokio::test]
 async fn send_to_a_down_server_fails_at_once_unsent() {
     LocalSet::new()
         .run_until(async {
