@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
@@ -36,6 +36,15 @@ struct State {
     value_blocks: Option<u32>,
     /// The receiver's task, when it waits.
     waker: Option<Waker>,
+    /// The sender may still send: set when the slot is handed out, cleared once it sent
+    /// or went. Only a slot still waiting can be joined (`ReplyFollow::join`).
+    waiting: bool,
+    /// Bumped each time the cell goes back to the free list, so a `ReplyFollow` taken for
+    /// one request never joins the next request that reuses the cell.
+    generation: u32,
+    /// Followers (collapsed requests): each gets a copy of this slot's reply, or is closed
+    /// with it. A chain through their own cells' `next`, so joining allocates nothing.
+    next: Option<ReplySender>,
 }
 
 type Cell = Rc<RefCell<State>>;
@@ -56,7 +65,16 @@ pub fn reply_slot() -> (ReplySender, ReplyReceiver) {
         .ok()
         .flatten()
         .unwrap_or_default();
+    cell.borrow_mut().waiting = true;
     (ReplySender { cell: cell.clone() }, ReplyReceiver { cell })
+}
+
+/// Drops a chain of followers one by one (each sees `Closed`), without recursing down it.
+fn close_followers(mut next: Option<ReplySender>) {
+    while let Some(sender) = next {
+        next = sender.cell.borrow_mut().next.take();
+        drop(sender);
+    }
 }
 
 /// Called as either side is dropped: when it is the last one, the cell is cleared and
@@ -67,12 +85,15 @@ fn release(cell: &Cell) {
         return;
     }
     // Taken out before being dropped, so no borrow is held while a reply's bytes go.
-    let (reply, waker) = {
+    let (reply, waker, next) = {
         let mut state = cell.borrow_mut();
         state.value_blocks = None;
-        (state.reply.take(), state.waker.take())
+        state.waiting = false;
+        state.generation = state.generation.wrapping_add(1);
+        (state.reply.take(), state.waker.take(), state.next.take())
     };
     drop((reply, waker));
+    close_followers(next);
     // try_with: a slot dropped while the thread's locals are torn down is simply freed.
     let _ = FREE.try_with(|free| {
         let mut free = free.borrow_mut();
@@ -102,16 +123,29 @@ impl ReplySender {
     }
 
     fn send_counted(self, reply: Reply, value_blocks: Option<u32>) {
-        let waker = {
-            let mut state = self.cell.borrow_mut();
-            state.reply = Some(reply);
-            state.value_blocks = value_blocks;
-            state.waker.take()
-        };
-        if let Some(waker) = waker {
-            waker.wake();
+        // The reply, then a copy (reference counts, no bytes copied) to each follower in
+        // turn: a loop, not a recursion, however many requests collapsed onto this one.
+        let (mut sender, mut reply) = (self, reply);
+        loop {
+            let (waker, next) = {
+                let mut state = sender.cell.borrow_mut();
+                let next = state.next.take();
+                let copy = next.as_ref().map(|_| reply.clone());
+                state.reply = Some(reply);
+                state.value_blocks = value_blocks;
+                state.waiting = false;
+                (state.waker.take(), next.zip(copy))
+            };
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+            // The receiver still holds the cell (or it goes back to the free list).
+            drop(sender);
+            match next {
+                Some((follower, copy)) => (sender, reply) = (follower, copy),
+                None => return,
+            }
         }
-        // Drop runs next: the receiver still holds the cell, so it is not released.
     }
 }
 
@@ -121,11 +155,16 @@ impl Drop for ReplySender {
             return release(&self.cell);
         }
         // Gone without a reply (or after one): a waiting receiver must look again, and
-        // finds either the reply or Closed.
-        let waker = self.cell.borrow_mut().waker.take();
+        // finds either the reply or Closed; so do its followers, at once.
+        let (waker, next) = {
+            let mut state = self.cell.borrow_mut();
+            state.waiting = false;
+            (state.waker.take(), state.next.take())
+        };
         if let Some(waker) = waker {
             waker.wake();
         }
+        close_followers(next);
     }
 }
 
@@ -169,6 +208,15 @@ impl ReplyReceiver {
         self.cell.borrow().value_blocks
     }
 
+    /// A way for another request to wait for this slot's reply instead of sending its
+    /// own (collapsing identical gets): see [`ReplyFollow::join`].
+    pub fn follow(&self) -> ReplyFollow {
+        ReplyFollow {
+            cell: Rc::downgrade(&self.cell),
+            generation: self.cell.borrow().generation,
+        }
+    }
+
     /// Takes the reply if it has arrived, without waiting.
     pub fn try_recv(&mut self) -> Result<Reply, TryRecvError> {
         if let Some(reply) = self.cell.borrow_mut().reply.take() {
@@ -210,6 +258,43 @@ impl Drop for ReplyReceiver {
 impl std::fmt::Debug for ReplyReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ReplyReceiver")
+    }
+}
+
+/// A handle on a reply slot still waiting for its reply, that lets other requests wait
+/// for the same reply (`ReplyReceiver::follow`). It keeps nothing alive: a weak reference
+/// and the slot's generation, so a slot reused by a later request is never joined.
+#[derive(Default)]
+pub struct ReplyFollow {
+    cell: Weak<RefCell<State>>,
+    generation: u32,
+}
+
+impl ReplyFollow {
+    /// A receiver that gets a copy of the slot's reply (the same bytes, or the same
+    /// error; `Closed` if the sender goes without replying), or `None` when the reply was
+    /// already sent, its sender went, or the slot now serves another request. No
+    /// allocation: the follower's slot comes from the free list, and it is chained
+    /// through its own cell.
+    pub fn join(&self) -> Option<ReplyReceiver> {
+        let cell = self.cell.upgrade()?;
+        {
+            let state = cell.borrow();
+            if state.generation != self.generation || !state.waiting {
+                return None;
+            }
+        }
+        let (sender, receiver) = reply_slot();
+        let mut state = cell.borrow_mut();
+        sender.cell.borrow_mut().next = state.next.take();
+        state.next = Some(sender);
+        Some(receiver)
+    }
+}
+
+impl std::fmt::Debug for ReplyFollow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplyFollow")
     }
 }
 
@@ -349,6 +434,84 @@ mod tests {
         assert_eq!(receiver.value_blocks(), None, "release clears the count");
         sender.send(ok(b"END\r\n"));
         assert_eq!(receiver.value_blocks(), None);
+    }
+
+    #[test]
+    fn followers_get_the_reply_and_its_block_count() {
+        let (sender, mut leader) = reply_slot();
+        let follow = leader.follow();
+        let mut first = follow.join().expect("waiting");
+        let mut second = follow.join().expect("waiting");
+        sender.send_retrieval(Bytes::from_static(b"VALUE k 0 1\r\n1\r\nEND\r\n"), 1);
+        for receiver in [&mut leader, &mut first, &mut second] {
+            let reply = receiver.try_recv().expect("reply").expect("ok");
+            assert_eq!(&reply[..], b"VALUE k 0 1\r\n1\r\nEND\r\n");
+            assert_eq!(receiver.value_blocks(), Some(1));
+        }
+        assert!(follow.join().is_none(), "answered: nothing left to join");
+    }
+
+    #[test]
+    fn followers_get_the_same_error() {
+        let (sender, mut leader) = reply_slot();
+        let mut follower = leader.follow().join().expect("waiting");
+        sender.send(Err(BackendError::Timeout {
+            server: Arc::from("a:1"),
+        }));
+        for receiver in [&mut leader, &mut follower] {
+            let reply = receiver.try_recv().expect("reply");
+            assert!(matches!(reply, Err(BackendError::Timeout { .. })));
+        }
+    }
+
+    #[test]
+    fn a_sender_gone_unsent_closes_its_followers_at_once() {
+        let waker = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let (sender, _leader) = reply_slot();
+        let mut follower = _leader.follow().join().expect("waiting");
+        assert!(poll(&mut follower, &waker).is_pending());
+        drop(sender);
+        assert_eq!(waker.0.load(Ordering::Relaxed), 1);
+        assert_eq!(follower.try_recv().err(), Some(TryRecvError::Closed));
+    }
+
+    #[test]
+    fn a_follower_whose_leader_left_still_gets_the_reply() {
+        let (sender, leader) = reply_slot();
+        let mut follower = leader.follow().join().expect("waiting");
+        drop(leader);
+        sender.send(ok(b"EN\r\n"));
+        assert_eq!(
+            &follower.try_recv().expect("reply").expect("ok")[..],
+            b"EN\r\n"
+        );
+    }
+
+    #[test]
+    fn a_reused_slot_is_never_joined() {
+        let (sender, receiver) = reply_slot();
+        let follow = receiver.follow();
+        drop(receiver);
+        drop(sender);
+        // The same cell, now another request's, still waiting.
+        let (_sender, _receiver) = reply_slot();
+        assert!(follow.join().is_none());
+        assert!(ReplyFollow::default().join().is_none());
+    }
+
+    #[test]
+    fn many_followers_are_answered_without_recursion() {
+        let (sender, leader) = reply_slot();
+        let follow = leader.follow();
+        let mut followers: Vec<_> = (0..100_000).map(|_| follow.join().expect("waiting")).collect();
+        sender.send(ok(b"EN\r\n"));
+        assert!(followers.iter_mut().all(|f| f.try_recv().is_ok()));
+        let (sender, leader) = reply_slot();
+        let follow = leader.follow();
+        let followers: Vec<_> = (0..100_000).map(|_| follow.join().expect("waiting")).collect();
+        drop(sender);
+        drop(leader);
+        drop(followers);
     }
 
     #[test]

@@ -104,6 +104,12 @@ impl BackendHandle {
         }
     }
 
+    /// Which connection this is (its handles share it): requests collapsed onto one
+    /// another must share a connection, whose order memcached keeps.
+    pub fn id(&self) -> usize {
+        Rc::as_ptr(&self.shared) as usize
+    }
+
     pub fn address(&self) -> &Arc<str> {
         &self.address
     }
