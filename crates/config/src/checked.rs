@@ -384,6 +384,9 @@ pub struct PoolConfig {
     /// Consecutive `get`s (or `gets`) waiting for the same connection's next write go to
     /// the server as one command of at most `max_keys_per_request` keys (default true).
     pub coalesce_gets: bool,
+    /// A get identical to one already queued or in flight on the same connection waits
+    /// for that one's reply instead of being sent (default true).
+    pub collapse_gets: bool,
     /// TLS to this pool's servers (`None`: plaintext).
     pub tls: Option<BackendTls>,
     /// When the server list changes, the previous placement is kept this long: a key
@@ -415,6 +418,7 @@ impl PoolConfig {
             connect_timeout: timeout,
             max_keys_per_request: defaults::MAX_KEYS_PER_REQUEST,
             coalesce_gets: true,
+            collapse_gets: true,
             tls: None,
             resize_window: Duration::from_millis(defaults::RESIZE_WINDOW_MS),
             zone: None,

@@ -75,6 +75,7 @@ const POOL_KEYS: &[&str] = &[
     "connect_timeout",
     "max_keys_per_request",
     "coalesce_gets",
+    "collapse_gets",
     "resize_window",
     "failure_limit",
     "eject",
@@ -900,6 +901,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         errs,
     );
     let coalesce_gets = get_bool(t, "coalesce_gets", path, true, errs);
+    let collapse_gets = get_bool(t, "collapse_gets", path, true, errs);
     let default_timeout = Duration::from_millis(defaults::TIMEOUT_MS);
     let timeout = get_duration(t, "timeout", path, default_timeout, errs);
     let connect_timeout = get_duration(t, "connect_timeout", path, timeout, errs);
@@ -942,6 +944,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         connect_timeout,
         max_keys_per_request,
         coalesce_gets,
+        collapse_gets,
         resize_window,
     })
 }

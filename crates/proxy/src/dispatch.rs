@@ -211,6 +211,10 @@ fn send_placed(
         true => decode_base64(key, &mut decoded).map_or(key, |len| &decoded[..len]),
         false => key,
     };
+    // Read-your-writes: no get dispatched after this may join one sent before it.
+    if crate::collapse::changes_key(request.command, &request.frame[..request.line_len]) {
+        crate::collapse::forget(key);
+    }
     let Some(parts) = forwardable(&request) else {
         return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
     };
@@ -303,6 +307,10 @@ fn split_multi_get(
         false => usize::MAX,
     };
     let command = request.command;
+    if matches!(command, Command::Gat | Command::Gats) {
+        // A touch changes when each key expires: later gets join no get sent before it.
+        request.keys().for_each(crate::collapse::forget);
+    }
     let start = route::start_multi_get(routing, root, slot, request, head, byte_cap);
     Pending::started(routing, start, command, false)
 }
@@ -316,6 +324,7 @@ fn fan_out_flush(
     routing.metrics.count(root as usize, request.command);
     let started = routing.metrics.now();
     let (command, noreply) = (request.command, request.noreply);
+    crate::collapse::forget_all();
     let start = route::start_flush_all(routing, root, request.forward_parts(), slot, started);
     Pending::started(routing, start, command, noreply)
 }

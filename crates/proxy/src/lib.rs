@@ -28,6 +28,7 @@ mod budget;
 mod buffers;
 mod client_auth;
 mod client_log;
+mod collapse;
 mod context;
 mod control;
 mod counters;

@@ -97,6 +97,9 @@ pub(crate) struct PoolConnections {
     pub name: Arc<str>,
     pub servers: Vec<ServerConnections>,
     pub max_keys_per_request: usize,
+    /// Gets collapsed onto an identical one in flight (`collapse`); `None` when the pool
+    /// has `collapse_gets = false`.
+    pub collapsed: Option<prometheus::IntCounter>,
     /// Set for pools with `eject = true`: the ring without the down servers.
     ejection: Option<Ejection>,
     /// While a resize window runs: the placement before the server list changed.
@@ -431,6 +434,9 @@ impl RouteSnapshot {
                     })
                     .collect(),
                 max_keys_per_request: pool.max_keys_per_request.max(1),
+                collapsed: pool
+                    .collapse_gets
+                    .then(|| metrics.shared.collapsed_gets(name)),
                 name: Arc::from(name.as_str()),
                 ejection: (pool.eject && !pool.servers.is_empty()).then(|| Ejection {
                     config: pool.clone(),

@@ -161,6 +161,8 @@ pub(crate) struct Metrics {
     zone_reads: IntCounterVec,
     backend_errors: IntCounterVec,
     backend_timeouts: IntCounterVec,
+    /// Gets that waited for an identical get in flight instead of being sent (`collapse`).
+    collapsed_gets: IntCounterVec,
     // Per-listener families (label `listener`: the bound address, one per `proxy.listen`
     // entry): events, requests and open connections; the route each serves and its TLS
     // handshakes are read from `State` on gather.
@@ -408,6 +410,12 @@ impl Metrics {
                 "Requests that timed out.",
                 &["pool", "server"],
             ),
+            collapsed_gets: counter_vec(
+                r,
+                COLLAPSED_GETS_FAMILY,
+                "Gets that waited for the reply of an identical get already in flight on the same server connection instead of being sent.",
+                &["pool"],
+            ),
             listener_events: counter_vec(
                 r,
                 "memroute_listener_events_total",
@@ -512,6 +520,18 @@ impl Metrics {
             errors: self.backend_errors.with_label_values(&labels),
             timeouts: self.backend_timeouts.with_label_values(&labels),
         }
+    }
+
+    /// The collapsed gets counter of `pool` (resolved once per snapshot, then `inc()`).
+    pub(crate) fn collapsed_gets(&self, pool: &str) -> IntCounter {
+        self.collapsed_gets.with_label_values(&[pool])
+    }
+
+    /// Gets of `pool` collapsed so far (the panel shows them beside its hot keys).
+    pub(crate) fn collapsed_gets_of(&self, pool: &str) -> u64 {
+        self.collapsed_gets
+            .get_metric_with_label_values(&[pool])
+            .map_or(0, |counter| counter.get())
     }
 
     /// The counter of `event` on `listener` (resolve once per listener, then `inc()`).
@@ -758,6 +778,9 @@ const CLASSIC_STATS: [(&str, &str); 18] = [
     ("slow_clients_closed", "memroute_client_slow_closed_total"),
 ];
 
+/// Gets collapsed per pool (`collapse`): `stats` shows them as `pool:NAME:collapsed_gets`.
+const COLLAPSED_GETS_FAMILY: &str = "memroute_collapsed_gets_total";
+
 /// Families `stats` already shows in its header lines.
 const HEADER_FAMILIES: [&str; 2] = ["memroute_process_uptime_seconds", "memroute_proxy_workers"];
 
@@ -787,6 +810,7 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
         "memroute_resize_fallback_reads_total" => legacy("pool", "resize_fallback_reads"),
         "memroute_resize_keys_moved_total" => legacy("pool", "resize_keys_moved"),
         "memroute_resize_errors_total" => legacy("pool", "resize_errors"),
+        COLLAPSED_GETS_FAMILY => legacy("pool", "collapsed_gets"),
         // (locality, route) -> route:NAME:reads_LOCALITY
         "memroute_route_zone_reads_total" => match labels {
             [locality, route] => format!("route:{route}:reads_{locality}"),

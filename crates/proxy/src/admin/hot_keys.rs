@@ -19,13 +19,14 @@ pub(crate) fn top_of(query: &str) -> usize {
 
 /// ```json
 /// { "sample_every": 16, "interval_seconds": 10, "span_seconds": 14.2,
-///   "pools": [ { "pool": "main", "sampled": 5120,
+///   "pools": [ { "pool": "main", "sampled": 5120, "collapsed_gets": 812,
 ///                "keys": [ { "key": "user:42", "share": 0.25, "rate": 2301.5,
 ///                            "server": "10.0.0.1:11211", "error": 0.0 } ] } ] }
 /// ```
 /// `share` is the key's fraction of the pool's sampled requests over `span_seconds`,
 /// `rate` its estimated requests per second, `error` the most of `share` that may belong
-/// to other keys.
+/// to other keys. `collapsed_gets` counts the pool's gets since start that waited for an
+/// identical get in flight (`memroute_collapsed_gets_total`).
 pub(crate) fn report(metrics: &Metrics, top: usize) -> Value {
     let report = metrics.hot_keys.report(top);
     let pools: Vec<Value> = report
@@ -48,7 +49,12 @@ pub(crate) fn report(metrics: &Metrics, top: usize) -> Value {
                     })
                 })
                 .collect();
-            json!({ "pool": pool.pool, "sampled": pool.samples, "keys": keys })
+            json!({
+                "pool": pool.pool,
+                "sampled": pool.samples,
+                "collapsed_gets": metrics.collapsed_gets_of(&pool.pool),
+                "keys": keys,
+            })
         })
         .collect();
     json!({

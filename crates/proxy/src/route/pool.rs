@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 use super::job::{per_key, Job, KeyReplies, MultiJob};
 use super::{Leg, Legs, Single, Start, Then};
+use crate::collapse;
 use crate::multiget::{self, KeyTarget, Step};
 use crate::reply::{connection_gone, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -39,7 +40,7 @@ pub(super) fn start(routing: &RouteSnapshot, pool: usize, single: Single<'_>) ->
 /// A plain leg: the request (`parts`, its reply's kind, the client's connection `slot`)
 /// to the server of `pool` that owns `key`, seen by the hot-key sampler. `None` when the
 /// pool has no servers. Every single-key request a route sends to a pool as it is starts
-/// here.
+/// here, so this is where a get joins an identical one in flight (`collapse`).
 pub(crate) fn leg_to(
     routing: &RouteSnapshot,
     pool: usize,
@@ -49,8 +50,19 @@ pub(crate) fn leg_to(
 ) -> Option<Leg> {
     let server = routing.server_for(pool, key)?;
     routing.sent_to(pool, key, server);
-    let connection = routing.pools[pool].servers[server].pick(slot);
-    let receiver = send_copy(connection, parts, kind);
+    let connections = &routing.pools[pool];
+    let connection = connections.servers[server].pick(slot);
+    let send = || send_copy(connection, parts, kind);
+    let receiver = match &connections.collapsed {
+        Some(collapsed) => {
+            let (receiver, joined) = collapse::send_or_join(connection, key, parts, kind, send);
+            if joined {
+                collapsed.inc();
+            }
+            receiver
+        }
+        None => send(),
+    };
     Some(Leg::new(receiver, pool, server, started))
 }
 
