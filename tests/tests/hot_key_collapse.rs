@@ -1,0 +1,472 @@
+//! Collapsing: gets of one key from many clients, while an identical get is queued or in
+//! flight on the worker's connection to its server, wait for that get's reply instead of
+//! being sent. Checked against a real memcached's own counts (`cmd_get`, `cmd_touch`).
+//!
+//! How requests are made to meet, deterministically: memcached is frozen (SIGSTOP) once
+//! memroute's connection to it is up, the clients send, the test polls memroute's own
+//! `stats` until it has dispatched every one of their requests (nothing can be answered
+//! meanwhile), then memcached runs again. So every get after the first one of a key was
+//! dispatched while that first one was waiting, and the counts are exact, not bounds.
+use std::time::Duration;
+
+use memroute_tests::*;
+
+/// The pool's reply timeout: longer than any freeze here (only the timeout test uses its
+/// own short one).
+const POOL_LINES: &str = "timeout = \"30s\"";
+/// How long the test waits for memroute to have dispatched the clients' requests.
+const DISPATCH_WAIT: Duration = Duration::from_secs(30);
+
+fn stat(stats: &[(String, String)], name: &str) -> u64 {
+    stats
+        .iter()
+        .find(|(k, _)| k == name)
+        .map_or(0, |(_, v)| v.parse().unwrap_or(0))
+}
+
+/// memcached's own stat `name`, asked directly.
+fn server_stat(mc: &Memcached, name: &str) -> u64 {
+    stat(&mc.connect().stats(), name)
+}
+
+/// memroute's stat `name` (its `stats` is answered by memroute itself, memcached frozen or not).
+fn proxy_stat(proxy: &mut Conn, name: &str) -> u64 {
+    stat(&proxy.stats(), name)
+}
+
+/// Waits until memroute has read `target` get keys in all (`cmd_get`).
+fn wait_gets_dispatched(proxy: &mut Conn, target: u64) {
+    let mut seen = 0;
+    let reached = poll_until(DISPATCH_WAIT, || {
+        seen = proxy_stat(proxy, "cmd_get");
+        seen >= target
+    });
+    assert!(reached, "memroute dispatched {seen} of {target} gets");
+}
+
+/// memcached with `key` set to `value` (flags 5), and a one-worker memroute in front of
+/// it whose connection to memcached is up (a get went through).
+fn setup(key: &str, value: &[u8], extra_pool_lines: &str) -> (Memcached, Memroute) {
+    let mc = Memcached::start();
+    let mut direct = mc.connect();
+    let mut set = format!("set {key} 5 0 {}\r\n", value.len()).into_bytes();
+    set.extend_from_slice(value);
+    set.extend_from_slice(b"\r\n");
+    assert_eq!(direct.roundtrip_line(&set), b"STORED\r\n");
+    let proxy = Memroute::start_pool_with(&[mc.addr()], &format!("{POOL_LINES}\n{extra_pool_lines}"));
+    assert_eq!(
+        proxy.connect().get(key).as_deref(),
+        Some(value),
+        "warm-up get through memroute"
+    );
+    (mc, proxy)
+}
+
+fn value_block(key: &str, flags: u32, value: &[u8], cas: Option<u64>) -> Vec<u8> {
+    let mut out = match cas {
+        Some(cas) => format!("VALUE {key} {flags} {} {cas}\r\n", value.len()),
+        None => format!("VALUE {key} {flags} {}\r\n", value.len()),
+    }
+    .into_bytes();
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+fn get_reply(key: &str, value: &[u8]) -> Vec<u8> {
+    let mut out = value_block(key, 5, value, None);
+    out.extend_from_slice(b"END\r\n");
+    out
+}
+
+#[test]
+fn gets_of_one_key_from_many_clients_reach_memcached_once() {
+    const CLIENTS: usize = 50;
+    const PIPELINE: usize = 20;
+    let value: Vec<u8> = (0..100_000).map(|i| b'a' + (i % 26) as u8).collect();
+    let (mc, proxy) = setup("hot", &value, "");
+    let mut admin = proxy.connect();
+    let gets_before = proxy_stat(&mut admin, "cmd_get");
+    let server_before = server_stat(&mc, "cmd_get");
+
+    let frozen = mc.stop();
+    let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
+    for client in &mut clients {
+        client.send(&b"get hot\r\n".repeat(PIPELINE));
+    }
+    wait_gets_dispatched(&mut admin, gets_before + (CLIENTS * PIPELINE) as u64);
+    frozen.resume();
+
+    let expected = get_reply("hot", &value);
+    for (i, client) in clients.iter_mut().enumerate() {
+        for n in 0..PIPELINE {
+            let reply = client.read_get_reply();
+            assert!(reply == expected, "client {i}, get {n}: {}", show(&reply[..reply.len().min(80)]));
+        }
+    }
+    let sent = server_stat(&mc, "cmd_get") - server_before;
+    assert_eq!(sent, 1, "memcached saw {sent} gets for {} client gets", CLIENTS * PIPELINE);
+    let stats = admin.stats();
+    assert_eq!(
+        stat(&stats, "pool:main:collapsed_gets"),
+        (CLIENTS * PIPELINE - 1) as u64,
+        "every get but the first one waited for it"
+    );
+}
+
+/// Many clients, memcached running, each pipelining gets of one key with a large value:
+/// requests meet as they do in production, and each reply is still memcached's.
+#[test]
+fn gets_of_a_hot_key_with_a_large_value_collapse_under_load() {
+    const CLIENTS: usize = 50;
+    const PIPELINE: usize = 20;
+    let value: Vec<u8> = (0..500_000).map(|i| b'A' + (i % 23) as u8).collect();
+    let (mc, proxy) = setup("big", &value, "");
+    let server_before = server_stat(&mc, "cmd_get");
+    let gate = std::sync::Barrier::new(CLIENTS);
+    let expected = get_reply("big", &value);
+    std::thread::scope(|scope| {
+        for i in 0..CLIENTS {
+            let (gate, proxy, expected) = (&gate, &proxy, &expected);
+            scope.spawn(move || {
+                let mut client = proxy.connect();
+                gate.wait();
+                client.send(&b"get big\r\n".repeat(PIPELINE));
+                for n in 0..PIPELINE {
+                    let reply = client.read_get_reply();
+                    assert!(&reply == expected, "client {i}, get {n}: {} bytes", reply.len());
+                }
+            });
+        }
+    });
+    let sent = server_stat(&mc, "cmd_get") - server_before;
+    let client_gets = (CLIENTS * PIPELINE) as u64;
+    // At least one client's second get is dispatched while its first (500 KB on the way)
+    // is still in flight, so memcached sees fewer gets than the clients sent.
+    assert!(sent < client_gets, "memcached saw {sent} gets for {client_gets}");
+    let collapsed = proxy_stat(&mut proxy.connect(), "pool:main:collapsed_gets");
+    assert_eq!(sent + collapsed, client_gets, "every client get was sent or collapsed");
+}
+
+/// A get dispatched after a client's set of the key never joins a get sent before it: the
+/// client reads what it wrote; a get dispatched after that joins the one behind the set.
+#[test]
+fn a_get_after_a_write_never_joins_a_get_sent_before_it() {
+    const WRITERS: usize = 10;
+    let (mc, proxy) = setup("k", b"v0", "");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let server_before = server_stat(&mc, "cmd_get");
+    let frozen = mc.stop();
+
+    let mut early = proxy.connect();
+    early.send(b"get k\r\n");
+    wait_gets_dispatched(&mut admin, base + 1);
+    let mut writers: Vec<Conn> = (0..WRITERS).map(|_| proxy.connect()).collect();
+    for (i, writer) in writers.iter_mut().enumerate() {
+        let value = format!("v{}", i + 1);
+        writer.send(format!("set k 5 0 {}\r\n{value}\r\nget k\r\n", value.len()).as_bytes());
+        wait_gets_dispatched(&mut admin, base + 2 + i as u64);
+    }
+    // A noreply write and a delete end the key's collapsing just the same.
+    let mut quiet = proxy.connect();
+    quiet.send(b"set k 5 0 5 noreply\r\nquiet\r\nget k\r\n");
+    wait_gets_dispatched(&mut admin, base + 2 + WRITERS as u64);
+    let mut late = proxy.connect();
+    late.send(b"get k\r\n");
+    wait_gets_dispatched(&mut admin, base + 3 + WRITERS as u64);
+    let mut deleter = proxy.connect();
+    deleter.send(b"delete k\r\nget k\r\n");
+    wait_gets_dispatched(&mut admin, base + 4 + WRITERS as u64);
+    frozen.resume();
+
+    assert_eq!(early.read_get_reply(), get_reply("k", b"v0"));
+    for (i, writer) in writers.iter_mut().enumerate() {
+        assert_eq!(writer.read_line(), b"STORED\r\n");
+        let reply = writer.read_get_reply();
+        let own = format!("v{}", i + 1);
+        assert!(
+            reply == get_reply("k", own.as_bytes()),
+            "writer {i} read {}",
+            show(&reply)
+        );
+    }
+    assert_eq!(quiet.read_get_reply(), get_reply("k", b"quiet"));
+    assert_eq!(late.read_get_reply(), get_reply("k", b"quiet"), "joined the get after the noreply set");
+    assert_eq!(deleter.read_line(), b"DELETED\r\n");
+    assert_eq!(deleter.read_get_reply(), b"END\r\n");
+    // early, each writer's, the quiet writer's, the deleter's: the late one joined.
+    let sent = server_stat(&mc, "cmd_get") - server_before;
+    assert_eq!(sent, WRITERS as u64 + 3);
+    assert_eq!(proxy_stat(&mut admin, "pool:main:collapsed_gets"), 1);
+}
+
+/// Many clients pipelining set-then-get of one key, memcached running: a client never
+/// reads a value of its own older than the one it just wrote (its get did not join a get
+/// sent before its set). Other clients' values may come between, as without memroute.
+#[test]
+fn pipelined_set_then_get_from_many_clients_reads_its_own_write() {
+    const CLIENTS: usize = 16;
+    const ROUNDS: usize = 40;
+    let (_mc, proxy) = setup("rw", b"start", "");
+    let gate = std::sync::Barrier::new(CLIENTS);
+    std::thread::scope(|scope| {
+        for c in 0..CLIENTS {
+            let (gate, proxy) = (&gate, &proxy);
+            scope.spawn(move || {
+                let mut client = proxy.connect();
+                gate.wait();
+                for round in 0..ROUNDS {
+                    let value = format!("c{c}-{round}");
+                    let mut batch =
+                        format!("set rw 5 0 {}\r\n{value}\r\n", value.len()).into_bytes();
+                    batch.extend_from_slice(&b"get rw\r\n".repeat(3));
+                    client.send(&batch);
+                    assert_eq!(client.read_line(), b"STORED\r\n");
+                    for n in 0..3 {
+                        let reply = client.read_get_reply();
+                        let values = parse_values(&reply)
+                            .unwrap_or_else(|| panic!("client {c}: {}", show(&reply)));
+                        assert_eq!(values.len(), 1, "client {c}: a miss? {}", show(&reply));
+                        let read = String::from_utf8_lossy(&values[0].2).to_string();
+                        let (who, when) = read
+                            .strip_prefix('c')
+                            .and_then(|r| r.split_once('-'))
+                            .unwrap_or_else(|| panic!("client {c} read {read}"));
+                        if who == c.to_string() {
+                            assert_eq!(
+                                when,
+                                round.to_string(),
+                                "client {c}, round {round}, get {n}: read its own older write"
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Requests that change the item or hand out a win are each sent, never joined: a vivify
+/// (`mg N`) wins once, every touch and gat reaches memcached.
+#[test]
+fn leases_wins_and_touches_are_never_collapsed() {
+    const CLIENTS: usize = 8;
+    let (mc, proxy) = setup("t", b"touched", "");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let touches_before = server_stat(&mc, "cmd_touch");
+    let frozen = mc.stop();
+    let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
+    for client in &mut clients {
+        // Identical bytes from every client: only the flags keep them apart.
+        client.send(b"mg fresh v N30 t\r\nmg t v T300\r\ngat 300 t\r\ntouch t 300\r\nmg fresh v R30 t\r\n");
+    }
+    // mg, mg, gat count one get key each; touch does not; the last mg one more.
+    wait_gets_dispatched(&mut admin, base + 4 * CLIENTS as u64);
+    frozen.resume();
+
+    let mut wins = 0;
+    for (i, client) in clients.iter_mut().enumerate() {
+        let vivify = client.read_line();
+        assert!(vivify.starts_with(b"EN") || vivify.starts_with(b"VA 0 "), "client {i}: {}", show(&vivify));
+        if vivify.starts_with(b"VA") {
+            client.read_line();
+        }
+        let flags = String::from_utf8_lossy(&vivify).to_string();
+        if flags.split_whitespace().any(|f| f == "W") {
+            wins += 1;
+        }
+        let touched = client.read_line();
+        assert_eq!(touched, b"VA 7\r\n", "client {i}");
+        assert_eq!(client.read_line(), b"touched\r\n");
+        assert_eq!(client.read_get_reply(), get_reply("t", b"touched"));
+        assert_eq!(client.read_line(), b"TOUCHED\r\n");
+        let recache = client.read_line();
+        assert!(recache.starts_with(b"VA 0 "), "client {i}: {}", show(&recache));
+        client.read_line();
+    }
+    assert_eq!(wins, 1, "exactly one vivify wins");
+    let touches = server_stat(&mc, "cmd_touch") - touches_before;
+    assert_eq!(touches, 3 * CLIENTS as u64, "mg T, gat and touch of every client");
+    assert_eq!(proxy_stat(&mut admin, "pool:main:collapsed_gets"), 0);
+}
+
+/// A server that dies with gets waiting answers every waiter with the error each would have
+/// had alone.
+#[test]
+fn a_killed_server_fails_every_waiter() {
+    const CLIENTS: usize = 20;
+    const PIPELINE: usize = 5;
+    let (mut mc, proxy) = setup("dead", b"soon", "");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let frozen = mc.stop();
+    let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
+    for client in &mut clients {
+        client.send(&b"get dead\r\n".repeat(PIPELINE));
+    }
+    wait_gets_dispatched(&mut admin, base + (CLIENTS * PIPELINE) as u64);
+    mc.kill();
+    drop(frozen);
+    for (i, client) in clients.iter_mut().enumerate() {
+        for n in 0..PIPELINE {
+            let reply = client.read_line();
+            assert!(
+                reply.starts_with(b"SERVER_ERROR backend ") && reply.ends_with(b"\r\n"),
+                "client {i}, get {n}: {}",
+                show(&reply)
+            );
+        }
+    }
+    assert_eq!(
+        proxy_stat(&mut admin, "pool:main:collapsed_gets"),
+        (CLIENTS * PIPELINE - 1) as u64
+    );
+}
+
+/// A server that does not answer in time: every waiter gets the timeout.
+#[test]
+fn a_timeout_reaches_every_waiter() {
+    const CLIENTS: usize = 10;
+    let mc = Memcached::start();
+    let proxy = Memroute::start_pool_with(&[mc.addr()], "timeout = \"3s\"");
+    assert_eq!(proxy.connect().get("slow"), None, "warm-up get");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let frozen = mc.stop();
+    let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
+    for client in &mut clients {
+        client.send(b"get slow\r\n");
+    }
+    wait_gets_dispatched(&mut admin, base + CLIENTS as u64);
+    for (i, client) in clients.iter_mut().enumerate() {
+        let reply = client.read_line();
+        assert!(
+            reply.starts_with(b"SERVER_ERROR backend ") && find(&reply, b"timed out").is_some(),
+            "client {i}: {}",
+            show(&reply)
+        );
+    }
+    drop(frozen);
+    assert_eq!(
+        proxy_stat(&mut admin, "pool:main:collapsed_gets"),
+        CLIENTS as u64 - 1
+    );
+}
+
+const GET: u8 = 0x00;
+const GETK: u8 = 0x0c;
+
+fn binary_request(opcode: u8, key: &[u8], opaque: u32) -> Vec<u8> {
+    let mut f = vec![0x80, opcode];
+    f.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0, 0]);
+    f.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    f.extend_from_slice(&opaque.to_be_bytes());
+    f.extend_from_slice(&0u64.to_be_bytes());
+    f.extend_from_slice(key);
+    f
+}
+
+/// One binary response frame (24-byte header and its body).
+fn read_binary(conn: &mut Conn) -> Vec<u8> {
+    let mut frame = conn.read_for(24);
+    let body = u32::from_be_bytes(frame[8..12].try_into().unwrap()) as usize;
+    frame.extend(conn.read_for(body));
+    frame
+}
+
+/// Clients of each protocol ask for one key together; each reply is byte for byte what
+/// memcached answers that client's request alone (asked directly afterwards): its own
+/// opaque and key echo, CAS only where asked. Identical requests collapse; requests that
+/// differ (another opaque, get against gets) do not.
+#[test]
+fn each_client_gets_its_own_opaque_key_and_cas() {
+    let (mc, proxy) = setup("own", b"mine", "");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let server_before = server_stat(&mc, "cmd_get");
+    let text: Vec<Vec<u8>> = vec![
+        b"get own\r\n".to_vec(),
+        b"get own\r\n".to_vec(),
+        b"gets own\r\n".to_vec(),
+        b"gets own\r\n".to_vec(),
+        b"mg own v f\r\n".to_vec(),
+        b"mg own v f\r\n".to_vec(),
+        b"mg own v f c k O1\r\n".to_vec(),
+        b"mg own v f c k O2\r\n".to_vec(),
+        b"mg own v f c k O2\r\n".to_vec(),
+        b"mg own s t\r\n".to_vec(),
+        b"mg own v q O3\r\n".to_vec(),
+    ];
+    let binary: Vec<Vec<u8>> = vec![
+        binary_request(GET, b"own", 7),
+        binary_request(GET, b"own", 8),
+        binary_request(GETK, b"own", 9),
+        binary_request(GETK, b"own", 10),
+    ];
+    let frozen = mc.stop();
+    let mut text_clients: Vec<Conn> = text.iter().map(|_| proxy.connect()).collect();
+    let mut binary_clients: Vec<Conn> = binary.iter().map(|_| proxy.connect()).collect();
+    for (client, request) in text_clients.iter_mut().zip(&text) {
+        client.send(request);
+        client.send(b"mn\r\n");
+    }
+    for (client, request) in binary_clients.iter_mut().zip(&binary) {
+        client.send(request);
+    }
+    wait_gets_dispatched(&mut admin, base + (text.len() + binary.len()) as u64);
+    frozen.resume();
+
+    let replies: Vec<Vec<u8>> = text_clients
+        .iter_mut()
+        .map(|client| client.read_until(b"MN\r\n"))
+        .chain(binary_clients.iter_mut().map(read_binary))
+        .collect();
+    // get x2 -> 1, gets x2 -> 1, mg v f x2 -> 1, O1 -> 1, O2 x2 -> 1, s t -> 1, v q O3 -> 1,
+    // binary get/getk (all `mg own v f c`) x4 -> 1.
+    let sent = server_stat(&mc, "cmd_get") - server_before;
+    assert_eq!(sent, 8, "gets memcached saw through memroute");
+    assert_eq!(proxy_stat(&mut admin, "pool:main:collapsed_gets"), 7);
+
+    // memcached picks a connection's protocol by its first byte: one of each.
+    let (mut direct, mut direct_binary) = (mc.connect(), mc.connect());
+    let requests = text.iter().chain(&binary);
+    for (n, (request, got)) in requests.zip(&replies).enumerate() {
+        let alone = match n < text.len() {
+            true => {
+                direct.send(request);
+                direct.send(b"mn\r\n");
+                direct.read_until(b"MN\r\n")
+            }
+            false => {
+                direct_binary.send(request);
+                read_binary(&mut direct_binary)
+            }
+        };
+        assert!(got == &alone, "{}: memroute {} memcached {}", show(request), show(got), show(&alone));
+    }
+}
+
+/// `collapse_gets = false`: every get is sent.
+#[test]
+fn collapsing_can_be_turned_off() {
+    const CLIENTS: usize = 10;
+    let (mc, proxy) = setup("off", b"x", "collapse_gets = false");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let server_before = server_stat(&mc, "cmd_get");
+    let frozen = mc.stop();
+    let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
+    for client in &mut clients {
+        client.send(b"get off\r\n");
+    }
+    wait_gets_dispatched(&mut admin, base + CLIENTS as u64);
+    frozen.resume();
+    for client in &mut clients {
+        assert_eq!(client.read_get_reply(), get_reply("off", b"x"));
+    }
+    assert_eq!(server_stat(&mc, "cmd_get") - server_before, CLIENTS as u64);
+    assert_eq!(proxy_stat(&mut admin, "pool:main:collapsed_gets"), 0);
+}
