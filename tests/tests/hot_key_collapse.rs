@@ -53,7 +53,8 @@ fn setup(key: &str, value: &[u8], extra_pool_lines: &str) -> (Memcached, Memrout
     set.extend_from_slice(value);
     set.extend_from_slice(b"\r\n");
     assert_eq!(direct.roundtrip_line(&set), b"STORED\r\n");
-    let proxy = Memroute::start_pool_with(&[mc.addr()], &format!("{POOL_LINES}\n{extra_pool_lines}"));
+    let proxy =
+        Memroute::start_pool_with(&[mc.addr()], &format!("{POOL_LINES}\n{extra_pool_lines}"));
     assert_eq!(
         proxy.connect().get(key).as_deref(),
         Some(value),
@@ -101,11 +102,20 @@ fn gets_of_one_key_from_many_clients_reach_memcached_once() {
     for (i, client) in clients.iter_mut().enumerate() {
         for n in 0..PIPELINE {
             let reply = client.read_get_reply();
-            assert!(reply == expected, "client {i}, get {n}: {}", show(&reply[..reply.len().min(80)]));
+            assert!(
+                reply == expected,
+                "client {i}, get {n}: {}",
+                show(&reply[..reply.len().min(80)])
+            );
         }
     }
     let sent = server_stat(&mc, "cmd_get") - server_before;
-    assert_eq!(sent, 1, "memcached saw {sent} gets for {} client gets", CLIENTS * PIPELINE);
+    assert_eq!(
+        sent,
+        1,
+        "memcached saw {sent} gets for {} client gets",
+        CLIENTS * PIPELINE
+    );
     let stats = admin.stats();
     assert_eq!(
         stat(&stats, "pool:main:collapsed_gets"),
@@ -134,7 +144,11 @@ fn gets_of_a_hot_key_with_a_large_value_collapse_under_load() {
                 client.send(&b"get big\r\n".repeat(PIPELINE));
                 for n in 0..PIPELINE {
                     let reply = client.read_get_reply();
-                    assert!(&reply == expected, "client {i}, get {n}: {} bytes", reply.len());
+                    assert!(
+                        &reply == expected,
+                        "client {i}, get {n}: {} bytes",
+                        reply.len()
+                    );
                 }
             });
         }
@@ -143,9 +157,16 @@ fn gets_of_a_hot_key_with_a_large_value_collapse_under_load() {
     let client_gets = (CLIENTS * PIPELINE) as u64;
     // At least one client's second get is dispatched while its first (500 KB on the way)
     // is still in flight, so memcached sees fewer gets than the clients sent.
-    assert!(sent < client_gets, "memcached saw {sent} gets for {client_gets}");
+    assert!(
+        sent < client_gets,
+        "memcached saw {sent} gets for {client_gets}"
+    );
     let collapsed = proxy_stat(&mut proxy.connect(), "pool:main:collapsed_gets");
-    assert_eq!(sent + collapsed, client_gets, "every client get was sent or collapsed");
+    assert_eq!(
+        sent + collapsed,
+        client_gets,
+        "every client get was sent or collapsed"
+    );
 }
 
 /// A get dispatched after a client's set of the key never joins a get sent before it: the
@@ -192,7 +213,11 @@ fn a_get_after_a_write_never_joins_a_get_sent_before_it() {
         );
     }
     assert_eq!(quiet.read_get_reply(), get_reply("k", b"quiet"));
-    assert_eq!(late.read_get_reply(), get_reply("k", b"quiet"), "joined the get after the noreply set");
+    assert_eq!(
+        late.read_get_reply(),
+        get_reply("k", b"quiet"),
+        "joined the get after the noreply set"
+    );
     assert_eq!(deleter.read_line(), b"DELETED\r\n");
     assert_eq!(deleter.read_get_reply(), b"END\r\n");
     // early, each writer's, the quiet writer's, the deleter's: the late one joined.
@@ -260,7 +285,9 @@ fn leases_wins_and_touches_are_never_collapsed() {
     let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
     for client in &mut clients {
         // Identical bytes from every client: only the flags keep them apart.
-        client.send(b"mg fresh v N30 t\r\nmg t v T300\r\ngat 300 t\r\ntouch t 300\r\nmg fresh v R30 t\r\n");
+        client.send(
+            b"mg fresh v N30 t\r\nmg t v T300\r\ngat 300 t\r\ntouch t 300\r\nmg fresh v R30 t\r\n",
+        );
     }
     // mg, mg, gat count one get key each; touch does not; the last mg one more.
     wait_gets_dispatched(&mut admin, base + 4 * CLIENTS as u64);
@@ -269,7 +296,11 @@ fn leases_wins_and_touches_are_never_collapsed() {
     let mut wins = 0;
     for (i, client) in clients.iter_mut().enumerate() {
         let vivify = client.read_line();
-        assert!(vivify.starts_with(b"EN") || vivify.starts_with(b"VA 0 "), "client {i}: {}", show(&vivify));
+        assert!(
+            vivify.starts_with(b"EN") || vivify.starts_with(b"VA 0 "),
+            "client {i}: {}",
+            show(&vivify)
+        );
         if vivify.starts_with(b"VA") {
             client.read_line();
         }
@@ -283,12 +314,20 @@ fn leases_wins_and_touches_are_never_collapsed() {
         assert_eq!(client.read_get_reply(), get_reply("t", b"touched"));
         assert_eq!(client.read_line(), b"TOUCHED\r\n");
         let recache = client.read_line();
-        assert!(recache.starts_with(b"VA 0 "), "client {i}: {}", show(&recache));
+        assert!(
+            recache.starts_with(b"VA 0 "),
+            "client {i}: {}",
+            show(&recache)
+        );
         client.read_line();
     }
     assert_eq!(wins, 1, "exactly one vivify wins");
     let touches = server_stat(&mc, "cmd_touch") - touches_before;
-    assert_eq!(touches, 3 * CLIENTS as u64, "mg T, gat and touch of every client");
+    assert_eq!(
+        touches,
+        3 * CLIENTS as u64,
+        "mg T, gat and touch of every client"
+    );
     assert_eq!(proxy_stat(&mut admin, "pool:main:collapsed_gets"), 0);
 }
 
@@ -372,7 +411,7 @@ fn binary_request(opcode: u8, key: &[u8], opaque: u32) -> Vec<u8> {
 /// One binary response frame (24-byte header and its body).
 fn read_binary(conn: &mut Conn) -> Vec<u8> {
     let mut frame = conn.read_for(24);
-    let body = u32::from_be_bytes(frame[8..12].try_into().unwrap()) as usize;
+    let body = u32::from_be_bytes(frame[8..12].try_into().expect("4 bytes")) as usize;
     frame.extend(conn.read_for(body));
     frame
 }
@@ -445,7 +484,13 @@ fn each_client_gets_its_own_opaque_key_and_cas() {
                 read_binary(&mut direct_binary)
             }
         };
-        assert!(got == &alone, "{}: memroute {} memcached {}", show(request), show(got), show(&alone));
+        assert!(
+            got == &alone,
+            "{}: memroute {} memcached {}",
+            show(request),
+            show(got),
+            show(&alone)
+        );
     }
 }
 

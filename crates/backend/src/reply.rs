@@ -503,12 +503,16 @@ mod tests {
     fn many_followers_are_answered_without_recursion() {
         let (sender, leader) = reply_slot();
         let follow = leader.follow();
-        let mut followers: Vec<_> = (0..100_000).map(|_| follow.join().expect("waiting")).collect();
+        let mut followers: Vec<_> = (0..100_000)
+            .map(|_| follow.join().expect("waiting"))
+            .collect();
         sender.send(ok(b"EN\r\n"));
         assert!(followers.iter_mut().all(|f| f.try_recv().is_ok()));
         let (sender, leader) = reply_slot();
         let follow = leader.follow();
-        let followers: Vec<_> = (0..100_000).map(|_| follow.join().expect("waiting")).collect();
+        let followers: Vec<_> = (0..100_000)
+            .map(|_| follow.join().expect("waiting"))
+            .collect();
         drop(sender);
         drop(leader);
         drop(followers);
