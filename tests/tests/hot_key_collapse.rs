@@ -45,16 +45,16 @@ fn wait_gets_dispatched(proxy: &mut Conn, target: u64) {
 }
 
 /// memcached with `key` set to `value` (flags 5), and a one-worker memroute in front of
-/// it whose connection to memcached is up (a get went through).
-fn setup(key: &str, value: &[u8], extra_pool_lines: &str) -> (Memcached, Memroute) {
+/// it (`extra` appended to its pool's lines: more pool keys, or further sections) whose
+/// connection to memcached is up (a get went through).
+fn setup(key: &str, value: &[u8], extra: &str) -> (Memcached, Memroute) {
     let mc = Memcached::start();
     let mut direct = mc.connect();
     let mut set = format!("set {key} 5 0 {}\r\n", value.len()).into_bytes();
     set.extend_from_slice(value);
     set.extend_from_slice(b"\r\n");
     assert_eq!(direct.roundtrip_line(&set), b"STORED\r\n");
-    let proxy =
-        Memroute::start_pool_with(&[mc.addr()], &format!("{POOL_LINES}\n{extra_pool_lines}"));
+    let proxy = Memroute::start_pool_with(&[mc.addr()], &format!("{POOL_LINES}\n{extra}"));
     assert_eq!(
         proxy.connect().get(key).as_deref(),
         Some(value),
@@ -85,7 +85,12 @@ fn gets_of_one_key_from_many_clients_reach_memcached_once() {
     const CLIENTS: usize = 50;
     const PIPELINE: usize = 20;
     let value: Vec<u8> = (0..100_000).map(|i| b'a' + (i % 26) as u8).collect();
-    let (mc, proxy) = setup("hot", &value, "");
+    let admin_port = format!("127.0.0.1:{}", free_port());
+    let (mc, proxy) = setup(
+        "hot",
+        &value,
+        &format!("\n[admin]\nlisten = \"{admin_port}\"\n"),
+    );
     let mut admin = proxy.connect();
     let gets_before = proxy_stat(&mut admin, "cmd_get");
     let server_before = server_stat(&mc, "cmd_get");
@@ -121,6 +126,17 @@ fn gets_of_one_key_from_many_clients_reach_memcached_once() {
         stat(&stats, "pool:main:collapsed_gets"),
         (CLIENTS * PIPELINE - 1) as u64,
         "every get but the first one waited for it"
+    );
+    let collapsed = CLIENTS * PIPELINE - 1;
+    let (code, metrics) = admin_http(&admin_port, "GET", "/metrics");
+    assert_eq!(code, 200);
+    let line = format!("memroute_collapsed_gets_total{{pool=\"main\"}} {collapsed}");
+    assert!(metrics.contains(&line), "/metrics lacks {line}");
+    let (code, hot) = admin_http(&admin_port, "GET", "/hotkeys");
+    assert_eq!(code, 200);
+    assert!(
+        hot.contains(&format!("\"collapsed_gets\":{collapsed}")),
+        "/hotkeys (the panel's hot keys): {hot}"
     );
 }
 
