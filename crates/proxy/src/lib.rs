@@ -47,6 +47,7 @@ mod pool_settings;
 mod read_order;
 mod reload;
 mod reply;
+mod request_watch;
 mod resize_window;
 mod restart_only;
 mod route;
