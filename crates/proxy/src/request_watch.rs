@@ -99,11 +99,6 @@ pub(crate) struct Watcher {
 }
 
 impl Watcher {
-    /// Whether the watcher was dropped for reading too slowly.
-    pub(crate) fn was_dropped(&self) -> bool {
-        self.dropped.load(Relaxed)
-    }
-
     fn wants(&self, key: &[u8], route: &str, root: &str) -> bool {
         key.starts_with(&self.filter.key_prefix)
             && self
@@ -176,11 +171,6 @@ impl WatchHub {
 
     fn list_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<Watcher>>> {
         self.watchers.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Watchers open now.
-    pub(crate) fn watchers(&self) -> usize {
-        self.list().len()
     }
 
     /// Opens a watch with `filter`: the watcher and the lines it will get. `None` when
