@@ -262,7 +262,10 @@ mod tests {
     fn chunked_lines_are_joined_across_chunks() {
         let body = b"5\r\n{\"a\":\r\n3\r\n1}\n\r\n4\r\n{}\n\n\r\n0\r\n\r\n";
         let mut lines = Lines::new(&body[..], true);
-        assert_eq!(lines.next_line().expect("line").as_deref(), Some("{\"a\":1}"));
+        assert_eq!(
+            lines.next_line().expect("line").as_deref(),
+            Some("{\"a\":1}")
+        );
         assert_eq!(lines.next_line().expect("line").as_deref(), Some("{}"));
         assert_eq!(lines.next_line().expect("line").as_deref(), Some(""));
         assert_eq!(lines.next_line().expect("end"), None);

@@ -221,8 +221,9 @@ fn admin_of(
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
-            let mut config = memroute_config::parse(&text)
-                .map_err(|errors| anyhow::anyhow!("invalid config {}:\n{errors}", path.display()))?;
+            let mut config = memroute_config::parse(&text).map_err(|errors| {
+                anyhow::anyhow!("invalid config {}:\n{errors}", path.display())
+            })?;
             config.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
             config.admin
         }

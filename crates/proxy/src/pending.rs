@@ -182,7 +182,10 @@ fn finish_watched(
     if let Pending::Routed(routed) = &mut entry {
         let routing = &routed.routing;
         for leg in routed.legs.as_mut_slice() {
-            let address = routing.pools.get(leg.pool()).and_then(|pool| pool.servers.get(leg.server()));
+            let address = routing
+                .pools
+                .get(leg.pool())
+                .and_then(|pool| pool.servers.get(leg.server()));
             if let Some(address) = address.map(|server| server.health.address()) {
                 if !servers.split(',').any(|known| known == &**address) {
                     if !servers.is_empty() {

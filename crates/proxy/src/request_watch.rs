@@ -118,7 +118,10 @@ impl Watcher {
         let mut due = self.due.load(Relaxed);
         loop {
             if due > now_ns + burst {
-                counters.lines_dropped.with_label_values(&["rate_cap"]).inc();
+                counters
+                    .lines_dropped
+                    .with_label_values(&["rate_cap"])
+                    .inc();
                 return false;
             }
             let next = due.max(now_ns) + interval;
@@ -175,7 +178,10 @@ impl WatchHub {
 
     /// Opens a watch with `filter`: the watcher and the lines it will get. `None` when
     /// [`MAX_WATCHERS`] are open already.
-    pub(crate) fn watch(&self, filter: Filter) -> Option<(Arc<Watcher>, mpsc::Receiver<WatchLine>)> {
+    pub(crate) fn watch(
+        &self,
+        filter: Filter,
+    ) -> Option<(Arc<Watcher>, mpsc::Receiver<WatchLine>)> {
         let (sender, receiver) = mpsc::channel(CHANNEL_LINES);
         let mut list = self.list_mut();
         if list.len() >= MAX_WATCHERS {
@@ -263,7 +269,9 @@ pub(crate) fn sample(
             false => local.unwrap_or(root_name).to_string(),
         };
         for watcher in hub.list().iter() {
-            if watchers.iter().any(|w| w.id == watcher.id) || !watcher.wants(&key, &route, root_name) {
+            if watchers.iter().any(|w| w.id == watcher.id)
+                || !watcher.wants(&key, &route, root_name)
+            {
                 continue;
             }
             if watcher.take_line(now_ns, &hub.counters) {
@@ -419,7 +427,10 @@ mod tests {
 
     #[test]
     fn replies_become_results() {
-        assert_eq!(result(Command::Get, b"VALUE k 0 1\r\nx\r\nEND\r\n", 1, 0), "hit");
+        assert_eq!(
+            result(Command::Get, b"VALUE k 0 1\r\nx\r\nEND\r\n", 1, 0),
+            "hit"
+        );
         assert_eq!(result(Command::Get, b"END\r\n", 0, 1), "miss");
         assert_eq!(result(Command::Get, b"", 1, 2), "1 of 3 hit");
         assert_eq!(result(Command::Set, b"STORED\r\n", 0, 0), "stored");
@@ -443,7 +454,9 @@ mod tests {
             })
             .expect("a watcher");
         let at = 5_000_000_000u64;
-        let taken = (0..100).filter(|_| watcher.take_line(at, &hub.counters)).count();
+        let taken = (0..100)
+            .filter(|_| watcher.take_line(at, &hub.counters))
+            .count();
         // A second's worth ahead (10) plus the one due now.
         assert_eq!(taken, 11);
         // A tenth of a second later, one more.

@@ -255,6 +255,15 @@ fn watch_hub(r: &Registry) -> WatchHub {
     )
     .unwrap_or_else(|e| unreachable_metric("watch_watchers", e));
     register(r, watchers.clone(), "watch_watchers");
+    let lines_dropped = counter_vec(
+        r,
+        "memroute_watch_lines_dropped_total",
+        "Request lines a watcher wanted but did not get, by reason: rate_cap (over its rate= per second) or slow_watcher (its queue was full; the watcher is dropped).",
+        &["reason"],
+    );
+    for reason in ["rate_cap", "slow_watcher"] {
+        lines_dropped.with_label_values(&[reason]);
+    }
     WatchHub::new(WatchCounters {
         watchers,
         examined: counter(
@@ -267,12 +276,7 @@ fn watch_hub(r: &Registry) -> WatchHub {
             "memroute_watch_lines_sent_total",
             "Request lines handed to watchers.",
         ),
-        lines_dropped: counter_vec(
-            r,
-            "memroute_watch_lines_dropped_total",
-            "Request lines a watcher wanted but did not get, by reason: rate_cap (over its rate= per second) or slow_watcher (its queue was full; the watcher is dropped).",
-            &["reason"],
-        ),
+        lines_dropped,
         slow_watchers: counter(
             r,
             "memroute_watch_slow_watchers_dropped_total",

@@ -168,18 +168,21 @@ fn render(line: &WatchLine, show_keys: bool) -> String {
         true => crate::hot_keys::printable(&line.key),
         false => "<hidden>".to_string(),
     };
-    json!({
-        "time": utc(line.time),
-        "client": line.client,
-        "command": line.command,
-        "key": key,
-        "keys": line.keys,
-        "route": line.route,
-        "server": line.server,
-        "result": line.result,
-        "latency_us": line.latency.as_micros() as u64,
-    })
-    .to_string()
+    // Built in this order (a JSON object's fields come out sorted otherwise): a person
+    // reading the raw lines sees them as the columns `memroute watch` prints.
+    let string = |value: &str| serde_json::Value::from(value).to_string();
+    format!(
+        "{{\"time\":{},\"client\":{},\"command\":{},\"key\":{},\"keys\":{},\"route\":{},\"server\":{},\"result\":{},\"latency_us\":{}}}",
+        string(&utc(line.time)),
+        string(&line.client),
+        string(line.command),
+        string(&key),
+        line.keys,
+        string(&line.route),
+        string(&line.server),
+        string(&line.result),
+        line.latency.as_micros() as u64,
+    )
 }
 
 /// `time` as RFC 3339 in UTC, to the millisecond.
