@@ -78,7 +78,7 @@ pub(crate) fn dispatch_framed(
 #[inline(never)]
 fn dispatch_watched(at: &Inbound<'_>, request: Request, pending: &mut VecDeque<Pending>) -> Flow {
     let client = || (at.peer)().address;
-    let sampled = crate::request_watch::sample(
+    let sampled = crate::watch_tap::sample(
         &at.context.watch,
         at.routing,
         at.origin.listener,

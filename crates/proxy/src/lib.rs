@@ -59,6 +59,7 @@ mod snapshot;
 mod stats;
 mod transport;
 mod version;
+mod watch_tap;
 mod worker;
 
 use std::sync::atomic::Ordering;

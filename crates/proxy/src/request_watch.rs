@@ -4,8 +4,9 @@
 //! ```text
 //!   framing::dispatch_framed ── hub.open()? (one relaxed load; false: nothing else) ──> dispatch
 //!        │ someone watches (cold path)
-//!        └─ sample(): each watcher's filter (key prefix, route), its lines left (`limit`)
-//!           and its rate cap -> Sampled (boxed, in the pending entry: Pending::Watched)
+//!        └─ watch_tap::sample: each key's route; hub.takers(): each watcher's filter (key
+//!           prefix, route), its lines left (`limit`) and its rate cap
+//!           -> Sampled (boxed, in the pending entry: Pending::Watched)
 //!   Pending::Watched finished ── Sampled::finish(result, servers) ──try_send──> watcher's channel
 //!   admin thread ── the /watch body renders the lines as JSON ──> the watcher's HTTP client
 //! ```
@@ -19,13 +20,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use memroute_protocol::{decode_base64, Command, Request};
-use memroute_routing::operation_of;
+use memroute_protocol::Command;
 use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use smallvec::SmallVec;
 use tokio::sync::mpsc;
-
-use crate::snapshot::RouteSnapshot;
 
 /// Lines waiting for one watcher's HTTP client; a watcher that falls this far behind is dropped.
 pub(crate) const CHANNEL_LINES: usize = 256;
@@ -35,8 +33,6 @@ pub(crate) const MAX_WATCHERS: usize = 8;
 pub(crate) const DEFAULT_RATE: u32 = 100;
 /// The most `rate=` may ask for.
 pub(crate) const MAX_RATE: u32 = 10_000;
-/// Key bytes a line carries (memcached's key limit; a base64 meta key decoded).
-const KEY_BYTES: usize = memroute_protocol::MAX_KEY_LEN;
 
 /// What one watcher wants to see.
 #[derive(Debug, Clone, Default)]
@@ -227,94 +223,49 @@ impl WatchHub {
 #[derive(Debug)]
 pub(crate) struct Sampled {
     hub: Arc<WatchHub>,
-    watchers: SmallVec<[Arc<Watcher>; 2]>,
+    watchers: Takers,
     started: Instant,
     line: WatchLine,
     command: Command,
     sent: bool,
 }
 
-/// The request `request`, read from `client()` on the `listener`-th listener: the watchers
-/// that take it, if any (called only while someone watches).
-pub(crate) fn sample(
-    hub: &Arc<WatchHub>,
-    routing: &RouteSnapshot,
-    listener: usize,
-    client: &dyn Fn() -> String,
-    request: &Request,
-) -> Option<Box<Sampled>> {
-    hub.counters.examined.inc();
-    let mut decoded = [0u8; 256];
-    let mut keys = request.keys().map(|key| match request.base64_key {
-        true => decode_base64(key, &mut decoded).map_or(key.to_vec(), |n| decoded[..n].to_vec()),
-        false => key.to_vec(),
-    });
-    let root = routing.root_of(listener);
-    let root_name = routing.routes.node_name(root);
-    let now = Instant::now();
-    let now_ns = now.saturating_duration_since(hub.epoch).as_nanos() as u64;
-    let mut watchers: SmallVec<[Arc<Watcher>; 2]> = SmallVec::new();
-    let mut chosen: Option<(Vec<u8>, String)> = None;
-    let keyed = request.command.is_keyed();
-    let local = local_route(request.command);
-    // The first key any watcher wants is the line's (a multi-get's other keys are counted);
-    // a request without a key is looked at once, as an empty key.
-    let empty = (!keyed).then(Vec::new);
-    for key in keys.by_ref().chain(empty) {
-        let route = match keyed {
-            true => routing
-                .routes
-                .node_name(routing.routes.select(root, operation_of(request), &key))
-                .to_string(),
-            false => local.unwrap_or(root_name).to_string(),
-        };
-        for watcher in hub.list().iter() {
-            if watchers.iter().any(|w| w.id == watcher.id)
-                || !watcher.wants(&key, &route, root_name)
-            {
-                continue;
-            }
-            if watcher.take_line(now_ns, &hub.counters) {
-                watchers.push(watcher.clone());
+impl WatchHub {
+    /// The watchers that take a request for `key`, routed to `route` from the listener
+    /// root `root`: their filters match, and each gives it one of its lines left and a
+    /// place under its rate cap. Empty for a request nobody takes.
+    pub(crate) fn takers(&self, key: &[u8], route: &str, root: &str, now: Instant) -> Takers {
+        let now_ns = now.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let mut takers = Takers::new();
+        for watcher in self.list().iter() {
+            if watcher.wants(key, route, root) && watcher.take_line(now_ns, &self.counters) {
+                takers.push(watcher.clone());
             }
         }
-        if !watchers.is_empty() {
-            chosen = Some((key, route));
-            break;
-        }
+        takers
     }
-    let (mut key, route) = chosen?;
-    key.truncate(KEY_BYTES);
-    Some(Box::new(Sampled {
-        hub: hub.clone(),
-        watchers,
-        started: now,
-        line: WatchLine {
-            time: SystemTime::now(),
-            client: client(),
-            command: request.command.name(),
-            key,
-            keys: request.keys().count(),
-            route,
-            server: String::new(),
-            result: String::new(),
-            latency: Duration::ZERO,
-        },
-        command: request.command,
-        sent: false,
-    }))
 }
 
-/// The route name requests memroute answers itself are counted under (as in `stats`).
-fn local_route(command: Command) -> Option<&'static str> {
-    match command {
-        Command::Version
-        | Command::Verbosity
-        | Command::Stats
-        | Command::MetaNoop
-        | Command::Shutdown
-        | Command::Quit => Some("(proxy)"),
-        _ => None,
+/// The watchers a request is shown to.
+pub(crate) type Takers = SmallVec<[Arc<Watcher>; 2]>;
+
+impl Sampled {
+    /// A request read at `started` (`line` without its outcome yet) for `watchers`.
+    pub(crate) fn new(
+        hub: Arc<WatchHub>,
+        watchers: Takers,
+        started: Instant,
+        command: Command,
+        line: WatchLine,
+    ) -> Box<Sampled> {
+        Box::new(Sampled {
+            hub,
+            watchers,
+            started,
+            line,
+            command,
+            sent: false,
+        })
     }
 }
 
