@@ -89,7 +89,7 @@ pub(crate) struct Watcher {
     /// (a GCRA's theoretical arrival time, allowing a second's worth of burst).
     due: AtomicU64,
     /// Taken (and so closed) when the watcher is dropped for being slow.
-    sender: Mutex<Option<mpsc::Sender<WatchLine>>>,
+    sender: Mutex<Option<mpsc::Sender<Arc<WatchLine>>>>,
     /// Set when it was dropped for being slow (its stream ends with a notice).
     dropped: AtomicBool,
 }
@@ -127,11 +127,9 @@ impl Watcher {
             }
         }
         // A limit reached by another worker meanwhile: give the place back unused.
-        let took = self
-            .left
+        self.left
             .fetch_update(Relaxed, Relaxed, |left| left.checked_sub(1))
-            .is_ok();
-        took
+            .is_ok()
     }
 }
 
@@ -177,7 +175,7 @@ impl WatchHub {
     pub(crate) fn watch(
         &self,
         filter: Filter,
-    ) -> Option<(Arc<Watcher>, mpsc::Receiver<WatchLine>)> {
+    ) -> Option<(Arc<Watcher>, mpsc::Receiver<Arc<WatchLine>>)> {
         let (sender, receiver) = mpsc::channel(CHANNEL_LINES);
         let mut list = self.list_mut();
         if list.len() >= MAX_WATCHERS {
@@ -281,10 +279,12 @@ impl Sampled {
             false => servers,
         };
         self.sent = true;
+        // One line, shared by its watchers' channels.
+        let line = Arc::new(self.line.clone());
         for watcher in &self.watchers {
             let full = {
                 let sender = watcher.sender.lock().unwrap_or_else(|e| e.into_inner());
-                match sender.as_ref().map(|s| s.try_send(self.line.clone())) {
+                match sender.as_ref().map(|s| s.try_send(line.clone())) {
                     Some(Ok(())) => {
                         self.hub.counters.lines_sent.inc();
                         false

@@ -63,7 +63,13 @@ pub(crate) fn sample(
         result: String::new(),
         latency: Duration::ZERO,
     };
-    Some(Sampled::new(hub.clone(), takers, now, request.command, line))
+    Some(Sampled::new(
+        hub.clone(),
+        takers,
+        now,
+        request.command,
+        line,
+    ))
 }
 
 /// The route name requests memroute answers itself are counted under (as in `stats`).
@@ -78,4 +84,3 @@ fn local_route(command: Command) -> Option<&'static str> {
         _ => None,
     }
 }
-

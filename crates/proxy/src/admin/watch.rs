@@ -72,7 +72,7 @@ pub(crate) fn filter_of(query: &str, controller: &Controller) -> Result<Filter, 
 pub(crate) struct WatchBody {
     hub: Arc<WatchHub>,
     watcher: Arc<Watcher>,
-    lines: mpsc::Receiver<WatchLine>,
+    lines: mpsc::Receiver<Arc<WatchLine>>,
     controller: Arc<Controller>,
     /// Lines still to send (`limit`).
     left: Option<u64>,
