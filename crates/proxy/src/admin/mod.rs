@@ -239,7 +239,11 @@ async fn serve(
                     async move {
                         slot.busy();
                         let response = answer(&state, peer, request).await;
-                        slot.idle();
+                        // A watch streams on after its head: its connection stays busy
+                        // (never closed to make room) until it ends, at most 60 s.
+                        if matches!(response.body(), Either::Left(_)) {
+                            slot.idle();
+                        }
                         Ok::<_, Infallible>(response)
                     }
                 })
