@@ -484,3 +484,57 @@ fn memroute_watch_prints_lines() {
     );
     assert!(lines[0].contains(&setup.main.addr()), "{}", lines[0]);
 }
+
+/// A binary request frame (magic 0x80): `opcode`, `key`, `extras`, `value`.
+fn binary_frame(opcode: u8, key: &[u8], extras: &[u8], value: &[u8]) -> Vec<u8> {
+    let body = (key.len() + extras.len() + value.len()) as u32;
+    let mut f = vec![0x80, opcode];
+    f.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[extras.len() as u8, 0, 0, 0]);
+    f.extend_from_slice(&body.to_be_bytes());
+    f.extend_from_slice(&[0; 12]);
+    [f, extras.to_vec(), key.to_vec(), value.to_vec()].concat()
+}
+
+/// A binary response's status, and its value for a get.
+fn binary_reply(conn: &mut Conn) -> (u16, Vec<u8>) {
+    let header = conn.read_for(24);
+    assert_eq!(header[0], 0x81, "response magic: {header:?}");
+    let key_len = usize::from(u16::from_be_bytes([header[2], header[3]]));
+    let extras = usize::from(header[4]);
+    let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]) as usize;
+    let body = conn.read_for(body);
+    let status = u16::from_be_bytes([header[6], header[7]]);
+    (status, body[extras + key_len..].to_vec())
+}
+
+#[test]
+fn binary_protocol_requests_are_watched_as_the_commands_they_become() {
+    let setup = start("");
+    let (_, watch) = Watch::open(&setup.admin, "key_prefix=bin&limit=3", None);
+    let mut watch = watch.expect("watch");
+    let mut c = setup.proxy.connect();
+    let flags_and_expiry = [0u8; 8];
+    c.send(&binary_frame(0x01, b"bin:1", &flags_and_expiry, b"v1"));
+    assert_eq!(binary_reply(&mut c).0, 0, "set");
+    c.send(&binary_frame(0x00, b"bin:1", &[], &[]));
+    assert_eq!(binary_reply(&mut c), (0, b"v1".to_vec()), "get hit");
+    c.send(&binary_frame(0x00, b"bin:2", &[], &[]));
+    assert_eq!(binary_reply(&mut c).0, 1, "get miss: key not found");
+    let lines: Vec<Value> = std::iter::from_fn(|| watch.next()).collect();
+    let results: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (field(l, "key"), field(l, "result")))
+        .collect();
+    assert_eq!(
+        results,
+        [("bin:1", "stored"), ("bin:1", "hit"), ("bin:2", "miss")]
+    );
+    for line in &lines {
+        assert!(
+            field(line, "command").starts_with('m'),
+            "a meta command: {line}"
+        );
+        assert_eq!(field(line, "server"), setup.main.addr(), "{line}");
+    }
+}
