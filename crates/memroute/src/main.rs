@@ -9,12 +9,16 @@
 //!   memroute route --config FILE [--listen ADDRESS] KEY...
 //!                                     print where each key goes (route path, server) for
 //!                                     that listener's clients (default: the first listener)
+//!   memroute watch [--config FILE | --admin ADDRESS] [--key-prefix P] [--route R] [--limit N]
+//!                                     print sampled requests of a running memroute live
+//!                                     (its admin port's GET /watch; see `live_watch`)
 //! ```
 // Denied rather than forbidden: the allocator's settings are one exported symbol.
 #![deny(unsafe_code)]
 
 #[cfg(feature = "jemalloc")]
 mod allocator;
+mod live_watch;
 mod watch;
 
 use std::path::PathBuf;
@@ -72,6 +76,35 @@ enum Command {
         /// Path to the mcrouter config (JSON).
         file: PathBuf,
     },
+    /// Print requests of a running memroute as they are answered (sampled, at most --rate
+    /// a second): time, client, command, key, route, server, result, latency. Reads the
+    /// admin port's GET /watch; stops after --limit lines or Ctrl-C.
+    Watch {
+        /// The running memroute's config: its admin.listen and admin token are used.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// The admin address to connect to (instead of the config's admin.listen).
+        #[arg(long)]
+        admin: Option<String>,
+        /// The admin token (instead of the config's admin.token or admin.token_file).
+        #[arg(long)]
+        token: Option<String>,
+        /// Only requests with a key that starts with this.
+        #[arg(long)]
+        key_prefix: Option<String>,
+        /// Only requests routed to this route or pool (or taking it as their listener's root).
+        #[arg(long)]
+        route: Option<String>,
+        /// Stop after this many lines.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// At most this many lines a second (the admin port's default: 100).
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Print the JSON lines as they come.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -110,6 +143,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Some(Command::ImportMcrouter { file }) => {
             return import(file, memroute_config::import::mcrouter::import)
+        }
+        Some(Command::Watch {
+            config,
+            admin,
+            token,
+            key_prefix,
+            route,
+            limit,
+            rate,
+            json,
+        }) => {
+            let (admin, token) = admin_of(config.or(cli.config), admin, token)?;
+            return live_watch::run(&live_watch::WatchArgs {
+                admin,
+                token,
+                key_prefix,
+                route,
+                limit,
+                rate,
+                json,
+            });
         }
         Some(Command::Route {
             operation,
@@ -154,6 +208,46 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     serve(config, bytes, &path, !cli.no_watch)
+}
+
+/// The admin address and token `memroute watch` uses: as given, else from `config`'s
+/// `[admin]` (`listen`; `token` or `token_file`).
+fn admin_of(
+    config: Option<PathBuf>,
+    admin: Option<String>,
+    token: Option<String>,
+) -> anyhow::Result<(String, Option<String>)> {
+    let table = match &config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let mut config = memroute_config::parse(&text).map_err(|errors| {
+                anyhow::anyhow!("invalid config {}:\n{errors}", path.display())
+            })?;
+            config.resolve_paths(path.parent().unwrap_or(std::path::Path::new(".")));
+            config.admin
+        }
+        None => None,
+    };
+    let address = match (admin, &table) {
+        (Some(admin), _) => admin,
+        (None, Some(table)) => live_watch::connect_address(&table.listen),
+        (None, None) => anyhow::bail!(
+            "--admin ADDRESS, or --config FILE with an [admin] table, is required (see --help)"
+        ),
+    };
+    let token = match (token, table.and_then(|t| t.token)) {
+        (Some(token), _) => Some(token),
+        (None, Some(memroute_config::AdminToken::Inline(token))) => Some(token),
+        (None, Some(memroute_config::AdminToken::File(path))) => Some(
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read admin.token_file {}", path.display()))?
+                .trim_end_matches(['\r', '\n'])
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    Ok((address, token))
 }
 
 /// `memroute route`: where each key goes under `config` for the clients of `listen`.

@@ -35,8 +35,7 @@ use memroute_routing::Operation;
 use crate::buffers::{self, QueuePool};
 use crate::client_log::{self, ClientEvent};
 use crate::context::WorkerContext;
-use crate::dispatch::dispatch;
-use crate::framing::{Framed, Inbound};
+use crate::framing::{dispatch_framed, Framed, Inbound};
 use crate::pending::{Flow, Pending};
 
 /// Room for a translated line beyond its key and value (command, flags, numbers).
@@ -651,7 +650,7 @@ impl Translator {
             return Framed::Next;
         };
         let queued = pending.len();
-        let flow = dispatch(at.context, at.routing, at.origin, text, pending);
+        let flow = dispatch_framed(at, text, pending);
         let mut shape = Some(Shape::Translated(shape));
         for _ in queued..pending.len() {
             self.shapes.push_back(shape.take().unwrap_or(Shape::AsIs));

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::generation::Generation;
+use crate::request_watch::WatchHub;
 use crate::session_wakers::SessionWakers;
 use crate::snapshot::RouteSnapshot;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -32,6 +33,8 @@ pub(crate) struct WorkerContext {
     /// The slot the next client session gets (which of `connections` it uses).
     next_slot: Cell<usize>,
     pub metrics: Rc<WorkerMetrics>,
+    /// The live watches of requests: every request asks `watch.open()` (one relaxed load).
+    pub watch: Arc<WatchHub>,
     /// The worker's client sessions, for shutdown to reach the idle ones.
     pub sessions: SessionWakers,
 }
@@ -51,6 +54,7 @@ impl WorkerContext {
             routing: RefCell::new(Rc::new(RouteSnapshot::build(generation, None, &metrics))),
             generations: RefCell::new(None),
             next_slot: Cell::new(0),
+            watch: metrics.shared.watch.clone(),
             metrics,
             sessions: SessionWakers::default(),
         }
@@ -69,6 +73,7 @@ impl WorkerContext {
             routing: RefCell::new(Rc::new(snapshot)),
             generations: RefCell::new(Some(generations)),
             next_slot: Cell::new(0),
+            watch: metrics.shared.watch.clone(),
             metrics,
             sessions: SessionWakers::default(),
         }

@@ -17,7 +17,7 @@ use std::rc::Rc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use memroute_protocol::auth::{parse_login, Login, AUTHENTICATION_FAILURE, LOGGED_IN};
-use memroute_protocol::{parse_request, Parse, TooLarge};
+use memroute_protocol::{parse_request, Parse, Request, TooLarge};
 use memroute_routing::operation_of;
 
 use crate::client_auth::LoginGate;
@@ -59,6 +59,46 @@ impl From<Flow> for Framed {
     }
 }
 
+/// Dispatches a framed request (every protocol's). While someone watches requests live
+/// (`request_watch`), a sampled request's pending entry carries its watch record; nobody
+/// watching costs one relaxed load.
+#[inline]
+pub(crate) fn dispatch_framed(
+    at: &Inbound<'_>,
+    request: Request,
+    pending: &mut VecDeque<Pending>,
+) -> Flow {
+    if !at.context.watch.open() {
+        return dispatch(at.context, at.routing, at.origin, request, pending);
+    }
+    dispatch_watched(at, request, pending)
+}
+
+#[cold]
+#[inline(never)]
+fn dispatch_watched(at: &Inbound<'_>, request: Request, pending: &mut VecDeque<Pending>) -> Flow {
+    let client = || (at.peer)().address;
+    let sampled = crate::watch_tap::sample(
+        &at.context.watch,
+        at.routing,
+        at.origin.listener,
+        &client,
+        &request,
+    );
+    let queued = pending.len();
+    let flow = dispatch(at.context, at.routing, at.origin, request, pending);
+    // One entry per request; a request that queued none (a noreply `verbosity`) or
+    // several has no line.
+    if let Some(sampled) = sampled {
+        if pending.len() == queued + 1 {
+            if let Some(entry) = pending.pop_back() {
+                pending.push_back(Pending::Watched(Box::new((entry, sampled))));
+            }
+        }
+    }
+    flow
+}
+
 /// Frames and dispatches the next text or meta request in `input`. A request the parser
 /// refuses is answered in its place (`swallow` set to the bytes of its data block still
 /// to come), and closes the connection when the stream can no longer be framed.
@@ -72,9 +112,7 @@ pub(crate) fn text(
         return login(at, input, pending);
     }
     match parse_request(input, &at.routing.limits) {
-        Parse::Request(request) => {
-            dispatch(at.context, at.routing, at.origin, request, pending).into()
-        }
+        Parse::Request(request) => dispatch_framed(at, request, pending).into(),
         Parse::Incomplete => Framed::Incomplete,
         Parse::Invalid {
             reply,

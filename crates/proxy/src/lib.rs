@@ -48,6 +48,7 @@ mod pool_settings;
 mod read_order;
 mod reload;
 mod reply;
+mod request_watch;
 mod resize_window;
 mod restart_only;
 mod route;
@@ -59,6 +60,7 @@ mod snapshot;
 mod stats;
 mod transport;
 mod version;
+mod watch_tap;
 mod worker;
 
 use std::sync::atomic::Ordering;

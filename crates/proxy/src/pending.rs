@@ -17,6 +17,7 @@ use memroute_routing::{classify_reply, ReplyClass};
 
 use crate::context::WorkerContext;
 use crate::reply::{first_line, server_error, Reply};
+use crate::request_watch::Sampled;
 use crate::route::{Finished, Legs, Start, Then};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::{Metrics, WorkerMetrics};
@@ -44,6 +45,8 @@ pub(crate) enum Pending {
     },
     /// A request its route started.
     Routed(InFlight),
+    /// A request sampled for a live watch (`request_watch`): the entry, and its line.
+    Watched(Box<(Pending, Box<Sampled>)>),
 }
 
 /// A routed request's legs in flight and what its route does once they answered. Holds
@@ -99,6 +102,7 @@ impl Pending {
                 deadline,
             } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
             Pending::Routed(entry) => entry.advance(None),
+            Pending::Watched(watched) => watched.0.try_complete(),
         }
     }
 
@@ -118,16 +122,19 @@ impl Pending {
                 })
                 .await
             }
+            Pending::Watched(watched) => Box::pin(watched.0.wait()).await,
         }
     }
 
     /// Moves a policy-route request on that is not at the head of the queue (a failover's
     /// next child, a warm-up's ask of warm): it is polled by the session, not by a task.
     fn poll_progress(&mut self, context: &mut Context<'_>) {
-        if let Pending::Routed(entry) = self {
-            if entry.then.moves_on() {
+        match self {
+            Pending::Routed(entry) if entry.then.moves_on() => {
                 entry.advance(Some(context));
             }
+            Pending::Watched(watched) => watched.0.poll_progress(context),
+            _ => {}
         }
     }
 
@@ -158,9 +165,45 @@ impl Pending {
                 }
                 legs.release();
             }
+            Pending::Watched(watched) => return finish_watched(*watched, context, out),
         }
         Flow::Continue
     }
+}
+
+/// Writes a watched entry's reply, then hands its line the reply, the keys it found and
+/// missed, and the servers its legs went to.
+fn finish_watched(
+    (mut entry, sampled): (Pending, Box<Sampled>),
+    context: &WorkerContext,
+    out: &mut BytesMut,
+) -> Flow {
+    let mut servers = String::new();
+    if let Pending::Routed(routed) = &mut entry {
+        let routing = &routed.routing;
+        for leg in routed.legs.as_mut_slice() {
+            let address = routing
+                .pools
+                .get(leg.pool())
+                .and_then(|pool| pool.servers.get(leg.server()));
+            if let Some(address) = address.map(|server| server.health.address()) {
+                if !servers.split(',').any(|known| known == &**address) {
+                    if !servers.is_empty() {
+                        servers.push(',');
+                    }
+                    servers.push_str(address);
+                }
+            }
+        }
+    }
+    let counted = |stats: &WorkerMetrics| (stats.get_hits.get(), stats.get_misses.get());
+    let (hits, misses) = counted(context.stats());
+    let start = out.len();
+    let flow = entry.finish(context, out);
+    let (hits_now, misses_now) = counted(context.stats());
+    let found = (hits_now.wrapping_sub(hits), misses_now.wrapping_sub(misses));
+    sampled.finish(&out[start..], found, servers);
+    flow
 }
 
 /// A pool without servers yet (DNS discovery), answered as memcached answers a failure.

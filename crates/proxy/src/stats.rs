@@ -42,6 +42,7 @@ use crate::counters::{
     ReloadCounts, ReplyBudget, RouteStats, ServerStats, ServerStatsTable, ShadowStats,
 };
 use crate::hot_keys::{HotKeyRegistry, Report, WorkerHotKeys};
+use crate::request_watch::{WatchCounters, WatchHub};
 
 /// How often a worker moves its local counts into the shared registry on its own.
 /// Scrapes and `stats` do not wait for it: they ask every worker to flush first.
@@ -134,6 +135,8 @@ pub(crate) struct Metrics {
     pub workers: usize,
     /// Every worker's hot-key sketches (`/hotkeys`, `stats`, the top key's share).
     pub hot_keys: Arc<HotKeyRegistry>,
+    /// The live watches of requests (`GET /watch`), which every worker looks at.
+    pub watch: Arc<WatchHub>,
     pub registry: Registry,
     pub connections_current: IntGauge,
     /// Open client connections, for admission against `max_connections`: one atomic
@@ -246,6 +249,44 @@ fn unreachable_metric(name: &str, error: prometheus::Error) -> ! {
     panic!("metric {name} cannot be defined: {error}")
 }
 
+/// The live watch's hub with its families: watchers open, requests looked at, lines.
+fn watch_hub(r: &Registry) -> WatchHub {
+    let watchers = IntGauge::new(
+        "memroute_watch_watchers",
+        "Live watches of requests open now (GET /watch, memroute watch).",
+    )
+    .unwrap_or_else(|e| unreachable_metric("watch_watchers", e));
+    register(r, watchers.clone(), "watch_watchers");
+    let lines_dropped = counter_vec(
+        r,
+        "memroute_watch_lines_dropped_total",
+        "Request lines a watcher wanted but did not get, by reason: rate_cap (over its rate= per second) or slow_watcher (its queue was full; the watcher is dropped).",
+        &["reason"],
+    );
+    for reason in ["rate_cap", "slow_watcher"] {
+        lines_dropped.with_label_values(&[reason]);
+    }
+    WatchHub::new(WatchCounters {
+        watchers,
+        examined: counter(
+            r,
+            "memroute_watch_requests_examined_total",
+            "Requests checked against the open watches' filters (only while a watch is open).",
+        ),
+        lines_sent: counter(
+            r,
+            "memroute_watch_lines_sent_total",
+            "Request lines handed to watchers.",
+        ),
+        lines_dropped,
+        slow_watchers: counter(
+            r,
+            "memroute_watch_slow_watchers_dropped_total",
+            "Watchers dropped because they read their lines more slowly than they came.",
+        ),
+    })
+}
+
 impl Metrics {
     /// Counts a new client connection, or refuses it (counted as rejected) when
     /// `max_connections` (0: no limit) are open already.
@@ -310,6 +351,7 @@ impl Metrics {
             started,
             workers,
             hot_keys,
+            watch: Arc::new(watch_hub(r)),
             connections_current,
             open_connections: AtomicUsize::new(0),
             connections_total: counter(

@@ -1,5 +1,6 @@
-//! Who may change state through the admin port (`POST /reload`). Reading is open to
-//! whoever reaches the port (scrapes, probes, `/route`); changing state is not:
+//! Who may change state through the admin port (`POST /reload`), or watch its requests
+//! live (`GET /watch`: client addresses and keys as they pass). Reading is open to
+//! whoever reaches the port (scrapes, probes, `/route`); those two are not:
 //! - with `admin.token` or `admin.token_file`, a request must carry
 //!   `Authorization: Bearer TOKEN`, compared in constant time;
 //! - without one, only a loopback peer may (a person or a script on the same host or pod);
@@ -29,8 +30,8 @@ impl Denied {
     /// The answer's first line, for the person or script that sent the request.
     pub(crate) fn reason(&self) -> String {
         match self {
-            Denied::NotLoopback => "state-changing requests are answered only from a loopback \
-                 peer unless admin.token or admin.token_file is set"
+            Denied::NotLoopback => "POST /reload and GET /watch are answered only from a \
+                 loopback peer unless admin.token or admin.token_file is set"
                 .to_string(),
             Denied::CrossSite => "refused: the request was sent from another site".to_string(),
             Denied::BadToken => {

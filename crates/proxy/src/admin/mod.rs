@@ -14,6 +14,8 @@
 //!   GET  /hotkeys       the hottest keys of each pool, JSON (`hot_keys`; top=N)
 //!   GET  /route?key=K   where a key goes (repeat key=; op=set for another operation;
 //!                       listener=ADDRESS for another listener than the first)
+//!   GET  /watch         sampled requests as they are answered, JSON lines (`watch`;
+//!                       key_prefix=, route=, limit=, rate=); the same access as /reload
 //! ```
 //!
 //! Each connection is a task: a slow or silent client holds only its own task, never the
@@ -26,7 +28,9 @@ mod access;
 mod admission;
 mod hot_keys;
 mod panel;
+mod query;
 mod state;
+mod watch;
 
 use std::convert::Infallible;
 use std::net::IpAddr;
@@ -35,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -235,7 +239,11 @@ async fn serve(
                     async move {
                         slot.busy();
                         let response = answer(&state, peer, request).await;
-                        slot.idle();
+                        // A watch streams on after its head: its connection stays busy
+                        // (never closed to make room) until it ends, at most 60 s.
+                        if matches!(response.body(), Either::Left(_)) {
+                            slot.idle();
+                        }
                         Ok::<_, Infallible>(response)
                     }
                 })
@@ -264,10 +272,11 @@ async fn serve(
     }
 }
 
-type Reply = Response<Full<Bytes>>;
+/// Every answer is a whole body but a watch's, which streams.
+type Reply = Response<Either<Full<Bytes>, watch::WatchBody>>;
 
 fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Reply {
-    let mut response = Response::new(Full::new(body.into()));
+    let mut response = Response::new(Either::Left(Full::new(body.into())));
     *response.status_mut() = status;
     if let Ok(value) = hyper::header::HeaderValue::from_str(content_type) {
         response
@@ -339,10 +348,14 @@ async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) ->
         (&Method::GET, "/hotkeys") => {
             json(hot_keys::report(&state.metrics, hot_keys::top_of(query)))
         }
+        (&Method::GET, "/watch") => match refusal(state, peer, &request) {
+            None => watch(state, query),
+            Some(refused) => refused,
+        },
         (
             _,
             "/" | "/state" | "/metrics" | "/healthz" | "/ready" | "/config" | "/route" | "/hotkeys"
-            | "/reload",
+            | "/watch" | "/reload",
         ) => {
             text(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -351,7 +364,7 @@ async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) ->
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "try /, /state, /metrics, /healthz, /ready, /config, /hotkeys, /route?key=K or POST /reload\n",
+            "try /, /state, /metrics, /healthz, /ready, /config, /hotkeys, /route?key=K, /watch or POST /reload\n",
         ),
     }
 }
@@ -412,13 +425,42 @@ async fn reload(state: &AdminState) -> Reply {
     }
 }
 
+/// `GET /watch`: a stream of the sampled requests `query` asks for (`watch`).
+fn watch(state: &AdminState, query: &str) -> Reply {
+    let filter = match watch::filter_of(query, &state.controller) {
+        Ok(filter) => filter,
+        Err(reason) => return text(StatusCode::BAD_REQUEST, format!("{reason}\n")),
+    };
+    let Some(body) = watch::WatchBody::open(&state.metrics.watch, state.controller.clone(), filter)
+    else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "{} watches are open already; close one first\n",
+                crate::request_watch::MAX_WATCHERS
+            ),
+        );
+    };
+    let mut response = Response::new(Either::Right(body));
+    let headers = response.headers_mut();
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/x-ndjson"),
+    );
+    headers.insert(
+        hyper::header::CACHE_CONTROL,
+        hyper::header::HeaderValue::from_static("no-cache"),
+    );
+    response
+}
+
 fn route(state: &AdminState, query: &str) -> Reply {
     let mut keys = Vec::new();
     let mut operation = memroute_config::Operation::Get;
     let mut listener = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let Some(value) = percent_decode(value) else {
+        let Some(value) = query::percent_decode(value) else {
             return text(
                 StatusCode::BAD_REQUEST,
                 "bad percent-encoding in the query\n",
@@ -478,41 +520,4 @@ fn route(state: &AdminState, query: &str) -> Reply {
         ));
     }
     text(StatusCode::OK, out)
-}
-
-/// `%XX` and `+` decoding of one query value; `None` for a broken escape.
-fn percent_decode(value: &str) -> Option<Vec<u8>> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_values_are_percent_decoded() {
-        assert_eq!(percent_decode("a%20b+c").as_deref(), Some(&b"a b c"[..]));
-        assert_eq!(percent_decode("%zz"), None);
-        assert_eq!(percent_decode("%2"), None);
-    }
 }

@@ -120,6 +120,11 @@ impl Leg {
         self.pool as usize
     }
 
+    /// The server of its pool the request went to.
+    pub(crate) fn server(&self) -> usize {
+        self.server as usize
+    }
+
     /// Records the leg's latency under route node `route` (a policy route it went through)
     /// rather than under its pool.
     pub(crate) fn on_route(mut self, route: NodeId) -> Leg {
