@@ -495,8 +495,18 @@ fn describe_route(route: &RouteConfig) -> String {
                 reads.as_str()
             )
         }
-        RouteConfig::Failover { children, on } => {
-            format!("failover over {} on {}", children.join(", "), on.as_str())
+        RouteConfig::Failover {
+            children,
+            on,
+            errors,
+            exptime_cap,
+        } => {
+            format!(
+                "failover over {} on {}{}",
+                children.join(", "),
+                on.as_str(),
+                memroute_config::gutter_description(*errors, *exptime_cap)
+            )
         }
         RouteConfig::WarmUp { cold, warm, ttl } => {
             format!("warm-up, cold {cold}, warm {warm}, ttl {ttl}s")
