@@ -71,6 +71,30 @@ enum Command {
     ImportMcrouter {
         /// Path to the mcrouter config (JSON).
         file: PathBuf,
+        /// mcrouter's --route-prefix: the default routing prefix (/REGION/CLUSTER/).
+        #[arg(long)]
+        route_prefix: Option<String>,
+        /// mcrouter's --timeouts-until-tko: each pool's failure_limit.
+        #[arg(long)]
+        timeouts_until_tko: Option<u32>,
+        /// mcrouter's --probe-timeout-initial (ms): each pool's probe_interval.
+        #[arg(long)]
+        probe_timeout_initial: Option<u64>,
+        /// mcrouter's --max-client-outstanding-reqs: proxy.max_client_pending.
+        #[arg(long)]
+        max_client_outstanding_reqs: Option<u64>,
+        /// mcrouter's --num-proxies: proxy.workers.
+        #[arg(long)]
+        num_proxies: Option<u32>,
+        /// mcrouter's --pem-ca-path: tls.ca of pools whose servers are :ssl.
+        #[arg(long)]
+        pem_ca_path: Option<String>,
+        /// mcrouter's --pem-cert-path: tls.cert of those pools.
+        #[arg(long)]
+        pem_cert_path: Option<String>,
+        /// mcrouter's --pem-key-path: tls.key of those pools.
+        #[arg(long)]
+        pem_key_path: Option<String>,
     },
 }
 
@@ -108,8 +132,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::ImportTwemproxy { file }) => {
             return import(file, memroute_config::import::twemproxy::import)
         }
-        Some(Command::ImportMcrouter { file }) => {
-            return import(file, memroute_config::import::mcrouter::import)
+        Some(Command::ImportMcrouter {
+            file,
+            route_prefix,
+            timeouts_until_tko,
+            probe_timeout_initial,
+            max_client_outstanding_reqs,
+            num_proxies,
+            pem_ca_path,
+            pem_cert_path,
+            pem_key_path,
+        }) => {
+            let flags = memroute_config::import::mcrouter::Flags {
+                route_prefix,
+                timeouts_until_tko,
+                probe_timeout_initial_ms: probe_timeout_initial,
+                max_client_outstanding_reqs,
+                num_proxies,
+                pem_ca_path,
+                pem_cert_path,
+                pem_key_path,
+            };
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let toml = memroute_config::import::mcrouter::import_file(&text, &file, &flags)
+                .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+            write_stdout(&toml);
+            return Ok(());
         }
         Some(Command::Route {
             operation,

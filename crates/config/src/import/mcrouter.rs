@@ -13,6 +13,8 @@
 //! a route of that name. What has no equivalent is a `# NOTE` naming its JSON path, and
 //! what cannot be translated at all (an unknown handle, a weight outside (0, 1], a loop
 //! between named handles, a macro that computes) is an error naming its JSON path.
+mod json;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::{Map, Value};
@@ -44,6 +46,39 @@ const HANDLES: &[&str] = &[
     "ErrorRoute",
 ];
 
+/// mcrouter's other route handles (its McRouteHandleProvider and routes/, plus
+/// McRefillRoute of its tests): each gets its nearest memroute equivalent and a note
+/// (`Importer::nearest`). A handle in neither list is one mcrouter rejects.
+const OTHER_HANDLES: &[&str] = &[
+    "AxonLogRoute",
+    "BigValueRoute",
+    "BlackholeRoute",
+    "CarbonLookasideRoute",
+    "DevNullRoute",
+    "DistributionRoute",
+    "HashStopAllowListRoute",
+    "HostIdRoute",
+    "KeyParseRoute",
+    "KeySplitRoute",
+    "L1L2CacheRoute",
+    "L1L2SizeSplitRoute",
+    "LatencyInjectionRoute",
+    "LoadBalancerRoute",
+    "LoggingRoute",
+    "McRefillRoute",
+    "MigrateRoute",
+    "ModifyExptimeRoute",
+    "ModifyKeyRoute",
+    "OriginalClientHashRoute",
+    "PrefixPolicyRoute",
+    "RateLimitRoute",
+    "RoutingGroupRoute",
+    "SaltedFailoverRoute",
+    "SRRoute",
+    "SetDistributionTargetRoute",
+    "StagingRoute",
+];
+
 /// mcrouter operation names and memroute's.
 const OPERATIONS: &[(&str, &str)] = &[
     ("get", "get"),
@@ -69,9 +104,54 @@ type Macros = HashMap<String, (Vec<(String, Option<Value>)>, Value)>;
 /// Macro expansion deeper than this is taken as a loop.
 const MAX_MACRO_DEPTH: usize = 32;
 
+/// mcrouter's command-line flags that change what the config does, as the importer takes
+/// them (`memroute import-mcrouter --route-prefix /dc/cluster/ ...`).
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    /// `--route-prefix`: the default routing prefix (`[proxy] routing_prefix`).
+    pub route_prefix: Option<String>,
+    /// `--timeouts-until-tko`: failures before a server is marked down (`failure_limit`).
+    pub timeouts_until_tko: Option<u32>,
+    /// `--probe-timeout-initial` in milliseconds: the first probe of a down server
+    /// (`probe_interval`).
+    pub probe_timeout_initial_ms: Option<u64>,
+    /// `--max-client-outstanding-reqs`: requests one client may have in flight
+    /// (`max_client_pending`; 0 is mcrouter's "no limit").
+    pub max_client_outstanding_reqs: Option<u64>,
+    /// `--num-proxies`: mcrouter's proxy threads (`workers`).
+    pub num_proxies: Option<u32>,
+    /// `--pem-ca-path`, `--pem-cert-path`, `--pem-key-path`: TLS to `:ssl` servers.
+    pub pem_ca_path: Option<String>,
+    pub pem_cert_path: Option<String>,
+    pub pem_key_path: Option<String>,
+}
+
 /// Returns the equivalent memroute TOML for an mcrouter JSON config.
 pub fn import(json: &str) -> Result<String, ConfigErrors> {
-    let doc: Value = serde_json::from_str(json).map_err(|e| {
+    import_with(json, &Flags::default())
+}
+
+/// `import_with` for the config file at `path` (its `@import`s are read relative to it).
+pub fn import_file(
+    json: &str,
+    path: &std::path::Path,
+    flags: &Flags,
+) -> Result<String, ConfigErrors> {
+    let base = path.parent().map(std::path::Path::to_path_buf);
+    import_from(json, base, flags)
+}
+
+/// `import`, with mcrouter's command-line flags carried over too.
+pub fn import_with(json: &str, flags: &Flags) -> Result<String, ConfigErrors> {
+    import_from(json, None, flags)
+}
+
+fn import_from(
+    json: &str,
+    base: Option<std::path::PathBuf>,
+    flags: &Flags,
+) -> Result<String, ConfigErrors> {
+    let doc: Value = json::parse(json).map_err(|e| {
         ConfigErrors::single(ConfigError::new(
             ErrorKind::Syntax,
             format!("line {}, column {}", e.line(), e.column()),
@@ -85,7 +165,11 @@ pub fn import(json: &str) -> Result<String, ConfigErrors> {
             "expected a JSON object (an mcrouter config)",
         ));
     };
-    let mut importer = Importer::default();
+    let mut importer = Importer {
+        flags: flags.clone(),
+        base,
+        ..Importer::default()
+    };
     let top = importer.expand_macros(top);
     // A macro that failed leaves nulls behind: reporting those too would only confuse.
     if !importer.errs.is_empty() {
@@ -120,6 +204,10 @@ struct McPool {
     weights: Option<Vec<f64>>,
     /// `server_timeout`, in milliseconds.
     timeout_ms: Option<u64>,
+    /// Its servers are `host:port:ascii:ssl`: TLS.
+    tls: bool,
+    /// `keep_routing_prefix`: its servers get keys with their routing prefix.
+    keep_prefix: bool,
     notes: Vec<String>,
 }
 
@@ -149,6 +237,8 @@ struct OutPool {
     /// mcrouter's hash salt (empty: none).
     salt: String,
     timeout_ms: Option<u64>,
+    tls: bool,
+    keep_prefix: bool,
     notes: Vec<String>,
 }
 
@@ -159,6 +249,97 @@ enum Built {
     Target(String),
     /// A new memroute route: its `key = value` lines.
     Route(Vec<String>),
+}
+
+fn children_has(children: &[String], child: &str) -> bool {
+    children.iter().any(|c| c == child)
+}
+
+/// A failover handle's `failover_errors` as memroute's line (none: every error). mcrouter
+/// also takes separate lists for gets, updates and deletes (an object); memroute has one
+/// list per route: their union, with a note.
+fn failover_errors(o: &Map<String, Value>, path: &str, notes: &mut Vec<String>) -> Option<String> {
+    let at = join(path, "failover_errors");
+    let names: Vec<String> = match o.get("failover_errors")? {
+        Value::Array(items) => items.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+        Value::Object(by_kind) => {
+            notes.push(format!("{at}: separate lists for gets, updates and deletes; memroute has one list per route: their union, for every request."));
+            let mut all: Vec<String> = Vec::new();
+            for list in by_kind.values().filter_map(Value::as_array) {
+                for name in list.iter().filter_map(Value::as_str) {
+                    if !all.iter().any(|n| n == name) {
+                        all.push(name.to_string());
+                    }
+                }
+            }
+            all
+        }
+        other => {
+            notes.push(format!("{at}: {} is not a list of errors; not carried over.", compact(other)));
+            return None;
+        }
+    };
+    let known: Vec<String> = names
+        .into_iter()
+        .filter(|name| {
+            let ok = crate::ErrorClass::from_name(name).is_some();
+            if !ok {
+                notes.push(format!("{at}: \"{name}\" is not one of mcrouter's errors; left out."));
+            }
+            ok
+        })
+        .collect();
+    Some(format!("failover_errors = {}", list(&known)))
+}
+
+/// A `RoutingGroupRoute` as the `OperationSelectorRoute` it amounts to: each group
+/// (`get_like`, `update_like`, `delete_like`, `arithmetic_like`) is its operations.
+fn routing_groups_as_operations(o: &Map<String, Value>) -> Map<String, Value> {
+    const GROUPS: &[(&str, &[&str])] = &[
+        ("get_like", &["get", "gets", "gat", "gats"]),
+        ("update_like", &["set", "add", "replace", "append", "prepend", "cas", "touch"]),
+        ("delete_like", &["delete"]),
+        ("arithmetic_like", &["incr", "decr"]),
+    ];
+    let mut policies = Map::new();
+    if let Some(groups) = o.get("routing_group_policies").and_then(Value::as_object) {
+        for (group, ops) in GROUPS {
+            if let Some(route) = groups.get(*group) {
+                for op in *ops {
+                    policies.insert(op.to_string(), route.clone());
+                }
+            }
+        }
+    }
+    let mut out = Map::new();
+    out.insert("operation_policies".to_string(), Value::Object(policies));
+    if let Some(default) = o.get("default_policy") {
+        out.insert("default_policy".to_string(), default.clone());
+    }
+    out
+}
+
+/// What mcrouter's handle did, for the note on its nearest memroute equivalent.
+fn handle_note(kind: &str) -> &'static str {
+    match kind {
+        "AxonLogRoute" | "LoggingRoute" => "mcrouter logged the requests on the way; memroute's logs and metrics are in docs/operations.md.",
+        "BigValueRoute" => "mcrouter split values above its threshold into chunks; memroute sends values whole (proxy.max_value_size bounds them).",
+        "CarbonLookasideRoute" => "mcrouter answered some reads from a lookaside cache; memroute asks the route every time.",
+        "DistributionRoute" | "SetDistributionTargetRoute" => "mcrouter also distributed writes to other regions; write to them with a replicated route.",
+        "HashStopAllowListRoute" | "KeyParseRoute" => "mcrouter chose by parts of the key; use a prefix route for the same.",
+        "HostIdRoute" | "OriginalClientHashRoute" | "LoadBalancerRoute" => "mcrouter picked one child per client (or by load); memroute tries them in order.",
+        "KeySplitRoute" => "mcrouter spread a hot key's copies over several keys; memroute sends the key as it is.",
+        "L1L2SizeSplitRoute" => "mcrouter kept large values in l2 behind a marker in l1; memroute keeps every value in l1.",
+        "LatencyInjectionRoute" => "mcrouter added latency (a test aid); memroute adds none.",
+        "MigrateRoute" => "mcrouter moved from \"from\" to \"to\" at start_time; memroute routes to \"to\" now (a resize window, docs/configuration.md, moves keys between pools).",
+        "ModifyExptimeRoute" => "mcrouter changed the exptime on the way; memroute caps exptimes only on a failover route's failover children (failover_exptime).",
+        "ModifyKeyRoute" => "mcrouter rewrote the key (routing prefix, key prefix); memroute sends it as the client did.",
+        "RateLimitRoute" => "mcrouter rate-limited requests; memroute does not (proxy.max_client_pending bounds one client).",
+        "SRRoute" => "mcrouter found servers through a service router, which memroute does not have; use DNS discovery (docs/configuration.md).",
+        "StagingRoute" => "mcrouter also wrote to a staging route; a shadow route copies requests to another.",
+        "McRefillRoute" => "mcrouter refilled misses from \"refill\"; memroute's warm-up route fills from another on a miss.",
+        _ => "",
+    }
 }
 
 /// A note for every key of `o` that is not in `known`.
@@ -183,7 +364,12 @@ struct OutRoute {
 
 #[derive(Debug, Default)]
 struct Importer {
+    flags: Flags,
+    /// The directory `@import` paths are relative to (the config file's).
+    base: Option<std::path::PathBuf>,
     errs: Vec<ConfigError>,
+    /// Routes chosen by routing prefix (mcrouter's `routes[].aliases`): target -> prefixes.
+    prefixed: Vec<(String, Vec<String>)>,
     /// Notes about the file as a whole.
     notes: Vec<String>,
     pools: BTreeMap<String, McPool>,
@@ -465,16 +651,22 @@ impl Importer {
         let mut notes = Vec::new();
         let servers_path = join(path, "servers");
         let mut servers = Vec::new();
+        let mut security = Vec::new();
         match pool.get("servers") {
             Some(Value::Array(items)) if !items.is_empty() => {
                 for (i, s) in items.iter().enumerate() {
                     let item_path = index(&servers_path, i);
                     match s.as_str().map(split_server) {
                         Some(Ok((address, extra))) => {
-                            if let Some(extra) = extra {
-                                notes.push(format!(
-                                    "{item_path}: \"{extra}\" after the address (protocol/security) is not carried over; memroute speaks the ASCII protocol to servers"
-                                ));
+                            match extra.as_deref() {
+                                Some("ascii:ssl" | "ssl") => security.push(true),
+                                Some(extra) => {
+                                    notes.push(format!(
+                                        "{item_path}: \"{extra}\" after the address (protocol/security) is not carried over; memroute speaks the ASCII protocol to servers"
+                                    ));
+                                    security.push(false);
+                                }
+                                None => security.push(false),
                             }
                             servers.push(address);
                         }
@@ -518,7 +710,7 @@ impl Importer {
         };
         for (key, value) in pool {
             match key.as_str() {
-                "servers" | "weights" | "server_timeout" => {}
+                "servers" | "weights" | "server_timeout" | "keep_routing_prefix" => {}
                 "protocol" if value.as_str() == Some("ascii") => {}
                 _ => notes.push(format!(
                     "{}: {} is not carried over",
@@ -527,10 +719,18 @@ impl Importer {
                 )),
             }
         }
+        let tls = !security.is_empty() && security.iter().all(|&ssl| ssl);
+        if !tls && security.contains(&true) {
+            notes.push(format!(
+                "{servers_path}: some servers are \":ssl\" and some plain; memroute speaks TLS to a whole pool or to none of it: this pool is plain. Split it to keep TLS."
+            ));
+        }
         (self.errs.len() == before).then_some(McPool {
             servers,
             weights,
             timeout_ms,
+            tls,
+            keep_prefix: pool.get("keep_routing_prefix").and_then(Value::as_bool) == Some(true),
             notes,
         })
     }
@@ -550,7 +750,13 @@ impl Importer {
             let item_path = index(path, i);
             match w.as_f64() {
                 Some(x) if x > 0.0 && x <= 1.0 => out.push(x),
-                Some(x) if x <= 0.0 => {
+                // mcrouter takes 0: the server gets only the keys all 32 tries miss.
+                // memroute's weights are above 0: the least weight is the nearest.
+                Some(x) if x == 0.0 => {
+                    self.notes.push(format!("{item_path}: weight 0 (mcrouter gives such a server only the keys all 32 WeightedCh3 tries miss) is written as 0.000001, memroute's nearest: about as few keys."));
+                    out.push(0.000001);
+                }
+                Some(x) if x < 0.0 => {
                     self.error(ErrorKind::OutOfRange,
                         &item_path,
                         format!("weight {x} must be > 0 (a server that should get no keys belongs out of the pool; with weight 0 WeightedCh3 still gives it the keys all 32 tries miss)"),
@@ -598,6 +804,10 @@ impl Importer {
             },
         };
         let hash = match hash {
+            Hash::WeightedCh3(weights) if weights.is_empty() => {
+                let weights = pool.weights.clone().unwrap_or_default();
+                Hash::WeightedCh3(self.fit_weights(weights, pool.servers.len(), name))
+            }
             Hash::WeightedCh3(weights) => {
                 Hash::WeightedCh3(self.fit_weights(weights, pool.servers.len(), name))
             }
@@ -621,6 +831,8 @@ impl Importer {
                 hash,
                 salt,
                 timeout_ms: pool.timeout_ms,
+                tls: pool.tls,
+                keep_prefix: pool.keep_prefix,
                 notes: pool.notes.clone(),
             },
         );
@@ -674,6 +886,8 @@ impl Importer {
                     hash: Hash::Ch3,
                     salt: String::new(),
                     timeout_ms: pool.timeout_ms,
+                    tls: pool.tls,
+                    keep_prefix: pool.keep_prefix,
                     notes: vec![format!("server {i} of mcrouter pool \"{name}\" ({path})")],
                 },
             );
@@ -721,28 +935,22 @@ impl Importer {
 
     fn read_root(&mut self, top: &Map<String, Value>) -> Option<String> {
         match (top.get("route"), top.get("routes")) {
-            (Some(route), None) => self.route(route, "route", "root"),
-            (None, Some(Value::Array(routes))) if !routes.is_empty() => {
-                for (i, entry) in routes.iter().enumerate().skip(1) {
-                    let aliases = entry.get("aliases").map(compact).unwrap_or_default();
-                    self.notes.push(format!(
-                        "routes[{i}] (aliases {aliases}) is not imported: memroute has one root route and no routing prefixes; import it from a config with only that entry to serve it from another memroute."
-                    ));
+            (Some(route), None) => {
+                let root = self.route(route, "route", "root")?;
+                // The one route serves the default prefix too.
+                if let Some(prefix) = self.flags.route_prefix.clone() {
+                    self.add_prefixes(&root, vec![prefix]);
                 }
-                let first = &routes[0];
-                if let Some(aliases) = first.get("aliases") {
-                    self.notes.push(format!(
-                        "routes[0].aliases {}: memroute does not select a route by routing prefix; every request takes this route.",
-                        compact(aliases)
-                    ));
-                }
-                match first.get("route") {
-                    Some(route) => self.route(route, "routes[0].route", "root"),
-                    None => {
-                        self.error(ErrorKind::Missing, "routes[0].route", "required");
-                        None
-                    }
-                }
+                Some(root)
+            }
+            (None, Some(Value::Array(routes))) if !routes.is_empty() => self.read_routes(routes),
+            // mcrouter's short form: `"routes": {"/a/b/": ROUTE, ...}`.
+            (None, Some(Value::Object(by_alias))) if !by_alias.is_empty() => {
+                let routes: Vec<Value> = by_alias
+                    .iter()
+                    .map(|(alias, route)| serde_json::json!({"aliases": [alias], "route": route}))
+                    .collect();
+                self.read_routes(&routes)
             }
             (None, Some(_)) => {
                 self.error(
@@ -764,6 +972,70 @@ impl Importer {
                 self.error(ErrorKind::Missing, "route", "required (or \"routes\")");
                 None
             }
+        }
+    }
+
+    /// mcrouter's `routes`: each entry's route, chosen by the routing prefixes in its
+    /// `aliases` (`routing_prefixes` on its memroute target). The root (`proxy.route`) is
+    /// the route of `--route-prefix`, else the first entry's.
+    fn read_routes(&mut self, routes: &[Value]) -> Option<String> {
+        let mut root = None;
+        for (i, entry) in routes.iter().enumerate() {
+            let path = index("routes", i);
+            let aliases: Vec<String> = match entry.get("aliases") {
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .filter_map(|a| a.as_str().map(str::to_string))
+                    .collect(),
+                Some(Value::String(one)) => vec![one.clone()],
+                _ => Vec::new(),
+            };
+            if aliases.is_empty() {
+                self.notes.push(format!(
+                    "{path}: no \"aliases\"; no routing prefix selects this route."
+                ));
+            }
+            let hint = aliases
+                .first()
+                .map_or_else(|| format!("routes_{i}"), |a| a.replace('/', "_"));
+            let Some(route) = entry.get("route") else {
+                self.error(ErrorKind::Missing, &join(&path, "route"), "required");
+                continue;
+            };
+            let Some(target) = self.route(route, &join(&path, "route"), &hint) else {
+                continue;
+            };
+            let is_default = match &self.flags.route_prefix {
+                Some(prefix) => aliases.contains(prefix),
+                None => i == 0,
+            };
+            if is_default && root.is_none() {
+                root = Some(target.clone());
+            }
+            self.add_prefixes(&target, aliases);
+        }
+        match (&self.flags.route_prefix, &root) {
+            (None, _) => self.notes.push(
+                "mcrouter serves a key without a routing prefix by its --route-prefix flag; none was given to the importer, so proxy.route is routes[0]'s route. Give --route-prefix /REGION/CLUSTER/ to choose.".to_string(),
+            ),
+            (Some(prefix), None) => self.error(
+                ErrorKind::UnknownTarget,
+                "routes",
+                format!("--route-prefix {prefix}: no entry of routes has it among its aliases (mcrouter would not start)"),
+            ),
+            _ => {}
+        }
+        root
+    }
+
+    /// Routing prefixes that select memroute target `target`.
+    fn add_prefixes(&mut self, target: &str, prefixes: Vec<String>) {
+        if prefixes.is_empty() {
+            return;
+        }
+        match self.prefixed.iter_mut().find(|(t, _)| t == target) {
+            Some((_, have)) => have.extend(prefixes),
+            None => self.prefixed.push((target.to_string(), prefixes)),
         }
     }
 
@@ -879,6 +1151,20 @@ impl Importer {
                     .unwrap_or_default();
                 Some(self.simple_route(hint, "error", lines))
             }
+            // mcrouter's short form of a handle over its children: `AllSyncRoute|Pool|A`
+            // is `{"type": "AllSyncRoute", "children": "Pool|A"}`.
+            (_, Some(rest)) if HANDLES.contains(&kind) || OTHER_HANDLES.contains(&kind) => {
+                let mut o = Map::new();
+                o.insert("type".to_string(), Value::String(kind.to_string()));
+                o.insert("children".to_string(), Value::String(rest.to_string()));
+                self.route_object(kind, &o, path, hint)
+            }
+            // A handle with nothing to say (`DevNullRoute`), as an object.
+            _ if OTHER_HANDLES.contains(&kind) => {
+                let mut o = Map::new();
+                o.insert("type".to_string(), Value::String(kind.to_string()));
+                self.route_object(kind, &o, path, hint)
+            }
             _ if HANDLES.contains(&kind) => {
                 self.error(
                     ErrorKind::Invalid,
@@ -914,34 +1200,59 @@ impl Importer {
     /// Children of an All*/Failover/Random route: a list of routes, or `"Pool|NAME"` (one
     /// destination per server of the pool).
     fn children(&mut self, o: &Map<String, Value>, path: &str, hint: &str) -> Option<Vec<String>> {
-        let children_path = join(path, "children");
-        match o.get("children") {
+        self.children_at(o.get("children"), &join(path, "children"), hint)
+    }
+
+    /// A list of child handles at `children_path`: a list, a single child where a list is
+    /// allowed, `"Pool|NAME"` or an inline `{"type": "Pool", ...}` (one child per server of
+    /// the pool, in a list too).
+    fn children_at(
+        &mut self,
+        children: Option<&Value>,
+        children_path: &str,
+        hint: &str,
+    ) -> Option<Vec<String>> {
+        let children_path = children_path.to_string();
+        match children {
             Some(Value::String(s)) if s.starts_with("Pool|") => {
                 self.server_targets(&s["Pool|".len()..], &children_path)
+            }
+            Some(one @ (Value::String(_) | Value::Object(_))) => {
+                self.children_at(Some(&Value::Array(vec![one.clone()])), &children_path, hint)
             }
             Some(Value::Array(items)) if !items.is_empty() => {
                 let mut out = Vec::new();
                 let mut ok = true;
                 for (i, child) in items.iter().enumerate() {
-                    match self.route(child, &index(&children_path, i), &format!("{hint}_{i}")) {
-                        Some(t) => out.push(t),
+                    let at = index(&children_path, i);
+                    let pool = match child {
+                        Value::String(s) => s.strip_prefix("Pool|").map(str::to_string),
+                        Value::Object(p) if p.get("type").and_then(Value::as_str) == Some("Pool") => {
+                            self.inline_pool(p, &at)
+                        }
+                        _ => None,
+                    };
+                    let targets = match pool {
+                        Some(pool) => self.server_targets(&pool, &at),
+                        None => self.route(child, &at, &format!("{hint}_{i}")).map(|t| vec![t]),
+                    };
+                    match targets {
+                        Some(t) => out.extend(t),
                         None => ok = false,
                     }
                 }
+                // mcrouter takes a child twice (a failover that tries a pool again);
+                // memroute asks each child once: the second is dropped.
                 let mut seen = HashSet::new();
-                for (i, t) in out.iter().enumerate() {
-                    if !seen.insert(t) {
-                        self.error(
-                            ErrorKind::Conflict,
-                            &index(&children_path, i),
-                            format!(
-                                "the same target twice (\"{t}\"); memroute needs distinct children"
-                            ),
-                        );
-                        ok = false;
+                let mut distinct = Vec::new();
+                for t in out {
+                    if seen.insert(t.clone()) {
+                        distinct.push(t);
+                    } else {
+                        self.notes.push(format!("{children_path}: \"{t}\" is a child twice; memroute asks each child once, so the second is dropped."));
                     }
                 }
-                ok.then_some(out)
+                ok.then_some(distinct)
             }
             Some(Value::Array(_)) => {
                 self.error(
@@ -967,6 +1278,21 @@ impl Importer {
                 None
             }
         }
+    }
+
+    /// An inline pool (`{"type": "Pool", "name": ..., "servers": [...]}`) read and kept
+    /// under its name; the name, or `None` (reported) when it cannot be read.
+    fn inline_pool(&mut self, p: &Map<String, Value>, path: &str) -> Option<String> {
+        let Some(name) = p.get("name").and_then(Value::as_str) else {
+            self.error(ErrorKind::Missing, path, "an inline pool needs a \"name\"");
+            return None;
+        };
+        let mut body = p.clone();
+        body.remove("type");
+        body.remove("name");
+        let read = self.read_pool(&Value::Object(body), path)?;
+        self.pools.insert(name.to_string(), read);
+        Some(name.to_string())
     }
 
     /// A route handle written as an object, by its `type`.
@@ -996,13 +1322,13 @@ impl Importer {
                 self.all_route(kind, o, path, hint, &mut notes)?,
                 &["type", "name", "children"],
             ),
-            "FailoverRoute"
-            | "MissFailoverRoute"
-            | "FailoverWithExptimeRoute"
-            | "LatestRoute"
-            | "RandomRoute" => (
+            "FailoverWithExptimeRoute" => (
+                self.failover_with_exptime(o, path, hint, &mut notes)?,
+                &["type", "name", "normal", "failover", "failover_exptime", "failover_errors"],
+            ),
+            "FailoverRoute" | "MissFailoverRoute" | "LatestRoute" | "RandomRoute" => (
                 self.list_route(kind, o, path, hint, &mut notes)?,
-                &["type", "name", "children"],
+                &["type", "name", "children", "failover_errors"],
             ),
             "WarmUpRoute" => (
                 self.warm_up_route(o, path, hint)?,
@@ -1019,12 +1345,29 @@ impl Importer {
                 }
                 (Built::Route(lines), &["type", "name", "response"])
             }
+            // mcrouter's older name for OperationSelectorRoute.
+            "PrefixPolicyRoute" => (
+                self.operation_selector(o, path, hint, &mut notes)?,
+                &["type", "name", "operation_policies", "default_policy"],
+            ),
+            "RoutingGroupRoute" => {
+                let as_operations = routing_groups_as_operations(o);
+                (
+                    self.operation_selector(&as_operations, path, hint, &mut notes)?,
+                    &["type", "name", "routing_group_policies", "default_policy"],
+                )
+            }
+            "L1L2CacheRoute" => (
+                self.l1_l2_cache(o, path, hint, &mut notes)?,
+                &["type", "name", "l1", "l2", "upgradingL1Exptime"],
+            ),
+            other if OTHER_HANDLES.contains(&other) => {
+                let built = self.nearest(other, o, path, hint, &mut notes)?;
+                self.notes.extend(notes);
+                return Some(built);
+            }
             other => {
-                let message = if other.ends_with("Route") {
-                    format!("route handle \"{other}\" has no memroute equivalent")
-                } else {
-                    format!("unknown route handle \"{other}\"")
-                };
+                let message = format!("unknown route handle \"{other}\"");
                 self.error(ErrorKind::Invalid, &join(path, "type"), message);
                 return None;
             }
@@ -1044,6 +1387,86 @@ impl Importer {
                 Some(name)
             }
         }
+    }
+
+    /// `L1L2CacheRoute`: reads from `l1`, on a miss from `l2`, filling `l1`: memroute's
+    /// warm-up route (l1 cold, l2 warm). mcrouter also wrote to both; memroute writes to l1.
+    fn l1_l2_cache(
+        &mut self,
+        o: &Map<String, Value>,
+        path: &str,
+        hint: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<Built> {
+        let side = |me: &mut Self, key: &str| match o.get(key) {
+            Some(r) => me.route(r, &join(path, key), &format!("{hint}_{key}")),
+            None => {
+                me.error(ErrorKind::Missing, &join(path, key), "required");
+                None
+            }
+        };
+        let l1 = side(self, "l1")?;
+        let l2 = side(self, "l2")?;
+        notes.push(format!("{path}: L1L2CacheRoute: memroute's warm-up route is the nearest (reads l1, then l2 on a miss, filling l1); mcrouter's writes to l2 and its upgradingL1Exptime are not carried over: writes go to l1."));
+        if l1 == l2 {
+            return Some(Built::Target(l1));
+        }
+        let ttl = o
+            .get("upgradingL1Exptime")
+            .and_then(Value::as_u64)
+            .filter(|&t| t <= memroute_protocol::MAX_RELATIVE_EXPTIME)
+            .unwrap_or(0);
+        Some(Built::Route(vec![
+            "type = \"warm-up\"".to_string(),
+            format!("cold = {}", quote(&l1)),
+            format!("warm = {}", quote(&l2)),
+            format!("ttl = {ttl}"),
+        ]))
+    }
+
+    /// A handle memroute has no equivalent of: its nearest, with a note. A handle that
+    /// wraps one route (a `target`, `child`, `to`, ...) becomes that route (mcrouter's
+    /// handle did something on the way that memroute does not); one over a list of children
+    /// a failover route over them; one with no route to go on to an error route, so
+    /// that nothing is answered as if it worked.
+    fn nearest(
+        &mut self,
+        kind: &str,
+        o: &Map<String, Value>,
+        path: &str,
+        hint: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<String> {
+        const ONE: &[&str] = &[
+            "target", "child", "destination", "default", "default_policy", "normal", "primary",
+            "to", "warm", "l1", "from",
+        ];
+        let what = handle_note(kind);
+        if matches!(kind, "DevNullRoute" | "BlackholeRoute") {
+            notes.push(format!("{path}: {kind} has no memroute equivalent; the nearest is a null route (every request answered as a miss / not stored, nothing sent). {what}"));
+            return Some(self.simple_route(hint, "null", Vec::new()));
+        }
+        if let Some(key) = ONE.iter().find(|k| o.contains_key(**k)) {
+            notes.push(format!("{path}: {kind} has no memroute equivalent; its requests go to its \"{key}\" as they are. {what}"));
+            return self.route(&o[*key], &join(path, key), &format!("{hint}_{key}"));
+        }
+        if o.contains_key("children") {
+            let children = self.children(o, path, hint)?;
+            notes.push(format!("{path}: {kind} has no memroute equivalent; the nearest is a failover route over its children, in order. {what}"));
+            if let [only] = children.as_slice() {
+                return Some(only.clone());
+            }
+            let lines = vec![
+                "type = \"failover\"".to_string(),
+                format!("children = {}", list(&children)),
+            ];
+            let name = self.fresh_name(hint, false);
+            self.out_routes.insert(name.clone(), OutRoute { lines, notes: Vec::new() });
+            return Some(name);
+        }
+        notes.push(format!("{path}: {kind} has no memroute equivalent and no route under it; it becomes an error route. {what}"));
+        let message = format!("message = \"{kind} is not available in memroute\"");
+        Some(self.simple_route(hint, "error", vec![message]))
     }
 
     /// `PoolRoute`: the pool, hashed as `hash` says (or by the pool's weights, or Ch3).
@@ -1301,14 +1724,16 @@ impl Importer {
         notes: &mut Vec<String>,
     ) -> Option<Built> {
         let children = self.children(o, path, hint)?;
-        match kind {
-            "LatestRoute" => notes.push(format!("{path}: LatestRoute picked `failover_count` children at random per proxy and failed over among them; memroute fails over among all of them in order.")),
-            "FailoverWithExptimeRoute" => notes.push(format!("{path}: FailoverWithExptimeRoute's failover exptime is not carried over; failover writes keep the client's exptime.")),
-            _ => {}
+        if kind == "LatestRoute" {
+            notes.push(format!("{path}: LatestRoute picked `failover_count` children at random per proxy and failed over among them; memroute fails over among all of them in order."));
         }
         if let [only] = children.as_slice() {
             return Some(Built::Target(only.clone()));
         }
+        let errors = match kind {
+            "RandomRoute" => None,
+            _ => failover_errors(o, path, notes),
+        };
         let kind_line = if kind == "RandomRoute" {
             "type = \"random\""
         } else {
@@ -1320,6 +1745,68 @@ impl Importer {
         ];
         if kind == "MissFailoverRoute" {
             lines.push("on = \"error-or-miss\"".to_string());
+        }
+        lines.extend(errors);
+        Some(Built::Route(lines))
+    }
+
+    /// `FailoverWithExptimeRoute`: `normal`, then the `failover` children with their
+    /// exptime capped at `failover_exptime` (mcrouter's default 60 s; 0 or below: no cap).
+    fn failover_with_exptime(
+        &mut self,
+        o: &Map<String, Value>,
+        path: &str,
+        hint: &str,
+        notes: &mut Vec<String>,
+    ) -> Option<Built> {
+        let Some(normal) = o.get("normal") else {
+            self.error(
+                ErrorKind::Missing,
+                &join(path, "normal"),
+                "required (FailoverWithExptimeRoute: normal not found)",
+            );
+            return None;
+        };
+        let normal = self.route(normal, &join(path, "normal"), &format!("{hint}_normal"))?;
+        let failover = match o.get("failover") {
+            Some(f) => self.children_at(Some(f), &join(path, "failover"), &format!("{hint}_failover"))?,
+            None => Vec::new(),
+        };
+        let exptime = match o.get("failover_exptime") {
+            None => 60,
+            Some(v) => match v.as_i64() {
+                Some(n) => n,
+                None => {
+                    self.error(
+                        ErrorKind::WrongType,
+                        &join(path, "failover_exptime"),
+                        "FailoverWithExptimeRoute: failover_exptime is not an integer",
+                    );
+                    return None;
+                }
+            },
+        };
+        let mut children = vec![normal];
+        for child in failover {
+            if !children_has(&children, &child) {
+                children.push(child);
+            }
+        }
+        if children.len() == 1 {
+            return Some(Built::Target(children.remove(0)));
+        }
+        let mut lines = vec![
+            "type = \"failover\"".to_string(),
+            format!("children = {}", list(&children)),
+        ];
+        lines.extend(failover_errors(o, path, notes));
+        match exptime {
+            n if n <= 0 => {}
+            n if n as u64 > memroute_protocol::MAX_RELATIVE_EXPTIME => notes.push(format!(
+                "{}: {n} s is more than 30 days, which memcached reads as a Unix time; memroute cannot cap at it, so failover writes keep the client's exptime.",
+                join(path, "failover_exptime")
+            )),
+            n => lines.push(format!("failover_exptime = {n}")),
         }
         Some(Built::Route(lines))
     }
@@ -1410,13 +1897,14 @@ impl Importer {
                     .as_deref()
                 {
                     Some([Some(a), Some(b)]) if 0.0 <= *a && a <= b && *b <= 1.0 => [*a, *b],
+                    // mcrouter logs such a shadow and goes on without it.
                     _ => {
-                        self.error(
-                            ErrorKind::Invalid,
-                            &join(&p, "key_fraction_range"),
-                            "expected [a, b] with 0 <= a <= b <= 1",
-                        );
-                        return None;
+                        self.notes.push(format!(
+                            "{}: {} is not [a, b] with 0 <= a <= b <= 1; mcrouter skips this shadow, and so does memroute.",
+                            join(&p, "key_fraction_range"),
+                            compact(r)
+                        ));
+                        continue;
                     }
                 },
             };
@@ -1518,18 +2006,13 @@ impl Importer {
                     let w = self.read_weights(w, &join(path, "weights"));
                     (self.errs.len() == before).then_some(Hash::WeightedCh3(w))
                 }
-                None => {
-                    self.error(
-                        ErrorKind::Missing,
-                        &join(path, "weights"),
-                        "required by WeightedCh3",
-                    );
-                    None
-                }
+                // The pool's weights (a PoolRoute gives them to its hash), else mcrouter's
+                // 0.5 for each server (`fit_weights`).
+                None => Some(Hash::WeightedCh3(Vec::new())),
             },
             other => {
-                self.error(ErrorKind::Invalid, &func_path, format!("hash function \"{other}\" has no memroute equivalent (expected Ch3, WeightedCh3 or Crc32)"));
-                None
+                notes.push(format!("{func_path}: hash function \"{other}\" has no memroute equivalent; the nearest is Ch3 (mcrouter's default): keys are spread over the same servers, but not placed where \"{other}\" placed them."));
+                Some(Hash::Ch3)
             }
         };
         hash.map(|h| (h, salt))
@@ -1557,12 +2040,17 @@ impl Importer {
         }
         out.push_str("\n[proxy]\n");
         out.push_str(&format!("route = {}\n", quote(root)));
+        self.render_proxy_flags(&mut out);
         for (name, pool) in &self.out_pools {
             out.push('\n');
             for note in &pool.notes {
                 push_note(&mut out, note);
             }
+            if pool.tls {
+                push_note(&mut out, &self.tls_note());
+            }
             out.push_str(&format!("[pools.{}]\n", toml_key(name)));
+            self.render_prefixes(&mut out, name);
             out.push_str(&format!("servers = {}\n", list(&pool.servers)));
             out.push_str(&format!(
                 "distribution = \"{}\"\n",
@@ -1578,6 +2066,10 @@ impl Importer {
             if let Some(ms) = pool.timeout_ms {
                 out.push_str(&format!("timeout = \"{ms}ms\"\n"));
             }
+            if pool.keep_prefix {
+                out.push_str("keep_routing_prefix = true\n");
+            }
+            self.render_pool_flags(&mut out, pool.tls);
         }
         for (name, route) in &self.out_routes {
             out.push('\n');
@@ -1585,12 +2077,64 @@ impl Importer {
                 push_note(&mut out, note);
             }
             out.push_str(&format!("[routes.{}]\n", toml_key(name)));
+            self.render_prefixes(&mut out, name);
             for line in &route.lines {
                 out.push_str(line);
                 out.push('\n');
             }
         }
         out
+    }
+}
+
+impl Importer {
+    /// `[proxy]` keys from mcrouter's flags.
+    fn render_proxy_flags(&self, out: &mut String) {
+        let flags = &self.flags;
+        if let Some(prefix) = &flags.route_prefix {
+            out.push_str(&format!("routing_prefix = {}\n", quote(prefix)));
+        }
+        if let Some(n) = flags.num_proxies.filter(|&n| n > 0) {
+            out.push_str(&format!("workers = {n}\n"));
+        }
+        if let Some(n) = flags.max_client_outstanding_reqs.filter(|&n| n > 0) {
+            out.push_str(&format!("max_client_pending = {n}\n"));
+        }
+    }
+
+    /// Per-pool keys from mcrouter's flags, and a TLS pool's `tls`.
+    fn render_pool_flags(&self, out: &mut String, tls: bool) {
+        let flags = &self.flags;
+        if let Some(n) = flags.timeouts_until_tko.filter(|&n| n > 0) {
+            out.push_str(&format!("failure_limit = {n}\n"));
+        }
+        if let Some(ms) = flags.probe_timeout_initial_ms.filter(|&ms| ms > 0) {
+            out.push_str(&format!("probe_interval = \"{ms}ms\"\n"));
+        }
+        if tls {
+            let ca = flags.pem_ca_path.as_deref().unwrap_or("ca.pem");
+            let mut keys = vec![format!("ca = {}", quote(ca))];
+            if let (Some(cert), Some(key)) = (&flags.pem_cert_path, &flags.pem_key_path) {
+                keys.push(format!("cert = {}", quote(cert)));
+                keys.push(format!("key = {}", quote(key)));
+            }
+            out.push_str(&format!("tls = {{ {} }}\n", keys.join(", ")));
+        }
+    }
+
+    fn tls_note(&self) -> String {
+        let given = match &self.flags.pem_ca_path {
+            Some(_) => "from the importer's --pem-* flags",
+            None => "\"ca.pem\" is a placeholder: no --pem-ca-path was given to the importer",
+        };
+        format!("this pool's servers are \":ssl\": memroute speaks TLS to them. mcrouter took the CA and client certificate from its --pem-ca-path, --pem-cert-path and --pem-key-path flags; memroute takes them from this pool's tls.ca, tls.cert and tls.key ({given}); tls.server_name if the certificates do not name the hosts (docs/configuration.md, Backend TLS).")
+    }
+
+    /// `routing_prefixes` of target `name`, if routing prefixes select it.
+    fn render_prefixes(&self, out: &mut String, name: &str) {
+        if let Some((_, prefixes)) = self.prefixed.iter().find(|(t, _)| t == name) {
+            out.push_str(&format!("routing_prefixes = {}\n", list(prefixes)));
+        }
     }
 }
 
@@ -1864,12 +2408,11 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": {"type": "FancyRoute"}}"#),
-            ["route.type: route handle \"FancyRoute\" has no memroute equivalent"]
+            ["route.type: unknown route handle \"FancyRoute\""]
         );
         assert_eq!(
             err(r#"{"pools": {"A": {"servers": ["h:1", "h:2"], "weights": [0, -1, "x"]}}, "route": "PoolRoute|A"}"#),
             [
-                "pools.A.weights[0]: weight 0 must be > 0 (a server that should get no keys belongs out of the pool; with weight 0 WeightedCh3 still gives it the keys all 32 tries miss)",
                 "pools.A.weights[1]: weight -1 must be > 0 (a server that should get no keys belongs out of the pool; with weight 0 WeightedCh3 still gives it the keys all 32 tries miss)",
                 "pools.A.weights[2]: expected a number, found \"x\"",
             ]
