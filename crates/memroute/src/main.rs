@@ -86,6 +86,9 @@ enum Command {
         /// mcrouter's --num-proxies: proxy.workers.
         #[arg(long)]
         num_proxies: Option<u32>,
+        /// mcrouter's --config-params NAME:VALUE,...: %NAME% in the config.
+        #[arg(long)]
+        config_params: Option<String>,
         /// mcrouter's --pem-ca-path: tls.ca of pools whose servers are :ssl.
         #[arg(long)]
         pem_ca_path: Option<String>,
@@ -139,16 +142,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             probe_timeout_initial,
             max_client_outstanding_reqs,
             num_proxies,
+            config_params,
             pem_ca_path,
             pem_cert_path,
             pem_key_path,
         }) => {
+            let config_params = config_params
+                .iter()
+                .flat_map(|all| all.split(','))
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| match pair.split_once(':') {
+                    Some((name, value)) => Ok((name.to_string(), value.to_string())),
+                    None => Err(anyhow::anyhow!(
+                        "--config-params: \"{pair}\" is not NAME:VALUE"
+                    )),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let flags = memroute_config::import::mcrouter::Flags {
                 route_prefix,
                 timeouts_until_tko,
                 probe_timeout_initial_ms: probe_timeout_initial,
                 max_client_outstanding_reqs,
                 num_proxies,
+                config_params,
                 pem_ca_path,
                 pem_cert_path,
                 pem_key_path,

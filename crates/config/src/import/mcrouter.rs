@@ -13,6 +13,7 @@
 //! a route of that name. What has no equivalent is a `# NOTE` naming its JSON path, and
 //! what cannot be translated at all (an unknown handle, a weight outside (0, 1], a loop
 //! between named handles, a macro that computes) is an error naming its JSON path.
+mod builtins;
 mod json;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -120,6 +121,9 @@ pub struct Flags {
     pub max_client_outstanding_reqs: Option<u64>,
     /// `--num-proxies`: mcrouter's proxy threads (`workers`).
     pub num_proxies: Option<u32>,
+    /// `--config-params name1:value1,...`: mcrouter's preprocessor parameters, `%name%`
+    /// in the config.
+    pub config_params: Vec<(String, String)>,
     /// `--pem-ca-path`, `--pem-cert-path`, `--pem-key-path`: TLS to `:ssl` servers.
     pub pem_ca_path: Option<String>,
     pub pem_cert_path: Option<String>,
@@ -185,6 +189,7 @@ fn import_from(
     let Some(root) = root else {
         return Err(single(ErrorKind::Missing, "", "no route to import"));
     };
+    importer.placeholder_pool();
     super::checked(importer.render(&root))
 }
 
@@ -439,7 +444,21 @@ impl Importer {
     /// Expands `macros` defined with `macroDef` where they are plain substitution:
     /// `{"type": "name", "param": value}` and `"@name(a,b)"` calls, `%param%` in the body.
     /// mcrouter's built-in macros compute (`@if`, `@merge`, `@int`, ...): those are errors.
-    fn expand_macros(&mut self, mut top: Map<String, Value>) -> Map<String, Value> {
+    fn expand_macros(&mut self, top: Map<String, Value>) -> Map<String, Value> {
+        // `--config-params` are constants everywhere in the file, macros included.
+        let params: HashMap<String, Value> = self
+            .flags
+            .config_params
+            .iter()
+            .map(|(name, value)| (name.clone(), Value::String(value.clone())))
+            .collect();
+        let mut top = match params.is_empty() {
+            true => top,
+            false => match substitute(Value::Object(top), &params) {
+                Value::Object(top) => top,
+                _ => Map::new(),
+            },
+        };
         let mut macros = Macros::new();
         if let Some(defs) = top.remove("macros") {
             let Value::Object(defs) = defs else {
@@ -541,10 +560,18 @@ impl Importer {
                     return Value::Null;
                 };
                 let Some((params, body)) = macros.get(name) else {
+                    if let Some(names) = builtins::params(name) {
+                        let mut call = Map::new();
+                        for (param, arg) in names.iter().zip(&args) {
+                            let param = param.trim_end_matches('?');
+                            call.insert(param.to_string(), Value::String(arg.to_string()));
+                        }
+                        return self.builtin(name, call, macros, path, depth);
+                    }
                     self.error(ErrorKind::Invalid,
                         path,
                         format!(
-                            "macro \"@{name}\" is not a plain macro defined in \"macros\" (mcrouter's built-in macros compute; write the result out)"
+                            "macro \"@{name}\" is neither defined in \"macros\" nor one of mcrouter's built-ins the importer computes; write its result out"
                         ),
                     );
                     return Value::Null;
@@ -592,6 +619,14 @@ impl Importer {
                     let body = substitute(body.clone(), &bound);
                     return self.expand(body, macros, path, depth + 1);
                 }
+                if let Some(kind) = o.get("type").and_then(Value::as_str).map(str::to_string) {
+                    if builtins::params(&kind).is_some() {
+                        return self.builtin(&kind, o, macros, path, depth);
+                    }
+                    if kind == "transform" || kind == "foreach" {
+                        return self.for_each(&kind, o, macros, path, depth);
+                    }
+                }
                 let mut out = Map::new();
                 for (k, v) in o {
                     let child = join(path, &k);
@@ -611,22 +646,200 @@ impl Importer {
         }
     }
 
+    /// Built-in macro `name` with its arguments by parameter name (`call`): `if` expands
+    /// only the branch its condition takes, `import` reads a file beside the config; the
+    /// others compute from their expanded arguments (`builtins::compute`).
+    fn builtin(
+        &mut self,
+        name: &str,
+        mut call: Map<String, Value>,
+        macros: &Macros,
+        path: &str,
+        depth: usize,
+    ) -> Value {
+        let mut arg = |me: &mut Self, param: &str| match call.remove(param) {
+            Some(v) => Some(me.expand(v, macros, &join(path, param), depth + 1)),
+            None => None,
+        };
+        match name {
+            "if" => {
+                let condition = arg(self, "condition");
+                let branch = match condition {
+                    Some(Value::Bool(true)) => "is_true",
+                    Some(Value::Bool(false)) => "is_false",
+                    other => {
+                        let found = other.map_or("nothing".to_string(), |v| compact(&v));
+                        self.error(ErrorKind::Invalid, &join(path, "condition"), format!("@if: the condition is {found}, not a boolean"));
+                        return Value::Null;
+                    }
+                };
+                arg(self, branch).unwrap_or(Value::Null)
+            }
+            "import" => {
+                let file = arg(self, "path");
+                let default = call.remove("default");
+                self.import_macro(file, default, macros, path, depth)
+            }
+            _ => {
+                let names = builtins::params(name).unwrap_or_default();
+                let mut args = Vec::with_capacity(names.len());
+                for param in names {
+                    let optional = param.ends_with('?');
+                    let param = param.trim_end_matches('?');
+                    match arg(self, param) {
+                        Some(v) => args.push(v),
+                        None if optional => args.push(Value::Null),
+                        None => {
+                            self.error(ErrorKind::Missing, &join(path, param), format!("@{name}: required"));
+                            return Value::Null;
+                        }
+                    }
+                }
+                match builtins::compute(name, &args) {
+                    Ok(v) => v,
+                    Err(message) => {
+                        self.error(ErrorKind::Invalid, path, message);
+                        Value::Null
+                    }
+                }
+            }
+        }
+    }
+
+    /// `@import(path)`: the JSON of the file at `path` (relative to the config's directory,
+    /// mcrouter's rule for a relative path), expanded where it stands; `default` when the
+    /// file cannot be read and one is given.
+    fn import_macro(
+        &mut self,
+        file: Option<Value>,
+        default: Option<Value>,
+        macros: &Macros,
+        path: &str,
+        depth: usize,
+    ) -> Value {
+        let Some(Value::String(file)) = file else {
+            self.error(ErrorKind::Missing, &join(path, "path"), "@import: a file path is required");
+            return Value::Null;
+        };
+        let full = match &self.base {
+            Some(base) => base.join(&file),
+            None => std::path::PathBuf::from(&file),
+        };
+        let text = match std::fs::read_to_string(&full) {
+            Ok(text) => text,
+            Err(error) => {
+                if let Some(default) = default {
+                    return self.expand(default, macros, path, depth + 1);
+                }
+                self.error(ErrorKind::Invalid, path, format!("@import: cannot read {}: {error}", full.display()));
+                return Value::Null;
+            }
+        };
+        match json::parse(&text) {
+            Ok(v) => self.expand(v, macros, path, depth + 1),
+            // A file that is not JSON is taken as a string, as mcrouter does.
+            Err(_) => Value::String(text.trim_end().to_string()),
+        }
+    }
+
+    /// `transform` (`dictionary`, `itemTransform`, `keyTransform`, `itemName`, `keyName`)
+    /// and `foreach` (`from`, `key`, `item`, `where`, `use`, `top`): each entry bound as
+    /// `%key%` / `%item%` (or the names given) in the macro that makes its result.
+    fn for_each(
+        &mut self,
+        kind: &str,
+        o: Map<String, Value>,
+        macros: &Macros,
+        path: &str,
+        depth: usize,
+    ) -> Value {
+        let foreach = kind == "foreach";
+        let (from_key, key_key, item_key) = match foreach {
+            true => ("from", "key", "item"),
+            false => ("dictionary", "keyName", "itemName"),
+        };
+        let name_of = |k: &str, default: &str| {
+            o.get(k).and_then(Value::as_str).unwrap_or(default).to_string()
+        };
+        let (key_name, item_name) = (name_of(key_key, "key"), name_of(item_key, "item"));
+        let from = o.get(from_key).cloned().unwrap_or(Value::Null);
+        let from = self.expand(from, macros, &join(path, from_key), depth + 1);
+        let entries: Vec<(Value, Value)> = match from {
+            Value::Array(items) => items.into_iter().enumerate().map(|(i, v)| (Value::from(i), v)).collect(),
+            Value::Object(map) => map.into_iter().map(|(k, v)| (Value::String(k), v)).collect(),
+            other => {
+                self.error(ErrorKind::WrongType, &join(path, from_key), format!("{kind}: {} is not an array or object", compact(&other)));
+                return Value::Null;
+            }
+        };
+        let was_object = entries.first().is_some_and(|(k, _)| k.is_string());
+        let top = o.get("top").and_then(Value::as_u64).map_or(usize::MAX, |t| t as usize);
+        let mut list = Vec::new();
+        let mut object = Map::new();
+        for (key, item) in entries {
+            if list.len() + object.len() >= top {
+                break;
+            }
+            let bound: HashMap<String, Value> =
+                [(key_name.clone(), key.clone()), (item_name.clone(), item.clone())].into();
+            let make = |me: &mut Self, k: &str| {
+                o.get(k).map(|m| me.expand(substitute(m.clone(), &bound), macros, &join(path, k), depth + 1))
+            };
+            if foreach {
+                if let Some(keep) = make(self, "where") {
+                    if keep != Value::Bool(true) {
+                        continue;
+                    }
+                }
+                match make(self, "use") {
+                    Some(Value::Object(more)) => object.extend(more),
+                    Some(Value::Array(more)) => list.extend(more),
+                    None if was_object => {
+                        object.insert(builtins_text(&key), item);
+                    }
+                    None => list.push(item),
+                    Some(other) => list.push(other),
+                }
+            } else {
+                let new_item = make(self, "itemTransform").unwrap_or(item);
+                match was_object {
+                    true => {
+                        let new_key = make(self, "keyTransform").unwrap_or(key);
+                        object.insert(builtins_text(&new_key), new_item);
+                    }
+                    false => list.push(new_item),
+                }
+            }
+        }
+        match (list.is_empty(), object.is_empty(), was_object) {
+            (true, false, _) | (true, true, true) => Value::Object(object),
+            _ => Value::Array(list),
+        }
+    }
+
     // ---- pools ----------------------------------------------------------------------
 
     fn read_pools(&mut self, top: &Map<String, Value>) {
-        let Some(pools) = top.get("pools") else {
+        // mcrouter also reads pools from `regional_pools`, by the same names.
+        for key in ["pools", "regional_pools"] {
+            self.read_pools_at(top, key);
+        }
+    }
+
+    fn read_pools_at(&mut self, top: &Map<String, Value>, key: &str) {
+        let Some(pools) = top.get(key) else {
             return;
         };
         let Some(pools) = pools.as_object() else {
             self.error(
                 ErrorKind::WrongType,
-                "pools",
+                key,
                 "expected an object of pools by name",
             );
             return;
         };
         for (name, pool) in pools {
-            let path = join("pools", name);
+            let path = join(key, name);
             match self.read_pool(pool, &path) {
                 Some(pool) => {
                     self.pools.insert(name.clone(), pool);
@@ -654,9 +867,19 @@ impl Importer {
         let mut security = Vec::new();
         match pool.get("servers") {
             Some(Value::Array(items)) if !items.is_empty() => {
+                // `port_override`: every server's port (mcrouter lets them omit theirs).
+                let port_override = pool.get("port_override").and_then(Value::as_u64);
                 for (i, s) in items.iter().enumerate() {
                     let item_path = index(&servers_path, i);
-                    match s.as_str().map(split_server) {
+                    let with_port = |a: &str| match port_override {
+                        Some(port) => {
+                            let host = a.split_once(':').map_or(a, |(host, _)| host);
+                            let rest = a.splitn(3, ':').nth(2).map(|r| format!(":{r}"));
+                            format!("{host}:{port}{}", rest.unwrap_or_default())
+                        }
+                        None => a.to_string(),
+                    };
+                    match s.as_str().map(with_port).as_deref().map(split_server) {
                         Some(Ok((address, extra))) => {
                             match extra.as_deref() {
                                 Some("ascii:ssl" | "ssl") => security.push(true),
@@ -670,20 +893,23 @@ impl Importer {
                             }
                             servers.push(address);
                         }
+                        // Port 0: mcrouter reads it (and never reaches the server).
+                        Some(Err(_)) if s.as_str().is_some_and(|a| a.ends_with(":0")) => {
+                            notes.push(format!("{item_path}: {} has port 0, which no server listens on; left out.", compact(s)));
+                        }
                         Some(Err(message)) => self.error(ErrorKind::Invalid, &item_path, message),
-                        None => self.error(
-                            ErrorKind::WrongType,
-                            &item_path,
-                            "expected a \"host:port\" string",
-                        ),
+                        // mcrouter takes a route handle as a "server" (its requests go
+                        // there); memroute's pools hold servers only.
+                        None => notes.push(format!(
+                            "{item_path}: {} is not a server; memroute's pools hold servers only, so it is left out (and the pool's keys are spread over the others).",
+                            compact(s)
+                        )),
                     }
                 }
             }
-            Some(Value::Array(_)) => self.error(
-                ErrorKind::Missing,
-                &servers_path,
-                "a pool needs at least one server",
-            ),
+            // mcrouter takes a pool without servers (its requests fail); so does the
+            // importer: routes to it become error routes (`pool_target`).
+            Some(Value::Array(_)) => {}
             Some(_) => self.error(
                 ErrorKind::WrongType,
                 &servers_path,
@@ -710,7 +936,8 @@ impl Importer {
         };
         for (key, value) in pool {
             match key.as_str() {
-                "servers" | "weights" | "server_timeout" | "keep_routing_prefix" => {}
+                "servers" | "weights" | "server_timeout" | "keep_routing_prefix"
+                | "port_override" => {}
                 "protocol" if value.as_str() == Some("ascii") => {}
                 _ => notes.push(format!(
                     "{}: {} is not carried over",
@@ -718,6 +945,14 @@ impl Importer {
                     compact(value)
                 )),
             }
+        }
+        // mcrouter takes a server twice in a pool (two shares of the hash space); memroute
+        // needs each server once.
+        let mut seen = HashSet::new();
+        let before_dedup = servers.len();
+        servers.retain(|server| seen.insert(server.clone()));
+        if servers.len() < before_dedup {
+            notes.push(format!("{servers_path}: a server is listed more than once; memroute lists each once, so keys are placed over the distinct servers (not where mcrouter placed them)."));
         }
         let tls = !security.is_empty() && security.iter().all(|&ssl| ssl);
         if !tls && security.contains(&true) {
@@ -762,11 +997,11 @@ impl Importer {
                         format!("weight {x} must be > 0 (a server that should get no keys belongs out of the pool; with weight 0 WeightedCh3 still gives it the keys all 32 tries miss)"),
                     );
                 }
-                Some(x) => self.error(
-                    ErrorKind::OutOfRange,
-                    &item_path,
-                    format!("weight {x} must be at most 1"),
-                ),
+                // WeightedCh3 compares the weight with a number in [0, 1): above 1 is 1.
+                Some(x) => {
+                    self.notes.push(format!("{item_path}: weight {x} is above 1, which WeightedCh3 treats as 1: written as 1."));
+                    out.push(1.0);
+                }
                 None => self.error(
                     ErrorKind::WrongType,
                     &item_path,
@@ -796,6 +1031,9 @@ impl Importer {
             }
             return None;
         };
+        if pool.servers.is_empty() {
+            return Some(self.empty_pool(name));
+        }
         let (hash, salt) = match hash {
             Some(spec) => spec,
             None => match &pool.weights {
@@ -839,6 +1077,42 @@ impl Importer {
         Some(out)
     }
 
+    /// A config whose routes reach no server (a NullRoute alone) still needs a pool in
+    /// memroute: one no route uses, with a note.
+    fn placeholder_pool(&mut self) {
+        if !self.out_pools.is_empty() {
+            return;
+        }
+        let name = self.fresh_name("unused", true);
+        let note = "memroute needs at least one pool and no route of this config reaches a server: this pool is a placeholder no route uses (memroute may still connect to and probe its server).".to_string();
+        self.out_pools.insert(
+            name,
+            OutPool {
+                servers: vec!["127.0.0.1:11211".to_string()],
+                hash: Hash::Ch3,
+                salt: String::new(),
+                timeout_ms: None,
+                tls: false,
+                keep_prefix: false,
+                notes: vec![note],
+            },
+        );
+    }
+
+    /// What a route to mcrouter pool `name`, which has no servers, becomes: an error route
+    /// (one per pool), as mcrouter fails such a pool's requests.
+    fn empty_pool(&mut self, name: &str) -> String {
+        let key = (format!("{name}\u{0}empty"), Hash::Ch3, String::new());
+        if let Some((_, existing)) = self.pool_variants.iter().find(|(k, _)| *k == key) {
+            return existing.clone();
+        }
+        self.notes.push(format!("pool \"{name}\" has no servers: mcrouter fails its requests; here its routes are an error route."));
+        let message = format!("message = \"pool {name} has no servers\"");
+        let route = self.simple_route(&format!("{name}_no_servers"), "error", vec![message]);
+        self.pool_variants.push((key, route.clone()));
+        route
+    }
+
     /// mcrouter's rule for a weights list of the wrong length: extra weights are ignored,
     /// missing ones are 0.5. Written out explicitly, with a note.
     fn fit_weights(&mut self, mut weights: Vec<f64>, servers: usize, pool: &str) -> Vec<f64> {
@@ -870,6 +1144,9 @@ impl Importer {
             }
             return None;
         };
+        if pool.servers.is_empty() {
+            return Some(vec![self.empty_pool(name)]);
+        }
         let mut out = Vec::new();
         for (i, server) in pool.servers.iter().enumerate() {
             let key = (format!("{name}\u{0}{i}"), Hash::Ch3, String::new());
@@ -1041,7 +1318,10 @@ impl Importer {
 
     fn note_top_level_keys(&mut self, top: &Map<String, Value>) {
         for (key, value) in top {
-            if !matches!(key.as_str(), "pools" | "route" | "routes" | "named_handles") {
+            if !matches!(
+                key.as_str(),
+                "pools" | "regional_pools" | "route" | "routes" | "named_handles"
+            ) {
                 self.notes
                     .push(format!("{key}: {} is not carried over.", compact(value)));
             }
@@ -1876,19 +2156,25 @@ impl Importer {
         for (i, shadow) in shadows.iter().enumerate() {
             let p = index(&shadows_path, i);
             let Some(s) = shadow.as_object() else {
-                self.error(
-                    ErrorKind::WrongType,
-                    &p,
-                    "expected a shadow object with \"target\"",
-                );
-                return None;
+                self.notes.push(format!(
+                    "{p}: {} is not a shadow object with \"target\"; mcrouter skips it, and so does memroute.",
+                    compact(shadow)
+                ));
+                continue;
             };
             let Some(t) = s.get("target") else {
                 self.error(ErrorKind::Missing, &join(&p, "target"), "required");
                 return None;
             };
-            let shadow_target =
-                self.route(t, &join(&p, "target"), &format!("{hint}_shadow_{i}"))?;
+            // mcrouter logs a shadow it cannot build and goes on without it.
+            let errors_before = self.errs.len();
+            let Some(shadow_target) =
+                self.route(t, &join(&p, "target"), &format!("{hint}_shadow_{i}"))
+            else {
+                let why: Vec<String> = self.errs.drain(errors_before..).map(|e| e.to_string()).collect();
+                self.notes.push(format!("{p}: mcrouter skips this shadow ({}), and so does memroute.", why.join("; ")));
+                continue;
+            };
             let range = match s.get("key_fraction_range") {
                 None => [0.0, 1.0],
                 Some(r) => match r
@@ -2160,6 +2446,14 @@ fn split_server(s: &str) -> Result<(String, Option<String>), String> {
     check_host_port(&address)?;
     let extra = rest.filter(|r| !matches!(*r, "ascii" | "ascii:plain" | "plain" | ""));
     Ok((address, extra.map(str::to_string)))
+}
+
+/// A JSON value as text: a string as it is.
+fn builtins_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// `@name(a,b)` -> ("name", ["a", "b"]); `@name` -> ("name", []).
@@ -2441,7 +2735,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"route": "@merge(a,b)"}"#),
-            ["route: macro \"@merge\" is not a plain macro defined in \"macros\" (mcrouter's built-in macros compute; write the result out)"]
+            ["route.params: @merge: params is not an array"]
         );
     }
 
