@@ -2163,8 +2163,10 @@ impl Importer {
                 continue;
             };
             let Some(t) = s.get("target") else {
-                self.error(ErrorKind::Missing, &join(&p, "target"), "required");
-                return None;
+                self.notes.push(format!(
+                    "{p}: no \"target\"; mcrouter skips this shadow, and so does memroute."
+                ));
+                continue;
             };
             // mcrouter logs a shadow it cannot build and goes on without it.
             let errors_before = self.errs.len();
