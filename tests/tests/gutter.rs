@@ -194,3 +194,56 @@ fn the_panel_shows_the_routes_failovers_and_its_gutter_settings() {
     );
     assert!(tree["failovers"].as_u64().unwrap() >= 1, "{tree}");
 }
+
+/// An mcrouter config with a gutter (FailoverWithExptimeRoute on `["tko"]`, 600 s, servers
+/// written `host:port:ascii:plain`, a comment and a trailing comma), imported with
+/// `memroute import-mcrouter` and served as imported (with a listen address added, which
+/// mcrouter takes from its command line): a killed server's writes go to the gutter pool
+/// capped at 600 s, and reads find them.
+#[test]
+fn an_imported_failover_with_exptime_route_writes_capped_copies_to_the_gutter() {
+    let mut first = Memcached::start();
+    let gutter = Memcached::start();
+    let json = format!(
+        r#"{{
+  // the wan pool and its gutter
+  "pools": {{
+    "wan": {{ "servers": ["{}:ascii:plain"] }},
+    "wan-failover": {{ "servers": ["{}:ascii:plain"], }},
+  }},
+  "route": {{
+    "type": "FailoverWithExptimeRoute",
+    "normal": "PoolRoute|wan",
+    "failover": ["PoolRoute|wan-failover"],
+    "failover_errors": ["tko"],
+    "failover_exptime": 600,
+  }},
+}}"#,
+        first.addr(),
+        gutter.addr()
+    );
+    let dir = memroute_tests::TempDir::new("gutter-import");
+    let file = dir.write("mcrouter.json", &json);
+    let out = memroute_tests::run_memroute_cli(
+        &[std::ffi::OsStr::new("import-mcrouter"), file.as_os_str()],
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "import failed: {}", out.stderr);
+    assert!(out.stdout.contains("failover_exptime = 600"), "{}", out.stdout);
+    assert!(out.stdout.contains("failover_errors = [\"tko\"]"), "{}", out.stdout);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let toml = out.stdout.replacen(
+        "[proxy]\n",
+        &format!("[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\n"),
+        1,
+    );
+    let proxy = Memroute::start(&toml);
+    let mut c = proxy.connect();
+    c.set("before", b"x");
+    assert_eq!(ttl_on(&first, "before"), Some(-1));
+    first.kill();
+    set_until_stored(&mut c, "after", 0);
+    let ttl = ttl_on(&gutter, "after").expect("in the gutter");
+    assert!((1..=600).contains(&ttl), "capped at 600 s: ttl {ttl}");
+    assert_eq!(c.get("after").as_deref(), Some(&b"abc"[..]));
+}
