@@ -229,8 +229,16 @@ fn an_imported_failover_with_exptime_route_writes_capped_copies_to_the_gutter() 
         Duration::from_secs(30),
     );
     assert!(out.status.success(), "import failed: {}", out.stderr);
-    assert!(out.stdout.contains("failover_exptime = 600"), "{}", out.stdout);
-    assert!(out.stdout.contains("failover_errors = [\"tko\"]"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("failover_exptime = 600"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("failover_errors = [\"tko\"]"),
+        "{}",
+        out.stdout
+    );
     let listen = format!("127.0.0.1:{}", free_port());
     let toml = out.stdout.replacen(
         "[proxy]\n",

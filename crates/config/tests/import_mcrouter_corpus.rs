@@ -23,9 +23,18 @@ fn fixtures() -> PathBuf {
 
 /// Files in mcrouter/test that are not configs mcrouter is started with.
 const NOT_CONFIGS: &[(&str, &str)] = &[
-    ("runtime_vars_file.json", "runtime variables (--runtime-vars-file)"),
-    ("test_poolstats_config.json", "pool stats settings (--pool-stats-config-file)"),
-    ("test_shadow_with_file_config.json", "a file test_shadow_with_file.json @imports"),
+    (
+        "runtime_vars_file.json",
+        "runtime variables (--runtime-vars-file)",
+    ),
+    (
+        "test_poolstats_config.json",
+        "pool stats settings (--pool-stats-config-file)",
+    ),
+    (
+        "test_shadow_with_file_config.json",
+        "a file test_shadow_with_file.json @imports",
+    ),
 ];
 
 /// Configs mcrouter refuses, and the fault the importer names.

@@ -155,6 +155,15 @@ fn import_from(
     base: Option<std::path::PathBuf>,
     flags: &Flags,
 ) -> Result<String, ConfigErrors> {
+    super::checked(translate(json, base, flags)?)
+}
+
+/// The memroute TOML for an mcrouter config, before it is checked by loading it.
+fn translate(
+    json: &str,
+    base: Option<std::path::PathBuf>,
+    flags: &Flags,
+) -> Result<String, ConfigErrors> {
     let doc: Value = json::parse(json).map_err(|e| {
         ConfigErrors::single(ConfigError::new(
             ErrorKind::Syntax,
@@ -190,7 +199,7 @@ fn import_from(
         return Err(single(ErrorKind::Missing, "", "no route to import"));
     };
     importer.placeholder_pool();
-    super::checked(importer.render(&root))
+    Ok(importer.render(&root))
 }
 
 fn single(kind: ErrorKind, path: &str, message: impl Into<String>) -> ConfigErrors {
@@ -266,7 +275,10 @@ fn children_has(children: &[String], child: &str) -> bool {
 fn failover_errors(o: &Map<String, Value>, path: &str, notes: &mut Vec<String>) -> Option<String> {
     let at = join(path, "failover_errors");
     let names: Vec<String> = match o.get("failover_errors")? {
-        Value::Array(items) => items.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
         Value::Object(by_kind) => {
             notes.push(format!("{at}: separate lists for gets, updates and deletes; memroute has one list per route: their union, for every request."));
             let mut all: Vec<String> = Vec::new();
@@ -280,7 +292,10 @@ fn failover_errors(o: &Map<String, Value>, path: &str, notes: &mut Vec<String>) 
             all
         }
         other => {
-            notes.push(format!("{at}: {} is not a list of errors; not carried over.", compact(other)));
+            notes.push(format!(
+                "{at}: {} is not a list of errors; not carried over.",
+                compact(other)
+            ));
             return None;
         }
     };
@@ -289,7 +304,9 @@ fn failover_errors(o: &Map<String, Value>, path: &str, notes: &mut Vec<String>) 
         .filter(|name| {
             let ok = crate::ErrorClass::from_name(name).is_some();
             if !ok {
-                notes.push(format!("{at}: \"{name}\" is not one of mcrouter's errors; left out."));
+                notes.push(format!(
+                    "{at}: \"{name}\" is not one of mcrouter's errors; left out."
+                ));
             }
             ok
         })
@@ -302,7 +319,10 @@ fn failover_errors(o: &Map<String, Value>, path: &str, notes: &mut Vec<String>) 
 fn routing_groups_as_operations(o: &Map<String, Value>) -> Map<String, Value> {
     const GROUPS: &[(&str, &[&str])] = &[
         ("get_like", &["get", "gets", "gat", "gats"]),
-        ("update_like", &["set", "add", "replace", "append", "prepend", "cas", "touch"]),
+        (
+            "update_like",
+            &["set", "add", "replace", "append", "prepend", "cas", "touch"],
+        ),
         ("delete_like", &["delete"]),
         ("arithmetic_like", &["incr", "decr"]),
     ];
@@ -669,7 +689,11 @@ impl Importer {
                     Some(Value::Bool(false)) => "is_false",
                     other => {
                         let found = other.map_or("nothing".to_string(), |v| compact(&v));
-                        self.error(ErrorKind::Invalid, &join(path, "condition"), format!("@if: the condition is {found}, not a boolean"));
+                        self.error(
+                            ErrorKind::Invalid,
+                            &join(path, "condition"),
+                            format!("@if: the condition is {found}, not a boolean"),
+                        );
                         return Value::Null;
                     }
                 };
@@ -690,7 +714,11 @@ impl Importer {
                         Some(v) => args.push(v),
                         None if optional => args.push(Value::Null),
                         None => {
-                            self.error(ErrorKind::Missing, &join(path, param), format!("@{name}: required"));
+                            self.error(
+                                ErrorKind::Missing,
+                                &join(path, param),
+                                format!("@{name}: required"),
+                            );
                             return Value::Null;
                         }
                     }
@@ -718,7 +746,11 @@ impl Importer {
         depth: usize,
     ) -> Value {
         let Some(Value::String(file)) = file else {
-            self.error(ErrorKind::Missing, &join(path, "path"), "@import: a file path is required");
+            self.error(
+                ErrorKind::Missing,
+                &join(path, "path"),
+                "@import: a file path is required",
+            );
             return Value::Null;
         };
         let full = match &self.base {
@@ -731,7 +763,11 @@ impl Importer {
                 if let Some(default) = default {
                     return self.expand(default, macros, path, depth + 1);
                 }
-                self.error(ErrorKind::Invalid, path, format!("@import: cannot read {}: {error}", full.display()));
+                self.error(
+                    ErrorKind::Invalid,
+                    path,
+                    format!("@import: cannot read {}: {error}", full.display()),
+                );
                 return Value::Null;
             }
         };
@@ -759,31 +795,58 @@ impl Importer {
             false => ("dictionary", "keyName", "itemName"),
         };
         let name_of = |k: &str, default: &str| {
-            o.get(k).and_then(Value::as_str).unwrap_or(default).to_string()
+            o.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or(default)
+                .to_string()
         };
         let (key_name, item_name) = (name_of(key_key, "key"), name_of(item_key, "item"));
         let from = o.get(from_key).cloned().unwrap_or(Value::Null);
         let from = self.expand(from, macros, &join(path, from_key), depth + 1);
         let entries: Vec<(Value, Value)> = match from {
-            Value::Array(items) => items.into_iter().enumerate().map(|(i, v)| (Value::from(i), v)).collect(),
-            Value::Object(map) => map.into_iter().map(|(k, v)| (Value::String(k), v)).collect(),
+            Value::Array(items) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (Value::from(i), v))
+                .collect(),
+            Value::Object(map) => map
+                .into_iter()
+                .map(|(k, v)| (Value::String(k), v))
+                .collect(),
             other => {
-                self.error(ErrorKind::WrongType, &join(path, from_key), format!("{kind}: {} is not an array or object", compact(&other)));
+                self.error(
+                    ErrorKind::WrongType,
+                    &join(path, from_key),
+                    format!("{kind}: {} is not an array or object", compact(&other)),
+                );
                 return Value::Null;
             }
         };
         let was_object = entries.first().is_some_and(|(k, _)| k.is_string());
-        let top = o.get("top").and_then(Value::as_u64).map_or(usize::MAX, |t| t as usize);
+        let top = o
+            .get("top")
+            .and_then(Value::as_u64)
+            .map_or(usize::MAX, |t| t as usize);
         let mut list = Vec::new();
         let mut object = Map::new();
         for (key, item) in entries {
             if list.len() + object.len() >= top {
                 break;
             }
-            let bound: HashMap<String, Value> =
-                [(key_name.clone(), key.clone()), (item_name.clone(), item.clone())].into();
+            let bound: HashMap<String, Value> = [
+                (key_name.clone(), key.clone()),
+                (item_name.clone(), item.clone()),
+            ]
+            .into();
             let make = |me: &mut Self, k: &str| {
-                o.get(k).map(|m| me.expand(substitute(m.clone(), &bound), macros, &join(path, k), depth + 1))
+                o.get(k).map(|m| {
+                    me.expand(
+                        substitute(m.clone(), &bound),
+                        macros,
+                        &join(path, k),
+                        depth + 1,
+                    )
+                })
             };
             if foreach {
                 if let Some(keep) = make(self, "where") {
@@ -936,7 +999,10 @@ impl Importer {
         };
         for (key, value) in pool {
             match key.as_str() {
-                "servers" | "weights" | "server_timeout" | "keep_routing_prefix"
+                "servers"
+                | "weights"
+                | "server_timeout"
+                | "keep_routing_prefix"
                 | "port_override" => {}
                 "protocol" if value.as_str() == Some("ascii") => {}
                 _ => notes.push(format!(
@@ -1507,14 +1573,18 @@ impl Importer {
                     let at = index(&children_path, i);
                     let pool = match child {
                         Value::String(s) => s.strip_prefix("Pool|").map(str::to_string),
-                        Value::Object(p) if p.get("type").and_then(Value::as_str) == Some("Pool") => {
+                        Value::Object(p)
+                            if p.get("type").and_then(Value::as_str) == Some("Pool") =>
+                        {
                             self.inline_pool(p, &at)
                         }
                         _ => None,
                     };
                     let targets = match pool {
                         Some(pool) => self.server_targets(&pool, &at),
-                        None => self.route(child, &at, &format!("{hint}_{i}")).map(|t| vec![t]),
+                        None => self
+                            .route(child, &at, &format!("{hint}_{i}"))
+                            .map(|t| vec![t]),
                     };
                     match targets {
                         Some(t) => out.extend(t),
@@ -1604,7 +1674,14 @@ impl Importer {
             ),
             "FailoverWithExptimeRoute" => (
                 self.failover_with_exptime(o, path, hint, &mut notes)?,
-                &["type", "name", "normal", "failover", "failover_exptime", "failover_errors"],
+                &[
+                    "type",
+                    "name",
+                    "normal",
+                    "failover",
+                    "failover_exptime",
+                    "failover_errors",
+                ],
             ),
             "FailoverRoute" | "MissFailoverRoute" | "LatestRoute" | "RandomRoute" => (
                 self.list_route(kind, o, path, hint, &mut notes)?,
@@ -1718,8 +1795,17 @@ impl Importer {
         notes: &mut Vec<String>,
     ) -> Option<String> {
         const ONE: &[&str] = &[
-            "target", "child", "destination", "default", "default_policy", "normal", "primary",
-            "to", "warm", "l1", "from",
+            "target",
+            "child",
+            "destination",
+            "default",
+            "default_policy",
+            "normal",
+            "primary",
+            "to",
+            "warm",
+            "l1",
+            "from",
         ];
         let what = handle_note(kind);
         if matches!(kind, "DevNullRoute" | "BlackholeRoute") {
@@ -1741,7 +1827,13 @@ impl Importer {
                 format!("children = {}", list(&children)),
             ];
             let name = self.fresh_name(hint, false);
-            self.out_routes.insert(name.clone(), OutRoute { lines, notes: Vec::new() });
+            self.out_routes.insert(
+                name.clone(),
+                OutRoute {
+                    lines,
+                    notes: Vec::new(),
+                },
+            );
             return Some(name);
         }
         notes.push(format!("{path}: {kind} has no memroute equivalent and no route under it; it becomes an error route. {what}"));
@@ -2049,7 +2141,11 @@ impl Importer {
         };
         let normal = self.route(normal, &join(path, "normal"), &format!("{hint}_normal"))?;
         let failover = match o.get("failover") {
-            Some(f) => self.children_at(Some(f), &join(path, "failover"), &format!("{hint}_failover"))?,
+            Some(f) => self.children_at(
+                Some(f),
+                &join(path, "failover"),
+                &format!("{hint}_failover"),
+            )?,
             None => Vec::new(),
         };
         let exptime = match o.get("failover_exptime") {
@@ -2173,8 +2269,15 @@ impl Importer {
             let Some(shadow_target) =
                 self.route(t, &join(&p, "target"), &format!("{hint}_shadow_{i}"))
             else {
-                let why: Vec<String> = self.errs.drain(errors_before..).map(|e| e.to_string()).collect();
-                self.notes.push(format!("{p}: mcrouter skips this shadow ({}), and so does memroute.", why.join("; ")));
+                let why: Vec<String> = self
+                    .errs
+                    .drain(errors_before..)
+                    .map(|e| e.to_string())
+                    .collect();
+                self.notes.push(format!(
+                    "{p}: mcrouter skips this shadow ({}), and so does memroute.",
+                    why.join("; ")
+                ));
                 continue;
             };
             let range = match s.get("key_fraction_range") {
@@ -2679,6 +2782,143 @@ mod tests {
         assert!(text.contains("key_range = [0.0, 0.1]"), "{text}");
     }
 
+    /// A config in the shape of issue 30's: routes chosen by routing prefix per DC, a
+    /// gutter (FailoverWithExptimeRoute on tko, 600 s), an OperationSelectorRoute whose set
+    /// and delete are AllSyncRoutes with inline children, ascii:plain servers locally and
+    /// ascii:ssl across DCs, comments and trailing commas, and --route-prefix.
+    #[test]
+    fn a_prefix_routed_config_with_a_gutter_imports_whole() {
+        let json = r#"{
+          // two DCs, one cluster each
+          "pools": {
+            "eqiad-wan": {"servers": ["10.0.0.1:11211:ascii:plain", "10.0.0.2:11211:ascii:plain"]},
+            "eqiad-wan-failover": {"servers": ["10.0.1.1:11211:ascii:plain"]},
+            "codfw-wan": {"servers": ["10.1.0.1:11214:ascii:ssl", "10.1.0.2:11214:ascii:ssl"]},
+          },
+          "routes": [
+            {
+              "aliases": ["/eqiad/wan/"],
+              "route": {
+                "type": "OperationSelectorRoute",
+                "default_policy": {
+                  "type": "FailoverWithExptimeRoute",
+                  "normal": "PoolRoute|eqiad-wan",
+                  "failover": "PoolRoute|eqiad-wan-failover",
+                  "failover_errors": ["tko"],
+                  "failover_exptime": 600,
+                },
+                "operation_policies": {
+                  "set": {"type": "AllSyncRoute", "children": [
+                    {"type": "PoolRoute", "pool": "eqiad-wan"},
+                    {"type": "PoolRoute", "pool": "codfw-wan"},
+                  ]},
+                  "delete": {"type": "AllSyncRoute", "children": [
+                    "PoolRoute|eqiad-wan", "PoolRoute|codfw-wan",
+                  ]},
+                },
+              },
+            },
+            {"aliases": ["/codfw/wan/"], "route": "PoolRoute|codfw-wan"},
+          ],
+        }"#;
+        let flags = Flags {
+            route_prefix: Some("/eqiad/wan/".to_string()),
+            pem_ca_path: Some("/etc/mcrouter/ca.pem".to_string()),
+            ..Flags::default()
+        };
+        let text = translate(json, None, &flags).unwrap();
+        for line in [
+            "routing_prefix = \"/eqiad/wan/\"",
+            "routing_prefixes = [\"/eqiad/wan/\"]",
+            "routing_prefixes = [\"/codfw/wan/\"]",
+            "type = \"failover\"",
+            "children = [\"eqiad-wan\", \"eqiad-wan-failover\"]",
+            "failover_errors = [\"tko\"]",
+            "failover_exptime = 600",
+            "tls = { ca = \"/etc/mcrouter/ca.pem\" }",
+            "servers = [\"10.0.0.1:11211\", \"10.0.0.2:11211\"]",
+            "writes = \"all-sync\"",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+        assert!(text.contains("--pem-ca-path"), "the TLS note: {text}");
+        // MERGE NOTE (issue 30): the routing-prefix keys load once h-prefix is merged; until
+        // then the rest of the file must load without them.
+        let without_prefixes: String = text
+            .lines()
+            .filter(|l| !l.starts_with("routing_prefix"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let config = crate::parse(&without_prefixes).unwrap();
+        let root = &config.routes[&config.proxy.route];
+        let crate::RouteConfig::Operation {
+            operations,
+            default,
+        } = root
+        else {
+            panic!("root: {root:?}");
+        };
+        assert_eq!(operations.len(), 2, "{operations:?}");
+        assert!(matches!(
+            &config.routes[default],
+            crate::RouteConfig::Failover {
+                exptime_cap: Some(600),
+                ..
+            }
+        ));
+        assert!(config.pools["codfw-wan"].tls.is_some());
+        assert!(config.pools["eqiad-wan"].tls.is_none());
+        if crate::parse(&text).is_ok() {
+            // h-prefix merged: the whole file loads.
+            assert!(import_with(json, &flags).is_ok());
+        }
+    }
+
+    #[test]
+    fn mcrouters_flags_map_to_memroute_keys() {
+        let flags = Flags {
+            timeouts_until_tko: Some(5),
+            probe_timeout_initial_ms: Some(250),
+            max_client_outstanding_reqs: Some(64),
+            num_proxies: Some(3),
+            ..Flags::default()
+        };
+        let json = r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": "PoolRoute|A"}"#;
+        let text = import_with(json, &flags).unwrap();
+        let config = crate::parse(&text).unwrap();
+        assert_eq!(config.proxy.workers, 3);
+        assert_eq!(config.proxy.max_client_pending, 64);
+        assert_eq!(config.pools["A"].failure_limit, 5);
+        assert_eq!(
+            config.pools["A"].probe_interval,
+            std::time::Duration::from_millis(250)
+        );
+    }
+
+    #[test]
+    fn jsonm_built_ins_expand_as_mcrouters_preprocessor() {
+        let json = r#"{
+          "macros": {"n": {"type": "constDef", "result": 2}},
+          "pools": {"@select(pools_by_dc,eqiad)": {"servers": {"type": "foreach", "from": {"type": "range", "from": 1, "to": 3},
+                                                  "item": "i", "use": ["10.0.0.%i%:11211"]}}},
+          "route": {"type": "if", "condition": {"type": "equals", "A": "a", "B": "a"},
+                    "is_true": "PoolRoute|main", "is_false": "NullRoute"}
+        }"#;
+        // A key is not expanded (mcrouter expands values); the pool is named as written.
+        let json = json.replace("@select(pools_by_dc,eqiad)", "main");
+        let (text, config) = ok(&json);
+        assert_eq!(
+            config.pools["main"]
+                .servers
+                .iter()
+                .map(|s| s.address.as_str())
+                .collect::<Vec<_>>(),
+            ["10.0.0.1:11211", "10.0.0.2:11211", "10.0.0.3:11211"],
+            "{text}"
+        );
+        assert_eq!(config.proxy.route, "main");
+    }
+
     #[test]
     fn plain_macros_expand() {
         let (_, config) = ok(r#"{
@@ -2737,7 +2977,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"route": "@merge(a,b)"}"#),
-            ["route.params: @merge: params is not an array"]
+            ["route: @merge: params is not an array"]
         );
     }
 

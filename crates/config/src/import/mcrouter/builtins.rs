@@ -78,19 +78,29 @@ pub(super) fn compute(name: &str, args: &[Value]) -> Result<Value, String> {
             (None, default) => default.clone(),
         },
         "slice" => {
-            let (from, to) = (int(b).unwrap_or(0).max(0) as usize, int(arg(2)).unwrap_or(0));
+            let (from, to) = (
+                int(b).unwrap_or(0).max(0) as usize,
+                int(arg(2)).unwrap_or(0),
+            );
             match a {
                 Value::Array(items) => {
                     let to = (to.max(0) as usize).min(items.len().saturating_sub(1));
-                    Value::Array(items.get(from..=to).map(<[Value]>::to_vec).unwrap_or_default())
+                    Value::Array(
+                        items
+                            .get(from..=to)
+                            .map(<[Value]>::to_vec)
+                            .unwrap_or_default(),
+                    )
                 }
                 other => return Err(format!("@slice: {other} is not an array")),
             }
         }
         "split" => match (a, b) {
-            (Value::String(s), Value::String(delim)) if !delim.is_empty() => {
-                Value::Array(s.split(delim.as_str()).map(|p| Value::String(p.to_string())).collect())
-            }
+            (Value::String(s), Value::String(delim)) if !delim.is_empty() => Value::Array(
+                s.split(delim.as_str())
+                    .map(|p| Value::String(p.to_string()))
+                    .collect(),
+            ),
             _ => return Err("@split: expected a string and a delimiter".to_string()),
         },
         "range" => {
@@ -127,7 +137,11 @@ pub(super) fn compute(name: &str, args: &[Value]) -> Result<Value, String> {
             other => return Err(format!("@set: {other} is not an object")),
         },
         "fail" => return Err(format!("@fail: {}", text(a))),
-        other => return Err(format!("@{other} is not a built-in macro the importer computes")),
+        other => {
+            return Err(format!(
+                "@{other} is not a built-in macro the importer computes"
+            ))
+        }
     })
 }
 
@@ -238,12 +252,18 @@ mod tests {
     fn value_macros_compute_as_mcrouters() {
         assert_eq!(compute("int", &[json!("12")]), Ok(json!(12)));
         assert_eq!(compute("str", &[json!(5)]), Ok(json!("5")));
-        assert_eq!(compute("range", &[json!(1), json!(3)]), Ok(json!([1, 2, 3])));
+        assert_eq!(
+            compute("range", &[json!(1), json!(3)]),
+            Ok(json!([1, 2, 3]))
+        );
         assert_eq!(
             compute("select", &[json!({"a": 1}), json!("b"), json!(7)]),
             Ok(json!(7))
         );
-        assert_eq!(compute("select", &[json!(["x", "y"]), json!("1")]), Ok(json!("y")));
+        assert_eq!(
+            compute("select", &[json!(["x", "y"]), json!("1")]),
+            Ok(json!("y"))
+        );
         assert_eq!(
             compute("merge", &[json!([[1], [2, 3]])]),
             Ok(json!([1, 2, 3]))
@@ -253,10 +273,16 @@ mod tests {
             Ok(json!({"a": 2, "b": 3}))
         );
         assert_eq!(compute("merge", &[json!(["a", "b"])]), Ok(json!("ab")));
-        assert_eq!(compute("equals", &[json!("x"), json!("x")]), Ok(json!(true)));
+        assert_eq!(
+            compute("equals", &[json!("x"), json!("x")]),
+            Ok(json!(true))
+        );
         assert_eq!(compute("add", &[json!("2"), json!(3)]), Ok(json!(5)));
         assert!(compute("div", &[json!(1), json!(0)]).is_err());
         assert!(compute("fail", &[json!("no")]).is_err());
-        assert_eq!(compute("keys", &[json!({"b": 1, "a": 2})]), Ok(json!(["a", "b"])));
+        assert_eq!(
+            compute("keys", &[json!({"b": 1, "a": 2})]),
+            Ok(json!(["a", "b"]))
+        );
     }
 }

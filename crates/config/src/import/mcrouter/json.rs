@@ -35,7 +35,9 @@ fn plain_json(text: &str) -> String {
                 continue;
             }
             b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                let close = text[i + 2..].find("*/").map_or(bytes.len(), |at| i + 2 + at + 2);
+                let close = text[i + 2..]
+                    .find("*/")
+                    .map_or(bytes.len(), |at| i + 2 + at + 2);
                 for &c in &bytes[i..close] {
                     out.push(if c == b'\n' { b'\n' } else { b' ' });
                 }
