@@ -3,6 +3,8 @@
 //! `failover_exptime` (read back with memcached's own `mg KEY t` on the gutter server),
 //! reads find them there, only the errors named in `failover_errors` move it on, and
 //! each failover is counted for the route in `stats` and on the panel.
+#![allow(clippy::unwrap_used)] // a test: a failed unwrap is a failed test, with its message
+
 use std::time::{Duration, Instant};
 
 use memroute_tests::{admin_http, free_port, pool_section, Conn, Memcached, Memroute};
@@ -158,10 +160,11 @@ fn errors_not_named_in_failover_errors_do_not_move_on() {
             None,
             "k{i} not in the gutter"
         );
-        assert_eq!(
-            c.roundtrip_line(format!("get k{i}\r\n").as_bytes())
-                .starts_with(b"SERVER_ERROR"),
-            true
+        let read = c.roundtrip_line(format!("get k{i}\r\n").as_bytes());
+        assert!(
+            read.starts_with(b"SERVER_ERROR"),
+            "get k{i}: {}",
+            String::from_utf8_lossy(&read)
         );
     }
     assert_eq!(stat(&mut c, "route:wan:failovers").unwrap_or(0), 0);

@@ -13,6 +13,8 @@
 //! `keep_routing_prefix`, which the config crate learns from the h-prefix branch. Until
 //! that is merged, those imports fail only on those keys, and this test checks exactly that;
 //! once the keys load, it checks that they import whole like every other file.
+#![allow(clippy::unwrap_used)] // a test: a failed unwrap is a failed test, with its message
+
 use std::path::{Path, PathBuf};
 
 use memroute_config::import::mcrouter::{import_file, Flags};

@@ -123,7 +123,7 @@ mod tests {
         let parts = RequestBytes::whole(Bytes::from(request.to_string()));
         cap_exptime(command, &parts, cap).map(|p| {
             let bytes: Vec<u8> = p.pieces().flatten().copied().collect();
-            String::from_utf8(bytes).unwrap()
+            String::from_utf8(bytes).expect("ascii")
         })
     }
 
@@ -170,7 +170,7 @@ mod tests {
             head: Bytes::from_static(b"set k 0 0 2"),
             tail: Some(Bytes::from_static(b"\r\nhi\r\n")),
         };
-        let out = cap_exptime(Command::Set, &parts, 60).unwrap();
+        let out = cap_exptime(Command::Set, &parts, 60).expect("capped");
         assert_eq!(&out.head[..], b"set k 0 60 2\r\nhi\r\n");
         assert!(out.tail.is_none());
     }

@@ -677,9 +677,9 @@ impl Importer {
         path: &str,
         depth: usize,
     ) -> Value {
-        let mut arg = |me: &mut Self, param: &str| match call.remove(param) {
-            Some(v) => Some(me.expand(v, macros, &join(path, param), depth + 1)),
-            None => None,
+        let mut arg = |me: &mut Self, param: &str| {
+            call.remove(param)
+                .map(|v| me.expand(v, macros, &join(path, param), depth + 1))
         };
         match name {
             "if" => {
@@ -1053,7 +1053,7 @@ impl Importer {
                 Some(x) if x > 0.0 && x <= 1.0 => out.push(x),
                 // mcrouter takes 0: the server gets only the keys all 32 tries miss.
                 // memroute's weights are above 0: the least weight is the nearest.
-                Some(x) if x == 0.0 => {
+                Some(0.0) => {
                     self.notes.push(format!("{item_path}: weight 0 (mcrouter gives such a server only the keys all 32 WeightedCh3 tries miss) is written as 0.000001, memroute's nearest: about as few keys."));
                     out.push(0.000001);
                 }
@@ -2826,7 +2826,7 @@ mod tests {
             pem_ca_path: Some("/etc/mcrouter/ca.pem".to_string()),
             ..Flags::default()
         };
-        let text = translate(json, None, &flags).unwrap();
+        let text = translate(json, None, &flags).expect("translated");
         for line in [
             "routing_prefix = \"/eqiad/wan/\"",
             "routing_prefixes = [\"/eqiad/wan/\"]",
@@ -2849,7 +2849,7 @@ mod tests {
             .filter(|l| !l.starts_with("routing_prefix"))
             .map(|l| format!("{l}\n"))
             .collect();
-        let config = crate::parse(&without_prefixes).unwrap();
+        let config = crate::parse(&without_prefixes).expect("loads without the prefix keys");
         let root = &config.routes[&config.proxy.route];
         let crate::RouteConfig::Operation {
             operations,
@@ -2884,8 +2884,8 @@ mod tests {
             ..Flags::default()
         };
         let json = r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": "PoolRoute|A"}"#;
-        let text = import_with(json, &flags).unwrap();
-        let config = crate::parse(&text).unwrap();
+        let text = import_with(json, &flags).expect("imports");
+        let config = crate::parse(&text).expect("loads");
         assert_eq!(config.proxy.workers, 3);
         assert_eq!(config.proxy.max_client_pending, 64);
         assert_eq!(config.pools["A"].failure_limit, 5);

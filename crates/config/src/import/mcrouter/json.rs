@@ -86,7 +86,7 @@ mod tests {
      comment */
   "b": {"url": "http://x//y", "c": "/* not a comment */", "q": "\"//\"",},
 }"#;
-        let v = parse(text).unwrap();
+        let v = parse(text).expect("mcrouter's JSON");
         assert_eq!(v["a"], serde_json::json!([1, 2, 3]));
         assert_eq!(v["b"]["url"], "http://x//y");
         assert_eq!(v["b"]["c"], "/* not a comment */");
@@ -95,7 +95,7 @@ mod tests {
 
     #[test]
     fn errors_keep_the_position_of_the_text_as_written() {
-        let error = parse("{\n /* two\n lines */\n \"a\": x\n}").unwrap_err();
+        let error = parse("{\n /* two\n lines */\n \"a\": x\n}").expect_err("not JSON");
         assert_eq!(error.line(), 4);
     }
 
