@@ -127,6 +127,22 @@ fn writes_to_the_gutter_are_capped_at_failover_exptime_and_reads_find_them() {
     assert_eq!(reply, b"HD\r\n");
     let ttl = ttl_on(&gutter, "meta").unwrap();
     assert!((1..=60).contains(&ttl), "ms without T capped: ttl {ttl}");
+    // Binary: a set (opcode 0x01, extras flags + exptime 0) reaches servers as meta: capped.
+    let mut set = vec![0x80, 0x01, 0, 3, 8, 0, 0, 0, 0, 0, 0, 14, 0, 0, 0, 0];
+    set.extend_from_slice(&[0; 8]); // cas
+    set.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // flags, exptime 0
+    set.extend_from_slice(b"binxyz");
+    // A connection speaks binary from its first byte: a new one.
+    let mut b = proxy.connect();
+    b.send(&set);
+    let header = b.read_for(24);
+    assert_eq!((header[0], header[1]), (0x81, 0x01), "{header:?}");
+    assert_eq!(&header[6..8], &[0, 0], "binary set stored: {header:?}");
+    let ttl = ttl_on(&gutter, "bin").unwrap();
+    assert!(
+        (1..=60).contains(&ttl),
+        "binary set with exptime 0 capped: ttl {ttl}"
+    );
     assert_eq!(c.roundtrip_line(b"touch short 0\r\n"), b"TOUCHED\r\n");
     let ttl = ttl_on(&gutter, "short").unwrap();
     assert!(
