@@ -150,6 +150,13 @@ fn writes_to_the_gutter_are_capped_at_failover_exptime_and_reads_find_them() {
         "touch 0 capped at 60 s: ttl {ttl}"
     );
 
+    // gat of one key touches: capped too (0 would otherwise make it never expire).
+    set_until_stored(&mut c, "gat", 10);
+    let reply = c.roundtrip_lines(b"gat 0 gat\r\n", 3);
+    assert_eq!(reply, b"VALUE gat 0 3\r\nabc\r\nEND\r\n");
+    let ttl = ttl_on(&gutter, "gat").unwrap();
+    assert!((50..=60).contains(&ttl), "gat 0 capped at 60 s: ttl {ttl}");
+
     // Every write above went over once (and the read of each too): counted for the route.
     let failovers = stat(&mut c, "route:wan:failovers").expect("route:wan:failovers in stats");
     assert!(failovers >= 8, "failovers counted: {failovers}");
