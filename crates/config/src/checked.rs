@@ -343,9 +343,10 @@ pub enum AdminToken {
 /// The names, policies and route shapes routing is built from: one spelling each,
 /// defined by memroute-routing (see [`memroute_routing::spec`]).
 pub use memroute_routing::spec::{
-    DistributionName, FailoverOn, HashName, Operation, PoolSpec, ReadPolicy,
+    DistributionName, FailoverErrors, FailoverOn, HashName, Operation, PoolSpec, ReadPolicy,
     RouteSpec as RouteConfig, ServerSpec as ServerConfig, ShadowSelect, WritePolicy,
 };
+pub use memroute_routing::{gutter_description, ErrorClass};
 
 /// One pool: its placement as routing sees it (servers, distribution, hash, hash_tag,
 /// vnodes, weights, salt: [`PoolSpec`], written once) and how memroute reaches and watches

@@ -110,7 +110,13 @@ const SHADOW_ROUTE_KEYS: &[&str] = &[
     "max_in_flight",
 ];
 const REPLICATED_ROUTE_KEYS: &[&str] = &["type", "children", "writes", "reads"];
-const FAILOVER_ROUTE_KEYS: &[&str] = &["type", "children", "on"];
+const FAILOVER_ROUTE_KEYS: &[&str] = &[
+    "type",
+    "children",
+    "on",
+    "failover_errors",
+    "failover_exptime",
+];
 const WARM_UP_ROUTE_KEYS: &[&str] = &["type", "cold", "warm", "ttl"];
 const RANDOM_ROUTE_KEYS: &[&str] = &["type", "children"];
 const NULL_ROUTE_KEYS: &[&str] = &["type"];
@@ -1475,13 +1481,7 @@ fn check_route(t: &Table, path: &str, errs: &mut Errors) -> Option<RouteConfig> 
                 reads: get_choice(t, "reads", path, READ_POLICIES, ReadPolicy::Failover, errs),
             }
         }
-        "failover" => {
-            check_keys(t, path, FAILOVER_ROUTE_KEYS, errs);
-            RouteConfig::Failover {
-                children: get_children(t, path, errs),
-                on: get_choice(t, "on", path, FAILOVER_ON, FailoverOn::Error, errs),
-            }
-        }
+        "failover" => check_failover_route(t, path, errs),
         "warm-up" => check_warm_up_route(t, path, errs),
         "random" => {
             check_keys(t, path, RANDOM_ROUTE_KEYS, errs);
@@ -1700,6 +1700,57 @@ fn check_key_range(v: &Value, path: &str, errs: &mut Errors) -> Option<(f64, f64
         return None;
     }
     Some((a, b))
+}
+
+use crate::checked::FailoverErrors;
+
+fn check_failover_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {
+    check_keys(t, path, FAILOVER_ROUTE_KEYS, errs);
+    // 0 is mcrouter's "no cap" (its FailoverWithExptimeRoute caps only above 0).
+    let exptime_cap = t
+        .get("failover_exptime")
+        .and_then(|v| check_ttl(v, &join(path, "failover_exptime"), errs))
+        .filter(|&secs| secs > 0);
+    RouteConfig::Failover {
+        children: get_children(t, path, errs),
+        on: get_choice(t, "on", path, FAILOVER_ON, FailoverOn::Error, errs),
+        errors: check_failover_errors(t, path, errs),
+        exptime_cap,
+    }
+}
+
+/// `failover_errors = ["tko", "connect_error", ...]`: mcrouter's names (every error by
+/// default). A name mcrouter does not know is an error, as in mcrouter.
+fn check_failover_errors(t: &Table, path: &str, errs: &mut Errors) -> FailoverErrors {
+    use crate::checked::ErrorClass;
+    let Some(value) = t.get("failover_errors") else {
+        return FailoverErrors::ALL;
+    };
+    let path = join(path, "failover_errors");
+    let Value::Array(items) = value else {
+        wrong_type(errs, &path, "an array of error names", value);
+        return FailoverErrors::ALL;
+    };
+    let mut classes = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        match item
+            .as_str()
+            .map(|name| (name, ErrorClass::from_name(name)))
+        {
+            Some((_, Some(class))) => classes.push(class),
+            Some((name, None)) => {
+                let known: Vec<&str> = ErrorClass::NAMES.iter().map(|&(n, _)| n).collect();
+                errs.push(
+                    ErrorKind::Invalid,
+                    &at,
+                    format!("unknown error \"{name}\" (one of: {})", known.join(", ")),
+                );
+            }
+            None => wrong_type(errs, &at, "a string", item),
+        }
+    }
+    FailoverErrors::of(classes)
 }
 
 fn check_warm_up_route(t: &Table, path: &str, errs: &mut Errors) -> RouteConfig {

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use memroute_config::{
-    parse, Config, ConfigError, DnsDiscovery, DnsKind, ErrorKind, FailoverOn, Operation,
-    ReadPolicy, RouteConfig, ShadowSelect, WritePolicy,
+    parse, Config, ConfigError, DnsDiscovery, DnsKind, ErrorKind, FailoverErrors, FailoverOn,
+    Operation, ReadPolicy, RouteConfig, ShadowSelect, WritePolicy,
 };
 
 /// Two pools, `a` and `b`, then `extra` (routes, and whatever else a test needs).
@@ -171,6 +171,8 @@ message = "down for maintenance"
         RouteConfig::Failover {
             children: vec!["a".into(), "b".into()],
             on: FailoverOn::Error,
+            errors: FailoverErrors::ALL,
+            exptime_cap: None,
         }
     );
     assert_eq!(
@@ -178,6 +180,8 @@ message = "down for maintenance"
         RouteConfig::Failover {
             children: vec!["b".into(), "a".into()],
             on: FailoverOn::ErrorOrMiss,
+            errors: FailoverErrors::ALL,
+            exptime_cap: None,
         }
     );
     assert_eq!(

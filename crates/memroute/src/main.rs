@@ -75,6 +75,33 @@ enum Command {
     ImportMcrouter {
         /// Path to the mcrouter config (JSON).
         file: PathBuf,
+        /// mcrouter's --route-prefix: the default routing prefix (/REGION/CLUSTER/).
+        #[arg(long)]
+        route_prefix: Option<String>,
+        /// mcrouter's --timeouts-until-tko: each pool's failure_limit.
+        #[arg(long)]
+        timeouts_until_tko: Option<u32>,
+        /// mcrouter's --probe-timeout-initial (ms): each pool's probe_interval.
+        #[arg(long)]
+        probe_timeout_initial: Option<u64>,
+        /// mcrouter's --max-client-outstanding-reqs: proxy.max_client_pending.
+        #[arg(long)]
+        max_client_outstanding_reqs: Option<u64>,
+        /// mcrouter's --num-proxies: proxy.workers.
+        #[arg(long)]
+        num_proxies: Option<u32>,
+        /// mcrouter's --config-params NAME:VALUE,...: %NAME% in the config.
+        #[arg(long)]
+        config_params: Option<String>,
+        /// mcrouter's --pem-ca-path: tls.ca of pools whose servers are :ssl.
+        #[arg(long)]
+        pem_ca_path: Option<String>,
+        /// mcrouter's --pem-cert-path: tls.cert of those pools.
+        #[arg(long)]
+        pem_cert_path: Option<String>,
+        /// mcrouter's --pem-key-path: tls.key of those pools.
+        #[arg(long)]
+        pem_key_path: Option<String>,
     },
     /// Print requests of a running memroute as they are answered (sampled, at most --rate
     /// a second): time, client, command, key, route, server, result, latency. Reads the
@@ -141,8 +168,46 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::ImportTwemproxy { file }) => {
             return import(file, memroute_config::import::twemproxy::import)
         }
-        Some(Command::ImportMcrouter { file }) => {
-            return import(file, memroute_config::import::mcrouter::import)
+        Some(Command::ImportMcrouter {
+            file,
+            route_prefix,
+            timeouts_until_tko,
+            probe_timeout_initial,
+            max_client_outstanding_reqs,
+            num_proxies,
+            config_params,
+            pem_ca_path,
+            pem_cert_path,
+            pem_key_path,
+        }) => {
+            let config_params = config_params
+                .iter()
+                .flat_map(|all| all.split(','))
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| match pair.split_once(':') {
+                    Some((name, value)) => Ok((name.to_string(), value.to_string())),
+                    None => Err(anyhow::anyhow!(
+                        "--config-params: \"{pair}\" is not NAME:VALUE"
+                    )),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let flags = memroute_config::import::mcrouter::Flags {
+                route_prefix,
+                timeouts_until_tko,
+                probe_timeout_initial_ms: probe_timeout_initial,
+                max_client_outstanding_reqs,
+                num_proxies,
+                config_params,
+                pem_ca_path,
+                pem_cert_path,
+                pem_key_path,
+            };
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let toml = memroute_config::import::mcrouter::import_file(&text, &file, &flags)
+                .map_err(|errors| anyhow::anyhow!("{}:\n{errors}", file.display()))?;
+            write_stdout(&toml);
+            return Ok(());
         }
         Some(Command::Watch {
             config,
@@ -589,8 +654,18 @@ fn describe_route(route: &RouteConfig) -> String {
                 reads.as_str()
             )
         }
-        RouteConfig::Failover { children, on } => {
-            format!("failover over {} on {}", children.join(", "), on.as_str())
+        RouteConfig::Failover {
+            children,
+            on,
+            errors,
+            exptime_cap,
+        } => {
+            format!(
+                "failover over {} on {}{}",
+                children.join(", "),
+                on.as_str(),
+                memroute_config::gutter_description(*errors, *exptime_cap)
+            )
         }
         RouteConfig::WarmUp { cold, warm, ttl } => {
             format!("warm-up, cold {cold}, warm {warm}, ttl {ttl}s")

@@ -31,6 +31,7 @@
 
 mod distribution;
 mod error;
+mod failover_errors;
 pub mod hash;
 pub mod mcrouter_hash;
 mod operation;
@@ -40,6 +41,7 @@ pub mod spec;
 
 pub use distribution::{Placement, ServerIdentity};
 pub use error::RoutingError;
+pub use failover_errors::{gutter_description, ErrorClass, FailoverErrors};
 pub use hash::{hash_key_part, HashFn};
 pub use operation::operation_of;
 pub use policy::{classify_reply, write_decision, ReplyClass, WriteDecision};

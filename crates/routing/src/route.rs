@@ -26,7 +26,7 @@ use crate::spec::{
     FailoverOn, Operation, ReadPolicy, RouteSpec, RoutingSpec, ShadowSelect, WritePolicy,
 };
 
-use crate::{Placement, RoutingError};
+use crate::{FailoverErrors, Placement, RoutingError};
 
 /// Index of a [`Node`] in its [`RouteTable`]. Pool `i`'s node is `i`.
 pub type NodeId = u32;
@@ -63,6 +63,8 @@ pub enum Node {
     Failover {
         children: Vec<NodeId>,
         on: FailoverOn,
+        errors: FailoverErrors,
+        exptime_cap: Option<u32>,
     },
     WarmUp {
         cold: NodeId,
@@ -395,9 +397,16 @@ impl<'a> Resolver<'a> {
                 writes: *writes,
                 reads: *reads,
             },
-            RouteSpec::Failover { children, on } => Node::Failover {
+            RouteSpec::Failover {
+                children,
+                on,
+                errors,
+                exptime_cap,
+            } => Node::Failover {
                 children: self.resolve_children(name, children)?,
                 on: *on,
+                errors: *errors,
+                exptime_cap: *exptime_cap,
             },
             RouteSpec::WarmUp { cold, warm, ttl } => Node::WarmUp {
                 cold: self.resolve(cold)?,
@@ -682,6 +691,8 @@ mod tests {
                     RouteSpec::Failover {
                         children: names(&["sessions", "rep"]),
                         on: FailoverOn::ErrorOrMiss,
+                        errors: FailoverErrors::ALL,
+                        exptime_cap: None,
                     },
                 ),
                 (
@@ -732,7 +743,7 @@ mod tests {
 
         let (name, node) = at(b"f:1");
         assert_eq!(name, "fail");
-        let Node::Failover { children, on } = node else {
+        let Node::Failover { children, on, .. } = node else {
             panic!("not failover");
         };
         // A route used twice is one node.

@@ -9,6 +9,8 @@
 //! settings stay in memroute-config because placement and route selection never read them.
 use std::collections::BTreeMap;
 
+pub use crate::failover_errors::FailoverErrors;
+
 /// `vnodes` of a `ring` pool when none is given.
 pub const DEFAULT_VNODES: u32 = 256;
 
@@ -209,6 +211,11 @@ pub enum RouteSpec {
     Failover {
         children: Vec<String>,
         on: FailoverOn,
+        /// The errors it moves on for (`failover_errors`; default every error).
+        errors: FailoverErrors,
+        /// The cap on the exptime of writes to the children after the first
+        /// (`failover_exptime`, seconds, above 0; `None`: no cap).
+        exptime_cap: Option<u32>,
     },
     /// Get from `cold`; on a miss get from `warm` and fill `cold` with exptime `ttl`.
     WarmUp {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use memroute_config::{Config, RouteConfig};
+use memroute_config::{gutter_description, Config, RouteConfig};
 use prometheus::proto::{Metric, MetricFamily};
 use serde_json::{json, Value};
 
@@ -46,6 +46,7 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
         .window(counts.clone(), admin.metrics.started.elapsed());
     let errors = per_server(by_name.get("memroute_backend_errors_total").copied());
     let timeouts = per_server(by_name.get("memroute_backend_timeouts_total").copied());
+    let failovers = per_route(by_name.get("memroute_route_failovers_total").copied());
 
     let mut pools = Vec::new();
     for (id, name) in generation.routes.pool_names.iter().enumerate() {
@@ -112,7 +113,7 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
         .iter()
         .map(|listen| {
             let route = config.proxy.route_of(listen);
-            json!({ "address": listen.to_string(), "route": route, "tree": tree(config, route, 0) })
+            json!({ "address": listen.to_string(), "route": route, "tree": tree(config, &failovers, route, 0) })
         })
         .collect();
     let reloads: Vec<Value> = admin
@@ -144,8 +145,9 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
     })
 }
 
-/// The route tree under `name`: a pool is a leaf, a route lists its children.
-fn tree(config: &Config, name: &str, depth: usize) -> Value {
+/// The route tree under `name`: a pool is a leaf, a route lists its children. A route
+/// that has failed over carries how often (`failovers`, by route name).
+fn tree(config: &Config, failovers: &HashMap<String, u64>, name: &str, depth: usize) -> Value {
     // Config checking rejects cycles; the bound keeps a panel request finite regardless.
     if depth > 32 {
         return json!({ "name": name, "kind": "..." });
@@ -156,7 +158,7 @@ fn tree(config: &Config, name: &str, depth: usize) -> Value {
     let Some(route) = config.routes.get(name) else {
         return json!({ "name": name, "kind": "unknown" });
     };
-    let child = |n: &str| tree(config, n, depth + 1);
+    let child = |n: &str| tree(config, failovers, n, depth + 1);
     let labelled = |label: String, n: &str| {
         let mut node = child(n);
         node["via"] = Value::String(label);
@@ -203,9 +205,14 @@ fn tree(config: &Config, name: &str, depth: usize) -> Value {
             format!("writes {}, reads {}", writes.as_str(), reads.as_str()),
             children.iter().map(|c| child(c)).collect(),
         ),
-        RouteConfig::Failover { children, .. } => (
+        RouteConfig::Failover {
+            children,
+            errors,
+            exptime_cap,
+            ..
+        } => (
             "failover",
-            "in order".to_string(),
+            format!("in order{}", gutter_description(*errors, *exptime_cap)),
             children.iter().map(|c| child(c)).collect(),
         ),
         RouteConfig::WarmUp { cold, warm, ttl } => (
@@ -221,7 +228,8 @@ fn tree(config: &Config, name: &str, depth: usize) -> Value {
         RouteConfig::Null => ("null", "answers misses".to_string(), Vec::new()),
         RouteConfig::Error { message } => ("error", message.clone(), Vec::new()),
     };
-    json!({ "name": name, "kind": kind, "detail": detail, "children": children })
+    let failed_over = failovers.get(name).copied();
+    json!({ "name": name, "kind": kind, "detail": detail, "failovers": failed_over, "children": children })
 }
 
 impl RateMemory {
@@ -350,6 +358,27 @@ fn per_server(family: Option<&MetricFamily>) -> HashMap<(String, String), u64> {
         .get_metric()
         .iter()
         .filter_map(|m| Some((labels(m)?, m.get_counter().get_value() as u64)))
+        .collect()
+}
+
+/// A counter family labelled by `route`: its value per route.
+fn per_route(family: Option<&MetricFamily>) -> HashMap<String, u64> {
+    let Some(family) = family else {
+        return HashMap::new();
+    };
+    family
+        .get_metric()
+        .iter()
+        .filter_map(|metric| {
+            let route = metric
+                .get_label()
+                .iter()
+                .find(|l| l.get_name() == "route")?;
+            Some((
+                route.get_value().to_string(),
+                metric.get_counter().get_value() as u64,
+            ))
+        })
         .collect()
 }
 

@@ -14,8 +14,10 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
+use memroute_backend::BackendError;
 use memroute_config::{FailoverOn, ReadPolicy};
-use memroute_routing::{Node, NodeId, ReplyClass};
+use memroute_protocol::cap_exptime;
+use memroute_routing::{ErrorClass, FailoverErrors, Node, NodeId, ReplyClass};
 
 use super::in_place::{BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
@@ -32,7 +34,7 @@ use crate::snapshot::RouteSnapshot;
 fn after_first(routing: &RouteSnapshot, node: NodeId, tried: NodeId) -> (ChildOrder, FailoverOn) {
     let rest = |children: &[NodeId]| ChildOrder::from(children.get(1..).unwrap_or_default());
     match routing.routes.node(node) {
-        Node::Failover { children, on } => (rest(children), *on),
+        Node::Failover { children, on, .. } => (rest(children), *on),
         Node::Replicated {
             reads: ReadPolicy::Nearest,
             ..
@@ -58,11 +60,71 @@ pub(crate) fn start_after_first(
     routing.route_stats(node).failovers.fetch_add(1, Relaxed);
     let routing = routing.clone();
     let future: BoxedReply = Box::pin(async move {
-        let job = Rc::new(job);
+        // Every child from here on is a failover child: the cap applies to each.
+        let job = capped(&routing, node, Rc::new(job));
         let (children, on) = after_first(&routing, node, tried);
         run(&routing, node, &children, on, &job).await
     });
     InPlace::started(future, node, started)
+}
+
+/// What failover route `node` moves on for (`failover_errors`) and the cap on the exptime
+/// of what it writes to its later children (`failover_exptime`). A replicated route
+/// reading as a failover moves on for every error and caps nothing.
+fn gutter(routing: &RouteSnapshot, node: NodeId) -> (FailoverErrors, Option<u32>) {
+    match routing.routes.node(node) {
+        Node::Failover {
+            errors,
+            exptime_cap,
+            ..
+        } => (*errors, *exptime_cap),
+        _ => (FailoverErrors::ALL, None),
+    }
+}
+
+/// mcrouter's class of a failure (its `failover_errors` names), for what memroute sees: a
+/// server marked down is `tko`; a refused connect (or a name that does not resolve)
+/// `connect_error`, one that timed out `connect_timeout`; no reply in time `timeout`; a
+/// `SERVER_ERROR` reply, or a connection that broke after the request was written,
+/// `remote_error` (as mcrouter's client gives them); a `CLIENT_ERROR` `client_error`; a
+/// reply memroute cannot read, or a task inside it that ended, `local_error`; a connection
+/// memroute itself was closing `aborted`.
+pub(crate) fn error_class(reply: &Reply) -> ErrorClass {
+    match reply {
+        Ok(bytes) => ErrorClass::of_reply(bytes),
+        Err(error) => match error {
+            BackendError::Down { .. } => ErrorClass::Tko,
+            BackendError::NotConnected { reason, .. } if reason.contains("timed out") => {
+                ErrorClass::ConnectTimeout
+            }
+            BackendError::NotConnected { .. } | BackendError::Resolve { .. } => {
+                ErrorClass::ConnectError
+            }
+            BackendError::Timeout { .. } => ErrorClass::Timeout,
+            BackendError::Unavailable { .. } => ErrorClass::RemoteError,
+            BackendError::Closed { .. } => ErrorClass::Aborted,
+            BackendError::BadReply { .. } | BackendError::Lost => ErrorClass::LocalError,
+        },
+    }
+}
+
+/// Whether an error `reply` (one `class_of` calls an error) moves a route that fails over
+/// on `errors` on.
+fn fails_over(errors: FailoverErrors, reply: &Reply) -> bool {
+    errors.is_all() || errors.contains(error_class(reply))
+}
+
+/// `job` as failover route `node` sends it to its later children: with its exptime capped
+/// by the route's `failover_exptime` (mcrouter's rule, in memroute-protocol's
+/// `cap_exptime`); the same job when the route has no cap or the request keeps its own.
+fn capped(routing: &RouteSnapshot, node: NodeId, job: Rc<Job>) -> Rc<Job> {
+    let Some(cap) = gutter(routing, node).1 else {
+        return job;
+    };
+    match cap_exptime(job.command, &job.parts, cap) {
+        Some(parts) => Rc::new(job.with_parts(parts)),
+        None => job,
+    }
 }
 
 /// For a multi-get through policy route `node`: the pool every key goes to first, when the
@@ -77,6 +139,7 @@ pub(crate) fn first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<(usize
         Node::Failover {
             children,
             on: FailoverOn::Error,
+            ..
         }
         | Node::Replicated {
             children,
@@ -128,12 +191,17 @@ pub(super) async fn run(
     // With `error-or-miss`, a miss from an earlier child beats an error from a later one:
     // the key is absent where it could be looked up.
     let mut first_miss: Option<Reply> = None;
+    let errors = gutter(routing, node).0;
+    let mut job = job.clone();
     for (index, &child) in children.iter().enumerate() {
+        if index == 1 {
+            job = capped(routing, node, job);
+        }
         nearest::count_reads(routing, node, child, 1);
-        let reply = run_child(routing, child, job).await;
+        let reply = run_child(routing, child, &job).await;
         let class = class_of(&reply);
         let try_next = match class {
-            ReplyClass::Error => true,
+            ReplyClass::Error => fails_over(errors, &reply),
             ReplyClass::Miss => on == FailoverOn::ErrorOrMiss && !job.operation.is_write(),
             ReplyClass::Hit => false,
         };
@@ -172,8 +240,12 @@ pub(super) async fn run_multi(
     let Some((&first, _)) = children.split_first() else {
         return KeyReplies::failed(keys.len(), Err(connection_gone()));
     };
+    let errors = gutter(routing, node).0;
     let moves_on = |reply: &KeyReply| match reply.class() {
-        ReplyClass::Error => true,
+        ReplyClass::Error => match reply {
+            KeyReply::Failed(failed) => fails_over(errors, failed),
+            _ => errors.is_all(),
+        },
         ReplyClass::Miss => on == FailoverOn::ErrorOrMiss,
         ReplyClass::Hit => false,
     };
@@ -305,6 +377,14 @@ impl AfterFirst {
         if first.class() != ReplyClass::Error || !repeatable {
             return None;
         }
+        let errors = gutter(routing, self.node).0;
+        if !first
+            .reply
+            .as_ref()
+            .is_some_and(|reply| fails_over(errors, reply))
+        {
+            return None;
+        }
         let job = self.job.take()?;
         let _failure = first.take(routing);
         let tried = first.pool() as NodeId;
@@ -321,11 +401,19 @@ impl AfterFirst {
 /// For a multi-get through failover (or failover-reading replicated) route `node`: the
 /// pool its keys are planned on first as a plain pool's keys are (`route::multi_get_pool`),
 /// when the first child is a pool with servers.
+///
+/// Not for a route that fails over on some errors only: a failed batch's keys would all go
+/// on whatever the error; its multi-gets take the general walk (`run_multi`), which judges
+/// each key's failure.
 pub(super) fn multi_get_first_pool(routing: &RouteSnapshot, node: NodeId) -> Option<usize> {
+    if !gutter(routing, node).0.is_all() {
+        return None;
+    }
     match routing.routes.node(node) {
         Node::Failover {
             children,
             on: FailoverOn::ErrorOrMiss,
+            ..
         } => pool::with_servers(routing, *children.first()?),
         _ => first_pool(routing, node).map(|(pool, _)| pool),
     }
@@ -338,6 +426,7 @@ pub(super) fn goes_on(routing: &RouteSnapshot, node: NodeId) -> GoesOn {
         Node::Failover {
             children,
             on: FailoverOn::ErrorOrMiss,
+            ..
         } if children.len() > 1 => GoesOn::FailedOrMissed,
         _ => match first_pool(routing, node) {
             Some((_, true)) => GoesOn::Failed,

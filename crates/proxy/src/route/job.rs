@@ -52,6 +52,21 @@ impl Job {
     }
 }
 
+impl Job {
+    /// The same request with other bytes to send (a failover child's capped exptime).
+    pub(crate) fn with_parts(&self, parts: RequestBytes) -> Job {
+        Job {
+            operation: self.operation,
+            command: self.command,
+            key: self.key.clone(),
+            parts,
+            kind: self.kind,
+            slot: self.slot,
+            echo: self.echo.clone(),
+        }
+    }
+}
+
 /// The flags memcached echoes on a meta reply that carries no data (`EN`, `NS`, `NF`, `HD`):
 /// the opaque `O...`, the key `k` (as `k<key>`) and base64 `b`. Only routes that answer
 /// without a server (null) need them; `None` for non-meta commands.

@@ -94,7 +94,7 @@ pub(super) fn walk<W: Walk>(
                         .replicated(&routing, node, children, writes, reads)
                         .await;
                 }
-                Node::Failover { children, on } => {
+                Node::Failover { children, on, .. } => {
                     return walking.failover(&routing, node, children, *on).await;
                 }
                 Node::WarmUp { cold, warm, ttl } => {

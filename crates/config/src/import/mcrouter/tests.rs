@@ -1,0 +1,369 @@
+use super::*;
+
+fn ok(json: &str) -> (String, crate::Config) {
+    let text = import(json).unwrap_or_else(|e| panic!("import failed:\n{e}"));
+    let config = crate::parse(&text).expect("output parses");
+    (text, config)
+}
+
+fn err(json: &str) -> Vec<String> {
+    match import(json) {
+        Ok(text) => panic!("expected an error, got:\n{text}"),
+        Err(ConfigErrors(es)) => es.iter().map(ToString::to_string).collect(),
+    }
+}
+
+#[test]
+fn pool_route_keeps_servers_in_order_with_ch3() {
+    let (text, config) = ok(r#"{
+        "pools": {"A": {"servers": ["10.0.0.2:11211", "10.0.0.1:11211:ascii:plain"]}},
+        "route": "PoolRoute|A"
+    }"#);
+    let pool = &config.pools["A"];
+    assert_eq!(pool.distribution.as_str(), "ch3");
+    let addresses: Vec<&str> = pool.servers.iter().map(|s| s.address.as_str()).collect();
+    assert_eq!(addresses, ["10.0.0.2:11211", "10.0.0.1:11211"]);
+    assert_eq!(config.proxy.route, "A");
+    assert!(text.contains("# NOTE: mcrouter's listen port"), "{text}");
+}
+
+#[test]
+fn weights_pick_wch3_and_are_fitted_by_mcrouters_rule() {
+    let (text, config) = ok(r#"{
+        "pools": {"A": {"servers": ["h1:1", "h2:2", "h3:3"], "weights": [1, 0.5]}},
+        "route": {"type": "PoolRoute", "pool": "A"}
+    }"#);
+    assert_eq!(config.pools["A"].distribution.as_str(), "wch3");
+    assert_eq!(config.pools["A"].weights, [1.0, 0.5, 0.5]);
+    assert!(text.contains("gives the missing ones 0.5"), "{text}");
+}
+
+#[test]
+fn salt_is_carried_over() {
+    let (_, config) = ok(r#"{
+        "pools": {"A": {"servers": ["h1:1", "h2:2"]}},
+        "route": {"type": "HashRoute", "children": "Pool|A", "hash_func": "Crc32", "salt": "v2"}
+    }"#);
+    assert_eq!(config.pools["A"].salt, "v2");
+    assert_eq!(config.pools["A"].distribution.as_str(), "crc32");
+}
+
+#[test]
+fn one_pool_hashed_two_ways_is_two_pools() {
+    let (_, config) = ok(r#"{
+        "pools": {"A": {"servers": ["h1:1", "h2:2"]}},
+        "route": {"type": "OperationSelectorRoute",
+                  "operation_policies": {"get": {"type": "PoolRoute", "pool": "A", "hash": "Crc32"}},
+                  "default_policy": "PoolRoute|A"}
+    }"#);
+    assert_eq!(config.pools["A"].distribution.as_str(), "crc32");
+    assert_eq!(config.pools["A_ch3"].distribution.as_str(), "ch3");
+}
+
+#[test]
+fn every_route_handle_maps() {
+    let (text, config) = ok(r#"{
+        "pools": {
+            "A": {"servers": ["h1:1", "h2:2"]},
+            "B": {"servers": ["h3:3"]},
+            "C": {"servers": ["h4:4", "h5:5"]}
+        },
+        "named_handles": [
+            {"type": "AllSyncRoute", "name": "both", "children": ["PoolRoute|A", "PoolRoute|B"]}
+        ],
+        "route": {
+            "type": "PrefixSelectorRoute",
+            "policies": {
+                "a:": {"type": "AllAsyncRoute", "children": ["PoolRoute|A", "PoolRoute|B"]},
+                "i:": {"type": "AllInitialRoute", "children": ["PoolRoute|A", "PoolRoute|B"]},
+                "m:": {"type": "AllMajorityRoute", "children": ["PoolRoute|A", "PoolRoute|B", "PoolRoute|C"]},
+                "f:": {"type": "AllFastestRoute", "children": ["PoolRoute|A", "PoolRoute|B"]},
+                "s:": "both",
+                "fo:": {"type": "FailoverRoute", "children": "Pool|C"},
+                "mf:": {"type": "MissFailoverRoute", "children": ["PoolRoute|A", "PoolRoute|B"]},
+                "w:": {"type": "WarmUpRoute", "cold": "PoolRoute|C", "warm": "PoolRoute|A", "exptime": 60},
+                "sh:": {"type": "PoolRoute", "pool": "A",
+                        "shadows": [{"target": "PoolRoute|C", "key_fraction_range": [0, 0.1]}]},
+                "r:": {"type": "RandomRoute", "children": ["PoolRoute|A", "PoolRoute|B"]},
+                "l:": {"type": "LatestRoute", "children": ["PoolRoute|A", "PoolRoute|B"], "failover_count": 2},
+                "n:": "NullRoute",
+                "e:": {"type": "ErrorRoute", "response": "go away"},
+                "h:": {"type": "HashRoute", "children": "Pool|C", "hash_func": "Crc32"}
+            },
+            "wildcard": "PoolRoute|A"
+        }
+    }"#);
+    let kinds: std::collections::BTreeSet<&str> = config
+        .routes
+        .values()
+        .map(|r| match r {
+            crate::RouteConfig::Prefix { .. } => "prefix",
+            crate::RouteConfig::Operation { .. } => "operation",
+            crate::RouteConfig::Shadow { .. } => "shadow",
+            crate::RouteConfig::Replicated { .. } => "replicated",
+            crate::RouteConfig::Failover { .. } => "failover",
+            crate::RouteConfig::WarmUp { .. } => "warm-up",
+            crate::RouteConfig::Random { .. } => "random",
+            crate::RouteConfig::Null => "null",
+            crate::RouteConfig::Error { .. } => "error",
+        })
+        .collect();
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        [
+            "error",
+            "failover",
+            "null",
+            "prefix",
+            "random",
+            "replicated",
+            "shadow",
+            "warm-up"
+        ]
+    );
+    assert!(config.routes.contains_key("both"), "{text}");
+    // Pool|C as failover children: one pool per server, in order.
+    assert_eq!(config.pools["C_0"].servers[0].address, "h4:4");
+    assert_eq!(config.pools["C_1"].servers[0].address, "h5:5");
+    assert!(text.contains("failover_count"), "{text}");
+    assert!(text.contains("on = \"error-or-miss\""), "{text}");
+    assert!(text.contains("key_range = [0.0, 0.1]"), "{text}");
+}
+
+/// A config in the shape of issue 30's: routes chosen by routing prefix per DC, a
+/// gutter (FailoverWithExptimeRoute on tko, 600 s), an OperationSelectorRoute whose set
+/// and delete are AllSyncRoutes with inline children, ascii:plain servers locally and
+/// ascii:ssl across DCs, comments and trailing commas, and --route-prefix.
+#[test]
+fn a_prefix_routed_config_with_a_gutter_imports_whole() {
+    let json = r#"{
+      // two DCs, one cluster each
+      "pools": {
+        "eqiad-wan": {"servers": ["10.0.0.1:11211:ascii:plain", "10.0.0.2:11211:ascii:plain"]},
+        "eqiad-wan-failover": {"servers": ["10.0.1.1:11211:ascii:plain"]},
+        "codfw-wan": {"servers": ["10.1.0.1:11214:ascii:ssl", "10.1.0.2:11214:ascii:ssl"]},
+      },
+      "routes": [
+        {
+          "aliases": ["/eqiad/wan/"],
+          "route": {
+            "type": "OperationSelectorRoute",
+            "default_policy": {
+              "type": "FailoverWithExptimeRoute",
+              "normal": "PoolRoute|eqiad-wan",
+              "failover": "PoolRoute|eqiad-wan-failover",
+              "failover_errors": ["tko"],
+              "failover_exptime": 600,
+            },
+            "operation_policies": {
+              "set": {"type": "AllSyncRoute", "children": [
+                {"type": "PoolRoute", "pool": "eqiad-wan"},
+                {"type": "PoolRoute", "pool": "codfw-wan"},
+              ]},
+              "delete": {"type": "AllSyncRoute", "children": [
+                "PoolRoute|eqiad-wan", "PoolRoute|codfw-wan",
+              ]},
+            },
+          },
+        },
+        {"aliases": ["/codfw/wan/"], "route": "PoolRoute|codfw-wan"},
+      ],
+    }"#;
+    let flags = Flags {
+        route_prefix: Some("/eqiad/wan/".to_string()),
+        pem_ca_path: Some("/etc/mcrouter/ca.pem".to_string()),
+        ..Flags::default()
+    };
+    let text = translate(json, None, &flags).expect("translated");
+    for line in [
+        "routing_prefix = \"/eqiad/wan/\"",
+        "routing_prefixes = [\"/eqiad/wan/\"]",
+        "routing_prefixes = [\"/codfw/wan/\"]",
+        "type = \"failover\"",
+        "children = [\"eqiad-wan\", \"eqiad-wan-failover\"]",
+        "failover_errors = [\"tko\"]",
+        "failover_exptime = 600",
+        "tls = { ca = \"/etc/mcrouter/ca.pem\" }",
+        "servers = [\"10.0.0.1:11211\", \"10.0.0.2:11211\"]",
+        "writes = \"all-sync\"",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    assert!(text.contains("--pem-ca-path"), "the TLS note: {text}");
+    // MERGE NOTE (issue 30): the routing-prefix keys load once h-prefix is merged; until
+    // then the rest of the file must load without them.
+    let without_prefixes: String = text
+        .lines()
+        .filter(|l| !l.starts_with("routing_prefix"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let config = crate::parse(&without_prefixes).expect("loads without the prefix keys");
+    let root = &config.routes[&config.proxy.route];
+    let crate::RouteConfig::Operation {
+        operations,
+        default,
+    } = root
+    else {
+        panic!("root: {root:?}");
+    };
+    assert_eq!(operations.len(), 2, "{operations:?}");
+    assert!(matches!(
+        &config.routes[default],
+        crate::RouteConfig::Failover {
+            exptime_cap: Some(600),
+            ..
+        }
+    ));
+    assert!(config.pools["codfw-wan"].tls.is_some());
+    assert!(config.pools["eqiad-wan"].tls.is_none());
+    if crate::parse(&text).is_ok() {
+        // h-prefix merged: the whole file loads.
+        assert!(import_with(json, &flags).is_ok());
+    }
+}
+
+#[test]
+fn mcrouters_flags_map_to_memroute_keys() {
+    let flags = Flags {
+        timeouts_until_tko: Some(5),
+        probe_timeout_initial_ms: Some(250),
+        max_client_outstanding_reqs: Some(64),
+        num_proxies: Some(3),
+        ..Flags::default()
+    };
+    let json = r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": "PoolRoute|A"}"#;
+    let text = import_with(json, &flags).expect("imports");
+    let config = crate::parse(&text).expect("loads");
+    assert_eq!(config.proxy.workers, 3);
+    assert_eq!(config.proxy.max_client_pending, 64);
+    assert_eq!(config.pools["A"].failure_limit, 5);
+    assert_eq!(
+        config.pools["A"].probe_interval,
+        std::time::Duration::from_millis(250)
+    );
+}
+
+#[test]
+fn jsonm_built_ins_expand_as_mcrouters_preprocessor() {
+    let json = r#"{
+      "macros": {"n": {"type": "constDef", "result": 2}},
+      "pools": {"@select(pools_by_dc,eqiad)": {"servers": {"type": "foreach", "from": {"type": "range", "from": 1, "to": 3},
+                                              "item": "i", "use": ["10.0.0.%i%:11211"]}}},
+      "route": {"type": "if", "condition": {"type": "equals", "A": "a", "B": "a"},
+                "is_true": "PoolRoute|main", "is_false": "NullRoute"}
+    }"#;
+    // A key is not expanded (mcrouter expands values); the pool is named as written.
+    let json = json.replace("@select(pools_by_dc,eqiad)", "main");
+    let (text, config) = ok(&json);
+    assert_eq!(
+        config.pools["main"]
+            .servers
+            .iter()
+            .map(|s| s.address.as_str())
+            .collect::<Vec<_>>(),
+        ["10.0.0.1:11211", "10.0.0.2:11211", "10.0.0.3:11211"],
+        "{text}"
+    );
+    assert_eq!(config.proxy.route, "main");
+}
+
+#[test]
+fn plain_macros_expand() {
+    let (_, config) = ok(r#"{
+        "macros": {
+            "pool_of": {"type": "macroDef", "params": ["p"], "result": {"type": "PoolRoute", "pool": "%p%"}},
+            "fail": {"type": "macroDef", "params": ["a", {"name": "b", "default": "B"}],
+                     "result": {"type": "FailoverRoute", "children": ["@pool_of(%a%)", "@pool_of(%b%)"]}}
+        },
+        "pools": {"A": {"servers": ["h1:1"]}, "B": {"servers": ["h2:2"]}},
+        "route": {"type": "fail", "a": "A"}
+    }"#);
+    assert!(matches!(
+        &config.routes[&config.proxy.route],
+        crate::RouteConfig::Failover { children, .. } if children == &["A", "B"]
+    ));
+}
+
+#[test]
+fn bad_input_is_an_error_with_its_json_path() {
+    assert_eq!(
+        err("{\"pools\": "),
+        ["line 1, column 10: invalid JSON: EOF while parsing a value at line 1 column 10"]
+    );
+    assert_eq!(
+        err(r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": {"type": "FancyRoute"}}"#),
+        ["route.type: unknown route handle \"FancyRoute\""]
+    );
+    assert_eq!(
+        err(r#"{"pools": {"A": {"servers": ["h:1", "h:2"], "weights": [0, -1, "x"]}}, "route": "PoolRoute|A"}"#),
+        [
+            "pools.A.weights[1]: weight -1 must be > 0 (a server that should get no keys belongs out of the pool; with weight 0 WeightedCh3 still gives it the keys all 32 tries miss)",
+            "pools.A.weights[2]: expected a number, found \"x\"",
+        ]
+    );
+    assert_eq!(
+        err(r#"{"pools": {"A": {"servers": ["h:1"]}},
+                "named_handles": [{"name": "x", "type": "FailoverRoute", "children": ["y", "PoolRoute|A"]},
+                                  {"name": "y", "type": "FailoverRoute", "children": ["x"]}],
+                "route": "x"}"#),
+        ["named_handles[1].children[0]: named handle loop: x -> y -> x"]
+    );
+    assert_eq!(
+        err(r#"{"pools": {}, "route": "nothing"}"#),
+        ["route: unknown route handle or named handle \"nothing\""]
+    );
+    assert_eq!(
+        err(
+            r#"{"pools": {"A": {"servers": ["h:1"]}}, "route": {"type": "PoolRoute", "pool": "A", "hash": {"hash_func": "Ch3", "salt": 7}}}"#
+        ),
+        ["route.hash.salt: expected a string, found 7"]
+    );
+    assert_eq!(err("[1]"), ["expected a JSON object (an mcrouter config)"]);
+    assert_eq!(
+        err(r#"{"macros": {"m": {"type": "macroDef", "result": "@m"}}, "route": "@m"}"#),
+        ["route: macro expansion too deep (a macro that calls itself?)"]
+    );
+    assert_eq!(
+        err(r#"{"route": "@merge(a,b)"}"#),
+        ["route: @merge: params is not an array"]
+    );
+}
+
+/// Every prefix of a realistic config, and the config with each byte replaced by each
+/// of a few troublesome ones: import answers (Ok or errors) and never panics.
+#[test]
+fn never_panics_on_truncated_or_mangled_configs() {
+    let config = r#"{"macros": {"m": {"type": "macroDef", "params": ["p"], "result": "PoolRoute|%p%"}},
+        "pools": {"A": {"servers": ["h1:1", "[::1]:2"], "weights": [1, 0.5]}, "B": {"servers": ["h3:3"]}},
+        "named_handles": [{"name": "n", "type": "FailoverRoute", "children": ["@m(A)", "Pool|B"]}],
+        "route": {"type": "PrefixSelectorRoute", "policies": {"a": "n", "b": {"type": "WarmUpRoute", "cold": "PoolRoute|B", "warm": "PoolRoute|A", "exptime": 5}},
+                  "wildcard": {"type": "PoolRoute", "pool": "A", "hash": {"hash_func": "WeightedCh3", "weights": [1]},
+                               "shadows": [{"target": "PoolRoute|B", "key_fraction_range": [0, 0.5]}]}}}"#;
+    assert!(import(config).is_ok(), "{:?}", import(config).err());
+    for end in 0..config.len() {
+        if config.is_char_boundary(end) {
+            let _ = import(&config[..end]);
+        }
+    }
+    for i in 0..config.len() {
+        for b in ["\"", "[", "]", "{", "}", "|", "%", "@", "0", "-", ","] {
+            if config.is_char_boundary(i) && config.is_char_boundary(i + 1) {
+                let _ = import(&format!("{}{b}{}", &config[..i], &config[i + 1..]));
+            }
+        }
+    }
+}
+
+#[test]
+fn never_panics_on_odd_shapes() {
+    for json in [
+        "null", "{}", "{\"route\": null}", "{\"route\": []}", "{\"route\": {}}",
+        "{\"pools\": [], \"route\": \"PoolRoute|A\"}", "{\"pools\": {\"A\": 1}, \"route\": \"PoolRoute|A\"}",
+        "{\"pools\": {\"A\": {\"servers\": [1, \"[::1\", \"h:0\"]}}, \"route\": \"Pool|A\"}",
+        "{\"routes\": [{\"aliases\": []}]}", "{\"route\": {\"type\": \"PrefixSelectorRoute\", \"policies\": {\"\": \"NullRoute\"}}}",
+        "{\"route\": {\"type\": \"ShadowRoute\", \"children\": \"NullRoute\", \"shadows\": [{\"target\": \"NullRoute\", \"key_fraction_range\": [0.5, 0.1]}]}}",
+        "{\"macros\": 3, \"route\": \"@x(\"}",
+    ] {
+        let _ = import(json);
+    }
+}
