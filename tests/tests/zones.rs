@@ -143,7 +143,7 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
         Zones::gets(&zones.b) - b_before,
     );
     println!("10,000 gets from zone b: {b_gets} on zone b's servers, {a_gets} on zone a's");
-    // Every get, not only the 99%: with zone b's servers up, none has a reason to
+    // Every get, not only 99% of them: with zone b's servers up, none has a reason to
     // leave the zone (memcached's cmd_get counts only these gets).
     assert_eq!(
         (a_gets, b_gets),
