@@ -734,11 +734,22 @@ impl Memroute {
 
     /// Same, with extra command-line arguments (`--no-watch`).
     pub fn start_args(toml: &str, args: &[&str]) -> Memroute {
+        Memroute::start_logging(toml, args, "info")
+    }
+
+    /// Same, logging what the tracing filter `filter` lets through (`RUST_LOG` syntax; it
+    /// must let `info` through, for the ready line): `info,memroute_backend::health=debug`
+    /// adds the prober's "probe failed" lines.
+    pub fn start_logging(toml: &str, args: &[&str], filter: &str) -> Memroute {
         let toml = &with_io_mode(toml);
         let dir = TempDir::new("memroute");
         let conf = dir.write("memroute.toml", toml);
         let mut command = Command::new(memroute_binary());
-        command.arg("--config").arg(&conf).args(args);
+        command
+            .arg("--config")
+            .arg(&conf)
+            .args(args)
+            .env("RUST_LOG", filter);
         Memroute::start_command(command, toml, conf, dir)
     }
 
@@ -762,9 +773,12 @@ impl Memroute {
             .expect("config needs `listen = [\"host:port\", ...]` in [proxy]")
             .to_string();
         let conf = config;
+        // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it
+        // (unless the caller chose a filter: `start_logging`).
+        if !command.get_envs().any(|(name, _)| name == "RUST_LOG") {
+            command.env("RUST_LOG", "info");
+        }
         let mut child = command
-            // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it.
-            .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
