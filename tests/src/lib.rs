@@ -1324,6 +1324,22 @@ pub fn numbered_keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// `toml` (an imported config, which always has an `[admin]` section) with the admin port
+/// moved to `address` (a free port: the importers write a fixed one).
+pub fn with_admin_on(toml: &str, address: &str) -> String {
+    let start = toml
+        .find("\n[admin]\nlisten = \"")
+        .expect("an [admin] listen line")
+        + 1;
+    let line_end =
+        start + "[admin]\n".len() + toml[start + "[admin]\n".len()..].find('\n').unwrap();
+    format!(
+        "{}[admin]\nlisten = \"{address}\"{}",
+        &toml[..start],
+        &toml[line_end..]
+    )
+}
+
 /// `[proxy]` with one worker listening on `listen`, root target `route`.
 pub fn proxy_section(listen: &str, route: &str) -> String {
     format!("[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"{route}\"\n\n")

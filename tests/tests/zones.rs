@@ -174,6 +174,22 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
         first.starts_with("zone-key-0: both -> in_b => ") && first.contains("read here first"),
         "{routed}"
     );
+    // ... and orders the children by what the running proxy measured (the replicated sets
+    // reached zone a's servers too), not "unknown until measured" as offline.
+    let mut routed = String::new();
+    assert!(
+        poll_until(Duration::from_secs(5), || {
+            routed = admin_http(&admin, "GET", "/route?key=zone-key-0").1;
+            routed.lines().all(|l| l.contains(", mean round trip "))
+        }),
+        "{routed}"
+    );
+    let second = routed.lines().nth(1).unwrap_or_default();
+    assert!(
+        second.starts_with("zone-key-0: both -> in_a => ")
+            && second.contains("(zone a): read on failure 1, mean round trip "),
+        "{routed}"
+    );
     // mcrouter's route query names the server a get uses: zone b's.
     c.send(b"get __mcrouter__.route(get,zone-key-0)\r\n");
     let reply = c.read_get_reply();

@@ -1590,6 +1590,7 @@ impl Importer {
                 out.push('\n');
             }
         }
+        super::push_admin(&mut out, "127.0.0.1:9150", super::MCROUTER_ADMIN_NOTE);
         out
     }
 }
