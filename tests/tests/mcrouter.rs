@@ -113,11 +113,14 @@ fn spread_servers() -> (Vec<Memcached>, u16) {
     (processes, port)
 }
 
+/// memroute over `servers` for a placement check. Its timeout is long: these tests assert
+/// where keys land, and a loaded machine (the suite runs several test binaries at once)
+/// can stall a set past the default 250 ms.
 fn memroute_over(servers: &[String], pool_lines: &str) -> Memroute {
     let listen = format!("127.0.0.1:{}", free_port());
     let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
     Memroute::start(&format!(
-        "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\n\n[pools.main]\nservers = [{}]\n{pool_lines}\n",
+        "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\n\n[pools.main]\nservers = [{}]\ntimeout = \"5s\"\n{pool_lines}\n",
         servers.join(", ")
     ))
 }
