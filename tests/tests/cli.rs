@@ -395,7 +395,7 @@ fn start_up_lines_say_each_thing_once_and_plainly() {
     // A port held by another process (without SO_REUSEPORT, which memroute's own listeners
     // would share): memroute exits naming the address and the reason, once.
     let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let taken = holder.local_addr().unwrap().to_string();
+    let taken = holder.local_addr().expect("bound").to_string();
     let dir = TempDir::new("cli-in-use");
     let conf = dir.write(
         "memroute.toml",

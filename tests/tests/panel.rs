@@ -106,8 +106,11 @@ fn the_panel_names_every_pool_and_server_and_shows_a_stopped_one_down() {
     // The proxy's zone beside its workers, and each pool's beside its hashing.
     assert!(dom.contains(", 2 workers, zone zone-a<"), "{dom}");
     for (pool, zone) in [("main", "zone-a"), ("sessions", "zone-b")] {
-        let section = &dom[dom.find(&format!("data-pool=\"{pool}\"")).unwrap()..];
-        let header = &section[..section.find("</h3>").unwrap()];
+        let at = dom
+            .find(&format!("data-pool=\"{pool}\""))
+            .expect("the pool's section");
+        let section = &dom[at..];
+        let header = &section[..section.find("</h3>").expect("the pool's header")];
         assert!(header.contains(&format!(", zone {zone}")), "{header}");
     }
 
