@@ -734,11 +734,22 @@ impl Memroute {
 
     /// Same, with extra command-line arguments (`--no-watch`).
     pub fn start_args(toml: &str, args: &[&str]) -> Memroute {
+        Memroute::start_logging(toml, args, "info")
+    }
+
+    /// Same, logging what the tracing filter `filter` lets through (`RUST_LOG` syntax; it
+    /// must let `info` through, for the ready line): `info,memroute_backend::health=debug`
+    /// adds the prober's "probe failed" lines.
+    pub fn start_logging(toml: &str, args: &[&str], filter: &str) -> Memroute {
         let toml = &with_io_mode(toml);
         let dir = TempDir::new("memroute");
         let conf = dir.write("memroute.toml", toml);
         let mut command = Command::new(memroute_binary());
-        command.arg("--config").arg(&conf).args(args);
+        command
+            .arg("--config")
+            .arg(&conf)
+            .args(args)
+            .env("RUST_LOG", filter);
         Memroute::start_command(command, toml, conf, dir)
     }
 
@@ -762,9 +773,12 @@ impl Memroute {
             .expect("config needs `listen = [\"host:port\", ...]` in [proxy]")
             .to_string();
         let conf = config;
+        // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it
+        // (unless the caller chose a filter: `start_logging`).
+        if !command.get_envs().any(|(name, _)| name == "RUST_LOG") {
+            command.env("RUST_LOG", "info");
+        }
         let mut child = command
-            // The ready line is logged at info; pin the level so an outer RUST_LOG cannot hide it.
-            .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -1308,6 +1322,22 @@ pub fn error_share(c: &mut Conn, request: &[u8], draws: usize, error: &str) -> f
 /// `prefix0`, `prefix1`, ... : `n` distinct keys.
 pub fn numbered_keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// `toml` (an imported config, which always has an `[admin]` section) with the admin port
+/// moved to `address` (a free port: the importers write a fixed one).
+pub fn with_admin_on(toml: &str, address: &str) -> String {
+    let start = toml
+        .find("\n[admin]\nlisten = \"")
+        .expect("an [admin] listen line")
+        + 1;
+    let line_end =
+        start + "[admin]\n".len() + toml[start + "[admin]\n".len()..].find('\n').unwrap();
+    format!(
+        "{}[admin]\nlisten = \"{address}\"{}",
+        &toml[..start],
+        &toml[line_end..]
+    )
 }
 
 /// `[proxy]` with one worker listening on `listen`, root target `route`.

@@ -289,8 +289,8 @@ fn a_stalled_backend_caps_outstanding_requests_per_client() {
 }
 
 /// Short requests (`get s:NNNN`, 12 bytes, all misses) from a client that never reads, with
-/// the default `max_client_pending` (1024). This is the scenario: memroute must stop
-/// reading once its replies cannot be written, whatever the size of each request.
+/// the default `max_client_pending` (1024): memroute must stop reading once its replies
+/// cannot be written, whatever the size of each request.
 ///
 /// KNOWN PROXY BUG (this test fails): memroute keeps reading the whole stream. The session
 /// caps outstanding requests, not unparsed input: each read may take 16 KiB or more into the

@@ -317,3 +317,101 @@ fn import_twemproxy_output_passes_check_and_keeps_placement() {
         import.stdout
     );
 }
+
+/// What the kernel settings of this host keep from memroute's defaults (backlog 65535,
+/// TCP Fast Open on listeners and connects), as the words its start-up line uses.
+fn kernel_limits_here() -> Vec<&'static str> {
+    let read =
+        |path: &str| -> Option<u32> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    let mut limits = Vec::new();
+    if read("/proc/sys/net/core/somaxconn").is_some_and(|cap| cap < 65535) {
+        limits.push("net.core.somaxconn");
+    }
+    if let Some(tfo) = read("/proc/sys/net/ipv4/tcp_fastopen") {
+        if tfo & 2 == 0 {
+            limits.push("TCP Fast Open off on listeners");
+        }
+        if tfo & 1 == 0 {
+            limits.push("TCP Fast Open off on backend connects");
+        }
+    }
+    limits
+}
+
+/// Starting memroute as an operator does: the ready line names its addresses plainly
+/// (`admin=ADDRESS` or `admin=off`, never Rust's `Some(..)`), the kernel's limits are one
+/// line at info (not a warning for a default that most kernels cap), and a port in use is
+/// said once.
+#[test]
+fn start_up_lines_say_each_thing_once_and_plainly() {
+    let backend = Memcached::start();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let toml = format!(
+        "{}\n[admin]\nlisten = \"{admin}\"\n",
+        simple_config(&listen, &[backend.addr()], "")
+    );
+    let proxy = Memroute::start(&toml);
+    let log = proxy.log_text();
+    let ready = log
+        .lines()
+        .find(|l| l.contains("memroute ready"))
+        .expect("a ready line");
+    assert!(
+        ready.contains(&format!(
+            " listen={listen} admin={admin} workers=1 pools=1 zone=none"
+        )),
+        "{ready}"
+    );
+    let kernel: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("somaxconn") || l.contains("tcp_fastopen"))
+        .collect();
+    let limits = kernel_limits_here();
+    if limits.is_empty() {
+        assert!(kernel.is_empty(), "{log}");
+    } else {
+        assert_eq!(kernel.len(), 1, "one line for the kernel's limits:\n{log}");
+        assert!(
+            kernel[0].contains(" INFO kernel settings: "),
+            "{}",
+            kernel[0]
+        );
+        for limit in limits {
+            assert!(kernel[0].contains(limit), "{limit} in {}", kernel[0]);
+        }
+    }
+    assert!(!log.contains(" WARN "), "nothing to warn about:\n{log}");
+    drop(proxy);
+
+    let without_admin = Memroute::start_pool(&[backend.addr()]);
+    let log = without_admin.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("memroute ready") && l.contains(" admin=off ")),
+        "{log}"
+    );
+
+    // A port held by another process (without SO_REUSEPORT, which memroute's own listeners
+    // would share): memroute exits naming the address and the reason, once.
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken = holder.local_addr().expect("bound").to_string();
+    let dir = TempDir::new("cli-in-use");
+    let conf = dir.write(
+        "memroute.toml",
+        &simple_config(&taken, &[backend.addr()], ""),
+    );
+    let out = run_memroute_cli(&["--config".as_ref(), conf.as_os_str()], CLI_DEADLINE);
+    assert!(!out.status.success(), "started on a port in use");
+    assert!(
+        out.stderr.contains(&format!("cannot listen on {taken}: ")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        out.stderr.matches("Address already in use").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+}

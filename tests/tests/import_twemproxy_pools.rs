@@ -266,8 +266,20 @@ fn three_nutcracker_pools_are_served_on_their_own_ports_with_the_same_placement(
     }
 
     let nutcracker = Nutcracker::start(&yaml);
-    let toml = moved_listeners(&import.stdout, &pools);
+    // The import maps nutcracker's stats port to memroute's admin port (22222): moved too.
+    let admin = format!("127.0.0.1:{}", free_port());
+    let toml = with_admin_on(&moved_listeners(&import.stdout, &pools), &admin);
     let _memroute = Memroute::start(&toml);
+    // The migrated proxy has its metrics and readiness.
+    let (status, metrics) = admin_http(&admin, "GET", "/metrics");
+    assert_eq!(status, 200, "{metrics}");
+    assert!(metrics.contains("memroute_"), "{metrics}");
+    assert!(
+        poll_until(START_DEADLINE, || admin_http(&admin, "GET", "/ready").0
+            == 200),
+        "{}",
+        admin_http(&admin, "GET", "/ready").1
+    );
 
     let keys = keys();
     for p in &pools {
@@ -357,6 +369,7 @@ fn a_pool_on_a_unix_socket_is_served_on_a_unix_socket() {
     }
 
     let nutcracker = Nutcracker::start(&yaml);
+    let toml = with_admin_on(&toml, &format!("127.0.0.1:{}", free_port()));
     let _memroute = Memroute::start(&toml);
 
     let keys: Vec<String> = (0..200).map(|i| format!("local:{i}")).collect();

@@ -17,7 +17,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use memroute_tests::{
-    free_port, parse_values, run_memroute_cli, show, Conn, Memcached, Memroute, TempDir,
+    free_port, parse_values, run_memroute_cli, show, with_admin_on, Conn, Memcached, Memroute,
+    TempDir,
 };
 
 /// The routing crate's golden-file helpers (the same escaping rule).
@@ -112,11 +113,14 @@ fn spread_servers() -> (Vec<Memcached>, u16) {
     (processes, port)
 }
 
+/// memroute over `servers` for a placement check. Its timeout is long: these tests assert
+/// where keys land, and a loaded machine (the suite runs several test binaries at once)
+/// can stall a set past the default 250 ms.
 fn memroute_over(servers: &[String], pool_lines: &str) -> Memroute {
     let listen = format!("127.0.0.1:{}", free_port());
     let servers: Vec<String> = servers.iter().map(|s| format!("{s:?}")).collect();
     Memroute::start(&format!(
-        "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\n\n[pools.main]\nservers = [{}]\n{pool_lines}\n",
+        "[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\nroute = \"main\"\n\n[pools.main]\nservers = [{}]\ntimeout = \"5s\"\n{pool_lines}\n",
         servers.join(", ")
     ))
 }
@@ -188,13 +192,15 @@ fn crc32_pool_places_every_key_where_mcrouter_does() {
     assert!(checked > 1000, "only {checked} keys checked");
 }
 
-/// `[proxy] listen` for an imported config (mcrouter's port is a command-line flag).
+/// `[proxy] listen` for an imported config (mcrouter's port is a command-line flag), and its
+/// admin port moved to a free one.
 fn with_listen(toml: &str, listen: &str) -> String {
-    toml.replacen(
+    let toml = toml.replacen(
         "[proxy]\n",
         &format!("[proxy]\nlisten = [\"{listen}\"]\nworkers = 1\n"),
         1,
-    )
+    );
+    with_admin_on(&toml, &format!("127.0.0.1:{}", free_port()))
 }
 
 #[test]

@@ -513,6 +513,30 @@ fn route_cli_prints_path_and_server_per_key() {
         "{}",
         out.stdout
     );
+    // One note on stderr for the pools the keys reached (each with the default window), not
+    // a line per pool.
+    assert_eq!(
+        out.stderr.trim_end(),
+        "pools sessions, backup, main keep a resize window after their servers change: during one, a running proxy's /route?key= also names a key's old owner",
+    );
+    // No window on the pools reached: nothing to say.
+    let no_window = dir.write(
+        "no-window.toml",
+        "[proxy]\nlisten = [\"127.0.0.1:11211\"]\nroute = \"main\"\n\
+         [pools.main]\nservers = [\"127.0.0.1:7001\"]\nresize_window = \"0s\"\n\
+         [pools.other]\nservers = [\"127.0.0.1:7002\"]\n",
+    );
+    let quiet = run_memroute_cli(
+        &[
+            "route".as_ref(),
+            "--config".as_ref(),
+            no_window.as_os_str(),
+            "k".as_ref(),
+        ],
+        Duration::from_secs(10),
+    );
+    assert!(quiet.status.success(), "{}", quiet.stderr);
+    assert_eq!(quiet.stderr, "", "{}", quiet.stdout);
     let bad = run_memroute_cli(
         &[
             "route".as_ref(),

@@ -63,8 +63,9 @@ fn the_panel_names_every_pool_and_server_and_shows_a_stopped_one_down() {
     let admin = format!("127.0.0.1:{}", free_port());
     let config = format!(
         "[proxy]\nlisten = [\"{listen}\", {{ address = \"{second}\", route = \"sessions\" }}]\n\
-         workers = 2\nroute = \"main\"\n\n\
-         [pools.main]\nservers = [\"{}\", \"{}\"]\n\n[pools.sessions]\nservers = [\"{}\"]\n\n\
+         workers = 2\nroute = \"main\"\nzone = \"zone-a\"\n\n\
+         [pools.main]\nservers = [\"{}\", \"{}\"]\nzone = \"zone-a\"\n\n\
+         [pools.sessions]\nservers = [\"{}\"]\nzone = \"zone-b\"\n\n\
          [admin]\nlisten = \"{admin}\"\n",
         a1.addr(),
         a2.addr(),
@@ -102,6 +103,16 @@ fn the_panel_names_every_pool_and_server_and_shows_a_stopped_one_down() {
         dom.contains(r#"<div id="banner" class="banner" style="display: none;"></div>"#),
         "the panel read /state without an error:\n{dom}"
     );
+    // The proxy's zone beside its workers, and each pool's beside its hashing.
+    assert!(dom.contains(", 2 workers, zone zone-a<"), "{dom}");
+    for (pool, zone) in [("main", "zone-a"), ("sessions", "zone-b")] {
+        let at = dom
+            .find(&format!("data-pool=\"{pool}\""))
+            .expect("the pool's section");
+        let section = &dom[at..];
+        let header = &section[..section.find("</h3>").expect("the pool's header")];
+        assert!(header.contains(&format!(", zone {zone}")), "{header}");
+    }
 
     // A stopped memcached: the panel says so within a few seconds.
     let stopped = a2.addr();
@@ -119,6 +130,34 @@ fn the_panel_names_every_pool_and_server_and_shows_a_stopped_one_down() {
         assert!(
             Instant::now() < deadline,
             "{stopped} still not shown down 30 s after memcached stopped: {row}"
+        );
+    }
+}
+
+/// An idle proxy with one worker and no zone: the panel says "1 worker" and "no zone", and
+/// flags no server's load (a single request is no share to compare).
+#[test]
+fn an_idle_one_worker_panel_says_so_and_flags_no_load() {
+    let servers = [Memcached::start(), Memcached::start()];
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
+    let config = format!(
+        "{}\n[admin]\nlisten = \"{admin}\"\n",
+        simple_config(&listen, &addrs, "")
+    );
+    let proxy = Memroute::start(&config);
+    proxy.connect().set("one-key", b"v");
+    let profile = TempDir::new("chromium-idle");
+    let dom = rendered(&format!("http://{admin}/"), &profile);
+    assert!(dom.contains(", 1 worker, no zone<"), "{dom}");
+    for server in &addrs {
+        let row = server_row(&dom, "main", server)
+            .unwrap_or_else(|| panic!("no row for {server} in\n{dom}"));
+        assert!(row.contains(">up<"), "{row}");
+        assert!(
+            !row.contains('×') && !row.contains("warn"),
+            "load flagged: {row}"
         );
     }
 }

@@ -10,9 +10,11 @@
 //! ```
 //!
 //! The recovery bound is the probe interval's cap plus one probe round trip, so it does not
-//! grow with the outage: after ~1 s down the cap is reached and a 5 s and a 60 s outage
-//! behave alike. The tests use a 5 s outage (the issue's short case, and long enough to
-//! reach the cap); `MEMROUTE_TEST_OUTAGE_SECS=60` runs the long case by hand.
+//! grow with the outage: once three probes have failed (200, 300, 450 ms: ~1 s down) the
+//! next wait is at the cap, and every longer outage behaves alike. So the outage lasts until
+//! memroute has logged three failed probes (its prober logs each at debug, which these
+//! tests turn on), not a fixed time; `MEMROUTE_TEST_OUTAGE_SECS=60` makes it last at least
+//! that long, to run a long case by hand.
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,16 +22,25 @@ use std::time::{Duration, Instant};
 
 use memroute_tests::*;
 
-/// What the issue asks for: served again within a second of the server's return.
+/// Served again within a second of the server's return.
 const RECOVERY_BOUND: Duration = Duration::from_secs(1);
 /// How long any other wait (marked down, a log line) may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(10);
+/// The proxy's log filter: info (the harness's) and the prober's failed probes.
+const LOG_FILTER: &str = "info,memroute_backend::health=debug";
+/// What memroute's prober logs for each probe that fails.
+const PROBE_FAILED: &str = "probe failed";
+/// Failed probes after which the prober's interval is at its cap: 200 ms x1.5 per failure
+/// is 300, 450, then 675, capped at 500 ms (the defaults).
+const PROBES_TO_CAP: usize = 3;
 
-fn outage() -> Duration {
+/// The shortest outage: none unless `MEMROUTE_TEST_OUTAGE_SECS` asks for a long one (the
+/// outage always lasts until the prober is at its cap).
+fn least_outage() -> Duration {
     let secs = std::env::var("MEMROUTE_TEST_OUTAGE_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(0);
     Duration::from_secs(secs)
 }
 
@@ -47,7 +58,7 @@ fn setup(workers: usize, connections: usize) -> (Vec<Memcached>, Memroute, Strin
         &addrs,
         &format!("connections = {connections}\n"),
     ));
-    let proxy = Memroute::start(&toml);
+    let proxy = Memroute::start_logging(&toml, &[], LOG_FILTER);
     let keys: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
     proxy.connect().set_many(&keys, |k| format!("v-{k}"));
     let key_on = |index: usize| {
@@ -97,11 +108,21 @@ fn kill_and_wait_down(server: &mut Memcached, proxy: &Memroute, c: &mut Conn, ke
 }
 
 /// While the victim is away: its keys fail fast with the marked-down error and the other
-/// server's keys keep working. Runs for `outage`, checking as it goes.
-fn ride_out_outage(c: &mut Conn, victim: &str, victim_key: &str, other_key: &str) {
-    let until = Instant::now() + outage();
+/// server's keys keep working. Lasts until the prober's interval is at its cap (and at
+/// least `least_outage`), checking as it goes. Returns how long it lasted.
+fn ride_out_outage(
+    c: &mut Conn,
+    proxy: &Memroute,
+    victim: &str,
+    victim_key: &str,
+    other_key: &str,
+) -> Duration {
+    let started = Instant::now();
     let mut checks = 0;
-    while Instant::now() < until {
+    while checks == 0
+        || proxy.log_count(PROBE_FAILED) < PROBES_TO_CAP
+        || started.elapsed() < least_outage()
+    {
         let reply = c.roundtrip_line(format!("get {victim_key}\r\n").as_bytes());
         assert!(
             String::from_utf8_lossy(&reply)
@@ -111,12 +132,14 @@ fn ride_out_outage(c: &mut Conn, victim: &str, victim_key: &str, other_key: &str
         );
         assert_eq!(c.get(other_key).as_deref(), Some(&b"other"[..]));
         checks += 1;
-        // The outage itself is the scenario, not a synchronisation: check twice a second.
-        std::thread::sleep(
-            Duration::from_millis(500).min(until.saturating_duration_since(Instant::now())),
+        assert!(
+            started.elapsed() < DEADLINE + least_outage(),
+            "{PROBES_TO_CAP} failed probes not logged within {DEADLINE:?}\n{}",
+            proxy.log_text()
         );
+        std::thread::sleep(POLL);
     }
-    assert!(checks > 0);
+    started.elapsed()
 }
 
 #[test]
@@ -126,14 +149,13 @@ fn killed_server_serves_again_within_a_second_of_its_restart() {
     let mut c = proxy.connect();
     c.set(&other_key, b"other");
     kill_and_wait_down(&mut servers[0], &proxy, &mut c, &victim_key);
-    ride_out_outage(&mut c, &victim, &victim_key, &other_key);
+    let outage = ride_out_outage(&mut c, &proxy, &victim, &victim_key, &other_key);
 
     // restart() returns once memcached accepts connections: the clock starts there.
     servers[0].restart();
     let took = wait_stored(&mut c, &victim_key, &proxy);
     println!(
-        "recovery: killed for {:?}, served {:.0} ms after its restart",
-        outage(),
+        "recovery: killed for {outage:?}, served {:.0} ms after its restart",
         took.as_secs_f64() * 1000.0
     );
     assert!(
@@ -162,15 +184,14 @@ fn stalled_server_serves_again_within_a_second_of_sigcont() {
         assert!(reply.starts_with(b"SERVER_ERROR "), "{}", show(&reply));
         assert!(Instant::now() < deadline, "{}", proxy.log_text());
     }
-    ride_out_outage(&mut c, &victim, &victim_key, &other_key);
+    let outage = ride_out_outage(&mut c, &proxy, &victim, &victim_key, &other_key);
 
     let resumed = Instant::now();
     stopped.resume();
     let took = wait_stored(&mut c, &victim_key, &proxy);
     let since_resume = resumed.elapsed();
     println!(
-        "recovery: stalled for {:?}, served {:.0} ms after SIGCONT",
-        outage(),
+        "recovery: stalled for {outage:?}, served {:.0} ms after SIGCONT",
         since_resume.as_secs_f64() * 1000.0
     );
     assert!(took <= since_resume);

@@ -24,7 +24,8 @@
 //! `scripts/bench-memory --scenarios storm`.
 use std::io::Write;
 use std::net::TcpStream;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use memroute_tests::*;
@@ -211,7 +212,8 @@ fn slow_readers_are_bounded(protocol: Protocol) {
 }
 
 /// How long each round's slow clients pipeline before they close: long enough for their
-/// sessions to fill the budget, pause and block writing (a few hundred ms on this machine).
+/// sessions to fill the budget, pause and block writing (a few hundred ms on this machine);
+/// counted from the first reply charged when the clients are slow to start (`storm`).
 const STORM: Duration = Duration::from_millis(1000);
 const ROUNDS: usize = 5;
 /// A slow client's receive buffer (SO_RCVBUF): its kernel takes a few KiB of replies, then
@@ -362,17 +364,27 @@ fn the_budget_count_returns_to_zero_after_every_round() {
 /// reading, then close (with replies unread: a reset). Returns the highest
 /// `buffered_reply_bytes` seen meanwhile.
 fn storm(proxy: &Memroute, observer: &mut Conn, requests: Vec<u8>) -> u64 {
-    let until = Instant::now() + STORM;
+    let start = Instant::now();
+    // The clients stop at `until` (ms after `start`): STORM, moved on while nothing is charged
+    // yet (a loaded machine can take longer than STORM to get the clients going), so every
+    // round's clients leave with replies charged, as the round needs, or the test says so
+    // after DEADLINE.
+    let until = Arc::new(AtomicU64::new(STORM.as_millis() as u64));
     let writers: Vec<_> = (0..SLOW_CLIENTS)
         .map(|_| {
             let socket = slow_socket(&proxy.listen);
             let requests = requests.clone();
-            std::thread::spawn(move || pipeline_until(socket, &requests, until))
+            let until = until.clone();
+            std::thread::spawn(move || pipeline_until(socket, &requests, start, &until))
         })
         .collect();
     let mut peak = 0;
-    while Instant::now() < until {
+    while start.elapsed() < Duration::from_millis(until.load(Ordering::Relaxed)) {
         peak = peak.max(stat(observer, "buffered_reply_bytes"));
+        if peak == 0 && start.elapsed() < DEADLINE {
+            let later = (start.elapsed() + STORM).as_millis() as u64;
+            until.fetch_max(later, Ordering::Relaxed);
+        }
     }
     for writer in writers {
         writer.join().expect("a slow client's thread");
@@ -391,12 +403,13 @@ fn slow_socket(addr: &str) -> TcpStream {
     socket.into()
 }
 
-/// Writes `requests` again and again until `until`, never reading; a write blocked because
-/// memroute stopped reading ends at `until` (a write timeout), wherever it stands in a
-/// frame. Then the socket closes with replies unread.
-fn pipeline_until(mut socket: TcpStream, requests: &[u8], until: Instant) {
+/// Writes `requests` again and again until `until` (ms after `start`, which may move on),
+/// never reading; a write blocked because memroute stopped reading ends at `until` (a write
+/// timeout), wherever it stands in a frame. Then the socket closes with replies unread.
+fn pipeline_until(mut socket: TcpStream, requests: &[u8], start: Instant, until: &AtomicU64) {
     loop {
-        let left = until.saturating_duration_since(Instant::now());
+        let until = Duration::from_millis(until.load(Ordering::Relaxed));
+        let left = until.saturating_sub(start.elapsed());
         if left.is_zero() {
             break;
         }

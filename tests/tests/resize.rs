@@ -130,7 +130,7 @@ fn write_during_window(c: &mut Conn, keys: &[String]) -> Expected {
     }
 }
 
-/// The scenario of the issue: `before` servers hold the keys, the pool becomes `after`, 200
+/// A resize that keeps the cache: `before` servers hold the keys, the pool becomes `after`, 200
 /// deletes and 200 overwrites, one read pass, then a memroute with no window over `after`.
 fn resize_keeps_the_cache(before: &[String], after: &[String]) {
     let listen = format!("127.0.0.1:{}", free_port());

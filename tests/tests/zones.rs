@@ -143,7 +143,7 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
         Zones::gets(&zones.b) - b_before,
     );
     println!("10,000 gets from zone b: {b_gets} on zone b's servers, {a_gets} on zone a's");
-    // Every get, not only the 99%: with zone b's servers up, none has a reason to
+    // Every get, not only 99% of them: with zone b's servers up, none has a reason to
     // leave the zone (memcached's cmd_get counts only these gets).
     assert_eq!(
         (a_gets, b_gets),
@@ -172,6 +172,22 @@ fn reads_land_in_the_proxys_zone_and_move_to_the_other_when_it_is_gone() {
     let first = routed.lines().next().unwrap_or_default();
     assert!(
         first.starts_with("zone-key-0: both -> in_b => ") && first.contains("read here first"),
+        "{routed}"
+    );
+    // ... and orders the children by what the running proxy measured (the replicated sets
+    // reached zone a's servers too), not "unknown until measured" as offline.
+    let mut routed = String::new();
+    assert!(
+        poll_until(Duration::from_secs(5), || {
+            routed = admin_http(&admin, "GET", "/route?key=zone-key-0").1;
+            routed.lines().all(|l| l.contains(", mean round trip "))
+        }),
+        "{routed}"
+    );
+    let second = routed.lines().nth(1).unwrap_or_default();
+    assert!(
+        second.starts_with("zone-key-0: both -> in_a => ")
+            && second.contains("(zone a): read on failure 1, mean round trip "),
         "{routed}"
     );
     // mcrouter's route query names the server a get uses: zone b's.

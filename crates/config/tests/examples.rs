@@ -478,6 +478,9 @@ fn twemproxy_compatible_example_matches_its_import() {
         memroute_config::load(&config_dir().join("twemproxy-compatible.toml")).expect("parses");
     assert_eq!(imported.pools, example.pools);
     assert_eq!(imported.proxy, example.proxy);
+    // twemproxy's default stats port, as memroute's admin port.
+    assert_eq!(imported.admin, example.admin);
+    assert_eq!(imported.admin.expect("[admin]").listen, "127.0.0.1:22222");
 }
 
 #[test]
@@ -580,6 +583,8 @@ fn mcrouter_compatible_example_matches_its_import() {
     assert_eq!(imported.pools, example.pools);
     assert_eq!(imported.routes, example.routes);
     assert_eq!(imported.proxy.route, example.proxy.route);
+    assert_eq!(imported.admin, example.admin);
+    assert!(imported.admin.is_some(), "no [admin] in the import");
 }
 
 #[test]

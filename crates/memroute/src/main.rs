@@ -335,18 +335,28 @@ fn route(
         })?,
     };
     let mut out = String::new();
+    // The pools the keys reached that keep a resize window (in the order first reached).
+    let mut windowed: Vec<&str> = Vec::new();
     for key in keys {
         let targets = memroute_proxy::route_key(config, listener, operation, key.as_bytes())
             .context("cannot build the routes")?;
         out.push_str(&memroute_proxy::describe_routes(key, &targets));
+        for pool in targets.iter().filter_map(|t| t.pool.as_deref()) {
+            let Some((name, pool)) = config.pools.get_key_value(pool) else {
+                continue;
+            };
+            if !pool.resize_window.is_zero() && !windowed.contains(&name.as_str()) {
+                windowed.push(name);
+            }
+        }
     }
     write_stdout(&out);
-    // Offline there is no running window: say on stderr (stdout stays one line per target,
-    // for scripts) which pools would keep one after a change of their servers.
-    for (name, pool) in &config.pools {
+    // Offline there is no running window: say once on stderr (stdout stays one line per
+    // target, for scripts) that a running proxy may still read a key from its old owner.
+    if !windowed.is_empty() {
         eprintln!(
-            "pool {name}: resize_window {} (a running proxy's /route?key= shows a key's old owner during a window)",
-            resize_window(pool)
+            "pools {} keep a resize window after their servers change: during one, a running proxy's /route?key= also names a key's old owner",
+            windowed.join(", ")
         );
     }
     Ok(())
@@ -406,7 +416,9 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
     } else {
         None
     };
-    tracing::info!(listen = ?handle.local_addresses, admin = ?handle.admin_address, workers, pools, zone = %zone, "memroute ready");
+    let listen = handle.local_addresses.join(",");
+    let admin = handle.admin_address.as_deref().unwrap_or("off");
+    tracing::info!(listen = %listen, admin = %admin, workers, pools, zone = %zone, "memroute ready");
     loop {
         let event = runtime.block_on(async {
             tokio::select! {

@@ -2,7 +2,6 @@
 //! it), then TLS when the pool asks for it. One `Connector` per server is shared by every
 //! worker's connections and by the server's health prober, so they all resume the same
 //! TLS sessions: a reconnect after a restart or a network blip is a resumed handshake.
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +9,7 @@ use std::time::Duration;
 use memroute_config::BackendTls;
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::sockopt::{self, FASTOPEN_SYSCTL};
+use crate::sockopt;
 use crate::tls::{ClientTls, TlsCounters};
 use crate::uring::Peer;
 use crate::{NetError, Stream};
@@ -185,15 +184,8 @@ impl Connector {
     }
 }
 
-/// Whether the kernel lets clients use TCP Fast Open; says once when it does not.
+/// Whether the kernel lets clients use TCP Fast Open. (When it does not, the proxy says so
+/// once at start, with its other kernel limits.)
 fn fastopen_connect_allowed() -> bool {
-    static LOGGED: AtomicBool = AtomicBool::new(false);
-    let allowed = sockopt::kernel_fastopen().is_some_and(|k| k.client);
-    if !allowed && !LOGGED.swap(true, Relaxed) {
-        tracing::info!(
-            "TCP Fast Open on backend connects is off in the kernel: {FASTOPEN_SYSCTL} lacks bit 1 \
-             (client); enable it with `sysctl -w {FASTOPEN_SYSCTL}=3`"
-        );
-    }
-    allowed
+    sockopt::kernel_fastopen().is_some_and(|k| k.client)
 }

@@ -5,10 +5,12 @@ use thiserror::Error;
 /// Everything that can go wrong in the transport: binding, TLS setup, handshakes, connects.
 #[derive(Debug, Error)]
 pub enum NetError {
-    #[error("cannot listen on {address}: {source}")]
+    // The reason is in the message and deliberately not a `source`: printed with its
+    // chain (`{:#}`), a source would say "Address already in use" twice.
+    #[error("cannot listen on {address}: {error}")]
     Listen {
         address: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A certificate, key or CA file cannot be used; `key_path` is the config setting.
     #[error("{key_path}: {reason}")]

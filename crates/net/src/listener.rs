@@ -9,12 +9,12 @@
 //!    handshake bounded by tls_handshake_timeout): a slow handshake never holds up accept
 //! ```
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use memroute_config::ListenAddress;
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::sockopt::{self, FASTOPEN_SYSCTL};
+use crate::sockopt;
 use crate::uring::Peer;
 use crate::{NetError, ServerTls, Stream};
 
@@ -67,23 +67,13 @@ impl BoundListener {
     }
 }
 
-/// The kernel silently caps listen(2)'s backlog at net.core.somaxconn: say so, and
-/// return what the kernel will really use.
+/// What the kernel really uses of listen(2)'s `requested` backlog: it silently caps it at
+/// net.core.somaxconn. (The proxy says so once at start, with its other kernel limits.)
 pub fn effective_backlog(requested: u32) -> u32 {
     let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok());
-    match somaxconn {
-        Some(cap) if cap < requested => {
-            tracing::warn!(
-                requested,
-                effective = cap,
-                "listen backlog capped by net.core.somaxconn; raise it with `sysctl -w net.core.somaxconn={requested}`"
-            );
-            cap
-        }
-        _ => requested,
-    }
+    somaxconn.map_or(requested, |cap| cap.min(requested))
 }
 
 /// Binds `address` for one worker. Unix sockets cannot be shared with SO_REUSEPORT, so
@@ -98,9 +88,9 @@ pub fn bind(
         ListenAddress::Tcp(text) => BoundSocket::Tcp(bind_tcp(text, options)?),
         ListenAddress::Unix(path) if first_worker => {
             let describe = format!("unix:{}", path.display());
-            let error = |source| NetError::Listen {
+            let error = |error| NetError::Listen {
                 address: describe.clone(),
-                source,
+                error,
             };
             // A stale socket file from an earlier run would make bind fail.
             let _ = std::fs::remove_file(path);
@@ -114,9 +104,9 @@ pub fn bind(
 }
 
 fn bind_tcp(text: &str, options: ListenOptions) -> Result<std::net::TcpListener, NetError> {
-    let error = |source| NetError::Listen {
+    let error = |error| NetError::Listen {
         address: text.to_string(),
-        source,
+        error,
     };
     let address = std::net::ToSocketAddrs::to_socket_addrs(text)
         .map_err(error)?
@@ -147,17 +137,9 @@ fn bind_tcp(text: &str, options: ListenOptions) -> Result<std::net::TcpListener,
     Ok(socket.into())
 }
 
-/// TFO is an optimisation: failing to turn it on is logged, never fatal.
+/// TFO is an optimisation: failing to turn it on is logged, never fatal. (A kernel that has
+/// it off for listeners is said once at start, with the proxy's other kernel limits.)
 fn enable_listener_fastopen(socket: &Socket, address: &str, queue: u32) {
-    static KERNEL_OFF: Once = Once::new();
-    if sockopt::kernel_fastopen().is_some_and(|k| !k.server) {
-        KERNEL_OFF.call_once(|| {
-            tracing::info!(
-                "TCP Fast Open on listeners is off in the kernel: {FASTOPEN_SYSCTL} lacks bit 2 \
-                 (server); enable it with `sysctl -w {FASTOPEN_SYSCTL}=3`"
-            );
-        });
-    }
     if let Err(error) = sockopt::set_fastopen_listener(socket, queue) {
         tracing::warn!(listener = %address, %error, "cannot enable TCP Fast Open on the listener");
     }

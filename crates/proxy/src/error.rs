@@ -3,10 +3,12 @@ use thiserror::Error;
 /// Why the proxy could not start.
 #[derive(Debug, Error)]
 pub enum ProxyError {
-    #[error("cannot listen on {address}: {source}")]
+    // The reason is in the message and deliberately not a `source`: printed with its
+    // chain (`{:#}`), a source would say "Address already in use" twice.
+    #[error("cannot listen on {address}: {error}")]
     Listen {
         address: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Listening sockets, TLS certificates and keys, backend TLS settings.
     #[error(transparent)]

@@ -8,9 +8,10 @@ use memroute_backend::ServerHealth;
 use memroute_config::Config;
 use memroute_net::Connector;
 use memroute_protocol::auth::Authfile;
-use memroute_routing::RouteTable;
+use memroute_routing::{NodeId, RouteTable};
 
 use crate::counters::{RouteStats, ServerStatsTable, ShadowStats};
+use crate::read_order;
 
 /// One config as the workers receive it: built and checked on the main thread.
 #[derive(Debug)]
@@ -62,5 +63,31 @@ impl Generation {
                 target.previous = previous;
             }
         }
+    }
+
+    /// What this generation's servers beneath route `node` show now: all of them down, and
+    /// their mean round trip since start in seconds (`None` before any), from the
+    /// process-wide round trips `round_trips(pool, address)` (what `/route` orders a
+    /// `nearest` route's children by).
+    pub(crate) fn measured(
+        &self,
+        round_trips: &impl Fn(&str, &str) -> prometheus::Histogram,
+        node: NodeId,
+    ) -> (bool, Option<f64>) {
+        let health = |pool: usize, server: usize| self.health.get(pool)?.get(server).cloned();
+        let servers =
+            read_order::servers_beneath(&self.config, &self.routes, node, &health, round_trips);
+        let (sum, count) = servers
+            .iter()
+            .fold((0.0, 0), |(sum, count), (_, histogram)| {
+                (
+                    sum + histogram.get_sample_sum(),
+                    count + histogram.get_sample_count(),
+                )
+            });
+        (
+            read_order::all_down(&servers),
+            (count > 0).then(|| sum / count as f64),
+        )
     }
 }

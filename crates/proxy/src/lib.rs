@@ -181,12 +181,16 @@ impl ProxyHandle {
         key: &[u8],
     ) -> Vec<RouteTarget> {
         let generation = self.controller.current();
+        let metrics = &self.admin.metrics;
+        let round_trips = |pool: &str, address: &str| metrics.round_trip_totals(pool, address);
+        let measured = |node| generation.measured(&round_trips, node);
         let mut targets = route_lookup::route_key_in(
             &generation.config,
             &generation.routes,
             listener,
             operation,
             key,
+            Some(&measured),
         );
         generation.add_previous_owners(&mut targets, key);
         targets
@@ -258,6 +262,10 @@ const RELOAD_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let workers = config.proxy.workers.max(1);
     let backlog = effective_backlog(config.proxy.backlog);
+    let limits = transport::kernel_limits(&config);
+    if !limits.is_empty() {
+        tracing::info!("kernel settings: {}", limits.join("; "));
+    }
     let (listeners, tls_listeners) = transport::bind_listeners(&config, backlog, workers)?;
     let local_addresses: Vec<String> = listeners[0].iter().map(|(_, l)| l.describe()).collect();
     let shared = Arc::new(stats::Metrics::new(workers));

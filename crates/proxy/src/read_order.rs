@@ -61,17 +61,73 @@ struct Child {
     /// In the proxy's zone.
     local: bool,
     /// Every server beneath the child: its health and its process-wide round trips.
-    servers: Vec<(Arc<ServerHealth>, prometheus::Histogram)>,
+    servers: ChildServers,
     /// The round trips' (sum of seconds, count) when last read.
     seen: Cell<(f64, u64)>,
     /// Smoothed mean round trip in seconds; `None` until a round trip was seen.
     latency: Cell<Option<f64>>,
 }
 
+/// A child's servers: their health and process-wide round trips.
+pub(crate) type ChildServers = Vec<(Arc<ServerHealth>, prometheus::Histogram)>;
+
+/// Every server of a child is down (health fails its requests fast); a child without
+/// servers is not.
+pub(crate) fn all_down(servers: &ChildServers) -> bool {
+    !servers.is_empty() && servers.iter().all(|(health, _)| health.is_down())
+}
+
+/// What a child's read order position rests on: every server beneath it down, it is in the
+/// proxy's zone, its measured latency (seconds; `None` until measured).
+pub(crate) type Standing = (bool, bool, Option<f64>);
+
+/// The read order rule: `children` (in config order) by their standing; returns their
+/// config indexes in the order a read tries them. Down children last; before them the
+/// proxy's zone first; within each, measured ones by latency (lowest first), then the
+/// unmeasured ones; ties in config order.
+pub(crate) fn rank(children: &[Standing]) -> SmallVec<[usize; 4]> {
+    let mut ranked: SmallVec<[usize; 4]> = (0..children.len()).collect();
+    ranked.sort_by(|&a, &b| {
+        let key = |(down, local, latency): Standing| (down, !local, latency.is_none());
+        key(children[a])
+            .cmp(&key(children[b]))
+            .then_with(|| {
+                let (a, b) = (children[a].2, children[b].2);
+                a.unwrap_or(0.0).total_cmp(&b.unwrap_or(0.0))
+            })
+            .then(a.cmp(&b))
+    });
+    ranked
+}
+
+/// The servers at or beneath route `node`: `health(pool, server)` and `round_trips(pool,
+/// address)` give each one's health and process-wide round trips.
+pub(crate) fn servers_beneath(
+    config: &Config,
+    routes: &RouteTable,
+    node: NodeId,
+    health: &impl Fn(usize, usize) -> Option<Arc<ServerHealth>>,
+    round_trips: &impl Fn(&str, &str) -> prometheus::Histogram,
+) -> ChildServers {
+    let mut servers = Vec::new();
+    for pool in pools_beneath(routes, node) {
+        let name = &routes.pool_names[pool];
+        let Some(pool_config) = config.pools.get(name) else {
+            continue;
+        };
+        for (index, server) in pool_config.servers.iter().enumerate() {
+            if let Some(health) = health(pool, index) {
+                servers.push((health, round_trips(name, &server.address)));
+            }
+        }
+    }
+    servers
+}
+
 impl Child {
     /// Every server beneath is down (health fails its requests fast).
     fn down(&self) -> bool {
-        !self.servers.is_empty() && self.servers.iter().all(|(health, _)| health.is_down())
+        all_down(&self.servers)
     }
 
     /// Takes in the round trips since the last look.
@@ -123,20 +179,8 @@ impl NearestRoutes {
             let children: Vec<Child> = children
                 .iter()
                 .map(|&child| {
-                    let pools = pools_beneath(routes, child);
                     let zone = config.zone_of(routes.node_name(child));
-                    let mut servers = Vec::new();
-                    for &pool in &pools {
-                        let name = &routes.pool_names[pool];
-                        let Some(pool_config) = config.pools.get(name) else {
-                            continue;
-                        };
-                        for (index, server) in pool_config.servers.iter().enumerate() {
-                            if let Some(health) = health(pool, index) {
-                                servers.push((health, round_trips(name, &server.address)));
-                            }
-                        }
-                    }
+                    let servers = servers_beneath(config, routes, child, &health, &round_trips);
                     let child = Child {
                         node: child,
                         local: zone.is_some() && zone == proxy_zone,
@@ -249,18 +293,15 @@ impl ReadOrder {
     }
 
     fn sort(&self) {
-        let mut ranked: SmallVec<[(usize, &Child); 4]> = self.children.iter().enumerate().collect();
-        ranked.sort_by(|(a_at, a), (b_at, b)| {
-            let key = |c: &Child| (c.down(), !c.local, c.latency.get().is_none());
-            key(a)
-                .cmp(&key(b))
-                .then_with(|| {
-                    let (a, b) = (a.latency.get(), b.latency.get());
-                    a.unwrap_or(0.0).total_cmp(&b.unwrap_or(0.0))
-                })
-                .then(a_at.cmp(b_at))
-        });
-        let order: ChildOrder = ranked.iter().map(|(_, c)| c.node).collect();
+        let standings: SmallVec<[Standing; 4]> = self
+            .children
+            .iter()
+            .map(|c| (c.down(), c.local, c.latency.get()))
+            .collect();
+        let order: ChildOrder = rank(&standings)
+            .iter()
+            .map(|&i| self.children[i].node)
+            .collect();
         if let Some(&first) = order.first() {
             self.first.set(first);
         }
@@ -277,7 +318,7 @@ impl ReadOrder {
 }
 
 /// The pools at or beneath `node` (each once).
-fn pools_beneath(routes: &RouteTable, node: NodeId) -> Vec<usize> {
+pub(crate) fn pools_beneath(routes: &RouteTable, node: NodeId) -> Vec<usize> {
     let mut pools = Vec::new();
     let mut stack = vec![node];
     let mut seen = Vec::new();

@@ -10,6 +10,7 @@ use memroute_config::{Config, Operation};
 use memroute_routing::{Node, NodeId, RouteTable};
 
 use crate::error::ProxyError;
+use crate::route_reads::{read_roles, Measured};
 
 /// One place a request for the key reaches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +69,9 @@ pub fn route_key(
     key: &[u8],
 ) -> Result<Vec<RouteTarget>, ProxyError> {
     let routes = RouteTable::build(&config.routing_spec())?;
-    Ok(route_key_in(config, &routes, listener, operation, key))
+    Ok(route_key_in(
+        config, &routes, listener, operation, key, None,
+    ))
 }
 
 /// [`route_key`] with a route table already built from `config`.
@@ -78,12 +81,14 @@ pub(crate) fn route_key_in(
     listener: usize,
     operation: Operation,
     key: &[u8],
+    measured: Option<Measured>,
 ) -> Vec<RouteTarget> {
     let mut walk = Walk {
         config,
         routes,
         operation,
         key,
+        measured,
         targets: Vec::new(),
     };
     walk.visit(routes.root_of(listener), Vec::new(), "primary".to_string());
@@ -95,6 +100,8 @@ struct Walk<'a> {
     routes: &'a RouteTable,
     operation: Operation,
     key: &'a [u8],
+    /// What a running proxy measured (the read order of `nearest` routes); `None` offline.
+    measured: Option<Measured<'a>>,
     targets: Vec<RouteTarget>,
 }
 
@@ -161,7 +168,7 @@ impl Walk<'_> {
             } => {
                 if !self.operation.is_write() {
                     let reads =
-                        crate::route_reads::read_roles(self.config, self.routes, children, *reads);
+                        read_roles(self.config, self.routes, children, *reads, self.measured);
                     for (child, read) in reads {
                         self.visit(child, path.clone(), format!("{role}, {read}"));
                     }

@@ -1,13 +1,25 @@
 //! Which child of a replicated route a read uses, as `--check`, `memroute route` and the
-//! admin `/route?key=` say it. Offline: from the config alone, so for `nearest` the order
-//! after the proxy's zone is the one a proxy starts with (config order), which measured
-//! latency then changes (`read_order`).
+//! admin `/route?key=` say it. Offline (`--check`, `memroute route`): from the config alone,
+//! so for `nearest` the order after the proxy's zone is the one a proxy starts with (config
+//! order). A running proxy's `/route` passes what it measured (servers down, mean round
+//! trips), and the order follows `read_order`'s rule over it.
 use memroute_config::{Config, ReadPolicy};
 use memroute_routing::{NodeId, RouteTable};
 
+use crate::read_order::{rank, Standing};
+
+/// What a running proxy measured of a child: every server beneath it is down, and its
+/// servers' mean round trip in seconds (`None` before any).
+pub(crate) type Measured<'a> = &'a dyn Fn(NodeId) -> (bool, Option<f64>);
+
 /// For a read through a replicated route over `children` (by name) reading `reads`: each
 /// child's place in the order a read tries them (child index, its role), that order first.
-fn read_plan(config: &Config, children: &[&str], reads: ReadPolicy) -> Vec<(usize, String)> {
+fn read_plan(
+    config: &Config,
+    children: &[&str],
+    reads: ReadPolicy,
+    measured: Option<&dyn Fn(usize) -> (bool, Option<f64>)>,
+) -> Vec<(usize, String)> {
     match reads {
         // Config order says it: the first child is read (`first`), read first (`failover`),
         // or one of them (`random`, `fastest`).
@@ -18,8 +30,55 @@ fn read_plan(config: &Config, children: &[&str], reads: ReadPolicy) -> Vec<(usiz
                 .map(|i| (i, format!("replica, reads {policy} {}/{count}", i + 1)))
                 .collect()
         }
-        ReadPolicy::Nearest => nearest_plan(config, children),
+        ReadPolicy::Nearest => match measured {
+            None => nearest_plan(config, children),
+            Some(measured) => measured_nearest_plan(config, children, measured),
+        },
     }
+}
+
+/// `nearest` in a running proxy: the order a worker computes from what was measured (a
+/// worker smooths the latest seconds; this is the mean since start, so right after a
+/// latency change the two may differ until the next reorder).
+fn measured_nearest_plan(
+    config: &Config,
+    children: &[&str],
+    measured: &dyn Fn(usize) -> (bool, Option<f64>),
+) -> Vec<(usize, String)> {
+    let proxy_zone = config.proxy.zone.as_ref().map(|zone| zone.name.as_str());
+    let zone_of = |i: usize| config.zone_of(children[i]);
+    let standings: Vec<Standing> = (0..children.len())
+        .map(|i| {
+            let (down, latency) = measured(i);
+            let local = proxy_zone.is_some() && zone_of(i) == proxy_zone;
+            (down, local, latency)
+        })
+        .collect();
+    rank(&standings)
+        .iter()
+        .enumerate()
+        .map(|(place, &i)| {
+            let zone = match zone_of(i) {
+                Some(zone) => format!("zone {zone}"),
+                None => "no zone".to_string(),
+            };
+            let (down, local, latency) = standings[i];
+            let local = if local { "the proxy's zone: " } else { "" };
+            let when = match place {
+                0 => "read here first".to_string(),
+                n => format!("read on failure {n}"),
+            };
+            let seen = match (down, latency) {
+                (true, _) => "every server down".to_string(),
+                (false, Some(seconds)) => format!("mean round trip {:.3} ms", seconds * 1e3),
+                (false, None) => "not measured yet".to_string(),
+            };
+            (
+                i,
+                format!("replica, reads nearest ({zone}): {local}{when}, {seen}"),
+            )
+        })
+        .collect()
 }
 
 /// `nearest`: the children in the proxy's zone first, then the others (config order
@@ -53,15 +112,21 @@ fn nearest_plan(config: &Config, children: &[&str]) -> Vec<(usize, String)> {
         .collect()
 }
 
-/// [`read_plan`] for route table children: (child node, role), in read order.
+/// [`read_plan`] for route table children: (child node, role), in read order; `measured`
+/// in a running proxy, `None` offline.
 pub(crate) fn read_roles(
     config: &Config,
     routes: &RouteTable,
     children: &[NodeId],
     reads: ReadPolicy,
+    measured: Option<Measured>,
 ) -> Vec<(NodeId, String)> {
     let names: Vec<&str> = children.iter().map(|&c| routes.node_name(c)).collect();
-    read_plan(config, &names, reads)
+    let by_index = measured.map(|m| move |i: usize| m(children[i]));
+    let by_index = by_index
+        .as_ref()
+        .map(|f| f as &dyn Fn(usize) -> (bool, Option<f64>));
+    read_plan(config, &names, reads, by_index)
         .into_iter()
         .map(|(i, role)| (children[i], role))
         .collect()
@@ -71,7 +136,7 @@ pub(crate) fn read_roles(
 /// a read tries them (for `--check`).
 pub fn describe_reads(config: &Config, children: &[String], reads: ReadPolicy) -> String {
     let names: Vec<&str> = children.iter().map(String::as_str).collect();
-    read_plan(config, &names, reads)
+    read_plan(config, &names, reads, None)
         .into_iter()
         .map(|(i, role)| format!("  read: {} ({role})\n", children[i]))
         .collect()
@@ -113,6 +178,36 @@ mod tests {
              \x20 read: a (replica, reads nearest (zone a): read on failure 1, latency order unknown until measured)\n\
              \x20 read: plain (replica, reads nearest (no zone): read on failure 2, latency order unknown until measured)\n"
         );
+    }
+
+    #[test]
+    fn a_running_proxy_orders_nearest_by_what_it_measured() {
+        let mut config = memroute_config::parse(ZONES).expect("config");
+        config.resolve_zone(Some("b".to_string()));
+        let children = ["a", "plain", "b"];
+        // a: 2 ms, plain: 0.5 ms, b (local): every server down.
+        let measured = |i: usize| [(false, Some(0.002)), (false, Some(0.0005)), (true, None)][i];
+        let plan = read_plan(&config, &children, ReadPolicy::Nearest, Some(&measured));
+        let lines: Vec<String> = plan
+            .iter()
+            .map(|(i, role)| format!("{}: {role}", children[*i]))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "plain: replica, reads nearest (no zone): read here first, mean round trip 0.500 ms",
+                "a: replica, reads nearest (zone a): read on failure 1, mean round trip 2.000 ms",
+                "b: replica, reads nearest (zone b): the proxy's zone: read on failure 2, every server down",
+            ]
+        );
+        // Up again and not measured yet: the proxy's zone first, then by latency.
+        let measured = |i: usize| [(false, Some(0.002)), (false, None), (false, None)][i];
+        let plan = read_plan(&config, &children, ReadPolicy::Nearest, Some(&measured));
+        let order: Vec<&str> = plan.iter().map(|(i, _)| children[*i]).collect();
+        assert_eq!(order, ["b", "a", "plain"]);
+        assert!(plan[0]
+            .1
+            .ends_with("the proxy's zone: read here first, not measured yet"));
     }
 
     #[test]

@@ -288,6 +288,12 @@ fn watch_hub(r: &Registry) -> WatchHub {
 }
 
 impl Metrics {
+    /// The process-wide round trips of `pool`'s server `address`, as of the workers' last
+    /// flush (read by the read order and by `/route`, never per request).
+    pub(crate) fn round_trip_totals(&self, pool: &str, address: &str) -> prometheus::Histogram {
+        self.backend_round_trip.with_label_values(&[pool, address])
+    }
+
     /// Counts a new client connection, or refuses it (counted as rejected) when
     /// `max_connections` (0: no limit) are open already.
     pub fn admit_connection(&self, max_connections: usize) -> bool {
@@ -1220,9 +1226,7 @@ impl WorkerMetrics {
     /// The process-wide round trips of `pool`'s server `address` (every worker's, as of
     /// their last flush): read now and then to learn a server's latency, never per request.
     pub(crate) fn round_trip_totals(&self, pool: &str, address: &str) -> prometheus::Histogram {
-        self.shared
-            .backend_round_trip
-            .with_label_values(&[pool, address])
+        self.shared.round_trip_totals(pool, address)
     }
 
     /// Moves every local count into the registry; forgets tables nobody uses any more.

@@ -233,6 +233,40 @@ pub(crate) fn handshake_counts(c: &TlsCounters) -> [(&'static str, u64); 4] {
     ]
 }
 
+/// Where the kernel's settings keep the proxy from what `config` asks, each with the sysctl
+/// that lifts it: the listen backlog capped by `net.core.somaxconn`, TCP Fast Open off for
+/// listeners or for connects. Tuning notes, not faults (the defaults of most kernels do
+/// both): the proxy logs them once at start, as one line at info.
+pub(crate) fn kernel_limits(config: &Config) -> Vec<String> {
+    let mut limits = Vec::new();
+    let requested = config.proxy.backlog;
+    let backlog = memroute_net::effective_backlog(requested);
+    if backlog < requested {
+        limits.push(format!(
+            "listen backlog {backlog}, not proxy.backlog {requested} (net.core.somaxconn; `sysctl -w net.core.somaxconn={requested}`)"
+        ));
+    }
+    let transport = &config.proxy.transport;
+    let tcp_listener = config
+        .proxy
+        .listen
+        .iter()
+        .any(|l| matches!(l, ListenAddress::Tcp(_)));
+    let kernel = memroute_net::sockopt::kernel_fastopen();
+    let sysctl = memroute_net::sockopt::FASTOPEN_SYSCTL;
+    if transport.fastopen > 0 && tcp_listener && kernel.is_some_and(|k| !k.server) {
+        limits.push(format!(
+            "TCP Fast Open off on listeners ({sysctl} lacks bit 2; `sysctl -w {sysctl}=3`)"
+        ));
+    }
+    if transport.fastopen_connect && kernel.is_some_and(|k| !k.client) {
+        limits.push(format!(
+            "TCP Fast Open off on backend connects ({sysctl} lacks bit 1; `sysctl -w {sysctl}=3`)"
+        ));
+    }
+    limits
+}
+
 /// What `memroute --check` says about the transport: every listener's TLS and TFO, every
 /// pool's TLS, and the kernel's TFO switch. Reads every certificate, key and CA file;
 /// the errors (each naming its setting and file) come back in the second element.

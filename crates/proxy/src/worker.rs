@@ -74,6 +74,9 @@ impl Worker {
             self.generation.clone(),
             metrics.clone(),
         ));
+        // A reload published before this worker started is the generation it starts with:
+        // say it switched, or that reload would wait out its acknowledgement timeout.
+        let _ = first.applied.send(self.index);
         drop(first);
         let flusher = tokio::task::spawn_local(metrics.run_flusher());
         let trimmer = tokio::task::spawn_local(trim_pools());

@@ -43,3 +43,18 @@ pub(crate) fn push_note(out: &mut String, note: &str) {
     out.push_str(&line);
     out.push('\n');
 }
+
+/// What an mcrouter import's `[admin]` section stands for (mcrouter has no such port).
+pub(crate) const MCROUTER_ADMIN_NOTE: &str = "mcrouter has no HTTP port (its stats are \
+    `__mcrouter__` gets and --stats-root files); memroute's admin port answers /metrics \
+    (Prometheus), /ready, /state and the panel at /. Listening on 127.0.0.1 keeps it on this \
+    host; pick the address a collector elsewhere can reach.";
+
+/// Appends the `[admin]` section an imported config ends with: without one a migrated proxy
+/// has no `/metrics`, `/ready` or panel. `note` says what the old proxy had in its place.
+pub(crate) fn push_admin(out: &mut String, address: &str, note: &str) {
+    out.push('\n');
+    push_note(out, note);
+    out.push_str("[admin]\n");
+    out.push_str(&format!("listen = \"{address}\"\n"));
+}

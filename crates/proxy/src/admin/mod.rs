@@ -161,9 +161,9 @@ pub(crate) fn start(
     state: Arc<AdminState>,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(String, std::thread::JoinHandle<()>), ProxyError> {
-    let listen_error = |source| ProxyError::Listen {
+    let listen_error = |error| ProxyError::Listen {
         address: address.to_string(),
-        source,
+        error,
     };
     let listener = std::net::TcpListener::bind(address).map_err(listen_error)?;
     listener.set_nonblocking(true).map_err(listen_error)?;
@@ -506,12 +506,16 @@ fn route(state: &AdminState, query: &str) -> Reply {
     };
     let mut out = String::new();
     for key in &keys {
+        let round_trips =
+            |pool: &str, address: &str| state.metrics.round_trip_totals(pool, address);
+        let measured = |node| generation.measured(&round_trips, node);
         let mut targets = crate::route_lookup::route_key_in(
             &generation.config,
             &generation.routes,
             listener,
             operation,
             key,
+            Some(&measured),
         );
         generation.add_previous_owners(&mut targets, key);
         out.push_str(&crate::route_lookup::describe_routes(

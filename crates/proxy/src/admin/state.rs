@@ -61,14 +61,19 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
                 deltas.get(&key).map_or(0.0, |d| d.requests as f64) / window.as_secs_f64()
             })
             .collect();
-        let mean = match rates.len() {
-            0 => 0.0,
-            n => rates.iter().sum::<f64>() / n as f64,
-        };
+        let requests: u64 = healths
+            .iter()
+            .map(|h| {
+                let key = (name.clone(), h.address().to_string());
+                deltas.get(&key).map_or(0, |d| d.requests)
+            })
+            .sum();
+        let loads = loads_vs_mean(&rates, requests);
         let servers: Vec<Value> = healths
             .iter()
             .zip(&rates)
-            .map(|(health, rate)| {
+            .zip(loads)
+            .map(|((health, rate), load_vs_mean)| {
                 let key = (name.clone(), health.address().to_string());
                 let recent = deltas.get(&key);
                 let state = match (health.is_down(), pool.eject) {
@@ -94,12 +99,13 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
                     "last_error": last_error,
                     "last_error_at": last_error_at,
                     // This server's requests against its pool's mean: 1.0 is an even share.
-                    "load_vs_mean": (mean > 0.0).then(|| rate / mean),
+                    "load_vs_mean": load_vs_mean,
                 })
             })
             .collect();
         pools.push(json!({
             "name": name,
+            "zone": pool.zone,
             "distribution": pool.distribution.as_str(),
             "hash": pool.hash.as_str(),
             "eject": pool.eject,
@@ -136,6 +142,7 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
         "now": unix_seconds(SystemTime::now()),
         "uptime_seconds": admin.metrics.started.elapsed().as_secs(),
         "workers": admin.metrics.workers,
+        "zone": config.proxy.zone.as_ref().map(|zone| zone.name.clone()),
         "window_seconds": window.as_secs_f64(),
         "ready": admin.not_ready_reasons(),
         "listeners": listeners,
@@ -382,6 +389,22 @@ fn per_route(family: Option<&MetricFamily>) -> HashMap<String, u64> {
         .collect()
 }
 
+/// A pool's load is compared across its servers only once the window holds this many
+/// requests per server: with fewer, chance alone puts one server far from the mean (an
+/// idle pool's one request makes its server "2.00x" of two).
+const LOAD_MIN_REQUESTS_PER_SERVER: u64 = 20;
+
+/// Each server's request rate against its pool's mean rate (1.0 is an even share), `None`
+/// for all while the pool's `requests` in the window are too few to say.
+fn loads_vs_mean(rates: &[f64], requests: u64) -> Vec<Option<f64>> {
+    let enough = requests >= LOAD_MIN_REQUESTS_PER_SERVER * rates.len() as u64;
+    let mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
+    rates
+        .iter()
+        .map(|rate| (enough && mean > 0.0).then(|| rate / mean))
+        .collect()
+}
+
 fn unix_seconds(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -398,6 +421,17 @@ mod tests {
         let p99 = quantile(&buckets, 0.99).expect("samples");
         assert!(p99 > 0.002 && p99 <= 0.004, "{p99}");
         assert_eq!(quantile(&[(0.001, 0), (f64::INFINITY, 0)], 0.5), None);
+    }
+
+    #[test]
+    fn load_is_compared_once_the_window_holds_enough_requests() {
+        // An idle pool: one request in the window on one of two servers says nothing.
+        assert_eq!(loads_vs_mean(&[0.5, 0.0], 1), vec![None, None]);
+        assert_eq!(loads_vs_mean(&[0.0, 0.0], 0), vec![None, None]);
+        // 20 per server: compared (one server with everything is 2x the mean).
+        assert_eq!(loads_vs_mean(&[20.0, 20.0], 40), vec![Some(1.0), Some(1.0)]);
+        assert_eq!(loads_vs_mean(&[40.0, 0.0], 40), vec![Some(2.0), Some(0.0)]);
+        assert_eq!(loads_vs_mean(&[], 0), Vec::<Option<f64>>::new());
     }
 
     #[test]

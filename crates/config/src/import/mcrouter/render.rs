@@ -65,6 +65,11 @@ impl Importer {
                 out.push('\n');
             }
         }
+        crate::import::push_admin(
+            &mut out,
+            "127.0.0.1:9150",
+            crate::import::MCROUTER_ADMIN_NOTE,
+        );
         out
     }
 }

@@ -2,8 +2,11 @@
 //! memcached pool and the per-pool settings memroute has once per process merged, then
 //! each pool's table (a redis pool's commented out).
 use super::pool::{quote, Pool};
-use crate::import::push_note;
+use crate::import::{push_admin, push_note};
 use crate::raw::toml_key;
+
+/// memroute's admin port in an import: twemproxy's default stats port, on loopback.
+const TWEMPROXY_STATS: &str = "127.0.0.1:22222";
 
 /// twemproxy's listen backlog for a pool that sets none.
 const TWEMPROXY_BACKLOG: i64 = 512;
@@ -52,6 +55,16 @@ pub(super) fn render(pools: &[Pool], served: &[&Pool]) -> String {
             push_note(&mut out, note);
         }
     }
+    push_admin(
+        &mut out,
+        TWEMPROXY_STATS,
+        "twemproxy's stats port (nutcracker -s, default 22222, on -a, default 0.0.0.0) \
+         is memroute's admin port here, answering HTTP: /metrics (Prometheus; a collector of \
+         nutcracker's JSON moves to it), /ready, /state and the panel at /. Listening on \
+         127.0.0.1 keeps it on this host: write the address nutcracker's -a and -s gave \
+         (0.0.0.0:22222 by default) for a collector elsewhere, and another port while \
+         nutcracker runs beside memroute on this host.",
+    );
     out
 }
 
