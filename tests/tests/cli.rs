@@ -352,6 +352,12 @@ fn start_up_lines_say_each_thing_once_and_plainly() {
         simple_config(&listen, &[backend.addr()], "")
     );
     let proxy = Memroute::start(&toml);
+    // The listeners accept before the ready line is logged: wait for the line itself.
+    assert!(
+        proxy.wait_log("memroute ready", Duration::from_secs(10)),
+        "no ready line: {}",
+        proxy.log_text()
+    );
     let log = proxy.log_text();
     let ready = log
         .lines()
@@ -385,6 +391,7 @@ fn start_up_lines_say_each_thing_once_and_plainly() {
     drop(proxy);
 
     let without_admin = Memroute::start_pool(&[backend.addr()]);
+    without_admin.wait_log("memroute ready", Duration::from_secs(10));
     let log = without_admin.log_text();
     assert!(
         log.lines()
