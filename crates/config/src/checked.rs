@@ -17,6 +17,9 @@ pub struct Config {
     pub routes: BTreeMap<String, RouteConfig>,
     /// How pools with `servers = { dns = ... }` find their servers.
     pub discovery: DiscoveryConfig,
+    /// mcrouter's routing prefixes (`routing_prefixes`, `routing_prefix`,
+    /// `keep_routing_prefix`); empty when the config declares none.
+    pub routing_prefixes: crate::RoutingPrefixConfig,
 }
 
 impl Config {

@@ -36,6 +36,7 @@ pub mod mcrouter_hash;
 mod operation;
 mod policy;
 mod route;
+pub mod routing_prefix;
 pub mod spec;
 
 pub use distribution::{Placement, ServerIdentity};
