@@ -25,11 +25,11 @@ use crate::checked::{
     ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, TransportConfig,
     WritePolicy, ZoneSource,
 };
+use crate::routing_prefixes::{default_prefix, take_target_keys, RoutingPrefixConfig};
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,
     get_str, get_table, join, parse_error_kind, usize_max, wrong_type, Errors,
 };
-use crate::routing_prefixes::{default_prefix, take_target_keys, RoutingPrefixConfig};
 use crate::{ConfigError, ConfigErrors, ErrorKind};
 
 use crate::defaults;

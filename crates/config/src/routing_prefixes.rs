@@ -81,7 +81,12 @@ pub(crate) fn take_target_keys(
                     config.prefixes.insert(prefix.clone(), name.to_string());
                 }
             }
-            other => wrong_type(errs, &key_path, "an array of \"/region/cluster/\" strings", &other),
+            other => wrong_type(
+                errs,
+                &key_path,
+                "an array of \"/region/cluster/\" strings",
+                &other,
+            ),
         }
     }
     if is_pool {
@@ -182,7 +187,11 @@ fn check_keep_agrees(
         let (keep, strip): (Vec<&String>, Vec<&String>) =
             pools.iter().partition(|pool| config.keep.contains(*pool));
         if let (Some(kept), Some(stripped)) = (keep.first(), strip.first()) {
-            let section = if routes.contains_key(target) { "routes" } else { "pools" };
+            let section = if routes.contains_key(target) {
+                "routes"
+            } else {
+                "pools"
+            };
             errs.push(
                 ErrorKind::Conflict,
                 &join(&join(section, target), TARGET_KEY),

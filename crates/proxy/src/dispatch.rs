@@ -11,8 +11,8 @@ use memroute_routing::{operation_of, NodeId, Operation};
 
 use crate::context::WorkerContext;
 use crate::pending::{Flow, Pending, Restored, Split};
-use crate::routing_prefix::{self, Resolved};
 use crate::route;
+use crate::routing_prefix::{self, Resolved};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -52,10 +52,9 @@ pub(crate) fn dispatch(
             if request.keys.len() == 1 {
                 // mcrouter's admin queries (`get __mcrouter__.route(get,KEY)` ...).
                 let admin = match command {
-                    Command::Get => request
-                        .keys()
-                        .next()
-                        .and_then(|key| crate::mcrouter_admin::answer(routing, listener, root, key)),
+                    Command::Get => request.keys().next().and_then(|key| {
+                        crate::mcrouter_admin::answer(routing, listener, root, key)
+                    }),
                     _ => None,
                 };
                 match admin {
@@ -217,24 +216,39 @@ fn send_prefixed(
     operation: Operation,
     answered_as: (Command, bool),
 ) -> Pending {
-    let (targets, len) = match routing_prefix::resolve(&routing.routes, origin.listener, request.key(0)) {
-        Resolved::Plain => {
-            let root = routing.root_of(origin.listener);
-            return send_placed(routing, root, origin.slot, request, operation, answered_as);
-        }
-        Resolved::NoRoute => return no_route(answered_as),
-        Resolved::Routes { len, targets } => (targets, len),
-    };
+    let (targets, len) =
+        match routing_prefix::resolve(&routing.routes, origin.listener, request.key(0)) {
+            Resolved::Plain => {
+                let root = routing.root_of(origin.listener);
+                return send_placed(routing, root, origin.slot, request, operation, answered_as);
+            }
+            Resolved::NoRoute => return no_route(answered_as),
+            Resolved::Routes { len, targets } => (targets, len),
+        };
     let prefix = request.frame.slice_ref(&request.key(0)[..len]);
     for target in &targets[1..] {
         let copy = cut_prefix(&request, &[(0, len)], target.strip);
-        send_placed(routing, target.node, origin.slot, copy, operation, answered_as)
-            .run_in_background();
+        send_placed(
+            routing,
+            target.node,
+            origin.slot,
+            copy,
+            operation,
+            answered_as,
+        )
+        .run_in_background();
     }
     let first = targets[0];
     let command = request.command;
     let sent = cut_prefix(&request, &[(0, len)], first.strip);
-    let inner = send_placed(routing, first.node, origin.slot, sent, operation, answered_as);
+    let inner = send_placed(
+        routing,
+        first.node,
+        origin.slot,
+        sent,
+        operation,
+        answered_as,
+    );
     restored(inner, command, prefix, first.strip)
 }
 
@@ -429,13 +443,18 @@ fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request)
     let mut groups: Vec<PrefixGroup> = Vec::new();
     let mut background: Vec<PrefixGroup> = Vec::new();
     let mut key_part = crate::multiget::KeyLegs::with_capacity(request.keys.len());
-    let group_of = |groups: &mut Vec<PrefixGroup>, node, prefix: Bytes| {
-        match groups.iter().position(|g| g.node == node && g.prefix == prefix) {
-            Some(at) => at,
-            None => {
-                groups.push(PrefixGroup { node, prefix, keys: Vec::new() });
-                groups.len() - 1
-            }
+    let group_of = |groups: &mut Vec<PrefixGroup>, node, prefix: Bytes| match groups
+        .iter()
+        .position(|g| g.node == node && g.prefix == prefix)
+    {
+        Some(at) => at,
+        None => {
+            groups.push(PrefixGroup {
+                node,
+                prefix,
+                keys: Vec::new(),
+            });
+            groups.len() - 1
         }
     };
     for (i, key) in request.keys().enumerate() {
@@ -477,7 +496,10 @@ fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request)
         .into_iter()
         .map(|group| {
             let keys = request.with_keys(&group.keys);
-            (send_group(routing, group.node, origin.slot, keys), group.prefix)
+            (
+                send_group(routing, group.node, origin.slot, keys),
+                group.prefix,
+            )
         })
         .collect();
     Pending::Split(Box::new(Split {

@@ -236,7 +236,15 @@ mod tests {
     #[test]
     fn valid_prefixes_have_two_names() {
         assert!(is_valid("/eqiad/mw/"));
-        for bad in ["eqiad/mw/", "/eqiad/mw", "//mw/", "/eqiad//", "/a/b/c/", "/*/mw/", "/a/b*/"] {
+        for bad in [
+            "eqiad/mw/",
+            "/eqiad/mw",
+            "//mw/",
+            "/eqiad//",
+            "/a/b/c/",
+            "/*/mw/",
+            "/a/b*/",
+        ] {
             assert!(!is_valid(bad), "{bad}");
         }
     }
