@@ -324,6 +324,25 @@ fn route_lookups_name_the_route_a_prefixed_key_takes() {
     let (_, body) = admin_http(&s.admin, "GET", "/route?key=/north/web/k");
     assert!(body.contains("No rh found"), "{body}");
 
+    // The panel's state lists each prefix with its route and the key its servers get.
+    let (code, body) = admin_http(&s.admin, "GET", "/state");
+    assert_eq!(code, 200, "{body}");
+    let state: serde_json::Value = serde_json::from_str(&body).expect("state is JSON");
+    let prefixes = state["routing_prefixes"]
+        .as_array()
+        .expect("routing_prefixes");
+    let row = |prefix: &str| {
+        prefixes
+            .iter()
+            .find(|p| p["prefix"] == prefix)
+            .unwrap_or_else(|| panic!("no {prefix} in {prefixes:?}"))
+    };
+    assert_eq!(row("/west/web/")["route"], "west_web");
+    assert_eq!(row("/west/web/")["key_sent"], "without the prefix");
+    assert_eq!(row("/east/sessions/")["key_sent"], "with the prefix");
+    assert_eq!(state["listeners"][0]["routing_prefix"], "/east/web/");
+    assert_eq!(state["listeners"][0]["route"], "east_web");
+
     let out = run_memroute_cli(
         &[
             "route".as_ref(),

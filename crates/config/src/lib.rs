@@ -17,6 +17,7 @@
 //!    '--------------------------------------------->+--> checked (the validated types)
 //!                                                              '--> defaults
 //!   raw --> auth (pool logins, listener authfiles) --> walk, checked
+//!   raw --> routing_prefixes (routing_prefixes, routing_prefix, keep_routing_prefix) --> walk, checked
 //!   spec (Config -> routing's spec) --> checked        import/ --> raw, load (parse())
 //!   load (parse, load) --> raw
 //! ```
@@ -45,4 +46,3 @@ pub use checked::*;
 pub use error::{ConfigError, ConfigErrors, ErrorKind};
 pub use load::{load, parse};
 pub use redact::redacted;
-pub use routing_prefixes::RoutingPrefixConfig;

@@ -19,13 +19,14 @@ use std::time::Duration;
 use memroute_protocol::MAX_RELATIVE_EXPTIME;
 use toml::{Table, Value};
 
+use crate::checked::RoutingPrefixConfig;
 use crate::checked::{
     AdminConfig, AdminToken, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind,
     FailoverOn, HashName, IoMode, ListenAddress, ListenerAuth, Operation, PoolConfig, PoolSpec,
     ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, TransportConfig,
     WritePolicy, ZoneSource,
 };
-use crate::routing_prefixes::{default_prefix, take_target_keys, RoutingPrefixConfig};
+use crate::routing_prefixes::{default_prefix, take_target_keys};
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,
     get_str, get_table, join, parse_error_kind, usize_max, wrong_type, Errors,
@@ -86,6 +87,10 @@ const POOL_KEYS: &[&str] = &[
     "tls",
     "zone",
     "auth",
+    // Read by routing_prefixes (taken out before the pool's checks); listed for the
+    // unknown-key message.
+    "routing_prefixes",
+    "keep_routing_prefix",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
 const DNS_KEYS: &[&str] = &["dns", "srv", "refresh"];

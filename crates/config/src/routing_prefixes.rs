@@ -9,12 +9,12 @@
 //!   [proxy] routing_prefix, listen[i].routing_prefix --> the listener's root: the target
 //!        of its prefix when it names no route (resolve_roots)
 //! ```
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use memroute_routing::routing_prefix::is_valid;
 use toml::{Table, Value};
 
-use crate::checked::{route_edges, ListenAddress, ProxyConfig, RouteConfig};
+use crate::checked::{pools_reached, ProxyConfig, RouteConfig, RoutingPrefixConfig};
 use crate::walk::{get_bool, get_str, join, wrong_type, Errors};
 use crate::ErrorKind;
 
@@ -23,29 +23,6 @@ use crate::ErrorKind;
 pub(crate) const TARGET_KEY: &str = "routing_prefixes";
 pub(crate) const KEEP_KEY: &str = "keep_routing_prefix";
 pub(crate) const DEFAULT_KEY: &str = "routing_prefix";
-
-/// The routing prefixes a config declares.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RoutingPrefixConfig {
-    /// Each prefix and the pool or route that carries it.
-    pub prefixes: BTreeMap<String, String>,
-    /// The pools whose requests keep the prefix in the key sent to memcached.
-    pub keep: BTreeSet<String>,
-    /// `proxy.routing_prefix`: the default routing prefix.
-    pub default: Option<String>,
-    /// Listeners with their own `routing_prefix`, by address.
-    pub listeners: BTreeMap<ListenAddress, String>,
-}
-
-impl RoutingPrefixConfig {
-    /// The default routing prefix of the listener at `address` (its own, else the proxy's).
-    pub fn of_listener(&self, address: &ListenAddress) -> Option<&str> {
-        self.listeners
-            .get(address)
-            .or(self.default.as_ref())
-            .map(String::as_str)
-    }
-}
 
 /// Takes `routing_prefixes` (and, for a pool, `keep_routing_prefix`) out of the table of
 /// pool or route `name` at `path`, recording them; returns the table without them for the
@@ -199,23 +176,4 @@ fn check_keep_agrees(
             );
         }
     }
-}
-
-/// The pool names reachable from `target` (a pool or a route), each once.
-fn pools_reached(target: &str, routes: &BTreeMap<String, RouteConfig>) -> BTreeSet<String> {
-    let mut pools = BTreeSet::new();
-    let mut seen = BTreeSet::new();
-    let mut stack = vec![target.to_string()];
-    while let Some(name) = stack.pop() {
-        if !seen.insert(name.clone()) {
-            continue;
-        }
-        match routes.get(&name) {
-            Some(route) => stack.extend(route_edges("", route).into_iter().map(|(_, t)| t)),
-            None => {
-                pools.insert(name);
-            }
-        }
-    }
-    pools
 }

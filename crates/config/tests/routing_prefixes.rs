@@ -41,7 +41,13 @@ fn the_default_prefix_picks_the_root_and_every_prefix_its_target() {
     assert_eq!(prefixes["/any/web/"], "both");
     assert_eq!(c.routing_prefixes.of_listener(&second), Some("/east/web/"));
     let spec = c.routing_spec();
-    assert_eq!(spec.listener_prefixes, [Some("/west/web/".to_string()), Some("/east/web/".to_string())]);
+    assert_eq!(
+        spec.listener_prefixes,
+        [
+            Some("/west/web/".to_string()),
+            Some("/east/web/".to_string())
+        ]
+    );
     assert_eq!(spec.listener_roots, ["west", "east"]);
     assert!(memroute_routing::RouteTable::build(&spec).is_ok());
 }
@@ -93,15 +99,27 @@ fn default_prefixes_must_name_a_declared_prefix_and_agree_with_route() {
         "routing_prefix = \"/north/web/\"\nlisten = [{ address = \"127.0.0.1:2\", route = \"west\", routing_prefix = \"/east/web/\" }]",
         "",
     );
-    assert!(found.contains(&("proxy.routing_prefix".to_string(), ErrorKind::UnknownTarget)), "{found:?}");
     assert!(
-        found.contains(&("proxy.listen[0].routing_prefix".to_string(), ErrorKind::Conflict)),
+        found.contains(&("proxy.routing_prefix".to_string(), ErrorKind::UnknownTarget)),
+        "{found:?}"
+    );
+    assert!(
+        found.contains(&(
+            "proxy.listen[0].routing_prefix".to_string(),
+            ErrorKind::Conflict
+        )),
         "{found:?}"
     );
     let found = kinds("route = \"east\"\nrouting_prefix = \"/west/web/\"", "");
-    assert_eq!(found, [("proxy.routing_prefix".to_string(), ErrorKind::Conflict)]);
+    assert_eq!(
+        found,
+        [("proxy.routing_prefix".to_string(), ErrorKind::Conflict)]
+    );
     let found = kinds("routing_prefix = \"bad\"", "");
-    assert!(found.contains(&("proxy.routing_prefix".to_string(), ErrorKind::Invalid)), "{found:?}");
+    assert!(
+        found.contains(&("proxy.routing_prefix".to_string(), ErrorKind::Invalid)),
+        "{found:?}"
+    );
 }
 
 #[test]
@@ -111,5 +129,11 @@ fn pools_reached_from_one_prefix_must_agree_on_keeping_it() {
         "[pools.kept]\nservers = [\"10.0.0.3:11211\"]\nkeep_routing_prefix = true\n\
          [routes.mixed]\ntype = \"replicated\"\nchildren = [\"east\", \"kept\"]\nrouting_prefixes = [\"/mix/web/\"]\n",
     );
-    assert_eq!(found, [("routes.mixed.routing_prefixes".to_string(), ErrorKind::Conflict)]);
+    assert_eq!(
+        found,
+        [(
+            "routes.mixed.routing_prefixes".to_string(),
+            ErrorKind::Conflict
+        )]
+    );
 }
