@@ -1357,7 +1357,10 @@ mod tests {
         assert_eq!(cut.key(0), b"k");
         assert_eq!(cut.line_len, set.line_len - 5);
         assert!(cut.noreply);
-        assert_eq!(&cut.frame[cut.quiet_token.clone().unwrap()], b" noreply");
+        assert_eq!(
+            &cut.frame[cut.quiet_token.clone().expect("noreply token")],
+            b" noreply"
+        );
         assert_eq!(cut, framed(b"set k 0 0 2 noreply\r\nhi\r\n"));
         let get = framed(b"get  /a/b/x y   /c/d/z\r\n");
         let picked = get.with_keys(&[(2, 5), (0, 5)]);
