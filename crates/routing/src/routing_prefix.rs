@@ -15,8 +15,6 @@
 //! each route node once.
 use smallvec::SmallVec;
 
-use crate::NodeId;
-
 /// The wildcard that names every route (mcrouter's `kBroadcastPrefix`).
 pub const BROADCAST: &[u8] = b"/*/*/";
 
@@ -94,7 +92,9 @@ pub fn matches_pattern(pattern: &[u8], route: &[u8]) -> bool {
 /// One route reached by a routing prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target {
-    pub node: NodeId,
+    /// The route's node in its `RouteTable` (a `NodeId`; written as its type so that this
+    /// module, which the table and the mcrouter hashes use, uses neither).
+    pub node: u32,
     /// Whether the prefix is cut from the key sent to the servers (every pool the route
     /// reaches strips it unless they all keep it: `keep_routing_prefix`).
     pub strip: bool,
@@ -271,7 +271,7 @@ mod tests {
         ])
     }
 
-    fn nodes(targets: Targets) -> Vec<NodeId> {
+    fn nodes(targets: Targets) -> Vec<u32> {
         targets.iter().map(|t| t.node).collect()
     }
 
