@@ -296,6 +296,27 @@ fn meta_and_binary_requests_take_prefixes_and_echo_the_clients_key() {
     assert_eq!(response.status, 0, "{response:?}");
     assert_eq!(show(&response.key), show(b"/west/web/bin"));
     assert_eq!(show(&response.value), show(b"yes"));
+
+    // Quiet getkq across prefixes (batched into one multi-get, split by route): the hits,
+    // each with the client's key, in order, then the noop.
+    let mut east = s.east_web.connect();
+    assert_eq!(show(&set_through(&mut east, "plain-bin", "p")), show(b"STORED\r\n"));
+    const GETKQ: u8 = 0x0d;
+    const NOOP: u8 = 0x0a;
+    let mut batch = Vec::new();
+    for key in ["/west/web/bin", "/west/web/missing", "plain-bin"] {
+        batch.extend(binary_client::frame(GETKQ, key.as_bytes(), b""));
+    }
+    batch.extend(binary_client::frame(NOOP, b"", b""));
+    b.send(&batch);
+    let first = binary_client::read_whole_response(&mut b);
+    assert_eq!((first.status, show(&first.key)), (0, show(b"/west/web/bin")));
+    assert_eq!(show(&first.value), show(b"yes"));
+    let second = binary_client::read_whole_response(&mut b);
+    assert_eq!((second.status, show(&second.key)), (0, show(b"plain-bin")));
+    assert_eq!(show(&second.value), show(b"p"));
+    let noop = binary_client::read_whole_response(&mut b);
+    assert_eq!(noop.opcode, NOOP, "{noop:?}");
 }
 
 #[test]
