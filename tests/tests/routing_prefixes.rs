@@ -222,6 +222,14 @@ fn a_prefix_naming_no_route_gets_mcroutes_error_and_the_connection_goes_on() {
     c.send(b"set /north/web/k 0 0 1 noreply\r\nx\r\n");
     let version = c.roundtrip_line(b"version\r\n");
     assert!(version.starts_with(b"VERSION "), "{}", show(&version));
+    // A key that is only a prefix: refused before any server sees an empty key.
+    let only = b"CLIENT_ERROR bad command line format\r\n";
+    assert_eq!(show(&c.roundtrip_line(b"get /west/web/\r\n")), show(only));
+    assert_eq!(
+        show(&c.roundtrip_line(b"set /west/web/ 0 0 1\r\nx\r\n")),
+        show(only)
+    );
+    assert_eq!(show(&c.roundtrip_line(b"get a /west/web/\r\n")), show(only));
     // A key with fewer than three slashes has no prefix: a plain key.
     assert_eq!(
         show(&set_through(&mut c, "/one/slash", "o")),
@@ -300,7 +308,10 @@ fn meta_and_binary_requests_take_prefixes_and_echo_the_clients_key() {
     // Quiet getkq across prefixes (batched into one multi-get, split by route): the hits,
     // each with the client's key, in order, then the noop.
     let mut east = s.east_web.connect();
-    assert_eq!(show(&set_through(&mut east, "plain-bin", "p")), show(b"STORED\r\n"));
+    assert_eq!(
+        show(&set_through(&mut east, "plain-bin", "p")),
+        show(b"STORED\r\n")
+    );
     const GETKQ: u8 = 0x0d;
     const NOOP: u8 = 0x0a;
     let mut batch = Vec::new();
@@ -310,7 +321,10 @@ fn meta_and_binary_requests_take_prefixes_and_echo_the_clients_key() {
     batch.extend(binary_client::frame(NOOP, b"", b""));
     b.send(&batch);
     let first = binary_client::read_whole_response(&mut b);
-    assert_eq!((first.status, show(&first.key)), (0, show(b"/west/web/bin")));
+    assert_eq!(
+        (first.status, show(&first.key)),
+        (0, show(b"/west/web/bin"))
+    );
     assert_eq!(show(&first.value), show(b"yes"));
     let second = binary_client::read_whole_response(&mut b);
     assert_eq!((second.status, show(&second.key)), (0, show(b"plain-bin")));

@@ -222,7 +222,8 @@ fn send_prefixed(
                 let root = routing.root_of(origin.listener);
                 return send_placed(routing, root, origin.slot, request, operation, answered_as);
             }
-            Resolved::NoRoute => return no_route(answered_as),
+            Resolved::NoRoute => return refused(answered_as, routing_prefix::NO_ROUTE),
+            Resolved::OnlyPrefix => return refused(answered_as, routing_prefix::ONLY_PREFIX),
             Resolved::Routes { len, targets } => (targets, len),
         };
     let prefix = request.frame.slice_ref(&request.key(0)[..len]);
@@ -273,12 +274,13 @@ fn cut_prefix(request: &Request, keep: &[(usize, usize)], strip: bool) -> Reques
     }
 }
 
-/// mcrouter's answer for a routing prefix that names no route; nothing for a text
-/// `noreply` request (meta quiet mode shows errors).
-fn no_route((command, noreply): (Command, bool)) -> Pending {
+/// A request its routing prefix refuses (`error`: mcrouter's for a prefix that names no
+/// route, or memcached's for a key that is only a prefix); nothing for a text `noreply`
+/// request (meta quiet mode shows errors).
+fn refused((command, noreply): (Command, bool), error: &'static [u8]) -> Pending {
     match noreply && !command.is_keyed_meta() {
         true => Pending::Ready(Bytes::new()),
-        false => Pending::Ready(Bytes::from_static(routing_prefix::NO_ROUTE)),
+        false => Pending::Ready(Bytes::from_static(error)),
     }
 }
 
@@ -465,7 +467,12 @@ fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request)
                 key_part.push(at as u32);
                 continue;
             }
-            Resolved::NoRoute => return no_route((request.command, false)),
+            Resolved::NoRoute => {
+                return refused((request.command, false), routing_prefix::NO_ROUTE)
+            }
+            Resolved::OnlyPrefix => {
+                return refused((request.command, false), routing_prefix::ONLY_PREFIX)
+            }
             Resolved::Routes { len, targets } => (targets, len),
         };
         let prefix = request.frame.slice_ref(&key[..len]);

@@ -99,7 +99,7 @@ fn starts<'k>(
     }
     match resolve(&routing.routes, listener, key) {
         Resolved::Plain => vec![(root, key)],
-        Resolved::NoRoute => Vec::new(),
+        Resolved::NoRoute | Resolved::OnlyPrefix => Vec::new(),
         Resolved::Routes { len, targets } => targets
             .iter()
             .map(|t| (t.node, if t.strip { &key[len..] } else { key }))

@@ -95,11 +95,15 @@ pub(crate) fn route_key_in(
     }
     match crate::routing_prefix::resolve(routes, listener, key) {
         Resolved::Plain => walk.visit(root, Vec::new(), "primary".to_string()),
-        Resolved::NoRoute => {
+        Resolved::NoRoute | Resolved::OnlyPrefix => {
             let prefix = String::from_utf8_lossy(&key[..prefix_len(key).unwrap_or(0)]);
+            let answer = match prefix.len() == key.len() {
+                true => "the key is only a routing prefix: answered CLIENT_ERROR bad command line format",
+                false => "no route: answered SERVER_ERROR RootRoute: No rh found",
+            };
             walk.targets.push(RouteTarget {
                 path: vec![format!("routing prefix {prefix}")],
-                role: "no route: answered SERVER_ERROR RootRoute: No rh found".to_string(),
+                role: answer.to_string(),
                 pool: None,
                 server: None,
                 previous: None,

@@ -19,6 +19,11 @@ use memroute_routing::RouteTable;
 /// `SERVER_ERROR <message>`.
 pub(crate) const NO_ROUTE: &[u8] = b"SERVER_ERROR RootRoute: No rh found\r\n";
 
+/// The reply to a key that is only a routing prefix (nothing would be left to send):
+/// memcached's for a command line without a key. Never sent to a server, whose
+/// connection an empty key would throw out of step.
+pub(crate) const ONLY_PREFIX: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
+
 /// Whether `key` may carry a routing prefix this config routes by: one branch on its first
 /// byte for a plain key; a config without prefixes never looks further.
 #[inline]
@@ -41,6 +46,8 @@ pub(crate) enum Resolved {
     Routes { len: usize, targets: Targets },
     /// A prefix naming no route: the client gets `NO_ROUTE`.
     NoRoute,
+    /// A key that is only a prefix: the client gets `ONLY_PREFIX`.
+    OnlyPrefix,
 }
 
 /// The routes `key` goes to from listener `listener` (its default prefix is first among a
@@ -49,6 +56,9 @@ pub(crate) fn resolve(routes: &RouteTable, listener: usize, key: &[u8]) -> Resol
     let Some(len) = prefix_len(key) else {
         return Resolved::Plain;
     };
+    if len == key.len() {
+        return Resolved::OnlyPrefix;
+    }
     let default = routes.default_prefix(listener);
     let targets = routes.routing_prefixes().targets(&key[..len], default);
     match targets.is_empty() {
