@@ -2,6 +2,9 @@
 //! server (and into batches of `max_keys_per_request`, planned by `multiget`), fan
 //! flush_all out to a pool, hand policy routes to the route executor (`route`), and
 //! answer what memroute answers itself. The entries it queues are `pending::Pending`.
+//! In a config with mcrouter's routing prefixes, a key starting with `/` is routed by its
+//! prefix (`routing_prefix::resolve`): sent to the prefix's routes with the prefix cut,
+//! its reply given the prefix back (`Pending::Restored`, `Pending::Split`).
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -228,7 +231,7 @@ fn send_prefixed(
         };
     let prefix = request.frame.slice_ref(&request.key(0)[..len]);
     for target in &targets[1..] {
-        let copy = cut_prefix(&request, &[(0, len)], target.strip);
+        let copy = cut_prefix(&request, len, target.strip);
         send_placed(
             routing,
             target.node,
@@ -241,7 +244,7 @@ fn send_prefixed(
     }
     let first = targets[0];
     let command = request.command;
-    let sent = cut_prefix(&request, &[(0, len)], first.strip);
+    let sent = cut_prefix(&request, len, first.strip);
     let inner = send_placed(
         routing,
         first.node,
@@ -266,11 +269,12 @@ fn restored(inner: Pending, command: Command, prefix: Bytes, strip: bool) -> Pen
     }))
 }
 
-/// `request` with the keys `keep` lists, each's prefix cut when `strip`.
-fn cut_prefix(request: &Request, keep: &[(usize, usize)], strip: bool) -> Request {
+/// The single-key `request` with its key's first `len` bytes (its routing prefix) cut
+/// when `strip`; as it is (a view of the same frame) otherwise.
+fn cut_prefix(request: &Request, len: usize, strip: bool) -> Request {
     match strip {
-        true => request.with_keys(keep),
-        false => request.with_keys(&keep.iter().map(|&(i, _)| (i, 0)).collect::<Vec<_>>()),
+        true => request.with_keys(&[(0, len)]),
+        false => request.clone(),
     }
 }
 
