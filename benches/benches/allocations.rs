@@ -264,6 +264,7 @@ fn main() {
     }
     policy_routes(&list(&servers));
     policy_writes(&list(&servers));
+    routing_prefixes(&list(&servers));
     resize_window(&list(&servers[..3]), &list(&servers));
 }
 
@@ -386,6 +387,41 @@ fn policy_writes(servers: &str) {
         proxy.shutdown();
         proxy.join();
     }
+}
+
+/// Plain keys through a config that declares routing prefixes (one branch on the key's
+/// first byte: the same as without), then keys carrying a prefix (the prefix is cut
+/// into a new request and put back into the reply: a few allocations, reported, not a
+/// target).
+fn routing_prefixes(servers: &str) {
+    let text = format!(
+        "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nrouting_prefix = \"/here/web/\"\n\
+         [pools.main]\nservers = [{servers}]\nrouting_prefixes = [\"/here/web/\"]\n\
+         [pools.spare]\nservers = [{servers}]\nrouting_prefixes = [\"/there/web/\"]\n",
+        free_port()
+    );
+    let (proxy, mut stream, keys) = start_with_keys(&text);
+    println!("through a config with routing prefixes, 4 servers");
+    let get = format!("get {}\r\n", keys[0]).into_bytes();
+    let set = format!("set {} 0 0 64\r\n{}\r\n", keys[0], "v".repeat(64)).into_bytes();
+    let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
+    let prefixed = format!("get /here/web/{}\r\n", keys[0]).into_bytes();
+    let prefixed_keys: Vec<String> = keys.iter().map(|k| format!("/here/web/{k}")).collect();
+    let prefixed_multi = format!("get {}\r\n", prefixed_keys.join(" ")).into_bytes();
+    let cases: [(&str, &[u8], &[u8]); 5] = [
+        ("plain key, get (hit)", &get, b"END\r\n"),
+        ("plain key, set", &set, b"STORED\r\n"),
+        ("plain keys, get, 20 keys", &multi, b"END\r\n"),
+        ("prefixed key, get (hit)", &prefixed, b"END\r\n"),
+        ("prefixed keys, get, 20 keys", &prefixed_multi, b"END\r\n"),
+    ];
+    for (label, request, end) in cases {
+        let counted = count(&mut stream, request, end, REQUESTS);
+        print_row(&format!("  {label}"), &counted);
+    }
+    drop(stream);
+    proxy.shutdown();
+    proxy.join();
 }
 
 /// memroute (one worker) with the root `route` over two pools, `main` and `spare`, of the

@@ -108,7 +108,7 @@ default = "main"
         out.stdout
     );
     let expected = [
-        "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout, io, zone, fastopen, fastopen_connect, tls_handshake_timeout, tls_ticket_lifetime, tls_session_cache)",
+        "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout, io, zone, routing_prefix, fastopen, fastopen_connect, tls_handshake_timeout, tls_ticket_lifetime, tls_session_cache)",
         "proxy.workers: must be >= 0",
         "proxy.max_client_pending: must be > 0",
         "admin.listen: invalid address \"localhost\" (expected host:port with a numeric port)",

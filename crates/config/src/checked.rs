@@ -1,5 +1,5 @@
 //! Validated configuration: every value here has been checked and defaulted.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -17,6 +17,9 @@ pub struct Config {
     pub routes: BTreeMap<String, RouteConfig>,
     /// How pools with `servers = { dns = ... }` find their servers.
     pub discovery: DiscoveryConfig,
+    /// mcrouter's routing prefixes (`routing_prefixes`, `routing_prefix`,
+    /// `keep_routing_prefix`); empty when the config declares none.
+    pub routing_prefixes: RoutingPrefixConfig,
 }
 
 impl Config {
@@ -151,6 +154,59 @@ pub(crate) fn route_edges(path: &str, route: &RouteConfig) -> Vec<(String, Strin
             (join(path, "warm"), warm.clone()),
         ],
         RouteConfig::Null | RouteConfig::Error { .. } => Vec::new(),
+    }
+}
+
+/// The pool names reachable from `target` (a pool or a route), each once.
+pub(crate) fn pools_reached(
+    target: &str,
+    routes: &BTreeMap<String, RouteConfig>,
+) -> BTreeSet<String> {
+    let mut pools = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![target.to_string()];
+    while let Some(name) = stack.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        match routes.get(&name) {
+            Some(route) => stack.extend(route_edges("", route).into_iter().map(|(_, t)| t)),
+            None => {
+                pools.insert(name);
+            }
+        }
+    }
+    pools
+}
+
+/// The routing prefixes a config declares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutingPrefixConfig {
+    /// Each prefix and the pool or route that carries it.
+    pub prefixes: BTreeMap<String, String>,
+    /// The pools whose requests keep the prefix in the key sent to memcached.
+    pub keep: BTreeSet<String>,
+    /// `proxy.routing_prefix`: the default routing prefix.
+    pub default: Option<String>,
+    /// Listeners with their own `routing_prefix`, by address.
+    pub listeners: BTreeMap<ListenAddress, String>,
+}
+
+impl RoutingPrefixConfig {
+    /// The default routing prefix of the listener at `address` (its own, else the proxy's).
+    pub fn of_listener(&self, address: &ListenAddress) -> Option<&str> {
+        self.listeners
+            .get(address)
+            .or(self.default.as_ref())
+            .map(String::as_str)
+    }
+
+    /// Whether requests reaching `target` (a pool or route carrying a prefix) keep the
+    /// prefix in their key: every pool it reaches has `keep_routing_prefix`.
+    pub fn keeps(&self, target: &str, routes: &BTreeMap<String, RouteConfig>) -> bool {
+        pools_reached(target, routes)
+            .iter()
+            .all(|pool| self.keep.contains(pool))
     }
 }
 

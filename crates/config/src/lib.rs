@@ -17,6 +17,7 @@
 //!    '--------------------------------------------->+--> checked (the validated types)
 //!                                                              '--> defaults
 //!   raw --> auth (pool logins, listener authfiles) --> walk, checked
+//!   raw --> routing_prefixes (routing_prefixes, routing_prefix, keep_routing_prefix) --> walk, checked
 //!   spec (Config -> routing's spec) --> checked        import/ --> raw, load (parse())
 //!   load (parse, load) --> raw
 //! ```
@@ -33,6 +34,7 @@ pub mod import;
 mod load;
 pub mod raw;
 mod redact;
+mod routing_prefixes;
 mod spec;
 mod transport;
 mod walk;

@@ -19,12 +19,14 @@ use std::time::Duration;
 use memroute_protocol::MAX_RELATIVE_EXPTIME;
 use toml::{Table, Value};
 
+use crate::checked::RoutingPrefixConfig;
 use crate::checked::{
     AdminConfig, AdminToken, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind,
     FailoverOn, HashName, IoMode, ListenAddress, ListenerAuth, Operation, PoolConfig, PoolSpec,
     ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, TransportConfig,
     WritePolicy, ZoneSource,
 };
+use crate::routing_prefixes::{default_prefix, take_target_keys};
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,
     get_str, get_table, join, parse_error_kind, usize_max, wrong_type, Errors,
@@ -52,6 +54,7 @@ const PROXY_KEYS: &[&str] = &[
     "slow_client_timeout",
     "io",
     "zone",
+    "routing_prefix",
 ];
 const ADMIN_KEYS: &[&str] = &[
     "listen",
@@ -85,6 +88,10 @@ const POOL_KEYS: &[&str] = &[
     "tls",
     "zone",
     "auth",
+    // Read by routing_prefixes (taken out before the pool's checks); listed for the
+    // unknown-key message.
+    "routing_prefixes",
+    "keep_routing_prefix",
 ];
 const SERVER_KEYS: &[&str] = &["address", "weight", "name"];
 const DNS_KEYS: &[&str] = &["dns", "srv", "refresh"];
@@ -206,14 +213,16 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
     check_keys(top, "", TOP_KEYS, errs);
     let empty = Table::new();
     let proxy_table = get_table(top, "proxy", "", errs).unwrap_or(&empty);
-    let (mut proxy, listener_targets) = check_proxy(proxy_table, errs);
+    let mut prefixes = RoutingPrefixConfig::default();
+    let (mut proxy, listener_targets) = check_proxy(proxy_table, &mut prefixes, errs);
     let admin = get_table(top, "admin", "", errs).map(|t| check_admin(t, errs));
     let discovery = get_table(top, "discovery", "", errs)
         .map(|t| check_discovery(t, errs))
         .unwrap_or_default();
 
-    let pools = check_pools(top, errs);
-    let routes = check_routes(top, errs);
+    let pools = check_pools(top, &mut prefixes, errs);
+    let routes = check_routes(top, &mut prefixes, errs);
+    crate::routing_prefixes::resolve_roots(&prefixes, &mut proxy, &routes, errs);
     check_targets(
         top,
         proxy_table,
@@ -230,11 +239,16 @@ fn check_config(top: &Table, errs: &mut Errors) -> Config {
         pools,
         routes,
         discovery,
+        routing_prefixes: prefixes,
     }
 }
 
 /// `[pools.NAME]`: each pool that passed its checks (at least one is required).
-fn check_pools(top: &Table, errs: &mut Errors) -> BTreeMap<String, PoolConfig> {
+fn check_pools(
+    top: &Table,
+    prefixes: &mut RoutingPrefixConfig,
+    errs: &mut Errors,
+) -> BTreeMap<String, PoolConfig> {
     let mut pools = BTreeMap::new();
     match top.get("pools") {
         None => errs.push(ErrorKind::Missing, "pools", "at least one pool is required"),
@@ -246,7 +260,8 @@ fn check_pools(top: &Table, errs: &mut Errors) -> BTreeMap<String, PoolConfig> {
                 let path = join("pools", name);
                 match v {
                     Value::Table(pt) => {
-                        if let Some(pool) = check_pool(pt, &path, errs) {
+                        let pt = take_target_keys(pt, name, &path, true, prefixes, errs);
+                        if let Some(pool) = check_pool(&pt, &path, errs) {
                             pools.insert(name.clone(), pool);
                         }
                     }
@@ -260,14 +275,19 @@ fn check_pools(top: &Table, errs: &mut Errors) -> BTreeMap<String, PoolConfig> {
 }
 
 /// `[routes.NAME]`: each route that passed its own checks (targets are checked later).
-fn check_routes(top: &Table, errs: &mut Errors) -> BTreeMap<String, RouteConfig> {
+fn check_routes(
+    top: &Table,
+    prefixes: &mut RoutingPrefixConfig,
+    errs: &mut Errors,
+) -> BTreeMap<String, RouteConfig> {
     let mut routes = BTreeMap::new();
     if let Some(t) = get_table(top, "routes", "", errs) {
         for (name, v) in t {
             let path = join("routes", name);
             match v {
                 Value::Table(rt) => {
-                    if let Some(route) = check_route(rt, &path, errs) {
+                    let rt = take_target_keys(rt, name, &path, false, prefixes, errs);
+                    if let Some(route) = check_route(&rt, &path, errs) {
                         routes.insert(name.clone(), route);
                     }
                 }
@@ -351,6 +371,8 @@ fn check_default_root(
             }
         }
         Some(_) => {} // wrong type, reported by check_proxy
+        // Set from `proxy.routing_prefix` (routing_prefixes::resolve_roots).
+        None if !proxy.route.is_empty() => {}
         None => {
             let first_listener_route = proxy
                 .listen
@@ -446,7 +468,11 @@ fn check_cycles(routes: &BTreeMap<String, RouteConfig>, errs: &mut Errors) {
 
 /// `[proxy]`, and the targets its listeners name, each with its key path (checked against
 /// the pools and routes once those are known).
-fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, String)>) {
+fn check_proxy(
+    t: &Table,
+    prefixes: &mut RoutingPrefixConfig,
+    errs: &mut Errors,
+) -> (ProxyConfig, Vec<(String, String)>) {
     let path = "proxy";
     let allowed: Vec<&str> = PROXY_KEYS
         .iter()
@@ -456,6 +482,8 @@ fn check_proxy(t: &Table, errs: &mut Errors) -> (ProxyConfig, Vec<(String, Strin
     check_keys(t, path, &allowed, errs);
     let mut transport = crate::transport::check_proxy_transport(t, path, errs);
     let listeners = check_listeners(t, &mut transport, errs);
+    prefixes.default = default_prefix(t, path, errs);
+    prefixes.listeners = listeners.prefixes;
 
     let workers: usize = get_int(t, "workers", path, 0, usize_max(), 0, errs);
     let workers = if workers == 0 {
@@ -519,6 +547,8 @@ struct Listeners {
     listen: Vec<ListenAddress>,
     routes: BTreeMap<ListenAddress, String>,
     auth: BTreeMap<ListenAddress, ListenerAuth>,
+    /// Listeners with their own default `routing_prefix`.
+    prefixes: BTreeMap<ListenAddress, String>,
     /// Each listener's `route`, with its key path, to check once pools and routes are known.
     route_paths: Vec<(String, String)>,
 }
@@ -587,6 +617,7 @@ impl Listeners {
         let auth = entry
             .get("auth")
             .and_then(|v| crate::auth::check_listener_auth(v, &join(p, "auth"), errs));
+        let prefix = default_prefix(entry, p, errs);
         let Some((s, tls)) = crate::transport::check_listen_entry(entry, p, errs) else {
             return;
         };
@@ -608,6 +639,9 @@ impl Listeners {
         }
         if let Some(auth) = auth {
             self.auth.insert(a.clone(), auth);
+        }
+        if let Some(prefix) = prefix {
+            self.prefixes.insert(a.clone(), prefix);
         }
         self.listen.push(a);
     }

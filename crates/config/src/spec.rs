@@ -21,6 +21,19 @@ impl Config {
                 .listener_roots()
                 .map(|(_, root)| root.to_string())
                 .collect(),
+            routing_prefixes: self
+                .routing_prefixes
+                .prefixes
+                .iter()
+                .map(|(prefix, target)| (prefix.clone(), target.clone()))
+                .collect(),
+            keep_routing_prefix: self.routing_prefixes.keep.iter().cloned().collect(),
+            listener_prefixes: self
+                .proxy
+                .listen
+                .iter()
+                .map(|address| self.routing_prefixes.of_listener(address).map(String::from))
+                .collect(),
         }
     }
 }

@@ -22,7 +22,7 @@ pub(crate) const PROXY_TRANSPORT_KEYS: &[&str] = &[
     "tls_ticket_lifetime",
     "tls_session_cache",
 ];
-const LISTENER_ENTRY_KEYS: &[&str] = &["address", "route", "tls", "auth"];
+const LISTENER_ENTRY_KEYS: &[&str] = &["address", "route", "tls", "auth", "routing_prefix"];
 const LISTENER_TLS_KEYS: &[&str] = &["cert", "key", "client_ca"];
 const BACKEND_TLS_KEYS: &[&str] = &["ca", "server_name", "cert", "key", "insecure_skip_verify"];
 

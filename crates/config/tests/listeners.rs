@@ -115,7 +115,7 @@ listen = [{{ address = "0.0.0.0:22121", route = "x" }},
         [
             "proxy.listen[2].route: expected a string, found an integer",
             "proxy.listen[3].address: invalid address \"nowhere\" (expected host:port with a numeric port), or unix:/path",
-            "proxy.listen[4].rout: unknown key (expected one of: address, route, tls, auth)",
+            "proxy.listen[4].rout: unknown key (expected one of: address, route, tls, auth, routing_prefix)",
             "proxy.listen[0].route: unknown target \"x\" (no pool or route has that name)",
             "proxy.listen[3].route: unknown target \"y\" (no pool or route has that name)",
             "proxy.route: required when there is more than one pool (name the pool or route to send requests to)",

@@ -512,7 +512,25 @@ fn describe(config: &Config) -> String {
         config.proxy.route
     );
     for (address, root) in config.proxy.listener_roots() {
-        let _ = writeln!(out, "listener {address}: route {root}");
+        match config.routing_prefixes.of_listener(address) {
+            Some(prefix) => {
+                let _ = writeln!(
+                    out,
+                    "listener {address}: route {root} (default routing prefix {prefix})"
+                );
+            }
+            None => {
+                let _ = writeln!(out, "listener {address}: route {root}");
+            }
+        }
+    }
+    let prefixes = &config.routing_prefixes;
+    for (prefix, target) in &prefixes.prefixes {
+        let key = match prefixes.keeps(target, &config.routes) {
+            true => "kept in the key",
+            false => "cut from the key",
+        };
+        let _ = writeln!(out, "routing prefix {prefix}: {target} (prefix {key})");
     }
     let _ = writeln!(
         out,

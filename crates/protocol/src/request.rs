@@ -299,6 +299,53 @@ impl Request {
             None => &self.frame[..0],
         }
     }
+    /// The same request with only the keys `keep` lists (each `(index, cut)`: the key at
+    /// `index`, its first `cut` bytes dropped), in that order, separated by single spaces;
+    /// the line before the first key and everything after the last key (the rest of the
+    /// line, the data block) as they were. Where a routed prefix is cut from a key
+    /// (mcrouter's routing prefixes); allocates the new frame.
+    pub fn with_keys(&self, keep: &[(usize, usize)]) -> Request {
+        let (Some(first), Some(last)) = (self.keys.first(), self.keys.get(self.keys.len() - 1))
+        else {
+            return self.clone();
+        };
+        let mut frame = BytesMut::with_capacity(self.frame.len());
+        frame.extend_from_slice(&self.frame[..first.start]);
+        let mut keys = KeyRanges::default();
+        for (n, &(index, cut)) in keep.iter().enumerate() {
+            let Some(range) = self.keys.get(index) else {
+                continue;
+            };
+            if n > 0 {
+                frame.extend_from_slice(b" ");
+            }
+            let key = &self.frame[range.start + cut.min(range.len())..range.end];
+            keys.push(frame.len()..frame.len() + key.len());
+            frame.extend_from_slice(key);
+        }
+        // Everything after the last key moves by the same amount.
+        let shift = |at: usize| (at + frame.len()).wrapping_sub(last.end);
+        let moved = |range: &Range<usize>| match range.start >= last.end {
+            true => shift(range.start)..shift(range.end),
+            false => range.clone(),
+        };
+        let line_len = shift(self.line_len);
+        let quiet_token = self.quiet_token.as_ref().map(moved);
+        let stats_arg = moved(&self.stats_arg);
+        frame.extend_from_slice(&self.frame[last.end..]);
+        Request {
+            command: self.command,
+            frame: frame.freeze(),
+            line_len,
+            keys,
+            noreply: self.noreply,
+            quiet_token,
+            base64_key: self.base64_key,
+            arg: self.arg,
+            stats_arg,
+        }
+    }
+
     /// The frame as it must be sent to a backend: without the `noreply`/`q` token
     /// when present (up to two slices of the same buffer, no copy).
     pub fn forward_parts(&self) -> RequestBytes {
@@ -1293,6 +1340,36 @@ fn parse_simple(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn framed(text: &[u8]) -> Request {
+        let mut buf = BytesMut::from(text);
+        match parse_request(&mut buf, &Limits::default()) {
+            Parse::Request(request) => request,
+            other => panic!("not a request: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn with_keys_cuts_and_picks_keys_and_moves_what_follows() {
+        let set = framed(b"set /a/b/k 0 0 2 noreply\r\nhi\r\n");
+        let cut = set.with_keys(&[(0, 5)]);
+        assert_eq!(&cut.frame[..], b"set k 0 0 2 noreply\r\nhi\r\n");
+        assert_eq!(cut.key(0), b"k");
+        assert_eq!(cut.line_len, set.line_len - 5);
+        assert!(cut.noreply);
+        assert_eq!(
+            &cut.frame[cut.quiet_token.clone().expect("noreply token")],
+            b" noreply"
+        );
+        assert_eq!(cut, framed(b"set k 0 0 2 noreply\r\nhi\r\n"));
+        let get = framed(b"get  /a/b/x y   /c/d/z\r\n");
+        let picked = get.with_keys(&[(2, 5), (0, 5)]);
+        assert_eq!(&picked.frame[..], b"get  z x\r\n");
+        assert_eq!(picked.keys().collect::<Vec<_>>(), [&b"z"[..], b"x"]);
+        let mg = framed(b"mg /a/b/k v k q\r\n");
+        let cut = mg.with_keys(&[(0, 5)]);
+        assert_eq!(cut, framed(b"mg k v k q\r\n"));
+    }
 
     /// Every command, each with whether it reads a key's value. The match has no
     /// wildcard, so a new command does not compile until it is placed here.

@@ -2,6 +2,9 @@
 //! server (and into batches of `max_keys_per_request`, planned by `multiget`), fan
 //! flush_all out to a pool, hand policy routes to the route executor (`route`), and
 //! answer what memroute answers itself. The entries it queues are `pending::Pending`.
+//! In a config with mcrouter's routing prefixes, a key starting with `/` is routed by its
+//! prefix (`routing_prefix::resolve`): sent to the prefix's routes with the prefix cut,
+//! its reply given the prefix back (`Pending::Restored`, `Pending::Split`).
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -10,8 +13,9 @@ use memroute_protocol::{decode_base64, Command, ReplyKind, Request, RequestBytes
 use memroute_routing::{operation_of, NodeId, Operation};
 
 use crate::context::WorkerContext;
-use crate::pending::{Flow, Pending};
+use crate::pending::{Flow, Pending, Restored, Split};
 use crate::route;
+use crate::routing_prefix::{self, Resolved};
 use crate::snapshot::RouteSnapshot;
 use crate::stats::WorkerMetrics;
 
@@ -51,23 +55,22 @@ pub(crate) fn dispatch(
             if request.keys.len() == 1 {
                 // mcrouter's admin queries (`get __mcrouter__.route(get,KEY)` ...).
                 let admin = match command {
-                    Command::Get => request
-                        .keys()
-                        .next()
-                        .and_then(|key| crate::mcrouter_admin::answer(routing, root, key)),
+                    Command::Get => request.keys().next().and_then(|key| {
+                        crate::mcrouter_admin::answer(routing, listener, root, key)
+                    }),
                     _ => None,
                 };
                 match admin {
                     Some(reply) => pending.push_back(Pending::Ready(reply)),
-                    None => pending.push_back(send_single(routing, root, slot, request)),
+                    None => pending.push_back(send_single(routing, root, origin, request)),
                 }
             } else {
-                pending.push_back(split_multi_get(routing, root, slot, request));
+                pending.push_back(split_multi_get(routing, root, origin, request));
             }
         }
         Command::MetaGet => {
             count(&stats.get_keys, 1);
-            pending.push_back(send_single(routing, root, slot, request));
+            pending.push_back(send_single(routing, root, origin, request));
         }
         Command::Set
         | Command::Add
@@ -77,11 +80,11 @@ pub(crate) fn dispatch(
         | Command::Cas
         | Command::MetaSet => {
             count(&stats.set_requests, 1);
-            pending.push_back(send_single(routing, root, slot, request));
+            pending.push_back(send_single(routing, root, origin, request));
         }
         Command::Touch => {
             count(&stats.touch_keys, 1);
-            pending.push_back(send_single(routing, root, slot, request));
+            pending.push_back(send_single(routing, root, origin, request));
         }
         Command::Delete
         | Command::Incr
@@ -89,7 +92,7 @@ pub(crate) fn dispatch(
         | Command::MetaDelete
         | Command::MetaArithmetic
         | Command::MetaDebug => {
-            pending.push_back(send_single(routing, root, slot, request));
+            pending.push_back(send_single(routing, root, origin, request));
         }
         Command::FlushAll => {
             count(&stats.flush_requests, 1);
@@ -170,6 +173,16 @@ pub(crate) fn unlink(
     let root = routing.root_of(origin.listener);
     // Finished as a text `delete <key> noreply` is: no reply, success or error, is written.
     let answered_as = (Command::Delete, true);
+    if routing_prefix::may_carry(&routing.routes, unlink.key(0)) && !unlink.base64_key {
+        pending.push_back(send_prefixed(
+            routing,
+            origin,
+            unlink,
+            operation,
+            answered_as,
+        ));
+        return;
+    }
     pending.push_back(send_placed(
         routing,
         root,
@@ -183,12 +196,96 @@ pub(crate) fn unlink(
 fn send_single(
     routing: &Rc<RouteSnapshot>,
     root: NodeId,
-    slot: usize,
+    origin: Origin,
     request: Request,
 ) -> Pending {
     let operation = operation_of(&request);
     let answered_as = (request.command, request.noreply);
-    send_placed(routing, root, slot, request, operation, answered_as)
+    if routing_prefix::may_carry(&routing.routes, request.key(0)) && !request.base64_key {
+        return send_prefixed(routing, origin, request, operation, answered_as);
+    }
+    send_placed(routing, root, origin.slot, request, operation, answered_as)
+}
+
+/// A single-key request whose key may carry a routing prefix: sent to the routes the
+/// prefix names (`routing_prefix::resolve`), the first answering the client and the others
+/// (a wildcard's) sent to in the background, as mcrouter's RootRoute does for every
+/// command; each gets the key with the prefix cut unless its pools keep it, and the
+/// client's reply carries the key as it sent it.
+fn send_prefixed(
+    routing: &Rc<RouteSnapshot>,
+    origin: Origin,
+    request: Request,
+    operation: Operation,
+    answered_as: (Command, bool),
+) -> Pending {
+    let (targets, len) =
+        match routing_prefix::resolve(&routing.routes, origin.listener, request.key(0)) {
+            Resolved::Plain => {
+                let root = routing.root_of(origin.listener);
+                return send_placed(routing, root, origin.slot, request, operation, answered_as);
+            }
+            Resolved::NoRoute => return refused(answered_as, routing_prefix::NO_ROUTE),
+            Resolved::OnlyPrefix => return refused(answered_as, routing_prefix::ONLY_PREFIX),
+            Resolved::Routes { len, targets } => (targets, len),
+        };
+    let prefix = request.frame.slice_ref(&request.key(0)[..len]);
+    for target in &targets[1..] {
+        let copy = cut_prefix(&request, len, target.strip);
+        send_placed(
+            routing,
+            target.node,
+            origin.slot,
+            copy,
+            operation,
+            answered_as,
+        )
+        .run_in_background();
+    }
+    let first = targets[0];
+    let command = request.command;
+    let sent = cut_prefix(&request, len, first.strip);
+    let inner = send_placed(
+        routing,
+        first.node,
+        origin.slot,
+        sent,
+        operation,
+        answered_as,
+    );
+    restored(inner, command, prefix, first.strip)
+}
+
+/// The entry for a request whose keys' `prefix` was cut (`strip`): its reply gets it back
+/// when it carries keys.
+fn restored(inner: Pending, command: Command, prefix: Bytes, strip: bool) -> Pending {
+    if !strip || prefix.is_empty() || !routing_prefix::reply_carries_key(command) {
+        return inner;
+    }
+    Pending::Restored(Box::new(Restored {
+        inner,
+        command,
+        prefix,
+    }))
+}
+
+/// The single-key `request` with its key's first `len` bytes (its routing prefix) cut
+/// when `strip`; as it is (a view of the same frame) otherwise.
+fn cut_prefix(request: &Request, len: usize, strip: bool) -> Request {
+    match strip {
+        true => request.with_keys(&[(0, len)]),
+        false => request.clone(),
+    }
+}
+
+/// A request its routing prefix refuses (`error`: mcrouter's for a prefix that names no
+/// route, or memcached's for a key that is only a prefix); nothing for a text `noreply`
+/// request (meta quiet mode shows errors).
+fn refused((command, noreply): (Command, bool), error: &'static [u8]) -> Pending {
+    match noreply && !command.is_keyed_meta() {
+        true => Pending::Ready(Bytes::new()),
+        false => Pending::Ready(Bytes::from_static(error)),
+    }
 }
 
 /// Sends a single-key request by the route `operation` selects from `root`; its reply is
@@ -297,6 +394,19 @@ fn compact_head(request: &Request) -> Bytes {
 fn split_multi_get(
     routing: &Rc<RouteSnapshot>,
     root: NodeId,
+    origin: Origin,
+    request: Request,
+) -> Pending {
+    if routing_prefix::any_may_carry(&routing.routes, &request) {
+        return split_prefixed(routing, origin, request);
+    }
+    plain_multi_get(routing, root, origin.slot, request)
+}
+
+/// A multi-get sent from `root` as the client wrote it, split per server.
+fn plain_multi_get(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
     slot: usize,
     request: Request,
 ) -> Pending {
@@ -327,4 +437,106 @@ fn fan_out_flush(
     crate::collapse::forget_all();
     let start = route::start_flush_all(routing, root, request.forward_parts(), slot, started);
     Pending::started(routing, start, command, noreply)
+}
+
+/// One route's keys of a multi-get whose keys carry routing prefixes: the route, the
+/// prefix cut from them (empty: sent as written), and each key as `(index, cut)`.
+struct PrefixGroup {
+    node: NodeId,
+    prefix: Bytes,
+    keys: Vec<(usize, usize)>,
+}
+
+/// A multi-get whose keys may carry routing prefixes: its keys grouped by the route that
+/// answers for them (keys without a prefix take the listener's root), each group sent as
+/// a multi-get of its own with its prefix cut, and the replies merged in the client's
+/// order with the client's keys (`Pending::Split`); one group is sent as the client's
+/// multi-get. A wildcard's other routes get their keys in the background. A key whose
+/// prefix names no route fails the whole multi-get with mcrouter's error.
+fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request) -> Pending {
+    let root = routing.root_of(origin.listener);
+    let mut groups: Vec<PrefixGroup> = Vec::new();
+    let mut background: Vec<PrefixGroup> = Vec::new();
+    let mut key_part = crate::multiget::KeyLegs::with_capacity(request.keys.len());
+    let group_of = |groups: &mut Vec<PrefixGroup>, node, prefix: Bytes| match groups
+        .iter()
+        .position(|g| g.node == node && g.prefix == prefix)
+    {
+        Some(at) => at,
+        None => {
+            groups.push(PrefixGroup {
+                node,
+                prefix,
+                keys: Vec::new(),
+            });
+            groups.len() - 1
+        }
+    };
+    for (i, key) in request.keys().enumerate() {
+        let (targets, len) = match routing_prefix::resolve(&routing.routes, origin.listener, key) {
+            Resolved::Plain => {
+                let at = group_of(&mut groups, root, Bytes::new());
+                groups[at].keys.push((i, 0));
+                key_part.push(at as u32);
+                continue;
+            }
+            Resolved::NoRoute => {
+                return refused((request.command, false), routing_prefix::NO_ROUTE)
+            }
+            Resolved::OnlyPrefix => {
+                return refused((request.command, false), routing_prefix::ONLY_PREFIX)
+            }
+            Resolved::Routes { len, targets } => (targets, len),
+        };
+        let prefix = request.frame.slice_ref(&key[..len]);
+        for (n, target) in targets.iter().enumerate() {
+            let (cut, prefix) = match target.strip {
+                true => (len, prefix.clone()),
+                false => (0, Bytes::new()),
+            };
+            let into = if n == 0 { &mut groups } else { &mut background };
+            let at = group_of(into, target.node, prefix);
+            into[at].keys.push((i, cut));
+            if n == 0 {
+                key_part.push(at as u32);
+            }
+        }
+    }
+    for group in background {
+        let keys = request.with_keys(&group.keys);
+        send_group(routing, group.node, origin.slot, keys).run_in_background();
+    }
+    let command = request.command;
+    if let [group] = &groups[..] {
+        let keys = request.with_keys(&group.keys);
+        let inner = send_group(routing, group.node, origin.slot, keys);
+        return restored(inner, command, group.prefix.clone(), true);
+    }
+    let parts = groups
+        .into_iter()
+        .map(|group| {
+            let keys = request.with_keys(&group.keys);
+            (
+                send_group(routing, group.node, origin.slot, keys),
+                group.prefix,
+            )
+        })
+        .collect();
+    Pending::Split(Box::new(Split {
+        parts,
+        command,
+        request,
+        key_part,
+    }))
+}
+
+/// One route's keys of a multi-get (`split_prefixed`), sent from route `node` as the
+/// client's multi-get (or single get) would be.
+fn send_group(routing: &Rc<RouteSnapshot>, node: NodeId, slot: usize, request: Request) -> Pending {
+    if request.keys.len() == 1 {
+        let operation = operation_of(&request);
+        let answered_as = (request.command, false);
+        return send_placed(routing, node, slot, request, operation, answered_as);
+    }
+    plain_multi_get(routing, node, slot, request)
 }

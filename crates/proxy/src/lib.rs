@@ -54,6 +54,7 @@ mod restart_only;
 mod route;
 mod route_lookup;
 mod route_reads;
+mod routing_prefix;
 mod session;
 mod session_wakers;
 mod snapshot;

@@ -36,7 +36,12 @@ pub fn set_config_file(path: PathBuf) {
 }
 
 /// The reply to `get KEY` when KEY is an mcrouter admin query, else `None`.
-pub(crate) fn answer(routing: &RouteSnapshot, root: NodeId, key: &[u8]) -> Option<Bytes> {
+pub(crate) fn answer(
+    routing: &RouteSnapshot,
+    listener: usize,
+    root: NodeId,
+    key: &[u8],
+) -> Option<Bytes> {
     let query = key.strip_prefix(PREFIX)?;
     let value = match query {
         b"version" => Ok(format!("memroute-{}", crate::version::VERSION)),
@@ -46,11 +51,18 @@ pub(crate) fn answer(routing: &RouteSnapshot, root: NodeId, key: &[u8]) -> Optio
         },
         other => match parse_route_query(other) {
             Some((b"route", operation, routed_key)) => {
-                Ok(destinations(routing, root, operation, routed_key).join("\r\n"))
+                let mut out = Vec::new();
+                for (from, key) in starts(routing, listener, root, routed_key) {
+                    out.extend(destinations(routing, from, operation, key));
+                }
+                out.dedup();
+                Ok(out.join("\r\n"))
             }
             Some((b"route_handles", operation, routed_key)) => {
                 let mut out = String::new();
-                route_handles(routing, root, operation, routed_key, 0, &mut out);
+                for (from, key) in starts(routing, listener, root, routed_key) {
+                    route_handles(routing, from, operation, key, 0, &mut out);
+                }
                 Ok(out.trim_end().to_string())
             }
             _ => Err(format!(
@@ -71,6 +83,28 @@ pub(crate) fn answer(routing: &RouteSnapshot, root: NodeId, key: &[u8]) -> Optio
         }
         Err(message) => Bytes::from(format!("SERVER_ERROR {message}\r\n")),
     })
+}
+
+/// Where a request for `key` starts: the listener's root, or the routes its routing
+/// prefix names (in the order they are sent to), each with the key its servers get.
+fn starts<'k>(
+    routing: &RouteSnapshot,
+    listener: usize,
+    root: NodeId,
+    key: &'k [u8],
+) -> Vec<(NodeId, &'k [u8])> {
+    use crate::routing_prefix::{may_carry, resolve, Resolved};
+    if !may_carry(&routing.routes, key) {
+        return vec![(root, key)];
+    }
+    match resolve(&routing.routes, listener, key) {
+        Resolved::Plain => vec![(root, key)],
+        Resolved::NoRoute | Resolved::OnlyPrefix => Vec::new(),
+        Resolved::Routes { len, targets } => targets
+            .iter()
+            .map(|t| (t.node, if t.strip { &key[len..] } else { key }))
+            .collect(),
+    }
 }
 
 /// `route(get,KEY)` -> ("route", Get, KEY), on bytes: KEY need not be UTF-8. mcrouter

@@ -47,6 +47,33 @@ pub(crate) enum Pending {
     Routed(InFlight),
     /// A request sampled for a live watch (`request_watch`): the entry, and its line.
     Watched(Box<(Pending, Box<Sampled>)>),
+    /// A request routed by its key's routing prefix, the prefix cut from the key the
+    /// server got: the prefix goes back into the keys its reply carries.
+    Restored(Box<Restored>),
+    /// A multi-get whose keys' routing prefixes name several routes: one part per route,
+    /// merged in the client's key order.
+    Split(Box<Split>),
+}
+
+/// A request whose reply gets its routing prefix back (`routing_prefix::restore_keys`).
+#[derive(Debug)]
+pub(crate) struct Restored {
+    pub inner: Pending,
+    pub command: Command,
+    pub prefix: Bytes,
+}
+
+/// A multi-get over several routes (`Pending::Split`).
+#[derive(Debug)]
+pub(crate) struct Split {
+    /// Per route: its keys' request, and the prefix its keys' replies get back (empty
+    /// for keys sent as the client wrote them).
+    pub parts: Vec<(Pending, Bytes)>,
+    pub command: Command,
+    /// The client's keys, in order.
+    pub request: memroute_protocol::Request,
+    /// For each client key, its part.
+    pub key_part: crate::multiget::KeyLegs,
 }
 
 /// A routed request's legs in flight and what its route does once they answered. Holds
@@ -103,6 +130,12 @@ impl Pending {
             } => metrics.flush.reached(*ticket) || Instant::now() >= *deadline,
             Pending::Routed(entry) => entry.advance(None),
             Pending::Watched(watched) => watched.0.try_complete(),
+            Pending::Restored(entry) => entry.inner.try_complete(),
+            // Every part looked at (not only up to the first incomplete one).
+            Pending::Split(split) => split
+                .parts
+                .iter_mut()
+                .fold(true, |done, (part, _)| part.try_complete() && done),
         }
     }
 
@@ -123,6 +156,12 @@ impl Pending {
                 .await
             }
             Pending::Watched(watched) => Box::pin(watched.0.wait()).await,
+            Pending::Restored(entry) => Box::pin(entry.inner.wait()).await,
+            Pending::Split(split) => {
+                for (part, _) in &mut split.parts {
+                    Box::pin(part.wait()).await;
+                }
+            }
         }
     }
 
@@ -134,8 +173,36 @@ impl Pending {
                 entry.advance(Some(context));
             }
             Pending::Watched(watched) => watched.0.poll_progress(context),
+            Pending::Restored(entry) => entry.inner.poll_progress(context),
+            Pending::Split(split) => {
+                for (part, _) in &mut split.parts {
+                    part.poll_progress(context);
+                }
+            }
             _ => {}
         }
+    }
+
+    /// Lets a request go on without the client (mcrouter's routeToAll: the routes after
+    /// the first): driven to its end on a task of its own, its reply dropped.
+    pub(crate) fn run_in_background(mut self) {
+        if !matches!(self, Pending::Routed(_)) {
+            return;
+        }
+        tokio::task::spawn_local(async move {
+            self.wait().await;
+            if let Pending::Routed(InFlight {
+                routing,
+                mut legs,
+                then,
+                ..
+            }) = self
+            {
+                let mut dropped = BytesMut::new();
+                let _ = then.finish(&routing, &mut legs, &mut dropped);
+                legs.release();
+            }
+        });
     }
 
     /// Writes the client's reply for a completed entry.
@@ -166,6 +233,20 @@ impl Pending {
                 legs.release();
             }
             Pending::Watched(watched) => return finish_watched(*watched, context, out),
+            Pending::Restored(entry) => {
+                let Restored {
+                    inner,
+                    command,
+                    prefix,
+                } = *entry;
+                let start = out.len();
+                let flow = inner.finish(context, out);
+                let reply = out[start..].to_vec();
+                out.truncate(start);
+                crate::routing_prefix::restore_keys(command, &reply, &prefix, out);
+                return flow;
+            }
+            Pending::Split(split) => split.finish(context, out),
         }
         Flow::Continue
     }
@@ -204,6 +285,30 @@ fn finish_watched(
     let found = (hits_now.wrapping_sub(hits), misses_now.wrapping_sub(misses));
     sampled.finish(&out[start..], found, servers);
     flow
+}
+
+impl Split {
+    /// Each part's reply with its keys' prefix back, merged in the client's key order; a
+    /// part's error line is the whole reply (one failed key fails a multi-get). Each part
+    /// counted its hits and misses when finished.
+    fn finish(self, context: &WorkerContext, out: &mut BytesMut) {
+        let Split {
+            parts,
+            command,
+            request,
+            key_part,
+        } = self;
+        let mut replies = Vec::with_capacity(parts.len());
+        let mut scratch = BytesMut::new();
+        for (part, prefix) in parts {
+            part.finish(context, &mut scratch);
+            let reply = scratch.split().freeze();
+            let mut restored = BytesMut::new();
+            crate::routing_prefix::restore_keys(command, &reply, &prefix, &mut restored);
+            replies.push(restored.freeze());
+        }
+        let _ = crate::multiget::merge(&replies, request.keys(), &key_part, out);
+    }
 }
 
 /// A pool without servers yet (DNS discovery), answered as memcached answers a failure.

@@ -11,6 +11,8 @@ use memroute_routing::{Node, NodeId, RouteTable};
 
 use crate::error::ProxyError;
 use crate::route_reads::{read_roles, Measured};
+use crate::routing_prefix::Resolved;
+use memroute_routing::routing_prefix::prefix_len;
 
 /// One place a request for the key reaches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +93,42 @@ pub(crate) fn route_key_in(
         measured,
         targets: Vec::new(),
     };
-    walk.visit(routes.root_of(listener), Vec::new(), "primary".to_string());
+    let root = routes.root_of(listener);
+    if !crate::routing_prefix::may_carry(routes, key) {
+        walk.visit(root, Vec::new(), "primary".to_string());
+        return walk.targets;
+    }
+    match crate::routing_prefix::resolve(routes, listener, key) {
+        Resolved::Plain => walk.visit(root, Vec::new(), "primary".to_string()),
+        Resolved::NoRoute | Resolved::OnlyPrefix => {
+            let prefix = String::from_utf8_lossy(&key[..prefix_len(key).unwrap_or(0)]);
+            let answer = match prefix.len() == key.len() {
+                true => "the key is only a routing prefix: answered CLIENT_ERROR bad command line format",
+                false => "no route: answered SERVER_ERROR RootRoute: No rh found",
+            };
+            walk.targets.push(RouteTarget {
+                path: vec![format!("routing prefix {prefix}")],
+                role: answer.to_string(),
+                pool: None,
+                server: None,
+                previous: None,
+            });
+        }
+        Resolved::Routes { len, targets } => {
+            let prefix = String::from_utf8_lossy(&key[..len]).into_owned();
+            for (n, target) in targets.iter().enumerate() {
+                // The servers get (and placement hashes) the key with the prefix cut,
+                // unless the route's pools keep it.
+                walk.key = if target.strip { &key[len..] } else { key };
+                let role = match n {
+                    0 => "primary".to_string(),
+                    _ => "sent in the background (wildcard routing prefix)".to_string(),
+                };
+                let path = vec![format!("routing prefix {prefix}")];
+                walk.visit(target.node, path, role);
+            }
+        }
+    }
     walk.targets
 }
 

@@ -38,10 +38,7 @@ pub(crate) fn sample(
     let empty = (!keyed).then(Vec::new);
     for key in keys.chain(empty) {
         let route = match keyed {
-            true => routing
-                .routes
-                .node_name(routing.routes.select(root, operation_of(request), &key))
-                .to_string(),
+            true => keyed_route(routing, listener, root, request, &key),
             false => local.unwrap_or(root_name).to_string(),
         };
         let takers = hub.takers(&key, &route, root_name, now);
@@ -83,4 +80,35 @@ fn local_route(command: Command) -> Option<&'static str> {
         | Command::Quit => Some("(proxy)"),
         _ => None,
     }
+}
+
+/// The route a keyed request's `key` takes, as dispatch selects it: by its routing prefix
+/// when it carries one this config routes by (the first of a wildcard's routes, the one
+/// that answers), else from the listener's `root`.
+fn keyed_route(
+    routing: &RouteSnapshot,
+    listener: usize,
+    root: memroute_routing::NodeId,
+    request: &Request,
+    key: &[u8],
+) -> String {
+    use crate::routing_prefix::{may_carry, resolve, Resolved};
+    let routes = &routing.routes;
+    let operation = operation_of(request);
+    if !request.base64_key && may_carry(routes, key) {
+        match resolve(routes, listener, key) {
+            Resolved::Plain => {}
+            Resolved::Routes { len, targets } => {
+                let first = targets[0];
+                let sent = if first.strip { &key[len..] } else { key };
+                return routes
+                    .node_name(routes.select(first.node, operation, sent))
+                    .to_string();
+            }
+            Resolved::NoRoute | Resolved::OnlyPrefix => return "(no route)".to_string(),
+        }
+    }
+    routes
+        .node_name(routes.select(root, operation, key))
+        .to_string()
 }

@@ -37,6 +37,7 @@ pub mod mcrouter_hash;
 mod operation;
 mod policy;
 mod route;
+pub mod routing_prefix;
 pub mod spec;
 
 pub use distribution::{Placement, ServerIdentity};

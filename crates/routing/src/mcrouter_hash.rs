@@ -27,26 +27,14 @@ pub const FURC_MAX_SERVERS: usize = 1 << FURC_SHIFT;
 /// checked), then the rest is cut at the first hash stop `|#|`.
 #[inline]
 pub fn routing_key(key: &[u8]) -> &[u8] {
-    let mut rest = key;
-    if rest.first() == Some(&b'/') {
-        if let Some(second) = find_byte(rest, 1, b'/') {
-            if let Some(third) = find_byte(rest, second + 1, b'/') {
-                rest = &rest[third + 1..];
-            }
-        }
-    }
+    let rest = match crate::routing_prefix::prefix_len(key) {
+        Some(len) => &key[len..],
+        None => key,
+    };
     match rest.windows(3).position(|w| w == b"|#|") {
         Some(stop) => &rest[..stop],
         None => rest,
     }
-}
-
-fn find_byte(bytes: &[u8], from: usize, byte: u8) -> Option<usize> {
-    bytes
-        .get(from..)?
-        .iter()
-        .position(|&b| b == byte)
-        .map(|i| i + from)
 }
 
 /// MurmurHash64A (MurmurHash2, 64-bit "A" variant), little-endian blocks.

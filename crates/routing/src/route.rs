@@ -26,6 +26,7 @@ use crate::spec::{
     FailoverOn, Operation, ReadPolicy, RouteSpec, RoutingSpec, ShadowSelect, WritePolicy,
 };
 
+use crate::routing_prefix::{RoutingPrefixes, Target};
 use crate::{FailoverErrors, Placement, RoutingError};
 
 /// Index of a [`Node`] in its [`RouteTable`]. Pool `i`'s node is `i`.
@@ -179,6 +180,11 @@ pub struct RouteTable {
     root: NodeId,
     /// The root node of each listener, in listener order.
     listener_roots: Vec<NodeId>,
+    /// mcrouter's routing prefixes (empty when the config declares none).
+    routing_prefixes: RoutingPrefixes,
+    /// Each listener's default routing prefix, in listener order (wildcards send to its
+    /// route first).
+    listener_prefixes: Vec<Option<Box<[u8]>>>,
 }
 
 impl RouteTable {
@@ -214,12 +220,32 @@ impl RouteTable {
             .iter()
             .map(|name| resolver.resolve(name))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut prefixes = Vec::with_capacity(config.routing_prefixes.len());
+        for (prefix, target) in &config.routing_prefixes {
+            let node = resolver.resolve(target)?;
+            prefixes.push((prefix.as_bytes().to_vec(), node));
+        }
         let Resolver {
             nodes,
             node_names,
             shadow_names,
             ..
         } = resolver;
+        let keeps = |pool: usize| config.keep_routing_prefix.contains(&pool_names[pool]);
+        let routing_prefixes = RoutingPrefixes::new(
+            prefixes
+                .into_iter()
+                .map(|(prefix, node)| {
+                    let strip = !pools_reached(&nodes, node).into_iter().all(keeps);
+                    (prefix, Target { node, strip })
+                })
+                .collect(),
+        );
+        let listener_prefixes = config
+            .listener_prefixes
+            .iter()
+            .map(|prefix| prefix.as_ref().map(|p| p.as_bytes().into()))
+            .collect();
         Ok(RouteTable {
             pool_names,
             placements,
@@ -228,7 +254,20 @@ impl RouteTable {
             node_names,
             root,
             listener_roots,
+            routing_prefixes,
+            listener_prefixes,
         })
+    }
+
+    /// The config's routing prefixes (`RoutingPrefixes::is_empty` when it has none).
+    #[inline]
+    pub fn routing_prefixes(&self) -> &RoutingPrefixes {
+        &self.routing_prefixes
+    }
+
+    /// The default routing prefix of the `listener`-th listener, if it has one.
+    pub fn default_prefix(&self, listener: usize) -> Option<&[u8]> {
+        self.listener_prefixes.get(listener)?.as_deref()
     }
 
     /// The node of `proxy.route`: the default root.
@@ -287,6 +326,23 @@ impl RouteTable {
             .binary_search_by(|n| n.as_str().cmp(name))
             .ok()
     }
+}
+
+/// Every pool reachable from `node` (for whether its routing prefix is kept).
+fn pools_reached(nodes: &[Node], node: NodeId) -> Vec<usize> {
+    let mut pools = Vec::new();
+    let mut stack = vec![node];
+    let mut seen = vec![false; nodes.len()];
+    while let Some(id) = stack.pop() {
+        if std::mem::replace(&mut seen[id as usize], true) {
+            continue;
+        }
+        match &nodes[id as usize] {
+            Node::Pool(pool) => pools.push(*pool),
+            other => stack.extend(other.children()),
+        }
+    }
+    pools
 }
 
 /// Resolves names into nodes, remembering the chain of routes being resolved so a route
@@ -497,6 +553,9 @@ mod tests {
         RoutingSpec {
             root: root.to_string(),
             listener_roots: Vec::new(),
+            routing_prefixes: Vec::new(),
+            keep_routing_prefix: Vec::new(),
+            listener_prefixes: Vec::new(),
             pools,
             routes: routes
                 .into_iter()

@@ -179,6 +179,14 @@ pub struct RoutingSpec {
     /// The root target of each listener, in the order of the proxy's listeners (empty: every
     /// listener serves `root`).
     pub listener_roots: Vec<String>,
+    /// mcrouter's routing prefixes: (`/region/cluster/`, the pool or route it names).
+    /// Empty: keys are never looked at for a prefix.
+    pub routing_prefixes: Vec<(String, String)>,
+    /// The pools whose requests keep the routing prefix in the key (`keep_routing_prefix`).
+    pub keep_routing_prefix: Vec<String>,
+    /// Each listener's default routing prefix (mcrouter's `--route-prefix`), in the order
+    /// of `listener_roots`: the route a wildcard sends to first.
+    pub listener_prefixes: Vec<Option<String>>,
 }
 
 /// Routes beyond a single pool; semantics follow mcrouter's route handles of the same idea.

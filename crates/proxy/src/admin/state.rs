@@ -119,7 +119,27 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
         .iter()
         .map(|listen| {
             let route = config.proxy.route_of(listen);
-            json!({ "address": listen.to_string(), "route": route, "tree": tree(config, &failovers, route, 0) })
+            json!({
+                "address": listen.to_string(),
+                "route": route,
+                "routing_prefix": config.routing_prefixes.of_listener(listen),
+                "tree": tree(config, &failovers, route, 0),
+            })
+        })
+        .collect();
+    // mcrouter's routing prefixes: the route each names, and the key its servers get.
+    let routing_prefixes: Vec<Value> = config
+        .routing_prefixes
+        .prefixes
+        .iter()
+        .map(|(prefix, route)| {
+            let kept = config.routing_prefixes.keeps(route, &config.routes);
+            json!({
+                "prefix": prefix,
+                "route": route,
+                "key_sent": if kept { "with the prefix" } else { "without the prefix" },
+                "tree": tree(config, &failovers, route, 0),
+            })
         })
         .collect();
     let reloads: Vec<Value> = admin
@@ -146,6 +166,7 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
         "window_seconds": window.as_secs_f64(),
         "ready": admin.not_ready_reasons(),
         "listeners": listeners,
+        "routing_prefixes": routing_prefixes,
         "pools": pools,
         "hot_keys": super::hot_keys::report(&admin.metrics, 5),
         "reloads": reloads,
