@@ -21,9 +21,9 @@ use toml::{Table, Value};
 
 use crate::checked::{
     AdminConfig, AdminToken, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind,
-    FailoverOn, HashName, HotCache, IoMode, ListenAddress, ListenerAuth, Operation, PoolConfig, PoolSpec,
-    ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, TransportConfig,
-    WritePolicy, ZoneSource,
+    FailoverOn, HashName, HotCache, IoMode, ListenAddress, ListenerAuth, Operation, PoolConfig,
+    PoolSpec, ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect,
+    TransportConfig, WritePolicy, ZoneSource,
 };
 use crate::walk::{
     check_keys, check_range, get_bool, get_duration, get_duration_or_zero, get_int, get_size,

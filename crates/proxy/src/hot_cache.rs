@@ -129,7 +129,10 @@ fn cacheable(line: &[u8]) -> bool {
         return false;
     }
     match line.strip_prefix(b"mg ") {
-        Some(rest) => !rest.split(|&b| b == b' ').skip(1).any(|f| f.first() == Some(&b't')),
+        Some(rest) => !rest
+            .split(|&b| b == b' ')
+            .skip(1)
+            .any(|f| f.first() == Some(&b't')),
         None => true,
     }
 }
