@@ -75,14 +75,16 @@ fn a_burst_of_gets_costs_memcached_about_one_get_per_ttl() {
         "memcached saw {sent} gets of {GETS} in {elapsed:?} (at most {allowed} expected)"
     );
     let stats = proxy.connect().stats();
-    let hits = stat(&stats, "pool:main:hot_cache_hits").unwrap();
-    let misses = stat(&stats, "pool:main:hot_cache_misses").unwrap();
+    let hits = stat(&stats, "pool:main:hot_cache_hits").expect("pool:main:hot_cache_hits in stats");
+    let misses =
+        stat(&stats, "pool:main:hot_cache_misses").expect("pool:main:hot_cache_misses in stats");
     assert_eq!(hits + misses, GETS, "every get is a hit or a miss");
     assert_eq!(
         misses, sent,
         "every miss, and only a miss, went to memcached"
     );
-    let bytes = stat(&stats, "pool:main:hot_cache_bytes").unwrap();
+    let bytes =
+        stat(&stats, "pool:main:hot_cache_bytes").expect("pool:main:hot_cache_bytes in stats");
     assert_eq!(bytes, b"VALUE hot 0 2\r\nv1\r\nEND\r\n".len() as u64);
 }
 
