@@ -244,20 +244,21 @@ impl HotCache {
 
     /// The reply to `parts` (a single-key request for `key` to `server`, whose reply is
     /// of `kind`): a fresh copy when there is one, else `send()`'s, kept for later gets
-    /// when the key is hot (`is_hot(hash)`).
+    /// when the key is hot (`is_hot(hash)`). `send` says whether it joined a get sent
+    /// earlier (`collapse`): such a reply is not kept, its age being unknown here.
     pub(crate) fn answer(
         &self,
         (key, server): (&[u8], usize),
         parts: &RequestBytes,
         kind: ReplyKind,
         is_hot: impl FnOnce(u64, Instant) -> bool,
-        send: impl FnOnce() -> ReplyReceiver,
+        send: impl FnOnce() -> (ReplyReceiver, bool),
     ) -> ReplyReceiver {
         let may = matches!(kind, ReplyKind::Retrieval | ReplyKind::MetaGet)
             && matches!(parts.pieces().next(), Some([b'g' | b'm', ..]))
             && parts.pieces().map(<[u8]>::len).sum::<usize>() <= MAX_REQUEST;
         if !may {
-            return send();
+            return send().0;
         }
         let mut table = self.table.borrow_mut();
         let Table { entries, scratch } = &mut *table;
@@ -266,7 +267,7 @@ impl HotCache {
             scratch.extend_from_slice(piece);
         }
         if !cacheable(scratch) {
-            return send();
+            return send().0;
         }
         let key_hash = hash(key);
         let slot = key_hash as usize % SLOTS;
@@ -285,10 +286,11 @@ impl HotCache {
         }
         self.misses.inc();
         let before = epoch(slot);
-        let receiver = send();
+        let (receiver, joined) = send();
         let filling = found.is_some_and(|index| entries[index].filling.is_some());
-        if filling {
-            // A fill is on its way: it was sent earlier, so its copy is the older one.
+        if filling || joined {
+            // A fill on its way was sent earlier: its copy is the older one. A joined
+            // get's reply answers a get sent before `now`: its age would be understated.
             return receiver;
         }
         if !is_hot(key_hash, now) {

@@ -59,16 +59,16 @@ pub(crate) fn leg_to(
             if joined {
                 collapsed.inc();
             }
-            receiver
+            (receiver, joined)
         }
-        None => send(),
+        None => (send(), false),
     };
     let receiver = match &connections.hot_cache {
         Some(cache) => {
             let is_hot = |hash, now| routing.is_hot(hash, now);
             cache.answer((key, server), parts, kind, is_hot, send_or_join)
         }
-        None => send_or_join(),
+        None => send_or_join().0,
     };
     Some(Leg::new(receiver, pool, server, started))
 }
