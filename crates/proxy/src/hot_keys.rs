@@ -47,9 +47,10 @@ struct Sketch {
 }
 
 impl Sketch {
-    /// Counts a sample of `key`; returns whether the key is now hot: sampled at least
-    /// twice in this interval and more than 1/[`CAPACITY`] of the pool's samples in it (so
-    /// it is always among the keys `/hotkeys` lists).
+    /// Counts a sample of `key`; returns whether the key is now hot: sampled for certain
+    /// (its count less its error) at least twice in this interval and more than
+    /// 1/[`CAPACITY`] of the pool's samples in it (so it is always among the keys
+    /// `/hotkeys` lists).
     fn add(&mut self, key: &[u8], server: u32) -> bool {
         self.samples += 1;
         let key = &key[..key.len().min(KEY_BYTES)];
@@ -61,7 +62,8 @@ impl Sketch {
         {
             counter.count += 1;
             counter.server = server;
-            let count = counter.count;
+            // Its own samples for certain: a counter's count includes the keys it replaced.
+            let count = counter.count - counter.error;
             return count >= 2 && count.saturating_mul(CAPACITY as u64) > self.samples;
         }
         let mut fresh = Counter {
@@ -498,6 +500,34 @@ mod tests {
         assert!(windows.current.is_empty());
         windows.rotate(start + Duration::from_secs(50), interval);
         assert!(windows.previous.is_empty() && windows.current.is_empty());
+    }
+
+    #[test]
+    fn a_key_is_hot_from_its_second_sample_while_above_one_in_capacity() {
+        let registry = HotKeyRegistry::default();
+        registry.set_settings(Settings {
+            sample_every: 1,
+            interval: Duration::from_secs(3600),
+            show_keys: true,
+        });
+        let worker = registry.worker(3);
+        let now = Instant::now;
+        worker.observe("p", b"hot", 0);
+        assert!(!worker.is_hot(hash(b"hot"), now()), "one sample is not hot");
+        worker.observe("p", b"hot", 0);
+        assert!(worker.is_hot(hash(b"hot"), now()));
+        // A key seen twice among many others is under 1/CAPACITY of the samples.
+        for i in 0..(2 * CAPACITY as u32) {
+            worker.observe("p", format!("cold{i}").as_bytes(), 0);
+        }
+        worker.observe("p", b"warm", 0);
+        worker.observe("p", b"warm", 0);
+        assert!(!worker.is_hot(hash(b"warm"), now()));
+        let later = now() + Duration::from_secs(2 * 3600);
+        assert!(
+            !worker.is_hot(hash(b"hot"), later),
+            "cooled after two intervals"
+        );
     }
 
     #[test]
