@@ -444,6 +444,8 @@ pub struct PoolConfig {
     /// A get identical to one already queued or in flight on the same connection waits
     /// for that one's reply instead of being sent (default true).
     pub collapse_gets: bool,
+    /// The opt-in hot-key cache (`None`: off, the default).
+    pub hot_cache: Option<HotCache>,
     /// TLS to this pool's servers (`None`: plaintext).
     pub tls: Option<BackendTls>,
     /// When the server list changes, the previous placement is kept this long: a key
@@ -456,6 +458,19 @@ pub struct PoolConfig {
     /// The login the pool's servers want (`None`: none; a server that wants one is then
     /// marked down, never used).
     pub auth: Option<BackendAuth>,
+}
+
+/// A pool's hot-key cache: each worker answers gets of the keys its hot-key sketch names
+/// hot from a copy at most `ttl` old, for at most `keys` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HotCache {
+    pub ttl: Duration,
+    pub keys: usize,
+}
+
+impl HotCache {
+    pub const TTL: Duration = Duration::from_millis(500);
+    pub const KEYS: usize = 32;
 }
 
 impl PoolConfig {
@@ -476,6 +491,7 @@ impl PoolConfig {
             max_keys_per_request: defaults::MAX_KEYS_PER_REQUEST,
             coalesce_gets: true,
             collapse_gets: true,
+            hot_cache: None,
             tls: None,
             resize_window: Duration::from_millis(defaults::RESIZE_WINDOW_MS),
             zone: None,

@@ -22,9 +22,9 @@ use toml::{Table, Value};
 use crate::checked::RoutingPrefixConfig;
 use crate::checked::{
     AdminConfig, AdminToken, Config, DiscoveryConfig, DistributionName, DnsDiscovery, DnsKind,
-    FailoverOn, HashName, IoMode, ListenAddress, ListenerAuth, Operation, PoolConfig, PoolSpec,
-    ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect, TransportConfig,
-    WritePolicy, ZoneSource,
+    FailoverOn, HashName, HotCache, IoMode, ListenAddress, ListenerAuth, Operation, PoolConfig,
+    PoolSpec, ProxyConfig, ProxyZone, ReadPolicy, RouteConfig, ServerConfig, ShadowSelect,
+    TransportConfig, WritePolicy, ZoneSource,
 };
 use crate::routing_prefixes::{default_prefix, take_target_keys};
 use crate::walk::{
@@ -79,6 +79,7 @@ const POOL_KEYS: &[&str] = &[
     "max_keys_per_request",
     "coalesce_gets",
     "collapse_gets",
+    "hot_cache",
     "resize_window",
     "failure_limit",
     "eject",
@@ -942,6 +943,7 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
     );
     let coalesce_gets = get_bool(t, "coalesce_gets", path, true, errs);
     let collapse_gets = get_bool(t, "collapse_gets", path, true, errs);
+    let hot_cache = check_hot_cache(t, path, errs);
     let default_timeout = Duration::from_millis(defaults::TIMEOUT_MS);
     let timeout = get_duration(t, "timeout", path, default_timeout, errs);
     let connect_timeout = get_duration(t, "connect_timeout", path, timeout, errs);
@@ -985,8 +987,19 @@ fn check_pool(t: &Table, path: &str, errs: &mut Errors) -> Option<PoolConfig> {
         max_keys_per_request,
         coalesce_gets,
         collapse_gets,
+        hot_cache,
         resize_window,
     })
+}
+
+/// `hot_cache = { ttl = "500ms", keys = 32 }`: absent means off.
+fn check_hot_cache(t: &Table, path: &str, errs: &mut Errors) -> Option<HotCache> {
+    let table = get_table(t, "hot_cache", path, errs)?;
+    let path = join(path, "hot_cache");
+    check_keys(table, &path, &["ttl", "keys"], errs);
+    let ttl = get_duration(table, "ttl", &path, HotCache::TTL, errs);
+    let keys: usize = get_int(table, "keys", &path, 1, 1024, HotCache::KEYS, errs);
+    Some(HotCache { ttl, keys })
 }
 
 /// Where a pool's keys go: its servers (or their DNS name) and how keys are spread over them.

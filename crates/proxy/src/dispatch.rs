@@ -308,9 +308,12 @@ fn send_placed(
         true => decode_base64(key, &mut decoded).map_or(key, |len| &decoded[..len]),
         false => key,
     };
-    // Read-your-writes: no get dispatched after this may join one sent before it.
+    // Read-your-writes: no get dispatched after this may join one sent before it, nor
+    // be answered from a copy kept before it (or before its reply: `hot_cache`).
+    let mut written = None;
     if crate::collapse::changes_key(request.command, &request.frame[..request.line_len]) {
         crate::collapse::forget(key);
+        written = crate::hot_cache::written(key);
     }
     let Some(parts) = forwardable(&request) else {
         return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
@@ -335,6 +338,7 @@ fn send_placed(
         command,
         noreply,
     )
+    .holding(written)
 }
 
 /// Whether a command's line must stay below memcached's short-line buffer
@@ -419,7 +423,12 @@ fn plain_multi_get(
     let command = request.command;
     if matches!(command, Command::Gat | Command::Gats) {
         // A touch changes when each key expires: later gets join no get sent before it.
-        request.keys().for_each(crate::collapse::forget);
+        // The hot cache's copies of them too (at dispatch only: a touch leaves values as
+        // they are, so a get answered before it landed read the same value).
+        request.keys().for_each(|key| {
+            crate::collapse::forget(key);
+            drop(crate::hot_cache::written(key));
+        });
     }
     let start = route::start_multi_get(routing, root, slot, request, head, byte_cap);
     Pending::started(routing, start, command, false)
@@ -435,8 +444,9 @@ fn fan_out_flush(
     let started = routing.metrics.now();
     let (command, noreply) = (request.command, request.noreply);
     crate::collapse::forget_all();
+    let flushed = crate::hot_cache::flushed();
     let start = route::start_flush_all(routing, root, request.forward_parts(), slot, started);
-    Pending::started(routing, start, command, noreply)
+    Pending::started(routing, start, command, noreply).holding(flushed)
 }
 
 /// One route's keys of a multi-get whose keys carry routing prefixes: the route, the

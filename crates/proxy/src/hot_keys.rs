@@ -10,7 +10,7 @@
 //! request (uncontended) and the admin thread takes when asked: nothing is shared per
 //! request. Counts cover the interval in progress and the one before it, so a report
 //! always spans between one and two intervals.
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -47,7 +47,11 @@ struct Sketch {
 }
 
 impl Sketch {
-    fn add(&mut self, key: &[u8], server: u32) {
+    /// Counts a sample of `key`; returns whether the key is now hot: sampled for certain
+    /// (its count less its error) at least twice in this interval and more than
+    /// 1/[`CAPACITY`] of the pool's samples in it (so it is always among the keys
+    /// `/hotkeys` lists).
+    fn add(&mut self, key: &[u8], server: u32) -> bool {
         self.samples += 1;
         let key = &key[..key.len().min(KEY_BYTES)];
         let hash = hash(key);
@@ -58,7 +62,9 @@ impl Sketch {
         {
             counter.count += 1;
             counter.server = server;
-            return;
+            // Its own samples for certain: a counter's count includes the keys it replaced.
+            let count = counter.count - counter.error;
+            return count >= 2 && count.saturating_mul(CAPACITY as u64) > self.samples;
         }
         let mut fresh = Counter {
             hash,
@@ -74,17 +80,19 @@ impl Sketch {
                 self.counters.reserve_exact(CAPACITY);
             }
             self.counters.push(fresh);
-            return;
+            return false;
         }
         if let Some(least) = self.counters.iter_mut().min_by_key(|c| c.count) {
             fresh.error = least.count;
             fresh.count = least.count + 1;
             *least = fresh;
         }
+        // A replacement's count is mostly other keys' (its error): not hot on that.
+        false
     }
 }
 
-fn hash(key: &[u8]) -> u64 {
+pub(crate) fn hash(key: &[u8]) -> u64 {
     // FNV-1a: short keys, no allocation, good enough to skip most byte compares.
     key.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
@@ -194,6 +202,7 @@ impl HotKeyRegistry {
             interval: Cell::new(settings.interval),
             countdown: Cell::new(settings.sample_every),
             random: Cell::new(seed | 1),
+            hot: RefCell::new(Vec::new()),
         }
     }
 
@@ -261,6 +270,9 @@ pub(crate) struct WorkerHotKeys {
     /// Keys to let pass before the next sample.
     countdown: Cell<u32>,
     random: Cell<u64>,
+    /// Hashes of the keys a sample found hot (`Sketch::add`), and when: what the hot-key
+    /// cache (`hot_cache`) may keep. At most [`CAPACITY`]; only sampled requests write it.
+    hot: RefCell<Vec<(u64, Instant)>>,
 }
 
 impl std::fmt::Debug for WorkerHotKeys {
@@ -306,16 +318,42 @@ impl WorkerHotKeys {
         x ^= x << 17;
         self.random.set(x);
         self.countdown.set((1 + x % (2 * every - 1)) as u32);
+        let now = Instant::now();
         let mut windows = lock(&self.windows);
-        windows.rotate(Instant::now(), self.interval.get());
-        match windows.current.get_mut(pool) {
+        windows.rotate(now, self.interval.get());
+        let hot = match windows.current.get_mut(pool) {
             Some(sketch) => sketch.add(key, server as u32),
             None => {
                 let mut sketch = Sketch::default();
-                sketch.add(key, server as u32);
+                let hot = sketch.add(key, server as u32);
                 windows.current.insert(Arc::from(pool), sketch);
+                hot
             }
+        };
+        if hot {
+            self.mark_hot(hash(&key[..key.len().min(KEY_BYTES)]), now);
         }
+    }
+
+    fn mark_hot(&self, key_hash: u64, now: Instant) {
+        let mut hot = self.hot.borrow_mut();
+        if let Some(entry) = hot.iter_mut().find(|(h, _)| *h == key_hash) {
+            entry.1 = now;
+        } else if hot.len() < CAPACITY {
+            hot.push((key_hash, now));
+        } else if let Some(oldest) = hot.iter_mut().min_by_key(|(_, at)| *at) {
+            *oldest = (key_hash, now);
+        }
+    }
+
+    /// Whether the key of hash `key_hash` (`hash`) was found hot by a sample within the
+    /// last two intervals (the span `/hotkeys` reports over).
+    pub(crate) fn is_hot(&self, key_hash: u64, now: Instant) -> bool {
+        let span = 2 * self.interval.get();
+        self.hot
+            .borrow()
+            .iter()
+            .any(|&(h, at)| h == key_hash && now.saturating_duration_since(at) < span)
     }
 }
 
@@ -462,6 +500,34 @@ mod tests {
         assert!(windows.current.is_empty());
         windows.rotate(start + Duration::from_secs(50), interval);
         assert!(windows.previous.is_empty() && windows.current.is_empty());
+    }
+
+    #[test]
+    fn a_key_is_hot_from_its_second_sample_while_above_one_in_capacity() {
+        let registry = HotKeyRegistry::default();
+        registry.set_settings(Settings {
+            sample_every: 1,
+            interval: Duration::from_secs(3600),
+            show_keys: true,
+        });
+        let worker = registry.worker(3);
+        let now = Instant::now;
+        worker.observe("p", b"hot", 0);
+        assert!(!worker.is_hot(hash(b"hot"), now()), "one sample is not hot");
+        worker.observe("p", b"hot", 0);
+        assert!(worker.is_hot(hash(b"hot"), now()));
+        // A key seen twice among many others is under 1/CAPACITY of the samples.
+        for i in 0..(2 * CAPACITY as u32) {
+            worker.observe("p", format!("cold{i}").as_bytes(), 0);
+        }
+        worker.observe("p", b"warm", 0);
+        worker.observe("p", b"warm", 0);
+        assert!(!worker.is_hot(hash(b"warm"), now()));
+        let later = now() + Duration::from_secs(2 * 3600);
+        assert!(
+            !worker.is_hot(hash(b"hot"), later),
+            "cooled after two intervals"
+        );
     }
 
     #[test]

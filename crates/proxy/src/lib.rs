@@ -39,6 +39,7 @@ mod framing;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod generation;
+mod hot_cache;
 mod hot_keys;
 mod key_turns;
 mod mcrouter_admin;

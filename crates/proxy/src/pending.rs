@@ -16,6 +16,7 @@ use memroute_protocol::{quiet_suppresses, Command};
 use memroute_routing::{classify_reply, ReplyClass};
 
 use crate::context::WorkerContext;
+use crate::hot_cache::WriteMark;
 use crate::reply::{first_line, server_error, Reply};
 use crate::request_watch::Sampled;
 use crate::route::{Finished, Legs, Start, Then};
@@ -85,6 +86,9 @@ pub(crate) struct InFlight {
     then: Then,
     command: Command,
     noreply: bool,
+    /// A write's (or flush_all's) mark on the hot cache's epochs, dropped (bumping them
+    /// again) once its reply was handled or its client left.
+    written: Option<WriteMark>,
 }
 
 // An entry in flight (the routing, its legs, what its route does next) stays under 128
@@ -114,9 +118,19 @@ impl Pending {
                 then,
                 command,
                 noreply,
+                written: None,
             }),
             Start::NoServers(pool) => no_servers_reply(routing, pool),
         }
+    }
+
+    /// This entry holds `written` until it is finished (`hot_cache::WriteMark`); an entry
+    /// answered at once lets it go now.
+    pub(crate) fn holding(mut self, written: Option<WriteMark>) -> Pending {
+        if let Pending::Routed(entry) = &mut self {
+            entry.written = written;
+        }
+        self
     }
 
     /// Collects whatever replies have arrived, without waiting. True when complete.
@@ -221,6 +235,7 @@ impl Pending {
                 then,
                 command,
                 noreply,
+                written,
             }) => {
                 match then.finish(&routing, &mut legs, out) {
                     Finished::Reply(reply) => finish_single(context, reply, command, noreply, out),
@@ -231,6 +246,8 @@ impl Pending {
                     Finished::Written(None) => {}
                 }
                 legs.release();
+                // After the reply was handled: the write has landed (or failed).
+                drop(written);
             }
             Pending::Watched(watched) => return finish_watched(*watched, context, out),
             Pending::Restored(entry) => {

@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use memroute_backend::{
     spawn_connection, BackendError, BackendHandle, ConnectionSettings, ServerHealth,
@@ -100,6 +100,8 @@ pub(crate) struct PoolConnections {
     /// Gets collapsed onto an identical one in flight (`collapse`); `None` when the pool
     /// has `collapse_gets = false`.
     pub collapsed: Option<prometheus::IntCounter>,
+    /// Gets of hot keys answered from a copy (`hot_cache`); `None` without `hot_cache`.
+    pub hot_cache: Option<crate::hot_cache::HotCache>,
     /// Set for pools with `eject = true`: the ring without the down servers.
     ejection: Option<Ejection>,
     /// While a resize window runs: the placement before the server list changed.
@@ -347,6 +349,11 @@ impl RouteSnapshot {
     /// sees it (about one in `admin.hot_keys_sample`). Called where requests are sent, so
     /// lookups (`/route`, `__mcrouter__.route`) and a resize window's own moves are not
     /// traffic.
+    /// Whether the key of hash `key_hash` is hot on this worker now (`hot_cache`).
+    pub(crate) fn is_hot(&self, key_hash: u64, now: Instant) -> bool {
+        self.hot_keys.is_hot(key_hash, now)
+    }
+
     #[inline]
     pub(crate) fn sent_to(&self, pool: usize, key: &[u8], server: usize) {
         self.hot_keys.observe(&self.pools[pool].name, key, server);
@@ -437,6 +444,9 @@ impl RouteSnapshot {
                 collapsed: pool
                     .collapse_gets
                     .then(|| metrics.shared.collapsed_gets(name)),
+                hot_cache: pool.hot_cache.map(|settings| {
+                    crate::hot_cache::HotCache::new(settings, metrics.shared.hot_cache(name))
+                }),
                 name: Arc::from(name.as_str()),
                 ejection: (pool.eject && !pool.servers.is_empty()).then(|| Ejection {
                     config: pool.clone(),
@@ -502,6 +512,7 @@ impl RouteSnapshot {
             client_logins: generation.client_logins.clone(),
             metrics: metrics.for_routes(&generation.routes),
             hot_keys: {
+                crate::hot_cache::set_enabled(config.pools.values().any(|p| p.hot_cache.is_some()));
                 let settings = crate::hot_keys::Settings::of(config);
                 metrics.shared.hot_keys.set_settings(settings);
                 metrics.hot_keys.configure(settings);

@@ -166,6 +166,9 @@ pub(crate) struct Metrics {
     backend_timeouts: IntCounterVec,
     /// Gets that waited for an identical get in flight instead of being sent (`collapse`).
     collapsed_gets: IntCounterVec,
+    hot_cache_hits: IntCounterVec,
+    hot_cache_misses: IntCounterVec,
+    hot_cache_bytes: IntGaugeVec,
     // Per-listener families (label `listener`: the bound address, one per `proxy.listen`
     // entry): events, requests and open connections; the route each serves and its TLS
     // handshakes are read from `State` on gather.
@@ -464,6 +467,24 @@ impl Metrics {
                 "Gets that waited for the reply of an identical get already in flight on the same server connection instead of being sent.",
                 &["pool"],
             ),
+            hot_cache_hits: counter_vec(
+                r,
+                "memroute_hot_cache_hits_total",
+                "Gets answered from the pool's hot-key cache (hot_cache) without a server.",
+                &["pool"],
+            ),
+            hot_cache_misses: counter_vec(
+                r,
+                "memroute_hot_cache_misses_total",
+                "Gets the pool's hot-key cache could have answered by their form but had no fresh copy for, sent to the server.",
+                &["pool"],
+            ),
+            hot_cache_bytes: gauge_vec(
+                r,
+                "memroute_hot_cache_bytes",
+                "Reply bytes held by the pool's hot-key cache, over all workers.",
+                &["pool"],
+            ),
             listener_events: counter_vec(
                 r,
                 "memroute_listener_events_total",
@@ -580,6 +601,25 @@ impl Metrics {
         self.collapsed_gets
             .get_metric_with_label_values(&[pool])
             .map_or(0, |counter| counter.get())
+    }
+
+    /// The hot-key cache's hits and misses counters and bytes gauge of `pool` (resolved
+    /// once per snapshot).
+    pub(crate) fn hot_cache(&self, pool: &str) -> (IntCounter, IntCounter, IntGauge) {
+        (
+            self.hot_cache_hits.with_label_values(&[pool]),
+            self.hot_cache_misses.with_label_values(&[pool]),
+            self.hot_cache_bytes.with_label_values(&[pool]),
+        )
+    }
+
+    /// `pool`'s hot-key cache hits and misses so far (the panel shows the hit share).
+    pub(crate) fn hot_cache_of(&self, pool: &str) -> (u64, u64) {
+        let count = |vec: &IntCounterVec| {
+            vec.get_metric_with_label_values(&[pool])
+                .map_or(0, |counter| counter.get())
+        };
+        (count(&self.hot_cache_hits), count(&self.hot_cache_misses))
     }
 
     /// The counter of `event` on `listener` (resolve once per listener, then `inc()`).
@@ -859,6 +899,9 @@ fn stat_name(family: &str, labels: &[&str]) -> String {
         "memroute_resize_keys_moved_total" => legacy("pool", "resize_keys_moved"),
         "memroute_resize_errors_total" => legacy("pool", "resize_errors"),
         COLLAPSED_GETS_FAMILY => legacy("pool", "collapsed_gets"),
+        "memroute_hot_cache_hits_total" => legacy("pool", "hot_cache_hits"),
+        "memroute_hot_cache_misses_total" => legacy("pool", "hot_cache_misses"),
+        "memroute_hot_cache_bytes" => legacy("pool", "hot_cache_bytes"),
         // (locality, route) -> route:NAME:reads_LOCALITY
         "memroute_route_zone_reads_total" => match labels {
             [locality, route] => format!("route:{route}:reads_{locality}"),

@@ -20,13 +20,16 @@ pub(crate) fn top_of(query: &str) -> usize {
 /// ```json
 /// { "sample_every": 16, "interval_seconds": 10, "span_seconds": 14.2,
 ///   "pools": [ { "pool": "main", "sampled": 5120, "collapsed_gets": 812,
+///                "hot_cache_hits": 9000, "hot_cache_misses": 1000, "hot_cache_hit_share": 0.9,
 ///                "keys": [ { "key": "user:42", "share": 0.25, "rate": 2301.5,
 ///                            "server": "10.0.0.1:11211", "error": 0.0 } ] } ] }
 /// ```
 /// `share` is the key's fraction of the pool's sampled requests over `span_seconds`,
 /// `rate` its estimated requests per second, `error` the most of `share` that may belong
 /// to other keys. `collapsed_gets` counts the pool's gets since start that waited for an
-/// identical get in flight (`memroute_collapsed_gets_total`).
+/// identical get in flight (`memroute_collapsed_gets_total`); `hot_cache_*` the gets its
+/// hot-key cache answered and did not, since start (`hot_cache_hit_share` is `null`
+/// before the first: no `hot_cache`, or no cacheable get yet).
 pub(crate) fn report(metrics: &Metrics, top: usize) -> Value {
     let report = metrics.hot_keys.report(top);
     let pools: Vec<Value> = report
@@ -49,10 +52,15 @@ pub(crate) fn report(metrics: &Metrics, top: usize) -> Value {
                     })
                 })
                 .collect();
+            let (hits, misses) = metrics.hot_cache_of(&pool.pool);
+            let share = (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64);
             json!({
                 "pool": pool.pool,
                 "sampled": pool.samples,
                 "collapsed_gets": metrics.collapsed_gets_of(&pool.pool),
+                "hot_cache_hits": hits,
+                "hot_cache_misses": misses,
+                "hot_cache_hit_share": share,
                 "keys": keys,
             })
         })

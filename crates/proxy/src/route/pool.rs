@@ -53,15 +53,22 @@ pub(crate) fn leg_to(
     let connections = &routing.pools[pool];
     let connection = connections.servers[server].pick(slot);
     let send = || send_copy(connection, parts, kind);
-    let receiver = match &connections.collapsed {
+    let send_or_join = || match &connections.collapsed {
         Some(collapsed) => {
             let (receiver, joined) = collapse::send_or_join(connection, key, parts, kind, send);
             if joined {
                 collapsed.inc();
             }
-            receiver
+            (receiver, joined)
         }
-        None => send(),
+        None => (send(), false),
+    };
+    let receiver = match &connections.hot_cache {
+        Some(cache) => {
+            let is_hot = |hash, now| routing.is_hot(hash, now);
+            cache.answer((key, server), parts, kind, is_hot, send_or_join)
+        }
+        None => send_or_join().0,
     };
     Some(Leg::new(receiver, pool, server, started))
 }
