@@ -795,6 +795,15 @@ impl Metrics {
         out
     }
 
+    /// The names of the running config's pools, in its order.
+    pub(crate) fn pool_names(&self) -> Vec<String> {
+        lock(&self.state)
+            .pools
+            .iter()
+            .map(|(name, ..)| name.clone())
+            .collect()
+    }
+
     /// The address of the `index`-th server of `pool` in the running config.
     pub(crate) fn server_address(&self, pool: &str, index: usize) -> Option<String> {
         lock(&self.state)

@@ -31,7 +31,19 @@ pub(crate) fn top_of(query: &str) -> usize {
 /// hot-key cache answered and did not, since start (`hot_cache_hit_share` is `null`
 /// before the first: no `hot_cache`, or no cacheable get yet).
 pub(crate) fn report(metrics: &Metrics, top: usize) -> Value {
-    let report = metrics.hot_keys.report(top);
+    let mut report = metrics.hot_keys.report(top);
+    // Every pool of the running config is listed, sampled in the span or not: its
+    // collapsed gets and hot-cache counts are since start, not of the span.
+    for pool in metrics.pool_names() {
+        if !report.pools.iter().any(|listed| listed.pool == pool) {
+            report.pools.push(crate::hot_keys::PoolHotKeys {
+                pool,
+                samples: 0,
+                keys: Vec::new(),
+            });
+        }
+    }
+    report.pools.sort_by(|a, b| a.pool.cmp(&b.pool));
     let pools: Vec<Value> = report
         .pools
         .iter()
