@@ -367,3 +367,44 @@ fn never_panics_on_odd_shapes() {
         let _ = import(json);
     }
 }
+
+#[test]
+fn keeping_is_turned_off_where_a_routing_prefix_reaches_pools_that_disagree() {
+    // /a/a/ reaches A (cuts) and B (keeps): B must cut. Then /b/b/ reaches B (now cutting) and
+    // C (keeps): C must cut too. /d/d/ reaches only D, which keeps: it still does.
+    let (text, config) = ok(r#"{
+      "pools": {
+        "A": {"servers": ["10.0.0.1:11211"]},
+        "B": {"servers": ["10.0.0.2:11211"], "keep_routing_prefix": true},
+        "C": {"servers": ["10.0.0.3:11211"], "keep_routing_prefix": true},
+        "D": {"servers": ["10.0.0.4:11211"], "keep_routing_prefix": true}
+      },
+      "routes": [
+        {"aliases": ["/a/a/"], "route": {"type": "AllSyncRoute", "children": ["PoolRoute|A", "PoolRoute|B"]}},
+        {"aliases": ["/b/b/"], "route": {"type": "AllSyncRoute", "children": ["PoolRoute|B", "PoolRoute|C"]}},
+        {"aliases": ["/d/d/"], "route": "PoolRoute|D"}
+      ]
+    }"#);
+    let keep: Vec<&str> = config
+        .routing_prefixes
+        .keep
+        .iter()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keep, ["D"], "{text}");
+    let note_of = |pool: &str| {
+        let before = text.split(&format!("[pools.{pool}]\n")).next().unwrap();
+        before.rsplit("\n\n").next().unwrap().replace("\n#  ", "")
+    };
+    for (pool, prefixes) in [("B", "\"/a/a/\", \"/b/b/\""), ("C", "\"/b/b/\"")] {
+        let note = note_of(pool);
+        assert!(
+            note.contains("mcrouter sent this pool's keys with their routing prefix")
+                && note.contains(&format!("and {prefixes} also reach"))
+                && note.contains("cold pool"),
+            "{pool}: {note}"
+        );
+    }
+    assert!(!note_of("A").contains("keep_routing_prefix"), "{text}");
+    assert!(!note_of("D").contains("keep_routing_prefix"), "{text}");
+}
