@@ -254,7 +254,7 @@ hashh = "md5"
         [
             "extra: unknown key (expected one of: proxy, admin, pools, routes, discovery)",
             "proxy.listne: unknown key (expected one of: listen, workers, backlog, route, max_value_size, max_line_size, max_client_pending, max_connections, shutdown_timeout, drain_delay, max_buffered_replies, slow_client_timeout, io, zone, routing_prefix, fastopen, fastopen_connect, tls_handshake_timeout, tls_ticket_lifetime, tls_session_cache)",
-            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, coalesce_gets, resize_window, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max, tls, zone, auth, routing_prefixes, keep_routing_prefix)",
+            "pools.main.hashh: unknown key (expected one of: servers, distribution, hash, hash_tag, vnodes, weights, salt, connections, timeout, connect_timeout, max_keys_per_request, coalesce_gets, collapse_gets, resize_window, failure_limit, eject, max_ejected_fraction, probe_interval, probe_interval_max, tls, zone, auth, routing_prefixes, keep_routing_prefix)",
             "pools.main.servers[0].wieght: unknown key (expected one of: address, weight, name)",
         ]
     );
