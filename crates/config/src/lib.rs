@@ -18,7 +18,8 @@
 //!                                                              '--> defaults
 //!   raw --> auth (pool logins, listener authfiles) --> walk, checked
 //!   raw --> routing_prefixes (routing_prefixes, routing_prefix, keep_routing_prefix) --> walk, checked
-//!   spec (Config -> routing's spec) --> checked        import/ --> raw, load (parse())
+//!   spec (Config -> routing's spec) --> checked        import/ --> raw, load (parse()),
+//!                                                                 checked (pools_reached)
 //!   load (parse, load) --> raw
 //! ```
 //!

@@ -4,12 +4,13 @@
 //!   JSON --json (comments, trailing commas)--> Value
 //!        --macros (macroDef/constDef, builtins, @import, --config-params)--> Value
 //!        --root (`route` / every `routes` entry) + handles + pools--> pools + [routes.*]
+//!        --kept_prefixes (keep_routing_prefix agreed per routing prefix)
 //!        --render (NOTEs, flags, routing_prefixes)--> TOML
 //!        --crate::parse()--> checked (the output always loads)
 //! ```
 //!
 //! One module per step: `json`, `macros` (with `builtins`), `root`, `handles`, `pools`,
-//! `render`; the shared state (`Importer`) and the entry points are here.
+//! `kept_prefixes`, `render`; the shared state (`Importer`) and the entry points are here.
 //!
 //! Placement is carried over exactly: a PoolRoute (or a HashRoute over `Pool|NAME`) becomes
 //! a memroute pool with the same servers in the same order and distribution `ch3`, `wch3`
@@ -22,6 +23,7 @@
 mod builtins;
 mod handles;
 mod json;
+mod kept_prefixes;
 mod macros;
 mod pools;
 mod render;
@@ -210,6 +212,7 @@ fn translate(
         return Err(single(ErrorKind::Missing, "", "no route to import"));
     };
     importer.placeholder_pool();
+    importer.settle_kept_prefixes(&root);
     Ok(importer.render(&root))
 }
 

@@ -190,14 +190,11 @@ fn a_prefix_routed_config_with_a_gutter_imports_whole() {
         assert!(text.contains(line), "{line} missing from:\n{text}");
     }
     assert!(text.contains("--pem-ca-path"), "the TLS note: {text}");
-    // MERGE NOTE (issue 30): the routing-prefix keys load once h-prefix is merged; until
-    // then the rest of the file must load without them.
-    let without_prefixes: String = text
-        .lines()
-        .filter(|l| !l.starts_with("routing_prefix"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let config = crate::parse(&without_prefixes).expect("loads without the prefix keys");
+    let config = crate::parse(&text).expect("loads, routing-prefix keys and all");
+    assert_eq!(
+        config.routing_prefixes.default.as_deref(),
+        Some("/eqiad/wan/")
+    );
     let root = &config.routes[&config.proxy.route];
     let crate::RouteConfig::Operation {
         operations,
@@ -216,10 +213,7 @@ fn a_prefix_routed_config_with_a_gutter_imports_whole() {
     ));
     assert!(config.pools["codfw-wan"].tls.is_some());
     assert!(config.pools["eqiad-wan"].tls.is_none());
-    if crate::parse(&text).is_ok() {
-        // h-prefix merged: the whole file loads.
-        assert!(import_with(json, &flags).is_ok());
-    }
+    assert!(import_with(json, &flags).is_ok());
 }
 
 #[test]
@@ -366,4 +360,52 @@ fn never_panics_on_odd_shapes() {
     ] {
         let _ = import(json);
     }
+}
+
+#[test]
+fn keeping_is_turned_off_where_a_routing_prefix_reaches_pools_that_disagree() {
+    // /a/a/ reaches A (cuts) and B (keeps): B must cut. Then /b/b/ reaches B (now cutting) and
+    // C (keeps): C must cut too. /d/d/ reaches only D, which keeps: it still does.
+    let (text, config) = ok(r#"{
+      "pools": {
+        "A": {"servers": ["10.0.0.1:11211"]},
+        "B": {"servers": ["10.0.0.2:11211"], "keep_routing_prefix": true},
+        "C": {"servers": ["10.0.0.3:11211"], "keep_routing_prefix": true},
+        "D": {"servers": ["10.0.0.4:11211"], "keep_routing_prefix": true}
+      },
+      "routes": [
+        {"aliases": ["/a/a/"], "route": {"type": "AllSyncRoute", "children": ["PoolRoute|A", "PoolRoute|B"]}},
+        {"aliases": ["/b/b/"], "route": {"type": "AllSyncRoute", "children": ["PoolRoute|B", "PoolRoute|C"]}},
+        {"aliases": ["/d/d/"], "route": "PoolRoute|D"}
+      ]
+    }"#);
+    let keep: Vec<&str> = config
+        .routing_prefixes
+        .keep
+        .iter()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keep, ["D"], "{text}");
+    let note_of = |pool: &str| {
+        let before = text
+            .split(&format!("[pools.{pool}]\n"))
+            .next()
+            .expect("split");
+        before
+            .rsplit("\n\n")
+            .next()
+            .expect("rsplit")
+            .replace("\n#  ", "")
+    };
+    for (pool, prefixes) in [("B", "\"/a/a/\", \"/b/b/\""), ("C", "\"/b/b/\"")] {
+        let note = note_of(pool);
+        assert!(
+            note.contains("mcrouter sent this pool's keys with their routing prefix")
+                && note.contains(&format!("and {prefixes} also reach"))
+                && note.contains("cold pool"),
+            "{pool}: {note}"
+        );
+    }
+    assert!(!note_of("A").contains("keep_routing_prefix"), "{text}");
+    assert!(!note_of("D").contains("keep_routing_prefix"), "{text}");
 }
