@@ -199,15 +199,9 @@ impl Importer {
         out
     }
 
-    /// The memroute pool for mcrouter pool `name` placed by `hash`, created on first use.
-    /// mcrouter's pools and memroute's pools are not one-to-one: the same servers hashed
-    /// two ways are two memroute pools.
-    pub(super) fn pool_target(
-        &mut self,
-        name: &str,
-        hash: Option<(Hash, String)>,
-        path: &str,
-    ) -> Option<String> {
+    /// The pool mcrouter's config named `name`, or an error at `path` (once: a pool that
+    /// failed to read was reported where it was defined).
+    fn named_pool(&mut self, name: &str, path: &str) -> Option<McPool> {
         let Some(pool) = self.pools.get(name).cloned() else {
             if !self.bad_pools.contains(name) {
                 self.error(
@@ -218,6 +212,19 @@ impl Importer {
             }
             return None;
         };
+        Some(pool)
+    }
+
+    /// The memroute pool for mcrouter pool `name` placed by `hash`, created on first use.
+    /// mcrouter's pools and memroute's pools are not one-to-one: the same servers hashed
+    /// two ways are two memroute pools.
+    pub(super) fn pool_target(
+        &mut self,
+        name: &str,
+        hash: Option<(Hash, String)>,
+        path: &str,
+    ) -> Option<String> {
+        let pool = self.named_pool(name, path)?;
         if pool.servers.is_empty() {
             return Some(self.empty_pool(name));
         }
@@ -326,16 +333,7 @@ impl Importer {
     /// One single-server memroute pool per server of `name` (mcrouter's `Pool|NAME` as a
     /// list of children: one destination per server).
     pub(super) fn server_targets(&mut self, name: &str, path: &str) -> Option<Vec<String>> {
-        let Some(pool) = self.pools.get(name).cloned() else {
-            if !self.bad_pools.contains(name) {
-                self.error(
-                    ErrorKind::UnknownTarget,
-                    path,
-                    format!("unknown pool \"{name}\""),
-                );
-            }
-            return None;
-        };
+        let pool = self.named_pool(name, path)?;
         if pool.servers.is_empty() {
             return Some(vec![self.empty_pool(name)]);
         }
