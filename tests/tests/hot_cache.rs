@@ -15,19 +15,12 @@ fn admin_lines() -> String {
     )
 }
 
-fn stat(stats: &[(String, String)], name: &str) -> Option<u64> {
-    stats
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.parse().unwrap_or(0))
-}
-
 fn server_gets(mc: &Memcached) -> u64 {
-    stat(&mc.connect().stats(), "cmd_get").unwrap_or(0)
+    stat_u64(&mc.connect().stats(), "cmd_get").unwrap_or(0)
 }
 
 fn hits(proxy: &Memroute) -> u64 {
-    stat(&proxy.connect().stats(), "pool:main:hot_cache_hits").unwrap_or(0)
+    stat_u64(&proxy.connect().stats(), "pool:main:hot_cache_hits").unwrap_or(0)
 }
 
 /// memcached with `hot` = `v1`, and memroute (`workers`) in front with `hot_cache` of
@@ -75,16 +68,17 @@ fn a_burst_of_gets_costs_memcached_about_one_get_per_ttl() {
         "memcached saw {sent} gets of {GETS} in {elapsed:?} (at most {allowed} expected)"
     );
     let stats = proxy.connect().stats();
-    let hits = stat(&stats, "pool:main:hot_cache_hits").expect("pool:main:hot_cache_hits in stats");
-    let misses =
-        stat(&stats, "pool:main:hot_cache_misses").expect("pool:main:hot_cache_misses in stats");
+    let hits =
+        stat_u64(&stats, "pool:main:hot_cache_hits").expect("pool:main:hot_cache_hits in stats");
+    let misses = stat_u64(&stats, "pool:main:hot_cache_misses")
+        .expect("pool:main:hot_cache_misses in stats");
     assert_eq!(hits + misses, GETS, "every get is a hit or a miss");
     assert_eq!(
         misses, sent,
         "every miss, and only a miss, went to memcached"
     );
     let bytes =
-        stat(&stats, "pool:main:hot_cache_bytes").expect("pool:main:hot_cache_bytes in stats");
+        stat_u64(&stats, "pool:main:hot_cache_bytes").expect("pool:main:hot_cache_bytes in stats");
     assert_eq!(bytes, b"VALUE hot 0 2\r\nv1\r\nEND\r\n".len() as u64);
 }
 
@@ -209,5 +203,5 @@ fn without_hot_cache_every_get_reaches_memcached() {
     mc.connect().set("hot", b"v2");
     assert_eq!(client.get("hot").as_deref(), Some(&b"v2"[..]));
     let stats = proxy.connect().stats();
-    assert!(stat(&stats, "pool:main:hot_cache_hits").is_none());
+    assert!(stat_u64(&stats, "pool:main:hot_cache_hits").is_none());
 }

@@ -18,10 +18,7 @@ const POOL_LINES: &str = "timeout = \"30s\"";
 const DISPATCH_WAIT: Duration = Duration::from_secs(30);
 
 fn stat(stats: &[(String, String)], name: &str) -> u64 {
-    stats
-        .iter()
-        .find(|(k, _)| k == name)
-        .map_or(0, |(_, v)| v.parse().unwrap_or(0))
+    stat_u64(stats, name).unwrap_or(0)
 }
 
 /// memcached's own stat `name`, asked directly.

@@ -130,7 +130,7 @@ fn every_route_handle_maps() {
     assert!(text.contains("key_range = [0.0, 0.1]"), "{text}");
 }
 
-/// A config in the shape of issue 30's: routes chosen by routing prefix per DC, a
+/// A config in the shape of a large prefix-routed deployment: routes chosen by routing prefix per DC, a
 /// gutter (FailoverWithExptimeRoute on tko, 600 s), an OperationSelectorRoute whose set
 /// and delete are AllSyncRoutes with inline children, ascii:plain servers locally and
 /// ascii:ssl across DCs, comments and trailing commas, and --route-prefix.
