@@ -52,19 +52,61 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// decided by the connect succeeding, and the loop gives up at its deadline.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
 
-/// A TCP port that was free a moment ago on 127.0.0.1. Ports handed out by this process are
-/// never handed out twice, so tests running in parallel threads cannot collide with each other.
+/// A TCP port free on 127.0.0.1 and reserved for this test process until it exits.
+///
+/// Two races made a port that was free a moment ago taken when memcached or memroute bound it
+/// (CI saw memcached exit with "Address already in use"):
+/// - ports come from below the kernel's ephemeral range, so no client connection of any test
+///   (nor memroute's backend connections) can take one as its local port;
+/// - test binaries run in parallel, so each port is reserved across processes by an exclusive
+///   lock on a file named after it, held until this process exits (the kernel drops the lock
+///   then, whatever way the process ends). Ports handed out by this process are never handed
+///   out twice, so threads of one binary cannot collide either.
 pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    loop {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let port = listener.local_addr().unwrap().port();
-        let mut given = GIVEN.lock().unwrap();
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
+    static HELD: Mutex<Vec<(u16, std::fs::File)>> = Mutex::new(Vec::new());
+    const LOWEST: u16 = 10_000;
+    let below = ephemeral_port_range_start();
+    let span = u32::from(below.saturating_sub(LOWEST)).max(1);
+    let dir = std::env::temp_dir().join("memroute-tests-ports");
+    std::fs::create_dir_all(&dir).expect("create the port reservation directory");
+    let mut held = HELD.lock().unwrap();
+    // Start where another process is unlikely to: at a point drawn from the pid and the clock.
+    let seed = std::process::id()
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos());
+    for step in 0..span {
+        let port =
+            LOWEST + ((seed.wrapping_mul(2_654_435_761) >> 7).wrapping_add(step) % span) as u16;
+        if held.iter().any(|(given, _)| *given == port) {
+            continue;
         }
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+        else {
+            continue;
+        };
+        if file.try_lock().is_err() {
+            continue; // another test process holds it
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue; // something outside the tests listens there
+        }
+        held.push((port, file));
+        return port;
     }
+    panic!("no free port in {LOWEST}..{below} on 127.0.0.1");
+}
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`, 32768 by default).
+fn ephemeral_port_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A loopback address 127.0.0.X (X >= 2) on which `port` is free, for pools whose servers all
