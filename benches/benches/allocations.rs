@@ -129,6 +129,16 @@ fn round_trip(stream: &mut TcpStream, request: &[u8], end: &[u8], buffer: &mut [
         if buffer[..filled].ends_with(end) {
             return;
         }
+        // An error line in place of the reply would otherwise leave this loop waiting forever.
+        let error = [&b"SERVER_ERROR"[..], b"CLIENT_ERROR", b"ERROR\r\n"];
+        if buffer[..filled].ends_with(b"\r\n")
+            && error.iter().any(|e| buffer[..filled].starts_with(e))
+        {
+            panic!(
+                "error reply: {}",
+                String::from_utf8_lossy(&buffer[..filled])
+            );
+        }
     }
 }
 
@@ -206,7 +216,7 @@ fn main() {
     };
     let config = |servers: &[(u16, Memcached)]| {
         format!(
-            "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\n[pools.main]\nservers = [{}]\n",
+            "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\n[pools.main]\nservers = [{}]\ntimeout = \"10s\"\n",
             free_port(),
             list(servers)
         )
@@ -276,7 +286,7 @@ fn resize_window(before: &str, after: &str) {
     let config = |servers: &str| {
         format!(
             "[proxy]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = 1\n[pools.main]\n\
-             servers = [{servers}]\nresize_window = \"1h\"\n"
+             servers = [{servers}]\ntimeout = \"10s\"\nresize_window = \"1h\"\n"
         )
     };
     let (proxy, mut stream, keys) = start_with_keys(&config(before));
@@ -396,8 +406,8 @@ fn policy_writes(servers: &str) {
 fn routing_prefixes(servers: &str) {
     let text = format!(
         "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nrouting_prefix = \"/here/web/\"\n\
-         [pools.main]\nservers = [{servers}]\nrouting_prefixes = [\"/here/web/\"]\n\
-         [pools.spare]\nservers = [{servers}]\nrouting_prefixes = [\"/there/web/\"]\n",
+         [pools.main]\nservers = [{servers}]\ntimeout = \"10s\"\nrouting_prefixes = [\"/here/web/\"]\n\
+         [pools.spare]\nservers = [{servers}]\ntimeout = \"10s\"\nrouting_prefixes = [\"/there/web/\"]\n",
         free_port()
     );
     let (proxy, mut stream, keys) = start_with_keys(&text);
@@ -429,7 +439,7 @@ fn routing_prefixes(servers: &str) {
 fn two_pools(servers: &str, route: &str) -> String {
     format!(
         "[proxy]\nlisten = [\"127.0.0.1:{}\"]\nworkers = 1\nroute = \"root\"\n\
-         [pools.main]\nservers = [{servers}]\n[pools.spare]\nservers = [{servers}]\n{route}",
+         [pools.main]\nservers = [{servers}]\ntimeout = \"10s\"\n[pools.spare]\nservers = [{servers}]\ntimeout = \"10s\"\n{route}",
         free_port()
     )
 }
