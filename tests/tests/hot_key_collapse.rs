@@ -446,11 +446,13 @@ fn each_client_gets_its_own_opaque_key_and_cas() {
         b"gets own\r\n".to_vec(),
         b"mg own v f\r\n".to_vec(),
         b"mg own v f\r\n".to_vec(),
+        b"mg own s t\r\n".to_vec(),
+        b"mg own v q O3\r\n".to_vec(),
+        // Last, next to the binary gets they join (a key has one leader at a time: a
+        // different request of the key in between would become it).
         b"mg own v f c k O1\r\n".to_vec(),
         b"mg own v f c k O2\r\n".to_vec(),
         b"mg own v f c k O2\r\n".to_vec(),
-        b"mg own s t\r\n".to_vec(),
-        b"mg own v q O3\r\n".to_vec(),
     ];
     let binary: Vec<Vec<u8>> = vec![
         binary_request(GET, b"own", 7),
@@ -476,7 +478,7 @@ fn each_client_gets_its_own_opaque_key_and_cas() {
         .map(|client| client.read_until(b"MN\r\n"))
         .chain(binary_clients.iter_mut().map(read_binary))
         .collect();
-    // get x2 -> 1, gets x2 -> 1, mg v f x2 -> 1, s t -> 1, v q O3 -> 1, and
+    // get x2 -> 1, gets x2 -> 1, mg v f x2 -> 1, s t -> 1, v q O3 -> 1, and the
     // `v f c` with O1, O2 x2 and binary get/getk (all `mg own v f c`) x4 -> 1: an opaque
     // and a key echo change only how the reply is shown.
     let sent = server_stat(&mc, "cmd_get") - server_before;
