@@ -7,14 +7,19 @@
     collapsing off (collapse_gets = false), on (the default), and with the hot cache on
     (hot_cache = { ttl = TTL, keys = 32 }).
 
-What is counted, per run: memcached's own counters read before and after the run (populate,
-warmup and window included): `cmd_get` of each server, and the gets of the hot key itself
+What is counted, per run: memcached's own counters read when the load generator starts and
+ends its measured window (its stderr markers; populate and warmup left out, so the hot-key
+sampler has named the key hot): `cmd_get` of each server, and the gets of the hot key itself
 from `stats detail dump` (memcached's per-prefix counts; the hot key is alone under prefix
-`hotkey`), against the gets of the hot key the load generator sent (its `hot_gets`, same
-span). The hot cache's bound is one get per ttl per worker over the run's wall time.
+`hotkey`), against the gets of the hot key the load generator sent in the same window (its
+`hot_gets_window`). The hot cache's bound is one get per ttl per worker over the window.
 """
 
+import json
 import socket
+import statistics
+import subprocess
+import threading
 import time
 
 HOT_PREFIX = "hotkey"
@@ -65,14 +70,40 @@ def pool_lines(mode, ttl):
     return "", ""
 
 
-def record(res, before, after, ports, wall_s):
-    """Adds the servers' counts of one run to its result."""
+def run_counted(cmd, ports, timeout):
+    """Runs memroute-load (`cmd`, its --quiet dropped so it marks its window on stderr),
+    reading the servers' counters at the window's start and end. Its JSON summary, with
+    the servers' counts of the window added."""
+    cmd = [c for c in cmd if c != "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    marks = {}
+    try:
+        for line in proc.stderr:
+            if line.startswith("# measure start"):
+                marks["start"] = ({p: counters(p) for p in ports}, time.monotonic())
+            elif line.startswith("# measure end"):
+                marks["end"] = ({p: counters(p) for p in ports}, time.monotonic())
+        out = proc.stdout.read()
+        proc.wait()
+    finally:
+        timer.cancel()
+    if proc.returncode != 0 or "start" not in marks or "end" not in marks:
+        raise RuntimeError(f"memroute-load failed or was killed (status {proc.returncode})")
+    res = json.loads(out.strip().splitlines()[-1])
+    (before, t0), (after, t1) = marks["start"], marks["end"]
+    return record(res, before, after, ports, t1 - t0)
+
+
+def record(res, before, after, ports, window_s):
+    """Adds the servers' counts of one run's window to its result."""
     res["server_cmd_get"] = {str(p): after[p][0] - before[p][0] for p in ports}
     res["server_hot_gets"] = sum(after[p][1] - before[p][1] for p in ports)
     hot_port = max(ports, key=lambda p: after[p][1] - before[p][1])
     res["hot_server_cmd_get"] = after[hot_port][0] - before[hot_port][0]
-    res["wall_s"] = wall_s
-    client = res.get("hot_gets", 0)
+    res["window_s"] = window_s
+    client = res.get("hot_gets_window", 0)
     res["hot_ratio"] = res["server_hot_gets"] / client if client else None
     return res
 
@@ -87,8 +118,6 @@ def ttl_seconds(ttl):
 
 def summarize(targets, runs, ttl):
     """Medians over rounds per target."""
-    import statistics
-
     out = {}
     for name in targets:
         rs = [r for r in runs if r["target"] == name]
@@ -99,7 +128,7 @@ def summarize(targets, runs, ttl):
             "ops_per_sec": med(lambda r: r["ops_per_sec"]),
             "p50_us": med(lambda r: r["lat_us"]["p50"]),
             "p99_us": med(lambda r: r["lat_us"]["p99"]),
-            "client_hot_gets": med(lambda r: r["hot_gets"]),
+            "client_hot_gets": med(lambda r: r["hot_gets_window"]),
             "server_hot_gets": med(lambda r: r["server_hot_gets"]),
             "hot_server_cmd_get": med(lambda r: r["hot_server_cmd_get"]),
             "errors": sum(r["errors"] for r in rs),
@@ -108,7 +137,7 @@ def summarize(targets, runs, ttl):
         ratios = [r["hot_ratio"] for r in rs if r["hot_ratio"] is not None]
         row["hot_ratio"] = statistics.median(ratios) if ratios else None
         if name.endswith("hotcache-w1"):
-            row["hot_gets_per_ttl"] = med(lambda r: r["server_hot_gets"] / (r["wall_s"] / ttl_seconds(ttl)))
+            row["hot_gets_per_ttl"] = med(lambda r: r["server_hot_gets"] / (r["window_s"] / ttl_seconds(ttl)))
         out[name] = row
     return out
 
@@ -116,6 +145,7 @@ def summarize(targets, runs, ttl):
 def table(summary, ttl, rounds):
     lines = [f"(storm) 2 memcached, 64 connections, 50% of gets for one 10 KB key, memroute workers=1; "
              f"medians of {rounds} interleaved rounds; hot cache ttl {ttl}",
+             "counts are of the measured window (memcached's stats detail at the load generator's window marks)",
              f"{'target':<24}{'ops/s':>10}{'p50 us':>9}{'p99 us':>9}{'client hot gets':>17}"
              f"{'server hot gets':>17}{'server/client':>15}{'hot server cmd_get':>20}{'errors':>8}"]
     for name, row in summary.items():
@@ -129,5 +159,3 @@ def table(summary, ttl, rounds):
     return "\n".join(lines)
 
 
-def wall_clock():
-    return time.monotonic()

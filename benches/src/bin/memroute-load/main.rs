@@ -24,7 +24,8 @@
 //! `--hot-share F` makes a share F of the keys of gets one hot key, `hotkey:0000000`
 //! (set once, with a `--hot-value-size` value; sets never touch it), the rest uniform
 //! over `--keys` (the storm scenario of scripts/bench). The summary's `hot_gets` counts
-//! every get of the hot key sent, warmup included, to set against the servers' counters.
+//! every get of the hot key sent, warmup included, `hot_gets_window` those sent inside the
+//! measured window (closed loop), to set against the servers' counters.
 //!
 //! `--cpu NAME=PID` samples utime+stime of that process from /proc exactly at the
 //! window boundaries, so CPU per op covers the measured window only (not the
@@ -797,6 +798,8 @@ struct Measured {
     total: ConnStats,
     cpu_before: Vec<f64>,
     cpu_after: Vec<f64>,
+    /// Gets of the hot key sent inside the window (closed loop, `--hot-share`).
+    hot_window: u64,
     /// Open loop only: how it paced.
     open: Option<open::Report>,
 }
@@ -894,6 +897,7 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
     let end_sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.end));
     tokio::pin!(warmup_sleep, end_sleep);
     let mut warmup_done = args.warmup.is_zero();
+    let mut hot_before = 0;
     if warmup_done {
         cpu_before = sample_cpu(&args.cpu, args.clk_tck)?;
         measuring = true;
@@ -901,16 +905,19 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
             eprintln!("# measure start");
         }
     }
+    let mut hot_window = 0;
     let cpu_after = loop {
         tokio::select! {
             _ = &mut warmup_sleep, if !warmup_done => {
                 warmup_done = true;
                 cpu_before = sample_cpu(&args.cpu, args.clk_tck)?;
+                hot_before = plan.hot_gets.load(Ordering::Relaxed);
                 measuring = true;
                 if !args.quiet { eprintln!("# measure start"); }
             }
             _ = &mut end_sleep => {
                 let cpu_after = sample_cpu(&args.cpu, args.clk_tck)?;
+                hot_window = plan.hot_gets.load(Ordering::Relaxed) - hot_before;
                 shared.stop.store(true, Ordering::Relaxed);
                 if !args.quiet { eprintln!("# measure end"); }
                 break cpu_after;
@@ -941,6 +948,7 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
         total,
         cpu_before,
         cpu_after,
+        hot_window,
         open: None,
     })
 }
@@ -1017,8 +1025,8 @@ fn report(args: &Args, m: &Measured, hot_gets: u64) -> String {
         m.cpu_after.last().copied().unwrap_or(0.0) - m.cpu_before.last().copied().unwrap_or(0.0);
     let _ = write!(
         j,
-        ",\"hot_share\":{},\"hot_gets\":{hot_gets},\"machine_busy_cpu_s\":{machine:.3}}}",
-        args.hot_share
+        ",\"hot_share\":{},\"hot_gets\":{hot_gets},\"hot_gets_window\":{},\"machine_busy_cpu_s\":{machine:.3}}}",
+        args.hot_share, m.hot_window
     );
     j
 }
