@@ -905,8 +905,7 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
             eprintln!("# measure start");
         }
     }
-    let mut hot_window = 0;
-    let cpu_after = loop {
+    let (cpu_after, hot_window) = loop {
         tokio::select! {
             _ = &mut warmup_sleep, if !warmup_done => {
                 warmup_done = true;
@@ -917,10 +916,10 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
             }
             _ = &mut end_sleep => {
                 let cpu_after = sample_cpu(&args.cpu, args.clk_tck)?;
-                hot_window = plan.hot_gets.load(Ordering::Relaxed) - hot_before;
+                let hot_window = plan.hot_gets.load(Ordering::Relaxed) - hot_before;
                 shared.stop.store(true, Ordering::Relaxed);
                 if !args.quiet { eprintln!("# measure end"); }
-                break cpu_after;
+                break (cpu_after, hot_window);
             }
             _ = tick.tick() => {
                 let ops = shared.ops_total.load(Ordering::Relaxed);
