@@ -519,8 +519,7 @@ mod tests {
         let mut plain = follow.join().expect("waiting");
         let mut other = follow.join_rendered(Some(render(b"b:"))).expect("waiting");
         sender.send(ok(b"HD\r\n"));
-        let mut got =
-            |receiver: &mut ReplyReceiver| receiver.try_recv().expect("reply").expect("ok");
+        let got = |receiver: &mut ReplyReceiver| receiver.try_recv().expect("reply").expect("ok");
         assert_eq!(&got(&mut leader)[..], b"HD\r\n");
         assert_eq!(&got(&mut plain_first)[..], b"HD\r\n");
         assert_eq!(&got(&mut rendered)[..], b"a:HD\r\n");
