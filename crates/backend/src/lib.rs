@@ -60,6 +60,6 @@ pub use discovery::{
 pub use error::BackendError;
 pub use health::{run_prober, HealthSettings, ServerHealth};
 pub use reply::{
-    free_reply_slots, reply_slot, RecvError, Reply, ReplyFollow, ReplyReceiver, ReplySender,
-    TryRecvError,
+    free_reply_slots, reply_slot, RecvError, Render, Reply, ReplyFollow, ReplyReceiver,
+    ReplySender, TryRecvError,
 };

@@ -22,6 +22,7 @@ use std::rc::{Rc, Weak};
 use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
+use memroute_protocol::RequestBytes;
 
 use crate::BackendError;
 
@@ -45,6 +46,25 @@ struct State {
     /// Followers (collapsed requests): each gets a copy of this slot's reply, or is closed
     /// with it. A chain through their own cells' `next`, so joining allocates nothing.
     next: Option<ReplySender>,
+    /// A follower whose request differs from its leader's only in how the reply is
+    /// rendered (a meta get's opaque, key echo): its copy of the reply is rendered anew.
+    render: Option<Render>,
+}
+
+/// How a follower's copy of its leader's reply is rendered for its own request: the
+/// function (the proxy's, which knows what differs) and the follower's request bytes
+/// (views of its client's buffer, no copy).
+pub struct Render {
+    pub render: fn(&Bytes, &RequestBytes) -> Bytes,
+    pub request: RequestBytes,
+}
+
+impl std::fmt::Debug for Render {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Render")
+            .field("request", &self.request)
+            .finish()
+    }
 }
 
 type Cell = Rc<RefCell<State>>;
@@ -85,14 +105,19 @@ fn release(cell: &Cell) {
         return;
     }
     // Taken out before being dropped, so no borrow is held while a reply's bytes go.
-    let (reply, waker, next) = {
+    let (reply, waker, next, render) = {
         let mut state = cell.borrow_mut();
         state.value_blocks = None;
         state.waiting = false;
         state.generation = state.generation.wrapping_add(1);
-        (state.reply.take(), state.waker.take(), state.next.take())
+        (
+            state.reply.take(),
+            state.waker.take(),
+            state.next.take(),
+            state.render.take(),
+        )
     };
-    drop((reply, waker));
+    drop((reply, waker, render));
     close_followers(next);
     // try_with: a slot dropped while the thread's locals are torn down is simply freed.
     let _ = FREE.try_with(|free| {
@@ -124,25 +149,37 @@ impl ReplySender {
 
     fn send_counted(self, reply: Reply, value_blocks: Option<u32>) {
         // The reply, then a copy (reference counts, no bytes copied) to each follower in
-        // turn: a loop, not a recursion, however many requests collapsed onto this one.
-        let (mut sender, mut reply) = (self, reply);
+        // turn: a loop, not a recursion, however many requests collapsed onto this one. A
+        // follower that renders the reply its own way renders it from the leader's.
+        let (mut sender, mut original) = (self, reply);
         loop {
-            let (waker, next) = {
+            let (render, next) = {
                 let mut state = sender.cell.borrow_mut();
-                let next = state.next.take();
-                let copy = next.as_ref().map(|_| reply.clone());
-                state.reply = Some(reply);
+                (state.render.take(), state.next.take())
+            };
+            let rendered = match (render, &original) {
+                (Some(render), Ok(bytes)) => Some(Ok((render.render)(bytes, &render.request))),
+                _ => None,
+            };
+            let (own, rest) = match (rendered, next) {
+                (Some(own), next) => (own, next.map(|next| (next, original))),
+                (None, Some(next)) => (original.clone(), Some((next, original))),
+                (None, None) => (original, None),
+            };
+            let waker = {
+                let mut state = sender.cell.borrow_mut();
+                state.reply = Some(own);
                 state.value_blocks = value_blocks;
                 state.waiting = false;
-                (state.waker.take(), next.zip(copy))
+                state.waker.take()
             };
             if let Some(waker) = waker {
                 waker.wake();
             }
             // The receiver still holds the cell (or it goes back to the free list).
             drop(sender);
-            match next {
-                Some((follower, copy)) => (sender, reply) = (follower, copy),
+            match rest {
+                Some((follower, reply)) => (sender, original) = (follower, reply),
                 None => return,
             }
         }
@@ -277,6 +314,13 @@ impl ReplyFollow {
     /// allocation: the follower's slot comes from the free list, and it is chained
     /// through its own cell.
     pub fn join(&self) -> Option<ReplyReceiver> {
+        self.join_rendered(None)
+    }
+
+    /// `join`, the copy of the reply rendered by `render` first (an error is passed on as
+    /// it is): for a request that asks the same of the server but shows the reply
+    /// otherwise. The reply the leader and its other followers see is left as it is.
+    pub fn join_rendered(&self, render: Option<Render>) -> Option<ReplyReceiver> {
         let cell = self.cell.upgrade()?;
         {
             let state = cell.borrow();
@@ -286,7 +330,11 @@ impl ReplyFollow {
         }
         let (sender, receiver) = reply_slot();
         let mut state = cell.borrow_mut();
-        sender.cell.borrow_mut().next = state.next.take();
+        {
+            let mut follower = sender.cell.borrow_mut();
+            follower.next = state.next.take();
+            follower.render = render;
+        }
         state.next = Some(sender);
         Some(receiver)
     }
@@ -449,6 +497,34 @@ mod tests {
             assert_eq!(receiver.value_blocks(), Some(1));
         }
         assert!(follow.join().is_none(), "answered: nothing left to join");
+    }
+
+    /// A render for the tests: the follower's request bytes, then the leader's reply.
+    fn prefixed(reply: &Bytes, request: &RequestBytes) -> Bytes {
+        let mut out: Vec<u8> = request.pieces().flatten().copied().collect();
+        out.extend_from_slice(reply);
+        Bytes::from(out)
+    }
+
+    #[test]
+    fn a_rendering_follower_renders_the_leaders_reply_and_no_one_elses() {
+        let (sender, mut leader) = reply_slot();
+        let follow = leader.follow();
+        let render = |tag: &'static [u8]| Render {
+            render: prefixed,
+            request: RequestBytes::whole(Bytes::from_static(tag)),
+        };
+        let mut plain_first = follow.join().expect("waiting");
+        let mut rendered = follow.join_rendered(Some(render(b"a:"))).expect("waiting");
+        let mut plain = follow.join().expect("waiting");
+        let mut other = follow.join_rendered(Some(render(b"b:"))).expect("waiting");
+        sender.send(ok(b"HD\r\n"));
+        let got = |receiver: &mut ReplyReceiver| receiver.try_recv().expect("reply").expect("ok");
+        assert_eq!(&got(&mut leader)[..], b"HD\r\n");
+        assert_eq!(&got(&mut plain_first)[..], b"HD\r\n");
+        assert_eq!(&got(&mut rendered)[..], b"a:HD\r\n");
+        assert_eq!(&got(&mut plain)[..], b"HD\r\n");
+        assert_eq!(&got(&mut other)[..], b"b:HD\r\n");
     }
 
     #[test]

@@ -11,13 +11,16 @@
 //!   dispatch(flush_all) --> forget_all
 //! ```
 //!
-//! Exactness, by construction rather than by re-rendering replies:
-//! - only requests whose bytes to the server are identical collapse (text `get K` with
-//!   `get K`, `gets K` with `gets K`, binary get/getk, which go out as `mg K v f c`, with
-//!   each other, `mg` with `mg` of the same flags and opaque): memcached would have sent
-//!   each of them the same bytes, and what memroute writes to each client (its own
-//!   opaque and key echo in binary, `q`/`noreply` suppression) is rendered per client
-//!   from that reply as before;
+//! Exactness:
+//! - only requests that ask the server the same collapse: text `get K` with `get K`,
+//!   `gets K` with `gets K`, binary get/getk (which go out as `mg K v f c`) with each
+//!   other, and `mg` with `mg` of the same flags in the same order but for its opaque
+//!   (`O`) and key echo (`k`, unless the key is base64), which change only how the reply
+//!   is shown. What memroute writes to each client (its own opaque and key echo in
+//!   binary, `q`/`noreply` suppression) is rendered per client from that reply as
+//!   before; an `mg` follower whose opaque or key echo differs from its leader's gets the
+//!   leader's reply with the leader's `O`/`k` return flags replaced by its own, where
+//!   memcached puts them (`render_echo`: in the order of its request's flags);
 //! - only retrievals without side effects a client could see: `get`, `gets`, and `mg`
 //!   whose flags are all in [`READ_ONLY_FLAGS`] (not `h`/`l`, which report the previous
 //!   access, nor N R T E or anything else that vivifies, touches or hands out a win);
@@ -34,7 +37,8 @@
 //! collapse). Its memory is allocated once, on the worker's first get.
 use std::cell::RefCell;
 
-use memroute_backend::{BackendHandle, ReplyFollow, ReplyReceiver};
+use bytes::{BufMut, Bytes, BytesMut};
+use memroute_backend::{BackendHandle, Render, ReplyFollow, ReplyReceiver};
 use memroute_protocol::{Command, ReplyKind, RequestBytes};
 
 /// Entries per worker.
@@ -44,8 +48,13 @@ const SLOTS: usize = 256;
 const MAX_REQUEST: usize = 320;
 
 /// `mg` flags that neither change the item nor report per-access state: base64 key, CAS,
-/// client flags, key echo, opaque, size, TTL left, no LRU bump, value.
-const READ_ONLY_FLAGS: &[u8] = b"bcfkOstuv";
+/// client flags, key echo, opaque, quiet (cut from what the server gets; each client's
+/// miss is suppressed for it alone), size, TTL left, no LRU bump, value.
+const READ_ONLY_FLAGS: &[u8] = b"bcfkOqstuv";
+
+/// The longest opaque memcached echoes; a longer one is its error to give, so such a
+/// request only collapses with identical ones.
+const MAX_OPAQUE: usize = 32;
 
 /// One key's leader.
 #[derive(Default)]
@@ -53,8 +62,11 @@ struct Entry {
     /// `BackendHandle::id` of the leader's connection (0: empty).
     connection: usize,
     key_hash: u64,
-    /// Length of the leader's request bytes, kept at `Table::bytes[slot * MAX_REQUEST..]`.
+    /// Length of the leader's request bytes as compared (`without_echo`), kept at
+    /// `Table::bytes[slot * MAX_REQUEST..]`.
     len: usize,
+    /// The leader asked for an opaque or key echo: a follower renders its own.
+    echo: bool,
     leader: ReplyFollow,
 }
 
@@ -64,6 +76,8 @@ struct Table {
     bytes: Vec<u8>,
     /// The request being looked up, copied out of its pieces (reused).
     scratch: Vec<u8>,
+    /// The same, as compared (`without_echo`; reused).
+    compared: Vec<u8>,
 }
 
 impl Table {
@@ -72,6 +86,7 @@ impl Table {
             self.entries.resize_with(SLOTS, Entry::default);
             self.bytes.resize(SLOTS * MAX_REQUEST, 0);
             self.scratch.reserve(MAX_REQUEST);
+            self.compared.reserve(MAX_REQUEST);
         }
     }
 }
@@ -125,6 +140,102 @@ pub(crate) fn changes_key(command: Command, line: &[u8]) -> bool {
     }
 }
 
+/// Copies `line` (a collapsible request) into `out` as the table compares it: an `mg`'s
+/// opaque and key echo flags left out (the key echo kept for a base64 key, whose echo
+/// memcached renders its own way). True when any was left out.
+fn without_echo(line: &[u8], out: &mut Vec<u8>) -> bool {
+    out.clear();
+    let Some(rest) = line.strip_prefix(b"mg ") else {
+        out.extend_from_slice(line);
+        return false;
+    };
+    let body = rest.strip_suffix(b"\r\n").unwrap_or(rest);
+    let mut tokens = body.split(|&b| b == b' ').filter(|t| !t.is_empty());
+    let key = tokens.next().unwrap_or_default();
+    let base64 = body.split(|&b| b == b' ').skip(1).any(|t| t == b"b");
+    out.extend_from_slice(b"mg ");
+    out.extend_from_slice(key);
+    let mut left_out = false;
+    for flag in tokens {
+        let echo = match flag[0] {
+            b'O' => flag.len() <= MAX_OPAQUE + 1,
+            b'k' => !base64,
+            _ => false,
+        };
+        if echo {
+            left_out = true;
+        } else {
+            out.push(b' ');
+            out.extend_from_slice(flag);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    left_out
+}
+
+/// A follower's copy of its leader's `mg` reply, rendered for its own `request`: the
+/// leader's opaque and key echo return flags out, the follower's in, each where its
+/// request names it (memcached returns flags in the order they were asked). Anything but
+/// a `VA`/`HD`/`EN` reply (an error line) is as the leader got it.
+fn render_echo(reply: &Bytes, request: &RequestBytes) -> Bytes {
+    let Some(end) = reply.windows(2).position(|pair| pair == b"\r\n") else {
+        return reply.clone();
+    };
+    let mut tokens = reply[..end].split(|&b| b == b' ').filter(|t| !t.is_empty());
+    let code = tokens.next().unwrap_or_default();
+    if !matches!(code, b"VA" | b"HD" | b"EN") {
+        return reply.clone();
+    }
+    let mut out = BytesMut::with_capacity(reply.len() + 64);
+    out.put_slice(code);
+    if code == b"VA" {
+        if let Some(size) = tokens.next() {
+            out.put_u8(b' ');
+            out.put_slice(size);
+        }
+    }
+    let key_echo = tokens.clone().find(|t| t[0] == b'k');
+    let mut leader = tokens.filter(|t| !matches!(t[0], b'O' | b'k')).peekable();
+    // The request's words: `mg`, the key, its flags (the pieces around a cut `q` split
+    // at spaces, so no word spans two).
+    let mut words = request.pieces().flat_map(|piece| {
+        let line = piece.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        line.split(|&b| b == b' ').filter(|t| !t.is_empty())
+    });
+    let key = words.nth(1).unwrap_or_default();
+    for flag in words {
+        match flag[0] {
+            b'O' => {
+                out.put_u8(b' ');
+                out.put_slice(flag);
+            }
+            b'k' => {
+                out.put_u8(b' ');
+                match key_echo {
+                    Some(echo) => out.put_slice(echo),
+                    None => {
+                        out.put_u8(b'k');
+                        out.put_slice(key);
+                    }
+                }
+            }
+            letter => {
+                if let Some(token) = leader.next_if(|t| t[0] == letter) {
+                    out.put_u8(b' ');
+                    out.put_slice(token);
+                }
+            }
+        }
+    }
+    for token in leader {
+        out.put_u8(b' ');
+        out.put_slice(token);
+    }
+    out.put_slice(&reply[end..]);
+    out.freeze()
+}
+
 /// The hash a key's entry is found by.
 fn hash(key: &[u8]) -> u64 {
     // FNV-1a, as the hot-key sketch: short keys, no allocation.
@@ -156,6 +267,7 @@ pub(crate) fn send_or_join(
             entries,
             bytes,
             scratch,
+            compared,
         } = &mut *table;
         scratch.clear();
         for piece in parts.pieces() {
@@ -164,23 +276,29 @@ pub(crate) fn send_or_join(
         if !collapsible(scratch) {
             return (send(), false);
         }
+        let echo = without_echo(scratch, compared);
         let key_hash = hash(key);
         let slot = key_hash as usize % SLOTS;
         let entry = &mut entries[slot];
         let stored = &mut bytes[slot * MAX_REQUEST..][..MAX_REQUEST];
         let id = connection.id();
-        if entry.connection == id && entry.key_hash == key_hash && stored[..entry.len] == **scratch
+        if entry.connection == id && entry.key_hash == key_hash && stored[..entry.len] == **compared
         {
-            if let Some(receiver) = entry.leader.join() {
+            let render = (echo || entry.echo).then(|| Render {
+                render: render_echo,
+                request: parts.clone(),
+            });
+            if let Some(receiver) = entry.leader.join_rendered(render) {
                 return (receiver, true);
             }
         }
         let receiver = send();
-        stored[..scratch.len()].copy_from_slice(scratch);
+        stored[..compared.len()].copy_from_slice(compared);
         *entry = Entry {
             connection: id,
             key_hash,
-            len: scratch.len(),
+            len: compared.len(),
+            echo,
             leader: receiver.follow(),
         };
         (receiver, false)
@@ -214,6 +332,83 @@ pub(crate) fn forget_all() {
 mod tests {
     use super::*;
 
+    fn compared(line: &[u8]) -> (String, bool) {
+        let mut out = Vec::new();
+        let echo = without_echo(line, &mut out);
+        (String::from_utf8(out).expect("text"), echo)
+    }
+
+    #[test]
+    fn an_mg_is_compared_without_its_opaque_and_key_echo() {
+        assert_eq!(compared(b"get k\r\n"), ("get k\r\n".into(), false));
+        assert_eq!(compared(b"mg k v f\r\n"), ("mg k v f\r\n".into(), false));
+        assert_eq!(
+            compared(b"mg k v O12 k t\r\n"),
+            ("mg k v t\r\n".into(), true)
+        );
+        assert_eq!(
+            compared(b"mg O1 O2\r\n"),
+            ("mg O1\r\n".into(), true),
+            "a key named O1"
+        );
+        assert_eq!(
+            compared(b"mg k k\r\n"),
+            ("mg k\r\n".into(), true),
+            "a key named k"
+        );
+        // A base64 key's echo is the server's to render; a too long opaque its error.
+        assert_eq!(
+            compared(b"mg a2V5 b k v\r\n"),
+            ("mg a2V5 b k v\r\n".into(), false)
+        );
+        let long = format!("mg k v O{}\r\n", "x".repeat(33));
+        assert_eq!(compared(long.as_bytes()), (long.clone(), false));
+    }
+
+    fn rendered(reply: &'static [u8], request: &'static [u8]) -> String {
+        let request = RequestBytes::whole(Bytes::from_static(request));
+        let out = render_echo(&Bytes::from_static(reply), &request);
+        String::from_utf8(out.to_vec()).expect("text")
+    }
+
+    #[test]
+    fn a_follower_gets_its_own_opaque_and_key_echo_where_memcached_puts_them() {
+        // As memcached 1.6.18 answers `mg foo v O12 k t f c`, `mg nope v O12 k t`.
+        let leader = b"VA 3 O12 kfoo t-1 f5 c1\r\nbar\r\n";
+        assert_eq!(
+            rendered(leader, b"mg foo v t f c\r\n"),
+            "VA 3 t-1 f5 c1\r\nbar\r\n"
+        );
+        assert_eq!(
+            rendered(leader, b"mg foo k t O9 v f c\r\n"),
+            "VA 3 kfoo t-1 O9 f5 c1\r\nbar\r\n"
+        );
+        assert_eq!(
+            rendered(b"VA 3 t-1\r\nbar\r\n", b"mg foo v t k O1\r\n"),
+            "VA 3 t-1 kfoo O1\r\nbar\r\n"
+        );
+        assert_eq!(
+            rendered(b"EN O12 knope\r\n", b"mg nope v O7 t\r\n"),
+            "EN O7\r\n"
+        );
+        assert_eq!(
+            rendered(b"EN\r\n", b"mg nope v k O7\r\n"),
+            "EN knope O7\r\n"
+        );
+        assert_eq!(rendered(b"HD O5\r\n", b"mg foo\r\n"), "HD\r\n");
+        // A `q` cut out of the request leaves two pieces.
+        let request = RequestBytes {
+            head: Bytes::from_static(b"mg foo v "),
+            tail: Some(Bytes::from_static(b" O3\r\n")),
+        };
+        let out = render_echo(&Bytes::from_static(b"VA 3\r\nbar\r\n"), &request);
+        assert_eq!(&out[..], b"VA 3 O3\r\nbar\r\n");
+        assert_eq!(
+            rendered(b"SERVER_ERROR out of memory\r\n", b"mg foo v O1\r\n"),
+            "SERVER_ERROR out of memory\r\n"
+        );
+    }
+
     #[test]
     fn only_side_effect_free_single_key_retrievals_collapse() {
         for line in [
@@ -223,6 +418,7 @@ mod tests {
             b"mg k\r\n",
             b"mg k s t v k O123\r\n",
             b"mg a2V5 b v\r\n",
+            b"mg k v q\r\n",
         ] {
             assert!(collapsible(line), "{}", String::from_utf8_lossy(line));
         }
@@ -239,7 +435,6 @@ mod tests {
             b"mg k v E5\r\n",
             b"mg k v h\r\n",
             b"mg k v l\r\n",
-            b"mg k v q\r\n",
             b"mg k v I\r\n",
             b"mg\r\n",
             b"ms k 1\r\nx\r\n",

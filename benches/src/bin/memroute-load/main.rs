@@ -21,6 +21,12 @@
 //! By default everything runs on ONE OS thread (a current-thread tokio runtime),
 //! so the generator takes one core of a small machine; `--threads N` changes it.
 //!
+//! `--hot-share F` makes a share F of the keys of gets one hot key, `hotkey:0000000`
+//! (set once, with a `--hot-value-size` value; sets never touch it), the rest uniform
+//! over `--keys` (the storm scenario of scripts/bench). The summary's `hot_gets` counts
+//! every get of the hot key sent, warmup included, `hot_gets_window` those sent inside the
+//! measured window (closed loop), to set against the servers' counters.
+//!
 //! `--cpu NAME=PID` samples utime+stime of that process from /proc exactly at the
 //! window boundaries, so CPU per op covers the measured window only (not the
 //! populate or warmup phases).
@@ -78,6 +84,12 @@ struct Args {
     /// Keys per get: 1 sends `get k`, N sends `get k1 .. kN` (one op).
     #[arg(long, default_value_t = 1)]
     multiget: usize,
+    /// Share of the keys of gets that are the one hot key `hotkey:0000000` (0 = none).
+    #[arg(long, default_value_t = 0.0)]
+    hot_share: f64,
+    /// Size of the hot key's value in bytes (default: --value-size).
+    #[arg(long)]
+    hot_value_size: Option<usize>,
     /// Requests written back to back per connection before reading the replies.
     #[arg(long, default_value_t = 1)]
     pipeline: usize,
@@ -258,6 +270,19 @@ impl Rng {
     }
 }
 
+/// The hot key of `--hot-share` (as wide as the others; its own prefix for `stats detail`).
+const HOT_KEY: &[u8] = b"hotkey:0000000";
+
+/// Appends the key of one get: the hot key with the plan's hot share, else a uniform one.
+fn get_key(buf: &mut Vec<u8>, plan: &Plan, rng: &Rng) {
+    if plan.hot_share > 0.0 && rng.unit() < plan.hot_share {
+        plan.hot_gets.fetch_add(1, Ordering::Relaxed);
+        buf.extend_from_slice(HOT_KEY);
+    } else {
+        key(buf, rng.below(plan.keys));
+    }
+}
+
 fn key(buf: &mut Vec<u8>, i: u64) {
     // Fixed-width keys so every request of a kind has the same size.
     let _ = write!(VecWriter(buf), "bench:{i:08}");
@@ -402,7 +427,7 @@ fn binary_request(out: &mut Vec<u8>, plan: &Plan, rng: &Rng) -> Kind {
         };
         for _ in 0..n {
             k.clear();
-            key(&mut k, rng.below(plan.keys));
+            get_key(&mut k, plan, rng);
             binary_header(out, opcode, k.len(), 0, k.len());
             out.extend_from_slice(&k);
         }
@@ -469,7 +494,7 @@ fn request(out: &mut Vec<u8>, plan: &Plan, rng: &Rng) -> Kind {
         out.extend_from_slice(b"get");
         for _ in 0..plan.multiget {
             out.push(b' ');
-            key(out, rng.below(plan.keys));
+            get_key(out, plan, rng);
         }
         out.extend_from_slice(b"\r\n");
         Kind::Get
@@ -541,6 +566,9 @@ struct Plan {
     get_ratio: f64,
     keys: u64,
     multiget: usize,
+    hot_share: f64,
+    /// Gets of the hot key sent, shared by every connection.
+    hot_gets: Arc<AtomicU64>,
     pipeline: usize,
     binary: bool,
     reply_timeout: Duration,
@@ -621,6 +649,28 @@ async fn populate_range(
         i = batch_end;
     }
     Ok(errors)
+}
+
+/// Sets the hot key of `--hot-share` to a `--hot-value-size` value; returns 1 if not STORED.
+async fn set_hot(target: &Target, args: &Args) -> Result<u64, String> {
+    let size = args.hot_value_size.unwrap_or(args.value_size);
+    let mut s = connect(target).await?;
+    let mut out = Vec::with_capacity(size + 64);
+    out.extend_from_slice(b"set ");
+    out.extend_from_slice(HOT_KEY);
+    let _ = write!(VecWriter(&mut out), " 0 0 {size}\r\n");
+    out.extend((0..size).map(|i| b'a' + (i % 26) as u8));
+    out.extend_from_slice(b"\r\n");
+    s.write_all(&out).await.map_err(|e| format!("write: {e}"))?;
+    let mut inbuf = Vec::with_capacity(1024);
+    loop {
+        match parse_reply(&inbuf, Kind::Set)? {
+            Reply::Incomplete => fill(&mut s, &mut inbuf, args.reply_timeout).await?,
+            Reply::Done { outcome, .. } => {
+                return Ok(u64::from(!matches!(outcome, Outcome::Stored)))
+            }
+        }
+    }
 }
 
 /// One closed-loop connection. Returns what it measured inside the window.
@@ -748,6 +798,8 @@ struct Measured {
     total: ConnStats,
     cpu_before: Vec<f64>,
     cpu_after: Vec<f64>,
+    /// Gets of the hot key sent inside the window (closed loop, `--hot-share`).
+    hot_window: u64,
     /// Open loop only: how it paced.
     open: Option<open::Report>,
 }
@@ -789,6 +841,9 @@ async fn prepare(args: &Args) -> Result<(Target, Vec<u8>), String> {
         for t in tasks {
             errors += t.await.map_err(|e| format!("populate task: {e}"))??;
         }
+        if args.hot_share > 0.0 {
+            errors += set_hot(&target, args).await?;
+        }
         if errors > 0 {
             return Err(format!("populate: {errors} sets were not STORED"));
         }
@@ -811,6 +866,8 @@ fn plan(args: &Args, target: Target, value: Vec<u8>) -> Plan {
         get_ratio: args.get_ratio,
         keys: args.keys,
         multiget: args.multiget,
+        hot_share: args.hot_share,
+        hot_gets: Arc::new(AtomicU64::new(0)),
         pipeline: args.pipeline,
         binary: args.binary,
         reply_timeout: args.reply_timeout,
@@ -840,6 +897,7 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
     let end_sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(plan.end));
     tokio::pin!(warmup_sleep, end_sleep);
     let mut warmup_done = args.warmup.is_zero();
+    let mut hot_before = 0;
     if warmup_done {
         cpu_before = sample_cpu(&args.cpu, args.clk_tck)?;
         measuring = true;
@@ -847,19 +905,21 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
             eprintln!("# measure start");
         }
     }
-    let cpu_after = loop {
+    let (cpu_after, hot_window) = loop {
         tokio::select! {
             _ = &mut warmup_sleep, if !warmup_done => {
                 warmup_done = true;
                 cpu_before = sample_cpu(&args.cpu, args.clk_tck)?;
+                hot_before = plan.hot_gets.load(Ordering::Relaxed);
                 measuring = true;
                 if !args.quiet { eprintln!("# measure start"); }
             }
             _ = &mut end_sleep => {
                 let cpu_after = sample_cpu(&args.cpu, args.clk_tck)?;
+                let hot_window = plan.hot_gets.load(Ordering::Relaxed) - hot_before;
                 shared.stop.store(true, Ordering::Relaxed);
                 if !args.quiet { eprintln!("# measure end"); }
-                break cpu_after;
+                break (cpu_after, hot_window);
             }
             _ = tick.tick() => {
                 let ops = shared.ops_total.load(Ordering::Relaxed);
@@ -887,12 +947,13 @@ async fn measure_closed(args: &Args, plan: Plan) -> Result<Measured, String> {
         total,
         cpu_before,
         cpu_after,
+        hot_window,
         open: None,
     })
 }
 
 /// The JSON summary line.
-fn report(args: &Args, m: &Measured) -> String {
+fn report(args: &Args, m: &Measured, hot_gets: u64) -> String {
     let total = &m.total;
     let secs = args.duration.as_secs_f64();
     let ops_per_sec = total.ops as f64 / secs;
@@ -961,7 +1022,11 @@ fn report(args: &Args, m: &Measured) -> String {
     // The machine's busy CPU in the window (last sample): minus the processes above, other work.
     let machine =
         m.cpu_after.last().copied().unwrap_or(0.0) - m.cpu_before.last().copied().unwrap_or(0.0);
-    let _ = write!(j, ",\"machine_busy_cpu_s\":{machine:.3}}}");
+    let _ = write!(
+        j,
+        ",\"hot_share\":{},\"hot_gets\":{hot_gets},\"hot_gets_window\":{},\"machine_busy_cpu_s\":{machine:.3}}}",
+        args.hot_share, m.hot_window
+    );
     j
 }
 
@@ -985,10 +1050,12 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let hot_gets = Arc::new(AtomicU64::new(0));
     let measured = runtime
         .block_on(prepare(&args))
         .and_then(|(target, value)| {
-            let plan = plan(&args, target, value);
+            let mut plan = plan(&args, target, value);
+            plan.hot_gets = hot_gets.clone();
             if args.rate > 0.0 {
                 // The open loop paces on a thread of its own making (this one), outside tokio.
                 open::measure(&args, &plan)
@@ -997,7 +1064,7 @@ fn main() {
             }
         });
     match measured {
-        Ok(m) => println!("{}", report(&args, &m)),
+        Ok(m) => println!("{}", report(&args, &m, hot_gets.load(Ordering::Relaxed))),
         Err(e) => {
             eprintln!("memroute-load: error: {e}");
             std::process::exit(1);

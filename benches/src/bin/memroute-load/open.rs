@@ -296,6 +296,7 @@ pub fn measure(args: &Args, plan: &Plan) -> Result<Measured, String> {
         total,
         cpu_before,
         cpu_after: cpu_after.unwrap_or_default(),
+        hot_window: 0,
         open: Some(Report {
             arrival,
             offered_ops_per_sec: args.rate,
