@@ -276,13 +276,19 @@ pub(crate) fn send_or_join(
         if !collapsible(scratch) {
             return (send(), false);
         }
-        let echo = without_echo(scratch, compared);
+        // Only an `mg` can carry echo flags to leave out; any other line compares as sent.
+        let (compared, echo): (&[u8], bool) = if scratch.starts_with(b"mg ") {
+            let echo = without_echo(scratch, compared);
+            (compared, echo)
+        } else {
+            (scratch, false)
+        };
         let key_hash = hash(key);
         let slot = key_hash as usize % SLOTS;
         let entry = &mut entries[slot];
         let stored = &mut bytes[slot * MAX_REQUEST..][..MAX_REQUEST];
         let id = connection.id();
-        if entry.connection == id && entry.key_hash == key_hash && stored[..entry.len] == **compared
+        if entry.connection == id && entry.key_hash == key_hash && stored[..entry.len] == *compared
         {
             let render = (echo || entry.echo).then(|| Render {
                 render: render_echo,
