@@ -461,12 +461,20 @@ struct PrefixGroup {
 /// answers for them (keys without a prefix take the listener's root), each group sent as
 /// a multi-get of its own with its prefix cut, and the replies merged in the client's
 /// order with the client's keys (`Pending::Split`); one group is sent as the client's
-/// multi-get. A wildcard's other routes get their keys in the background. A key whose
-/// prefix names no route fails the whole multi-get with mcrouter's error.
+/// multi-get. A wildcard's other routes get their keys in the background.
+///
+/// A key whose prefix names no route (or is the whole key) answers the whole multi-get
+/// with its error, and no hit is written: mcrouter sends each key of a text multi-get as a
+/// request of its own, and its `MultiOpParent` keeps the first error, which then takes the
+/// place of `END`, and suppresses every reply that comes after it (`noReply` on a parent
+/// error); a key without a route fails at once, before any server answers. Its other keys
+/// are still sent there, so a `gat`'s touches land: they are here too, for gat/gats, with
+/// their replies dropped (a get's would change nothing).
 fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request) -> Pending {
     let root = routing.root_of(origin.listener);
     let mut groups: Vec<PrefixGroup> = Vec::new();
     let mut background: Vec<PrefixGroup> = Vec::new();
+    let mut refusal: Option<&'static [u8]> = None;
     let mut key_part = crate::multiget::KeyLegs::with_capacity(request.keys.len());
     let group_of = |groups: &mut Vec<PrefixGroup>, node, prefix: Bytes| match groups
         .iter()
@@ -491,10 +499,12 @@ fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request)
                 continue;
             }
             Resolved::NoRoute => {
-                return refused((request.command, false), routing_prefix::NO_ROUTE)
+                refusal.get_or_insert(routing_prefix::NO_ROUTE);
+                continue;
             }
             Resolved::OnlyPrefix => {
-                return refused((request.command, false), routing_prefix::ONLY_PREFIX)
+                refusal.get_or_insert(routing_prefix::ONLY_PREFIX);
+                continue;
             }
             Resolved::Routes { len, targets } => (targets, len),
         };
@@ -512,9 +522,19 @@ fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request)
             }
         }
     }
+    if refusal.is_some() {
+        if matches!(request.command, Command::Gat | Command::Gats) {
+            background.append(&mut groups);
+        } else {
+            background.clear();
+        }
+    }
     for group in background {
         let keys = request.with_keys(&group.keys);
         send_group(routing, group.node, origin.slot, keys).run_in_background();
+    }
+    if let Some(error) = refusal {
+        return refused((request.command, false), error);
     }
     let command = request.command;
     if let [group] = &groups[..] {

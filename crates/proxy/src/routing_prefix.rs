@@ -67,6 +67,17 @@ pub(crate) fn resolve(routes: &RouteTable, listener: usize, key: &[u8]) -> Resol
     }
 }
 
+/// Whether `key`'s routing prefix refuses it (names no route, or is the whole key). A
+/// batch of binary quiet gets ends before such a key, which is then answered on its own:
+/// each binary request is one, and only it gets the error.
+pub(crate) fn refuses(routes: &RouteTable, listener: usize, key: &[u8]) -> bool {
+    may_carry(routes, key)
+        && matches!(
+            resolve(routes, listener, key),
+            Resolved::NoRoute | Resolved::OnlyPrefix
+        )
+}
+
 /// Whether the reply to `command` carries the request's key: a retrieval's `VALUE` lines,
 /// a meta command's `k` flag.
 pub(crate) fn reply_carries_key(command: Command) -> bool {
