@@ -21,76 +21,10 @@ impl Importer {
                 _ => Map::new(),
             },
         };
-        let mut macros = Macros::new();
-        let mut consts: HashMap<String, Value> = HashMap::new();
-        if let Some(defs) = top.remove("macros") {
-            let Value::Object(defs) = defs else {
-                self.error(
-                    ErrorKind::WrongType,
-                    "macros",
-                    "expected an object of macro definitions",
-                );
-                return top;
-            };
-            for (name, def) in defs {
-                let path = join("macros", &name);
-                let Some(def) = def.as_object() else {
-                    self.error(
-                        ErrorKind::WrongType,
-                        &path,
-                        "expected a macro definition object",
-                    );
-                    continue;
-                };
-                match def.get("type").and_then(Value::as_str) {
-                    Some("macroDef") | Some("constDef") => {}
-                    other => {
-                        self.error(
-                            ErrorKind::Invalid,
-                            &join(&path, "type"),
-                            format!(
-                                "expected \"macroDef\" or \"constDef\", found {}",
-                                other.map_or("nothing".to_string(), |s| format!("\"{s}\""))
-                            ),
-                        );
-                        continue;
-                    }
-                }
-                let mut params = Vec::new();
-                for (i, p) in def
-                    .get("params")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .enumerate()
-                {
-                    match p {
-                        Value::String(s) => params.push((s.clone(), None)),
-                        Value::Object(o) => match o.get("name").and_then(Value::as_str) {
-                            Some(n) => params.push((n.to_string(), o.get("default").cloned())),
-                            None => self.error(
-                                ErrorKind::Missing,
-                                &index(&join(&path, "params"), i),
-                                "a parameter needs a \"name\"",
-                            ),
-                        },
-                        _ => self.error(
-                            ErrorKind::WrongType,
-                            &index(&join(&path, "params"), i),
-                            "expected a parameter name or {\"name\": ..., \"default\": ...}",
-                        ),
-                    }
-                }
-                let Some(result) = def.get("result") else {
-                    self.error(ErrorKind::Missing, &path, "a macro needs a \"result\"");
-                    continue;
-                };
-                if def.get("type").and_then(Value::as_str) == Some("constDef") {
-                    consts.insert(name.clone(), result.clone());
-                }
-                macros.insert(name, (params, result.clone()));
-            }
-        }
+        let (mut macros, consts) = match top.remove("macros") {
+            Some(defs) => self.read_macro_defs(defs),
+            None => (Macros::new(), HashMap::new()),
+        };
         // A const is `%name%` anywhere (mcrouter looks a name up in the local context
         // first, then among the consts): written in where no macro parameter has its name.
         if !consts.is_empty() {
@@ -120,6 +54,83 @@ impl Importer {
         out
     }
 
+    /// The definitions under `macros`: each `macroDef` (parameters with their defaults,
+    /// and the body) and each `constDef`, which is also a const (`%name%`).
+    fn read_macro_defs(&mut self, defs: Value) -> (Macros, HashMap<String, Value>) {
+        let mut macros = Macros::new();
+        let mut consts: HashMap<String, Value> = HashMap::new();
+        let Value::Object(defs) = defs else {
+            self.error(
+                ErrorKind::WrongType,
+                "macros",
+                "expected an object of macro definitions",
+            );
+            return (macros, consts);
+        };
+        for (name, def) in defs {
+            let path = join("macros", &name);
+            let Some(def) = def.as_object() else {
+                self.error(
+                    ErrorKind::WrongType,
+                    &path,
+                    "expected a macro definition object",
+                );
+                continue;
+            };
+            match def.get("type").and_then(Value::as_str) {
+                Some("macroDef") | Some("constDef") => {}
+                other => {
+                    self.error(
+                        ErrorKind::Invalid,
+                        &join(&path, "type"),
+                        format!(
+                            "expected \"macroDef\" or \"constDef\", found {}",
+                            other.map_or("nothing".to_string(), |s| format!("\"{s}\""))
+                        ),
+                    );
+                    continue;
+                }
+            }
+            let mut params = Vec::new();
+            for (i, p) in def
+                .get("params")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                match p {
+                    Value::String(s) => params.push((s.clone(), None)),
+                    Value::Object(o) => match o.get("name").and_then(Value::as_str) {
+                        Some(n) => params.push((n.to_string(), o.get("default").cloned())),
+                        None => self.error(
+                            ErrorKind::Missing,
+                            &index(&join(&path, "params"), i),
+                            "a parameter needs a \"name\"",
+                        ),
+                    },
+                    _ => self.error(
+                        ErrorKind::WrongType,
+                        &index(&join(&path, "params"), i),
+                        "expected a parameter name or {\"name\": ..., \"default\": ...}",
+                    ),
+                }
+            }
+            let Some(result) = def.get("result") else {
+                self.error(ErrorKind::Missing, &path, "a macro needs a \"result\"");
+                continue;
+            };
+            if def.get("type").and_then(Value::as_str) == Some("constDef") {
+                consts.insert(name.clone(), result.clone());
+            }
+            macros.insert(name, (params, result.clone()));
+        }
+        (macros, consts)
+    }
+
+    /// `value` with every macro in it expanded: a call written as a string (`"@name(a,b)"`,
+    /// `expand_call`), an object that is a call, a built-in or has `vars`
+    /// (`expand_object`), and everything inside arrays and plain objects.
     pub(super) fn expand(
         &mut self,
         value: Value,
@@ -136,102 +147,8 @@ impl Importer {
             return Value::Null;
         }
         match value {
-            Value::String(s) if s.starts_with('@') => {
-                if let Some(value) = json_argument(&s) {
-                    return value;
-                }
-                let Some((name, args)) = parse_call(&s) else {
-                    self.error(
-                        ErrorKind::Invalid,
-                        path,
-                        format!("cannot read macro call \"{s}\""),
-                    );
-                    return Value::Null;
-                };
-                let Some((params, body)) = macros.get(name) else {
-                    if let Some(names) = builtins::params(name) {
-                        let mut call = Map::new();
-                        for (param, arg) in names.iter().zip(&args) {
-                            let param = param.trim_end_matches('?');
-                            call.insert(param.to_string(), Value::String(arg.to_string()));
-                        }
-                        return self.builtin(name, call, macros, path, depth);
-                    }
-                    self.error(ErrorKind::Invalid,
-                        path,
-                        format!(
-                            "macro \"@{name}\" is neither defined in \"macros\" nor one of mcrouter's built-ins the importer computes; write its result out"
-                        ),
-                    );
-                    return Value::Null;
-                };
-                let mut bound = HashMap::new();
-                for (i, (param, default)) in params.iter().enumerate() {
-                    match args
-                        .get(i)
-                        .map(|a| Value::String(a.to_string()))
-                        .or_else(|| default.clone())
-                    {
-                        Some(v) => {
-                            bound.insert(param.clone(), v);
-                        }
-                        None => self.error(
-                            ErrorKind::Missing,
-                            path,
-                            format!("macro \"@{name}\": no value for parameter \"{param}\""),
-                        ),
-                    }
-                }
-                let body = substitute(body.clone(), &bound);
-                self.expand(body, macros, path, depth + 1)
-            }
-            Value::Object(mut o) => {
-                if let Some(Value::Object(vars)) = o.remove("vars") {
-                    let bound = self.bind_vars(vars, macros, path, depth);
-                    let o = substitute(Value::Object(o), &bound);
-                    return self.expand(o, macros, path, depth + 1);
-                }
-                if let Some((params, body)) = o
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .and_then(|t| macros.get(t))
-                {
-                    let mut bound = HashMap::new();
-                    for (param, default) in params {
-                        match o.get(param).cloned().or_else(|| default.clone()) {
-                            Some(v) => {
-                                let v = self.expand(v, macros, &join(path, param), depth + 1);
-                                bound.insert(param.clone(), v);
-                            }
-                            None => self.error(
-                                ErrorKind::Missing,
-                                path,
-                                format!("macro call: no value for parameter \"{param}\""),
-                            ),
-                        }
-                    }
-                    let body = substitute(body.clone(), &bound);
-                    return self.expand(body, macros, path, depth + 1);
-                }
-                if let Some(kind) = o.get("type").and_then(Value::as_str).map(str::to_string) {
-                    if builtins::params(&kind).is_some() {
-                        return self.builtin(&kind, o, macros, path, depth);
-                    }
-                    if kind == "transform" || kind == "foreach" {
-                        return self.for_each(&kind, o, macros, path, depth);
-                    }
-                    if kind == "process" {
-                        return self.process(o, macros, path, depth);
-                    }
-                }
-                let mut out = Map::new();
-                for (k, v) in o {
-                    let child = join(path, &k);
-                    let v = self.expand(v, macros, &child, depth);
-                    out.insert(k, v);
-                }
-                Value::Object(out)
-            }
+            Value::String(s) if s.starts_with('@') => self.expand_call(&s, macros, path, depth),
+            Value::Object(o) => self.expand_object(o, macros, path, depth),
             Value::Array(items) => Value::Array(
                 items
                     .into_iter()
@@ -241,6 +158,116 @@ impl Importer {
             ),
             other => other,
         }
+    }
+
+    /// A call written as a string, `"@name(a,b)"`: a macro of `macros` (its parameters
+    /// bound by position, or their defaults), else a built-in (bound by its parameter
+    /// names); a value written in (`@json(...)`) reads back as itself.
+    fn expand_call(&mut self, s: &str, macros: &Macros, path: &str, depth: usize) -> Value {
+        if let Some(value) = json_argument(s) {
+            return value;
+        }
+        let Some((name, args)) = parse_call(s) else {
+            self.error(
+                ErrorKind::Invalid,
+                path,
+                format!("cannot read macro call \"{s}\""),
+            );
+            return Value::Null;
+        };
+        let Some((params, body)) = macros.get(name) else {
+            if let Some(names) = builtins::params(name) {
+                let mut call = Map::new();
+                for (param, arg) in names.iter().zip(&args) {
+                    let param = param.trim_end_matches('?');
+                    call.insert(param.to_string(), Value::String(arg.to_string()));
+                }
+                return self.builtin(name, call, macros, path, depth);
+            }
+            self.error(ErrorKind::Invalid,
+                path,
+                format!(
+                    "macro \"@{name}\" is neither defined in \"macros\" nor one of mcrouter's built-ins the importer computes; write its result out"
+                ),
+            );
+            return Value::Null;
+        };
+        let mut bound = HashMap::new();
+        for (i, (param, default)) in params.iter().enumerate() {
+            match args
+                .get(i)
+                .map(|a| Value::String(a.to_string()))
+                .or_else(|| default.clone())
+            {
+                Some(v) => {
+                    bound.insert(param.clone(), v);
+                }
+                None => self.error(
+                    ErrorKind::Missing,
+                    path,
+                    format!("macro \"@{name}\": no value for parameter \"{param}\""),
+                ),
+            }
+        }
+        let body = substitute(body.clone(), &bound);
+        self.expand(body, macros, path, depth + 1)
+    }
+
+    /// An object: its `vars` bound first; then a call of a macro of `macros` by its
+    /// `type` (parameters by name), a built-in, `transform` / `foreach` / `process`; or
+    /// a plain object, each value expanded.
+    fn expand_object(
+        &mut self,
+        mut o: Map<String, Value>,
+        macros: &Macros,
+        path: &str,
+        depth: usize,
+    ) -> Value {
+        if let Some(Value::Object(vars)) = o.remove("vars") {
+            let bound = self.bind_vars(vars, macros, path, depth);
+            let o = substitute(Value::Object(o), &bound);
+            return self.expand(o, macros, path, depth + 1);
+        }
+        if let Some((params, body)) = o
+            .get("type")
+            .and_then(Value::as_str)
+            .and_then(|t| macros.get(t))
+        {
+            let mut bound = HashMap::new();
+            for (param, default) in params {
+                match o.get(param).cloned().or_else(|| default.clone()) {
+                    Some(v) => {
+                        let v = self.expand(v, macros, &join(path, param), depth + 1);
+                        bound.insert(param.clone(), v);
+                    }
+                    None => self.error(
+                        ErrorKind::Missing,
+                        path,
+                        format!("macro call: no value for parameter \"{param}\""),
+                    ),
+                }
+            }
+            let body = substitute(body.clone(), &bound);
+            return self.expand(body, macros, path, depth + 1);
+        }
+        if let Some(kind) = o.get("type").and_then(Value::as_str).map(str::to_string) {
+            if builtins::params(&kind).is_some() {
+                return self.builtin(&kind, o, macros, path, depth);
+            }
+            if kind == "transform" || kind == "foreach" {
+                return self.for_each(&kind, o, macros, path, depth);
+            }
+            if kind == "process" {
+                return self.process(o, macros, path, depth);
+            }
+        }
+        let mut out = Map::new();
+        for (k, v) in o {
+            let child = join(path, &k);
+            let v = self.expand(v, macros, &child, depth);
+            out.insert(k, v);
+        }
+        Value::Object(out)
     }
 
     /// Built-in macro `name` with its arguments by parameter name (`call`): `if` expands
