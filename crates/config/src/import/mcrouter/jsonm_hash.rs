@@ -124,7 +124,7 @@ pub(super) fn shuffle<T>(items: &mut [T], seed: u32) {
         return;
     }
     let mut i = 1;
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         let j = engine.uniform(1);
         items.swap(i, j as usize);
         i += 1;
