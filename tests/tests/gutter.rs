@@ -156,10 +156,69 @@ fn writes_to_the_gutter_are_capped_at_failover_exptime_and_reads_find_them() {
     assert_eq!(reply, b"VALUE gat 0 3\r\nabc\r\nEND\r\n");
     let ttl = ttl_on(&gutter, "gat").unwrap();
     assert!((50..=60).contains(&ttl), "gat 0 capped at 60 s: ttl {ttl}");
+    // Of several keys: each key's touch capped the same way.
+    set_until_stored(&mut c, "gat2", 10);
+    multi_touch_is_capped(&mut c, &gutter);
 
     // Every write above went over once (and the read of each too): counted for the route.
     let failovers = stat(&mut c, "route:wan:failovers").expect("route:wan:failovers in stats");
     assert!(failovers >= 8, "failovers counted: {failovers}");
+}
+
+/// A `gat 0` and a `gats 3600` of keys `gat` and `gat2` (both in the gutter, their TTLs
+/// at most 10 s) through the route, its first child down: both hit, and each key's TTL
+/// in the gutter is the 60 s cap, not never (0) nor an hour.
+fn multi_touch_is_capped(c: &mut Conn, gutter: &Memcached) {
+    let reply = c.roundtrip_lines(b"gat 0 gat gat2\r\n", 5);
+    assert_eq!(
+        String::from_utf8_lossy(&reply),
+        "VALUE gat 0 3\r\nabc\r\nVALUE gat2 0 3\r\nabc\r\nEND\r\n"
+    );
+    for key in ["gat", "gat2"] {
+        let ttl = ttl_on(gutter, key).unwrap();
+        assert!(
+            (50..=60).contains(&ttl),
+            "gat 0 of two keys: {key} ttl {ttl}"
+        );
+    }
+    // Lower the TTLs again so that an uncapped gats would show.
+    for key in ["gat", "gat2"] {
+        assert_eq!(
+            c.roundtrip_line(format!("touch {key} 5\r\n").as_bytes()),
+            b"TOUCHED\r\n"
+        );
+    }
+    let reply = c.roundtrip_lines(b"gats 3600 gat gat2\r\n", 5);
+    let text = String::from_utf8_lossy(&reply);
+    assert!(
+        text.starts_with("VALUE gat 0 3 ") && text.ends_with("END\r\n"),
+        "{text}"
+    );
+    for key in ["gat", "gat2"] {
+        let ttl = ttl_on(gutter, key).unwrap();
+        assert!(
+            (50..=60).contains(&ttl),
+            "gats 3600 of two keys: {key} ttl {ttl}"
+        );
+    }
+}
+
+/// Without `failover_errors` (every error moves on) a multi-get is planned over the first
+/// pool as a plain pool's keys, and a failed batch's keys go on (`rest_multi`): a
+/// multi-key gat is capped on that path too.
+#[test]
+fn a_multi_key_touch_planned_over_the_first_pool_is_capped_on_failover() {
+    let mut first = Memcached::start();
+    let gutter = Memcached::start();
+    let config = gutter_config(&first, &gutter, "[\"tko\"]", "60")
+        .replace("failover_errors = [\"tko\"]\n", "");
+    assert!(!config.contains("failover_errors"), "{config}");
+    let proxy = Memroute::start(&config);
+    let mut c = proxy.connect();
+    first.kill();
+    set_until_stored(&mut c, "gat", 10);
+    set_until_stored(&mut c, "gat2", 10);
+    multi_touch_is_capped(&mut c, &gutter);
 }
 
 #[test]

@@ -268,6 +268,84 @@ fn a_multi_get_across_prefixes_answers_in_the_clients_order_with_its_keys() {
     assert!(text.ends_with("\r\n5\r\nEND\r\n"), "{text}");
 }
 
+/// A multi-key request with one key whose prefix names no route, as mcrouter answers it:
+/// a text multi-get is one error line (its `MultiOpParent` keeps the first error in place
+/// of `END` and drops the hits); a `gat`'s routable keys are still touched; binary quiet
+/// gets and meta gets are requests of their own, so only that key gets the error.
+#[test]
+fn a_key_naming_no_route_among_others_gets_the_answer_mcrouter_gives() {
+    let s = setup();
+    let mut c = s.proxy.connect();
+    let no_route = b"SERVER_ERROR RootRoute: No rh found\r\n";
+    for (key, value) in [("plain", "p"), ("/west/web/w", "w")] {
+        assert_eq!(show(&set_through(&mut c, key, value)), show(b"STORED\r\n"));
+    }
+    for line in [
+        &b"get plain /north/web/k /west/web/w\r\n"[..],
+        b"gets /west/web/w /north/web/k\r\n",
+        b"get /north/web/k /west/web/\r\n",
+    ] {
+        assert_eq!(show(&c.roundtrip_line(line)), show(no_route));
+    }
+    // The first refused key's error is the answer.
+    assert_eq!(
+        show(&c.roundtrip_line(b"get plain /west/web/ /north/web/k\r\n")),
+        show(b"CLIENT_ERROR bad command line format\r\n")
+    );
+    // gat: the error, and every routable key touched all the same.
+    assert_eq!(
+        show(&c.roundtrip_line(b"gat 5000 plain /north/web/k /west/web/w\r\n")),
+        show(no_route)
+    );
+    let ttl_set = |server: &Memcached, key: &str| {
+        let line = server
+            .connect()
+            .roundtrip_line(format!("mg {key} t\r\n").as_bytes());
+        line.starts_with(b"HD t5000") || line.starts_with(b"HD t4999")
+    };
+    assert!(poll_until(DEADLINE, || ttl_set(&s.east_web, "plain")));
+    assert!(poll_until(DEADLINE, || ttl_set(&s.west_web, "w")));
+
+    // Meta: each mg its own request.
+    c.send(b"mg plain v\r\nmg /north/web/k v\r\nmg /west/web/w v\r\nmn\r\n");
+    let mut replies = Vec::new();
+    for _ in 0..6 {
+        replies.extend(c.read_line());
+    }
+    assert_eq!(
+        show(&replies),
+        show(b"VA 1\r\np\r\nSERVER_ERROR RootRoute: No rh found\r\nVA 1\r\nw\r\nMN\r\n")
+    );
+
+    // Binary quiet gets: the hits, and the error for that key alone, in order.
+    const GETKQ: u8 = 0x0d;
+    const NOOP: u8 = 0x0a;
+    let mut b = s.proxy.connect();
+    let mut batch = Vec::new();
+    for key in ["/west/web/w", "/north/web/k", "plain", "/west/web/none"] {
+        batch.extend(binary_client::frame(GETKQ, key.as_bytes(), b""));
+    }
+    batch.extend(binary_client::frame(NOOP, b"", b""));
+    b.send(&batch);
+    let mut answers = Vec::new();
+    loop {
+        let response = binary_client::read_whole_response(&mut b);
+        if response.opcode == NOOP {
+            break;
+        }
+        answers.push((response.status, show(&response.key), show(&response.value)));
+    }
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    assert_eq!(answers[0], (0, show(b"/west/web/w"), show(b"w")));
+    // memcached's internal error (0x84), the body mcrouter's message.
+    assert_eq!(answers[1].0, 0x84, "{answers:?}");
+    assert!(
+        answers[1].2.contains("RootRoute: No rh found"),
+        "{answers:?}"
+    );
+    assert_eq!(answers[2], (0, show(b"plain"), show(b"p")));
+}
+
 #[test]
 fn meta_and_binary_requests_take_prefixes_and_echo_the_clients_key() {
     let s = setup();

@@ -71,6 +71,25 @@ pub fn cap_exptime(command: Command, parts: &RequestBytes, cap: u32) -> Option<R
     Some(RequestBytes::whole(out.freeze()))
 }
 
+/// The head of a multi-key `gat`/`gats` line (`gat 300 `: what comes before its keys)
+/// with its exptime capped at `cap` seconds (above 0); `None` for any other head, or one
+/// whose exptime goes as it is. (A multi-key touch sent on to a failover child.)
+pub fn cap_multi_head(head: &[u8], cap: u32) -> Option<Bytes> {
+    let mut words = words(head);
+    let (_, command) = words.next()?;
+    if command != b"gat" && command != b"gats" {
+        return None;
+    }
+    let (range, word) = words.next()?;
+    let exptime = std::str::from_utf8(word).ok()?.parse::<i64>().ok()?;
+    let value = capped_exptime(exptime, cap)?;
+    let mut out = BytesMut::with_capacity(head.len() + 12);
+    out.put_slice(&head[..range.start]);
+    out.put_slice(value.to_string().as_bytes());
+    out.put_slice(&head[range.end..]);
+    Some(out.freeze())
+}
+
 /// For `ms` / `mg`: the bytes of the `T` flag's number to replace (an empty range at the
 /// line's end: a `T` flag to add) and the capped value.
 fn meta_exptime(command: Command, line: &[u8], cap: u32) -> Option<(std::ops::Range<usize>, u32)> {
@@ -125,6 +144,17 @@ mod tests {
             let bytes: Vec<u8> = p.pieces().flatten().copied().collect();
             String::from_utf8(bytes).expect("ascii")
         })
+    }
+
+    #[test]
+    fn a_multi_key_touch_head_is_capped() {
+        let head = |h: &str| cap_multi_head(h.as_bytes(), 60).map(|b| b.to_vec());
+        assert_eq!(head("gat 0 "), Some(b"gat 60 ".to_vec()));
+        assert_eq!(head("gats 3600 "), Some(b"gats 60 ".to_vec()));
+        assert_eq!(head("gat 10 "), None);
+        assert_eq!(head("gat -1 "), None);
+        assert_eq!(head("get "), None);
+        assert_eq!(head("gets "), None);
     }
 
     #[test]

@@ -26,7 +26,7 @@ mod scan;
 
 pub use base64::{decode_base64, encode_base64};
 pub use error::{ErrorReply, ProtocolError};
-pub use exptime::{cap_exptime, capped_exptime};
+pub use exptime::{cap_exptime, cap_multi_head, capped_exptime};
 pub use reply::{
     framed_block_is_for, parse_reply, parse_reply_counting, parse_retrieval_blocks,
     quiet_suppresses, retrieval_error, value_block_at, value_block_for, value_blocks, ReplyKind,

@@ -448,7 +448,10 @@ impl Translator {
         if let Some(refused) = self.refuse(at, &request, pending) {
             return refused;
         }
-        if matches!(request.opcode, op::GETQ | op::GETKQ) && is_text_key(&request.key) {
+        if matches!(request.opcode, op::GETQ | op::GETKQ)
+            && is_text_key(&request.key)
+            && !refused_by_prefix(at, &request.key)
+        {
             return self.batch_quiet_gets(at, request, input, pending);
         }
         let line = self.line_buffer(request.key.len() * 2 + request.value.len());
@@ -669,7 +672,9 @@ impl Translator {
     ) -> Framed {
         let most = at.routing.limits.max_line_len / 256;
         // Only frames that are whole in the buffer join the batch; never wait for more.
-        let (more, more_keys) = buffered_quiet_gets(input, most.saturating_sub(1));
+        let (more, more_keys) = buffered_quiet_gets(input, most.saturating_sub(1), |key| {
+            refused_by_prefix(at, key)
+        });
         let line = self.line_buffer(first.key.len() + more + more_keys);
         line.put_slice(b"gets ");
         line.put_slice(&first.key);
@@ -871,14 +876,25 @@ fn with_cas(request: MetaRequest<'_, BytesMut>, cas: u64) -> MetaRequest<'_, Byt
     }
 }
 
+/// Whether a key's routing prefix refuses it (`routing_prefix::refuses`): such a getq is
+/// sent on its own, so that the error is its alone, as it would be from mcrouter, where
+/// each binary request is one.
+fn refused_by_prefix(at: &Inbound<'_>, key: &[u8]) -> bool {
+    crate::routing_prefix::refuses(&at.routing.routes, at.origin.listener, key)
+}
+
 /// How many whole, well-formed getq/getkq frames with text-safe keys start `input` (at most
-/// `most`), and the bytes of their keys.
-fn buffered_quiet_gets(input: &[u8], most: usize) -> (usize, usize) {
+/// `most`, and none from the first whose key `stop` says ends the run), and the bytes of
+/// their keys.
+fn buffered_quiet_gets(input: &[u8], most: usize, stop: impl Fn(&[u8]) -> bool) -> (usize, usize) {
     let (mut count, mut key_bytes, mut at) = (0, 0, 0);
     while count < most {
         let Some(key_len) = quiet_get_key_len(&input[at..]) else {
             break;
         };
+        if stop(&input[at + HEADER_LEN..at + HEADER_LEN + key_len]) {
+            break;
+        }
         count += 1;
         key_bytes += key_len;
         at += HEADER_LEN + key_len;
@@ -1087,16 +1103,31 @@ mod tests {
     #[test]
     fn a_batch_takes_the_whole_quiet_gets_at_the_front_up_to_its_limit() {
         let mut input = [frame(op::GETQ, b"a"), frame(op::GETKQ, b"bb")].concat();
-        assert_eq!(buffered_quiet_gets(&input, 10), (2, 3));
-        assert_eq!(buffered_quiet_gets(&input, 1), (1, 1));
+        assert_eq!(buffered_quiet_gets(&input, 10, none), (2, 3));
+        assert_eq!(buffered_quiet_gets(&input, 1, none), (1, 1));
         // A frame of another opcode ends the run; so does one cut short.
         let noop = frame(op::NOOP, b"");
         let run = [input.clone(), noop, frame(op::GETQ, b"c")].concat();
-        assert_eq!(buffered_quiet_gets(&run, 10), (2, 3));
+        assert_eq!(buffered_quiet_gets(&run, 10, none), (2, 3));
         input.extend_from_slice(&frame(op::GETQ, b"ccc")[..HEADER_LEN + 1]);
-        assert_eq!(buffered_quiet_gets(&input, 10), (2, 3));
+        assert_eq!(buffered_quiet_gets(&input, 10, none), (2, 3));
         // A key the text protocol cannot carry goes on its own (base64, one `mg`).
-        assert_eq!(buffered_quiet_gets(&frame(op::GETQ, b"a b"), 10), (0, 0));
+        assert_eq!(
+            buffered_quiet_gets(&frame(op::GETQ, b"a b"), 10, none),
+            (0, 0)
+        );
+        // A key its routing prefix refuses ends the run (it is answered on its own).
+        let run = [
+            frame(op::GETQ, b"a"),
+            frame(op::GETQ, b"/x/y/k"),
+            frame(op::GETQ, b"b"),
+        ];
+        let stop = |key: &[u8]| key.starts_with(b"/x/");
+        assert_eq!(buffered_quiet_gets(&run.concat(), 10, stop), (1, 1));
+    }
+
+    fn none(_: &[u8]) -> bool {
+        false
     }
 
     /// The line `write_request` translates a request to.

@@ -230,30 +230,28 @@ fn send_prefixed(
             Resolved::Routes { len, targets } => (targets, len),
         };
     let prefix = request.frame.slice_ref(&request.key(0)[..len]);
-    for target in &targets[1..] {
-        let copy = cut_prefix(&request, len, target.strip);
-        send_placed(
+    let in_place = cuts_in_place(&request, len);
+    let send = |request: &Request, strip: bool, node: NodeId| match (strip, in_place) {
+        (true, true) => send_cut(
             routing,
-            target.node,
+            node,
             origin.slot,
-            copy,
+            request.clone(),
+            len,
             operation,
             answered_as,
-        )
-        .run_in_background();
+        ),
+        _ => {
+            let sent = cut_prefix(request, len, strip);
+            send_placed(routing, node, origin.slot, sent, operation, answered_as)
+        }
+    };
+    for target in &targets[1..] {
+        send(&request, target.strip, target.node).run_in_background();
     }
     let first = targets[0];
-    let command = request.command;
-    let sent = cut_prefix(&request, len, first.strip);
-    let inner = send_placed(
-        routing,
-        first.node,
-        origin.slot,
-        sent,
-        operation,
-        answered_as,
-    );
-    restored(inner, command, prefix, first.strip)
+    let inner = send(&request, first.strip, first.node);
+    restored(inner, request.command, prefix, first.strip)
 }
 
 /// The entry for a request whose keys' `prefix` was cut (`strip`): its reply gets it back
@@ -278,6 +276,25 @@ fn cut_prefix(request: &Request, len: usize, strip: bool) -> Request {
     }
 }
 
+/// Whether a prefix of `len` bytes can be left out of `request` as it is sent
+/// (`send_cut`) rather than cut into a new frame (`cut_prefix`): a text command (a meta
+/// request's flags may echo its key) without a `noreply` token (the frame would be in
+/// three pieces), whose line without the prefix needs no rebuilding (`forwardable`).
+fn cuts_in_place(request: &Request, len: usize) -> bool {
+    !request.command.is_keyed_meta()
+        && request.quiet_token.is_none()
+        && (request.line_len - len < MAX_SHORT_LINE || !line_limited(request.command))
+}
+
+/// The client's frame around the first `cut` bytes of its key: what the server gets.
+fn around_cut(request: &Request, cut: usize) -> RequestBytes {
+    let key_at = request.keys.first().map_or(0, |key| key.start);
+    RequestBytes {
+        head: request.frame.slice(..key_at),
+        tail: Some(request.frame.slice(key_at + cut..)),
+    }
+}
+
 /// A request its routing prefix refuses (`error`: mcrouter's for a prefix that names no
 /// route, or memcached's for a key that is only a prefix); nothing for a text `noreply`
 /// request (meta quiet mode shows errors).
@@ -296,9 +313,24 @@ fn send_placed(
     slot: usize,
     request: Request,
     operation: Operation,
+    answered_as: (Command, bool),
+) -> Pending {
+    send_cut(routing, root, slot, request, 0, operation, answered_as)
+}
+
+/// `send_placed` of `request` with its key's first `cut` bytes (a routing prefix, when
+/// `cuts_in_place` allows) left out of what is placed and sent: the server gets the
+/// client's frame around them, two views of it, no copy.
+fn send_cut(
+    routing: &Rc<RouteSnapshot>,
+    root: NodeId,
+    slot: usize,
+    request: Request,
+    cut: usize,
+    operation: Operation,
     (command, noreply): (Command, bool),
 ) -> Pending {
-    let Some(key) = request.keys().next() else {
+    let Some(key) = request.keys().next().and_then(|key| key.get(cut..)) else {
         // The parser never yields a keyed command without a key; answer as memcached would if it did.
         return Pending::Ready(Bytes::from_static(b"ERROR\r\n"));
     };
@@ -315,7 +347,11 @@ fn send_placed(
         crate::collapse::forget(key);
         written = crate::hot_cache::written(key);
     }
-    let Some(parts) = forwardable(&request) else {
+    let parts = match cut {
+        0 => forwardable(&request),
+        _ => Some(around_cut(&request, cut)),
+    };
+    let Some(parts) = parts else {
         return Pending::Ready(Bytes::from_static(b"CLIENT_ERROR line too long\r\n"));
     };
     let kind = ReplyKind::for_command(request.command);
@@ -461,23 +497,33 @@ struct PrefixGroup {
 /// answers for them (keys without a prefix take the listener's root), each group sent as
 /// a multi-get of its own with its prefix cut, and the replies merged in the client's
 /// order with the client's keys (`Pending::Split`); one group is sent as the client's
-/// multi-get. A wildcard's other routes get their keys in the background. A key whose
-/// prefix names no route fails the whole multi-get with mcrouter's error.
+/// multi-get. A wildcard's other routes get their keys in the background.
+///
+/// A key whose prefix names no route (or is the whole key) answers the whole multi-get
+/// with its error, and no hit is written: mcrouter sends each key of a text multi-get as a
+/// request of its own, and its `MultiOpParent` keeps the first error, which then takes the
+/// place of `END`, and suppresses every reply that comes after it (`noReply` on a parent
+/// error); a key without a route fails at once, before any server answers. Its other keys
+/// are still sent there, so a `gat`'s touches land: they are here too, for gat/gats, with
+/// their replies dropped (a get's would change nothing).
 fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request) -> Pending {
     let root = routing.root_of(origin.listener);
     let mut groups: Vec<PrefixGroup> = Vec::new();
     let mut background: Vec<PrefixGroup> = Vec::new();
+    let mut refusal: Option<&'static [u8]> = None;
     let mut key_part = crate::multiget::KeyLegs::with_capacity(request.keys.len());
+    let key_count = request.keys.len();
     let group_of = |groups: &mut Vec<PrefixGroup>, node, prefix: Bytes| match groups
         .iter()
         .position(|g| g.node == node && g.prefix == prefix)
     {
         Some(at) => at,
         None => {
+            // Room for every key: one allocation where most multi-gets have one group.
             groups.push(PrefixGroup {
                 node,
                 prefix,
-                keys: Vec::new(),
+                keys: Vec::with_capacity(key_count),
             });
             groups.len() - 1
         }
@@ -491,10 +537,12 @@ fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request)
                 continue;
             }
             Resolved::NoRoute => {
-                return refused((request.command, false), routing_prefix::NO_ROUTE)
+                refusal.get_or_insert(routing_prefix::NO_ROUTE);
+                continue;
             }
             Resolved::OnlyPrefix => {
-                return refused((request.command, false), routing_prefix::ONLY_PREFIX)
+                refusal.get_or_insert(routing_prefix::ONLY_PREFIX);
+                continue;
             }
             Resolved::Routes { len, targets } => (targets, len),
         };
@@ -512,9 +560,19 @@ fn split_prefixed(routing: &Rc<RouteSnapshot>, origin: Origin, request: Request)
             }
         }
     }
+    if refusal.is_some() {
+        if matches!(request.command, Command::Gat | Command::Gats) {
+            background.append(&mut groups);
+        } else {
+            background.clear();
+        }
+    }
     for group in background {
         let keys = request.with_keys(&group.keys);
         send_group(routing, group.node, origin.slot, keys).run_in_background();
+    }
+    if let Some(error) = refusal {
+        return refused((request.command, false), error);
     }
     let command = request.command;
     if let [group] = &groups[..] {

@@ -258,9 +258,7 @@ impl Pending {
                 } = *entry;
                 let start = out.len();
                 let flow = inner.finish(context, out);
-                let reply = out[start..].to_vec();
-                out.truncate(start);
-                crate::routing_prefix::restore_keys(command, &reply, &prefix, out);
+                crate::routing_prefix::restore_keys(command, out, start, &prefix);
                 return flow;
             }
             Pending::Split(split) => split.finish(context, out),
@@ -319,10 +317,8 @@ impl Split {
         let mut scratch = BytesMut::new();
         for (part, prefix) in parts {
             part.finish(context, &mut scratch);
-            let reply = scratch.split().freeze();
-            let mut restored = BytesMut::new();
-            crate::routing_prefix::restore_keys(command, &reply, &prefix, &mut restored);
-            replies.push(restored.freeze());
+            crate::routing_prefix::restore_keys(command, &mut scratch, 0, &prefix);
+            replies.push(scratch.split().freeze());
         }
         let _ = crate::multiget::merge(&replies, request.keys(), &key_part, out);
     }

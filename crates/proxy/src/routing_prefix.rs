@@ -13,6 +13,7 @@ use bytes::BytesMut;
 use memroute_protocol::{value_block_at, Command, Request};
 use memroute_routing::routing_prefix::{prefix_len, Targets};
 use memroute_routing::RouteTable;
+use smallvec::SmallVec;
 
 /// mcrouter's reply when a prefix names no route: RootRoute's `ErrorReply` with the
 /// message "RootRoute: No rh found", a LOCAL_ERROR written by its ASCII serializer as
@@ -67,32 +68,63 @@ pub(crate) fn resolve(routes: &RouteTable, listener: usize, key: &[u8]) -> Resol
     }
 }
 
+/// Whether `key`'s routing prefix refuses it (names no route, or is the whole key). A
+/// batch of binary quiet gets ends before such a key, which is then answered on its own:
+/// each binary request is one, and only it gets the error.
+pub(crate) fn refuses(routes: &RouteTable, listener: usize, key: &[u8]) -> bool {
+    may_carry(routes, key)
+        && matches!(
+            resolve(routes, listener, key),
+            Resolved::NoRoute | Resolved::OnlyPrefix
+        )
+}
+
 /// Whether the reply to `command` carries the request's key: a retrieval's `VALUE` lines,
 /// a meta command's `k` flag.
 pub(crate) fn reply_carries_key(command: Command) -> bool {
     command.is_read() || command.is_keyed_meta()
 }
 
-/// Writes `reply` into `out` with `prefix` put back in front of each key it carries: in a
-/// text retrieval's `VALUE` lines, or a meta reply's `k` flag.
-pub(crate) fn restore_keys(command: Command, reply: &[u8], prefix: &[u8], out: &mut BytesMut) {
-    out.reserve(reply.len() + prefix.len());
+/// Puts `prefix` back in front of each key the reply at `out[start..]` carries: in a text
+/// retrieval's `VALUE` lines, or a meta reply's `k` flag. In place: the reply's bytes are
+/// moved up once, from its end, to make room (no copy of the reply elsewhere).
+pub(crate) fn restore_keys(command: Command, out: &mut BytesMut, start: usize, prefix: &[u8]) {
+    if prefix.is_empty() {
+        return;
+    }
+    // Where each key starts, in the reply as the server wrote it.
+    let mut at_keys: SmallVec<[usize; 32]> = SmallVec::new();
+    let reply = &out[start..];
     if command.is_keyed_meta() {
-        return restore_meta_key(reply, prefix, out);
+        at_keys.extend(meta_key_at(reply));
+    } else {
+        let mut at = 0;
+        while let Some(block) = value_block_at(reply, at) {
+            at_keys.push(block.key.start);
+            at = block.block.end;
+        }
     }
-    let mut at = 0;
-    while let Some(block) = value_block_at(reply, at) {
-        out.extend_from_slice(&reply[at..block.key.start]);
-        out.extend_from_slice(prefix);
-        out.extend_from_slice(&reply[block.key.start..block.block.end]);
-        at = block.block.end;
+    if at_keys.is_empty() {
+        return;
     }
-    out.extend_from_slice(&reply[at..]);
+    let old_end = out.len();
+    out.resize(old_end + at_keys.len() * prefix.len(), 0);
+    // From the last key back: the bytes after each key start move up by the prefixes
+    // written before them, and that key's prefix goes in front of it.
+    let mut segment_end = old_end;
+    for (n, &key) in at_keys.iter().enumerate().rev() {
+        let key = start + key;
+        let shift = (n + 1) * prefix.len();
+        out.copy_within(key..segment_end, key + shift);
+        let prefix_at = key + n * prefix.len();
+        out[prefix_at..prefix_at + prefix.len()].copy_from_slice(prefix);
+        segment_end = key;
+    }
 }
 
-/// A meta reply's first line: its `k<key>` flag (any token after the status, and after a
-/// `VA`'s size, that starts with `k`) gets the prefix back.
-fn restore_meta_key(reply: &[u8], prefix: &[u8], out: &mut BytesMut) {
+/// Where a meta reply's key starts: in its first line, the `k<key>` flag (any token after
+/// the status, and after a `VA`'s size, that starts with `k`), past the `k`.
+fn meta_key_at(reply: &[u8]) -> Option<usize> {
     let line_end = reply
         .iter()
         .position(|&b| b == b'\r' || b == b'\n')
@@ -102,15 +134,11 @@ fn restore_meta_key(reply: &[u8], prefix: &[u8], out: &mut BytesMut) {
     let mut at = 0;
     for (n, token) in line.split(|&b| b == b' ').enumerate() {
         if n >= skip && token.first() == Some(&b'k') {
-            let key_at = at + 1;
-            out.extend_from_slice(&reply[..key_at]);
-            out.extend_from_slice(prefix);
-            out.extend_from_slice(&reply[key_at..]);
-            return;
+            return Some(at + 1);
         }
         at += token.len() + 1;
     }
-    out.extend_from_slice(reply);
+    None
 }
 
 #[cfg(test)]
@@ -118,9 +146,12 @@ mod tests {
     use super::*;
 
     fn restored(command: Command, reply: &[u8]) -> Vec<u8> {
-        let mut out = BytesMut::new();
-        restore_keys(command, reply, b"/dc/c/", &mut out);
-        out.to_vec()
+        // After bytes already written (an earlier reply), which stay as they are.
+        let mut out = BytesMut::from(&b"STORED\r\n"[..]);
+        out.extend_from_slice(reply);
+        restore_keys(command, &mut out, 8, b"/dc/c/");
+        assert_eq!(&out[..8], b"STORED\r\n");
+        out[8..].to_vec()
     }
 
     #[test]

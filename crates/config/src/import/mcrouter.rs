@@ -23,6 +23,7 @@
 mod builtins;
 mod handles;
 mod json;
+mod jsonm_hash;
 mod kept_prefixes;
 mod macros;
 mod pools;
@@ -311,6 +312,8 @@ struct Importer {
     out_routes: BTreeMap<String, OutRoute>,
     /// Every memroute name handed out (pools and routes share one namespace).
     used: HashSet<String>,
+    /// The names of the `constDef` macros (`@defined` is true for them).
+    consts: HashSet<String>,
 }
 
 impl Importer {

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use memroute_backend::BackendError;
 use memroute_config::{FailoverOn, ReadPolicy};
-use memroute_protocol::cap_exptime;
+use memroute_protocol::{cap_exptime, cap_multi_head};
 use memroute_routing::{ErrorClass, FailoverErrors, Node, NodeId, ReplyClass};
 
 use super::in_place::{BoxedMultiReply, InPlace, Routed};
@@ -125,6 +125,26 @@ fn capped(routing: &RouteSnapshot, node: NodeId, job: Rc<Job>) -> Rc<Job> {
         Some(parts) => Rc::new(job.with_parts(parts)),
         None => job,
     }
+}
+
+/// The keys of a multi-key job as failover route `node` sends them to its later
+/// children: a `gat`/`gats` with its exptime capped as `capped` caps a single key's
+/// (mcrouter's `ModifyExptimeRoute` sees each key of a multi-get as a request of its own,
+/// with the exptime they share); the same job otherwise.
+fn capped_multi(routing: &RouteSnapshot, node: NodeId, job: &Rc<MultiJob>) -> Rc<MultiJob> {
+    let Some(head) = gutter(routing, node)
+        .1
+        .and_then(|cap| cap_multi_head(&job.head, cap))
+    else {
+        return job.clone();
+    };
+    Rc::new(MultiJob {
+        operation: job.operation,
+        head,
+        keys: job.keys.clone(),
+        slot: job.slot,
+        byte_cap: job.byte_cap,
+    })
 }
 
 /// For a multi-get through policy route `node`: the pool every key goes to first, when the
@@ -259,6 +279,8 @@ pub(super) async fn run_multi(
     if !first_replies.iter().any(moves_on) {
         return KeyReplies::Keys(first_replies);
     }
+    // Every child from the second on is a failover child: the cap applies to each.
+    let later = capped_multi(routing, node, job);
     // Final outcomes; for a key still being asked, its first miss (if any).
     let mut outcomes: Vec<Option<KeyReply>> = vec![None; keys.len()];
     let mut remaining: Vec<usize> = (0..keys.len()).collect();
@@ -270,8 +292,8 @@ pub(super) async fn run_multi(
             None => {
                 let asked: Vec<u32> = remaining.iter().map(|&p| keys[p]).collect();
                 nearest::count_reads(routing, node, child, asked.len() as u64);
-                let replies = run_multi_child(routing, child, job, asked.clone()).await;
-                replies.into_keys(job, &asked)
+                let replies = run_multi_child(routing, child, &later, asked.clone()).await;
+                replies.into_keys(&later, &asked)
             }
         };
         let mut next = Vec::new();
@@ -478,7 +500,8 @@ pub(super) fn rest_multi(
         .fetch_add(u64::from(count), Relaxed);
     let routing = routing.clone();
     Box::pin(async move {
-        let job = Rc::new(job);
+        // Every child from here on is a failover child: the cap applies to each.
+        let job = capped_multi(&routing, node, &Rc::new(job));
         let keys: Vec<u32> = (0..count).collect();
         let (children, on) = after_first(&routing, node, tried);
         let replies = run_multi(&routing, node, &children, on, &job, keys.clone()).await;

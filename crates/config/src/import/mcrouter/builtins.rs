@@ -6,12 +6,14 @@
 //! expansion itself, which calls back here for the rest.
 use serde_json::{Map, Number, Value};
 
+use super::jsonm_hash;
+
 /// The parameters of built-in macro `name`, in order (`?` marks an optional one); `None`
 /// when it is not one the importer computes.
 pub(super) fn params(name: &str) -> Option<&'static [&'static str]> {
     Some(match name {
         "int" | "double" | "str" | "bool" | "isArray" | "isBool" | "isInt" | "isDouble"
-        | "isObject" | "isString" => &["value"],
+        | "isObject" | "isString" | "hash" => &["value"],
         "keys" | "values" | "empty" | "size" | "sort" => &["dictionary"],
         "merge" => &["params"],
         "select" => &["dictionary", "key", "default?"],
@@ -19,21 +21,54 @@ pub(super) fn params(name: &str) -> Option<&'static [&'static str]> {
         "split" => &["dictionary", "delim"],
         "range" => &["from", "to"],
         "contains" => &["dictionary", "key"],
+        "weightedHash" => &["dictionary", "key"],
+        "shuffle" => &["dictionary", "seed?"],
         "equals" | "less" | "and" | "or" | "add" | "sub" | "mul" | "div" | "mod" => &["A", "B"],
-        "not" => &["A"],
+        "not" | "bitwiseNot" => &["A"],
+        "bitwiseAnd" | "bitwiseOr" | "bitwiseXor" | "bitwiseLeftShift" | "bitwiseRightShift" => {
+            &["A", "B"]
+        }
         "fail" => &["msg"],
         "set" => &["dictionary", "key", "value"],
         "if" => &["condition", "is_true", "is_false"],
         "import" => &["path", "default?"],
+        "define" => &["result"],
+        "defined" => &["name"],
+        "isLocalIp" => &["ip"],
         _ => return None,
     })
 }
 
 /// Built-in macro `name` over its (expanded) arguments, in `params` order (`Null` for an
 /// optional one not given). `Err`: what mcrouter's preprocessor would reject it for.
+/// (`defined` needs the names in scope: the expansion answers it.)
 pub(super) fn compute(name: &str, args: &[Value]) -> Result<Value, String> {
     let arg = |i: usize| args.get(i).unwrap_or(&Value::Null);
-    let (a, b) = (arg(0), arg(1));
+    match name {
+        "int" | "double" | "str" | "bool" => cast(name, arg(0)),
+        "isArray" | "isBool" | "isInt" | "isDouble" | "isObject" | "isString" => {
+            Ok(Value::Bool(is_type(name, arg(0))))
+        }
+        "keys" | "values" | "empty" | "size" | "sort" | "merge" | "set" => {
+            whole(name, arg(0), arg(1), arg(2))
+        }
+        "select" | "slice" | "split" | "range" | "contains" => part(name, arg(0), arg(1), arg(2)),
+        "equals" | "less" | "and" | "or" | "not" => logic(name, arg(0), arg(1)),
+        "add" | "sub" | "mul" | "div" | "mod" => arithmetic(name, arg(0), arg(1)),
+        "hash" | "weightedHash" | "shuffle" => hashed(name, arg(0), arg(1)),
+        "bitwiseAnd" | "bitwiseOr" | "bitwiseXor" | "bitwiseLeftShift" | "bitwiseRightShift"
+        | "bitwiseNot" => bitwise(name, arg(0), arg(1)),
+        "isLocalIp" => Ok(Value::Bool(is_local_ip(arg(0)))),
+        "define" => Ok(arg(0).clone()),
+        "fail" => Err(format!("@fail: {}", text(arg(0)))),
+        other => Err(format!(
+            "@{other} is not a built-in macro the importer computes"
+        )),
+    }
+}
+
+/// `@int`, `@double`, `@str`, `@bool`.
+fn cast(name: &str, a: &Value) -> Result<Value, String> {
     Ok(match name {
         "int" => Value::from(int(a).ok_or_else(|| format!("@int: {a} is not an integer"))?),
         "double" => match number(a) {
@@ -41,59 +76,72 @@ pub(super) fn compute(name: &str, args: &[Value]) -> Result<Value, String> {
             None => return Err(format!("@double: {a} is not a number")),
         },
         "str" => Value::String(text(a)),
-        "bool" => Value::Bool(match a {
+        _ => Value::Bool(match a {
             Value::Bool(v) => *v,
             Value::String(s) if s == "true" => true,
             Value::String(s) if s == "false" => false,
             other => return Err(format!("@bool: {other} is not a boolean")),
         }),
-        "isArray" => Value::Bool(a.is_array()),
-        "isBool" => Value::Bool(a.is_boolean()),
-        "isInt" => Value::Bool(a.is_i64() || a.is_u64()),
-        "isDouble" => Value::Bool(a.is_f64()),
-        "isObject" => Value::Bool(a.is_object()),
-        "isString" => Value::Bool(a.is_string()),
-        "keys" => match a {
-            Value::Object(o) => Value::Array(o.keys().cloned().map(Value::String).collect()),
-            other => return Err(format!("@keys: {other} is not an object")),
-        },
-        "values" => match a {
-            Value::Object(o) => Value::Array(o.values().cloned().collect()),
-            other => return Err(format!("@values: {other} is not an object")),
-        },
-        "empty" => Value::Bool(size(a)? == 0),
-        "size" => Value::from(size(a)?),
-        "sort" => match a {
-            Value::Array(items) => {
-                let mut items = items.clone();
-                items.sort_by_key(text);
-                Value::Array(items)
-            }
-            other => return Err(format!("@sort: {other} is not an array")),
-        },
-        "merge" => merge(a)?,
-        "select" => match (select(a, b), arg(2)) {
+    })
+}
+
+/// `@isArray`, `@isBool`, ...
+fn is_type(name: &str, a: &Value) -> bool {
+    match name {
+        "isArray" => a.is_array(),
+        "isBool" => a.is_boolean(),
+        "isInt" => a.is_i64() || a.is_u64(),
+        "isDouble" => a.is_f64(),
+        "isObject" => a.is_object(),
+        _ => a.is_string(),
+    }
+}
+
+/// The built-ins over a whole list or object: `@keys`, `@values`, `@empty`, `@size`,
+/// `@sort`, `@merge`, `@set`.
+fn whole(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
+    Ok(match (name, a) {
+        ("keys", Value::Object(o)) => Value::Array(o.keys().cloned().map(Value::String).collect()),
+        ("values", Value::Object(o)) => Value::Array(o.values().cloned().collect()),
+        ("empty", _) => Value::Bool(size(a)? == 0),
+        ("size", _) => Value::from(size(a)?),
+        ("sort", Value::Array(items)) => {
+            let mut items = items.clone();
+            items.sort_by_key(text);
+            Value::Array(items)
+        }
+        ("merge", _) => merge(a)?,
+        ("set", Value::Object(o)) => {
+            let mut o = o.clone();
+            o.insert(text(b), c.clone());
+            Value::Object(o)
+        }
+        ("sort", other) => return Err(format!("@sort: {other} is not an array")),
+        (_, other) => return Err(format!("@{name}: {other} is not an object")),
+    })
+}
+
+/// The built-ins that take a part of a value: `@select`, `@slice`, `@split`, `@range`,
+/// `@contains`.
+fn part(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
+    Ok(match name {
+        "select" => match (select(a, b), c) {
             (Some(v), _) => v.clone(),
             (None, Value::Null) => return Err(format!("@select: no {b} in the dictionary")),
             (None, default) => default.clone(),
         },
         "slice" => {
-            let (from, to) = (
-                int(b).unwrap_or(0).max(0) as usize,
-                int(arg(2)).unwrap_or(0),
-            );
-            match a {
-                Value::Array(items) => {
-                    let to = (to.max(0) as usize).min(items.len().saturating_sub(1));
-                    Value::Array(
-                        items
-                            .get(from..=to)
-                            .map(<[Value]>::to_vec)
-                            .unwrap_or_default(),
-                    )
-                }
-                other => return Err(format!("@slice: {other} is not an array")),
-            }
+            let (from, to) = (int(b).unwrap_or(0).max(0) as usize, int(c).unwrap_or(0));
+            let Value::Array(items) = a else {
+                return Err(format!("@slice: {a} is not an array"));
+            };
+            let to = (to.max(0) as usize).min(items.len().saturating_sub(1));
+            Value::Array(
+                items
+                    .get(from..=to)
+                    .map(<[Value]>::to_vec)
+                    .unwrap_or_default(),
+            )
         }
         "split" => match (a, b) {
             (Value::String(s), Value::String(delim)) if !delim.is_empty() => Value::Array(
@@ -104,8 +152,7 @@ pub(super) fn compute(name: &str, args: &[Value]) -> Result<Value, String> {
             _ => return Err("@split: expected a string and a delimiter".to_string()),
         },
         "range" => {
-            let (from, to) = (int(a), int(b));
-            let (Some(from), Some(to)) = (from, to) else {
+            let (Some(from), Some(to)) = (int(a), int(b)) else {
                 return Err("@range: from and to must be integers".to_string());
             };
             if to.saturating_sub(from) > 1_000_000 {
@@ -113,36 +160,141 @@ pub(super) fn compute(name: &str, args: &[Value]) -> Result<Value, String> {
             }
             Value::Array((from..=to).map(Value::from).collect())
         }
-        "contains" => Value::Bool(match a {
+        _ => Value::Bool(match a {
             Value::Array(items) => items.contains(b),
             Value::Object(o) => o.contains_key(&text(b)),
             Value::String(s) => s.contains(&text(b)),
             _ => false,
         }),
-        "equals" => Value::Bool(a == b),
-        "less" => Value::Bool(match (number(a), number(b)) {
+    })
+}
+
+/// `@equals`, `@less`, `@and`, `@or`, `@not`.
+fn logic(name: &str, a: &Value, b: &Value) -> Result<Value, String> {
+    Ok(Value::Bool(match name {
+        "equals" => a == b,
+        "less" => match (number(a), number(b)) {
             (Some(x), Some(y)) => x < y,
             _ => text(a) < text(b),
-        }),
-        "and" => Value::Bool(truth(a)? && truth(b)?),
-        "or" => Value::Bool(truth(a)? || truth(b)?),
-        "not" => Value::Bool(!truth(a)?),
-        "add" | "sub" | "mul" | "div" | "mod" => arithmetic(name, a, b)?,
-        "set" => match a {
-            Value::Object(o) => {
-                let mut o = o.clone();
-                o.insert(text(b), arg(2).clone());
-                Value::Object(o)
-            }
-            other => return Err(format!("@set: {other} is not an object")),
         },
-        "fail" => return Err(format!("@fail: {}", text(a))),
+        "and" => truth(a)? && truth(b)?,
+        "or" => truth(a)? || truth(b)?,
+        _ => !truth(a)?,
+    }))
+}
+
+/// `@bitwiseAnd`, ... over integers (JSON integers only, as mcrouter's `isInt`); a shift
+/// is of the 64 bits unsigned, as mcrouter's.
+fn bitwise(name: &str, a: &Value, b: &Value) -> Result<Value, String> {
+    let integer = |v: &Value| {
+        v.as_i64()
+            .ok_or_else(|| format!("@{name}: {v} is not an integer"))
+    };
+    let x = integer(a)?;
+    if name == "bitwiseNot" {
+        return Ok(Value::from(!x));
+    }
+    let y = integer(b)?;
+    let shift = |by: i64| u32::try_from(by).ok().filter(|&by| by < 64);
+    let result = match name {
+        "bitwiseAnd" => x & y,
+        "bitwiseOr" => x | y,
+        "bitwiseXor" => x ^ y,
+        _ => {
+            let Some(by) = shift(y) else {
+                return Err(format!("@{name}: cannot shift by {y}"));
+            };
+            match name {
+                "bitwiseLeftShift" => ((x as u64) << by) as i64,
+                _ => ((x as u64) >> by) as i64,
+            }
+        }
+    };
+    Ok(Value::from(result))
+}
+
+/// `@hash`, `@weightedHash` and a seeded `@shuffle`, as mcrouter computes them
+/// (`jsonm_hash`). A `@shuffle` without a seed is random in mcrouter (a new order each
+/// start): the list is kept as written (the expansion notes it).
+fn hashed(name: &str, a: &Value, b: &Value) -> Result<Value, String> {
+    match name {
+        "hash" => {
+            let hash = match a {
+                Value::Number(n) if n.is_i64() || n.is_u64() => {
+                    jsonm_hash::twang_mix64(n.as_i64().unwrap_or_default() as u64)
+                }
+                Value::String(s) => jsonm_hash::spooky64(s),
+                other => return Err(format!("@hash: cannot hash {other}")),
+            };
+            // folly's dynamic holds it as a signed 64-bit integer.
+            Ok(Value::from(hash as i64))
+        }
+        "weightedHash" => weighted_hash(a, b),
+        _ => {
+            let Value::Array(items) = a else {
+                return Err(format!("@shuffle: {a} is not an array"));
+            };
+            let mut items = items.clone();
+            match b {
+                Value::Null => {}
+                Value::Number(n) if n.as_u64().is_some() => {
+                    jsonm_hash::shuffle(&mut items, n.as_u64().unwrap_or_default() as u32)
+                }
+                other => {
+                    return Err(format!(
+                        "@shuffle: seed {other} is not a non-negative integer"
+                    ))
+                }
+            }
+            Ok(Value::Array(items))
+        }
+    }
+}
+
+/// `@weightedHash(dictionary, key)`: the name mcrouter's rendezvous hash picks for `key`.
+fn weighted_hash(dictionary: &Value, key: &Value) -> Result<Value, String> {
+    let Value::Object(choices) = dictionary else {
+        return Err(format!("@weightedHash: {dictionary} is not an object"));
+    };
+    let mut weights = Vec::with_capacity(choices.len());
+    for (name, weight) in choices {
+        let Some(weight) = weight.as_f64() else {
+            return Err(format!(
+                "@weightedHash: {name}'s weight {weight} is not a number"
+            ));
+        };
+        if weight < -0.01 {
+            return Err(format!(
+                "@weightedHash: {name}'s weight {weight} is negative"
+            ));
+        }
+        weights.push((name.as_str(), weight.max(0.0)));
+    }
+    if weights.is_empty() {
+        return Err("@weightedHash: the dictionary is empty".to_string());
+    }
+    let key = match key {
+        Value::Number(n) if n.is_i64() || n.is_u64() => n.as_i64().unwrap_or_default() as u64,
+        Value::String(s) => jsonm_hash::spooky64(s),
         other => {
             return Err(format!(
-                "@{other} is not a built-in macro the importer computes"
+                "@weightedHash: key {other} is not a string or an integer"
             ))
         }
-    })
+    };
+    let chosen = jsonm_hash::rendezvous(&weights, key)?;
+    Ok(Value::String(weights[chosen].0.to_string()))
+}
+
+/// `@isLocalIp(ip)`: mcrouter asks the host's interfaces. The importer runs elsewhere
+/// (often not on the host that will run memroute) and reads no interfaces: it takes the
+/// loopback addresses (`127.0.0.0/8`, `::1`) as local and every other address as not;
+/// anything that is not an IP address is not local, as in mcrouter.
+fn is_local_ip(ip: &Value) -> bool {
+    match ip.as_str().map(str::parse::<std::net::IpAddr>) {
+        Some(Ok(address)) => address.is_loopback(),
+        _ => false,
+    }
 }
 
 fn int(v: &Value) -> Option<i64> {
@@ -284,5 +436,17 @@ mod tests {
             compute("keys", &[json!({"b": 1, "a": 2})]),
             Ok(json!(["a", "b"]))
         );
+        assert_eq!(compute("bitwiseAnd", &[json!(6), json!(3)]), Ok(json!(2)));
+        assert_eq!(compute("bitwiseXor", &[json!(6), json!(3)]), Ok(json!(5)));
+        assert_eq!(compute("bitwiseNot", &[json!(0)]), Ok(json!(-1)));
+        assert_eq!(
+            compute("bitwiseLeftShift", &[json!(1), json!(63)]),
+            Ok(json!(i64::MIN))
+        );
+        assert_eq!(
+            compute("bitwiseRightShift", &[json!(-1), json!(60)]),
+            Ok(json!(15))
+        );
+        assert!(compute("bitwiseOr", &[json!("1"), json!(2)]).is_err());
     }
 }

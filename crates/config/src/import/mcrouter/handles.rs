@@ -1041,24 +1041,8 @@ impl Importer {
                 ));
                 continue;
             };
-            let range = match s.get("key_fraction_range") {
-                None => [0.0, 1.0],
-                Some(r) => match r
-                    .as_array()
-                    .map(|a| a.iter().map(Value::as_f64).collect::<Vec<_>>())
-                    .as_deref()
-                {
-                    Some([Some(a), Some(b)]) if 0.0 <= *a && a <= b && *b <= 1.0 => [*a, *b],
-                    // mcrouter logs such a shadow and goes on without it.
-                    _ => {
-                        self.notes.push(format!(
-                            "{}: {} is not [a, b] with 0 <= a <= b <= 1; mcrouter skips this shadow, and so does memroute.",
-                            join(&p, "key_fraction_range"),
-                            compact(r)
-                        ));
-                        continue;
-                    }
-                },
+            let Some(range) = self.shadow_range(s, &p) else {
+                continue;
             };
             let mut route_notes = vec![format!(
                 "{p}: memroute picks the shadowed keys by xxh3 of the key, so the same fraction but not the same keys as mcrouter are shadowed."
@@ -1096,6 +1080,29 @@ impl Importer {
             target = name;
         }
         Some(target)
+    }
+
+    /// A shadow's `key_fraction_range` (`[0, 1]` without one); `None`, with a note, for
+    /// a range mcrouter would not take (it logs such a shadow and goes on without it).
+    fn shadow_range(&mut self, shadow: &Map<String, Value>, p: &str) -> Option<[f64; 2]> {
+        let Some(r) = shadow.get("key_fraction_range") else {
+            return Some([0.0, 1.0]);
+        };
+        match r
+            .as_array()
+            .map(|a| a.iter().map(Value::as_f64).collect::<Vec<_>>())
+            .as_deref()
+        {
+            Some([Some(a), Some(b)]) if 0.0 <= *a && a <= b && *b <= 1.0 => Some([*a, *b]),
+            _ => {
+                self.notes.push(format!(
+                    "{}: {} is not [a, b] with 0 <= a <= b <= 1; mcrouter skips this shadow, and so does memroute.",
+                    join(p, "key_fraction_range"),
+                    compact(r)
+                ));
+                None
+            }
+        }
     }
 
     /// A hash spec: `"Ch3"`, `"WeightedCh3"`, `"Crc32"`, or an object with `hash_func`,

@@ -47,6 +47,59 @@ impl Importer {
         let before = self.errs.len();
         let mut notes = Vec::new();
         let servers_path = join(path, "servers");
+        let (mut servers, security) = self.read_servers(pool, &servers_path, &mut notes);
+        let weights = pool
+            .get("weights")
+            .map(|w| self.read_weights(w, &join(path, "weights")));
+        let timeout_ms = self.read_server_timeout(pool, path);
+        for (key, value) in pool {
+            match key.as_str() {
+                "servers"
+                | "weights"
+                | "server_timeout"
+                | "keep_routing_prefix"
+                | "port_override" => {}
+                "protocol" if value.as_str() == Some("ascii") => {}
+                _ => notes.push(format!(
+                    "{}: {} is not carried over",
+                    join(path, key),
+                    compact(value)
+                )),
+            }
+        }
+        // mcrouter takes a server twice in a pool (two shares of the hash space); memroute
+        // needs each server once.
+        let mut seen = HashSet::new();
+        let before_dedup = servers.len();
+        servers.retain(|server| seen.insert(server.clone()));
+        if servers.len() < before_dedup {
+            notes.push(format!("{servers_path}: a server is listed more than once; memroute lists each once, so keys are placed over the distinct servers (not where mcrouter placed them)."));
+        }
+        let tls = !security.is_empty() && security.iter().all(|&ssl| ssl);
+        if !tls && security.contains(&true) {
+            notes.push(format!(
+                "{servers_path}: some servers are \":ssl\" and some plain; memroute speaks TLS to a whole pool or to none of it: this pool is plain. Split it to keep TLS."
+            ));
+        }
+        (self.errs.len() == before).then_some(McPool {
+            servers,
+            weights,
+            timeout_ms,
+            tls,
+            keep_prefix: pool.get("keep_routing_prefix").and_then(Value::as_bool) == Some(true),
+            notes,
+        })
+    }
+
+    /// A pool's `servers` (with `port_override` applied) and, for each, whether it is
+    /// `:ssl`; what is not carried over (a protocol, a handle given as a server, port 0)
+    /// goes into `notes`.
+    fn read_servers(
+        &mut self,
+        pool: &Map<String, Value>,
+        servers_path: &str,
+        notes: &mut Vec<String>,
+    ) -> (Vec<String>, Vec<bool>) {
         let mut servers = Vec::new();
         let mut security = Vec::new();
         match pool.get("servers") {
@@ -54,7 +107,7 @@ impl Importer {
                 // `port_override`: every server's port (mcrouter lets them omit theirs).
                 let port_override = pool.get("port_override").and_then(Value::as_u64);
                 for (i, s) in items.iter().enumerate() {
-                    let item_path = index(&servers_path, i);
+                    let item_path = index(servers_path, i);
                     let with_port = |a: &str| match port_override {
                         Some(port) => {
                             let host = a.split_once(':').map_or(a, |(host, _)| host);
@@ -96,15 +149,17 @@ impl Importer {
             Some(Value::Array(_)) => {}
             Some(_) => self.error(
                 ErrorKind::WrongType,
-                &servers_path,
+                servers_path,
                 "expected an array of \"host:port\" strings",
             ),
-            None => self.error(ErrorKind::Missing, &servers_path, "required"),
+            None => self.error(ErrorKind::Missing, servers_path, "required"),
         }
-        let weights = pool
-            .get("weights")
-            .map(|w| self.read_weights(w, &join(path, "weights")));
-        let timeout_ms = match pool.get("server_timeout") {
+        (servers, security)
+    }
+
+    /// A pool's `server_timeout` in milliseconds (above 0).
+    fn read_server_timeout(&mut self, pool: &Map<String, Value>, path: &str) -> Option<u64> {
+        match pool.get("server_timeout") {
             None => None,
             Some(v) => match v.as_u64().filter(|&ms| ms > 0) {
                 Some(ms) => Some(ms),
@@ -117,44 +172,7 @@ impl Importer {
                     None
                 }
             },
-        };
-        for (key, value) in pool {
-            match key.as_str() {
-                "servers"
-                | "weights"
-                | "server_timeout"
-                | "keep_routing_prefix"
-                | "port_override" => {}
-                "protocol" if value.as_str() == Some("ascii") => {}
-                _ => notes.push(format!(
-                    "{}: {} is not carried over",
-                    join(path, key),
-                    compact(value)
-                )),
-            }
         }
-        // mcrouter takes a server twice in a pool (two shares of the hash space); memroute
-        // needs each server once.
-        let mut seen = HashSet::new();
-        let before_dedup = servers.len();
-        servers.retain(|server| seen.insert(server.clone()));
-        if servers.len() < before_dedup {
-            notes.push(format!("{servers_path}: a server is listed more than once; memroute lists each once, so keys are placed over the distinct servers (not where mcrouter placed them)."));
-        }
-        let tls = !security.is_empty() && security.iter().all(|&ssl| ssl);
-        if !tls && security.contains(&true) {
-            notes.push(format!(
-                "{servers_path}: some servers are \":ssl\" and some plain; memroute speaks TLS to a whole pool or to none of it: this pool is plain. Split it to keep TLS."
-            ));
-        }
-        (self.errs.len() == before).then_some(McPool {
-            servers,
-            weights,
-            timeout_ms,
-            tls,
-            keep_prefix: pool.get("keep_routing_prefix").and_then(Value::as_bool) == Some(true),
-            notes,
-        })
     }
 
     /// WeightedCh3 weights: numbers in (0, 1].

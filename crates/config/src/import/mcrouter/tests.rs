@@ -409,3 +409,113 @@ fn keeping_is_turned_off_where_a_routing_prefix_reaches_pools_that_disagree() {
     assert!(!note_of("A").contains("keep_routing_prefix"), "{text}");
     assert!(!note_of("D").contains("keep_routing_prefix"), "{text}");
 }
+
+/// What the preprocessor makes of `orig` with `macros` defined (no error allowed).
+fn expanded(macros: Value, orig: Value) -> Value {
+    let mut importer = Importer::default();
+    let top = serde_json::json!({"macros": macros, "case": orig});
+    let Value::Object(top) = top else {
+        unreachable!("an object")
+    };
+    let mut out = importer.expand_macros(top);
+    let errors: Vec<String> = importer.errs.iter().map(ToString::to_string).collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    out.remove("case").unwrap_or_default()
+}
+
+/// Cases of mcrouter's own preprocessor test (`mcrouter/lib/config/test/
+/// config_preprocessor_test_file.json`), each with the value mcrouter expands it to.
+#[test]
+fn hash_weighted_hash_shuffle_and_local_ip_as_mcrouters_preprocessor_test_expects() {
+    use serde_json::json;
+    let none = json!({});
+    for (orig, expand) in [
+        (json!("@hash(abcd)"), json!(6660178300034425268i64)),
+        (json!("@hash(@int(2313))"), json!(-4996987850411076878i64)),
+        (json!("@isLocalIp(::1)"), json!(true)),
+        (json!("@isLocalIp(::0001)"), json!(true)),
+        (json!("@isLocalIp(not an ip)"), json!(false)),
+        (json!("@isLocalIp(127.0.0.1)"), json!(true)),
+        (
+            json!({"type": "weightedHash", "dictionary": {"a": 0.5}, "key": 2015}),
+            json!("a"),
+        ),
+        (
+            json!({"type": "weightedHash", "dictionary": {"a": 0, "b": 1}, "key": "hello world"}),
+            json!("b"),
+        ),
+        (
+            json!({"type": "define", "vars": {"weights": {"a": 0, "b": 1, "c": 0.5}},
+                   "result": "@weightedHash(%weights%, @int(12345))"}),
+            json!("b"),
+        ),
+        (json!({"type": "shuffle", "dictionary": []}), json!([])),
+        (json!({"type": "shuffle", "dictionary": [1]}), json!([1])),
+        (
+            json!({"type": "shuffle", "dictionary": [1, 3], "seed": 11111111}),
+            json!([1, 3]),
+        ),
+        (
+            json!({"type": "shuffle", "dictionary": [1, 3], "seed": 123}),
+            json!([3, 1]),
+        ),
+    ] {
+        assert_eq!(expanded(none.clone(), orig.clone()), expand, "{orig}");
+    }
+    // Not a loopback address: the importer cannot know the host's, and says false.
+    assert_eq!(expanded(none, json!("@isLocalIp(10.1.2.3)")), json!(false));
+}
+
+#[test]
+fn process_vars_and_defined_as_mcrouters_preprocessor_test_expects() {
+    use serde_json::json;
+    let macros = json!({
+        "indexof": {"type": "macroDef", "params": ["list", "x"], "result": {
+            "type": "process", "initialValue": "@int(-1)", "dictionary": "%list%",
+            "transform": {"type": "if",
+                "condition": "@and(@equals(%value%,@int(-1)),@equals(%item%,%x%))",
+                "is_true": "%key%", "is_false": "%value%"}}},
+        "minEl": {"type": "macroDef", "params": ["list"], "result": {
+            "type": "process", "initialValue": "@select(%list%,@int(0))",
+            "dictionary": "@slice(%list%,@int(1),@size(%list%))",
+            "transform": {"type": "if", "condition": "@less(%item%,%value%)",
+                "is_true": "%item%", "is_false": "%value%"}}},
+        "g": {"type": "constDef", "result": "test"},
+        "myMacro": {"type": "macroDef", "params": ["a", "b"], "result": {
+            "a": "@defined(a)", "c": "@defined(c)", "arg": "%a%"}}
+    });
+    for (orig, expand) in [
+        (
+            json!({"type": "indexof", "list": ["a", "b", "c", "d", "e"], "x": "d"}),
+            json!(3),
+        ),
+        (json!({"type": "minEl", "list": [1, 3, 0, 4]}), json!(0)),
+        (
+            json!({"vars": {"a": "%b%", "b": "abacaba"}, "my_key": "%a%"}),
+            json!({"my_key": "abacaba"}),
+        ),
+        (
+            json!({"vars": {"fst": "a"}, "k1": {"vars": {"scnd": "b", "thrd": "%fst%%scnd%"},
+                                                 "k2": "%fst%%scnd%%thrd%"}}),
+            json!({"k1": {"k2": "abab"}}),
+        ),
+        (
+            json!({"vars": {"a": "123"}, "type": "foreach", "from": ["a", "b"], "use": ["%item%%a%"]}),
+            json!(["a123", "b123"]),
+        ),
+        (json!("@defined(g)"), json!(true)),
+        (json!("@defined(name)"), json!(false)),
+        (json!("%g%"), json!("test")),
+        (
+            json!({"type": "transform", "keyName": "my_key", "dictionary": [1, 2],
+                   "itemTransform": "@and(@defined(my_key), @defined(item))"}),
+            json!([true, true]),
+        ),
+        (
+            json!({"type": "myMacro", "a": 1, "b": 2}),
+            json!({"a": true, "c": false, "arg": 1}),
+        ),
+    ] {
+        assert_eq!(expanded(macros.clone(), orig.clone()), expand, "{orig}");
+    }
+}
