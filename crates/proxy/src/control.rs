@@ -63,7 +63,7 @@ enum Event {
 
 /// Builds generations and owns what outlives one: health, discovered addresses, counters.
 #[derive(Debug)]
-pub(crate) struct Controller {
+pub struct Controller {
     /// The config as the operator wrote it (DNS pools without servers). Its own lock, so
     /// reading it never waits for an apply (which may be doing a DNS lookup).
     base: Mutex<Arc<Config>>,
@@ -108,12 +108,12 @@ type WatchKey = (String, DnsDiscovery, DiscoveryConfig);
 
 /// The running control thread's receiving end, handed to `run` once.
 #[derive(Debug)]
-pub(crate) struct ControlInbox(mpsc::UnboundedReceiver<Event>);
+pub struct ControlInbox(mpsc::UnboundedReceiver<Event>);
 
 impl Controller {
     /// Builds the first generation of `config`. Returns the controller, the receiver the
     /// workers start from, and the control thread's inbox.
-    pub(crate) fn new(config: Config, shared: Arc<Metrics>) -> Result<Started, ProxyError> {
+    pub fn new(config: Config, shared: Arc<Metrics>) -> Result<Started, ProxyError> {
         let (events, inbox) = mpsc::unbounded_channel();
         let config = Arc::new(config);
         let empty = Arc::new(Config {
@@ -149,22 +149,19 @@ impl Controller {
     }
 
     /// The generation being served now (DNS pools with their servers).
-    pub(crate) fn current(&self) -> Arc<Generation> {
+    pub fn current(&self) -> Arc<Generation> {
         self.generation.borrow().clone()
     }
 
     /// The config the operator gave last (DNS pools without servers).
-    pub(crate) fn base(&self) -> Arc<Config> {
+    pub fn base(&self) -> Arc<Config> {
         lock(&self.base).clone()
     }
 
     /// Serves `config` from now on: resolves DNS pools not known yet, builds the route table
     /// and the health table, and hands the generation to the workers. Returns the receiver
     /// of the workers' acknowledgements.
-    pub(crate) fn apply(
-        &self,
-        config: Config,
-    ) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
+    pub fn apply(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         self.apply_locked(&mut lock(&self.known), config)
     }
 
@@ -563,11 +560,7 @@ fn shown(servers: &[FoundServer]) -> Vec<String> {
 }
 
 /// Runs the control thread until `shutdown` turns true.
-pub(crate) fn run(
-    controller: Arc<Controller>,
-    inbox: ControlInbox,
-    shutdown: watch::Receiver<bool>,
-) {
+pub fn run(controller: Arc<Controller>, inbox: ControlInbox, shutdown: watch::Receiver<bool>) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -15,14 +15,14 @@ use crate::counters::{ResizeStats, ServerStats};
 
 /// A pool's previous placement and how to reach its servers, until `ends`.
 #[derive(Debug)]
-pub(crate) struct Window {
+pub struct Window {
     /// The pool as it was (its servers, their connection settings).
     pub config: PoolConfig,
     pub placement: Placement,
     /// Indexed like `config.servers`.
-    pub servers: Vec<OldServer>,
+    pub(crate) servers: Vec<OldServer>,
     pub ends: Instant,
-    pub stats: Arc<ResizeStats>,
+    pub(crate) stats: Arc<ResizeStats>,
 }
 
 /// One server of a previous placement.

@@ -15,7 +15,7 @@ use crate::error::ProxyError;
 
 /// A TLS listener: its address as configured and as bound, and its TLS state.
 #[derive(Debug, Clone)]
-pub(crate) struct TlsListener {
+pub struct TlsListener {
     pub address: ListenAddress,
     /// The bound address (`127.0.0.1:11212`), as `stats` and `/metrics` name it.
     pub name: String,
@@ -30,7 +30,7 @@ pub(crate) type IndexedListener = (usize, BoundListener);
 /// Binds every configured address for every worker: the sockets of worker `i` are
 /// `result.0[i]`, each with its index in `proxy.listen`. Later workers bind the ports the
 /// first one got, so `:0` in a config still means one port shared by every worker.
-pub(crate) fn bind_listeners(
+pub fn bind_listeners(
     config: &Config,
     backlog: u32,
     workers: usize,
@@ -78,7 +78,7 @@ pub(crate) fn bind_listeners(
 /// On reload: each running TLS listener takes the certificate settings of `new` (or its
 /// current ones if `new` drops TLS there, which needs a restart) and re-reads its files.
 /// Returns the TLS settings now in force; an unusable certificate fails the reload.
-pub(crate) fn reload_certificates(
+pub fn reload_certificates(
     listeners: &[TlsListener],
     current: &Config,
     new: &Config,
@@ -107,7 +107,7 @@ pub(crate) fn reload_certificates(
 }
 
 /// Reloads each listener whose certificate files changed; logs what happened.
-pub(crate) fn recheck_certificates(listeners: &[TlsListener]) {
+pub fn recheck_certificates(listeners: &[TlsListener]) {
     for listener in listeners {
         match listener.tls.reload_if_changed() {
             Ok(true) => {
@@ -128,7 +128,7 @@ const CERT_POLL: Duration = Duration::from_secs(2);
 /// similar rewrite them in place), without waiting for a config reload. A file caught
 /// half-written fails to parse and is tried again on the next look; the running
 /// certificate stays until then.
-pub(crate) fn watch_certificates(
+pub fn watch_certificates(
     listeners: &[TlsListener],
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ProxyError> {
@@ -237,7 +237,7 @@ pub(crate) fn handshake_counts(c: &TlsCounters) -> [(&'static str, u64); 4] {
 /// that lifts it: the listen backlog capped by `net.core.somaxconn`, TCP Fast Open off for
 /// listeners or for connects. Tuning notes, not faults (the defaults of most kernels do
 /// both): the proxy logs them once at start, as one line at info.
-pub(crate) fn kernel_limits(config: &Config) -> Vec<String> {
+pub fn kernel_limits(config: &Config) -> Vec<String> {
     let mut limits = Vec::new();
     let requested = config.proxy.backlog;
     let backlog = memroute_net::effective_backlog(requested);

@@ -30,5 +30,5 @@ mod stats_reply;
 mod worker_cells;
 
 pub(crate) use flush_barrier::FLUSH_WAIT;
-pub(crate) use registry::Metrics;
+pub use registry::Metrics;
 pub(crate) use worker_cells::{round_trip_observer, RouteMetrics, WorkerMetrics};

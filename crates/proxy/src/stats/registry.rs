@@ -97,7 +97,7 @@ pub(super) const COLLAPSED_GETS_FAMILY: &str = "memroute_collapsed_gets_total";
 
 /// The shared side of the metrics: the registry and the families workers flush into.
 #[derive(Debug)]
-pub(crate) struct Metrics {
+pub struct Metrics {
     pub started: Instant,
     pub workers: usize,
     /// Every worker's hot-key sketches (`/hotkeys`, `stats`, the top key's share).
@@ -151,9 +151,9 @@ pub(crate) struct Metrics {
     /// Label sets currently exported per family (so a reload can drop servers that left).
     pub(super) exported_servers: Mutex<Vec<(String, String)>>,
     pub(super) exported_routes: Mutex<Vec<String>>,
-    pub flush: FlushBarrier,
+    pub(crate) flush: FlushBarrier,
     /// Reply bytes held for clients, process-wide (`max_buffered_replies`).
-    pub replies: Arc<ReplyBudget>,
+    pub(crate) replies: Arc<ReplyBudget>,
 }
 
 /// The live watch's hub with its families: watchers open, requests looked at, lines.
@@ -196,7 +196,7 @@ fn watch_hub(r: &Registry) -> WatchHub {
 impl Metrics {
     /// The process-wide round trips of `pool`'s server `address`, as of the workers' last
     /// flush (read by the read order and by `/route`, never per request).
-    pub(crate) fn round_trip_totals(&self, pool: &str, address: &str) -> prometheus::Histogram {
+    pub fn round_trip_totals(&self, pool: &str, address: &str) -> prometheus::Histogram {
         self.backend_round_trip.with_label_values(&[pool, address])
     }
 
@@ -220,7 +220,7 @@ impl Metrics {
         self.connections_current.dec();
     }
 
-    pub(crate) fn new(workers: usize) -> Metrics {
+    pub fn new(workers: usize) -> Metrics {
         let registry = Registry::new();
         let r = &registry;
         let state = Arc::new(Mutex::new(State::default()));
@@ -293,12 +293,12 @@ impl Metrics {
     }
 
     /// Every listener's bound address, in `proxy.listen` order.
-    pub(crate) fn set_listener_names(&self, names: Vec<String>) {
+    pub fn set_listener_names(&self, names: Vec<String>) {
         lock(&self.state).listener_names = names;
     }
 
     /// The place in `proxy.listen` of the listener bound at `name` (`127.0.0.1:40123`).
-    pub(crate) fn listener_index(&self, name: &str) -> Option<usize> {
+    pub fn listener_index(&self, name: &str) -> Option<usize> {
         lock(&self.state)
             .listener_names
             .iter()
@@ -310,7 +310,7 @@ impl Metrics {
         lock(&self.state).listener_routes = routes;
     }
 
-    pub(crate) fn set_tls_listeners(&self, listeners: Vec<(String, Arc<memroute_net::ServerTls>)>) {
+    pub fn set_tls_listeners(&self, listeners: Vec<(String, Arc<memroute_net::ServerTls>)>) {
         lock(&self.state).tls_listeners = listeners;
     }
 
@@ -360,7 +360,7 @@ impl Metrics {
     }
 
     /// Gets of `pool` collapsed so far (the panel shows them beside its hot keys).
-    pub(crate) fn collapsed_gets_of(&self, pool: &str) -> u64 {
+    pub fn collapsed_gets_of(&self, pool: &str) -> u64 {
         self.collapsed_gets
             .get_metric_with_label_values(&[pool])
             .map_or(0, |counter| counter.get())
@@ -377,7 +377,7 @@ impl Metrics {
     }
 
     /// `pool`'s hot-key cache hits and misses so far (the panel shows the hit share).
-    pub(crate) fn hot_cache_of(&self, pool: &str) -> (u64, u64) {
+    pub fn hot_cache_of(&self, pool: &str) -> (u64, u64) {
         let count = |vec: &IntCounterVec| {
             vec.get_metric_with_label_values(&[pool])
                 .map_or(0, |counter| counter.get())
@@ -391,12 +391,12 @@ impl Metrics {
     }
 
     /// Counts an admin connection or request refused for `reason`.
-    pub(crate) fn count_admin_refusal(&self, reason: &str) {
+    pub fn count_admin_refusal(&self, reason: &str) {
         self.admin_refusals.with_label_values(&[reason]).inc();
     }
 
     /// Counts an idle admin connection closed to admit a new one past `limit`.
-    pub(crate) fn count_admin_eviction(&self, limit: &str) {
+    pub fn count_admin_eviction(&self, limit: &str) {
         self.admin_evictions.with_label_values(&[limit]).inc();
     }
 
@@ -407,17 +407,17 @@ impl Metrics {
 
     /// Where reloads from the config file are counted (exported as
     /// `memroute_config_reloads_total`).
-    pub(crate) fn set_reload_counts(&self, counts: Arc<ReloadCounts>) {
+    pub fn set_reload_counts(&self, counts: Arc<ReloadCounts>) {
         lock(&self.state).reloads = Some(counts);
     }
 
     /// The reloads counted so far, when a config file is being watched.
-    pub(crate) fn reload_counts(&self) -> Option<Arc<ReloadCounts>> {
+    pub fn reload_counts(&self) -> Option<Arc<ReloadCounts>> {
         lock(&self.state).reloads.clone()
     }
 
     /// Records the hash of the config now running.
-    pub(crate) fn set_config_hash(&self, hash: &str) {
+    pub fn set_config_hash(&self, hash: &str) {
         self.config_info.reset();
         self.config_info.with_label_values(&[hash]).set(1);
         let now = SystemTime::now()
@@ -489,13 +489,13 @@ impl Metrics {
     }
 
     /// Everything gathered, after asking every worker to flush (bounded wait).
-    pub(crate) async fn gather_fresh(&self) -> Vec<MetricFamily> {
+    pub async fn gather_fresh(&self) -> Vec<MetricFamily> {
         self.flush.flush_all(FLUSH_WAIT).await;
         self.registry.gather()
     }
 
     /// The registry in Prometheus' text exposition format.
-    pub(crate) fn encode(families: &[MetricFamily]) -> String {
+    pub fn encode(families: &[MetricFamily]) -> String {
         use prometheus::Encoder as _;
         let mut out = Vec::with_capacity(16 * 1024);
         if let Err(error) = prometheus::TextEncoder::new().encode(families, &mut out) {
@@ -505,7 +505,7 @@ impl Metrics {
     }
 
     /// The names of the running config's pools, in its order.
-    pub(crate) fn pool_names(&self) -> Vec<String> {
+    pub fn pool_names(&self) -> Vec<String> {
         lock(&self.state)
             .pools
             .iter()
@@ -514,7 +514,7 @@ impl Metrics {
     }
 
     /// The address of the `index`-th server of `pool` in the running config.
-    pub(crate) fn server_address(&self, pool: &str, index: usize) -> Option<String> {
+    pub fn server_address(&self, pool: &str, index: usize) -> Option<String> {
         lock(&self.state)
             .health
             .iter()
