@@ -22,6 +22,7 @@ mod reload;
 mod restart_only;
 mod route_lookup;
 mod route_reads;
+mod transport_setup;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -32,7 +33,7 @@ use std::time::{Duration, Instant};
 use memroute_config::Config;
 use memroute_net::effective_backlog;
 use memroute_proxy::counters::ReloadCounts;
-use memroute_proxy::{control, stats, transport, worker, ProxyError};
+use memroute_proxy::{control, stats, worker, ProxyError};
 use tokio::sync::watch;
 
 pub use admin::ReloadRequest;
@@ -41,6 +42,7 @@ pub use route_lookup::{
     describe_routes, listener_list, listener_named, operation_named, route_key, RouteTarget,
 };
 pub use route_reads::describe_reads;
+pub use transport_setup::check_transport;
 
 /// A running proxy: its worker threads and the switch that stops them.
 #[derive(Debug)]
@@ -62,7 +64,7 @@ pub struct ProxyHandle {
     /// The admin endpoint's address, when `[admin]` is configured.
     pub admin_address: Option<String>,
     /// The TLS listeners (their certificates reload with the config).
-    tls_listeners: Vec<transport::TlsListener>,
+    tls_listeners: Vec<transport_setup::TlsListener>,
 }
 
 impl ProxyHandle {
@@ -158,7 +160,8 @@ impl ProxyHandle {
             kept.push(format!("{key}: {}", change.message));
         }
         // Certificates first: a bad one fails the reload and leaves everything running.
-        let listen_tls = transport::reload_certificates(&self.tls_listeners, &current, &config)?;
+        let listen_tls =
+            transport_setup::reload_certificates(&self.tls_listeners, &current, &config)?;
         config.proxy.listen = current.proxy.listen.clone();
         config.proxy.transport.listen_tls = listen_tls;
         config.proxy.transport.fastopen = current.proxy.transport.fastopen;
@@ -227,7 +230,7 @@ impl reload::Reloadable for ProxyHandle {
 
     /// Errors are logged; the running certificate stays.
     fn recheck_certificates(&self) {
-        transport::recheck_certificates(&self.tls_listeners);
+        transport_setup::recheck_certificates(&self.tls_listeners);
     }
 
     fn apply(&self, config: Config) -> Result<Vec<String>, ProxyError> {
@@ -247,11 +250,11 @@ const RELOAD_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let workers = config.proxy.workers.max(1);
     let backlog = effective_backlog(config.proxy.backlog);
-    let limits = transport::kernel_limits(&config);
+    let limits = transport_setup::kernel_limits(&config);
     if !limits.is_empty() {
         tracing::info!("kernel settings: {}", limits.join("; "));
     }
-    let (listeners, tls_listeners) = transport::bind_listeners(&config, backlog, workers)?;
+    let (listeners, tls_listeners) = transport_setup::bind_listeners(&config, backlog, workers)?;
     let local_addresses: Vec<String> = listeners[0].iter().map(|(_, l)| l.describe()).collect();
     let shared = Arc::new(stats::Metrics::new(workers));
     // Before the first generation, whose per-worker tables count requests per listener.
@@ -288,7 +291,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             .map_err(ProxyError::Thread)?;
         helpers.push(control);
     }
-    transport::watch_certificates(&tls_listeners, shutdown_rx.clone())?;
+    transport_setup::watch_certificates(&tls_listeners, shutdown_rx.clone())?;
     let mut threads = Vec::with_capacity(workers);
     for (index, bound) in listeners.into_iter().enumerate() {
         let worker = worker::Worker {

@@ -261,7 +261,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.check {
         write_stdout(&describe(&config));
-        let (transport, mut errors) = memroute_proxy::check_transport(&config);
+        let (transport, mut errors) = memroute_control::check_transport(&config);
         write_stdout(&transport);
         let (logins, login_errors) = memroute_proxy::check_logins(&config);
         write_stdout(&logins);

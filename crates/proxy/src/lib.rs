@@ -65,5 +65,4 @@ pub use credentials::check_logins;
 pub use error::ProxyError;
 pub use mcrouter_admin::set_config_file;
 pub use memroute_net::effective_backlog;
-pub use transport::check_transport;
 pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
