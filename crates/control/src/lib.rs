@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod control_thread;
 mod reload;
 mod restart_only;
 mod route_lookup;
@@ -287,7 +288,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
         let (controller, shutdown_rx) = (controller.clone(), shutdown_rx.clone());
         let control = std::thread::Builder::new()
             .name("memroute-control".to_string())
-            .spawn(move || control::run(controller, inbox, shutdown_rx))
+            .spawn(move || control_thread::run(controller, inbox, shutdown_rx))
             .map_err(ProxyError::Thread)?;
         helpers.push(control);
     }

@@ -20,17 +20,17 @@ pub struct Window {
     pub config: PoolConfig,
     pub placement: Placement,
     /// Indexed like `config.servers`.
-    pub(crate) servers: Vec<OldServer>,
+    pub servers: Vec<OldServer>,
     pub ends: Instant,
     pub(crate) stats: Arc<ResizeStats>,
 }
 
 /// One server of a previous placement.
 #[derive(Debug, Clone)]
-pub(crate) struct OldServer {
+pub struct OldServer {
     pub health: Arc<ServerHealth>,
     pub connector: Arc<Connector>,
-    pub stats: ServerStats,
+    pub(crate) stats: ServerStats,
 }
 
 /// What a new generation does with a pool's window.

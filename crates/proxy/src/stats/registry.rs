@@ -336,7 +336,7 @@ impl Metrics {
         lock(&self.state).resize = resize;
     }
 
-    pub(crate) fn count_lookup(&self, pool: &str, succeeded: bool) {
+    pub fn count_lookup(&self, pool: &str, succeeded: bool) {
         let mut state = lock(&self.state);
         let entry = state.lookups.entry(pool.to_string()).or_default();
         match succeeded {
