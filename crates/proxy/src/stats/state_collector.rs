@@ -27,7 +27,7 @@ pub(super) struct State {
     pub(super) resize: Vec<(String, Arc<ResizeStats>)>,
     /// DNS lookups per pool: (succeeded, failed).
     pub(super) lookups: BTreeMap<String, (u64, u64)>,
-    /// Reloads from the config file (kept by `reload.rs`, the one reload path).
+    /// Reloads from the config file (kept by memroute-control's `reload.rs`, the one reload path).
     pub(super) reloads: Option<Arc<ReloadCounts>>,
     /// Every listener's bound address, in `proxy.listen` order (set once at start).
     pub(super) listener_names: Vec<String>,
