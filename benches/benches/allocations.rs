@@ -100,9 +100,9 @@ fn connect(port: u16) -> TcpStream {
 /// Starts memroute in this process on `config_text`, connects one client to it and sets the
 /// 20 keys every multi-get here asks for (64-byte values); returns the proxy, the client
 /// and the keys.
-fn start_with_keys(config_text: &str) -> (memroute_proxy::ProxyHandle, TcpStream, Vec<String>) {
+fn start_with_keys(config_text: &str) -> (memroute_control::ProxyHandle, TcpStream, Vec<String>) {
     let config = memroute_config::parse(config_text).expect("bench config");
-    let proxy = memroute_proxy::start(config).expect("start memroute");
+    let proxy = memroute_control::start(config).expect("start memroute");
     let port: u16 = proxy.local_addresses[0]
         .rsplit(':')
         .next()
@@ -476,7 +476,7 @@ fn binary_frame(opcode: u8, key: &[u8], extras: &[u8], value: &[u8], opaque: u32
 /// The binary protocol's rows, over a binary connection to the same proxy: a get hit, a set
 /// (then a noop, whose response ends the reply), and 20 getkq hits closed by a noop (one
 /// text multi-get inside, so one allocation per batch as a text multi-get has).
-fn binary_cases(proxy: &memroute_proxy::ProxyHandle, keys: &[String], name: &str) {
+fn binary_cases(proxy: &memroute_control::ProxyHandle, keys: &[String], name: &str) {
     let port: u16 = proxy.local_addresses[0]
         .rsplit(':')
         .next()

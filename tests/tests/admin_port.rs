@@ -154,7 +154,7 @@ fn probes_from_any_address_answer_while_idle_connections_fill_the_port() {
 
 #[test]
 fn slow_and_idle_connections_are_closed_at_the_header_deadline() {
-    // The deadline (crates/proxy/src/admin/mod.rs, HEADER_TIMEOUT).
+    // The deadline (crates/control/src/admin/mod.rs, HEADER_TIMEOUT).
     const DEADLINE: Duration = Duration::from_secs(5);
     let server = Memcached::start();
     let listen = format!("127.0.0.1:{}", free_port());

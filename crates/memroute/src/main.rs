@@ -261,7 +261,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if cli.check {
         write_stdout(&describe(&config));
-        let (transport, mut errors) = memroute_proxy::check_transport(&config);
+        let (transport, mut errors) = memroute_control::check_transport(&config);
         write_stdout(&transport);
         let (logins, login_errors) = memroute_proxy::check_logins(&config);
         write_stdout(&logins);
@@ -322,15 +322,15 @@ fn route(
     listen: Option<&str>,
     keys: &[String],
 ) -> anyhow::Result<()> {
-    let Some(operation) = memroute_proxy::operation_named(operation) else {
+    let Some(operation) = memroute_control::operation_named(operation) else {
         anyhow::bail!("unknown --operation {operation:?} (get, set, delete, incr, ...)");
     };
     let listener = match listen {
         None => 0,
-        Some(address) => memroute_proxy::listener_named(config, address).with_context(|| {
+        Some(address) => memroute_control::listener_named(config, address).with_context(|| {
             format!(
                 "no listener {address:?} in proxy.listen ({})",
-                memroute_proxy::listener_list(config)
+                memroute_control::listener_list(config)
             )
         })?,
     };
@@ -338,9 +338,9 @@ fn route(
     // The pools the keys reached that keep a resize window (in the order first reached).
     let mut windowed: Vec<&str> = Vec::new();
     for key in keys {
-        let targets = memroute_proxy::route_key(config, listener, operation, key.as_bytes())
+        let targets = memroute_control::route_key(config, listener, operation, key.as_bytes())
             .context("cannot build the routes")?;
-        out.push_str(&memroute_proxy::describe_routes(key, &targets));
+        out.push_str(&memroute_control::describe_routes(key, &targets));
         for pool in targets.iter().filter_map(|t| t.pool.as_deref()) {
             let Some((name, pool)) = config.pools.get_key_value(pool) else {
                 continue;
@@ -364,9 +364,9 @@ fn route(
 
 /// What the main thread was woken for.
 enum Event {
-    Reload(memroute_proxy::ReloadTrigger),
+    Reload(memroute_control::ReloadTrigger),
     /// `POST /reload` on the admin endpoint: reload, then answer it.
-    AdminReload(memroute_proxy::ReloadRequest),
+    AdminReload(memroute_control::ReloadRequest),
     /// SIGINT: stop accepting now (someone at a terminal wants it gone).
     Stop,
     /// SIGTERM: drain first (an orchestrator is replacing this instance).
@@ -398,7 +398,7 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
     memroute_proxy::set_config_file(
         std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
     );
-    let handle = memroute_proxy::start(config).context("cannot start")?;
+    let handle = memroute_control::start(config).context("cannot start")?;
     handle.loaded_from(read);
     let mut admin_reloads = handle.reload_requests();
     let (changed, mut changes) = tokio::sync::mpsc::unbounded_channel();
@@ -430,8 +430,8 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
                     tracing::info!("SIGTERM: shutting down");
                     Event::Drain
                 }
-                _ = hangup.recv() => Event::Reload(memroute_proxy::ReloadTrigger::Signal),
-                Some(()) = changes.recv() => Event::Reload(memroute_proxy::ReloadTrigger::FileChanged),
+                _ = hangup.recv() => Event::Reload(memroute_control::ReloadTrigger::Signal),
+                Some(()) = changes.recv() => Event::Reload(memroute_control::ReloadTrigger::FileChanged),
                 Some(request) = admin_reloads.recv() => Event::AdminReload(request),
             }
         });
@@ -459,20 +459,20 @@ fn serve(config: Config, read: Vec<u8>, path: &std::path::Path, watch: bool) -> 
                 handle.reload_file(path, trigger);
             }
             Event::AdminReload(request) => {
-                let outcome = handle.reload_file(path, memroute_proxy::ReloadTrigger::Admin);
+                let outcome = handle.reload_file(path, memroute_control::ReloadTrigger::Admin);
                 let _ = request.reply.send(match outcome {
-                    memroute_proxy::ReloadOutcome::Applied { kept } if kept.is_empty() => {
+                    memroute_control::ReloadOutcome::Applied { kept } if kept.is_empty() => {
                         Ok("applied".to_string())
                     }
-                    memroute_proxy::ReloadOutcome::Applied { kept } => Ok(format!(
+                    memroute_control::ReloadOutcome::Applied { kept } => Ok(format!(
                         "applied, but these need a restart and keep their running values:\n{}",
                         kept.join("\n")
                     )),
-                    memroute_proxy::ReloadOutcome::Unchanged => Ok(
+                    memroute_control::ReloadOutcome::Unchanged => Ok(
                         "the file is unchanged since the running config was read from it"
                             .to_string(),
                     ),
-                    memroute_proxy::ReloadOutcome::Rejected(reason) => Err(reason),
+                    memroute_control::ReloadOutcome::Rejected(reason) => Err(reason),
                 });
             }
         }
@@ -629,7 +629,7 @@ fn describe(config: &Config) -> String {
                     children, reads, ..
                 } = other
                 {
-                    out.push_str(&memroute_proxy::describe_reads(config, children, *reads));
+                    out.push_str(&memroute_control::describe_reads(config, children, *reads));
                 }
             }
         }

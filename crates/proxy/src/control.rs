@@ -1,16 +1,14 @@
-//! The control plane: turns a config into the generation the workers serve, and runs the
-//! background work that is not on any request's path.
+//! The controller: turns a config into the generation the workers serve, and keeps what
+//! outlives one generation (health, discovered addresses, connectors, counters, resize
+//! windows).
 //!
 //! ```text
 //!   start / SIGHUP reload --apply(config)--> Controller --watch--> workers (new RouteSnapshot)
 //!                                                |
-//!                                                +--events--> control thread (own runtime)
-//!                                                              probers: one per server, `version`
-//!                                                                       probes while it is down
-//!                                                              DNS watchers: one per DNS pool;
-//!                                                                a changed address set calls
-//!                                                                apply() again (connections to
-//!                                                                servers that stay are kept)
+//!                                                +--events--> control thread (memroute-control's
+//!                                                             control_thread: probers, DNS
+//!                                                             watchers; it calls back
+//!                                                             rediscovered() and end_windows())
 //! ```
 //!
 //! Health objects are shared by every worker and live across reloads for servers that
@@ -21,7 +19,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use memroute_backend::{FoundServer, HealthSettings, ServerHealth};
-use memroute_config::{Config, DiscoveryConfig, DnsDiscovery, ServerConfig};
+use memroute_config::{Config, DnsDiscovery, ServerConfig};
 use memroute_routing::{Node, RouteTable};
 use tokio::sync::{mpsc, watch};
 
@@ -31,7 +29,6 @@ use crate::generation::Generation;
 use crate::pool_settings::health_settings;
 use crate::resize_window::{self, Decision, OldServer, Window};
 use crate::stats::Metrics;
-use memroute_net::Connector;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
@@ -56,14 +53,14 @@ struct Discovered {
 
 /// Messages to the control thread.
 #[derive(Debug)]
-enum Event {
+pub enum Event {
     /// A new generation is being served: reconcile probers and DNS watchers with it.
     Serving(Arc<Generation>),
 }
 
 /// Builds generations and owns what outlives one: health, discovered addresses, counters.
 #[derive(Debug)]
-pub(crate) struct Controller {
+pub struct Controller {
     /// The config as the operator wrote it (DNS pools without servers). Its own lock, so
     /// reading it never waits for an apply (which may be doing a DNS lookup).
     base: Mutex<Arc<Config>>,
@@ -103,17 +100,22 @@ pub(crate) type Started = (
     ControlInbox,
 );
 
-/// A DNS watcher's identity: pool name, DNS spec and the `[discovery]` settings.
-type WatchKey = (String, DnsDiscovery, DiscoveryConfig);
-
-/// The running control thread's receiving end, handed to `run` once.
+/// The running control thread's receiving end, handed to it once (memroute-control's
+/// `control_thread`).
 #[derive(Debug)]
-pub(crate) struct ControlInbox(mpsc::UnboundedReceiver<Event>);
+pub struct ControlInbox(mpsc::UnboundedReceiver<Event>);
+
+impl ControlInbox {
+    /// The next event; `None` once the controller is gone.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.0.recv().await
+    }
+}
 
 impl Controller {
     /// Builds the first generation of `config`. Returns the controller, the receiver the
     /// workers start from, and the control thread's inbox.
-    pub(crate) fn new(config: Config, shared: Arc<Metrics>) -> Result<Started, ProxyError> {
+    pub fn new(config: Config, shared: Arc<Metrics>) -> Result<Started, ProxyError> {
         let (events, inbox) = mpsc::unbounded_channel();
         let config = Arc::new(config);
         let empty = Arc::new(Config {
@@ -149,22 +151,19 @@ impl Controller {
     }
 
     /// The generation being served now (DNS pools with their servers).
-    pub(crate) fn current(&self) -> Arc<Generation> {
+    pub fn current(&self) -> Arc<Generation> {
         self.generation.borrow().clone()
     }
 
     /// The config the operator gave last (DNS pools without servers).
-    pub(crate) fn base(&self) -> Arc<Config> {
+    pub fn base(&self) -> Arc<Config> {
         lock(&self.base).clone()
     }
 
     /// Serves `config` from now on: resolves DNS pools not known yet, builds the route table
     /// and the health table, and hands the generation to the workers. Returns the receiver
     /// of the workers' acknowledgements.
-    pub(crate) fn apply(
-        &self,
-        config: Config,
-    ) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
+    pub fn apply(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         self.apply_locked(&mut lock(&self.known), config)
     }
 
@@ -297,7 +296,7 @@ impl Controller {
     }
 
     /// Publishes a generation without the windows that have ended, if any has.
-    fn end_windows(&self) {
+    pub fn end_windows(&self) {
         let mut known = lock(&self.known);
         let now = Instant::now();
         if !known.windows.values().any(|w| w.ends <= now) {
@@ -311,7 +310,7 @@ impl Controller {
 
     /// When the first window of the generation served now ends (read from the generation,
     /// not `known`: an apply holds that during DNS lookups).
-    fn next_window_end(&self) -> Option<Instant> {
+    pub fn next_window_end(&self) -> Option<Instant> {
         let generation = self.current();
         generation.windows.iter().flatten().map(|w| w.ends).min()
     }
@@ -319,7 +318,7 @@ impl Controller {
     /// How long a new watcher of `pool` waits before its first lookup: what is left of the
     /// last lookup's refresh (or TTL); at most the TTL floor when the pool has no servers
     /// yet (its lookup at start failed), so an empty pool is retried soon.
-    fn first_wait(&self, pool: &str, spec: &DnsDiscovery) -> std::time::Duration {
+    pub fn first_wait(&self, pool: &str, spec: &DnsDiscovery) -> std::time::Duration {
         match lock(&self.known)
             .discovered
             .get(pool)
@@ -332,7 +331,7 @@ impl Controller {
     }
 
     /// Records a DNS pool's new server set and serves it. Called by the DNS watchers.
-    fn rediscovered(
+    pub fn rediscovered(
         &self,
         pool: &str,
         spec: &DnsDiscovery,
@@ -560,167 +559,6 @@ fn shown(servers: &[FoundServer]) -> Vec<String> {
             None => s.address.to_string(),
         })
         .collect()
-}
-
-/// Runs the control thread until `shutdown` turns true.
-pub(crate) fn run(
-    controller: Arc<Controller>,
-    inbox: ControlInbox,
-    shutdown: watch::Receiver<bool>,
-) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            tracing::error!(%error, "cannot build the control runtime: no health probes or DNS refresh");
-            return;
-        }
-    };
-    runtime.block_on(serve(controller, inbox, shutdown));
-}
-
-async fn serve(
-    controller: Arc<Controller>,
-    ControlInbox(mut inbox): ControlInbox,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    // One prober per server (health and connector: a new connector, e.g. new TLS
-    // settings, gets a new prober).
-    type Prober = (
-        Arc<ServerHealth>,
-        Arc<Connector>,
-        tokio::task::JoinHandle<()>,
-    );
-    let mut probers: Vec<Prober> = Vec::new();
-    let mut watchers: Vec<(WatchKey, tokio::task::JoinHandle<()>)> = Vec::new();
-    // When the last attempt to end a window was made: a failed one is retried a second
-    // later, not in a loop.
-    let mut ending_tried: Option<Instant> = None;
-    loop {
-        let window_end = controller.next_window_end().map(|end| match ending_tried {
-            Some(tried) => end.max(tried + std::time::Duration::from_secs(1)),
-            None => end,
-        });
-        let event = tokio::select! {
-            event = inbox.recv() => event,
-            _ = shutdown.changed() => None,
-            _ = until(window_end) => {
-                ending_tried = Some(Instant::now());
-                let controller = controller.clone();
-                // apply() builds rings and takes locks: off the control runtime's thread.
-                let _ = tokio::task::spawn_blocking(move || controller.end_windows()).await;
-                continue;
-            }
-        };
-        let Some(Event::Serving(generation)) = event else {
-            break;
-        };
-        // Probers: one per server of the generation; stop those of servers that left.
-        // A resize window's servers that left are still read from: probed too.
-        let current: Vec<(&Arc<ServerHealth>, &Arc<Connector>)> = generation
-            .health
-            .iter()
-            .zip(&generation.connectors)
-            .flat_map(|(h, c)| h.iter().zip(c))
-            .chain(
-                generation
-                    .windows
-                    .iter()
-                    .flatten()
-                    .flat_map(|w| w.servers.iter().map(|s| (&s.health, &s.connector))),
-            )
-            .collect();
-        probers.retain(|(health, connector, task)| {
-            let keep = current
-                .iter()
-                .any(|(h, c)| Arc::ptr_eq(h, health) && Arc::ptr_eq(c, connector));
-            if !keep {
-                task.abort();
-            }
-            keep
-        });
-        for (health, connector) in current {
-            if !probers
-                .iter()
-                .any(|(h, c, _)| Arc::ptr_eq(h, health) && Arc::ptr_eq(c, connector))
-            {
-                let task = tokio::spawn(memroute_backend::run_prober(
-                    health.clone(),
-                    connector.clone(),
-                ));
-                probers.push((health.clone(), connector.clone(), task));
-            }
-        }
-        // DNS watchers: one per DNS pool (by name, spec and hosts file).
-        let base = controller.base();
-        let wanted: Vec<WatchKey> = base
-            .pools
-            .iter()
-            .filter_map(|(name, pool)| {
-                pool.discovery
-                    .clone()
-                    .map(|spec| (name.clone(), spec, base.discovery.clone()))
-            })
-            .collect();
-        watchers.retain(|(key, task)| {
-            let keep = wanted.contains(key);
-            if !keep {
-                task.abort();
-            }
-            keep
-        });
-        for key in wanted {
-            if !watchers.iter().any(|(k, _)| *k == key) {
-                let task = tokio::spawn(watch_dns(controller.clone(), key.clone()));
-                watchers.push((key, task));
-            }
-        }
-    }
-    for (_, _, task) in probers {
-        task.abort();
-    }
-    for (_, task) in watchers {
-        task.abort();
-    }
-}
-
-/// Resolves at `end`, or never.
-async fn until(end: Option<Instant>) {
-    match end {
-        Some(end) => tokio::time::sleep_until(end.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Looks one DNS pool up again when its `refresh` or its records' TTL says so (whichever
-/// is sooner, see `next_refresh`); a changed server set is served at once, a failed lookup
-/// keeps the last good set and is retried after `refresh`.
-async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey) {
-    // The first lookup was made when the generation was built: wait out what it left.
-    let mut wait = controller.first_wait(&pool, &spec);
-    loop {
-        tokio::time::sleep(wait).await;
-        match memroute_backend::lookup(&spec, &settings).await {
-            Ok(found) => {
-                wait = memroute_backend::next_refresh(&spec, found.ttl);
-                controller.shared.count_lookup(&pool, true);
-                let controller = controller.clone();
-                let (pool, spec) = (pool.clone(), spec.clone());
-                // apply() builds rings and takes locks: off the control runtime's thread.
-                let _ = tokio::task::spawn_blocking(move || {
-                    controller.rediscovered(&pool, &spec, found.servers, found.ttl)
-                })
-                .await;
-            }
-            Err(error) => {
-                wait = memroute_backend::next_refresh(&spec, None);
-                controller.shared.count_lookup(&pool, false);
-                tracing::warn!(pool = %pool, host = %spec.host, %error, "discovery lookup failed; keeping the last servers found");
-            }
-        }
-    }
 }
 
 #[cfg(test)]

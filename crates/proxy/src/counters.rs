@@ -75,8 +75,8 @@ impl ReplyBudget {
 /// the last few (for the admin panel).
 #[derive(Debug, Default)]
 pub struct ReloadCounts {
-    pub(crate) ok: AtomicU64,
-    pub(crate) failed: AtomicU64,
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
     recent: Mutex<VecDeque<ReloadRecord>>,
 }
 
@@ -96,7 +96,7 @@ const RECENT_RELOADS: usize = 10;
 
 impl ReloadCounts {
     /// Remembers a reload (the oldest of [`RECENT_RELOADS`] goes).
-    pub(crate) fn record(&self, trigger: &'static str, applied: bool, detail: String) {
+    pub fn record(&self, trigger: &'static str, applied: bool, detail: String) {
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         if recent.len() == RECENT_RELOADS {
             recent.pop_front();

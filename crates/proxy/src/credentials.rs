@@ -68,7 +68,7 @@ pub(crate) fn listener_authfiles(
 /// Whether the secret files of the running generation now hold something else (or cannot
 /// be read): a SIGHUP or `POST /reload` then applies the running config again, so an
 /// edited authfile or a rotated password takes effect without a change to the config file.
-pub(crate) fn changed_since(generation: &Generation) -> bool {
+pub fn changed_since(generation: &Generation) -> bool {
     let config = &generation.config;
     let authfiles_changed = match listener_authfiles(config) {
         Ok(now) => now != generation.client_logins,

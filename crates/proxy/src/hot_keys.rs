@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Keys counted per pool per worker.
-pub(crate) const CAPACITY: usize = 64;
+pub const CAPACITY: usize = 64;
 /// Key bytes kept per counter: memcached's key limit.
 const KEY_BYTES: usize = memroute_protocol::MAX_KEY_LEN;
 
@@ -138,7 +138,7 @@ impl Windows {
 
 /// Sampling settings, from `[admin]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// About one key in this many is sampled; 0 turns detection off.
     pub sample_every: u32,
     pub interval: Duration,
@@ -175,7 +175,7 @@ type Merged = (u64, HashMap<Vec<u8>, HotKey>);
 
 /// Every worker's sketches, for the admin thread to merge.
 #[derive(Default)]
-pub(crate) struct HotKeyRegistry {
+pub struct HotKeyRegistry {
     workers: Mutex<Vec<Arc<Mutex<Windows>>>>,
     settings: Mutex<Settings>,
 }
@@ -213,7 +213,7 @@ impl HotKeyRegistry {
     }
 
     /// The hottest keys of each pool over every worker, hottest first, at most `top` each.
-    pub(crate) fn report(&self, top: usize) -> Report {
+    pub fn report(&self, top: usize) -> Report {
         let settings = *lock(&self.settings);
         let now = Instant::now();
         let mut merged: HashMap<Arc<str>, Merged> = HashMap::new();
@@ -359,7 +359,7 @@ impl WorkerHotKeys {
 
 /// What [`HotKeyRegistry::report`] found.
 #[derive(Debug)]
-pub(crate) struct Report {
+pub struct Report {
     pub settings: Settings,
     /// The time the counts cover.
     pub span: Duration,
@@ -367,7 +367,7 @@ pub(crate) struct Report {
 }
 
 #[derive(Debug)]
-pub(crate) struct PoolHotKeys {
+pub struct PoolHotKeys {
     pub pool: String,
     /// Keys of this pool sampled over the span.
     pub samples: u64,
@@ -375,7 +375,7 @@ pub(crate) struct PoolHotKeys {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct HotKey {
+pub struct HotKey {
     pub key: Vec<u8>,
     pub samples: u64,
     /// At most this much of `samples` may be other keys' (space-saving's bound).
@@ -386,7 +386,7 @@ pub(crate) struct HotKey {
 
 impl Report {
     /// `key`'s fraction of its pool's requests.
-    pub(crate) fn share(pool: &PoolHotKeys, key: &HotKey) -> f64 {
+    pub fn share(pool: &PoolHotKeys, key: &HotKey) -> f64 {
         match pool.samples {
             0 => 0.0,
             samples => key.samples as f64 / samples as f64,
@@ -394,7 +394,7 @@ impl Report {
     }
 
     /// `key`'s estimated requests per second.
-    pub(crate) fn rate(&self, key: &HotKey) -> f64 {
+    pub fn rate(&self, key: &HotKey) -> f64 {
         match self.span.as_secs_f64() {
             secs if secs > 0.0 => key.samples as f64 * f64::from(self.settings.sample_every) / secs,
             _ => 0.0,
@@ -402,7 +402,7 @@ impl Report {
     }
 
     /// `key` as reports show it: printable, or `<hidden>` with `admin.show_keys = false`.
-    pub(crate) fn key_text(&self, key: &HotKey) -> String {
+    pub fn key_text(&self, key: &HotKey) -> String {
         match self.settings.show_keys {
             true => printable(&key.key),
             false => "<hidden>".to_string(),
@@ -411,7 +411,7 @@ impl Report {
 }
 
 /// A key as text: printable ASCII as is, anything else as `\xNN` (binary-protocol keys).
-pub(crate) fn printable(key: &[u8]) -> String {
+pub fn printable(key: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(key.len());
     for &b in key {

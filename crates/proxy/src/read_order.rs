@@ -73,19 +73,19 @@ pub(crate) type ChildServers = Vec<(Arc<ServerHealth>, prometheus::Histogram)>;
 
 /// Every server of a child is down (health fails its requests fast); a child without
 /// servers is not.
-pub(crate) fn all_down(servers: &ChildServers) -> bool {
+pub fn all_down(servers: &ChildServers) -> bool {
     !servers.is_empty() && servers.iter().all(|(health, _)| health.is_down())
 }
 
 /// What a child's read order position rests on: every server beneath it down, it is in the
 /// proxy's zone, its measured latency (seconds; `None` until measured).
-pub(crate) type Standing = (bool, bool, Option<f64>);
+pub type Standing = (bool, bool, Option<f64>);
 
 /// The read order rule: `children` (in config order) by their standing; returns their
 /// config indexes in the order a read tries them. Down children last; before them the
 /// proxy's zone first; within each, measured ones by latency (lowest first), then the
 /// unmeasured ones; ties in config order.
-pub(crate) fn rank(children: &[Standing]) -> SmallVec<[usize; 4]> {
+pub fn rank(children: &[Standing]) -> SmallVec<[usize; 4]> {
     let mut ranked: SmallVec<[usize; 4]> = (0..children.len()).collect();
     ranked.sort_by(|&a, &b| {
         let key = |(down, local, latency): Standing| (down, !local, latency.is_none());
@@ -102,7 +102,7 @@ pub(crate) fn rank(children: &[Standing]) -> SmallVec<[usize; 4]> {
 
 /// The servers at or beneath route `node`: `health(pool, server)` and `round_trips(pool,
 /// address)` give each one's health and process-wide round trips.
-pub(crate) fn servers_beneath(
+pub fn servers_beneath(
     config: &Config,
     routes: &RouteTable,
     node: NodeId,

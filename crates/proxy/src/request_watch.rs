@@ -28,15 +28,15 @@ use tokio::sync::mpsc;
 /// Lines waiting for one watcher's HTTP client; a watcher that falls this far behind is dropped.
 pub(crate) const CHANNEL_LINES: usize = 256;
 /// Watchers open at once (more are refused): each costs every request a filter check.
-pub(crate) const MAX_WATCHERS: usize = 8;
+pub const MAX_WATCHERS: usize = 8;
 /// Lines per second per watcher unless `rate=` asks for another number.
-pub(crate) const DEFAULT_RATE: u32 = 100;
+pub const DEFAULT_RATE: u32 = 100;
 /// The most `rate=` may ask for.
-pub(crate) const MAX_RATE: u32 = 10_000;
+pub const MAX_RATE: u32 = 10_000;
 
 /// What one watcher wants to see.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Filter {
+pub struct Filter {
     /// Only requests with a key that starts with these bytes (empty: every request).
     pub key_prefix: Vec<u8>,
     /// Only requests routed to this route or pool, or coming in on a listener whose root it is.
@@ -49,7 +49,7 @@ pub(crate) struct Filter {
 
 /// One sampled request, as a watcher's HTTP client gets it.
 #[derive(Debug, Clone)]
-pub(crate) struct WatchLine {
+pub struct WatchLine {
     /// When memroute read the request.
     pub time: SystemTime,
     pub client: String,
@@ -80,7 +80,7 @@ pub(crate) struct WatchCounters {
 
 /// One open watch.
 #[derive(Debug)]
-pub(crate) struct Watcher {
+pub struct Watcher {
     id: u64,
     filter: Filter,
     /// Lines this watcher may still be given (`limit`); u64::MAX without one.
@@ -135,13 +135,13 @@ impl Watcher {
 
 /// The watchers, shared by the workers and the admin thread.
 #[derive(Debug)]
-pub(crate) struct WatchHub {
+pub struct WatchHub {
     /// Whether anyone watches: the one thing every request reads.
     open: AtomicBool,
     watchers: RwLock<Vec<Arc<Watcher>>>,
     next_id: AtomicU64,
     epoch: Instant,
-    pub counters: WatchCounters,
+    pub(crate) counters: WatchCounters,
 }
 
 impl WatchHub {
@@ -172,10 +172,7 @@ impl WatchHub {
 
     /// Opens a watch with `filter`: the watcher and the lines it will get. `None` when
     /// [`MAX_WATCHERS`] are open already.
-    pub(crate) fn watch(
-        &self,
-        filter: Filter,
-    ) -> Option<(Arc<Watcher>, mpsc::Receiver<Arc<WatchLine>>)> {
+    pub fn watch(&self, filter: Filter) -> Option<(Arc<Watcher>, mpsc::Receiver<Arc<WatchLine>>)> {
         let (sender, receiver) = mpsc::channel(CHANNEL_LINES);
         let mut list = self.list_mut();
         if list.len() >= MAX_WATCHERS {
@@ -197,7 +194,7 @@ impl WatchHub {
 
     /// Ends `watcher`'s watch (its client went, or it was dropped); sampling stops with
     /// the last one.
-    pub(crate) fn close(&self, watcher: &Watcher) {
+    pub fn close(&self, watcher: &Watcher) {
         let mut list = self.list_mut();
         list.retain(|w| w.id != watcher.id);
         self.counters.watchers.set(list.len() as i64);

@@ -15,22 +15,22 @@ use crate::counters::{ResizeStats, ServerStats};
 
 /// A pool's previous placement and how to reach its servers, until `ends`.
 #[derive(Debug)]
-pub(crate) struct Window {
+pub struct Window {
     /// The pool as it was (its servers, their connection settings).
     pub config: PoolConfig,
     pub placement: Placement,
     /// Indexed like `config.servers`.
     pub servers: Vec<OldServer>,
     pub ends: Instant,
-    pub stats: Arc<ResizeStats>,
+    pub(crate) stats: Arc<ResizeStats>,
 }
 
 /// One server of a previous placement.
 #[derive(Debug, Clone)]
-pub(crate) struct OldServer {
+pub struct OldServer {
     pub health: Arc<ServerHealth>,
     pub connector: Arc<Connector>,
-    pub stats: ServerStats,
+    pub(crate) stats: ServerStats,
 }
 
 /// What a new generation does with a pool's window.

@@ -28,7 +28,7 @@ pub(crate) const ONLY_PREFIX: &[u8] = b"CLIENT_ERROR bad command line format\r\n
 /// Whether `key` may carry a routing prefix this config routes by: one branch on its first
 /// byte for a plain key; a config without prefixes never looks further.
 #[inline]
-pub(crate) fn may_carry(routes: &RouteTable, key: &[u8]) -> bool {
+pub fn may_carry(routes: &RouteTable, key: &[u8]) -> bool {
     key.first() == Some(&b'/') && !routes.routing_prefixes().is_empty()
 }
 
@@ -40,7 +40,8 @@ pub(crate) fn any_may_carry(routes: &RouteTable, request: &Request) -> bool {
 }
 
 /// Where a key goes by its routing prefix.
-pub(crate) enum Resolved {
+#[derive(Debug)]
+pub enum Resolved {
     /// No prefix: the listener's root.
     Plain,
     /// The routes its prefix (`len` bytes) names, the one that answers first.
@@ -53,7 +54,7 @@ pub(crate) enum Resolved {
 
 /// The routes `key` goes to from listener `listener` (its default prefix is first among a
 /// wildcard's routes).
-pub(crate) fn resolve(routes: &RouteTable, listener: usize, key: &[u8]) -> Resolved {
+pub fn resolve(routes: &RouteTable, listener: usize, key: &[u8]) -> Resolved {
     let Some(len) = prefix_len(key) else {
         return Resolved::Plain;
     };

@@ -29,7 +29,8 @@ use crate::snapshot::RouteSnapshot;
 use crate::stats::{Metrics, WorkerMetrics};
 
 /// Everything a worker needs, handed over from the main thread.
-pub(crate) struct Worker {
+#[derive(Debug)]
+pub struct Worker {
     pub index: usize,
     pub generation: watch::Receiver<Arc<Generation>>,
     /// This worker's sockets, each with its address's index in `proxy.listen`.
@@ -41,7 +42,7 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn run(self) {
+    pub fn run(self) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -20,8 +20,22 @@ use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use crate::counters::ReloadCounts;
-use crate::ProxyHandle;
+use memroute_config::Config;
+use memroute_proxy::counters::ReloadCounts;
+use memroute_proxy::ProxyError;
+
+/// What a reload acts on (the running proxy, `ProxyHandle`): this module decides whether
+/// and how to reload, the proxy applies.
+pub(crate) trait Reloadable {
+    /// Whether a secret file (an authfile, a password file) of the running config changed.
+    fn secrets_changed(&self) -> bool;
+    /// Re-reads the TLS listeners' certificate files if they changed on disk.
+    fn recheck_certificates(&self);
+    /// Serves `config`; answers the restart-only settings that kept their running values.
+    fn apply(&self, config: Config) -> Result<Vec<String>, ProxyError>;
+    /// Records the text of the config file now running.
+    fn set_config_source(&self, text: &str);
+}
 
 /// What asked for a reload (named in the log lines).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,12 +80,17 @@ pub(crate) struct ReloadState {
     pub(crate) counts: Arc<ReloadCounts>,
 }
 
-impl ProxyHandle {
-    /// Reads `path` and serves it, unless it holds what the last reload read. Logs the
-    /// outcome (every config error with its key path) and counts applied and rejected
-    /// reloads. Never changes the running config on failure.
-    pub fn reload_file(&self, path: &Path, trigger: ReloadTrigger) -> ReloadOutcome {
-        let state = &self.reload_state;
+impl ReloadState {
+    /// Reads `path` and has `proxy` serve it, unless it holds what the last reload read.
+    /// Logs the outcome (every config error with its key path) and counts applied and
+    /// rejected reloads. Never changes the running config on failure.
+    pub(crate) fn reload_file(
+        &self,
+        proxy: &impl Reloadable,
+        path: &Path,
+        trigger: ReloadTrigger,
+    ) -> ReloadOutcome {
+        let state = self;
         // Held for the whole reload: two triggers at once apply one after the other, and
         // the second sees the first's bytes.
         let mut last_read = state.last_read.lock().unwrap_or_else(|e| e.into_inner());
@@ -106,11 +125,10 @@ impl ProxyHandle {
         // A SIGHUP or POST /reload re-reads the secret files (authfiles, password files)
         // even when the config file is as it was: they change on their own (a rotated
         // Kubernetes Secret).
-        let secrets_changed = trigger != ReloadTrigger::FileChanged
-            && crate::credentials::changed_since(&self.controller.current());
+        let secrets_changed = trigger != ReloadTrigger::FileChanged && proxy.secrets_changed();
         if last_read.as_ref().map(|(read, _)| read) == Some(&bytes) && !secrets_changed {
             // The certificate files may have changed even though the config did not.
-            self.recheck_certificates();
+            proxy.recheck_certificates();
             tracing::debug!(config = %file, trigger = trigger_name, "config unchanged since the last reload");
             if trigger != ReloadTrigger::FileChanged {
                 tracing::info!(config = %file, trigger = trigger_name, "config unchanged since the last reload; nothing to do");
@@ -140,7 +158,7 @@ impl ProxyHandle {
             }
         };
         let pools = config.pools.len();
-        match self.reload_inner(config) {
+        match proxy.apply(config) {
             Ok(kept) => {
                 state.counts.ok.fetch_add(1, Relaxed);
                 let mut detail = format!("{pools} pools");
@@ -148,7 +166,7 @@ impl ProxyHandle {
                     detail.push_str(&format!("\nkept (needs a restart): {setting}"));
                 }
                 state.counts.record(trigger_name, true, detail);
-                self.set_config_source(&text);
+                proxy.set_config_source(&text);
                 tracing::info!(config = %file, trigger = trigger_name, pools, "config reloaded");
                 ReloadOutcome::Applied { kept }
             }
@@ -156,124 +174,9 @@ impl ProxyHandle {
         }
     }
 
-    /// Applied and rejected reloads since start.
-    pub fn reload_counts(&self) -> Arc<ReloadCounts> {
-        self.reload_state.counts.clone()
-    }
-
     /// Tells reloads what the running config was read from, so an event that leaves the
     /// file as it was (a touch, a ConfigMap resync) is not a reload.
-    pub fn loaded_from(&self, bytes: Vec<u8>) {
-        // `/config` shows it and `memroute_config_info` exports its hash.
-        if let Ok(text) = std::str::from_utf8(&bytes) {
-            self.set_config_source(text);
-        }
-        *self
-            .reload_state
-            .last_read
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some((bytes, None));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A config file in a directory of its own, removed when dropped.
-    struct ConfigFile(std::path::PathBuf);
-
-    impl ConfigFile {
-        fn new() -> ConfigFile {
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let dir = std::env::temp_dir().join(format!(
-                "memroute-proxy-reload-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Relaxed)
-            ));
-            std::fs::create_dir_all(&dir).expect("temp dir");
-            ConfigFile(dir.join("memroute.toml"))
-        }
-    }
-
-    impl Drop for ConfigFile {
-        fn drop(&mut self) {
-            if let Some(dir) = self.0.parent() {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-        }
-    }
-
-    /// A port nobody listens on now (the proxy binds it next).
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port")
-    }
-
-    fn config_text(port: u16, servers: &str) -> String {
-        format!(
-            "[proxy]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = 1\nroute = \"main\"\n\
-             [pools.main]\nservers = [{servers}]\n"
-        )
-    }
-
-    #[test]
-    fn reloads_are_counted_and_unchanged_bytes_are_skipped() {
-        let file = ConfigFile::new();
-        let port = free_port();
-        let first = config_text(port, "\"127.0.0.1:1\"");
-        std::fs::write(&file.0, &first).expect("write");
-        let config = memroute_config::parse(&first).expect("valid");
-        let handle = crate::start(config).expect("start");
-        handle.loaded_from(first.into_bytes());
-        let counts = handle.reload_counts();
-        let reload = |trigger| handle.reload_file(&file.0, trigger);
-
-        assert_eq!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Unchanged);
-        std::fs::write(
-            &file.0,
-            config_text(port, "\"127.0.0.1:1\", \"127.0.0.1:2\""),
-        )
-        .expect("write");
-        assert_eq!(
-            reload(ReloadTrigger::FileChanged),
-            ReloadOutcome::Applied { kept: Vec::new() }
-        );
-        assert_eq!(reload(ReloadTrigger::Signal), ReloadOutcome::Unchanged);
-        assert_eq!((counts.ok(), counts.failed()), (1, 0));
-
-        std::fs::write(&file.0, config_text(port, "\"127.0.0.1:1:0\"")).expect("write");
-        assert!(
-            matches!(reload(ReloadTrigger::Admin), ReloadOutcome::Rejected(r) if r.contains("invalid config"))
-        );
-        // Asked again, the same bytes are still rejected (the running config is not the
-        // file), and not counted twice.
-        assert!(
-            matches!(reload(ReloadTrigger::Signal), ReloadOutcome::Rejected(r) if r.contains("unchanged since it was rejected") && r.contains("invalid config"))
-        );
-        // A restart-only change applies the rest and says what it kept.
-        std::fs::write(
-            &file.0,
-            config_text(port, "\"127.0.0.1:1\"").replace("workers = 1", "workers = 3"),
-        )
-        .expect("write");
-        assert!(
-            matches!(reload(ReloadTrigger::Admin), ReloadOutcome::Applied { kept } if kept.len() == 1 && kept[0].starts_with("proxy.workers"))
-        );
-        std::fs::write(&file.0, "").expect("empty");
-        assert!(matches!(
-            reload(ReloadTrigger::FileChanged),
-            ReloadOutcome::Rejected(_)
-        ));
-        std::fs::remove_file(&file.0).expect("delete");
-        assert!(
-            matches!(reload(ReloadTrigger::FileChanged), ReloadOutcome::Rejected(r) if r.contains("cannot read"))
-        );
-        assert_eq!((counts.ok(), counts.failed()), (2, 3));
-
-        handle.shutdown();
-        handle.join();
+    pub(crate) fn loaded_from(&self, bytes: Vec<u8>) {
+        *self.last_read.lock().unwrap_or_else(|e| e.into_inner()) = Some((bytes, None));
     }
 }

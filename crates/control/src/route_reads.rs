@@ -6,7 +6,7 @@
 use memroute_config::{Config, ReadPolicy};
 use memroute_routing::{NodeId, RouteTable};
 
-use crate::read_order::{rank, Standing};
+use memroute_proxy::read_order::{rank, Standing};
 
 /// What a running proxy measured of a child: every server beneath it is down, and its
 /// servers' mean round trip in seconds (`None` before any).

@@ -3,14 +3,16 @@
 //! time since the previous `/state` (at least [`MIN_RATE_WINDOW`]), so a panel refreshing
 //! every second or two shows what is happening now, not since the process started.
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use memroute_config::{gutter_description, Config, RouteConfig};
 use prometheus::proto::{Metric, MetricFamily};
 use serde_json::{json, Value};
 
-use super::AdminState;
+use memroute_backend::ServerHealth;
+use memroute_proxy::generation::Generation;
+use memroute_proxy::stats::Metrics;
 
 /// Rates are computed over at least this long; a faster poll reuses the last window.
 const MIN_RATE_WINDOW: Duration = Duration::from_millis(500);
@@ -34,86 +36,132 @@ pub(crate) struct RateMemory {
     window: Mutex<Option<(Duration, PerServer)>>,
 }
 
-/// The whole state document.
-pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
-    let generation = admin.controller.current();
+/// The whole state document: the running `generation`, what the workers counted
+/// (`metrics`, `families`), and why memroute is not `ready` (empty when it is).
+pub(crate) fn state(
+    metrics: &Metrics,
+    generation: &Generation,
+    rates: &RateMemory,
+    ready: Vec<String>,
+    families: &[MetricFamily],
+) -> Value {
     let config = &generation.config;
     let by_name: HashMap<&str, &MetricFamily> =
         families.iter().map(|f| (f.get_name(), f)).collect();
     let counts = server_counts(by_name.get("memroute_backend_round_trip_seconds").copied());
-    let (window, deltas) = admin
-        .rates
-        .window(counts.clone(), admin.metrics.started.elapsed());
-    let errors = per_server(by_name.get("memroute_backend_errors_total").copied());
-    let timeouts = per_server(by_name.get("memroute_backend_timeouts_total").copied());
+    let (window, deltas) = rates.window(counts.clone(), metrics.started.elapsed());
+    let seen = Seen {
+        errors: per_server(by_name.get("memroute_backend_errors_total").copied()),
+        timeouts: per_server(by_name.get("memroute_backend_timeouts_total").copied()),
+        counts,
+        deltas,
+        window,
+    };
     let failovers = per_route(by_name.get("memroute_route_failovers_total").copied());
-
     let mut pools = Vec::new();
     for (id, name) in generation.routes.pool_names.iter().enumerate() {
         let Some(pool) = config.pools.get(name) else {
             continue;
         };
         let healths = generation.health.get(id).map_or(&[][..], |h| &h[..]);
-        let rates: Vec<f64> = healths
-            .iter()
-            .map(|h| {
-                let key = (name.clone(), h.address().to_string());
-                deltas.get(&key).map_or(0.0, |d| d.requests as f64) / window.as_secs_f64()
-            })
-            .collect();
-        let requests: u64 = healths
-            .iter()
-            .map(|h| {
-                let key = (name.clone(), h.address().to_string());
-                deltas.get(&key).map_or(0, |d| d.requests)
-            })
-            .sum();
-        let loads = loads_vs_mean(&rates, requests);
-        let servers: Vec<Value> = healths
-            .iter()
-            .zip(&rates)
-            .zip(loads)
-            .map(|((health, rate), load_vs_mean)| {
-                let key = (name.clone(), health.address().to_string());
-                let recent = deltas.get(&key);
-                let state = match (health.is_down(), pool.eject) {
-                    (false, _) => "up",
-                    (true, true) => "ejected",
-                    (true, false) => "down",
-                };
-                let (last_error, last_error_at) = match health.last_failure() {
-                    Some((at, reason)) => (Some(reason.to_string()), Some(unix_seconds(at))),
-                    None => (None, None),
-                };
-                json!({
-                    "address": health.address().to_string(),
-                    "state": state,
-                    "down_reason": health.is_down().then(|| health.down_reason().to_string()),
-                    "connections": health.open_connections(),
-                    "requests_per_second": rate,
-                    "requests_total": counts.get(&key).map_or(0, |c| c.requests),
-                    "p50_ms": recent.and_then(|d| quantile(&d.buckets, 0.50)).map(|s| s * 1e3),
-                    "p99_ms": recent.and_then(|d| quantile(&d.buckets, 0.99)).map(|s| s * 1e3),
-                    "errors_total": errors.get(&key).copied().unwrap_or(0),
-                    "timeouts_total": timeouts.get(&key).copied().unwrap_or(0),
-                    "last_error": last_error,
-                    "last_error_at": last_error_at,
-                    // This server's requests against its pool's mean: 1.0 is an even share.
-                    "load_vs_mean": load_vs_mean,
-                })
-            })
-            .collect();
         pools.push(json!({
             "name": name,
             "zone": pool.zone,
             "distribution": pool.distribution.as_str(),
             "hash": pool.hash.as_str(),
             "eject": pool.eject,
-            "servers": servers,
+            "servers": servers(name, pool.eject, healths, &seen),
         }));
     }
+    json!({
+        "version": memroute_proxy::VERSION,
+        "now": unix_seconds(SystemTime::now()),
+        "uptime_seconds": metrics.started.elapsed().as_secs(),
+        "workers": metrics.workers,
+        "zone": config.proxy.zone.as_ref().map(|zone| zone.name.clone()),
+        "window_seconds": window.as_secs_f64(),
+        "ready": ready,
+        "listeners": listeners(config, &failovers),
+        "routing_prefixes": routing_prefixes(config, &failovers),
+        "pools": pools,
+        "hot_keys": super::hot_keys::report(metrics, 5),
+        "reloads": reloads(metrics),
+    })
+}
 
-    let listeners: Vec<Value> = config
+/// What the servers' counters say: since start (`counts`, `errors`, `timeouts`) and over
+/// the rate window (`deltas` over `window`).
+struct Seen {
+    counts: PerServer,
+    deltas: PerServer,
+    window: Duration,
+    errors: HashMap<(String, String), u64>,
+    timeouts: HashMap<(String, String), u64>,
+}
+
+/// The servers of pool `name` (which ejects when `eject`), with their health and counts.
+fn servers(name: &str, eject: bool, healths: &[Arc<ServerHealth>], seen: &Seen) -> Vec<Value> {
+    let Seen {
+        counts,
+        deltas,
+        window,
+        errors,
+        timeouts,
+    } = seen;
+    let rates: Vec<f64> = healths
+        .iter()
+        .map(|h| {
+            let key = (name.to_string(), h.address().to_string());
+            deltas.get(&key).map_or(0.0, |d| d.requests as f64) / window.as_secs_f64()
+        })
+        .collect();
+    let requests: u64 = healths
+        .iter()
+        .map(|h| {
+            let key = (name.to_string(), h.address().to_string());
+            deltas.get(&key).map_or(0, |d| d.requests)
+        })
+        .sum();
+    let loads = loads_vs_mean(&rates, requests);
+    healths
+        .iter()
+        .zip(&rates)
+        .zip(loads)
+        .map(|((health, rate), load_vs_mean)| {
+            let key = (name.to_string(), health.address().to_string());
+            let recent = deltas.get(&key);
+            let state = match (health.is_down(), eject) {
+                (false, _) => "up",
+                (true, true) => "ejected",
+                (true, false) => "down",
+            };
+            let (last_error, last_error_at) = match health.last_failure() {
+                Some((at, reason)) => (Some(reason.to_string()), Some(unix_seconds(at))),
+                None => (None, None),
+            };
+            json!({
+                "address": health.address().to_string(),
+                "state": state,
+                "down_reason": health.is_down().then(|| health.down_reason().to_string()),
+                "connections": health.open_connections(),
+                "requests_per_second": rate,
+                "requests_total": counts.get(&key).map_or(0, |c| c.requests),
+                "p50_ms": recent.and_then(|d| quantile(&d.buckets, 0.50)).map(|s| s * 1e3),
+                "p99_ms": recent.and_then(|d| quantile(&d.buckets, 0.99)).map(|s| s * 1e3),
+                "errors_total": errors.get(&key).copied().unwrap_or(0),
+                "timeouts_total": timeouts.get(&key).copied().unwrap_or(0),
+                "last_error": last_error,
+                "last_error_at": last_error_at,
+                // This server's requests against its pool's mean: 1.0 is an even share.
+                "load_vs_mean": load_vs_mean,
+            })
+        })
+        .collect()
+}
+
+/// Each listener with the route tree it serves.
+fn listeners(config: &Config, failovers: &HashMap<String, u64>) -> Vec<Value> {
+    config
         .proxy
         .listen
         .iter()
@@ -123,12 +171,15 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
                 "address": listen.to_string(),
                 "route": route,
                 "routing_prefix": config.routing_prefixes.of_listener(listen),
-                "tree": tree(config, &failovers, route, 0),
+                "tree": tree(config, failovers, route, 0),
             })
         })
-        .collect();
-    // mcrouter's routing prefixes: the route each names, and the key its servers get.
-    let routing_prefixes: Vec<Value> = config
+        .collect()
+}
+
+/// mcrouter's routing prefixes: the route each names, and the key its servers get.
+fn routing_prefixes(config: &Config, failovers: &HashMap<String, u64>) -> Vec<Value> {
+    config
         .routing_prefixes
         .prefixes
         .iter()
@@ -138,12 +189,15 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
                 "prefix": prefix,
                 "route": route,
                 "key_sent": if kept { "with the prefix" } else { "without the prefix" },
-                "tree": tree(config, &failovers, route, 0),
+                "tree": tree(config, failovers, route, 0),
             })
         })
-        .collect();
-    let reloads: Vec<Value> = admin
-        .metrics
+        .collect()
+}
+
+/// The last few reloads, newest first.
+fn reloads(metrics: &Metrics) -> Vec<Value> {
+    metrics
         .reload_counts()
         .map(|counts| counts.recent())
         .unwrap_or_default()
@@ -156,21 +210,7 @@ pub(crate) fn state(admin: &AdminState, families: &[MetricFamily]) -> Value {
                 "detail": r.detail,
             })
         })
-        .collect();
-    json!({
-        "version": crate::version::VERSION,
-        "now": unix_seconds(SystemTime::now()),
-        "uptime_seconds": admin.metrics.started.elapsed().as_secs(),
-        "workers": admin.metrics.workers,
-        "zone": config.proxy.zone.as_ref().map(|zone| zone.name.clone()),
-        "window_seconds": window.as_secs_f64(),
-        "ready": admin.not_ready_reasons(),
-        "listeners": listeners,
-        "routing_prefixes": routing_prefixes,
-        "pools": pools,
-        "hot_keys": super::hot_keys::report(&admin.metrics, 5),
-        "reloads": reloads,
-    })
+        .collect()
 }
 
 /// The route tree under `name`: a pool is a leaf, a route lists its children. A route

@@ -17,8 +17,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::query::percent_decode;
-use crate::control::Controller;
-use crate::request_watch::{Filter, WatchHub, WatchLine, Watcher, DEFAULT_RATE, MAX_RATE};
+use memroute_proxy::control::Controller;
+use memroute_proxy::request_watch::{Filter, WatchHub, WatchLine, Watcher, DEFAULT_RATE, MAX_RATE};
 
 /// Lines rendered into one chunk when several are waiting.
 const LINES_PER_CHUNK: usize = 64;
@@ -165,7 +165,7 @@ impl Body for WatchBody {
 /// "latency_us":182}`.
 fn render(line: &WatchLine, show_keys: bool) -> String {
     let key = match show_keys {
-        true => crate::hot_keys::printable(&line.key),
+        true => memroute_proxy::hot_keys::printable(&line.key),
         false => "<hidden>".to_string(),
     };
     // Built in this order (a JSON object's fields come out sorted otherwise): a person

@@ -45,9 +45,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::Controller;
-use crate::error::ProxyError;
-use crate::stats::Metrics;
+use memroute_proxy::control::Controller;
+use memroute_proxy::stats::Metrics;
+use memroute_proxy::ProxyError;
 
 /// A request's head must arrive within this long of accept or of the previous answer (a
 /// silent, slow or idle keep-alive client is closed). A probe or a scraper sends its
@@ -309,7 +309,13 @@ async fn answer(state: &AdminState, peer: IpAddr, request: Request<Incoming>) ->
         (&Method::GET, "/") => reply(StatusCode::OK, "text/html; charset=utf-8", panel::PAGE),
         (&Method::GET, "/state") => {
             let families = state.metrics.gather_fresh().await;
-            json(state::state(state, &families))
+            json(state::state(
+                &state.metrics,
+                &state.controller.current(),
+                &state.rates,
+                state.not_ready_reasons(),
+                &families,
+            ))
         }
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/ready") => {
@@ -437,7 +443,7 @@ fn watch(state: &AdminState, query: &str) -> Reply {
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "{} watches are open already; close one first\n",
-                crate::request_watch::MAX_WATCHERS
+                memroute_proxy::request_watch::MAX_WATCHERS
             ),
         );
     };
@@ -506,18 +512,13 @@ fn route(state: &AdminState, query: &str) -> Reply {
     };
     let mut out = String::new();
     for key in &keys {
-        let round_trips =
-            |pool: &str, address: &str| state.metrics.round_trip_totals(pool, address);
-        let measured = |node| generation.measured(&round_trips, node);
-        let mut targets = crate::route_lookup::route_key_in(
-            &generation.config,
-            &generation.routes,
+        let targets = crate::route_lookup::route_running(
+            &generation,
+            &state.metrics,
             listener,
             operation,
             key,
-            Some(&measured),
         );
-        generation.add_previous_owners(&mut targets, key);
         out.push_str(&crate::route_lookup::describe_routes(
             &String::from_utf8_lossy(key),
             &targets,

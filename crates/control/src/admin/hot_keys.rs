@@ -1,8 +1,8 @@
 //! `GET /hotkeys`: the hottest keys of each pool, as JSON for scripts and the panel.
 use serde_json::{json, Value};
 
-use crate::hot_keys::Report;
-use crate::stats::Metrics;
+use memroute_proxy::hot_keys::Report;
+use memroute_proxy::stats::Metrics;
 
 /// Keys listed per pool unless `?top=` asks for another number (at most the sketch size).
 const DEFAULT_TOP: usize = 10;
@@ -14,7 +14,7 @@ pub(crate) fn top_of(query: &str) -> usize {
         .find_map(|pair| pair.strip_prefix("top="))
         .and_then(|n| n.parse::<usize>().ok())
         .unwrap_or(DEFAULT_TOP)
-        .clamp(1, crate::hot_keys::CAPACITY)
+        .clamp(1, memroute_proxy::hot_keys::CAPACITY)
 }
 
 /// ```json
@@ -36,7 +36,7 @@ pub(crate) fn report(metrics: &Metrics, top: usize) -> Value {
     // collapsed gets and hot-cache counts are since start, not of the span.
     for pool in metrics.pool_names() {
         if !report.pools.iter().any(|listed| listed.pool == pool) {
-            report.pools.push(crate::hot_keys::PoolHotKeys {
+            report.pools.push(memroute_proxy::hot_keys::PoolHotKeys {
                 pool,
                 samples: 0,
                 keys: Vec::new(),

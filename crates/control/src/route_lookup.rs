@@ -9,10 +9,14 @@
 use memroute_config::{Config, Operation};
 use memroute_routing::{Node, NodeId, RouteTable};
 
-use crate::error::ProxyError;
-use crate::route_reads::{read_roles, Measured};
-use crate::routing_prefix::Resolved;
+use memroute_proxy::generation::Generation;
+use memroute_proxy::read_order;
+use memroute_proxy::routing_prefix::Resolved;
+use memroute_proxy::stats::Metrics;
+use memroute_proxy::ProxyError;
 use memroute_routing::routing_prefix::prefix_len;
+
+use crate::route_reads::{read_roles, Measured};
 
 /// One place a request for the key reaches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,11 +98,11 @@ pub(crate) fn route_key_in(
         targets: Vec::new(),
     };
     let root = routes.root_of(listener);
-    if !crate::routing_prefix::may_carry(routes, key) {
+    if !memroute_proxy::routing_prefix::may_carry(routes, key) {
         walk.visit(root, Vec::new(), "primary".to_string());
         return walk.targets;
     }
-    match crate::routing_prefix::resolve(routes, listener, key) {
+    match memroute_proxy::routing_prefix::resolve(routes, listener, key) {
         Resolved::Plain => walk.visit(root, Vec::new(), "primary".to_string()),
         Resolved::NoRoute | Resolved::OnlyPrefix => {
             let prefix = String::from_utf8_lossy(&key[..prefix_len(key).unwrap_or(0)]);
@@ -130,6 +134,80 @@ pub(crate) fn route_key_in(
         }
     }
     walk.targets
+}
+
+/// Every target `operation` on `key` reaches in the running `generation`, for a client of
+/// the `listener`-th listener: `nearest` routes ordered by what the workers measured
+/// (`metrics`), and each moved key's owner before its pool's resize window (`ProxyHandle::route`
+/// and `GET /route`).
+pub(crate) fn route_running(
+    generation: &Generation,
+    metrics: &Metrics,
+    listener: usize,
+    operation: Operation,
+    key: &[u8],
+) -> Vec<RouteTarget> {
+    let round_trips = |pool: &str, address: &str| metrics.round_trip_totals(pool, address);
+    let measured = |node| measured(generation, &round_trips, node);
+    let mut targets = route_key_in(
+        &generation.config,
+        &generation.routes,
+        listener,
+        operation,
+        key,
+        Some(&measured),
+    );
+    add_previous_owners(generation, &mut targets, key);
+    targets
+}
+
+/// Fills in, for each target in a pool with a running resize window whose key moved,
+/// the key's owner under the window's previous placement (`/route?key=` shows both).
+fn add_previous_owners(generation: &Generation, targets: &mut [RouteTarget], key: &[u8]) {
+    for target in targets {
+        let Some(pool) = &target.pool else { continue };
+        let id = generation.routes.pool_names.iter().position(|n| n == pool);
+        let Some(Some(window)) = id.and_then(|id| generation.windows.get(id)) else {
+            continue;
+        };
+        let index = window.placement.server_for(key);
+        let previous = window.config.servers.get(index).map(|s| s.address.clone());
+        // Only a key that moved has an old owner worth naming.
+        if previous != target.server {
+            target.previous = previous;
+        }
+    }
+}
+
+/// What this generation's servers beneath route `node` show now: all of them down, and
+/// their mean round trip since start in seconds (`None` before any), from the
+/// process-wide round trips `round_trips(pool, address)` (what `/route` orders a
+/// `nearest` route's children by).
+fn measured(
+    generation: &Generation,
+    round_trips: &impl Fn(&str, &str) -> prometheus::Histogram,
+    node: NodeId,
+) -> (bool, Option<f64>) {
+    let health = |pool: usize, server: usize| generation.health.get(pool)?.get(server).cloned();
+    let servers = read_order::servers_beneath(
+        &generation.config,
+        &generation.routes,
+        node,
+        &health,
+        round_trips,
+    );
+    let (sum, count) = servers
+        .iter()
+        .fold((0.0, 0), |(sum, count), (_, histogram)| {
+            (
+                sum + histogram.get_sample_sum(),
+                count + histogram.get_sample_count(),
+            )
+        });
+    (
+        read_order::all_down(&servers),
+        (count > 0).then(|| sum / count as f64),
+    )
 }
 
 struct Walk<'a> {
@@ -166,24 +244,7 @@ impl Walk<'_> {
                 };
                 self.visit(next, path, role);
             }
-            Node::Pool(pool) => {
-                let name = &self.routes.pool_names[*pool];
-                let servers = self.config.pools.get(name).map(|p| &p.servers[..]);
-                let server = match servers {
-                    Some(servers) if !servers.is_empty() => {
-                        let index = self.routes.placements[*pool].server_for(self.key);
-                        servers.get(index).map(|s| s.address.clone())
-                    }
-                    _ => None,
-                };
-                self.targets.push(RouteTarget {
-                    path,
-                    role,
-                    pool: Some(name.clone()),
-                    server,
-                    previous: None,
-                });
-            }
+            Node::Pool(pool) => self.pool_target(*pool, path, role),
             Node::Shadow {
                 primary,
                 shadow,
@@ -226,22 +287,7 @@ impl Walk<'_> {
                     self.visit(child, path.clone(), step);
                 }
             }
-            Node::WarmUp { cold, warm, .. } => {
-                let (cold, warm) = (*cold, *warm);
-                // Only reads go on to warm (route::warm_up::warms_up); everything else,
-                // writes included, is cold's alone.
-                let warms_up = matches!(
-                    self.operation,
-                    Operation::Get | Operation::Gets | Operation::Gat | Operation::Gats
-                );
-                match warms_up {
-                    true => {
-                        self.visit(cold, path.clone(), format!("{role}, cold"));
-                        self.visit(warm, path, format!("{role}, warm (on a cold miss)"));
-                    }
-                    false => self.visit(cold, path, format!("{role}, cold")),
-                }
-            }
+            Node::WarmUp { cold, warm, .. } => self.visit_warm_up(*cold, *warm, path, role),
             Node::Random { children } => {
                 for child in children.clone() {
                     self.visit(child, path.clone(), format!("{role}, random choice"));
@@ -255,6 +301,42 @@ impl Walk<'_> {
                 self.targets
                     .push(target(path, format!("{role}, error route: {message}")));
             }
+        }
+    }
+
+    /// The server of pool `pool` that owns the key.
+    fn pool_target(&mut self, pool: usize, path: Vec<String>, role: String) {
+        let name = &self.routes.pool_names[pool];
+        let servers = self.config.pools.get(name).map(|p| &p.servers[..]);
+        let server = match servers {
+            Some(servers) if !servers.is_empty() => {
+                let index = self.routes.placements[pool].server_for(self.key);
+                servers.get(index).map(|s| s.address.clone())
+            }
+            _ => None,
+        };
+        self.targets.push(RouteTarget {
+            path,
+            role,
+            pool: Some(name.clone()),
+            server,
+            previous: None,
+        });
+    }
+
+    fn visit_warm_up(&mut self, cold: NodeId, warm: NodeId, path: Vec<String>, role: String) {
+        // Only reads go on to warm (route::warm_up::warms_up); everything else,
+        // writes included, is cold's alone.
+        let warms_up = matches!(
+            self.operation,
+            Operation::Get | Operation::Gets | Operation::Gat | Operation::Gats
+        );
+        match warms_up {
+            true => {
+                self.visit(cold, path.clone(), format!("{role}, cold"));
+                self.visit(warm, path, format!("{role}, warm (on a cold miss)"));
+            }
+            false => self.visit(cold, path, format!("{role}, cold")),
         }
     }
 }
