@@ -28,20 +28,6 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 /// grows, or a new one, fails; one that is gone fails until its entry is removed.
 const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     (
-        &[
-            "backend::connection",
-            "backend::connection::handle",
-            "backend::connection::link",
-        ],
-        "connection/mod.rs starts the link and hands out handles, and handle.rs and link.rs \
-         import back its down_error, CONNECTION_REFUSED and ConnectionSettings",
-    ),
-    (
-        &["backend::discovery", "backend::discovery::dns"],
-        "discovery/mod.rs calls dns::addresses and dns::srv, and dns.rs builds mod.rs's \
-         Found and FoundServer",
-    ),
-    (
         &["proxy", "proxy::reload"],
         "lib.rs keeps a reload::ReloadState and re-exports ReloadOutcome, and reload.rs \
          implements ProxyHandle::reload on lib.rs's ProxyHandle and calls crate::start \

@@ -14,7 +14,7 @@ use crate::BackendError;
 use super::in_flight::{InFlight, Link};
 use super::outgoing::Shared;
 use super::run_reader::RunReader;
-use super::{down_error, ConnectionSettings, CONNECTION_REFUSED};
+use super::settings::{down_error, ConnectionSettings, CONNECTION_REFUSED};
 
 /// Runs one established connection. Returns `None` when every handle is gone (shut down),
 /// or the error that broke the connection (every request in flight gets that error), and
