@@ -103,7 +103,7 @@ impl MultiGet {
         }
         let groups = self.group_going_on(legs, outcomes, &going_on);
         // Every key of a failed batch went on: the batch stands for none.
-        for (leg, &outcome) in legs.iter_mut().zip(&*outcomes) {
+        for (leg, &outcome) in legs.iter_mut().zip(outcomes) {
             if outcome == Batch::Failed {
                 let _ = leg.take(routing);
                 leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
