@@ -14,12 +14,16 @@ use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
 use super::failover::FirstMisses;
+use super::in_place::RoutedKeys;
+use super::job::{MultiJob, MultiReply};
+use super::leg::{Leg, Legs};
 use super::nearest;
+use super::plan::{goes_on, multi_get_pool, start_multi, FollowUp, GoingOn, Planned};
 use super::pool::{send_batches, Batched};
-use super::{
-    goes_on, multi_get_pool, shadow, start_multi, FollowUp, GoesOn, GoingOn, Leg, Legs, MultiJob,
-    MultiReply, Planned, RandomPicks, RoutedKeys, Start, Then,
-};
+use super::random::RandomPicks;
+use super::shadow;
+use super::then::{Start, Then};
+use super::vocabulary::GoesOn;
 use crate::buffers::Homed;
 use crate::multiget::{self, KeyTarget};
 use crate::reply::server_error;
