@@ -279,106 +279,138 @@ fn parse_reply_blocks(
     limits: &Limits,
     block_end: &mut impl FnMut(usize),
 ) -> Result<(ReplyParse, u32), ProtocolError> {
-    let complete = |len| Ok((ReplyParse::Complete(len), 0));
-    let incomplete = || Ok((ReplyParse::Incomplete, 0));
     if kind == ReplyKind::Retrieval {
-        // VALUE blocks as memcached writes them and the END line, each line read in one
-        // pass; the first line that is anything else (an error line, a line not fully
-        // arrived, a malformed one) is read again below by the careful readers.
-        let (mut pos, mut blocks) = (from, 0u32);
-        loop {
-            let rest = &buf[pos..];
-            if rest.starts_with(b"END\r\n") {
-                return Ok((ReplyParse::Complete(pos + 5), blocks));
-            }
-            let Some(line) = value_line(rest).filter(|line| line.data_start <= limits.max_line_len)
-            else {
-                break;
-            };
-            pos = match data_after(buf, pos + line.data_start - 2, line.len)? {
-                Some(end) => end,
-                None => return incomplete(),
-            };
-            block_end(pos);
-            blocks = blocks.saturating_add(1);
-        }
-        if pos > 0 {
-            let line_end = match line_at(buf, pos, limits)? {
-                Some(e) => e,
-                None => return incomplete(),
-            };
-            return retrieval_lines(buf, pos, line_end, limits, blocks, block_end);
+        if let Some(parsed) = framed_value_blocks(buf, from, limits, block_end) {
+            return parsed;
         }
     }
     let first_end = match line_at(buf, 0, limits)? {
         Some(e) => e,
-        None => return incomplete(),
+        None => return Ok((ReplyParse::Incomplete, 0)),
     };
     let first = &buf[..first_end];
-    match kind {
-        ReplyKind::Line => {
-            // Every memcached reply line starts with an upper-case word or a
-            // number (incr/decr); anything else means we lost the framing. A line that
-            // announces a data block (`VALUE`, `VA`) is never a one-line reply either:
-            // passed on, it would tell the client to read a block that is not there.
-            if announces_data(first) {
-                return Err(ProtocolError::BadReply(
-                    "data block where one line was expected",
-                ));
-            }
-            match first.first() {
-                Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => complete(first_end + 2),
-                _ => Err(ProtocolError::BadReply("unexpected reply line")),
-            }
-        }
-        ReplyKind::MetaGet => {
-            if first.starts_with(b"VA ") {
-                let len = data_len(word(first, 1))?;
-                return match data_after(buf, first_end, len)? {
-                    Some(end) => complete(end),
-                    None => incomplete(),
-                };
-            }
-            match first.first() {
-                Some(_) if announces_data(first) => {
-                    Err(ProtocolError::BadReply("unexpected meta reply"))
-                }
-                Some(c) if c.is_ascii_uppercase() => complete(first_end + 2),
-                _ => Err(ProtocolError::BadReply("unexpected meta reply")),
-            }
-        }
+    let parsed = match kind {
+        ReplyKind::Line => one_line(first, first_end),
+        ReplyKind::MetaGet => meta_get(buf, first, first_end),
         ReplyKind::Retrieval => {
             if is_error_line(first) {
-                return complete(first_end + 2);
+                return Ok((ReplyParse::Complete(first_end + 2), 0));
             }
-            retrieval_lines(buf, 0, first_end, limits, 0, block_end)
+            return retrieval_lines(buf, 0, first_end, limits, 0, block_end);
         }
-        ReplyKind::Stats => {
-            // Sub-commands that answer with one line instead of a listing.
-            if is_error_line(first) || first == b"RESET" || first == b"OK" {
-                return complete(first_end + 2);
-            }
-            let mut pos = 0;
-            let mut line_end = first_end;
-            loop {
-                let line = &buf[pos..line_end];
-                if line == b"END" {
-                    return complete(line_end + 2);
-                }
-                // STAT for stats listings, ITEM for cachedump, PREFIX for detail dump.
-                if !(line.starts_with(b"STAT ")
-                    || line.starts_with(b"ITEM ")
-                    || line.starts_with(b"PREFIX "))
-                {
-                    return Err(ProtocolError::BadReply("expected STAT or END"));
-                }
-                pos = line_end + 2;
-                line_end = match line_at(buf, pos, limits)? {
-                    Some(e) => e,
-                    None => return incomplete(),
-                };
-            }
+        ReplyKind::Stats => stats_listing(buf, first, first_end, limits),
+    };
+    parsed.map(|parse| (parse, 0))
+}
+
+/// A retrieval reply's `VALUE` blocks as memcached writes them and the `END` line, each
+/// line read in one pass from `from`. The first line that is anything else (an error
+/// line, a line not fully arrived, a malformed one) is read again by the careful readers:
+/// from there (`retrieval_lines`) past a first block, else `None` (the first line, read
+/// by the caller).
+#[inline(always)]
+fn framed_value_blocks(
+    buf: &[u8],
+    from: usize,
+    limits: &Limits,
+    block_end: &mut impl FnMut(usize),
+) -> Option<Result<(ReplyParse, u32), ProtocolError>> {
+    let (mut pos, mut blocks) = (from, 0u32);
+    loop {
+        let rest = &buf[pos..];
+        if rest.starts_with(b"END\r\n") {
+            return Some(Ok((ReplyParse::Complete(pos + 5), blocks)));
         }
+        let Some(line) = value_line(rest).filter(|line| line.data_start <= limits.max_line_len)
+        else {
+            break;
+        };
+        pos = match data_after(buf, pos + line.data_start - 2, line.len) {
+            Ok(Some(end)) => end,
+            Ok(None) => return Some(Ok((ReplyParse::Incomplete, 0))),
+            Err(error) => return Some(Err(error)),
+        };
+        block_end(pos);
+        blocks = blocks.saturating_add(1);
+    }
+    if pos == 0 {
+        return None;
+    }
+    Some(match line_at(buf, pos, limits) {
+        Ok(Some(line_end)) => retrieval_lines(buf, pos, line_end, limits, blocks, block_end),
+        Ok(None) => Ok((ReplyParse::Incomplete, 0)),
+        Err(error) => Err(error),
+    })
+}
+
+/// A one-line reply whose line (`first`) is complete.
+#[inline(always)]
+fn one_line(first: &[u8], first_end: usize) -> Result<ReplyParse, ProtocolError> {
+    // Every memcached reply line starts with an upper-case word or a
+    // number (incr/decr); anything else means we lost the framing. A line that
+    // announces a data block (`VALUE`, `VA`) is never a one-line reply either:
+    // passed on, it would tell the client to read a block that is not there.
+    if announces_data(first) {
+        return Err(ProtocolError::BadReply(
+            "data block where one line was expected",
+        ));
+    }
+    match first.first() {
+        Some(c) if c.is_ascii_uppercase() || c.is_ascii_digit() => {
+            Ok(ReplyParse::Complete(first_end + 2))
+        }
+        _ => Err(ProtocolError::BadReply("unexpected reply line")),
+    }
+}
+
+/// A meta get's reply: `VA` and its data block, or one line.
+#[inline(always)]
+fn meta_get(buf: &[u8], first: &[u8], first_end: usize) -> Result<ReplyParse, ProtocolError> {
+    if first.starts_with(b"VA ") {
+        let len = data_len(word(first, 1))?;
+        return Ok(match data_after(buf, first_end, len)? {
+            Some(end) => ReplyParse::Complete(end),
+            None => ReplyParse::Incomplete,
+        });
+    }
+    match first.first() {
+        Some(_) if announces_data(first) => Err(ProtocolError::BadReply("unexpected meta reply")),
+        Some(c) if c.is_ascii_uppercase() => Ok(ReplyParse::Complete(first_end + 2)),
+        _ => Err(ProtocolError::BadReply("unexpected meta reply")),
+    }
+}
+
+/// A stats reply: its listing up to `END`, or the one line some sub-commands answer.
+#[inline(always)]
+fn stats_listing(
+    buf: &[u8],
+    first: &[u8],
+    first_end: usize,
+    limits: &Limits,
+) -> Result<ReplyParse, ProtocolError> {
+    // Sub-commands that answer with one line instead of a listing.
+    if is_error_line(first) || first == b"RESET" || first == b"OK" {
+        return Ok(ReplyParse::Complete(first_end + 2));
+    }
+    let mut pos = 0;
+    let mut line_end = first_end;
+    loop {
+        let line = &buf[pos..line_end];
+        if line == b"END" {
+            return Ok(ReplyParse::Complete(line_end + 2));
+        }
+        // STAT for stats listings, ITEM for cachedump, PREFIX for detail dump.
+        if !(line.starts_with(b"STAT ")
+            || line.starts_with(b"ITEM ")
+            || line.starts_with(b"PREFIX "))
+        {
+            return Err(ProtocolError::BadReply("expected STAT or END"));
+        }
+        pos = line_end + 2;
+        line_end = match line_at(buf, pos, limits)? {
+            Some(e) => e,
+            None => return Ok(ReplyParse::Incomplete),
+        };
     }
 }
 

@@ -77,7 +77,9 @@ impl Default for Limits {
     }
 }
 
-/// Every command memroute understands.
+/// Every command memroute understands, as the wire names it. Routes do not choose by these
+/// but by `memroute_routing::Operation`, the routed subset (a meta command counting as its
+/// classic equivalent); `memroute_routing::operation_of` is the one mapping from these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Command {
     Get,

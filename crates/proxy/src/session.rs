@@ -42,7 +42,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::binary::Translator;
-use crate::budget::{Charge, ChargeMemory};
+use crate::budget::{BudgetSettings, Charge, ChargeMemory};
 use crate::buffers::{self, QueuePool, CHUNK};
 use crate::client_auth::LoginGate;
 use crate::client_log::{ClientEvent, Peer};
@@ -381,7 +381,7 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         context,
         listener,
         mut stream,
-        mut input,
+        input,
         slot,
         memory,
         protocol,
@@ -393,11 +393,13 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         listener: listener_index(&listener),
     };
     let mut framing = Framing::new(protocol);
+    let mut inbox = Inbox {
+        input,
+        swallow: 0,
+        reading: true,
+    };
     let mut output = BytesMut::new();
     let mut pending: VecDeque<Pending> = VecDeque::new();
-    // Bytes of a rejected data block still to be discarded as they arrive.
-    let mut swallow = 0usize;
-    let mut reading = true;
     // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
     // flight, nothing buffered), so no request the client already sent is lost.
     let mut draining = context.sessions.draining();
@@ -405,10 +407,6 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
     let mut charge = Charge::resume(&context.metrics.shared, memory);
     let mut paused = false;
     loop {
-        // Read more only when what is buffered holds no whole request. Stopping at the
-        // pending cap alone is not enough: the input buffer would keep growing with
-        // requests that are read but not yet parsed.
-        let mut need_input = false;
         // One clock read per wake-up: every request parsed and every reply finished below
         // is timed against it (no per-request clock reads).
         context.stats().tick();
@@ -429,92 +427,34 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
             peer: &peer,
             login: &login,
         };
-        while reading
-            && pending.len() < max_pending
-            && charge.may_read(&budget, pending.len(), &mut paused)
-        {
-            if pending.capacity() == 0 {
-                QUEUES.with(|queues| queues.fill(&mut pending));
-            }
-            if swallow > 0 && buffers::skip_refused(&mut input, &mut swallow) {
-                need_input = true;
-                break;
-            }
-            match framing.frame(&at, &mut input, &mut swallow, &mut pending) {
-                Framed::Next => {}
-                Framed::Incomplete => {
-                    need_input = true;
-                    break;
-                }
-                Framed::Close => reading = false,
-            }
-        }
+        let need_input =
+            framing.frame_batch(&at, &mut inbox, &mut pending, &mut charge, &mut paused);
         logged_in = login.logged_in();
         drop(routing);
-        if input.is_empty() && input.capacity() > 0 {
-            // Everything read was parsed: the buffer goes back for the next reader.
-            buffers::give(std::mem::take(&mut input));
+        inbox.give_back_if_parsed();
+        let rendered =
+            framing.render_complete(context, &mut pending, &mut output, &mut charge, &mut paused);
+        let outstanding = pending.len();
+        if !write_out(&mut stream, &mut output, &mut charge, outstanding, &budget).await {
+            return Outcome::Closed;
         }
-
-        // Every reply already complete goes out now, in order, in one write (up to
-        // MAX_WRITE_BATCH; the rest after a yield).
-        let mut closing = false;
-        let mut batch_full = false;
-        let (written_before, mut finished) = (output.len(), 0);
-        while let Some(head) = pending.front_mut() {
-            if output.len() >= MAX_WRITE_BATCH {
-                batch_full = true;
-                break;
-            }
-            if !head.try_complete() {
-                break;
-            }
-            let Some(head) = pending.pop_front() else {
-                break;
-            };
-            if output.capacity() == 0 {
-                output = buffers::take();
-            }
-            finished += 1;
-            if framing.finish(head, context, &mut output) == Flow::Close {
-                closing = true;
-                break;
-            }
-        }
-        charge.observe(output.len() - written_before, finished);
-        if finished > 0 {
-            // A pause is decided against the replies outstanding then; some came back.
-            paused = false;
-        }
-        if !output.is_empty() {
-            let written = charge.write_all(&mut stream, &output, pending.len(), &budget);
-            // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
-            if written.await.is_err() || stream.flush().await.is_err() {
-                return Outcome::Closed;
-            }
-        }
-        if output.capacity() > 0 {
-            // Written: the buffer goes back (or is freed if a huge reply grew it).
-            buffers::give(std::mem::take(&mut output));
-        }
-        let idle = pending.is_empty() && input.is_empty() && swallow == 0;
-        if closing || (!reading && pending.is_empty()) || (draining && idle) {
+        let idle = pending.is_empty() && inbox.is_empty();
+        if rendered.closing || (!inbox.reading && pending.is_empty()) || (draining && idle) {
             let _ = stream.shutdown().await;
             return Outcome::Closed;
         }
-        if batch_full {
+        if rendered.batch_full {
             // More replies are complete than one batch holds: the worker's other sessions
             // run before the next batch is rendered.
             tokio::task::yield_now().await;
             continue;
         }
-        if reading && !need_input && pending.len() < max_pending && !paused {
+        if inbox.reading && !need_input && pending.len() < max_pending && !paused {
             // Parsing stopped at the pending cap and replies have drained since: parse the
             // requests already buffered before waiting for anything.
             continue;
         }
-
-        let can_read = reading && need_input;
+        let can_read = inbox.reading && need_input;
         if pending.is_empty() {
             QUEUES.with(|queues| queues.give(&mut pending));
             framing.rest();
@@ -524,14 +464,157 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
                 return Outcome::Idle(stream, charge.memory(), logged_in);
             }
         }
+        let input = &mut inbox.input;
         tokio::select! {
             _ = wait_head(&mut pending), if !pending.is_empty() => {}
-            read = std::future::poll_fn(|cx| poll_read_some(&mut stream, &mut input, cx)), if can_read => match read {
-                Ok(0) | Err(_) => reading = false,
+            read = std::future::poll_fn(|cx| poll_read_some(&mut stream, input, cx)), if can_read => match read {
+                Ok(0) | Err(_) => inbox.reading = false,
                 Ok(_) => {}
             },
-            _ = crate::session_wakers::drained(&context.sessions), if reading && !draining => draining = true,
+            _ = crate::session_wakers::drained(&context.sessions), if inbox.reading && !draining => draining = true,
         }
+    }
+}
+
+/// A busy session's side of the client's bytes.
+struct Inbox {
+    /// Read and not yet framed.
+    input: BytesMut,
+    /// Bytes of a rejected data block still to be discarded as they arrive.
+    swallow: usize,
+    /// Whether the client may still send: false once it closed, or a request closed the
+    /// connection (its earlier requests are still answered).
+    reading: bool,
+}
+
+impl Inbox {
+    /// Everything read was parsed: the buffer goes back for the next reader.
+    #[inline]
+    fn give_back_if_parsed(&mut self) {
+        if self.input.is_empty() && self.input.capacity() > 0 {
+            buffers::give(std::mem::take(&mut self.input));
+        }
+    }
+
+    /// Nothing buffered and nothing left to discard.
+    fn is_empty(&self) -> bool {
+        self.input.is_empty() && self.swallow == 0
+    }
+}
+
+/// Writes the rendered replies in `output` to the client, charged to this session until
+/// written, and gives the buffer back (or frees it if a huge reply grew it). False when the
+/// client is gone.
+#[inline]
+async fn write_out<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    output: &mut BytesMut,
+    charge: &mut Charge<'_>,
+    outstanding: usize,
+    budget: &BudgetSettings,
+) -> bool {
+    if !output.is_empty() {
+        let written = charge.write_all(stream, output, outstanding, budget);
+        // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
+        if written.await.is_err() || stream.flush().await.is_err() {
+            return false;
+        }
+    }
+    if output.capacity() > 0 {
+        buffers::give(std::mem::take(output));
+    }
+    true
+}
+
+/// What rendering the complete replies came to.
+struct Rendered {
+    /// How many replies were written to the output.
+    finished: usize,
+    /// A reply closes the connection (written; nothing after it is).
+    closing: bool,
+    /// The output holds a batch's worth; more replies may be complete.
+    batch_full: bool,
+}
+
+impl Framing {
+    /// Frames and dispatches the requests buffered in `inbox` while the client may send
+    /// more (under the pending cap and the reply budget). Read more only when what is
+    /// buffered holds no whole request: stopping at the pending cap alone is not enough, as
+    /// the input buffer would keep growing with requests that are read but not yet parsed.
+    /// Returns whether it stopped for want of bytes.
+    #[inline]
+    fn frame_batch(
+        &mut self,
+        at: &Inbound<'_>,
+        inbox: &mut Inbox,
+        pending: &mut VecDeque<Pending>,
+        charge: &mut Charge<'_>,
+        paused: &mut bool,
+    ) -> bool {
+        let max_pending = at.routing.max_client_pending;
+        let budget = &at.routing.reply_budget;
+        while inbox.reading
+            && pending.len() < max_pending
+            && charge.may_read(budget, pending.len(), paused)
+        {
+            if pending.capacity() == 0 {
+                QUEUES.with(|queues| queues.fill(pending));
+            }
+            if inbox.swallow > 0 && buffers::skip_refused(&mut inbox.input, &mut inbox.swallow) {
+                return true;
+            }
+            match self.frame(at, &mut inbox.input, &mut inbox.swallow, pending) {
+                Framed::Next => {}
+                Framed::Incomplete => return true,
+                Framed::Close => inbox.reading = false,
+            }
+        }
+        false
+    }
+
+    /// Every reply already complete goes to `output`, in order, for one write (up to
+    /// MAX_WRITE_BATCH; the rest after a yield), charged to the session's reply budget.
+    #[inline]
+    fn render_complete(
+        &mut self,
+        context: &WorkerContext,
+        pending: &mut VecDeque<Pending>,
+        output: &mut BytesMut,
+        charge: &mut Charge<'_>,
+        paused: &mut bool,
+    ) -> Rendered {
+        let written_before = output.len();
+        let mut rendered = Rendered {
+            finished: 0,
+            closing: false,
+            batch_full: false,
+        };
+        while let Some(head) = pending.front_mut() {
+            if output.len() >= MAX_WRITE_BATCH {
+                rendered.batch_full = true;
+                break;
+            }
+            if !head.try_complete() {
+                break;
+            }
+            let Some(head) = pending.pop_front() else {
+                break;
+            };
+            if output.capacity() == 0 {
+                *output = buffers::take();
+            }
+            rendered.finished += 1;
+            if self.finish(head, context, output) == Flow::Close {
+                rendered.closing = true;
+                break;
+            }
+        }
+        charge.observe(output.len() - written_before, rendered.finished);
+        if rendered.finished > 0 {
+            // A pause is decided against the replies outstanding then; some came back.
+            *paused = false;
+        }
+        rendered
     }
 }
 

@@ -390,14 +390,7 @@ impl RouteSnapshot {
             max_line_len: config.proxy.max_line_size,
             max_value_len: config.proxy.max_value_size,
         };
-        let mut reusable: HashMap<&ConnectionKey, Vec<&ServerConnections>> = HashMap::new();
-        let old_servers = old.iter().flat_map(|o| &o.pools).flat_map(|p| {
-            let previous = p.previous.iter().flat_map(|w| &w.servers);
-            p.servers.iter().chain(previous)
-        });
-        for server in old_servers {
-            reusable.entry(&server.key).or_default().push(server);
-        }
+        let mut reusable = reusable_connections(old);
         // Pool ids follow the route table's pool order (Config::pools is a BTreeMap, sorted).
         let mut pools = generation
             .routes
@@ -405,56 +398,8 @@ impl RouteSnapshot {
             .iter()
             .enumerate()
             .filter_map(|(id, name)| Some((id, name, config.pools.get(name)?)))
-            .map(|(id, name, pool)| PoolConnections {
-                servers: pool
-                    .servers
-                    .iter()
-                    .enumerate()
-                    .map(|(index, server)| {
-                        let health = generation
-                            .health
-                            .get(id)
-                            .and_then(|p| p.get(index))
-                            .cloned()
-                            .unwrap_or_else(|| standalone_health(name, pool, &server.address));
-                        let connector = generation
-                            .connectors
-                            .get(id)
-                            .and_then(|p| p.get(index))
-                            .cloned()
-                            .unwrap_or_else(|| Arc::new(Connector::plain(&server.address)));
-                        let stats = generation
-                            .server_stats
-                            .get(id)
-                            .and_then(|p| p.get(index))
-                            .cloned()
-                            .unwrap_or_else(|| metrics.shared.server_stats(name, &server.address));
-                        let server = ServerOf {
-                            pool_name: name,
-                            pool,
-                            address: &server.address,
-                            health,
-                            connector,
-                            stats,
-                        };
-                        server.connections(&mut reusable, limits, metrics)
-                    })
-                    .collect(),
-                max_keys_per_request: pool.max_keys_per_request.max(1),
-                collapsed: pool
-                    .collapse_gets
-                    .then(|| metrics.shared.collapsed_gets(name)),
-                hot_cache: pool.hot_cache.map(|settings| {
-                    crate::hot_cache::HotCache::new(settings, metrics.shared.hot_cache(name))
-                }),
-                name: Arc::from(name.as_str()),
-                ejection: (pool.eject && !pool.servers.is_empty()).then(|| Ejection {
-                    config: pool.clone(),
-                    epoch: generation.pool_epochs.get(id).cloned().unwrap_or_default(),
-                    max_ejected: max_ejected(pool),
-                    live: RefCell::new((u64::MAX, None)),
-                }),
-                previous: None,
+            .map(|(id, name, pool)| {
+                pool_connections(generation, id, name, pool, &mut reusable, limits, metrics)
             })
             .collect::<Vec<_>>();
         // Resize windows: the previous placement's servers, sharing the connections of
@@ -481,19 +426,7 @@ impl RouteSnapshot {
             },
             std::time::Instant::now(),
         );
-        let shadows = generation
-            .shadow_stats
-            .iter()
-            .zip(&generation.routes.shadow_names)
-            .map(|(stats, name)| ShadowState {
-                name: name.clone(),
-                in_flight: old
-                    .and_then(|o| o.shadows.iter().find(|s| &s.name == name))
-                    .map(|s| s.in_flight.clone())
-                    .unwrap_or_default(),
-                stats: stats.clone(),
-            })
-            .collect();
+        let shadows = shadow_states(generation, old);
         RouteSnapshot {
             routes: generation.routes.clone(),
             pools,
@@ -520,6 +453,107 @@ impl RouteSnapshot {
             },
         }
     }
+}
+
+/// Every server connection of `old` (its pools' servers and their windows' previous
+/// ones), by what must be unchanged for a new snapshot to take it over.
+fn reusable_connections(old: Option<&RouteSnapshot>) -> Reusable<'_> {
+    let mut reusable: Reusable<'_> = HashMap::new();
+    let old_servers = old.iter().flat_map(|o| &o.pools).flat_map(|p| {
+        let previous = p.previous.iter().flat_map(|w| &w.servers);
+        p.servers.iter().chain(previous)
+    });
+    for server in old_servers {
+        reusable.entry(&server.key).or_default().push(server);
+    }
+    reusable
+}
+
+/// Connections a new snapshot may take over (`reusable_connections`).
+type Reusable<'o> = HashMap<&'o ConnectionKey, Vec<&'o ServerConnections>>;
+
+/// Pool `id` (`name`, `pool`) of `generation`: its servers' connections (taken over from
+/// `reusable` where unchanged), with the generation's health, connector and counters of
+/// each (standalone ones for a generation built without them), and its per-pool settings.
+fn pool_connections(
+    generation: &Generation,
+    id: usize,
+    name: &String,
+    pool: &PoolConfig,
+    reusable: &mut Reusable<'_>,
+    limits: Limits,
+    metrics: &WorkerMetrics,
+) -> PoolConnections {
+    PoolConnections {
+        servers: pool
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(index, server)| {
+                let health = generation
+                    .health
+                    .get(id)
+                    .and_then(|p| p.get(index))
+                    .cloned()
+                    .unwrap_or_else(|| standalone_health(name, pool, &server.address));
+                let connector = generation
+                    .connectors
+                    .get(id)
+                    .and_then(|p| p.get(index))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Connector::plain(&server.address)));
+                let stats = generation
+                    .server_stats
+                    .get(id)
+                    .and_then(|p| p.get(index))
+                    .cloned()
+                    .unwrap_or_else(|| metrics.shared.server_stats(name, &server.address));
+                let server = ServerOf {
+                    pool_name: name,
+                    pool,
+                    address: &server.address,
+                    health,
+                    connector,
+                    stats,
+                };
+                server.connections(reusable, limits, metrics)
+            })
+            .collect(),
+        max_keys_per_request: pool.max_keys_per_request.max(1),
+        collapsed: pool
+            .collapse_gets
+            .then(|| metrics.shared.collapsed_gets(name)),
+        hot_cache: pool.hot_cache.map(|settings| {
+            crate::hot_cache::HotCache::new(settings, metrics.shared.hot_cache(name))
+        }),
+        name: Arc::from(name.as_str()),
+        ejection: (pool.eject && !pool.servers.is_empty()).then(|| Ejection {
+            config: pool.clone(),
+            epoch: generation.pool_epochs.get(id).cloned().unwrap_or_default(),
+            max_ejected: max_ejected(pool),
+            live: RefCell::new((u64::MAX, None)),
+        }),
+        previous: None,
+    }
+}
+
+/// Per shadow route of `generation`: its counters, and the copies in flight it shares
+/// with `old`'s state of the same route (copies sent before a reload still count against
+/// `max_in_flight` after it).
+fn shadow_states(generation: &Generation, old: Option<&RouteSnapshot>) -> Vec<ShadowState> {
+    generation
+        .shadow_stats
+        .iter()
+        .zip(&generation.routes.shadow_names)
+        .map(|(stats, name)| ShadowState {
+            name: name.clone(),
+            in_flight: old
+                .and_then(|o| o.shadows.iter().find(|s| &s.name == name))
+                .map(|s| s.in_flight.clone())
+                .unwrap_or_default(),
+            stats: stats.clone(),
+        })
+        .collect()
 }
 
 /// The ring of an ejecting pool without its down servers (at most `max_ejected` of them,

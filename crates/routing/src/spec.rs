@@ -320,9 +320,14 @@ spelled!(FailoverOn {
     ErrorOrMiss => "error-or-miss",
 });
 
-/// What an `operation` route chooses by. Meta commands count as their classic
-/// equivalent: mg/me as get, ms as set (or add/replace/append/prepend by its mode flag),
-/// md as delete, ma as incr (decr by its mode flag).
+/// What an `operation` route (and a replicated route's read/write split) chooses by: the
+/// routed words of the protocol's [`Command`](memroute_protocol::Command), one per classic
+/// keyed command and `flush_all`, spelled as the config spells them. Two vocabularies on
+/// purpose: a `Command` is what the wire said (meta commands, keyless and local commands
+/// included), an `Operation` is what a route decides by, and a meta command counts as its
+/// classic equivalent by its flags. The mapping has one home,
+/// [`operation_of`](crate::operation_of) (routing/src/operation.rs), which says how each
+/// command counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Operation {
     Get,

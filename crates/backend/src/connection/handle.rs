@@ -9,8 +9,8 @@ use memroute_protocol::{ReplyKind, RequestBytes};
 use crate::reply::{reply_slot, ReplyReceiver};
 use crate::{BackendError, ServerHealth};
 
-use super::down_error;
 use super::outgoing::Shared;
+use super::settings::down_error;
 
 /// The sending side of a connection, cloned into every session of the worker (it is not
 /// `Send`: a connection belongs to its worker thread).

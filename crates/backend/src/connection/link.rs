@@ -14,7 +14,7 @@ use crate::BackendError;
 use super::in_flight::{InFlight, Link};
 use super::outgoing::Shared;
 use super::run_reader::RunReader;
-use super::{down_error, ConnectionSettings, CONNECTION_REFUSED};
+use super::settings::{down_error, ConnectionSettings, CONNECTION_REFUSED};
 
 /// Runs one established connection. Returns `None` when every handle is gone (shut down),
 /// or the error that broke the connection (every request in flight gets that error), and
@@ -161,72 +161,12 @@ pub(super) async fn read_replies(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_progress = Instant::now();
-    let bad_reply = || BackendError::BadReply {
-        server: settings.address.clone(),
-    };
     // The reply to a run of coalesced gets is handed out request by request as its
     // blocks arrive (`RunReader`).
     let mut run_reader = RunReader::default();
     loop {
-        loop {
-            let Some((kind, run)) = in_flight.borrow().front().map(|f| (f.kind, f.run)) else {
-                break;
-            };
-            if run.legs > 1 || run_reader.left > 0 {
-                let answer = |request: InFlight, reply: Bytes, value_blocks: u32| {
-                    // No clock read of its own, as below.
-                    if let Some(round_trips) = &settings.round_trips {
-                        (round_trips.0)(last_progress.saturating_duration_since(request.sent_at));
-                    }
-                    request.reply.send_retrieval(reply, value_blocks);
-                    link.answered.set(true);
-                    settings.health.record_success();
-                };
-                match run_reader.read(&mut buffer, run.legs, &settings.limits, link, answer) {
-                    Ok(true) => continue,
-                    Ok(false) => break,
-                    Err(()) => return Err(bad_reply()),
-                }
-            }
-            match parse_reply_counting(&buffer, kind, &settings.limits) {
-                Ok((ReplyParse::Complete(len), value_blocks)) => {
-                    let reply = buffer.split_to(len).freeze();
-                    if let Some(request) = in_flight.borrow_mut().pop_front() {
-                        // No clock read of its own: the batch's write time and the time
-                        // the bytes were read are already known.
-                        if let Some(round_trips) = &settings.round_trips {
-                            (round_trips.0)(
-                                last_progress.saturating_duration_since(request.sent_at),
-                            );
-                        }
-                        // A retrieval's count of VALUE blocks goes with it: a warm-up
-                        // knows from it whether cold missed a key of the batch.
-                        match kind {
-                            ReplyKind::Retrieval => {
-                                request.reply.send_retrieval(reply, value_blocks)
-                            }
-                            _ => request.reply.send(Ok(reply)),
-                        }
-                    }
-                    link.answered.set(true);
-                    settings.health.record_success();
-                }
-                Ok((ReplyParse::Incomplete, _)) => break,
-                Err(_) => return Err(bad_reply()),
-            }
-        }
-        if !buffer.is_empty() && in_flight.borrow().is_empty() {
-            // Bytes nobody asked for: the stream is out of step with our FIFO.
-            return Err(bad_reply());
-        }
-        let room = buffer.capacity() - buffer.len();
-        // Replies split off this buffer are usually still on their way to the client now
-        // (the session runs after this task yields), so reserving here would allocate a
-        // fresh block every ~16 KiB of replies. Reclaim in place when they are gone; else
-        // read into the room left and retry next time, allocating only when nearly full.
-        if room < 4096 && !buffer.try_reclaim(16 * 1024) && room < 1024 {
-            buffer.reserve(16 * 1024);
-        }
+        answer_complete(settings, link, &mut buffer, &mut run_reader, last_progress)?;
+        make_room(&mut buffer);
         let idle = in_flight.borrow().is_empty();
         tokio::select! {
             read = socket.read_buf(&mut buffer) => match read {
@@ -238,10 +178,7 @@ pub(super) async fn read_replies(
                 Err(e) => return Err(socket_error(settings, e)),
             },
             _ = tick.tick(), if !idle => {
-                let overdue = in_flight
-                    .borrow()
-                    .front()
-                    .is_some_and(|f| f.sent_at.max(last_progress).elapsed() > settings.timeout);
+                let overdue = oldest_overdue(settings, link, last_progress);
                 // A worker that was busy elsewhere for longer than the timeout finds the
                 // tick and the socket ready at once, and select! may pick the tick: look at
                 // the socket before blaming the server for bytes it has already sent.
@@ -261,4 +198,97 @@ pub(super) async fn read_replies(
             () = link.wake_reader.notified(), if idle => {}
         }
     }
+}
+
+/// Answers, in order, every request in flight whose reply `buffer` holds complete (a
+/// coalesced run's requests as their blocks arrive), leaving a partial reply in `buffer`.
+/// Fails on a reply that does not parse, or on bytes no request asked for.
+#[inline]
+fn answer_complete(
+    settings: &ConnectionSettings,
+    link: &Link,
+    buffer: &mut BytesMut,
+    run_reader: &mut RunReader,
+    last_progress: Instant,
+) -> Result<(), BackendError> {
+    let in_flight = &link.in_flight;
+    let bad_reply = || BackendError::BadReply {
+        server: settings.address.clone(),
+    };
+    loop {
+        let Some((kind, run)) = in_flight.borrow().front().map(|f| (f.kind, f.run)) else {
+            break;
+        };
+        if run.legs > 1 || run_reader.left > 0 {
+            let answer = |request: InFlight, reply: Bytes, value_blocks: u32| {
+                observe_round_trip(settings, &request, last_progress);
+                request.reply.send_retrieval(reply, value_blocks);
+                answered(settings, link);
+            };
+            match run_reader.read(buffer, run.legs, &settings.limits, link, answer) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(()) => return Err(bad_reply()),
+            }
+        }
+        match parse_reply_counting(buffer, kind, &settings.limits) {
+            Ok((ReplyParse::Complete(len), value_blocks)) => {
+                let reply = buffer.split_to(len).freeze();
+                if let Some(request) = in_flight.borrow_mut().pop_front() {
+                    observe_round_trip(settings, &request, last_progress);
+                    // A retrieval's count of VALUE blocks goes with it: a warm-up
+                    // knows from it whether cold missed a key of the batch.
+                    match kind {
+                        ReplyKind::Retrieval => request.reply.send_retrieval(reply, value_blocks),
+                        _ => request.reply.send(Ok(reply)),
+                    }
+                }
+                answered(settings, link);
+            }
+            Ok((ReplyParse::Incomplete, _)) => break,
+            Err(_) => return Err(bad_reply()),
+        }
+    }
+    if !buffer.is_empty() && in_flight.borrow().is_empty() {
+        // Bytes nobody asked for: the stream is out of step with our FIFO.
+        return Err(bad_reply());
+    }
+    Ok(())
+}
+
+/// Tells the round-trip observer how long `request` took. No clock read of its own: the
+/// batch's write time and the time the bytes were read are already known.
+#[inline]
+fn observe_round_trip(settings: &ConnectionSettings, request: &InFlight, last_progress: Instant) {
+    if let Some(round_trips) = &settings.round_trips {
+        (round_trips.0)(last_progress.saturating_duration_since(request.sent_at));
+    }
+}
+
+/// A reply was read: the server answers.
+#[inline]
+fn answered(settings: &ConnectionSettings, link: &Link) {
+    link.answered.set(true);
+    settings.health.record_success();
+}
+
+/// Room to read into. Replies split off this buffer are usually still on their way to
+/// the client now (the session runs after this task yields), so reserving here would
+/// allocate a fresh block every ~16 KiB of replies. Reclaim in place when they are gone;
+/// else read into the room left and retry next time, allocating only when nearly full.
+#[inline]
+fn make_room(buffer: &mut BytesMut) {
+    let room = buffer.capacity() - buffer.len();
+    if room < 4096 && !buffer.try_reclaim(16 * 1024) && room < 1024 {
+        buffer.reserve(16 * 1024);
+    }
+}
+
+/// Whether the oldest request in flight has waited past the timeout, counted from the
+/// later of its send and the last bytes read.
+fn oldest_overdue(settings: &ConnectionSettings, link: &Link, last_progress: Instant) -> bool {
+    link.in_flight
+        .borrow()
+        .front()
+        .is_some_and(|f| f.sent_at.max(last_progress).elapsed() > settings.timeout)
 }

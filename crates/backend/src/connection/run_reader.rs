@@ -65,51 +65,21 @@ impl RunReader {
                 Ok((ReplyParse::Incomplete, _)) => None,
                 Err(_) => return Err(()),
             };
-        // Popped in a borrow of its own: answering wakes a session, never re-enters.
-        let next = || link.in_flight.borrow_mut().pop_front();
         if let Some(len) = complete.filter(|_| self.block_ends.is_empty()) {
             if retrieval_error(&buffer[..len]).is_some() {
-                let error = buffer.split_to(len).freeze();
-                while self.left > 0 {
-                    let keys = link.in_flight.borrow().front().map(|r| r.run.keys);
-                    link.run_keys
-                        .borrow_mut()
-                        .advance(keys.unwrap_or(0) as usize);
-                    let request = next().ok_or(())?;
-                    answer(request, error.clone(), 0);
-                    self.left -= 1;
-                }
+                self.answer_error_line(buffer, len, link, answer)?;
                 return Ok(true);
             }
         }
         while self.left > 0 {
-            // Settle the front request's keys against the blocks framed so far.
-            let (pos, settled, blocks, text_len) = {
-                let journal = link.run_keys.borrow();
-                let in_flight = link.in_flight.borrow();
-                let text_len = in_flight.front().ok_or(())?.run.keys as usize;
-                let text = journal.get(..text_len).ok_or(())?;
-                let (mut pos, mut settled, mut blocks) = (0, true, 0usize);
-                for key in journal_keys(text) {
-                    match self.block_ends.get(blocks) {
-                        Some(&end) => {
-                            if memroute_protocol::framed_block_is_for(buffer, pos, key) {
-                                pos = end;
-                                blocks += 1;
-                            }
-                        }
-                        None if complete.is_some() => {}
-                        None => {
-                            settled = false;
-                            break;
-                        }
-                    }
-                }
-                (pos, settled, blocks, text_len)
-            };
-            if !settled {
+            let Some(Settled {
+                pos,
+                blocks,
+                text_len,
+            }) = self.settle_front(buffer, link, complete.is_some())?
+            else {
                 return Ok(false);
-            }
+            };
             let reply = if self.left == 1 {
                 // The last request: its blocks and the run's END, once all are there and
                 // nothing is left over.
@@ -124,35 +94,117 @@ impl RunReader {
             } else if blocks == 0 {
                 Bytes::from_static(b"END\r\n")
             } else {
-                let copies = &mut self.copies;
-                let len = pos + 5;
-                // Small copies share 16 KiB blocks; large values share blocks of at least
-                // 256 KiB, as large replies share the read buffer's (grown by doubling):
-                // a block that size is its own mapping, given back to the system when its
-                // last reply goes, where 100 KiB copies one by one would fragment the heap
-                // and stay (tests/reply_budget.rs measures it).
-                let block = match len > 16 * 1024 {
-                    true => len.max(256 * 1024),
-                    false => 16 * 1024,
-                };
-                if copies.capacity() - copies.len() < len && !copies.try_reclaim(block) {
-                    copies.reserve(block);
-                }
-                copies.extend_from_slice(&buffer[..pos]);
-                copies.extend_from_slice(b"END\r\n");
-                buffer.advance(pos);
-                self.block_ends.drain(..blocks);
-                for end in &mut self.block_ends {
-                    *end -= pos;
-                }
+                let reply = self.copy_blocks(buffer, pos, blocks);
                 complete = complete.map(|len| len - pos);
-                copies.split().freeze()
+                reply
             };
             link.run_keys.borrow_mut().advance(text_len);
-            let request = next().ok_or(())?;
+            let request = next_request(link).ok_or(())?;
             answer(request, reply, blocks as u32);
             self.left -= 1;
         }
         Ok(true)
     }
+
+    /// An error line (`buffer[..len]`) where blocks were expected: it answers every
+    /// request of the run still waiting.
+    #[inline]
+    fn answer_error_line(
+        &mut self,
+        buffer: &mut BytesMut,
+        len: usize,
+        link: &Link,
+        mut answer: impl FnMut(InFlight, Bytes, u32),
+    ) -> Result<(), ()> {
+        let error = buffer.split_to(len).freeze();
+        while self.left > 0 {
+            let keys = link.in_flight.borrow().front().map(|r| r.run.keys);
+            link.run_keys
+                .borrow_mut()
+                .advance(keys.unwrap_or(0) as usize);
+            let request = next_request(link).ok_or(())?;
+            answer(request, error.clone(), 0);
+            self.left -= 1;
+        }
+        Ok(())
+    }
+
+    /// Settles the front request's keys against the blocks framed so far: `None` while a
+    /// key may still own a block not framed yet (`complete`: the run's `END` is there, so
+    /// every key left missed).
+    #[inline]
+    fn settle_front(
+        &self,
+        buffer: &BytesMut,
+        link: &Link,
+        complete: bool,
+    ) -> Result<Option<Settled>, ()> {
+        let journal = link.run_keys.borrow();
+        let in_flight = link.in_flight.borrow();
+        let text_len = in_flight.front().ok_or(())?.run.keys as usize;
+        let text = journal.get(..text_len).ok_or(())?;
+        let (mut pos, mut blocks) = (0, 0usize);
+        for key in journal_keys(text) {
+            match self.block_ends.get(blocks) {
+                Some(&end) => {
+                    if memroute_protocol::framed_block_is_for(buffer, pos, key) {
+                        pos = end;
+                        blocks += 1;
+                    }
+                }
+                None if complete => {}
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(Settled {
+            pos,
+            blocks,
+            text_len,
+        }))
+    }
+
+    /// A request's `blocks` blocks (`buffer[..pos]`), taken off the buffer and copied with
+    /// an `END` of their own.
+    #[inline]
+    fn copy_blocks(&mut self, buffer: &mut BytesMut, pos: usize, blocks: usize) -> Bytes {
+        let copies = &mut self.copies;
+        let len = pos + 5;
+        // Small copies share 16 KiB blocks; large values share blocks of at least
+        // 256 KiB, as large replies share the read buffer's (grown by doubling):
+        // a block that size is its own mapping, given back to the system when its
+        // last reply goes, where 100 KiB copies one by one would fragment the heap
+        // and stay (tests/reply_budget.rs measures it).
+        let block = match len > 16 * 1024 {
+            true => len.max(256 * 1024),
+            false => 16 * 1024,
+        };
+        if copies.capacity() - copies.len() < len && !copies.try_reclaim(block) {
+            copies.reserve(block);
+        }
+        copies.extend_from_slice(&buffer[..pos]);
+        copies.extend_from_slice(b"END\r\n");
+        buffer.advance(pos);
+        self.block_ends.drain(..blocks);
+        for end in &mut self.block_ends {
+            *end -= pos;
+        }
+        copies.split().freeze()
+    }
+}
+
+/// The front request's keys settled against the framed blocks.
+struct Settled {
+    /// Where its last block ends in the buffer (0: it has none).
+    pos: usize,
+    /// How many of the framed blocks are its.
+    blocks: usize,
+    /// The length of its keys' text in the key journal.
+    text_len: usize,
+}
+
+/// The request at the front, popped in a borrow of its own: answering wakes a session,
+/// never re-enters.
+#[inline]
+fn next_request(link: &Link) -> Option<InFlight> {
+    link.in_flight.borrow_mut().pop_front()
 }

@@ -15,7 +15,7 @@ use hickory_resolver::proto::rr::{Name, RData, Record};
 use hickory_resolver::TokioResolver;
 use memroute_config::DiscoveryConfig;
 
-use super::{Found, FoundServer};
+use super::found::{Found, FoundServer};
 
 /// How long one query waits for a nameserver, and how often it is tried: a lookup made
 /// while a generation is built (a new DNS pool at start or reload) holds that build up.

@@ -16,6 +16,7 @@
 //! back in an order that does not depend on the resolver (IPv4 before IPv6, then by
 //! address), so every instance builds the same ring from the same set.
 mod dns;
+mod found;
 mod hosts;
 
 use std::net::SocketAddr;
@@ -26,31 +27,13 @@ use memroute_config::{DiscoveryConfig, DnsDiscovery, DnsKind};
 
 use crate::BackendError;
 
+pub use found::{Found, FoundServer};
 pub use hosts::hosts_file_addresses;
 
 /// The shortest wait between two lookups that a TTL can ask for: a TTL of 0 (or 1 s on a
 /// busy zone) must not turn discovery into a query loop. An explicit `refresh` below this
 /// still applies (tests use 100 ms with a hosts file).
 pub const MIN_TTL_REFRESH: Duration = Duration::from_secs(1);
-
-/// One server found for a pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FoundServer {
-    pub address: SocketAddr,
-    /// The SRV target the address came from (`memcached-0.memcached.ns.svc.cluster.local`),
-    /// when it has exactly one address: a StatefulSet pod keeps its name across restarts
-    /// while its IP changes, so the ring hashes the name and keys stay where they were.
-    pub name: Option<String>,
-}
-
-/// What one lookup found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
-    /// Sorted (IPv4 before IPv6, then by address and port), deduplicated, never empty.
-    pub servers: Vec<FoundServer>,
-    /// The smallest TTL of the records used; `None` for the hosts file (no TTL).
-    pub ttl: Option<Duration>,
-}
 
 /// Looks up the servers of `spec` with the `[discovery]` settings. No servers is an error,
 /// so a failed or empty answer never empties a pool.

@@ -21,9 +21,12 @@ use memroute_routing::{ErrorClass, FailoverErrors, Node, NodeId, ReplyClass};
 
 use super::in_place::{BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
+use super::leg::{Leg, Legs};
 use super::nearest::{self, ChildOrder};
-use super::{pool, run_child, run_multi_child, GoesOn};
-use super::{Leg, Legs, Start, Then};
+use super::pool;
+use super::then::{Start, Then};
+use super::vocabulary::GoesOn;
+use super::walk::{run_child, run_multi_child};
 use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;

@@ -9,6 +9,7 @@ use std::time::Instant;
 use memroute_routing::NodeId;
 
 use super::job::{BoxedReply, Job, MultiReply};
+use super::walk::run;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -171,7 +172,7 @@ pub(crate) fn start_all(
     Children {
         running: children
             .iter()
-            .map(|&child| Some(super::run(routing.clone(), child, job.clone())))
+            .map(|&child| Some(run(routing.clone(), child, job.clone())))
             .collect(),
     }
 }

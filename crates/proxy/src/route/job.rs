@@ -12,7 +12,7 @@ use memroute_protocol::{
 use memroute_routing::{classify_reply, ReplyClass};
 use smallvec::SmallVec;
 
-use super::Single;
+use super::vocabulary::Single;
 use crate::multiget;
 use crate::reply::{connection_gone, Reply};
 

@@ -14,12 +14,16 @@ use memroute_routing::{operation_of, Node, NodeId};
 use smallvec::SmallVec;
 
 use super::failover::FirstMisses;
+use super::in_place::RoutedKeys;
+use super::job::{MultiJob, MultiReply};
+use super::leg::{Leg, Legs};
 use super::nearest;
+use super::plan::{goes_on, multi_get_pool, start_multi, FollowUp, GoingOn, Planned};
 use super::pool::{send_batches, Batched};
-use super::{
-    goes_on, multi_get_pool, shadow, start_multi, FollowUp, GoesOn, GoingOn, Leg, Legs, MultiJob,
-    MultiReply, Planned, RandomPicks, RoutedKeys, Start, Then,
-};
+use super::random::RandomPicks;
+use super::shadow;
+use super::then::{Start, Then};
+use super::vocabulary::GoesOn;
 use crate::buffers::Homed;
 use crate::multiget::{self, KeyTarget};
 use crate::reply::server_error;
@@ -85,36 +89,8 @@ impl MultiGet {
         let Some(rest) = self.follow_up.take() else {
             return false;
         };
-        let batches = legs.len();
-        // Per leg: failed, or (with misses to look for) answered with fewer VALUE blocks
-        // than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
-        // servers answer each key asked at most once, in the order asked, so a batch whose
-        // count is its key count hit every key and is not walked here: only the merge
-        // walks it (when cold hits every key, the common case, nothing is walked twice).
-        let mut outcomes: SmallVec<[Batch; 8]> = smallvec::smallvec![Batch::Hit; batches];
-        let outcomes = &mut outcomes[..];
-        if rest.misses {
-            let mut asked: SmallVec<[u32; 8]> = smallvec::smallvec![0; batches];
-            let asked = &mut asked[..];
-            for &leg in &self.key_leg {
-                if let Some(asked) = asked.get_mut(leg as usize) {
-                    *asked += 1;
-                }
-            }
-            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(&*legs).zip(&*asked) {
-                *outcome = match leg.failed() {
-                    true => Batch::Failed,
-                    false if leg.value_blocks() == Some(asked) => Batch::Hit,
-                    false => Batch::Missed,
-                };
-            }
-        } else {
-            for (outcome, leg) in outcomes.iter_mut().zip(&*legs) {
-                if leg.failed() {
-                    *outcome = Batch::Failed;
-                }
-            }
-        }
+        let outcomes = self.batch_outcomes(legs, rest.misses);
+        let outcomes = &outcomes[..];
         let any_failed = outcomes.contains(&Batch::Failed);
         if !any_failed && !outcomes.contains(&Batch::Missed) {
             return false;
@@ -126,29 +102,106 @@ impl MultiGet {
             let route_goes = goes_on(routing, node);
             route_goes.takes(goes).then_some((node, route_goes))
         };
-        if any_failed {
-            // Per failed leg: whether a key stays (a plain pool's key in a failed batch
-            // fails the multi-get).
-            let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; batches];
-            for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
-                let leg = leg as usize;
-                if outcomes.get(leg) == Some(&Batch::Failed) && !stays[leg] {
-                    let key = &self.request.frame[range.clone()];
-                    stays[leg] = going_on(key, GoesOn::Failed).is_none();
-                }
-            }
-            if stays.contains(&true) {
-                // The reply is decided: the first failure of a batch that stays, as when
-                // the others' keys had gone on (their failures counted, not shown).
-                for (leg, _) in legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
-                    if leg.failed() {
-                        let _ = leg.take(routing);
-                        leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
-                    }
-                }
-                return false;
+        if any_failed && self.a_failed_batch_stays(routing, legs, outcomes, &going_on) {
+            return false;
+        }
+        let groups = self.group_going_on(legs, outcomes, &going_on);
+        // Every key of a failed batch went on: the batch stands for none.
+        for (leg, &outcome) in legs.iter_mut().zip(outcomes) {
+            if outcome == Batch::Failed {
+                let _ = leg.take(routing);
+                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
             }
         }
+        if groups.is_empty() {
+            return false;
+        }
+        let started = legs.first().map(|leg| leg.started);
+        let started = started.unwrap_or_else(|| routing.metrics.now());
+        for going in groups {
+            let routed = rest.start(routing, going, started);
+            self.routed.push(routed);
+        }
+        true
+    }
+
+    /// Per leg: failed, or (with `misses` to look for) answered with fewer VALUE blocks
+    /// than it asked keys for. The framing counted each batch's blocks (`value_blocks`);
+    /// servers answer each key asked at most once, in the order asked, so a batch whose
+    /// count is its key count hit every key and is not walked here: only the merge
+    /// walks it (when cold hits every key, the common case, nothing is walked twice).
+    #[inline]
+    fn batch_outcomes(&self, legs: &[Leg], misses: bool) -> SmallVec<[Batch; 8]> {
+        let batches = legs.len();
+        let mut outcomes: SmallVec<[Batch; 8]> = smallvec::smallvec![Batch::Hit; batches];
+        if misses {
+            let mut asked: SmallVec<[u32; 8]> = smallvec::smallvec![0; batches];
+            let asked = &mut asked[..];
+            for &leg in &self.key_leg {
+                if let Some(asked) = asked.get_mut(leg as usize) {
+                    *asked += 1;
+                }
+            }
+            for ((outcome, leg), &asked) in outcomes.iter_mut().zip(legs).zip(&*asked) {
+                *outcome = match leg.failed() {
+                    true => Batch::Failed,
+                    false if leg.value_blocks() == Some(asked) => Batch::Hit,
+                    false => Batch::Missed,
+                };
+            }
+        } else {
+            for (outcome, leg) in outcomes.iter_mut().zip(legs) {
+                if leg.failed() {
+                    *outcome = Batch::Failed;
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// Whether a key of a failed batch stays (a plain pool's key in a failed batch fails
+    /// the multi-get). Then the reply is decided: the first failure of a batch that
+    /// stays, as when the others' keys had gone on (their failures counted, not shown).
+    #[inline]
+    fn a_failed_batch_stays(
+        &self,
+        routing: &Rc<RouteSnapshot>,
+        legs: &mut [Leg],
+        outcomes: &[Batch],
+        going_on: &impl Fn(&[u8], GoesOn) -> Option<(NodeId, GoesOn)>,
+    ) -> bool {
+        // Per failed leg: whether a key stays.
+        let mut stays: SmallVec<[bool; 4]> = smallvec::smallvec![false; legs.len()];
+        for (range, &leg) in self.request.keys.iter().zip(&self.key_leg) {
+            let leg = leg as usize;
+            if outcomes.get(leg) == Some(&Batch::Failed) && !stays[leg] {
+                let key = &self.request.frame[range.clone()];
+                stays[leg] = going_on(key, GoesOn::Failed).is_none();
+            }
+        }
+        if !stays.contains(&true) {
+            return false;
+        }
+        for (leg, _) in legs.iter_mut().zip(&stays).filter(|(_, &s)| !s) {
+            if leg.failed() {
+                let _ = leg.take(routing);
+                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
+            }
+        }
+        true
+    }
+
+    /// The keys that go on, one group per route they reached, in the client's order:
+    /// those of failed batches, and those a batch walked for misses did not hit. Each
+    /// key's leg becomes its group's (`legs.len() + routed + group`).
+    #[inline]
+    fn group_going_on(
+        &mut self,
+        legs: &[Leg],
+        outcomes: &[Batch],
+        going_on: &impl Fn(&[u8], GoesOn) -> Option<(NodeId, GoesOn)>,
+    ) -> SmallVec<[GoingOn; 1]> {
+        let batches = legs.len();
         let first_group = (batches + self.routed.len()) as u32;
         let mut groups: SmallVec<[GoingOn; 1]> = SmallVec::new();
         // Per leg walked for misses: where its next VALUE block starts.
@@ -196,23 +249,7 @@ impl MultiGet {
             going.missed.note(route_goes, goes);
             *key_leg = first_group + group as u32;
         }
-        // Every key of a failed batch went on: the batch stands for none.
-        for (leg, &outcome) in legs.iter_mut().zip(&*outcomes) {
-            if outcome == Batch::Failed {
-                let _ = leg.take(routing);
-                leg.reply = Some(Ok(Bytes::from_static(b"END\r\n")));
-            }
-        }
-        if groups.is_empty() {
-            return false;
-        }
-        let started = legs.first().map(|leg| leg.started);
-        let started = started.unwrap_or_else(|| routing.metrics.now());
-        for going in groups {
-            let routed = rest.start(routing, going, started);
-            self.routed.push(routed);
-        }
-        true
+        groups
     }
 
     /// The client's reply, written into `out`: the batches (and groups) merged in the

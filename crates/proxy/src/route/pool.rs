@@ -12,7 +12,7 @@ use memroute_routing::{Node, NodeId};
 use smallvec::SmallVec;
 
 use super::job::{per_key, Job, KeyReplies, MultiJob};
-use super::{Leg, Legs, Single, Start, Then};
+use super::leg::{Leg, Legs};
 use crate::collapse;
 use crate::multiget::{self, KeyTarget, Step};
 use crate::reply::{connection_gone, FlushAllMerge, Reply};
@@ -24,16 +24,6 @@ pub(crate) fn with_servers(routing: &RouteSnapshot, node: NodeId) -> Option<usiz
     match routing.routes.node(node) {
         Node::Pool(pool) if !routing.pools[*pool].servers.is_empty() => Some(*pool),
         _ => None,
-    }
-}
-
-/// The fast path: a single-key request to a plain pool, straight to its server's
-/// connection as a leg of the session's own (no task, no allocation).
-pub(super) fn start(routing: &RouteSnapshot, pool: usize, single: Single<'_>) -> Start {
-    let request = (&single.parts, single.kind, single.slot);
-    match leg_to(routing, pool, single.key, request, single.started) {
-        Some(leg) => Start::leg(leg),
-        None => Start::NoServers(pool),
     }
 }
 
@@ -88,17 +78,18 @@ pub(crate) fn send_copy(
     request.finish(kind)
 }
 
-/// A flush_all to a pool: the same request to every server, a plain leg each.
-pub(super) fn start_flush_all(
+/// A flush_all to a pool: the same request to every server, a plain leg each. `None`
+/// when the pool has no servers.
+pub(super) fn flush_all_legs(
     routing: &RouteSnapshot,
     pool: usize,
-    parts: RequestBytes,
+    parts: &RequestBytes,
     slot: usize,
     started: Instant,
-) -> Start {
+) -> Option<Legs> {
     let servers = &routing.pools[pool].servers;
     if servers.is_empty() {
-        return Start::NoServers(pool);
+        return None;
     }
     let legs = servers
         .iter()
@@ -108,10 +99,7 @@ pub(super) fn start_flush_all(
             Leg::new(receiver, pool, server, started)
         })
         .collect();
-    Start::Sent {
-        legs: Legs::many(legs),
-        then: Then::FlushAll,
-    }
+    Some(Legs::many(legs))
 }
 
 /// A pool's flush_all once every server answered: their replies merged into one

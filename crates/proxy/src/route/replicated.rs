@@ -23,8 +23,11 @@ use smallvec::SmallVec;
 use super::in_place::start_all;
 use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
 use super::leg::LegList;
-use super::{failover, nearest, pool, random, run_child, run_multi_child};
-use super::{Leg, Legs, Single, Start, Then};
+use super::leg::{Leg, Legs};
+use super::then::{Start, Then};
+use super::vocabulary::Single;
+use super::walk::{self, run_child, run_multi_child};
+use super::{failover, nearest, pool, random};
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -256,7 +259,7 @@ async fn fastest_multi(
     let mut futures: Vec<Option<BoxedKeyReplies>> = children
         .iter()
         .map(|&child| {
-            Some(super::run_multi(
+            Some(walk::run_multi(
                 routing.clone(),
                 child,
                 job.clone(),

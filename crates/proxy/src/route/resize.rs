@@ -132,18 +132,7 @@ async fn send_in_window(
     job: &Job,
 ) -> Reply {
     if job.operation == Operation::FlushAll {
-        let left: Vec<_> = previous
-            .servers
-            .iter()
-            .zip(&previous.stays)
-            .filter(|(_, stays)| stays.is_none())
-            .map(|(server, _)| server.pick(job.slot).send(job.parts.clone(), job.kind))
-            .collect();
-        let reply = pool::send_plain(routing, pool, job).await;
-        for receiver in left {
-            let _ = receiver.await;
-        }
-        return reply;
+        return flush_all_in_window(routing, pool, previous, job).await;
     }
     let Some(new) = new_owner(routing, pool, &job.key) else {
         return pool::send_plain(routing, pool, job).await;
@@ -186,45 +175,76 @@ async fn send_in_window(
             move_key(old_server, new_server, &job.key, job.slot, stats).await;
             pool::send_plain(routing, pool, job).await
         }
-        Needs::Overwrite => {
-            let mut delete = (!old_server.health.is_down()).then(|| {
-                old_server
-                    .pick(job.slot)
-                    .send(delete_line(&job.key), ReplyKind::Line)
-            });
-            // A delete reaches the new owner only once the old copy is gone: a read moving
-            // the key meanwhile then either copies it before (and this delete removes the
-            // copy) or finds the old item gone when it deletes it (and takes its copy
-            // back, `settle`). A set needs no such order: it overwrites a copy.
-            let mut answer_old = None;
-            if matches!(job.command, Command::Delete | Command::MetaDelete) {
-                if let Some(receiver) = delete.take() {
-                    answer_old = Some(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
-                }
-            }
-            let reply = pool::send_plain(routing, pool, job).await;
-            if let Some(receiver) = delete {
-                answer_old = Some(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
-            }
-            let deleted_old = match answer_old {
-                Some(answer) => {
-                    if answer.is_err() {
-                        stats.errors.fetch_add(1, Relaxed);
-                    }
-                    matches!(answer, Ok(line) if MetaReply::of(&line).is(b"HD"))
-                }
-                None => false,
-            };
-            match (job.command, &reply) {
-                (Command::Delete, Ok(line)) if deleted_old && line.starts_with(b"NOT_FOUND") => {
-                    Ok(Bytes::from_static(b"DELETED\r\n"))
-                }
-                (Command::MetaDelete, Ok(line)) if deleted_old && MetaReply::of(line).is(b"NF") => {
-                    Ok(meta_line(b"HD", job.echo.as_deref()))
-                }
-                _ => reply,
-            }
+        Needs::Overwrite => overwrite(routing, pool, old_server, job, stats).await,
+    }
+}
+
+/// flush_all to `pool`'s servers and to those that left it in the window.
+async fn flush_all_in_window(
+    routing: &Rc<RouteSnapshot>,
+    pool: usize,
+    previous: &Previous,
+    job: &Job,
+) -> Reply {
+    let left: Vec<_> = previous
+        .servers
+        .iter()
+        .zip(&previous.stays)
+        .filter(|(_, stays)| stays.is_none())
+        .map(|(server, _)| server.pick(job.slot).send(job.parts.clone(), job.kind))
+        .collect();
+    let reply = pool::send_plain(routing, pool, job).await;
+    for receiver in left {
+        let _ = receiver.await;
+    }
+    reply
+}
+
+/// A write that replaces or removes a moved key's value: to the new owner, and a delete
+/// on the old owner (`old_server`), both awaited; a delete found by either is a delete.
+async fn overwrite(
+    routing: &Rc<RouteSnapshot>,
+    pool: usize,
+    old_server: &ServerConnections,
+    job: &Job,
+    stats: &ResizeStats,
+) -> Reply {
+    let mut delete = (!old_server.health.is_down()).then(|| {
+        old_server
+            .pick(job.slot)
+            .send(delete_line(&job.key), ReplyKind::Line)
+    });
+    // A delete reaches the new owner only once the old copy is gone: a read moving
+    // the key meanwhile then either copies it before (and this delete removes the
+    // copy) or finds the old item gone when it deletes it (and takes its copy
+    // back, `settle`). A set needs no such order: it overwrites a copy.
+    let mut answer_old = None;
+    if matches!(job.command, Command::Delete | Command::MetaDelete) {
+        if let Some(receiver) = delete.take() {
+            answer_old = Some(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
         }
+    }
+    let reply = pool::send_plain(routing, pool, job).await;
+    if let Some(receiver) = delete {
+        answer_old = Some(receiver.await.unwrap_or_else(|_| Err(connection_gone())));
+    }
+    let deleted_old = match answer_old {
+        Some(answer) => {
+            if answer.is_err() {
+                stats.errors.fetch_add(1, Relaxed);
+            }
+            matches!(answer, Ok(line) if MetaReply::of(&line).is(b"HD"))
+        }
+        None => false,
+    };
+    match (job.command, &reply) {
+        (Command::Delete, Ok(line)) if deleted_old && line.starts_with(b"NOT_FOUND") => {
+            Ok(Bytes::from_static(b"DELETED\r\n"))
+        }
+        (Command::MetaDelete, Ok(line)) if deleted_old && MetaReply::of(line).is(b"NF") => {
+            Ok(meta_line(b"HD", job.echo.as_deref()))
+        }
+        _ => reply,
     }
 }
 
@@ -493,93 +513,22 @@ async fn run_multi_in_window(
     let mut replies = pool::run_multi_plain(routing, pool, job, keys)
         .await
         .into_keys(job, keys);
-    let stats = &previous.window.stats;
-    // (position in `keys`, old owner, new owner) of every miss whose owner changed.
-    let moved: Vec<(usize, usize, usize)> = replies
-        .iter()
-        .enumerate()
-        .filter(|(_, reply)| matches!(reply, KeyReply::Miss))
-        .filter_map(|(position, _)| {
-            let key = &job.keys[keys[position] as usize];
-            let new = new_owner(routing, pool, key)?;
-            let (old, stays) = previous.owner(key);
-            (stays != Some(new) && !previous.servers[old].health.is_down())
-                .then_some((position, old, new))
-        })
-        .collect();
+    let at = Window {
+        routing,
+        pool,
+        previous,
+        job,
+        keys,
+    };
+    let moved = at.moved_misses(&replies);
     if moved.is_empty() {
         return KeyReplies::Keys(replies);
     }
-    // Every lookup sent before any is awaited: one pipelined burst per old owner.
-    stats.fallback_reads.fetch_add(moved.len() as u64, Relaxed);
-    let lookups: Vec<_> = moved
-        .iter()
-        .map(|&(position, old, _)| {
-            let key = &job.keys[keys[position] as usize];
-            previous.servers[old]
-                .pick(job.slot)
-                .send(lookup_line(key), ReplyKind::MetaGet)
-        })
-        .collect();
-    let mut found = Vec::new();
-    for (&(position, old, new), lookup) in moved.iter().zip(lookups) {
-        match lookup.await.unwrap_or_else(|_| Err(connection_gone())) {
-            Ok(reply) => {
-                if let Some(item) = parse_item(&reply) {
-                    found.push((position, old, new, item));
-                }
-            }
-            Err(_) => {
-                stats.errors.fetch_add(1, Relaxed);
-            }
-        }
-    }
+    let found = at.look_up_old_owners(&moved).await;
     if found.is_empty() {
         return KeyReplies::Keys(replies);
     }
-    // Every copy sent before any is awaited, then every delete of what was copied, then
-    // every take-back of a copy whose old item had changed (`settle`).
-    let adds: Vec<_> = found
-        .iter()
-        .map(|(position, _, new, item)| {
-            let key = &job.keys[keys[*position] as usize];
-            routing.pools[pool].servers[*new]
-                .pick(job.slot)
-                .send(add_line(key, item), ReplyKind::Line)
-        })
-        .collect();
-    let mut added = Vec::with_capacity(adds.len());
-    for add in adds {
-        let answer = add.await.unwrap_or_else(|_| Err(connection_gone()));
-        added.push(judge_add(&answer, stats));
-    }
-    let deletes: Vec<_> = found
-        .iter()
-        .zip(&added)
-        .filter(|(_, added)| **added != Added::Failed)
-        .map(|((position, old, new, item), added)| {
-            let key = &job.keys[keys[*position] as usize];
-            let receiver = previous.servers[*old]
-                .pick(job.slot)
-                .send(delete_if_line(key, item.cas), ReplyKind::Line);
-            (key, *new, *added, receiver)
-        })
-        .collect();
-    let mut take_backs = Vec::new();
-    for (key, new, added, receiver) in deletes {
-        let forgot = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
-        if let Some(take_back) = settle(added, &forgot, key, stats) {
-            take_backs.push(
-                routing.pools[pool].servers[new]
-                    .pick(job.slot)
-                    .send(take_back, ReplyKind::Line),
-            );
-        }
-    }
-    for receiver in take_backs {
-        let taken = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
-        judge_take_back(&taken, stats);
-    }
+    let added = at.move_found(&found).await;
     // The moved keys read again from their new owners, batched per server.
     let again: Vec<(usize, u32)> = found
         .iter()
@@ -598,6 +547,118 @@ async fn run_multi_in_window(
         replies[position] = reply;
     }
     KeyReplies::Keys(replies)
+}
+
+/// A multi-get's keys in a pool with a window, as `run_multi_in_window` moves them.
+struct Window<'a> {
+    routing: &'a Rc<RouteSnapshot>,
+    pool: usize,
+    previous: &'a Previous,
+    job: &'a MultiJob,
+    keys: &'a [u32],
+}
+
+impl Window<'_> {
+    /// The key at `position` in `keys`.
+    fn key(&self, position: usize) -> &Bytes {
+        &self.job.keys[self.keys[position] as usize]
+    }
+
+    /// (position in `keys`, old owner, new owner) of every miss whose owner changed and
+    /// whose old owner is not marked down.
+    fn moved_misses(&self, replies: &[KeyReply]) -> Vec<(usize, usize, usize)> {
+        let previous = self.previous;
+        replies
+            .iter()
+            .enumerate()
+            .filter(|(_, reply)| matches!(reply, KeyReply::Miss))
+            .filter_map(|(position, _)| {
+                let key = self.key(position);
+                let new = new_owner(self.routing, self.pool, key)?;
+                let (old, stays) = previous.owner(key);
+                (stays != Some(new) && !previous.servers[old].health.is_down())
+                    .then_some((position, old, new))
+            })
+            .collect()
+    }
+
+    /// Looks the `moved` misses up on their old owners, every lookup sent before any is
+    /// awaited (one pipelined burst per old owner): (position, old, new, item) of those
+    /// found.
+    async fn look_up_old_owners(
+        &self,
+        moved: &[(usize, usize, usize)],
+    ) -> Vec<(usize, usize, usize, Item)> {
+        let stats = &self.previous.window.stats;
+        stats.fallback_reads.fetch_add(moved.len() as u64, Relaxed);
+        let lookups: Vec<_> = moved
+            .iter()
+            .map(|&(position, old, _)| {
+                self.previous.servers[old]
+                    .pick(self.job.slot)
+                    .send(lookup_line(self.key(position)), ReplyKind::MetaGet)
+            })
+            .collect();
+        let mut found = Vec::new();
+        for (&(position, old, new), lookup) in moved.iter().zip(lookups) {
+            match lookup.await.unwrap_or_else(|_| Err(connection_gone())) {
+                Ok(reply) => {
+                    if let Some(item) = parse_item(&reply) {
+                        found.push((position, old, new, item));
+                    }
+                }
+                Err(_) => {
+                    stats.errors.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        found
+    }
+
+    /// Moves the items `found` on old owners to their new owners: every copy sent before
+    /// any is awaited, then every delete of what was copied, then every take-back of a
+    /// copy whose old item had changed (`settle`). How each copy went, in `found`'s order.
+    async fn move_found(&self, found: &[(usize, usize, usize, Item)]) -> Vec<Added> {
+        let (stats, slot) = (&self.previous.window.stats, self.job.slot);
+        let new_servers = &self.routing.pools[self.pool].servers;
+        let adds: Vec<_> = found
+            .iter()
+            .map(|(position, _, new, item)| {
+                new_servers[*new]
+                    .pick(slot)
+                    .send(add_line(self.key(*position), item), ReplyKind::Line)
+            })
+            .collect();
+        let mut added = Vec::with_capacity(adds.len());
+        for add in adds {
+            let answer = add.await.unwrap_or_else(|_| Err(connection_gone()));
+            added.push(judge_add(&answer, stats));
+        }
+        let deletes: Vec<_> = found
+            .iter()
+            .zip(&added)
+            .filter(|(_, added)| **added != Added::Failed)
+            .map(|((position, old, new, item), added)| {
+                let key = self.key(*position);
+                let receiver = self.previous.servers[*old]
+                    .pick(slot)
+                    .send(delete_if_line(key, item.cas), ReplyKind::Line);
+                (key, *new, *added, receiver)
+            })
+            .collect();
+        let mut take_backs = Vec::new();
+        for (key, new, added, receiver) in deletes {
+            let forgot = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+            if let Some(take_back) = settle(added, &forgot, key, stats) {
+                take_backs.push(new_servers[new].pick(slot).send(take_back, ReplyKind::Line));
+            }
+        }
+        for receiver in take_backs {
+            let taken = receiver.await.unwrap_or_else(|_| Err(connection_gone()));
+            judge_take_back(&taken, stats);
+        }
+        added
+    }
 }
 
 #[cfg(test)]

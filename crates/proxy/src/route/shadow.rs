@@ -12,7 +12,7 @@ use memroute_routing::{Node, NodeId};
 
 use super::in_place::eager;
 use super::job::{answered, Job, KeyReplies, KeyReply, MultiJob};
-use super::run_multi_child;
+use super::walk::{run, run_multi_child};
 use crate::snapshot::RouteSnapshot;
 
 /// The executor's step through shadow route `node`: `job` copied when its key is in range
@@ -133,7 +133,7 @@ fn shadow_copy(
     state.stats.sent.fetch_add(1, Relaxed);
     let (routing, job) = (routing.clone(), job.clone());
     tokio::task::spawn_local(eager(async move {
-        let reply = super::run(routing.clone(), shadow, job).await;
+        let reply = run(routing.clone(), shadow, job).await;
         if let Some(state) = routing.shadows.get(index) {
             let counter = match answered(&reply) {
                 true => &state.stats.completed,

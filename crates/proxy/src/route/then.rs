@@ -11,10 +11,11 @@ use bytes::BytesMut;
 
 use super::failover::AfterFirst;
 use super::in_place::Routed;
+use super::leg::{Leg, Legs};
 use super::multi_get::MultiGet;
+use super::pool;
 use super::replicated::ReplicatedWrite;
 use super::warm_up::AfterCold;
-use super::{pool, Leg, Legs};
 use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;

@@ -10,7 +10,7 @@ use memroute_config::{FailoverOn, Operation, ReadPolicy, WritePolicy};
 use memroute_routing::{Node, NodeId};
 use smallvec::SmallVec;
 
-use super::job::{Job, KeyReplies, MultiJob};
+use super::job::{BoxedKeyReplies, BoxedReply, Job, KeyReplies, MultiJob};
 use super::{failover, fixed, random, replicated, resize, select, shadow, warm_up};
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
@@ -253,4 +253,44 @@ impl Walk for Keys {
     fn error(&self, message: &str) -> KeyReplies {
         fixed::error_keys(message, self.keys.len())
     }
+}
+
+/// Runs `job` from `node` down to the servers and back (`walk::walk`).
+pub(super) fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
+    walk(routing, node, job)
+}
+
+/// Runs `job` from a child node, awaited in place: a pool child (the common case) without
+/// the boxed future a nested route needs.
+pub(super) async fn run_child(routing: &Rc<RouteSnapshot>, node: NodeId, job: &Rc<Job>) -> Reply {
+    match routing.routes.node(node) {
+        Node::Pool(pool) if job.operation != Operation::FlushAll => {
+            resize::send(routing, *pool, job).await
+        }
+        _ => run(routing.clone(), node, job.clone()).await,
+    }
+}
+
+/// `run_child` for a multi-key job.
+pub(super) async fn run_multi_child(
+    routing: &Rc<RouteSnapshot>,
+    node: NodeId,
+    job: &Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> KeyReplies {
+    match routing.routes.node(node) {
+        Node::Pool(pool) => resize::run_multi(routing, *pool, job, &keys).await,
+        _ => run_multi(routing.clone(), node, job.clone(), keys).await,
+    }
+}
+
+/// Runs the keys `keys` (indexes into `job.keys`) from `node`; one outcome per key, in
+/// the order of `keys` (`walk::walk`).
+pub(super) fn run_multi(
+    routing: Rc<RouteSnapshot>,
+    node: NodeId,
+    job: Rc<MultiJob>,
+    keys: Vec<u32>,
+) -> BoxedKeyReplies {
+    walk(routing, node, Keys { job, keys })
 }

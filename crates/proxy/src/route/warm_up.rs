@@ -19,8 +19,10 @@ use memroute_routing::{Node, NodeId, ReplyClass};
 
 use super::in_place::{eager, join_all, BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
-use super::{pool, run_child, run_multi_child};
-use super::{Leg, Legs, Start, Then};
+use super::leg::{Leg, Legs};
+use super::pool;
+use super::then::{Start, Then};
+use super::walk::{self, run_child, run_multi_child};
 use crate::buffers::Homed;
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
@@ -168,7 +170,7 @@ async fn after_cold(
             routing.route_stats(node).fills.fetch_add(1, Relaxed);
             let (routing, fill) = (routing.clone(), Rc::new(fill));
             tokio::task::spawn_local(async move {
-                let _ = super::run(routing, cold, fill).await;
+                let _ = walk::run(routing, cold, fill).await;
             });
         }
     }
@@ -257,7 +259,7 @@ async fn warm_misses(
         .map(|reply| match reply {
             KeyReply::Hit(block) => {
                 if let Some(fill) = fill_job(&block, ttl, job.slot) {
-                    fills.push(super::run(routing.clone(), cold, Rc::new(fill)));
+                    fills.push(walk::run(routing.clone(), cold, Rc::new(fill)));
                 }
                 KeyReply::Hit(block)
             }
