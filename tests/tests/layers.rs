@@ -26,29 +26,27 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 /// shape config's import/twemproxy and routing's distribution/ were moved out of, into a
 /// module below both). An entry must match a circle's modules exactly, so a circle that
 /// grows, or a new one, fails; one that is gone fails until its entry is removed.
-const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
-    (
-        &[
-            "proxy::route::failover",
-            "proxy::route::in_place",
-            "proxy::route::multi_get",
-            "proxy::route::plan",
-            "proxy::route::replicated",
-            "proxy::route::select",
-            "proxy::route::shadow",
-            "proxy::route::then",
-            "proxy::route::walk",
-            "proxy::route::warm_up",
-        ],
-        "two recursions of the route tree, not a vocabulary: walk.rs hands each node to its \
+const KNOWN_CIRCLES: &[(&[&str], &str)] = &[(
+    &[
+        "proxy::route::failover",
+        "proxy::route::in_place",
+        "proxy::route::multi_get",
+        "proxy::route::plan",
+        "proxy::route::replicated",
+        "proxy::route::select",
+        "proxy::route::shadow",
+        "proxy::route::then",
+        "proxy::route::walk",
+        "proxy::route::warm_up",
+    ],
+    "two recursions of the route tree, not a vocabulary: walk.rs hands each node to its \
          kind's step and the kinds run their children through walk.rs (run_child, \
          run_multi); then.rs's Then holds each kind's continuation (AfterFirst, AfterCold, \
          ReplicatedWrite, MultiGet) while those kinds build Start/Then. Breaking them needs \
          the walk passed to the kinds as a type parameter and the continuations returned \
          unwrapped to the dispatcher; route/mod.rs (the dispatcher), the shared words \
          (vocabulary.rs, leg.rs, job.rs) and pool.rs under resize.rs are out of it",
-    ),
-];
+)];
 
 /// One source file: its module path inside its crate (empty for the crate root) and its text.
 struct SourceFile {

@@ -42,7 +42,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::binary::Translator;
-use crate::budget::{BudgetSettings, Charge, ChargeMemory};
+use crate::budget::{Charge, ChargeMemory};
 use crate::buffers::{self, QueuePool, CHUNK};
 use crate::client_auth::LoginGate;
 use crate::client_log::{ClientEvent, Peer};
@@ -393,11 +393,7 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         listener: listener_index(&listener),
     };
     let mut framing = Framing::new(protocol);
-    let mut inbox = Inbox {
-        input,
-        swallow: 0,
-        reading: true,
-    };
+    let mut inbox = Inbox::new(input);
     let mut output = BytesMut::new();
     let mut pending: VecDeque<Pending> = VecDeque::new();
     // Shutting down: keep serving, but close as soon as the connection is idle (nothing in
@@ -434,10 +430,14 @@ async fn busy<C: ClientConnection>(start: BusyStart<C::Stream>) -> Outcome<C::St
         inbox.give_back_if_parsed();
         let rendered =
             framing.render_complete(context, &mut pending, &mut output, &mut charge, &mut paused);
-        let outstanding = pending.len();
-        if !write_out(&mut stream, &mut output, &mut charge, outstanding, &budget).await {
-            return Outcome::Closed;
+        if !output.is_empty() {
+            let written = charge.write_all(&mut stream, &output, pending.len(), &budget);
+            // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
+            if written.await.is_err() || stream.flush().await.is_err() {
+                return Outcome::Closed;
+            }
         }
+        give_back_written(&mut output);
         let idle = pending.is_empty() && inbox.is_empty();
         if rendered.closing || (!inbox.reading && pending.is_empty()) || (draining && idle) {
             let _ = stream.shutdown().await;
@@ -488,6 +488,14 @@ struct Inbox {
 }
 
 impl Inbox {
+    fn new(input: BytesMut) -> Inbox {
+        Inbox {
+            input,
+            swallow: 0,
+            reading: true,
+        }
+    }
+
     /// Everything read was parsed: the buffer goes back for the next reader.
     #[inline]
     fn give_back_if_parsed(&mut self) {
@@ -502,28 +510,14 @@ impl Inbox {
     }
 }
 
-/// Writes the rendered replies in `output` to the client, charged to this session until
-/// written, and gives the buffer back (or frees it if a huge reply grew it). False when the
-/// client is gone.
+/// The rendered replies are written: the buffer goes back (or is freed if a huge reply grew
+/// it). Written inline in `busy`, not in an async helper: a nested future there cost a plain
+/// get 1-2% more instructions (callgrind).
 #[inline]
-async fn write_out<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    output: &mut BytesMut,
-    charge: &mut Charge<'_>,
-    outstanding: usize,
-    budget: &BudgetSettings,
-) -> bool {
-    if !output.is_empty() {
-        let written = charge.write_all(stream, output, outstanding, budget);
-        // flush: a TLS stream holds encrypted records until asked (no-op for plain TCP).
-        if written.await.is_err() || stream.flush().await.is_err() {
-            return false;
-        }
-    }
+fn give_back_written(output: &mut BytesMut) {
     if output.capacity() > 0 {
         buffers::give(std::mem::take(output));
     }
-    true
 }
 
 /// What rendering the complete replies came to.
