@@ -125,7 +125,7 @@ fn epoch(slot: usize) -> (u64, u64) {
 /// Whether `line` (a whole request as sent to a server) may be answered from a copy: a
 /// get collapsing would share, except an `mg` asking for the TTL left (`t`).
 fn cacheable(line: &[u8]) -> bool {
-    if !crate::collapse::collapsible(line) {
+    if !crate::collapse::collapsible(line, None) {
         return false;
     }
     match line.strip_prefix(b"mg ") {
