@@ -1,4 +1,4 @@
-"""The storm scenario of scripts/bench (issue 33): a hot key on one of two memcached.
+"""The storm scenario of scripts/bench: a hot key on one of two memcached.
 
     64 closed-loop connections, 2 memcached, one memroute worker; half the keys of gets
     are one hot key (`hotkey:0000000`, a 10 KB value), the rest uniform over 100,000 keys

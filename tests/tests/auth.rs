@@ -107,7 +107,7 @@ fn memroute_logs_in_with_the_pools_credentials_and_serves_clients_that_never_log
 fn one_clients_login_never_opens_the_cache_for_another() {
     let dir = TempDir::new("auth-hole");
     let mc = memcached_with_authfile(&dir);
-    // The setup: memroute has no credentials and its listener wants no login.
+    // The reported setup: memroute has no credentials and its listener wants no login.
     let listen = format!("127.0.0.1:{}", free_port());
     let admin = format!("127.0.0.1:{}", free_port());
     let proxy = Memroute::start(&config(&format!("\"{listen}\""), &mc.addr(), "", &admin));

@@ -8,7 +8,7 @@
 //! `--config-params`; the two its tests rewrite before mcrouter reads them (`START_TIME`)
 //! are imported rewritten the same way.
 //!
-//! Issue 30: no config mcrouter accepts may fail to import, including those whose routing
+//! No config mcrouter accepts may fail to import, including those whose routing
 //! prefixes reach pools that disagree on `keep_routing_prefix` (memroute keeps or cuts a
 //! prefix per routing prefix, not per pool: the import turns keeping off on such pools,
 //! with a NOTE).
