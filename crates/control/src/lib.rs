@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use memroute_config::Config;
 use memroute_net::effective_backlog;
-use memroute_proxy::counters::ReloadCounts;
+use memroute_proxy::ReloadCounts;
 use memroute_proxy::{stats, worker, ProxyError};
 use tokio::sync::watch;
 
