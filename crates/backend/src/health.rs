@@ -29,6 +29,20 @@ pub struct HealthSettings {
     pub timeout: Duration,
 }
 
+impl HealthSettings {
+    /// The health settings of `pool`'s servers (the controller's health objects and a
+    /// worker's standalone ones read the same answer).
+    pub fn of_pool(pool: &memroute_config::PoolConfig) -> HealthSettings {
+        HealthSettings {
+            failure_limit: pool.failure_limit.max(1),
+            probe_interval: pool.probe_interval,
+            probe_interval_max: pool.probe_interval_max,
+            connect_timeout: pool.connect_timeout,
+            timeout: pool.timeout,
+        }
+    }
+}
+
 /// What changes on a transition; read rarely (reason for an error text, wait_* calls).
 #[derive(Debug, Clone)]
 struct Transition {

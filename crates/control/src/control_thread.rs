@@ -17,9 +17,10 @@ use std::time::Instant;
 use memroute_backend::ServerHealth;
 use memroute_config::{DiscoveryConfig, DnsDiscovery};
 use memroute_net::Connector;
-use memroute_proxy::control::{ControlInbox, Controller, Event};
 use memroute_proxy::generation::Generation;
 use tokio::sync::watch;
+
+use crate::controller::{ControlInbox, Controller, Event};
 
 /// A DNS watcher's identity: pool name, DNS spec and the `[discovery]` settings.
 type WatchKey = (String, DnsDiscovery, DiscoveryConfig);
@@ -175,7 +176,7 @@ async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey
         match memroute_backend::lookup(&spec, &settings).await {
             Ok(found) => {
                 wait = memroute_backend::next_refresh(&spec, found.ttl);
-                controller.shared.count_lookup(&pool, true);
+                controller.metrics().count_lookup(&pool, true);
                 let controller = controller.clone();
                 let (pool, spec) = (pool.clone(), spec.clone());
                 // apply() builds rings and takes locks: off the control runtime's thread.
@@ -186,7 +187,7 @@ async fn watch_dns(controller: Arc<Controller>, (pool, spec, settings): WatchKey
             }
             Err(error) => {
                 wait = memroute_backend::next_refresh(&spec, None);
-                controller.shared.count_lookup(&pool, false);
+                controller.metrics().count_lookup(&pool, false);
                 tracing::warn!(pool = %pool, host = %spec.host, %error, "discovery lookup failed; keeping the last servers found");
             }
         }

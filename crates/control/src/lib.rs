@@ -4,7 +4,7 @@
 //! ```text
 //!  start(config): bind listeners, build the first generation, spawn workers (data plane)
 //!     |
-//!     +--> control thread (memroute_proxy::control): health probes, DNS, resize windows
+//!     +--> control thread (control_thread): health probes, DNS, resize windows
 //!     +--> admin thread (admin): /metrics, /ready, /state and the panel, /route, /watch, /reload
 //!     |
 //!  ProxyHandle: reload (reload.rs: one path for SIGHUP, file watch and POST /reload; the
@@ -12,14 +12,19 @@
 //!               route lookups (route_lookup.rs, route_reads.rs), drain and shutdown
 //! ```
 //!
-//! The control plane builds what the data plane runs (generations, through
-//! `memroute_proxy::control::Controller`) and reads what it counts
-//! (`memroute_proxy::stats::Metrics`); the data plane imports nothing from here.
+//! The control plane decides what the data plane runs (controller.rs: each generation's
+//! routes, health, connectors (connectors.rs), logins (credentials.rs) and resize windows
+//! (resize_decision.rs), handed to `memroute_proxy::publisher::Publisher`) and reads what
+//! it counts (`memroute_proxy::stats::Metrics`); the data plane imports nothing from here.
 #![forbid(unsafe_code)]
 
 mod admin;
+mod connectors;
 mod control_thread;
+mod controller;
+mod credentials;
 mod reload;
+mod resize_decision;
 mod restart_only;
 mod route_lookup;
 mod route_reads;
@@ -33,11 +38,12 @@ use std::time::{Duration, Instant};
 
 use memroute_config::Config;
 use memroute_net::effective_backlog;
-use memroute_proxy::counters::ReloadCounts;
-use memroute_proxy::{control, stats, worker, ProxyError};
+use memroute_proxy::ReloadCounts;
+use memroute_proxy::{stats, worker, ProxyError};
 use tokio::sync::watch;
 
 pub use admin::ReloadRequest;
+pub use credentials::check_logins;
 pub use reload::{ReloadOutcome, ReloadTrigger};
 pub use route_lookup::{
     describe_routes, listener_list, listener_named, operation_named, route_key, RouteTarget,
@@ -53,7 +59,7 @@ pub struct ProxyHandle {
     /// The control thread (health probes, DNS, reload builds) and the admin endpoint's.
     helpers: Vec<JoinHandle<()>>,
     /// Builds the generations the workers serve (reloads, DNS changes).
-    controller: Arc<control::Controller>,
+    controller: Arc<controller::Controller>,
     /// Serialises reloads (the restart-only settings are compared against the last one).
     reloading: Mutex<()>,
     /// What the admin endpoint serves (readiness, config, reload requests).
@@ -226,7 +232,7 @@ impl ProxyHandle {
 
 impl reload::Reloadable for ProxyHandle {
     fn secrets_changed(&self) -> bool {
-        memroute_proxy::credentials::changed_since(&self.controller.current())
+        credentials::changed_since(&self.controller.current())
     }
 
     /// Errors are logged; the running certificate stays.
@@ -270,7 +276,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
     let reload_state = reload::ReloadState::default();
     let admin_listen = config.admin.as_ref().map(|a| a.listen.clone());
     let io = config.proxy.io;
-    let (controller, generation_rx, inbox) = control::Controller::new(config, shared.clone())?;
+    let (controller, generation_rx, inbox) = controller::Controller::new(config, shared.clone())?;
     shared.set_reload_counts(reload_state.counts.clone());
     let admin = Arc::new(admin::AdminState::new(shared, controller.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -300,7 +306,7 @@ pub fn start(config: Config) -> Result<ProxyHandle, ProxyError> {
             generation: generation_rx.clone(),
             listeners: bound,
             io,
-            shared: controller.shared.clone(),
+            shared: controller.metrics().clone(),
             shutdown: shutdown_rx.clone(),
         };
         let thread = std::thread::Builder::new()

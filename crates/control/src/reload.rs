@@ -21,8 +21,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use memroute_config::Config;
-use memroute_proxy::counters::ReloadCounts;
 use memroute_proxy::ProxyError;
+use memroute_proxy::ReloadCounts;
 
 /// What a reload acts on (the running proxy, `ProxyHandle`): this module decides whether
 /// and how to reload, the proxy applies.

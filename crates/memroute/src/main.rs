@@ -263,7 +263,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         write_stdout(&describe(&config));
         let (transport, mut errors) = memroute_control::check_transport(&config);
         write_stdout(&transport);
-        let (logins, login_errors) = memroute_proxy::check_logins(&config);
+        let (logins, login_errors) = memroute_control::check_logins(&config);
         write_stdout(&logins);
         errors.extend(login_errors);
         if !errors.is_empty() {

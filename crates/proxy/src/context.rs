@@ -3,8 +3,8 @@
 //! worker (`worker`) and swapped to a new snapshot on each reload.
 //!
 //! A new generation is picked up when a batch of requests starts (`routing`) as well as by
-//! the worker's reload task, so a request read after the controller sent a generation is
-//! routed by it. The controller publishes what a generation changes in the stats (a DNS
+//! the worker's reload task, so a request read after the publisher sent a generation is
+//! routed by it. The publisher tells the stats what a generation changes (a DNS
 //! pool's server count) only after sending it: an operator or a test that reads the new
 //! count and then sends a request sees that request routed by the set the count describes.
 use std::cell::{Cell, RefCell};
@@ -27,7 +27,7 @@ pub(crate) struct WorkerContext {
     pub index: usize,
     /// The routing new requests use; replaced (never mutated) on reload.
     routing: RefCell<Rc<RouteSnapshot>>,
-    /// The controller's generations, marked seen up to the one `routing` was built from;
+    /// The publisher's generations, marked seen up to the one `routing` was built from;
     /// `None` for a context that serves one generation only (the fuzzing harness).
     generations: RefCell<Option<watch::Receiver<Arc<Generation>>>>,
     /// The slot the next client session gets (which of `connections` it uses).
@@ -79,16 +79,16 @@ impl WorkerContext {
         }
     }
 
-    /// Serves new requests with the newest generation if the controller sent one since the
+    /// Serves new requests with the newest generation if the publisher sent one since the
     /// last look (one atomic load when it did not); the old snapshot lives on in the requests
-    /// in flight. Tells the controller once the new one is in use.
+    /// in flight. Tells the publisher's caller once the new one is in use.
     pub(crate) fn follow_generations(&self) {
         let next = {
             let mut generations = self.generations.borrow_mut();
             let Some(receiver) = generations.as_mut() else {
                 return;
             };
-            // An error is a controller gone at shutdown: the routing in use stays.
+            // An error is a publisher gone at shutdown: the routing in use stays.
             if !receiver.has_changed().unwrap_or(false) {
                 return;
             }
@@ -129,7 +129,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::WorkerContext;
-    use crate::control::Controller;
+    use crate::publisher::{Plan, Publisher};
     use crate::snapshot::RouteSnapshot;
     use crate::stats::{Metrics, WorkerMetrics};
 
@@ -142,9 +142,9 @@ mod tests {
         memroute_config::parse(&toml).expect("test config")
     }
 
-    /// A generation the controller sent routes the next batch of requests even before the
+    /// A generation the publisher sent routes the next batch of requests even before the
     /// worker's reload task runs (stats published after the send must not run ahead of the
-    /// routing), and the controller hears once that it is in use.
+    /// routing), and the publisher's caller hears once that it is in use.
     #[test]
     fn the_next_batch_is_routed_by_the_generation_sent_last() {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -153,15 +153,15 @@ mod tests {
             .expect("runtime");
         tokio::task::LocalSet::new().block_on(&runtime, async {
             let shared = Arc::new(Metrics::new(1));
-            let (controller, mut generations, _inbox) =
-                Controller::new(config(7), shared.clone()).expect("controller");
+            let plan = |pending| Plan::bare(config(pending)).expect("routes");
+            let (publisher, mut generations) = Publisher::new(shared.clone(), plan(7));
             let first = generations.borrow_and_update().clone();
             let metrics = Rc::new(WorkerMetrics::new(0, shared));
             let snapshot = RouteSnapshot::build(&first, None, &metrics);
             let context = WorkerContext::new(0, snapshot, generations, metrics);
             assert_eq!(context.routing().max_client_pending, 7);
 
-            let acks = controller.apply(config(9)).expect("apply");
+            let (_, acks) = publisher.publish(plan(9));
             assert_eq!(context.routing().max_client_pending, 9);
             assert_eq!(acks.try_recv().ok(), Some(0), "the switch is acknowledged");
             assert_eq!(context.routing().max_client_pending, 9);

@@ -1,7 +1,7 @@
 //! The shared counters the request path and the side bump directly (atomics and prometheus
 //! counter handles, no registry logic): a server's errors and timeouts, a policy route's
 //! failovers / write failures / fills, a shadow route's copies, the reply budget, reloads.
-//! A leaf: `stats` renders them on gather, `control` and `generation` hand them out,
+//! A leaf: `stats` renders them on gather, `publisher` and `generation` hand them out,
 //! the snapshot, executor and sessions bump them.
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -129,7 +129,7 @@ impl ReloadCounts {
 /// Counters of one pool's resize windows, shared by every worker and kept across windows.
 #[derive(Debug, Default)]
 pub(crate) struct ResizeStats {
-    /// Whether a window runs now (set by the controller).
+    /// Whether a window runs now (set by the publisher).
     pub active: std::sync::atomic::AtomicBool,
     /// Requests for a key whose owner changed that asked the key's old owner.
     pub fallback_reads: AtomicU64,

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::context::WorkerContext;
-use crate::control::Controller;
+use crate::publisher::{Plan, Publisher};
 use crate::stats::Metrics;
 
 /// What the scripted backend does after it has sent its bytes.
@@ -115,10 +115,12 @@ async fn run_case(case: Case) -> Outcome {
         Err(errors) => panic!("harness config: {errors}"),
     };
     let shared = Arc::new(Metrics::new(1));
-    let (_controller, generation, _inbox) = match Controller::new(config, shared.clone()) {
-        Ok(started) => started,
-        Err(error) => panic!("harness controller: {error}"),
+    let plan = || match Plan::bare(config.clone()) {
+        Ok(plan) => plan,
+        Err(error) => panic!("harness routes: {error}"),
     };
+    let (publisher, generation) = Publisher::new(shared.clone(), plan());
+    publisher.publish(plan());
     let context = Rc::new(WorkerContext::for_generation(
         0,
         &generation.borrow().clone(),

@@ -1,8 +1,8 @@
-//! A generation: one config as the workers receive it, built and checked on the main
-//! thread by the controller (`control`) and handed to every worker over a watch channel.
-//! Shared, read-only, `Send`: each worker turns it into its own `RouteSnapshot`
-//! (`snapshot.rs`) with connections of its own. The control plane reads it for route
-//! lookups (memroute-control's route_lookup.rs).
+//! A generation: one config as the workers receive it, decided by memroute-control's
+//! controller (a `publisher::Plan`) and handed to every worker over a watch channel by the
+//! `publisher`, which adds the counters. Shared, read-only, `Send`: each worker turns it
+//! into its own `RouteSnapshot` (`snapshot.rs`) with connections of its own. The control
+//! plane reads it for route lookups, the panel and probers (memroute-control).
 use std::sync::Arc;
 
 use memroute_backend::ServerHealth;
@@ -13,7 +13,7 @@ use memroute_routing::RouteTable;
 
 use crate::counters::{RouteStats, ServerStatsTable, ShadowStats};
 
-/// One config as the workers receive it: built and checked on the main thread.
+/// One config as the workers receive it (built by `publisher::Publisher::publish`).
 #[derive(Debug)]
 pub struct Generation {
     pub config: Arc<Config>,
@@ -27,7 +27,7 @@ pub struct Generation {
     /// `health`; shared by every worker and kept across reloads while unchanged.
     pub connectors: Vec<Vec<Arc<Connector>>>,
     /// Per pool id: bumped whenever one of its servers goes down or up.
-    pub pool_epochs: Vec<Arc<std::sync::atomic::AtomicU64>>,
+    pub(crate) pool_epochs: Vec<Arc<std::sync::atomic::AtomicU64>>,
     /// Per route node id: the counters of policy routes.
     pub(crate) route_stats: Vec<Arc<RouteStats>>,
     /// Per shadow index: the shadow route's counters.
@@ -39,5 +39,5 @@ pub struct Generation {
     /// this generation was built), or `None` when they need no login.
     pub client_logins: Vec<Option<Arc<Authfile>>>,
     /// Each worker sends its index once it serves new requests with this generation.
-    pub applied: std::sync::mpsc::Sender<usize>,
+    pub(crate) applied: std::sync::mpsc::Sender<usize>,
 }

@@ -11,11 +11,12 @@
 //! is an `Arc` snapshot, counters are per-worker cells moved into the shared registry
 //! every second and whenever `stats` or a scrape asks (`stats`).
 //!
-//! The control plane (memroute-control) starts the workers ([`worker::Worker`]), builds
-//! the generations they serve (`control::Controller`, a `generation::Generation` handed to
-//! every worker over a watch channel; each worker builds its own `snapshot::RouteSnapshot`
-//! from it) and reads what they count ([`stats::Metrics`]). This crate imports nothing
-//! from it.
+//! The control plane (memroute-control) starts the workers ([`worker::Worker`]), decides
+//! the generations they serve (a [`publisher::Plan`] per config, which the
+//! [`publisher::Publisher`] completes with its counters and hands to every worker over a
+//! watch channel as a [`generation::Generation`]; each worker builds its own
+//! `snapshot::RouteSnapshot` from it) and reads what they count ([`stats::Metrics`]). This
+//! crate imports nothing from it.
 //!
 //! Modules follow a request downwards (worker -> session -> dispatch -> pending -> route
 //! -> snapshot -> stats) and never import upwards; docs/architecture.md has the layers and
@@ -29,9 +30,7 @@ mod client_auth;
 mod client_log;
 mod collapse;
 mod context;
-pub mod control;
-pub mod counters;
-pub mod credentials;
+mod counters;
 mod dispatch;
 mod error;
 mod framing;
@@ -45,6 +44,7 @@ mod mcrouter_admin;
 mod multiget;
 mod pending;
 mod pool_settings;
+pub mod publisher;
 pub mod read_order;
 mod reply;
 pub mod request_watch;
@@ -60,9 +60,7 @@ mod version;
 mod watch_tap;
 pub mod worker;
 
-pub use counters::ReloadCounts;
-pub use credentials::check_logins;
+pub use counters::{ReloadCounts, ReloadRecord};
 pub use error::ProxyError;
 pub use mcrouter_admin::set_config_file;
-pub use memroute_net::effective_backlog;
-pub use version::{MEMCACHED_COMPAT_VERSION, VERSION};
+pub use version::VERSION;

@@ -459,7 +459,7 @@ mod tests {
             Some(ServerHealth::new(
                 Arc::from(name.as_str()),
                 Arc::from("server"),
-                crate::pool_settings::health_settings(pool_config),
+                memroute_backend::HealthSettings::of_pool(pool_config),
                 Default::default(),
             ))
         };

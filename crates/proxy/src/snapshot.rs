@@ -580,12 +580,12 @@ fn reduced_placement(ejection: &Ejection, servers: &[ServerConnections]) -> Opti
 }
 
 /// A health object for a server the generation has none for (never the case for
-/// generations built by the controller; keeps `RouteSnapshot::build` total).
+/// generations the controller plans; keeps `RouteSnapshot::build` total).
 fn standalone_health(pool: &str, config: &PoolConfig, address: &str) -> Arc<ServerHealth> {
     ServerHealth::new(
         Arc::from(pool),
         Arc::from(address),
-        crate::pool_settings::health_settings(config),
+        memroute_backend::HealthSettings::of_pool(config),
         Default::default(),
     )
 }

@@ -1,93 +1,15 @@
-//! The data plane's side of memroute-net: the sockets a worker is handed, the backend
-//! connectors (kept across reloads) and the TLS handshake counters `stats` reads. Binding
-//! listeners and reloading certificates are memroute-control's (`transport_setup`).
+//! The data plane's side of memroute-net: the sockets a worker is handed and the TLS
+//! handshake counters `stats` reads. Binding listeners, reloading certificates and building
+//! the backend connectors (kept across reloads) are memroute-control's (`transport_setup`,
+//! `connectors`).
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 
-use memroute_config::Config;
-use memroute_net::{BackendLogin, BoundListener, Connector, TlsCounters};
-
-use crate::error::ProxyError;
+use memroute_net::{BoundListener, TlsCounters};
 
 /// A bound socket and the place of its address in `proxy.listen` (which root its clients
 /// are served by). Only the first worker serves a unix socket, so a later worker's
 /// sockets are not numbered by their position in its list.
 pub type IndexedListener = (usize, BoundListener);
-
-/// One connector per server of `config`, indexed [pool id][server index] like the
-/// health table; reused across reloads while the address, the pool's TLS settings and
-/// their files stay the same, so reconnects keep resuming the stored sessions.
-#[derive(Debug, Default)]
-pub(crate) struct Connectors {
-    known: Vec<(ConnectorKey, Arc<Connector>)>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct ConnectorKey {
-    address: String,
-    tls: Option<memroute_config::BackendTls>,
-    files: Vec<memroute_net::FileStamp>,
-    fastopen: bool,
-    /// A changed user or password (its file rewritten) means new connections, which log
-    /// in with it.
-    login: Option<BackendLogin>,
-}
-
-impl Connectors {
-    pub(crate) fn for_config(
-        &mut self,
-        pool_names: &[String],
-        config: &Config,
-    ) -> Result<Vec<Vec<Arc<Connector>>>, ProxyError> {
-        let fastopen = config.proxy.transport.fastopen_connect;
-        let mut next = Vec::new();
-        let mut table = Vec::with_capacity(pool_names.len());
-        for name in pool_names {
-            let Some(pool) = config.pools.get(name) else {
-                table.push(Vec::new());
-                continue;
-            };
-            if let Some(tls) = pool.tls.as_ref().filter(|t| t.insecure_skip_verify) {
-                tracing::warn!(
-                    pool = %name,
-                    setting = %format!("{}.insecure_skip_verify", tls.key_path),
-                    "INSECURE: backend TLS certificates are NOT verified for this pool; anyone on the path can read and change its traffic"
-                );
-            }
-            let login = pool
-                .auth
-                .as_ref()
-                .map(crate::credentials::backend_login)
-                .transpose()?;
-            let mut servers = Vec::with_capacity(pool.servers.len());
-            for server in &pool.servers {
-                let key = ConnectorKey {
-                    address: server.address.clone(),
-                    tls: pool.tls.clone(),
-                    files: pool
-                        .tls
-                        .as_ref()
-                        .map(memroute_net::FileStamp::of_backend)
-                        .unwrap_or_default(),
-                    fastopen,
-                    login: login.clone(),
-                };
-                let connector = match self.known.iter().find(|(k, _)| *k == key) {
-                    Some((_, connector)) => connector.clone(),
-                    None => Arc::new(
-                        Connector::new(&server.address, pool.tls.as_ref(), fastopen)?
-                            .with_login(login.clone()),
-                    ),
-                };
-                next.push((key, connector.clone()));
-                servers.push(connector);
-            }
-            table.push(servers);
-        }
-        self.known = next;
-        Ok(table)
-    }
-}
 
 /// A TLS endpoint's handshake counters by outcome, as `stats` and `/metrics` label them.
 pub(crate) fn handshake_counts(c: &TlsCounters) -> [(&'static str, u64); 4] {

@@ -45,9 +45,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{mpsc, oneshot};
 
-use memroute_proxy::control::Controller;
 use memroute_proxy::stats::Metrics;
 use memroute_proxy::ProxyError;
+
+use crate::controller::Controller;
 
 /// A request's head must arrive within this long of accept or of the previous answer (a
 /// silent, slow or idle keep-alive client is closed). A probe or a scraper sends its

@@ -48,16 +48,33 @@ pub(crate) fn state(
     let config = &generation.config;
     let by_name: HashMap<&str, &MetricFamily> =
         families.iter().map(|f| (f.get_name(), f)).collect();
-    let counts = server_counts(by_name.get("memroute_backend_round_trip_seconds").copied());
+    let family = |name: &str| by_name.get(name).copied();
+    let counts = by_labels(
+        family("memroute_backend_round_trip_seconds"),
+        pool_and_server,
+        histogram_counts,
+    );
     let (window, deltas) = rates.window(counts.clone(), metrics.started.elapsed());
     let seen = Seen {
-        errors: per_server(by_name.get("memroute_backend_errors_total").copied()),
-        timeouts: per_server(by_name.get("memroute_backend_timeouts_total").copied()),
+        errors: by_labels(
+            family("memroute_backend_errors_total"),
+            pool_and_server,
+            counter,
+        ),
+        timeouts: by_labels(
+            family("memroute_backend_timeouts_total"),
+            pool_and_server,
+            counter,
+        ),
         counts,
         deltas,
         window,
     };
-    let failovers = per_route(by_name.get("memroute_route_failovers_total").copied());
+    let failovers = by_labels(
+        family("memroute_route_failovers_total"),
+        |metric| label(metric, "route"),
+        counter,
+    );
     let mut pools = Vec::new();
     for (id, name) in generation.routes.pool_names.iter().enumerate() {
         let Some(pool) = config.pools.get(name) else {
@@ -381,72 +398,51 @@ fn quantile(buckets: &[(f64, u64)], q: f64) -> Option<f64> {
     Some(lower.0)
 }
 
-fn labels(metric: &Metric) -> Option<(String, String)> {
-    let value = |name: &str| {
-        metric
-            .get_label()
-            .iter()
-            .find(|l| l.get_name() == name)
-            .map(|l| l.get_value().to_string())
-    };
-    Some((value("pool")?, value("server")?))
+/// The value of `metric`'s label `name`.
+fn label(metric: &Metric, name: &str) -> Option<String> {
+    metric
+        .get_label()
+        .iter()
+        .find(|l| l.get_name() == name)
+        .map(|l| l.get_value().to_string())
 }
 
-fn server_counts(family: Option<&MetricFamily>) -> PerServer {
-    let Some(family) = family else {
-        return HashMap::new();
-    };
-    family
-        .get_metric()
-        .iter()
-        .filter_map(|metric| {
-            let histogram = metric.get_histogram();
-            let mut buckets: Vec<(f64, u64)> = histogram
-                .get_bucket()
-                .iter()
-                .map(|b| (b.get_upper_bound(), b.get_cumulative_count()))
-                .collect();
-            buckets.push((f64::INFINITY, histogram.get_sample_count()));
-            Some((
-                labels(metric)?,
-                ServerCounts {
-                    requests: histogram.get_sample_count(),
-                    buckets,
-                },
-            ))
-        })
-        .collect()
+/// A server's family's key: its `pool` and `server` labels.
+fn pool_and_server(metric: &Metric) -> Option<(String, String)> {
+    Some((label(metric, "pool")?, label(metric, "server")?))
 }
 
-fn per_server(family: Option<&MetricFamily>) -> HashMap<(String, String), u64> {
-    let Some(family) = family else {
-        return HashMap::new();
-    };
-    family
-        .get_metric()
-        .iter()
-        .filter_map(|m| Some((labels(m)?, m.get_counter().get_value() as u64)))
-        .collect()
+/// A counter's value.
+fn counter(metric: &Metric) -> u64 {
+    metric.get_counter().get_value() as u64
 }
 
-/// A counter family labelled by `route`: its value per route.
-fn per_route(family: Option<&MetricFamily>) -> HashMap<String, u64> {
-    let Some(family) = family else {
-        return HashMap::new();
-    };
-    family
-        .get_metric()
+/// A round-trip histogram as `ServerCounts`: its requests and cumulative buckets.
+fn histogram_counts(metric: &Metric) -> ServerCounts {
+    let histogram = metric.get_histogram();
+    let mut buckets: Vec<(f64, u64)> = histogram
+        .get_bucket()
         .iter()
-        .filter_map(|metric| {
-            let route = metric
-                .get_label()
-                .iter()
-                .find(|l| l.get_name() == "route")?;
-            Some((
-                route.get_value().to_string(),
-                metric.get_counter().get_value() as u64,
-            ))
-        })
+        .map(|b| (b.get_upper_bound(), b.get_cumulative_count()))
+        .collect();
+    buckets.push((f64::INFINITY, histogram.get_sample_count()));
+    ServerCounts {
+        requests: histogram.get_sample_count(),
+        buckets,
+    }
+}
+
+/// Each metric of `family` (none when it was not gathered), keyed by its labels (`key`;
+/// a metric without them is left out) and read by `value`.
+fn by_labels<K: std::hash::Hash + Eq, V>(
+    family: Option<&MetricFamily>,
+    key: impl Fn(&Metric) -> Option<K>,
+    value: impl Fn(&Metric) -> V,
+) -> HashMap<K, V> {
+    family
+        .into_iter()
+        .flat_map(|family| family.get_metric())
+        .filter_map(|metric| Some((key(metric)?, value(metric))))
         .collect()
 }
 

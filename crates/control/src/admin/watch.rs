@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::query::percent_decode;
-use memroute_proxy::control::Controller;
+use crate::controller::Controller;
 use memroute_proxy::request_watch::{Filter, WatchHub, WatchLine, Watcher, DEFAULT_RATE, MAX_RATE};
 
 /// Lines rendered into one chunk when several are waiting.

@@ -105,13 +105,13 @@ pub struct Metrics {
     /// The live watches of requests (`GET /watch`), which every worker looks at.
     pub watch: Arc<WatchHub>,
     pub registry: Registry,
-    pub connections_current: IntGauge,
+    pub(crate) connections_current: IntGauge,
     /// Open client connections, for admission against `max_connections`: one atomic
     /// add both counts and checks a connection, so workers accepting at once cannot
     /// together pass the limit (the gauge above only reports it).
     pub(super) open_connections: AtomicUsize,
-    pub connections_total: IntCounter,
-    pub connections_rejected: IntCounter,
+    pub(crate) connections_total: IntCounter,
+    pub(crate) connections_rejected: IntCounter,
     pub(super) get_keys: IntCounter,
     pub(super) set_requests: IntCounter,
     pub(super) touch_keys: IntCounter,
@@ -202,7 +202,7 @@ impl Metrics {
 
     /// Counts a new client connection, or refuses it (counted as rejected) when
     /// `max_connections` (0: no limit) are open already.
-    pub fn admit_connection(&self, max_connections: usize) -> bool {
+    pub(crate) fn admit_connection(&self, max_connections: usize) -> bool {
         let open = self.open_connections.fetch_add(1, Ordering::Relaxed);
         if max_connections > 0 && open >= max_connections {
             self.open_connections.fetch_sub(1, Ordering::Relaxed);
@@ -215,7 +215,7 @@ impl Metrics {
     }
 
     /// A connection counted by [`Metrics::admit_connection`] closed.
-    pub fn connection_closed(&self) {
+    pub(crate) fn connection_closed(&self) {
         self.open_connections.fetch_sub(1, Ordering::Relaxed);
         self.connections_current.dec();
     }

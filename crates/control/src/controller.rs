@@ -1,14 +1,14 @@
-//! The controller: turns a config into the generation the workers serve, and keeps what
-//! outlives one generation (health, discovered addresses, connectors, counters, resize
-//! windows).
+//! The controller: turns a config into the generation the workers serve (a `Plan` handed
+//! to memroute-proxy's `Publisher`, which adds the counters and sends it), and keeps what
+//! outlives one generation (health, discovered addresses, connectors, resize windows).
 //!
 //! ```text
-//!   start / SIGHUP reload --apply(config)--> Controller --watch--> workers (new RouteSnapshot)
+//!   start / SIGHUP reload --apply(config)--> Controller --Plan--> Publisher --watch--> workers
 //!                                                |
-//!                                                +--events--> control thread (memroute-control's
-//!                                                             control_thread: probers, DNS
-//!                                                             watchers; it calls back
-//!                                                             rediscovered() and end_windows())
+//!                                                +--events--> control thread (control_thread:
+//!                                                             probers, DNS watchers; it calls
+//!                                                             back rediscovered() and
+//!                                                             end_windows())
 //! ```
 //!
 //! Health objects are shared by every worker and live across reloads for servers that
@@ -17,20 +17,20 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use memroute_backend::{FoundServer, HealthSettings, ServerHealth};
 use memroute_config::{Config, DnsDiscovery, ServerConfig};
-use memroute_routing::{Node, RouteTable};
+use memroute_proxy::generation::Generation;
+use memroute_proxy::publisher::{Plan, Publisher};
+use memroute_proxy::resize_window::Window;
+use memroute_proxy::stats::Metrics;
+use memroute_proxy::ProxyError;
+use memroute_routing::RouteTable;
 use tokio::sync::{mpsc, watch};
 
-use crate::counters::{ResizeStats, RouteStats, ShadowStats};
-use crate::error::ProxyError;
-use crate::generation::Generation;
-use crate::pool_settings::health_settings;
-use crate::resize_window::{self, Decision, OldServer, Window};
-use crate::stats::Metrics;
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::Instant;
+use crate::connectors::Connectors;
+use crate::resize_decision::{self, Decision};
 
 /// What makes two configs' health objects for a server the same one.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,7 +58,8 @@ pub enum Event {
     Serving(Arc<Generation>),
 }
 
-/// Builds generations and owns what outlives one: health, discovered addresses, counters.
+/// Decides generations and owns what outlives one: health, discovered addresses,
+/// connectors, resize windows (the counters are the publisher's).
 #[derive(Debug)]
 pub struct Controller {
     /// The config as the operator wrote it (DNS pools without servers). Its own lock, so
@@ -67,8 +68,7 @@ pub struct Controller {
     /// What outlives a generation. One lock, held for a whole apply: a reload and a DNS
     /// change never build generations at once.
     known: Mutex<Known>,
-    pub shared: Arc<Metrics>,
-    generation: watch::Sender<Arc<Generation>>,
+    publisher: Publisher,
     events: mpsc::UnboundedSender<Event>,
 }
 
@@ -77,14 +77,10 @@ pub struct Controller {
 struct Known {
     discovered: BTreeMap<String, Discovered>,
     health: Vec<(HealthKey, Arc<ServerHealth>)>,
-    connectors: crate::transport::Connectors,
+    connectors: Connectors,
     epochs: HashMap<String, Arc<AtomicU64>>,
-    route_stats: HashMap<String, Arc<RouteStats>>,
-    shadow_stats: HashMap<String, Arc<ShadowStats>>,
     /// The resize windows running now, by pool name.
     windows: HashMap<String, Arc<Window>>,
-    /// Per pool name: its resize counters, kept across windows.
-    resize_stats: HashMap<String, Arc<ResizeStats>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -94,14 +90,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What `Controller::new` hands back: the controller, the receiver the workers start
 /// from, and the control thread's inbox.
-pub(crate) type Started = (
+pub type Started = (
     Arc<Controller>,
     watch::Receiver<Arc<Generation>>,
     ControlInbox,
 );
 
-/// The running control thread's receiving end, handed to it once (memroute-control's
-/// `control_thread`).
+/// The running control thread's receiving end, handed to it once (`control_thread`).
 #[derive(Debug)]
 pub struct ControlInbox(mpsc::UnboundedReceiver<Event>);
 
@@ -118,31 +113,21 @@ impl Controller {
     pub fn new(config: Config, shared: Arc<Metrics>) -> Result<Started, ProxyError> {
         let (events, inbox) = mpsc::unbounded_channel();
         let config = Arc::new(config);
-        let empty = Arc::new(Config {
+        // What the first apply replaces (its resize windows compare against it): the
+        // config's routes, no pool.
+        let mut placeholder = Plan::bare((*config).clone())?;
+        placeholder.config = Arc::new(Config {
             pools: BTreeMap::new(),
             routes: BTreeMap::new(),
             ..(*config).clone()
         });
-        let placeholder = Arc::new(Generation {
-            routes: Arc::new(RouteTable::build(&config.routing_spec())?),
-            config: empty,
-            server_stats: Vec::new(),
-            health: Vec::new(),
-            connectors: Vec::new(),
-            pool_epochs: Vec::new(),
-            route_stats: Vec::new(),
-            shadow_stats: Vec::new(),
-            windows: Vec::new(),
-            // Never looser than the config: a client served by this generation logs in.
-            client_logins: crate::credentials::listener_authfiles(&config)?,
-            applied: std::sync::mpsc::channel().0,
-        });
-        let (generation, receiver) = watch::channel(placeholder);
+        // Never looser than the config: a client served by this generation logs in.
+        placeholder.client_logins = crate::credentials::listener_authfiles(&config)?;
+        let (publisher, receiver) = Publisher::new(shared, placeholder);
         let controller = Arc::new(Controller {
             base: Mutex::new(config.clone()),
             known: Mutex::new(Known::default()),
-            shared,
-            generation,
+            publisher,
             events,
         });
         // Nobody waits for the workers to acknowledge the first generation.
@@ -152,7 +137,12 @@ impl Controller {
 
     /// The generation being served now (DNS pools with their servers).
     pub fn current(&self) -> Arc<Generation> {
-        self.generation.borrow().clone()
+        self.publisher.current()
+    }
+
+    /// The registry the workers count into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        self.publisher.metrics()
     }
 
     /// The config the operator gave last (DNS pools without servers).
@@ -160,9 +150,9 @@ impl Controller {
         lock(&self.base).clone()
     }
 
-    /// Serves `config` from now on: resolves DNS pools not known yet, builds the route table
-    /// and the health table, and hands the generation to the workers. Returns the receiver
-    /// of the workers' acknowledgements.
+    /// Serves `config` from now on: resolves DNS pools not known yet, builds the route table,
+    /// the health table and the connectors, decides the resize windows, and hands the plan to
+    /// the publisher. Returns the receiver of the workers' acknowledgements.
     pub fn apply(&self, config: Config) -> Result<std::sync::mpsc::Receiver<usize>, ProxyError> {
         self.apply_locked(&mut lock(&self.known), config)
     }
@@ -179,53 +169,22 @@ impl Controller {
         let effective = with_discovered_servers(&mut known.discovered, &config);
         let routes = Arc::new(RouteTable::build(&effective.routing_spec())?);
         let effective = Arc::new(effective);
-        let server_stats = self.shared.for_config(&effective, &routes);
         let connectors = known
             .connectors
             .for_config(&routes.pool_names, &effective)?;
-        self.shared.set_connectors(
-            routes
-                .pool_names
-                .iter()
-                .zip(&connectors)
-                .flat_map(|(pool, servers)| servers.iter().map(|c| (pool.clone(), c.clone())))
-                .collect(),
-        );
         let (health, pool_epochs) = health_for(known, &routes, &effective);
-        self.shared
-            .set_health(health.iter().flatten().cloned().collect());
-        let (route_stats, shadow_stats) = self.policy_stats(known, &routes);
-        self.shared.set_listener_routes(
-            effective
-                .proxy
-                .listener_roots()
-                .map(|(_, root)| root.to_string())
-                .collect(),
-        );
         let windows = self.windows_for(known, &routes, &effective);
-        let (applied, acks) = std::sync::mpsc::channel();
-        let generation = Arc::new(Generation {
+        let plan = Plan {
             config: effective,
             routes,
-            server_stats,
             health,
             connectors,
             pool_epochs,
-            route_stats,
-            shadow_stats,
             windows,
             client_logins,
-            applied,
-        });
+        };
         *lock(&self.base) = Arc::new(config);
-        self.generation.send_replace(generation.clone());
-        // After the send, never before: a worker may still route with the old set until then.
-        self.shared.set_pools(&generation.config);
-        for (name, stats) in &known.resize_stats {
-            stats
-                .active
-                .store(known.windows.contains_key(name), Relaxed);
-        }
+        let (generation, acks) = self.publisher.publish(plan);
         let _ = self.events.send(Event::Serving(generation));
         Ok(acks)
     }
@@ -250,17 +209,17 @@ impl Controller {
                 let after = config.pools.get(name)?;
                 let before_pool = before.config.pools.get(name);
                 let ends = known.windows.get(name).map(|w| w.ends);
-                let window = match resize_window::decide(before_pool, after, ends, now) {
+                let window = match resize_decision::decide(before_pool, after, ends, now) {
                     Decision::None => return None,
                     Decision::Keep => known.windows.get(name)?.clone(),
                     Decision::Start => {
-                        let stats = known.resize_stats.entry(name.clone()).or_default();
-                        let window = window_from(&before, name, stats.clone(), after, now)?;
+                        let ends = resize_decision::end_of(after, now);
+                        let window = self.publisher.keep_placement(name, ends)?;
                         let placement = &routes.placements[routes
                             .pool_names
                             .iter()
                             .position(|n| n == name)?];
-                        let moved = resize_window::moved_share(&window.placement, placement);
+                        let moved = resize_decision::moved_share(&window.placement, placement);
                         tracing::info!(
                             pool = %name,
                             servers_before = window.servers.len(),
@@ -282,16 +241,6 @@ impl Controller {
             }
         }
         known.windows = running;
-        known
-            .resize_stats
-            .retain(|name, _| config.pools.contains_key(name));
-        self.shared.set_resize_stats(
-            known
-                .resize_stats
-                .iter()
-                .map(|(name, stats)| (name.clone(), stats.clone()))
-                .collect(),
-        );
         table
     }
 
@@ -367,48 +316,6 @@ impl Controller {
             tracing::error!(pool, %error, "cannot serve the discovered servers; keeping the running config");
         }
     }
-
-    /// Counters per policy route node and per shadow route, kept across reloads by name.
-    fn policy_stats(
-        &self,
-        known: &mut Known,
-        routes: &RouteTable,
-    ) -> (Vec<Arc<RouteStats>>, Vec<Arc<ShadowStats>>) {
-        let Known {
-            route_stats: known,
-            shadow_stats: shadows,
-            ..
-        } = known;
-        let route_stats: Vec<Arc<RouteStats>> = (0..routes.node_count())
-            .map(|id| {
-                let name = routes.node_name(id as memroute_routing::NodeId);
-                known.entry(name.to_string()).or_default().clone()
-            })
-            .collect();
-        let shadow_stats: Vec<Arc<ShadowStats>> = routes
-            .shadow_names
-            .iter()
-            .map(|name| shadows.entry(name.clone()).or_default().clone())
-            .collect();
-        let mut listed: Vec<(String, Arc<RouteStats>)> = Vec::new();
-        for (id, stats) in route_stats.iter().enumerate() {
-            let node = id as memroute_routing::NodeId;
-            if matches!(
-                routes.node(node),
-                Node::Failover { .. } | Node::Replicated { .. } | Node::WarmUp { .. }
-            ) {
-                listed.push((routes.node_name(node).to_string(), stats.clone()));
-            }
-        }
-        let shadow_list = routes
-            .shadow_names
-            .iter()
-            .cloned()
-            .zip(shadow_stats.iter().cloned())
-            .collect();
-        self.shared.set_policy_stats(listed, shadow_list);
-        (route_stats, shadow_stats)
-    }
 }
 
 /// `config` with every DNS pool's servers filled in: the last addresses found for the
@@ -456,34 +363,6 @@ fn with_discovered_servers(
     effective
 }
 
-/// The window of pool `name` as `before` served it, for a pool configured as `after`.
-fn window_from(
-    before: &Generation,
-    name: &str,
-    stats: Arc<ResizeStats>,
-    after: &memroute_config::PoolConfig,
-    now: Instant,
-) -> Option<Window> {
-    let id = before.routes.pool_names.iter().position(|n| n == name)?;
-    let config = before.config.pools.get(name)?.clone();
-    let servers = (0..config.servers.len())
-        .map(|index| {
-            Some(OldServer {
-                health: before.health.get(id)?.get(index)?.clone(),
-                connector: before.connectors.get(id)?.get(index)?.clone(),
-                stats: before.server_stats.get(id)?.get(index)?.clone(),
-            })
-        })
-        .collect::<Option<Vec<_>>>()?;
-    Some(Window {
-        placement: before.routes.placements.get(id)?.clone(),
-        config,
-        servers,
-        ends: resize_window::end_of(after, now),
-        stats,
-    })
-}
-
 /// One health object per server, reused for servers that stay with the same settings.
 fn health_for(
     known: &mut Known,
@@ -505,7 +384,7 @@ fn health_for(
             continue;
         };
         let epoch = epochs.entry(name.clone()).or_default().clone();
-        let settings = health_settings(pool);
+        let settings = HealthSettings::of_pool(pool);
         let servers = pool
             .servers
             .iter()
@@ -565,8 +444,9 @@ fn shown(servers: &[FoundServer]) -> Vec<String> {
 mod tests {
     use std::sync::Arc;
 
+    use memroute_proxy::stats::Metrics;
+
     use super::Controller;
-    use crate::stats::Metrics;
 
     fn config(servers: &[u16], window: &str) -> memroute_config::Config {
         let servers: Vec<String> = servers

@@ -1,15 +1,17 @@
 //! The secrets memroute reads from files, at start and at every reload: the password each
 //! pool logs in to its servers with, and the authfile each listener's clients log in
 //! against. A file that cannot be read or used fails the start or the reload (the running
-//! config stays), naming the setting.
+//! config stays), naming the setting. The controller reads them into each generation (the
+//! backend connectors' logins, the listeners' authfiles); the data plane only checks a
+//! client's login against the authfile it is handed (memroute-proxy's `client_auth`).
 use std::sync::Arc;
 
 use memroute_config::{BackendAuth, Config, Password};
 use memroute_net::BackendLogin;
 use memroute_protocol::auth::Authfile;
 
-use crate::error::ProxyError;
-use crate::generation::Generation;
+use memroute_proxy::generation::Generation;
+use memroute_proxy::ProxyError;
 
 /// The user and password of a pool's `auth`, its password file read now (at start and at
 /// every reload, so a rotated Secret applies on the next reload). A trailing newline in the
