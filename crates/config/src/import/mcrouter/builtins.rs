@@ -133,7 +133,10 @@ fn whole(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
         ("set", Value::Array(items)) => {
             let at = b.as_i64().and_then(|i| usize::try_from(i).ok());
             let Some(at) = at.filter(|&at| at < items.len()) else {
-                return Err(format!("@set: key {b} is out of range [0..{})", items.len()));
+                return Err(format!(
+                    "@set: key {b} is out of range [0..{})",
+                    items.len()
+                ));
             };
             let mut items = items.clone();
             items[at] = c.clone();
@@ -177,7 +180,9 @@ fn part(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
                 return Err(format!("@contains: the key {b} is not a string"))
             }
             (other, _) => {
-                return Err(format!("@contains: {other} is not an array, object or string"))
+                return Err(format!(
+                    "@contains: {other} is not an array, object or string"
+                ))
             }
         }),
     })
@@ -192,18 +197,24 @@ fn slice(a: &Value, from: &Value, to: &Value) -> Result<Value, String> {
             return Err("@slice: from and to of an object must be strings".to_string());
         };
         let inside = o.iter().filter(|(k, _)| from <= *k && *k <= to);
-        return Ok(Value::Object(inside.map(|(k, v)| (k.clone(), v.clone())).collect()));
+        return Ok(Value::Object(
+            inside.map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ));
     }
     let (Some(from), Some(to)) = (from.as_i64(), to.as_i64()) else {
         return Err("@slice: from and to must be integers".to_string());
     };
     let range = |len: usize| {
         let start = usize::try_from(from.max(0)).unwrap_or(usize::MAX);
-        let end = usize::try_from(to.saturating_add(1).max(0)).unwrap_or(usize::MAX).min(len);
+        let end = usize::try_from(to.saturating_add(1).max(0))
+            .unwrap_or(usize::MAX)
+            .min(len);
         start..end.max(start)
     };
     match a {
-        Value::Array(items) => Ok(Value::Array(items.get(range(items.len())).unwrap_or_default().to_vec())),
+        Value::Array(items) => Ok(Value::Array(
+            items.get(range(items.len())).unwrap_or_default().to_vec(),
+        )),
         Value::String(s) => {
             let bytes = s.as_bytes().get(range(s.len())).unwrap_or_default();
             Ok(Value::String(String::from_utf8_lossy(bytes).into_owned()))
@@ -356,7 +367,9 @@ fn int(v: &Value) -> Option<i64> {
 /// double of its value.
 fn equal(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => x.as_f64() == y.as_f64(),
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+            x.as_f64() == y.as_f64()
+        }
         _ => a == b,
     }
 }
@@ -399,12 +412,19 @@ fn order(a: &Value, b: &Value) -> Ordering {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
             (Some(x), Some(y)) => x.cmp(&y),
-            _ => x.as_f64().partial_cmp(&y.as_f64()).unwrap_or(Ordering::Equal),
+            _ => x
+                .as_f64()
+                .partial_cmp(&y.as_f64())
+                .unwrap_or(Ordering::Equal),
         },
         (Value::String(x), Value::String(y)) => x.cmp(y),
         (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
         (Value::Array(x), Value::Array(y)) => {
-            let first = x.iter().zip(y).map(|(x, y)| order(x, y)).find(|o| o.is_ne());
+            let first = x
+                .iter()
+                .zip(y)
+                .map(|(x, y)| order(x, y))
+                .find(|o| o.is_ne());
             first.unwrap_or_else(|| x.len().cmp(&y.len()))
         }
         _ => rank(a).cmp(&rank(b)),
@@ -430,9 +450,15 @@ pub(super) fn select<'a>(dictionary: &'a Value, key: &Value) -> Result<Option<&'
             let i = if i < 0 { i + items.len() as i64 } else { i };
             Ok(usize::try_from(i).ok().and_then(|i| items.get(i)))
         }
-        (Value::Object(_), _) => Err("@select: the dictionary is an object, the key not a string".to_string()),
-        (Value::Array(_), _) => Err("@select: the dictionary is an array, the key not an integer".to_string()),
-        (other, _) => Err(format!("@select: the dictionary {other} is not an array or object")),
+        (Value::Object(_), _) => {
+            Err("@select: the dictionary is an object, the key not a string".to_string())
+        }
+        (Value::Array(_), _) => {
+            Err("@select: the dictionary is an array, the key not an integer".to_string())
+        }
+        (other, _) => Err(format!(
+            "@select: the dictionary {other} is not an array or object"
+        )),
     }
 }
 
@@ -508,7 +534,10 @@ mod tests {
             compute("range", &[json!(1), json!(3)]),
             Ok(json!([1, 2, 3]))
         );
-        assert_eq!(select(&json!(["x", "y"]), &json!(-1)), Ok(Some(&json!("y"))));
+        assert_eq!(
+            select(&json!(["x", "y"]), &json!(-1)),
+            Ok(Some(&json!("y")))
+        );
         assert_eq!(select(&json!({"a": 1}), &json!("b")), Ok(None));
         assert!(select(&json!(["x", "y"]), &json!("1")).is_err());
         assert_eq!(

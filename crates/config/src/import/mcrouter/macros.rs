@@ -92,7 +92,11 @@ impl<'s> Scope<'s> {
 
     /// A loop's scope: `names` bound to values, the names outside seen.
     fn binding(outer: &'s Scope<'s>, names: impl IntoIterator<Item = (String, Value)>) -> Self {
-        Self::inner(outer, false, names.into_iter().map(|(n, v)| (n, Slot::Ready(v))))
+        Self::inner(
+            outer,
+            false,
+            names.into_iter().map(|(n, v)| (n, Slot::Ready(v))),
+        )
     }
 
     /// Whether `name` is bound here or (unless sealed) outside: mcrouter's `@defined`.
@@ -195,7 +199,10 @@ impl Jsonm<'_> {
             }
             other => Err(fault(
                 path,
-                format!("expected an object or array of macro definitions, found {}", compact(&other)),
+                format!(
+                    "expected an object or array of macro definitions, found {}",
+                    compact(&other)
+                ),
             )),
         }
     }
@@ -300,7 +307,10 @@ impl Jsonm<'_> {
             rest = &rest[open + 1..];
             let mut name = String::new();
             let Some(close) = unescape_until(rest, &mut name, '%') else {
-                return Err(fault(path, format!("odd number of percent signs in \"{s}\"")));
+                return Err(fault(
+                    path,
+                    format!("odd number of percent signs in \"{s}\""),
+                ));
             };
             let value = self.param(&name, scope, path)?;
             if out.is_empty() && close == rest.len() - 1 {
@@ -396,7 +406,10 @@ impl Jsonm<'_> {
                 Value::String(key) => key,
                 other => {
                     let found = compact(&other);
-                    return Err(fault(&at, format!("the key expands to {found}, not a string")));
+                    return Err(fault(
+                        &at,
+                        format!("the key expands to {found}, not a string"),
+                    ));
                 }
             };
             out.insert(key, self.expand(value, scope, &at)?);
@@ -439,7 +452,10 @@ impl Jsonm<'_> {
             }
         }
         let scope = Scope::binding(caller, distinct(names, path)?);
-        let scope = Scope { sealed: true, ..scope };
+        let scope = Scope {
+            sealed: true,
+            ..scope
+        };
         self.expand(def.body.clone(), &scope, path)
     }
 
@@ -455,7 +471,13 @@ impl Jsonm<'_> {
     /// only when needed (`@if`, `@and`, `@or`, `@select`, `@shuffle`, `@import`) and
     /// `@defined` (which looks in the caller's scope) here; the others computed from their
     /// values (`builtins::compute`).
-    fn builtin(&self, name: &str, mut args: Vec<Option<Arg>>, caller: &Scope, path: &str) -> Expanded {
+    fn builtin(
+        &self,
+        name: &str,
+        mut args: Vec<Option<Arg>>,
+        caller: &Scope,
+        path: &str,
+    ) -> Expanded {
         let count = args.len();
         let mut arg = |i: usize| match args.get_mut(i).and_then(Option::take) {
             Some(arg) => self.ready(arg, caller, path).map(Some),
@@ -465,12 +487,19 @@ impl Jsonm<'_> {
             Some(Value::Bool(b)) => Ok(b),
             other => {
                 let found = other.map_or("nothing".to_string(), |v| compact(&v));
-                Err(fault(path, format!("@{name}: {what} is {found}, not a boolean")))
+                Err(fault(
+                    path,
+                    format!("@{name}: {what} is {found}, not a boolean"),
+                ))
             }
         };
         match name {
             "if" => {
-                let branch = if boolean(arg(0)?, "the condition")? { 1 } else { 2 };
+                let branch = if boolean(arg(0)?, "the condition")? {
+                    1
+                } else {
+                    2
+                };
                 Ok(arg(branch)?.unwrap_or_default())
             }
             "and" | "or" => {
@@ -485,7 +514,10 @@ impl Jsonm<'_> {
                 match builtins::select(&dictionary, &key).map_err(|m| fault(path, m))? {
                     Some(value) => Ok(value.clone()),
                     None => arg(2)?.ok_or_else(|| {
-                        fault(path, format!("@select: {} not found, and no default", compact(&key)))
+                        fault(
+                            path,
+                            format!("@select: {} not found, and no default", compact(&key)),
+                        )
                     }),
                 }
             }
@@ -504,9 +536,9 @@ impl Jsonm<'_> {
                 _ => Err(fault(path, "@import: the path is not a string")),
             },
             "defined" => match arg(0)? {
-                Some(Value::String(n)) => {
-                    Ok(Value::Bool(caller.contains(&n) || self.consts.contains_key(&n)))
-                }
+                Some(Value::String(n)) => Ok(Value::Bool(
+                    caller.contains(&n) || self.consts.contains_key(&n),
+                )),
                 _ => Err(fault(path, "@defined: the name is not a string")),
             },
             _ => {
@@ -527,11 +559,17 @@ impl Jsonm<'_> {
             None => std::path::PathBuf::from(file),
         };
         let text = std::fs::read_to_string(&full).map_err(|error| {
-            fault(path, format!("@import: cannot read {}: {error}", full.display()))
+            fault(
+                path,
+                format!("@import: cannot read {}: {error}", full.display()),
+            )
         })?;
         // Not JSON: an error (the `default`, if given), as mcrouter's parse of it.
         let value = json::parse(&text).map_err(|error| {
-            fault(path, format!("@import: {} is not JSON: {error}", full.display()))
+            fault(
+                path,
+                format!("@import: {} is not JSON: {error}", full.display()),
+            )
         })?;
         self.expand(value, &Scope::root(), path)
     }
@@ -548,12 +586,18 @@ impl Jsonm<'_> {
     /// each entry's item (and, in an object, key) remade with `%key%` and `%item%` bound.
     fn transform(&self, mut o: Map<String, Value>, scope: &Scope, path: &str) -> Expanded {
         let dictionary = self.required(&mut o, "dictionary", scope, path)?;
-        let names = [loop_name(&o, "keyName", "key", path)?, loop_name(&o, "itemName", "item", path)?];
+        let names = [
+            loop_name(&o, "keyName", "key", path)?,
+            loop_name(&o, "itemName", "item", path)?,
+        ];
         distinct(names.iter().map(|n| (n, ())), path)?;
         let (is_object, entries) = entries(dictionary, "transform", path)?;
         let (item_t, key_t) = (o.get("itemTransform"), o.get("keyTransform"));
         if !is_object && item_t.is_none() && !entries.is_empty() {
-            return Err(fault(path, "transform: itemTransform is required for an array"));
+            return Err(fault(
+                path,
+                "transform: itemTransform is required for an array",
+            ));
         }
         let (mut list, mut object) = (Vec::new(), Map::new());
         for (key, item) in entries {
@@ -572,7 +616,10 @@ impl Jsonm<'_> {
                 key @ Value::String(_) => vec![key],
                 other => {
                     let found = compact(&other);
-                    return Err(fault(path, format!("transform: the key {found} is not an array or string")));
+                    return Err(fault(
+                        path,
+                        format!("transform: the key {found} is not an array or string"),
+                    ));
                 }
             };
             if keys.is_empty() {
@@ -586,7 +633,11 @@ impl Jsonm<'_> {
                 object.insert(key, item.clone());
             }
         }
-        Ok(if is_object { Value::Object(object) } else { Value::Array(list) })
+        Ok(if is_object {
+            Value::Object(object)
+        } else {
+            Value::Array(list)
+        })
     }
 
     /// `process` (`dictionary`, `initialValue`, `transform`, `keyName`, `itemName`,
@@ -616,7 +667,10 @@ impl Jsonm<'_> {
     /// `use` of at most `top` entries that satisfy `where`, merged into one list or object.
     fn foreach(&self, mut o: Map<String, Value>, scope: &Scope, path: &str) -> Expanded {
         let from = self.required(&mut o, "from", scope, path)?;
-        let names = [loop_name(&o, "key", "key", path)?, loop_name(&o, "item", "item", path)?];
+        let names = [
+            loop_name(&o, "key", "key", path)?,
+            loop_name(&o, "item", "item", path)?,
+        ];
         distinct(names.iter().map(|n| (n, ())), path)?;
         let (is_object, entries) = entries(from, "foreach", path)?;
         let top = match o.remove("top") {
@@ -664,7 +718,11 @@ fn read_params(params: Vec<Value>, path: &str) -> Result<Vec<Param>, Fault> {
     for (i, p) in params.into_iter().enumerate() {
         let at = index(path, i);
         let param = match p {
-            Value::String(name) => Param { name, default: None, required: true },
+            Value::String(name) => Param {
+                name,
+                default: None,
+                required: true,
+            },
             Value::Object(mut o) => {
                 let Some(Value::String(name)) = o.remove("name") else {
                     return Err(fault(&at, "a parameter needs a \"name\" (a string)"));
@@ -676,15 +734,30 @@ fn read_params(params: Vec<Value>, path: &str) -> Result<Vec<Param>, Fault> {
                 };
                 let default = o.remove("default");
                 if default.is_some() && optional == Some(false) {
-                    return Err(fault(&at, "a default is set, but the parameter is not optional"));
+                    return Err(fault(
+                        &at,
+                        "a default is set, but the parameter is not optional",
+                    ));
                 }
                 let required = default.is_none() && optional != Some(true);
-                Param { name, default, required }
+                Param {
+                    name,
+                    default,
+                    required,
+                }
             }
-            _ => return Err(fault(&at, "expected a parameter name or {\"name\": ..., \"default\": ...}")),
+            _ => {
+                return Err(fault(
+                    &at,
+                    "expected a parameter name or {\"name\": ..., \"default\": ...}",
+                ))
+            }
         };
         if param.required && out.iter().any(|p| !p.required) {
-            return Err(fault(&at, "every parameter after an optional one must be optional"));
+            return Err(fault(
+                &at,
+                "every parameter after an optional one must be optional",
+            ));
         }
         out.push(param);
     }
@@ -699,22 +772,31 @@ fn bind(name: &str, params: &[Param], args: Args, path: &str) -> Result<Vec<Opti
             if list.len() < least || list.len() > params.len() {
                 return Err(fault(
                     path,
-                    format!("@{name}: {} arguments; it takes {least} to {}", list.len(), params.len()),
+                    format!(
+                        "@{name}: {} arguments; it takes {least} to {}",
+                        list.len(),
+                        params.len()
+                    ),
                 ));
             }
             let mut list = list.into_iter();
             Ok(params
                 .iter()
-                .map(|p| list.next().map(Arg::Raw).or_else(|| p.default.clone().map(Arg::Ready)))
+                .map(|p| {
+                    list.next()
+                        .map(Arg::Raw)
+                        .or_else(|| p.default.clone().map(Arg::Ready))
+                })
                 .collect())
         }
         Args::Named(mut o) => params
             .iter()
             .map(|p| match o.remove(&p.name) {
                 Some(raw) => Ok(Some(Arg::Raw(raw))),
-                None if p.required => {
-                    Err(fault(path, format!("@{name}: parameter \"{}\" not found", p.name)))
-                }
+                None if p.required => Err(fault(
+                    path,
+                    format!("@{name}: parameter \"{}\" not found", p.name),
+                )),
                 None => Ok(p.default.clone().map(Arg::Ready)),
             })
             .collect(),
@@ -723,12 +805,18 @@ fn bind(name: &str, params: &[Param], args: Args, path: &str) -> Result<Vec<Opti
 
 /// `names`, checked to be bound once each: mcrouter rejects a name bound twice in one
 /// scope (a macro's parameter written twice, a loop whose key and item share a name).
-fn distinct<N: AsRef<str>, V>(names: impl IntoIterator<Item = (N, V)>, path: &str) -> Result<Vec<(N, V)>, Fault> {
+fn distinct<N: AsRef<str>, V>(
+    names: impl IntoIterator<Item = (N, V)>,
+    path: &str,
+) -> Result<Vec<(N, V)>, Fault> {
     let mut out: Vec<(N, V)> = Vec::new();
     for (name, value) in names {
         if out.iter().any(|(n, _)| n.as_ref() == name.as_ref()) {
             let name = name.as_ref();
-            return Err(fault(path, format!("\"{name}\" is bound twice in one scope")));
+            return Err(fault(
+                path,
+                format!("\"{name}\" is bound twice in one scope"),
+            ));
         }
         out.push((name, value));
     }
@@ -747,9 +835,22 @@ fn loop_name(o: &Map<String, Value>, k: &str, default: &str, path: &str) -> Resu
 /// A list's or object's entries as (key, item): a list's keyed by index. `true`: an object.
 fn entries(v: Value, what: &str, path: &str) -> Result<(bool, Vec<(Value, Value)>), Fault> {
     match v {
-        Value::Array(items) => Ok((false, items.into_iter().enumerate().map(|(i, v)| (Value::from(i), v)).collect())),
-        Value::Object(o) => Ok((true, o.into_iter().map(|(k, v)| (Value::String(k), v)).collect())),
-        other => Err(fault(path, format!("{what}: {} is not an array or object", compact(&other)))),
+        Value::Array(items) => Ok((
+            false,
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (Value::from(i), v))
+                .collect(),
+        )),
+        Value::Object(o) => Ok((
+            true,
+            o.into_iter().map(|(k, v)| (Value::String(k), v)).collect(),
+        )),
+        other => Err(fault(
+            path,
+            format!("{what}: {} is not an array or object", compact(&other)),
+        )),
     }
 }
 
@@ -765,7 +866,10 @@ fn merged(result: Option<Value>, found: Value) -> Result<Value, String> {
             object.extend(more);
             Ok(Value::Object(object))
         }
-        (_, other) => Err(format!("foreach: {} does not merge into the result", compact(&other))),
+        (_, other) => Err(format!(
+            "foreach: {} does not merge into the result",
+            compact(&other)
+        )),
     }
 }
 

@@ -534,7 +534,9 @@ fn importer_as_mcrouters_test(tag: &str) -> Importer {
     std::fs::write(dir.join("templ"), templ).expect("write");
     let config_params = [("testGlobal", "test"), ("templGlobal", "templ")];
     let flags = Flags {
-        config_params: config_params.map(|(n, v)| (n.to_string(), v.to_string())).into(),
+        config_params: config_params
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .into(),
         ..Flags::default()
     };
     Importer {
@@ -563,30 +565,45 @@ fn preprocessed(top: Value, tag: &str) -> Result<Map<String, Value>, Vec<String>
 /// `{"consts", "macros", "orig"}`, `orig` compared with `expand`).
 #[test]
 fn every_case_of_mcrouters_preprocessor_test_file_expands_as_it_expects() {
-    let file = json::parse(include_str!("testdata/mcrouter_preprocessor_test_file.json"));
+    let file = json::parse(include_str!(
+        "testdata/mcrouter_preprocessor_test_file.json"
+    ));
     let Ok(Value::Object(tests)) = file else {
         panic!("the test file reads: {file:?}");
     };
     let (mut checked, mut failed) = (0, Vec::new());
     for (test, cases) in &tests {
-        let consts = cases.get("consts").cloned().unwrap_or(Value::Array(Vec::new()));
+        let consts = cases
+            .get("consts")
+            .cloned()
+            .unwrap_or(Value::Array(Vec::new()));
         let macros = cases["macros"].clone();
         for (case, c) in cases["cases"].as_object().expect("cases") {
             let top = serde_json::json!({"consts": consts, "macros": macros, "orig": c["orig"]});
             match preprocessed(top, "file").map(|mut out| out.remove("orig")) {
                 Ok(Some(got)) if got == c["expand"] => checked += 1,
-                other => failed.push(format!("{test}:{case}: expected {}, got {other:?}", c["expand"])),
+                other => failed.push(format!(
+                    "{test}:{case}: expected {}, got {other:?}",
+                    c["expand"]
+                )),
             }
         }
     }
-    assert!(failed.is_empty(), "{} failed:\n{}", failed.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
     assert_eq!(checked, 157, "cases run");
 }
 
 /// mcrouter's preprocessor error test file: every config in it is an error.
 #[test]
 fn every_config_of_mcrouters_preprocessor_error_file_is_an_error() {
-    let file = json::parse(include_str!("testdata/mcrouter_preprocessor_test_errors.json"));
+    let file = json::parse(include_str!(
+        "testdata/mcrouter_preprocessor_test_errors.json"
+    ));
     let Ok(Value::Object(cases)) = file else {
         panic!("the test file reads: {file:?}");
     };
@@ -616,19 +633,45 @@ fn parameters_are_values_calls_split_as_mcrouters_and_keys_expand() {
         "local": "@defined(local)", "myMacro": "@defined(myMacro)", "arg": "%a%"}}});
     let concat = json!({"concat": {"type": "macroDef", "params": ["a", "b"], "result": "%a%%b%"}});
     let cases = [
-        (&object_to_string, json!({"type": "objectToString", "dictionary": {"a": {"b": "c"}}}), json!("{a:{b:c}}")),
-        (&my_macro, json!({"vars": {"local": true}, "in_macro": "@myMacro(@defined(local),2)"}),
-            json!({"in_macro": {"arg": true, "a": true, "b": true, "c": false, "local": false, "myMacro": false, "params": false}})),
-        (&concat, json!({"type": "transform", "itemName": "list", "keyName": "listKey",
+        (
+            &object_to_string,
+            json!({"type": "objectToString", "dictionary": {"a": {"b": "c"}}}),
+            json!("{a:{b:c}}"),
+        ),
+        (
+            &my_macro,
+            json!({"vars": {"local": true}, "in_macro": "@myMacro(@defined(local),2)"}),
+            json!({"in_macro": {"arg": true, "a": true, "b": true, "c": false, "local": false, "myMacro": false, "params": false}}),
+        ),
+        (
+            &concat,
+            json!({"type": "transform", "itemName": "list", "keyName": "listKey",
             "itemTransform": {"type": "transform", "dictionary": "%list%", "itemTransform": "@concat(%listKey%,@str(%item%))"},
             "dictionary": {"a": [1, 2, 3], "b": [4, 5, 6]}}),
-            json!({"a": ["a1", "a2", "a3"], "b": ["b4", "b5", "b6"]})),
-        (&concat, json!({"type": "foreach", "from": {"a": "b", "c": "d"},
-            "use": {"vars": {"concat": "%key%%item%"}, "%key%": "%concat%"}}), json!({"a": "ab", "c": "cd"})),
-        (&concat, json!({"type": "foreach", "from": [1, 2], "where": "@less(@int(1), %item%)",
-            "use": {"@str(%key%)": "%item%"}}), json!({"1": 2})),
-        (&concat, json!("@import(do_not_exist, Oops\\, something went wrong)"), json!("Oops, something went wrong")),
-        (&concat, json!("@and(@not(@or(@bool(false),@bool(1))), @not(@bool(false)))"), json!(false)),
+            json!({"a": ["a1", "a2", "a3"], "b": ["b4", "b5", "b6"]}),
+        ),
+        (
+            &concat,
+            json!({"type": "foreach", "from": {"a": "b", "c": "d"},
+            "use": {"vars": {"concat": "%key%%item%"}, "%key%": "%concat%"}}),
+            json!({"a": "ab", "c": "cd"}),
+        ),
+        (
+            &concat,
+            json!({"type": "foreach", "from": [1, 2], "where": "@less(@int(1), %item%)",
+            "use": {"@str(%key%)": "%item%"}}),
+            json!({"1": 2}),
+        ),
+        (
+            &concat,
+            json!("@import(do_not_exist, Oops\\, something went wrong)"),
+            json!("Oops, something went wrong"),
+        ),
+        (
+            &concat,
+            json!("@and(@not(@or(@bool(false),@bool(1))), @not(@bool(false)))"),
+            json!(false),
+        ),
     ];
     for (macros, orig, expand) in cases {
         let top = json!({"macros": macros, "orig": orig});
