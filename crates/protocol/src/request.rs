@@ -314,6 +314,8 @@ impl Request {
         let mut frame = BytesMut::with_capacity(self.frame.len());
         frame.extend_from_slice(&self.frame[..first.start]);
         let mut keys = KeyRanges::default();
+        // One allocation for the ranges, not one per doubling as they are pushed.
+        keys.reserve(keep.len());
         for (n, &(index, cut)) in keep.iter().enumerate() {
             let Some(range) = self.keys.get(index) else {
                 continue;

@@ -99,6 +99,15 @@ impl InFlight {
     fn advance(&mut self, context: Option<&mut Context<'_>>) -> bool {
         self.then.advance(&self.routing, &mut self.legs, context)
     }
+
+    /// Waits until its legs answered and its route is done.
+    async fn wait(&mut self) {
+        std::future::poll_fn(|context| match self.advance(Some(context)) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        })
+        .await
+    }
 }
 
 impl Pending {
@@ -162,15 +171,14 @@ impl Pending {
                 ticket,
                 deadline,
             } => metrics.flush.wait(*ticket, *deadline).await,
-            Pending::Routed(entry) => {
-                std::future::poll_fn(|context| match entry.advance(Some(context)) {
-                    true => Poll::Ready(()),
-                    false => Poll::Pending,
-                })
-                .await
-            }
+            Pending::Routed(entry) => entry.wait().await,
             Pending::Watched(watched) => Box::pin(watched.0.wait()).await,
-            Pending::Restored(entry) => Box::pin(entry.inner.wait()).await,
+            // A routed entry inside (a single-key request's, always) is waited for without
+            // the box a recursive wait needs: no allocation per prefixed request for it.
+            Pending::Restored(entry) => match &mut entry.inner {
+                Pending::Routed(inner) => inner.wait().await,
+                inner => Box::pin(inner.wait()).await,
+            },
             Pending::Split(split) => {
                 for (part, _) in &mut split.parts {
                     Box::pin(part.wait()).await;

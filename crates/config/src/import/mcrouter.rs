@@ -9,7 +9,7 @@
 //!        --crate::parse()--> checked (the output always loads)
 //! ```
 //!
-//! One module per step: `json`, `macros` (with `builtins`), `root`, `handles`, `pools`,
+//! One module per step: `json`, `macros` (with `jsonm_text` and `builtins`), `root`, `handles`, `pools`,
 //! `kept_prefixes`, `render`; the shared state (`Importer`) and the entry points are here.
 //!
 //! Placement is carried over exactly: a PoolRoute (or a HashRoute over `Pool|NAME`) becomes
@@ -24,6 +24,7 @@ mod builtins;
 mod handles;
 mod json;
 mod jsonm_hash;
+mod jsonm_text;
 mod kept_prefixes;
 mod macros;
 mod pools;
@@ -112,12 +113,6 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("touch", "touch"),
     ("flushall", "flush_all"),
 ];
-
-/// Plain macros by name: parameters (with their defaults) and the body.
-type Macros = HashMap<String, (Vec<(String, Option<Value>)>, Value)>;
-
-/// Macro expansion deeper than this is taken as a loop.
-const MAX_MACRO_DEPTH: usize = 32;
 
 /// mcrouter's command-line flags that change what the config does, as the importer takes
 /// them (`memroute import-mcrouter --route-prefix /dc/cluster/ ...`).
@@ -312,8 +307,6 @@ struct Importer {
     out_routes: BTreeMap<String, OutRoute>,
     /// Every memroute name handed out (pools and routes share one namespace).
     used: HashSet<String>,
-    /// The names of the `constDef` macros (`@defined` is true for them).
-    consts: HashSet<String>,
 }
 
 impl Importer {

@@ -2,8 +2,11 @@
 //! that compute a value from values: `@int(5)`, `{"type": "select", "dictionary": ...,
 //! "key": ...}`, ... Their parameters are named as mcrouter names them, so the object form
 //! and the call form (`@name(a,b)`, positional) bind the same way. The macros that expand
-//! other JSON lazily (`if`, `import`, `transform`, `foreach`) are walked by the importer's
-//! expansion itself, which calls back here for the rest.
+//! an argument only when needed (`if`, `and`, `or`, `select`, `import`) and the loops
+//! (`transform`, `process`, `foreach`) are walked by the expansion (`macros`) itself, which
+//! calls back here for the rest.
+use std::cmp::Ordering;
+
 use serde_json::{Map, Number, Value};
 
 use super::jsonm_hash;
@@ -52,8 +55,8 @@ pub(super) fn compute(name: &str, args: &[Value]) -> Result<Value, String> {
         "keys" | "values" | "empty" | "size" | "sort" | "merge" | "set" => {
             whole(name, arg(0), arg(1), arg(2))
         }
-        "select" | "slice" | "split" | "range" | "contains" => part(name, arg(0), arg(1), arg(2)),
-        "equals" | "less" | "and" | "or" | "not" => logic(name, arg(0), arg(1)),
+        "slice" | "split" | "range" | "contains" => part(name, arg(0), arg(1), arg(2)),
+        "equals" | "less" | "not" => logic(name, arg(0), arg(1)),
         "add" | "sub" | "mul" | "div" | "mod" => arithmetic(name, arg(0), arg(1)),
         "hash" | "weightedHash" | "shuffle" => hashed(name, arg(0), arg(1)),
         "bitwiseAnd" | "bitwiseOr" | "bitwiseXor" | "bitwiseLeftShift" | "bitwiseRightShift"
@@ -75,11 +78,19 @@ fn cast(name: &str, a: &Value) -> Result<Value, String> {
             Some(x) => Number::from_f64(x).map_or(Value::Null, Value::Number),
             None => return Err(format!("@double: {a} is not a number")),
         },
-        "str" => Value::String(text(a)),
+        "str" => match a {
+            Value::String(_) | Value::Number(_) | Value::Bool(_) => Value::String(text(a)),
+            other => return Err(format!("@str: {other} cannot be cast to a string")),
+        },
         _ => Value::Bool(match a {
             Value::Bool(v) => *v,
-            Value::String(s) if s == "true" => true,
-            Value::String(s) if s == "false" => false,
+            Value::Number(n) => n.as_f64() != Some(0.0),
+            // folly's `to<bool>`, which mcrouter's `asBool` is for a string.
+            Value::String(s) => match s.to_ascii_lowercase().as_str() {
+                "1" | "true" | "t" | "yes" | "y" | "on" => true,
+                "0" | "false" | "f" | "no" | "n" | "off" => false,
+                _ => return Err(format!("@bool: \"{s}\" is not a boolean")),
+            },
             other => return Err(format!("@bool: {other} is not a boolean")),
         }),
     })
@@ -107,44 +118,45 @@ fn whole(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
         ("size", _) => Value::from(size(a)?),
         ("sort", Value::Array(items)) => {
             let mut items = items.clone();
-            items.sort_by_key(text);
+            items.sort_by(order);
             Value::Array(items)
         }
         ("merge", _) => merge(a)?,
         ("set", Value::Object(o)) => {
+            let Value::String(key) = b else {
+                return Err(format!("@set: key {b} is not a string"));
+            };
             let mut o = o.clone();
-            o.insert(text(b), c.clone());
+            o.insert(key.clone(), c.clone());
             Value::Object(o)
+        }
+        ("set", Value::Array(items)) => {
+            let at = b.as_i64().and_then(|i| usize::try_from(i).ok());
+            let Some(at) = at.filter(|&at| at < items.len()) else {
+                return Err(format!(
+                    "@set: key {b} is out of range [0..{})",
+                    items.len()
+                ));
+            };
+            let mut items = items.clone();
+            items[at] = c.clone();
+            Value::Array(items)
         }
         ("sort", other) => return Err(format!("@sort: {other} is not an array")),
         (_, other) => return Err(format!("@{name}: {other} is not an object")),
     })
 }
 
-/// The built-ins that take a part of a value: `@select`, `@slice`, `@split`, `@range`,
-/// `@contains`.
+/// The built-ins that take a part of a value: `@slice`, `@split`, `@range`, `@contains`.
 fn part(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
     Ok(match name {
-        "select" => match (select(a, b), c) {
-            (Some(v), _) => v.clone(),
-            (None, Value::Null) => return Err(format!("@select: no {b} in the dictionary")),
-            (None, default) => default.clone(),
-        },
-        "slice" => {
-            let (from, to) = (int(b).unwrap_or(0).max(0) as usize, int(c).unwrap_or(0));
-            let Value::Array(items) = a else {
-                return Err(format!("@slice: {a} is not an array"));
-            };
-            let to = (to.max(0) as usize).min(items.len().saturating_sub(1));
-            Value::Array(
-                items
-                    .get(from..=to)
-                    .map(<[Value]>::to_vec)
-                    .unwrap_or_default(),
-            )
-        }
+        "slice" => slice(a, b, c)?,
         "split" => match (a, b) {
-            (Value::String(s), Value::String(delim)) if !delim.is_empty() => Value::Array(
+            // folly's split: an empty delimiter leaves the string whole.
+            (Value::String(s), Value::String(delim)) if delim.is_empty() => {
+                Value::Array(vec![Value::String(s.clone())])
+            }
+            (Value::String(s), Value::String(delim)) => Value::Array(
                 s.split(delim.as_str())
                     .map(|p| Value::String(p.to_string()))
                     .collect(),
@@ -152,7 +164,7 @@ fn part(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
             _ => return Err("@split: expected a string and a delimiter".to_string()),
         },
         "range" => {
-            let (Some(from), Some(to)) = (int(a), int(b)) else {
+            let (Some(from), Some(to)) = (a.as_i64(), b.as_i64()) else {
                 return Err("@range: from and to must be integers".to_string());
             };
             if to.saturating_sub(from) > 1_000_000 {
@@ -160,25 +172,65 @@ fn part(name: &str, a: &Value, b: &Value, c: &Value) -> Result<Value, String> {
             }
             Value::Array((from..=to).map(Value::from).collect())
         }
-        _ => Value::Bool(match a {
-            Value::Array(items) => items.contains(b),
-            Value::Object(o) => o.contains_key(&text(b)),
-            Value::String(s) => s.contains(&text(b)),
-            _ => false,
+        _ => Value::Bool(match (a, b) {
+            (Value::Array(items), _) => items.iter().any(|item| equal(item, b)),
+            (Value::Object(o), Value::String(key)) => o.contains_key(key),
+            (Value::String(s), Value::String(part)) => s.contains(part.as_str()),
+            (Value::Object(_) | Value::String(_), _) => {
+                return Err(format!("@contains: the key {b} is not a string"))
+            }
+            (other, _) => {
+                return Err(format!(
+                    "@contains: {other} is not an array, object or string"
+                ))
+            }
         }),
     })
+}
+
+/// `@slice(dictionary, from, to)`, both ends inclusive: a list's items or a string's bytes
+/// by index (clamped to the ends), an object's entries whose keys lie between `from` and
+/// `to`.
+fn slice(a: &Value, from: &Value, to: &Value) -> Result<Value, String> {
+    if let Value::Object(o) = a {
+        let (Value::String(from), Value::String(to)) = (from, to) else {
+            return Err("@slice: from and to of an object must be strings".to_string());
+        };
+        let inside = o.iter().filter(|(k, _)| from <= *k && *k <= to);
+        return Ok(Value::Object(
+            inside.map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ));
+    }
+    let (Some(from), Some(to)) = (from.as_i64(), to.as_i64()) else {
+        return Err("@slice: from and to must be integers".to_string());
+    };
+    let range = |len: usize| {
+        let start = usize::try_from(from.max(0)).unwrap_or(usize::MAX);
+        let end = usize::try_from(to.saturating_add(1).max(0))
+            .unwrap_or(usize::MAX)
+            .min(len);
+        start..end.max(start)
+    };
+    match a {
+        Value::Array(items) => Ok(Value::Array(
+            items.get(range(items.len())).unwrap_or_default().to_vec(),
+        )),
+        Value::String(s) => {
+            let bytes = s.as_bytes().get(range(s.len())).unwrap_or_default();
+            Ok(Value::String(String::from_utf8_lossy(bytes).into_owned()))
+        }
+        other => Err(format!("@slice: {other} is not an array, object or string")),
+    }
 }
 
 /// `@equals`, `@less`, `@and`, `@or`, `@not`.
 fn logic(name: &str, a: &Value, b: &Value) -> Result<Value, String> {
     Ok(Value::Bool(match name {
-        "equals" => a == b,
-        "less" => match (number(a), number(b)) {
-            (Some(x), Some(y)) => x < y,
-            _ => text(a) < text(b),
-        },
-        "and" => truth(a)? && truth(b)?,
-        "or" => truth(a)? || truth(b)?,
+        "equals" => equal(a, b),
+        "less" if a.is_object() || b.is_object() => {
+            return Err("@less: objects cannot be compared".to_string())
+        }
+        "less" => order(a, b) == Ordering::Less,
         _ => !truth(a)?,
     }))
 }
@@ -297,12 +349,28 @@ fn is_local_ip(ip: &Value) -> bool {
     }
 }
 
+/// folly's `asInt`, which mcrouter's `@int` is: an integer, a double without a fraction, a
+/// string of an integer, a boolean.
 fn int(v: &Value) -> Option<i64> {
     match v {
-        Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|x| x as i64)),
-        Value::String(s) => s.trim().parse().ok(),
+        Value::Number(n) => n.as_i64().or_else(|| {
+            let x = n.as_f64()?;
+            (x.fract() == 0.0 && x.abs() < 9.2e18).then_some(x as i64)
+        }),
+        Value::String(s) => s.parse().ok(),
         Value::Bool(b) => Some(i64::from(*b)),
         _ => None,
+    }
+}
+
+/// folly `dynamic`'s `==`, which `@equals` and `@contains` use: an integer equals the
+/// double of its value.
+fn equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+            x.as_f64() == y.as_f64()
+        }
+        _ => a == b,
     }
 }
 
@@ -315,7 +383,7 @@ fn number(v: &Value) -> Option<f64> {
 }
 
 /// A value as text: a string as it is, anything else as JSON.
-fn text(v: &Value) -> String {
+pub(super) fn text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -325,9 +393,41 @@ fn text(v: &Value) -> String {
 fn truth(v: &Value) -> Result<bool, String> {
     match v {
         Value::Bool(b) => Ok(*b),
-        Value::String(s) if s == "true" => Ok(true),
-        Value::String(s) if s == "false" => Ok(false),
         other => Err(format!("{other} is not a boolean")),
+    }
+}
+
+/// mcrouter's order of values (folly `dynamic`'s `<`, which `@sort` and `@less` use):
+/// numbers by value, strings by bytes, lists item by item; values of different kinds by
+/// kind, null < list < boolean < number < object < string.
+fn order(a: &Value, b: &Value) -> Ordering {
+    let rank = |v: &Value| match v {
+        Value::Null => 0,
+        Value::Array(_) => 1,
+        Value::Bool(_) => 2,
+        Value::Number(_) => 3,
+        Value::Object(_) => 4,
+        Value::String(_) => 5,
+    };
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            _ => x
+                .as_f64()
+                .partial_cmp(&y.as_f64())
+                .unwrap_or(Ordering::Equal),
+        },
+        (Value::String(x), Value::String(y)) => x.cmp(y),
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Array(x), Value::Array(y)) => {
+            let first = x
+                .iter()
+                .zip(y)
+                .map(|(x, y)| order(x, y))
+                .find(|o| o.is_ne());
+            first.unwrap_or_else(|| x.len().cmp(&y.len()))
+        }
+        _ => rank(a).cmp(&rank(b)),
     }
 }
 
@@ -340,11 +440,25 @@ fn size(v: &Value) -> Result<usize, String> {
     }
 }
 
-fn select<'a>(dictionary: &'a Value, key: &Value) -> Option<&'a Value> {
-    match dictionary {
-        Value::Array(items) => items.get(usize::try_from(int(key)?).ok()?),
-        Value::Object(o) => o.get(&text(key)),
-        _ => None,
+/// `@select(dictionary, key)`: an object's value of a string key, a list's item of an
+/// integer index (a negative one counts from the end); `None` when there is none.
+pub(super) fn select<'a>(dictionary: &'a Value, key: &Value) -> Result<Option<&'a Value>, String> {
+    match (dictionary, key) {
+        (Value::Object(o), Value::String(key)) => Ok(o.get(key)),
+        (Value::Array(items), Value::Number(n)) if n.is_i64() => {
+            let i = n.as_i64().unwrap_or_default();
+            let i = if i < 0 { i + items.len() as i64 } else { i };
+            Ok(usize::try_from(i).ok().and_then(|i| items.get(i)))
+        }
+        (Value::Object(_), _) => {
+            Err("@select: the dictionary is an object, the key not a string".to_string())
+        }
+        (Value::Array(_), _) => {
+            Err("@select: the dictionary is an array, the key not an integer".to_string())
+        }
+        (other, _) => Err(format!(
+            "@select: the dictionary {other} is not an array or object"
+        )),
     }
 }
 
@@ -354,7 +468,7 @@ fn merge(params: &Value) -> Result<Value, String> {
         return Err("@merge: params is not an array".to_string());
     };
     match parts.first() {
-        None => Ok(Value::Array(Vec::new())),
+        None => Err("@merge: empty params".to_string()),
         Some(Value::Array(_)) => {
             let mut out = Vec::new();
             for part in parts {
@@ -375,12 +489,24 @@ fn merge(params: &Value) -> Result<Value, String> {
             }
             Ok(Value::Object(out))
         }
-        Some(_) => Ok(Value::String(parts.iter().map(text).collect())),
+        Some(Value::String(_)) => {
+            let mut out = String::new();
+            for part in parts {
+                match part {
+                    Value::String(s) => out.push_str(s),
+                    other => return Err(format!("@merge: {other} is not a string")),
+                }
+            }
+            Ok(Value::String(out))
+        }
+        Some(other) => Err(format!("@merge: {other} is not an array, object or string")),
     }
 }
 
+/// `@add`, `@sub`, `@mul`, `@div`, `@mod` of two integers (JSON integers, as mcrouter's
+/// `isInt`: `@add(1,2)` is of two strings, an error there too).
 fn arithmetic(op: &str, a: &Value, b: &Value) -> Result<Value, String> {
-    let (Some(x), Some(y)) = (int(a), int(b)) else {
+    let (Some(x), Some(y)) = (a.as_i64(), b.as_i64()) else {
         return Err(format!("@{op}: {a} and {b} must be integers"));
     };
     let result = match op {
@@ -409,13 +535,11 @@ mod tests {
             Ok(json!([1, 2, 3]))
         );
         assert_eq!(
-            compute("select", &[json!({"a": 1}), json!("b"), json!(7)]),
-            Ok(json!(7))
+            select(&json!(["x", "y"]), &json!(-1)),
+            Ok(Some(&json!("y")))
         );
-        assert_eq!(
-            compute("select", &[json!(["x", "y"]), json!("1")]),
-            Ok(json!("y"))
-        );
+        assert_eq!(select(&json!({"a": 1}), &json!("b")), Ok(None));
+        assert!(select(&json!(["x", "y"]), &json!("1")).is_err());
         assert_eq!(
             compute("merge", &[json!([[1], [2, 3]])]),
             Ok(json!([1, 2, 3]))
@@ -429,7 +553,8 @@ mod tests {
             compute("equals", &[json!("x"), json!("x")]),
             Ok(json!(true))
         );
-        assert_eq!(compute("add", &[json!("2"), json!(3)]), Ok(json!(5)));
+        assert_eq!(compute("add", &[json!(2), json!(3)]), Ok(json!(5)));
+        assert!(compute("add", &[json!("2"), json!(3)]).is_err());
         assert!(compute("div", &[json!(1), json!(0)]).is_err());
         assert!(compute("fail", &[json!("no")]).is_err());
         assert_eq!(

@@ -1,728 +1,883 @@
-//! JSONM macros: `macros` (`macroDef`, `constDef`) expanded in place, mcrouter's built-ins
-//! (`builtins`) computed, `@import` read beside the config, `transform` / `foreach` walked.
+//! JSONM, mcrouter's config preprocessor (`mcrouter/lib/config/ConfigPreprocessor.cpp`),
+//! expanded as it expands it: values, not text.
+//!
+//! - A string that is exactly `%name%` becomes the value of `name` (of any JSON type);
+//!   `%name%` inside a longer string must be a string and is written in. A name is looked
+//!   up in the scopes (`Scope`) from the innermost out, then among the consts (`constDef`
+//!   and `--config-params`). A backslash escapes the next character in every string.
+//! - A string that begins with `@` is a call (`jsonm_text`): each argument is itself
+//!   expanded (a nested call, `%name%`, or text) and bound to the macro's parameter as a
+//!   value. An object whose `type` names a macro is a call with its arguments by name.
+//! - Object keys are expanded like values (`"%key%"`, `"@str(%item%)"`) and must come out
+//!   as strings.
+//! - A macro's body sees its parameters and the consts only, not its caller's names
+//!   (mcrouter's base context); `vars` of an object are seen in that object, each expanded
+//!   when first needed (they may use one another and the names outside); `transform`,
+//!   `process` and `foreach` bind their entry's key and item (and value) around their
+//!   templates. Arguments of `@if`, `@and`, `@or`, `@select`, `@shuffle` and `@import` are
+//!   expanded only when needed; a default of a parameter is taken as written.
+use std::cell::{Cell, RefCell};
+use std::path::Path;
+
+use super::jsonm_text::{call_params, split_call, unescape_until};
 use super::*;
 
-impl Importer {
-    /// Expands `macros` defined with `macroDef` where they are plain substitution:
-    /// `{"type": "name", "param": value}` and `"@name(a,b)"` calls, `%param%` in the body.
-    /// mcrouter's built-in macros compute (`@if`, `@merge`, `@int`, ...): those are errors.
-    pub(super) fn expand_macros(&mut self, top: Map<String, Value>) -> Map<String, Value> {
-        // `--config-params` are constants everywhere in the file, macros included.
-        let params: HashMap<String, Value> = self
-            .flags
-            .config_params
-            .iter()
-            .map(|(name, value)| (name.clone(), Value::String(value.clone())))
-            .collect();
-        let mut top = match params.is_empty() {
-            true => top,
-            false => match substitute(Value::Object(top), &params) {
-                Value::Object(top) => top,
-                _ => Map::new(),
-            },
-        };
-        let (mut macros, consts) = match top.remove("macros") {
-            Some(defs) => self.read_macro_defs(defs),
-            None => (Macros::new(), HashMap::new()),
-        };
-        // A const is `%name%` anywhere (mcrouter looks a name up in the local context
-        // first, then among the consts): written in where no macro parameter has its name.
-        if !consts.is_empty() {
-            self.consts = consts.keys().cloned().collect();
-            top = match substitute(Value::Object(top), &consts) {
-                Value::Object(top) => top,
-                _ => Map::new(),
-            };
-            for (params, body) in macros.values_mut() {
-                let mut visible = consts.clone();
-                visible.retain(|name, _| params.iter().all(|(p, _)| p != name));
-                *body = substitute(std::mem::take(body), &visible);
-            }
+/// A macro parameter: its name, its default (taken as written, not expanded, as
+/// mcrouter's), and whether a call must give it.
+struct Param {
+    name: String,
+    default: Option<Value>,
+    required: bool,
+}
+
+/// A macro defined with `macroDef`: its parameters and its body.
+struct MacroDef {
+    params: Vec<Param>,
+    body: Value,
+}
+
+/// Why an expansion stopped (mcrouter stops at the first fault): where, and what.
+struct Fault {
+    kind: ErrorKind,
+    path: String,
+    message: String,
+}
+
+type Expanded = Result<Value, Fault>;
+
+fn fault(path: &str, message: impl Into<String>) -> Fault {
+    Fault {
+        kind: ErrorKind::Invalid,
+        path: path.to_string(),
+        message: message.into(),
+    }
+}
+
+/// A name bound in a scope: its value, or (a var) its JSONM until it is first needed.
+enum Slot {
+    Ready(Value),
+    Lazy(Value),
+    Expanding,
+}
+
+/// One scope of names (mcrouter's `Context`): a macro's parameters, an object's `vars`, a
+/// loop's key and item. A sealed scope (a macro's) does not see the names outside it.
+struct Scope<'s> {
+    names: RefCell<HashMap<String, Slot>>,
+    outer: Option<&'s Scope<'s>>,
+    sealed: bool,
+}
+
+impl<'s> Scope<'s> {
+    /// The scope of the file's top level (and of consts and imported files): no names.
+    fn root() -> Scope<'static> {
+        Scope {
+            names: RefCell::default(),
+            outer: None,
+            sealed: true,
         }
-        if !macros.is_empty() {
+    }
+
+    fn inner(
+        outer: &'s Scope<'s>,
+        sealed: bool,
+        names: impl IntoIterator<Item = (String, Slot)>,
+    ) -> Self {
+        Scope {
+            names: RefCell::new(names.into_iter().collect()),
+            outer: Some(outer),
+            sealed,
+        }
+    }
+
+    /// A loop's scope: `names` bound to values, the names outside seen.
+    fn binding(outer: &'s Scope<'s>, names: impl IntoIterator<Item = (String, Value)>) -> Self {
+        Self::inner(
+            outer,
+            false,
+            names.into_iter().map(|(n, v)| (n, Slot::Ready(v))),
+        )
+    }
+
+    /// Whether `name` is bound here or (unless sealed) outside: mcrouter's `@defined`.
+    fn contains(&self, name: &str) -> bool {
+        self.names.borrow().contains_key(name)
+            || (!self.sealed && self.outer.is_some_and(|o| o.contains(name)))
+    }
+}
+
+/// A call's arguments: written in a string (`@name(a,b)`, by position) or as an object
+/// (by parameter name).
+enum Args {
+    Positional(Vec<Value>),
+    Named(Map<String, Value>),
+}
+
+/// An argument bound to a parameter: as written (to expand in the caller's scope) or a
+/// value already (a default).
+enum Arg {
+    Raw(Value),
+    Ready(Value),
+}
+
+/// Undoes `nest`'s count when an expansion returns.
+struct Nested<'a>(&'a Cell<usize>);
+
+impl Drop for Nested<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
+}
+
+/// mcrouter's `nestedLimit`: expansion nested deeper is taken as a loop.
+const NESTED_LIMIT: usize = 250;
+
+/// The preprocessor: the macros and consts of the file, and where `@import` reads.
+struct Jsonm<'a> {
+    macros: HashMap<String, MacroDef>,
+    consts: HashMap<String, Value>,
+    base: Option<&'a Path>,
+    notes: RefCell<Vec<String>>,
+    depth: Cell<usize>,
+}
+
+impl Importer {
+    /// The config with its JSONM expanded (`macros` read and removed), as mcrouter's
+    /// `getConfigWithoutMacros`; a fault is reported with its JSON path.
+    pub(super) fn expand_macros(&mut self, mut top: Map<String, Value>) -> Map<String, Value> {
+        // `--config-params` are consts (strings), which a `constDef` of the name replaces.
+        let consts = self.flags.config_params.iter();
+        let mut jsonm = Jsonm {
+            macros: HashMap::new(),
+            consts: consts
+                .map(|(name, value)| (name.clone(), Value::String(value.clone())))
+                .collect(),
+            base: self.base.as_deref(),
+            notes: RefCell::default(),
+            depth: Cell::new(0),
+        };
+        let expanded = match top.remove("macros") {
+            Some(defs) => jsonm.read_defs(defs, "macros"),
+            None => Ok(()),
+        }
+        .and_then(|()| jsonm.expand(Value::Object(top), &Scope::root(), ""));
+        if !jsonm.macros.is_empty() {
             self.notes.push(format!(
                 "macros ({}) were expanded in place.",
-                sorted_keys(macros.keys())
+                sorted_keys(jsonm.macros.keys())
             ));
         }
-        // Walked even without definitions: a call to a built-in macro is an error.
-        let mut out = Map::new();
-        for (key, value) in top {
-            let expanded = self.expand(value, &macros, &key, 0);
-            out.insert(key, expanded);
-        }
-        out
-    }
-
-    /// The definitions under `macros`: each `macroDef` (parameters with their defaults,
-    /// and the body) and each `constDef`, which is also a const (`%name%`).
-    fn read_macro_defs(&mut self, defs: Value) -> (Macros, HashMap<String, Value>) {
-        let mut macros = Macros::new();
-        let mut consts: HashMap<String, Value> = HashMap::new();
-        let Value::Object(defs) = defs else {
-            self.error(
-                ErrorKind::WrongType,
-                "macros",
-                "expected an object of macro definitions",
-            );
-            return (macros, consts);
-        };
-        for (name, def) in defs {
-            let path = join("macros", &name);
-            let Some(def) = def.as_object() else {
-                self.error(
-                    ErrorKind::WrongType,
-                    &path,
-                    "expected a macro definition object",
-                );
-                continue;
-            };
-            match def.get("type").and_then(Value::as_str) {
-                Some("macroDef") | Some("constDef") => {}
-                other => {
-                    self.error(
-                        ErrorKind::Invalid,
-                        &join(&path, "type"),
-                        format!(
-                            "expected \"macroDef\" or \"constDef\", found {}",
-                            other.map_or("nothing".to_string(), |s| format!("\"{s}\""))
-                        ),
-                    );
-                    continue;
-                }
+        self.notes.extend(jsonm.notes.take());
+        match expanded {
+            Ok(Value::Object(top)) => top,
+            Ok(_) => Map::new(),
+            Err(f) => {
+                self.error(f.kind, &f.path, f.message);
+                Map::new()
             }
-            let mut params = Vec::new();
-            for (i, p) in def
-                .get("params")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                match p {
-                    Value::String(s) => params.push((s.clone(), None)),
-                    Value::Object(o) => match o.get("name").and_then(Value::as_str) {
-                        Some(n) => params.push((n.to_string(), o.get("default").cloned())),
-                        None => self.error(
-                            ErrorKind::Missing,
-                            &index(&join(&path, "params"), i),
-                            "a parameter needs a \"name\"",
-                        ),
-                    },
-                    _ => self.error(
-                        ErrorKind::WrongType,
-                        &index(&join(&path, "params"), i),
-                        "expected a parameter name or {\"name\": ..., \"default\": ...}",
-                    ),
-                }
-            }
-            let Some(result) = def.get("result") else {
-                self.error(ErrorKind::Missing, &path, "a macro needs a \"result\"");
-                continue;
-            };
-            if def.get("type").and_then(Value::as_str) == Some("constDef") {
-                consts.insert(name.clone(), result.clone());
-            }
-            macros.insert(name, (params, result.clone()));
-        }
-        (macros, consts)
-    }
-
-    /// `value` with every macro in it expanded: a call written as a string (`"@name(a,b)"`,
-    /// `expand_call`), an object that is a call, a built-in or has `vars`
-    /// (`expand_object`), and everything inside arrays and plain objects.
-    pub(super) fn expand(
-        &mut self,
-        value: Value,
-        macros: &Macros,
-        path: &str,
-        depth: usize,
-    ) -> Value {
-        if depth > MAX_MACRO_DEPTH {
-            self.error(
-                ErrorKind::Circle,
-                path,
-                "macro expansion too deep (a macro that calls itself?)",
-            );
-            return Value::Null;
-        }
-        match value {
-            Value::String(s) if s.starts_with('@') => self.expand_call(&s, macros, path, depth),
-            Value::Object(o) => self.expand_object(o, macros, path, depth),
-            Value::Array(items) => Value::Array(
-                items
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, v)| self.expand(v, macros, &index(path, i), depth))
-                    .collect(),
-            ),
-            other => other,
         }
     }
+}
 
-    /// A call written as a string, `"@name(a,b)"`: a macro of `macros` (its parameters
-    /// bound by position, or their defaults), else a built-in (bound by its parameter
-    /// names); a value written in (`@json(...)`) reads back as itself.
-    fn expand_call(&mut self, s: &str, macros: &Macros, path: &str, depth: usize) -> Value {
-        if let Some(value) = json_argument(s) {
-            return value;
-        }
-        let Some((name, args)) = parse_call(s) else {
-            self.error(
-                ErrorKind::Invalid,
-                path,
-                format!("cannot read macro call \"{s}\""),
-            );
-            return Value::Null;
-        };
-        let Some((params, body)) = macros.get(name) else {
-            if let Some(names) = builtins::params(name) {
-                let mut call = Map::new();
-                for (param, arg) in names.iter().zip(&args) {
-                    let param = param.trim_end_matches('?');
-                    call.insert(param.to_string(), Value::String(arg.to_string()));
+impl Jsonm<'_> {
+    /// `macros`, expanded first (it may be an array of definition objects, or built by
+    /// macros, `@import` included), then each definition read (mcrouter's
+    /// `parseMacroDefs`).
+    fn read_defs(&mut self, defs: Value, path: &str) -> Result<(), Fault> {
+        match self.expand(defs, &Scope::root(), path)? {
+            Value::Object(defs) => {
+                for (name, def) in defs {
+                    self.read_def(name, def, path)?;
                 }
-                return self.builtin(name, call, macros, path, depth);
+                Ok(())
             }
-            self.error(ErrorKind::Invalid,
+            Value::Array(items) => {
+                for (i, item) in items.into_iter().enumerate() {
+                    self.read_defs(item, &index(path, i))?;
+                }
+                Ok(())
+            }
+            other => Err(fault(
                 path,
                 format!(
-                    "macro \"@{name}\" is neither defined in \"macros\" nor one of mcrouter's built-ins the importer computes; write its result out"
+                    "expected an object or array of macro definitions, found {}",
+                    compact(&other)
                 ),
-            );
-            return Value::Null;
-        };
-        let mut bound = HashMap::new();
-        for (i, (param, default)) in params.iter().enumerate() {
-            match args
-                .get(i)
-                .map(|a| Value::String(a.to_string()))
-                .or_else(|| default.clone())
-            {
-                Some(v) => {
-                    bound.insert(param.clone(), v);
-                }
-                None => self.error(
-                    ErrorKind::Missing,
-                    path,
-                    format!("macro \"@{name}\": no value for parameter \"{param}\""),
-                ),
-            }
+            )),
         }
-        let body = substitute(body.clone(), &bound);
-        self.expand(body, macros, path, depth + 1)
     }
 
-    /// An object: its `vars` bound first; then a call of a macro of `macros` by its
-    /// `type` (parameters by name), a built-in, `transform` / `foreach` / `process`; or
-    /// a plain object, each value expanded.
-    fn expand_object(
-        &mut self,
-        mut o: Map<String, Value>,
-        macros: &Macros,
-        path: &str,
-        depth: usize,
-    ) -> Value {
-        if let Some(Value::Object(vars)) = o.remove("vars") {
-            let bound = self.bind_vars(vars, macros, path, depth);
-            let o = substitute(Value::Object(o), &bound);
-            return self.expand(o, macros, path, depth + 1);
+    /// One `macroDef` or `constDef` (a later one of a name replaces an earlier one).
+    fn read_def(&mut self, name: String, def: Value, parent: &str) -> Result<(), Fault> {
+        let path = join(parent, &name);
+        let Value::Object(mut def) = def else {
+            return Err(fault(&path, "expected a macro definition object"));
+        };
+        let kind = def.get("type").and_then(Value::as_str).unwrap_or_default();
+        let kind = kind.to_string();
+        let Some(body) = def.remove("result") else {
+            return Err(fault(&path, "a macro definition needs a \"result\""));
+        };
+        match kind.as_str() {
+            "constDef" => {
+                self.consts.insert(name, body);
+            }
+            "macroDef" => {
+                let params = match def.remove("params") {
+                    None => Vec::new(),
+                    Some(Value::Array(params)) => read_params(params, &join(&path, "params"))?,
+                    Some(_) => return Err(fault(&path, "macroDef params is not an array")),
+                };
+                self.macros.insert(name, MacroDef { params, body });
+            }
+            other => {
+                return Err(fault(
+                    &join(&path, "type"),
+                    format!("expected \"macroDef\" or \"constDef\", found \"{other}\""),
+                ))
+            }
         }
-        if let Some((params, body)) = o
-            .get("type")
-            .and_then(Value::as_str)
-            .and_then(|t| macros.get(t))
-        {
-            let mut bound = HashMap::new();
-            for (param, default) in params {
-                match o.get(param).cloned().or_else(|| default.clone()) {
-                    Some(v) => {
-                        let v = self.expand(v, macros, &join(path, param), depth + 1);
-                        bound.insert(param.clone(), v);
-                    }
-                    None => self.error(
-                        ErrorKind::Missing,
-                        path,
-                        format!("macro call: no value for parameter \"{param}\""),
-                    ),
+        Ok(())
+    }
+
+    /// Counts one level of nesting; too deep is a fault (a macro that calls itself).
+    fn nest(&self, path: &str) -> Result<Nested<'_>, Fault> {
+        if self.depth.get() >= NESTED_LIMIT {
+            return Err(Fault {
+                kind: ErrorKind::Circle,
+                path: path.to_string(),
+                message: "macro expansion too deep (a macro that calls itself?)".to_string(),
+            });
+        }
+        self.depth.set(self.depth.get() + 1);
+        Ok(Nested(&self.depth))
+    }
+
+    /// `value` with its JSONM expanded in `scope` (mcrouter's `expandMacros`).
+    fn expand(&self, value: Value, scope: &Scope, path: &str) -> Expanded {
+        let _nested = self.nest(path)?;
+        match value {
+            Value::String(s) => self.expand_string(&s, scope, path),
+            Value::Object(o) => self.expand_object(o, scope, path),
+            Value::Array(items) => {
+                let items = items.into_iter().enumerate();
+                items
+                    .map(|(i, v)| self.expand(v, scope, &index(path, i)))
+                    .collect::<Result<_, _>>()
+                    .map(Value::Array)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// A string: a call if it begins with `@` (its name may hold `%name%` too), else its
+    /// `%name%`s replaced (`replace_params`).
+    fn expand_string(&self, s: &str, scope: &Scope, path: &str) -> Expanded {
+        let _nested = self.nest(path)?;
+        if !s.starts_with('@') {
+            return self.replace_params(s, scope, path);
+        }
+        let (name, args) = split_call(s).map_err(|m| fault(path, m))?;
+        let name = match self.replace_params(name, scope, path)? {
+            Value::String(name) => name,
+            other => {
+                let found = compact(&other);
+                return Err(fault(path, format!("macro name {found} is not a string")));
+            }
+        };
+        let args = match args {
+            Some(text) => call_params(text).map_err(|m| fault(path, m))?,
+            None => Vec::new(),
+        };
+        let args = args.into_iter().map(|a| Value::String(a.to_string()));
+        self.call(&name, Args::Positional(args.collect()), scope, path)
+    }
+
+    /// mcrouter's `replaceParams`: escapes undone and each `%name%` replaced; a string that
+    /// is one `%name%` (with nothing written before it) is the value itself.
+    fn replace_params(&self, s: &str, scope: &Scope, path: &str) -> Expanded {
+        if !s.contains(['%', '\\']) {
+            return Ok(Value::String(s.to_string()));
+        }
+        let (mut out, mut rest) = (String::new(), s);
+        while !rest.is_empty() {
+            let Some(open) = unescape_until(rest, &mut out, '%') else {
+                break;
+            };
+            rest = &rest[open + 1..];
+            let mut name = String::new();
+            let Some(close) = unescape_until(rest, &mut name, '%') else {
+                return Err(fault(
+                    path,
+                    format!("odd number of percent signs in \"{s}\""),
+                ));
+            };
+            let value = self.param(&name, scope, path)?;
+            if out.is_empty() && close == rest.len() - 1 {
+                return Ok(value);
+            }
+            match value {
+                Value::String(text) => out.push_str(&text),
+                other => {
+                    let found = compact(&other);
+                    let message = format!("%{name}% is {found}, not a string, inside \"{s}\"");
+                    return Err(fault(path, message));
                 }
             }
-            let body = substitute(body.clone(), &bound);
-            return self.expand(body, macros, path, depth + 1);
+            rest = &rest[close + 1..];
         }
-        if let Some(kind) = o.get("type").and_then(Value::as_str).map(str::to_string) {
-            if builtins::params(&kind).is_some() {
-                return self.builtin(&kind, o, macros, path, depth);
+        Ok(Value::String(out))
+    }
+
+    /// The value of `%name%`: from the scopes, else a const (expanded where it is used,
+    /// in no scope).
+    fn param(&self, name: &str, scope: &Scope, path: &str) -> Expanded {
+        if let Some(value) = self.lookup(name, scope, path)? {
+            return Ok(value);
+        }
+        match self.consts.get(name) {
+            Some(raw) => self.expand(raw.clone(), &Scope::root(), path),
+            None => Err(fault(
+                path,
+                format!("%{name}%: no parameter, var or const of that name in scope"),
+            )),
+        }
+    }
+
+    /// `name` in `scope` or (unless sealed) the scopes around it; a var is expanded the
+    /// first time it is needed, in its own scope.
+    fn lookup(&self, name: &str, scope: &Scope, path: &str) -> Result<Option<Value>, Fault> {
+        let slot = match scope.names.borrow_mut().get_mut(name) {
+            Some(Slot::Ready(value)) => return Ok(Some(value.clone())),
+            Some(slot) => Some(std::mem::replace(slot, Slot::Expanding)),
+            None => None,
+        };
+        match slot {
+            Some(Slot::Lazy(raw)) => {
+                let value = self.expand(raw, scope, path)?;
+                let ready = Slot::Ready(value.clone());
+                scope.names.borrow_mut().insert(name.to_string(), ready);
+                Ok(Some(value))
             }
-            if kind == "transform" || kind == "foreach" {
-                return self.for_each(&kind, o, macros, path, depth);
-            }
-            if kind == "process" {
-                return self.process(o, macros, path, depth);
+            Some(_) => Err(fault(path, format!("var \"{name}\" is defined by itself"))),
+            None => match scope.outer {
+                Some(outer) if !scope.sealed => self.lookup(name, outer, path),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// An object: its `vars` bound; then, by its `type`, a `macroDef` / `constDef` left
+    /// as it is, `transform` / `process` / `foreach`, or a call of a macro with its
+    /// arguments by name; else each key and value expanded.
+    fn expand_object(&self, mut o: Map<String, Value>, outer: &Scope, path: &str) -> Expanded {
+        let vars = match o.remove("vars") {
+            None => None,
+            Some(Value::Object(vars)) => Some(vars),
+            Some(_) => return Err(fault(&join(path, "vars"), "vars is not an object")),
+        };
+        let names: Vec<String> = vars.iter().flat_map(|v| v.keys().cloned()).collect();
+        let local = vars.map(|vars| {
+            let slots = vars.into_iter().map(|(name, raw)| (name, Slot::Lazy(raw)));
+            Scope::inner(outer, false, slots)
+        });
+        let scope = local.as_ref().unwrap_or(outer);
+        for name in &names {
+            self.lookup(name, scope, &join(&join(path, "vars"), name))?;
+        }
+        if let Some(kind) = o.get("type").cloned() {
+            if let Value::String(kind) = self.expand(kind, scope, &join(path, "type"))? {
+                match kind.as_str() {
+                    "macroDef" | "constDef" => return Ok(Value::Object(o)),
+                    "transform" => return self.transform(o, scope, path),
+                    "process" => return self.process(o, scope, path),
+                    "foreach" => return self.foreach(o, scope, path),
+                    _ if self.is_macro(&kind) => {
+                        return self.call(&kind, Args::Named(o), scope, path)
+                    }
+                    _ => {}
+                }
             }
         }
         let mut out = Map::new();
-        for (k, v) in o {
-            let child = join(path, &k);
-            let v = self.expand(v, macros, &child, depth);
-            out.insert(k, v);
+        for (key, value) in o {
+            let at = join(path, &key);
+            let key = match self.expand_string(&key, scope, &at)? {
+                Value::String(key) => key,
+                other => {
+                    let found = compact(&other);
+                    return Err(fault(
+                        &at,
+                        format!("the key expands to {found}, not a string"),
+                    ));
+                }
+            };
+            out.insert(key, self.expand(value, scope, &at)?);
         }
-        Value::Object(out)
+        Ok(Value::Object(out))
     }
 
-    /// Built-in macro `name` with its arguments by parameter name (`call`): `if` expands
-    /// only the branch its condition takes, `import` reads a file beside the config; the
-    /// others compute from their expanded arguments (`builtins::compute`).
-    pub(super) fn builtin(
-        &mut self,
+    /// A macro of the file or one of mcrouter's built-ins.
+    fn is_macro(&self, name: &str) -> bool {
+        self.macros.contains_key(name) || builtins::params(name).is_some()
+    }
+
+    /// Macro `name` called from `caller`: a macro of the file (its body expanded in a sealed
+    /// scope of its parameters, each argument expanded in the caller's), else a built-in.
+    fn call(&self, name: &str, args: Args, caller: &Scope, path: &str) -> Expanded {
+        let Some(def) = self.macros.get(name) else {
+            let Some(names) = builtins::params(name) else {
+                return Err(fault(
+                    path,
+                    format!("macro \"@{name}\" is neither defined in \"macros\" nor one of mcrouter's built-ins"),
+                ));
+            };
+            let params: Vec<Param> = names
+                .iter()
+                .map(|n| Param {
+                    name: n.trim_end_matches('?').to_string(),
+                    default: None,
+                    required: !n.ends_with('?'),
+                })
+                .collect();
+            let bound = bind(name, &params, args, path)?;
+            return self.builtin(name, bound, caller, path);
+        };
+        let bound = bind(name, &def.params, args, path)?;
+        let mut names = Vec::new();
+        for (param, arg) in def.params.iter().zip(bound) {
+            if let Some(arg) = arg {
+                let value = self.ready(arg, caller, path)?;
+                names.push((param.name.clone(), value));
+            }
+        }
+        let scope = Scope::binding(caller, distinct(names, path)?);
+        let scope = Scope {
+            sealed: true,
+            ..scope
+        };
+        self.expand(def.body.clone(), &scope, path)
+    }
+
+    /// An argument's value: as written, expanded in the caller's scope; a default as it is.
+    fn ready(&self, arg: Arg, caller: &Scope, path: &str) -> Expanded {
+        match arg {
+            Arg::Raw(raw) => self.expand(raw, caller, path),
+            Arg::Ready(value) => Ok(value),
+        }
+    }
+
+    /// Built-in `name` with its arguments in parameter order: those that expand an argument
+    /// only when needed (`@if`, `@and`, `@or`, `@select`, `@shuffle`, `@import`) and
+    /// `@defined` (which looks in the caller's scope) here; the others computed from their
+    /// values (`builtins::compute`).
+    fn builtin(
+        &self,
         name: &str,
-        mut call: Map<String, Value>,
-        macros: &Macros,
+        mut args: Vec<Option<Arg>>,
+        caller: &Scope,
         path: &str,
-        depth: usize,
-    ) -> Value {
-        let seeded = call.contains_key("seed");
-        let mut arg = |me: &mut Self, param: &str| {
-            call.remove(param)
-                .map(|v| me.expand(v, macros, &join(path, param), depth + 1))
+    ) -> Expanded {
+        let count = args.len();
+        let mut arg = |i: usize| match args.get_mut(i).and_then(Option::take) {
+            Some(arg) => self.ready(arg, caller, path).map(Some),
+            None => Ok(None),
+        };
+        let boolean = |v: Option<Value>, what: &str| match v {
+            Some(Value::Bool(b)) => Ok(b),
+            other => {
+                let found = other.map_or("nothing".to_string(), |v| compact(&v));
+                Err(fault(
+                    path,
+                    format!("@{name}: {what} is {found}, not a boolean"),
+                ))
+            }
         };
         match name {
             "if" => {
-                let condition = arg(self, "condition");
-                let branch = match condition {
-                    Some(Value::Bool(true)) => "is_true",
-                    Some(Value::Bool(false)) => "is_false",
-                    other => {
-                        let found = other.map_or("nothing".to_string(), |v| compact(&v));
-                        self.error(
-                            ErrorKind::Invalid,
-                            &join(path, "condition"),
-                            format!("@if: the condition is {found}, not a boolean"),
-                        );
-                        return Value::Null;
-                    }
+                let branch = if boolean(arg(0)?, "the condition")? {
+                    1
+                } else {
+                    2
                 };
-                arg(self, branch).unwrap_or(Value::Null)
+                Ok(arg(branch)?.unwrap_or_default())
             }
-            "import" => {
-                let file = arg(self, "path");
-                let default = call.remove("default");
-                self.import_macro(file, default, macros, path, depth)
-            }
-            // A name bound where the call stands was answered by `substitute`; what is
-            // left is true for a const only.
-            "defined" => match arg(self, "name") {
-                Some(Value::String(name)) => Value::Bool(self.consts.contains(&name)),
-                _ => {
-                    self.error(
-                        ErrorKind::Invalid,
-                        path,
-                        "@defined: the name is not a string",
-                    );
-                    Value::Null
+            "and" | "or" => {
+                let a = boolean(arg(0)?, "A")?;
+                match (name, a) {
+                    ("and", false) | ("or", true) => Ok(Value::Bool(a)),
+                    _ => boolean(arg(1)?, "B").map(Value::Bool),
                 }
+            }
+            "select" => {
+                let (dictionary, key) = (arg(0)?.unwrap_or_default(), arg(1)?.unwrap_or_default());
+                match builtins::select(&dictionary, &key).map_err(|m| fault(path, m))? {
+                    Some(value) => Ok(value.clone()),
+                    None => arg(2)?.ok_or_else(|| {
+                        fault(
+                            path,
+                            format!("@select: {} not found, and no default", compact(&key)),
+                        )
+                    }),
+                }
+            }
+            "shuffle" => {
+                let (list, seed) = (arg(0)?.unwrap_or_default(), arg(1)?);
+                if seed.is_none() {
+                    self.notes.borrow_mut().push(format!(
+                        "{path}: @shuffle without a seed is random in mcrouter (a new order at each start); the list is kept in the order written. Give it a seed for mcrouter's order."
+                    ));
+                }
+                let computed = builtins::compute(name, &[list, seed.unwrap_or_default()]);
+                computed.map_err(|m| fault(path, m))
+            }
+            "import" => match arg(0)? {
+                Some(Value::String(file)) => self.import(&file, path).or_else(|f| arg(1)?.ok_or(f)),
+                _ => Err(fault(path, "@import: the path is not a string")),
             },
-            "shuffle" if !seeded => {
-                let list = arg(self, "dictionary");
-                self.notes.push(format!(
-                    "{path}: @shuffle without a seed is random in mcrouter (a new order at each start); the list is kept in the order written. Give it a seed for mcrouter's order."
-                ));
-                self.computed(name, &[list.unwrap_or_default()], path)
-            }
+            "defined" => match arg(0)? {
+                Some(Value::String(n)) => Ok(Value::Bool(
+                    caller.contains(&n) || self.consts.contains_key(&n),
+                )),
+                _ => Err(fault(path, "@defined: the name is not a string")),
+            },
             _ => {
-                let names = builtins::params(name).unwrap_or_default();
-                let mut args = Vec::with_capacity(names.len());
-                for param in names {
-                    let optional = param.ends_with('?');
-                    let param = param.trim_end_matches('?');
-                    match arg(self, param) {
-                        Some(v) => args.push(v),
-                        None if optional => args.push(Value::Null),
-                        None => {
-                            self.error(
-                                ErrorKind::Missing,
-                                &join(path, param),
-                                format!("@{name}: required"),
-                            );
-                            return Value::Null;
-                        }
-                    }
+                let mut values = Vec::with_capacity(count);
+                for i in 0..count {
+                    values.push(arg(i)?.unwrap_or_default());
                 }
-                self.computed(name, &args, path)
+                builtins::compute(name, &values).map_err(|m| fault(path, m))
             }
         }
-    }
-
-    /// An object's `vars`: names bound for the rest of it. mcrouter expands each lazily,
-    /// in a scope where the others are bound (`"a": "%b%"` sees a `b` written after it):
-    /// each var has the others written into it until none is left (as many rounds as
-    /// there are vars: a chain that long), then is expanded.
-    fn bind_vars(
-        &mut self,
-        vars: Map<String, Value>,
-        macros: &Macros,
-        path: &str,
-        depth: usize,
-    ) -> HashMap<String, Value> {
-        let mut bound: HashMap<String, Value> = vars.into_iter().collect();
-        for _ in 0..bound.len() {
-            let before = bound.clone();
-            for (name, var) in bound.iter_mut() {
-                let mut others = before.clone();
-                others.remove(name);
-                *var = substitute(std::mem::take(var), &others);
-            }
-        }
-        bound
-            .into_iter()
-            .map(|(name, var)| {
-                let var = self.expand(var, macros, &join(path, "vars"), depth + 1);
-                (name, var)
-            })
-            .collect()
-    }
-
-    /// Built-in `name` over its expanded `args` (`builtins::compute`); its error reported.
-    fn computed(&mut self, name: &str, args: &[Value], path: &str) -> Value {
-        match builtins::compute(name, args) {
-            Ok(v) => v,
-            Err(message) => {
-                self.error(ErrorKind::Invalid, path, message);
-                Value::Null
-            }
-        }
-    }
-
-    /// `process` (`dictionary`, `initialValue`, `transform`, `keyName`, `itemName`,
-    /// `valueName`): a value carried through the entries, `transform` making the next from
-    /// `%key%`, `%item%` and `%value%` (or the names given), as mcrouter folds them.
-    fn process(
-        &mut self,
-        o: Map<String, Value>,
-        macros: &Macros,
-        path: &str,
-        depth: usize,
-    ) -> Value {
-        let name_of = |k: &str, default: &str| {
-            o.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or(default)
-                .to_string()
-        };
-        let names = [
-            name_of("keyName", "key"),
-            name_of("itemName", "item"),
-            name_of("valueName", "value"),
-        ];
-        let expanded = |me: &mut Self, k: &str| {
-            let v = o.get(k).cloned().unwrap_or(Value::Null);
-            me.expand(v, macros, &join(path, k), depth + 1)
-        };
-        let entries = match expanded(self, "dictionary") {
-            Value::Array(items) => items
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| (Value::from(i), v))
-                .collect::<Vec<_>>(),
-            Value::Object(map) => map
-                .into_iter()
-                .map(|(k, v)| (Value::String(k), v))
-                .collect(),
-            other => {
-                let found = compact(&other);
-                self.error(
-                    ErrorKind::WrongType,
-                    &join(path, "dictionary"),
-                    format!("process: {found} is not an array or object"),
-                );
-                return Value::Null;
-            }
-        };
-        let mut value = expanded(self, "initialValue");
-        let transform = o.get("transform").cloned().unwrap_or(Value::Null);
-        for (key, item) in entries {
-            let [k, i, v] = names.clone();
-            let bound: HashMap<String, Value> = [(k, key), (i, item), (v, value)].into();
-            let step = substitute(transform.clone(), &bound);
-            value = self.expand(step, macros, &join(path, "transform"), depth + 1);
-        }
-        value
     }
 
     /// `@import(path)`: the JSON of the file at `path` (relative to the config's directory,
-    /// mcrouter's rule for a relative path), expanded where it stands; `default` when the
-    /// file cannot be read and one is given.
-    pub(super) fn import_macro(
-        &mut self,
-        file: Option<Value>,
-        default: Option<Value>,
-        macros: &Macros,
-        path: &str,
-        depth: usize,
-    ) -> Value {
-        let Some(Value::String(file)) = file else {
-            self.error(
-                ErrorKind::Missing,
-                &join(path, "path"),
-                "@import: a file path is required",
-            );
-            return Value::Null;
+    /// mcrouter's rule for a relative path), expanded in no scope.
+    fn import(&self, file: &str, path: &str) -> Expanded {
+        let full = match self.base {
+            Some(base) => base.join(file),
+            None => std::path::PathBuf::from(file),
         };
-        let full = match &self.base {
-            Some(base) => base.join(&file),
-            None => std::path::PathBuf::from(&file),
-        };
-        let text = match std::fs::read_to_string(&full) {
-            Ok(text) => text,
-            Err(error) => {
-                if let Some(default) = default {
-                    return self.expand(default, macros, path, depth + 1);
-                }
-                self.error(
-                    ErrorKind::Invalid,
-                    path,
-                    format!("@import: cannot read {}: {error}", full.display()),
-                );
-                return Value::Null;
-            }
-        };
-        match json::parse(&text) {
-            Ok(v) => self.expand(v, macros, path, depth + 1),
-            // A file that is not JSON is taken as a string, as mcrouter does.
-            Err(_) => Value::String(text.trim_end().to_string()),
+        let text = std::fs::read_to_string(&full).map_err(|error| {
+            fault(
+                path,
+                format!("@import: cannot read {}: {error}", full.display()),
+            )
+        })?;
+        // Not JSON: an error (the `default`, if given), as mcrouter's parse of it.
+        let value = json::parse(&text).map_err(|error| {
+            fault(
+                path,
+                format!("@import: {} is not JSON: {error}", full.display()),
+            )
+        })?;
+        self.expand(value, &Scope::root(), path)
+    }
+
+    /// The value of key `k` of a loop object, expanded; `Err` when it is missing.
+    fn required(&self, o: &mut Map<String, Value>, k: &str, scope: &Scope, path: &str) -> Expanded {
+        match o.remove(k) {
+            Some(raw) => self.expand(raw, scope, &join(path, k)),
+            None => Err(fault(path, format!("\"{k}\" not found"))),
         }
     }
 
-    /// `transform` (`dictionary`, `itemTransform`, `keyTransform`, `itemName`, `keyName`)
-    /// and `foreach` (`from`, `key`, `item`, `where`, `use`, `top`): each entry bound as
-    /// `%key%` / `%item%` (or the names given) in the macro that makes its result.
-    pub(super) fn for_each(
-        &mut self,
-        kind: &str,
-        o: Map<String, Value>,
-        macros: &Macros,
-        path: &str,
-        depth: usize,
-    ) -> Value {
-        let foreach = kind == "foreach";
-        let (from_key, key_key, item_key) = match foreach {
-            true => ("from", "key", "item"),
-            false => ("dictionary", "keyName", "itemName"),
+    /// `transform` (`dictionary`, `itemTransform`, `keyTransform`, `itemName`, `keyName`):
+    /// each entry's item (and, in an object, key) remade with `%key%` and `%item%` bound.
+    fn transform(&self, mut o: Map<String, Value>, scope: &Scope, path: &str) -> Expanded {
+        let dictionary = self.required(&mut o, "dictionary", scope, path)?;
+        let names = [
+            loop_name(&o, "keyName", "key", path)?,
+            loop_name(&o, "itemName", "item", path)?,
+        ];
+        distinct(names.iter().map(|n| (n, ())), path)?;
+        let (is_object, entries) = entries(dictionary, "transform", path)?;
+        let (item_t, key_t) = (o.get("itemTransform"), o.get("keyTransform"));
+        if !is_object && item_t.is_none() && !entries.is_empty() {
+            return Err(fault(
+                path,
+                "transform: itemTransform is required for an array",
+            ));
+        }
+        let (mut list, mut object) = (Vec::new(), Map::new());
+        for (key, item) in entries {
+            let [k, i] = names.clone();
+            let each = Scope::binding(scope, [(k, key.clone()), (i, item.clone())]);
+            let remade = |t: Option<&Value>, v: Value, at: &str| match t {
+                Some(t) => self.expand(t.clone(), &each, &join(path, at)),
+                None => Ok(v),
+            };
+            if !is_object {
+                list.push(remade(item_t, item, "itemTransform")?);
+                continue;
+            }
+            let keys = match remade(key_t, key, "keyTransform")? {
+                Value::Array(keys) => keys,
+                key @ Value::String(_) => vec![key],
+                other => {
+                    let found = compact(&other);
+                    return Err(fault(
+                        path,
+                        format!("transform: the key {found} is not an array or string"),
+                    ));
+                }
+            };
+            if keys.is_empty() {
+                continue;
+            }
+            let item = remade(item_t, item, "itemTransform")?;
+            for key in keys {
+                let Value::String(key) = key else {
+                    return Err(fault(path, "transform: a key of the list is not a string"));
+                };
+                object.insert(key, item.clone());
+            }
+        }
+        Ok(if is_object {
+            Value::Object(object)
+        } else {
+            Value::Array(list)
+        })
+    }
+
+    /// `process` (`dictionary`, `initialValue`, `transform`, `keyName`, `itemName`,
+    /// `valueName`): a value carried through the entries, `transform` making the next
+    /// from `%key%`, `%item%` and `%value%`.
+    fn process(&self, mut o: Map<String, Value>, scope: &Scope, path: &str) -> Expanded {
+        let dictionary = self.required(&mut o, "dictionary", scope, path)?;
+        let mut value = self.required(&mut o, "initialValue", scope, path)?;
+        let Some(transform) = o.get("transform") else {
+            return Err(fault(path, "process: \"transform\" not found"));
         };
-        let name_of = |k: &str, default: &str| {
-            o.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or(default)
-                .to_string()
+        let names = [
+            loop_name(&o, "keyName", "key", path)?,
+            loop_name(&o, "itemName", "item", path)?,
+            loop_name(&o, "valueName", "value", path)?,
+        ];
+        distinct(names.iter().map(|n| (n, ())), path)?;
+        for (key, item) in entries(dictionary, "process", path)?.1 {
+            let [k, i, v] = names.clone();
+            let each = Scope::binding(scope, [(k, key), (i, item), (v, value)]);
+            value = self.expand(transform.clone(), &each, &join(path, "transform"))?;
+        }
+        Ok(value)
+    }
+
+    /// `foreach` (`from`, `key`, `item`, `where`, `use`, `top`, `noMatchResult`): the
+    /// `use` of at most `top` entries that satisfy `where`, merged into one list or object.
+    fn foreach(&self, mut o: Map<String, Value>, scope: &Scope, path: &str) -> Expanded {
+        let from = self.required(&mut o, "from", scope, path)?;
+        let names = [
+            loop_name(&o, "key", "key", path)?,
+            loop_name(&o, "item", "item", path)?,
+        ];
+        distinct(names.iter().map(|n| (n, ())), path)?;
+        let (is_object, entries) = entries(from, "foreach", path)?;
+        let top = match o.remove("top") {
+            None => usize::MAX,
+            Some(top) => match self.expand(top, scope, &join(path, "top"))?.as_u64() {
+                Some(top) => usize::try_from(top).unwrap_or(usize::MAX),
+                None => return Err(fault(path, "foreach: top is not a non-negative integer")),
+            },
         };
-        let (key_name, item_name) = (name_of(key_key, "key"), name_of(item_key, "item"));
-        let from = o.get(from_key).cloned().unwrap_or(Value::Null);
-        let from = self.expand(from, macros, &join(path, from_key), depth + 1);
-        let entries: Vec<(Value, Value)> = match from {
-            Value::Array(items) => items
+        let (mut result, mut taken) = (None, 0);
+        for (key, item) in entries {
+            if taken >= top {
+                break;
+            }
+            let [k, i] = names.clone();
+            let each = Scope::binding(scope, [(k, key.clone()), (i, item.clone())]);
+            if let Some(condition) = o.get("where") {
+                match self.expand(condition.clone(), &each, &join(path, "where"))? {
+                    Value::Bool(true) => {}
+                    Value::Bool(false) => continue,
+                    _ => return Err(fault(path, "foreach: \"where\" is not a boolean")),
+                }
+            }
+            let found = match o.get("use") {
+                Some(used) => self.expand(used.clone(), &each, &join(path, "use"))?,
+                None if is_object => Value::Object(Map::from_iter([(builtins::text(&key), item)])),
+                None => Value::Array(vec![item]),
+            };
+            result = Some(merged(result, found).map_err(|m| fault(path, m))?);
+            taken += 1;
+        }
+        match (result, o.remove("noMatchResult")) {
+            (Some(result), _) => Ok(result),
+            (None, Some(none)) => self.expand(none, scope, &join(path, "noMatchResult")),
+            (None, None) if is_object => Ok(Value::Object(Map::new())),
+            (None, None) => Ok(Value::Array(Vec::new())),
+        }
+    }
+}
+
+/// A `macroDef`'s `params`: a name (required), or `{"name", "default"}` /
+/// `{"name", "optional": true}`; after an optional one, every one is optional.
+fn read_params(params: Vec<Value>, path: &str) -> Result<Vec<Param>, Fault> {
+    let mut out: Vec<Param> = Vec::new();
+    for (i, p) in params.into_iter().enumerate() {
+        let at = index(path, i);
+        let param = match p {
+            Value::String(name) => Param {
+                name,
+                default: None,
+                required: true,
+            },
+            Value::Object(mut o) => {
+                let Some(Value::String(name)) = o.remove("name") else {
+                    return Err(fault(&at, "a parameter needs a \"name\" (a string)"));
+                };
+                let optional = match o.get("optional") {
+                    None => None,
+                    Some(Value::Bool(b)) => Some(*b),
+                    Some(_) => return Err(fault(&at, "\"optional\" is not a boolean")),
+                };
+                let default = o.remove("default");
+                if default.is_some() && optional == Some(false) {
+                    return Err(fault(
+                        &at,
+                        "a default is set, but the parameter is not optional",
+                    ));
+                }
+                let required = default.is_none() && optional != Some(true);
+                Param {
+                    name,
+                    default,
+                    required,
+                }
+            }
+            _ => {
+                return Err(fault(
+                    &at,
+                    "expected a parameter name or {\"name\": ..., \"default\": ...}",
+                ))
+            }
+        };
+        if param.required && out.iter().any(|p| !p.required) {
+            return Err(fault(
+                &at,
+                "every parameter after an optional one must be optional",
+            ));
+        }
+        out.push(param);
+    }
+    Ok(out)
+}
+
+/// `args` bound to `params` (`None`: an optional one not given and without a default).
+fn bind(name: &str, params: &[Param], args: Args, path: &str) -> Result<Vec<Option<Arg>>, Fault> {
+    match args {
+        Args::Positional(list) => {
+            let least = params.iter().filter(|p| p.required).count();
+            if list.len() < least || list.len() > params.len() {
+                return Err(fault(
+                    path,
+                    format!(
+                        "@{name}: {} arguments; it takes {least} to {}",
+                        list.len(),
+                        params.len()
+                    ),
+                ));
+            }
+            let mut list = list.into_iter();
+            Ok(params
+                .iter()
+                .map(|p| {
+                    list.next()
+                        .map(Arg::Raw)
+                        .or_else(|| p.default.clone().map(Arg::Ready))
+                })
+                .collect())
+        }
+        Args::Named(mut o) => params
+            .iter()
+            .map(|p| match o.remove(&p.name) {
+                Some(raw) => Ok(Some(Arg::Raw(raw))),
+                None if p.required => Err(fault(
+                    path,
+                    format!("@{name}: parameter \"{}\" not found", p.name),
+                )),
+                None => Ok(p.default.clone().map(Arg::Ready)),
+            })
+            .collect(),
+    }
+}
+
+/// `names`, checked to be bound once each: mcrouter rejects a name bound twice in one
+/// scope (a macro's parameter written twice, a loop whose key and item share a name).
+fn distinct<N: AsRef<str>, V>(
+    names: impl IntoIterator<Item = (N, V)>,
+    path: &str,
+) -> Result<Vec<(N, V)>, Fault> {
+    let mut out: Vec<(N, V)> = Vec::new();
+    for (name, value) in names {
+        if out.iter().any(|(n, _)| n.as_ref() == name.as_ref()) {
+            let name = name.as_ref();
+            return Err(fault(
+                path,
+                format!("\"{name}\" is bound twice in one scope"),
+            ));
+        }
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+/// The name a loop binds (`keyName`, `item`, ...): as written, a string.
+fn loop_name(o: &Map<String, Value>, k: &str, default: &str, path: &str) -> Result<String, Fault> {
+    match o.get(k) {
+        None => Ok(default.to_string()),
+        Some(Value::String(name)) => Ok(name.clone()),
+        Some(_) => Err(fault(&join(path, k), format!("\"{k}\" is not a string"))),
+    }
+}
+
+/// A list's or object's entries as (key, item): a list's keyed by index. `true`: an object.
+fn entries(v: Value, what: &str, path: &str) -> Result<(bool, Vec<(Value, Value)>), Fault> {
+    match v {
+        Value::Array(items) => Ok((
+            false,
+            items
                 .into_iter()
                 .enumerate()
                 .map(|(i, v)| (Value::from(i), v))
                 .collect(),
-            Value::Object(map) => map
-                .into_iter()
-                .map(|(k, v)| (Value::String(k), v))
-                .collect(),
-            other => {
-                self.error(
-                    ErrorKind::WrongType,
-                    &join(path, from_key),
-                    format!("{kind}: {} is not an array or object", compact(&other)),
-                );
-                return Value::Null;
-            }
-        };
-        let was_object = entries.first().is_some_and(|(k, _)| k.is_string());
-        let top = o
-            .get("top")
-            .and_then(Value::as_u64)
-            .map_or(usize::MAX, |t| t as usize);
-        let mut list = Vec::new();
-        let mut object = Map::new();
-        for (key, item) in entries {
-            if list.len() + object.len() >= top {
-                break;
-            }
-            let bound: HashMap<String, Value> = [
-                (key_name.clone(), key.clone()),
-                (item_name.clone(), item.clone()),
-            ]
-            .into();
-            let make = |me: &mut Self, k: &str| {
-                o.get(k).map(|m| {
-                    me.expand(
-                        substitute(m.clone(), &bound),
-                        macros,
-                        &join(path, k),
-                        depth + 1,
-                    )
-                })
-            };
-            if foreach {
-                if let Some(keep) = make(self, "where") {
-                    if keep != Value::Bool(true) {
-                        continue;
-                    }
-                }
-                match make(self, "use") {
-                    Some(Value::Object(more)) => object.extend(more),
-                    Some(Value::Array(more)) => list.extend(more),
-                    None if was_object => {
-                        object.insert(builtins_text(&key), item);
-                    }
-                    None => list.push(item),
-                    Some(other) => list.push(other),
-                }
-            } else {
-                let new_item = make(self, "itemTransform").unwrap_or(item);
-                match was_object {
-                    true => {
-                        let new_key = make(self, "keyTransform").unwrap_or(key);
-                        object.insert(builtins_text(&new_key), new_item);
-                    }
-                    false => list.push(new_item),
-                }
-            }
-        }
-        match (list.is_empty(), object.is_empty(), was_object) {
-            (true, false, _) | (true, true, true) => Value::Object(object),
-            _ => Value::Array(list),
-        }
+        )),
+        Value::Object(o) => Ok((
+            true,
+            o.into_iter().map(|(k, v)| (Value::String(k), v)).collect(),
+        )),
+        other => Err(fault(
+            path,
+            format!("{what}: {} is not an array or object", compact(&other)),
+        )),
     }
 }
 
-/// A JSON value as text: a string as it is.
-pub(super) fn builtins_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// `@name(a,b)` -> ("name", ["a", "b"]); `@name` -> ("name", []).
-pub(super) fn parse_call(s: &str) -> Option<(&str, Vec<&str>)> {
-    let body = s.strip_prefix('@')?;
-    match body.split_once('(') {
-        None => Some((body, Vec::new())),
-        Some((name, args)) => {
-            let args = args.strip_suffix(')')?;
-            let args = if args.is_empty() {
-                Vec::new()
-            } else {
-                split_args(args)
-            };
-            Some((name, args))
+/// `foreach`'s result with one more `use` merged in: lists joined, objects merged.
+fn merged(result: Option<Value>, found: Value) -> Result<Value, String> {
+    match (result, found) {
+        (None, found @ (Value::Array(_) | Value::Object(_))) => Ok(found),
+        (Some(Value::Array(mut list)), Value::Array(more)) => {
+            list.extend(more);
+            Ok(Value::Array(list))
         }
-    }
-}
-
-/// A call's arguments: split at the commas outside brackets (an inner call's own, as
-/// mcrouter's `getCallParams` keeps them, and a value written in as `@json(...)`) and
-/// outside quotes; a backslash escapes the next character.
-fn split_args(args: &str) -> Vec<&str> {
-    let (mut out, mut depth, mut quoted, mut escaped, mut start) =
-        (Vec::new(), 0i32, false, false, 0);
-    for (at, c) in args.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            '"' => quoted = !quoted,
-            _ if quoted => {}
-            '(' | '[' | '{' => depth += 1,
-            ')' | ']' | '}' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(args[start..at].trim());
-                start = at + 1;
-            }
-            _ => {}
+        (Some(Value::Object(mut object)), Value::Object(more)) => {
+            object.extend(more);
+            Ok(Value::Object(object))
         }
-    }
-    out.push(args[start..].trim());
-    out
-}
-
-/// A value that is not a string, written into a macro call (`@weightedHash(%weights%, 5)`
-/// with `weights` an object): mcrouter binds a call's argument that is exactly `%name%`
-/// to the value itself, whatever its type; here the call is text until it is read, so the
-/// value goes in as `@json(<its JSON>)`, which reads back as that value.
-fn as_call_argument(value: &Value) -> String {
-    format!("@json({value})")
-}
-
-/// `@json(<JSON>)` (`as_call_argument`): the value.
-pub(super) fn json_argument(s: &str) -> Option<Value> {
-    let raw = s.strip_prefix("@json(")?.strip_suffix(')')?;
-    serde_json::from_str(raw).ok()
-}
-
-/// `%param%` replaced by its value: a string that is exactly `%param%` becomes the value
-/// itself (of any type); inside a longer string, the value's text.
-///
-/// `@defined(name)` of a name among `params` is true: the name is bound where it stands.
-pub(super) fn substitute(v: Value, params: &HashMap<String, Value>) -> Value {
-    if defined_here(&v, params) {
-        return Value::Bool(true);
-    }
-    match v {
-        Value::String(s) => {
-            if let Some(name) = s.strip_prefix('%').and_then(|r| r.strip_suffix('%')) {
-                if let Some(value) = params.get(name) {
-                    return value.clone();
-                }
-            }
-            let mut out = s;
-            for (name, value) in params {
-                // A call nested in a longer string (`@and(@defined(a), ...)`).
-                out = out.replace(&format!("@defined({name})"), "@bool(true)");
-                let text = match value {
-                    Value::String(t) => t.clone(),
-                    other if out.starts_with('@') => as_call_argument(other),
-                    other => other.to_string(),
-                };
-                out = out.replace(&format!("%{name}%"), &text);
-            }
-            Value::String(out)
-        }
-        Value::Array(items) => {
-            Value::Array(items.into_iter().map(|i| substitute(i, params)).collect())
-        }
-        Value::Object(o) => Value::Object(
-            o.into_iter()
-                .map(|(k, v)| (k, substitute(v, params)))
-                .collect(),
-        ),
-        other => other,
+        (_, other) => Err(format!(
+            "foreach: {} does not merge into the result",
+            compact(&other)
+        )),
     }
 }
 
-pub(super) fn sorted_keys<'a>(keys: impl Iterator<Item = &'a String>) -> String {
+fn sorted_keys<'a>(keys: impl Iterator<Item = &'a String>) -> String {
     let mut keys: Vec<&String> = keys.collect();
     keys.sort();
     keys.iter()
         .map(|k| k.as_str())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Whether `v` is `@defined(name)` (or its object form) of a name among `params`.
-fn defined_here(v: &Value, params: &HashMap<String, Value>) -> bool {
-    let name = match v {
-        Value::String(s) => match parse_call(s) {
-            Some(("defined", args)) if args.len() == 1 => args[0],
-            _ => return false,
-        },
-        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("defined") => {
-            match o.get("name").and_then(Value::as_str) {
-                Some(name) => name,
-                None => return false,
-            }
-        }
-        _ => return false,
-    };
-    params.contains_key(name)
 }

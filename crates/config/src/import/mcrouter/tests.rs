@@ -239,16 +239,15 @@ fn mcrouters_flags_map_to_memroute_keys() {
 
 #[test]
 fn jsonm_built_ins_expand_as_mcrouters_preprocessor() {
-    let json = r#"{
-      "macros": {"n": {"type": "constDef", "result": 2}},
-      "pools": {"@select(pools_by_dc,eqiad)": {"servers": {"type": "foreach", "from": {"type": "range", "from": 1, "to": 3},
-                                              "item": "i", "use": ["10.0.0.%i%:11211"]}}},
+    // A key is expanded too (a call or `%name%` in it); a number goes into a longer string
+    // through `@str` and `merge` (mcrouter rejects a non-string `%i%` inside a string).
+    let (text, config) = ok(r#"{
+      "macros": {"pools_by_dc": {"type": "constDef", "result": {"eqiad": "main"}}},
+      "pools": {"@select(%pools_by_dc%,eqiad)": {"servers": {"type": "foreach", "from": "@range(@int(1), @int(3))",
+                "item": "i", "use": [{"type": "merge", "params": ["10.0.0.", "@str(%i%)", ":11211"]}]}}},
       "route": {"type": "if", "condition": {"type": "equals", "A": "a", "B": "a"},
                 "is_true": "PoolRoute|main", "is_false": "NullRoute"}
-    }"#;
-    // A key is not expanded (mcrouter expands values); the pool is named as written.
-    let json = json.replace("@select(pools_by_dc,eqiad)", "main");
-    let (text, config) = ok(&json);
+    }"#);
     assert_eq!(
         config.pools["main"]
             .servers
@@ -259,6 +258,10 @@ fn jsonm_built_ins_expand_as_mcrouters_preprocessor() {
         "{text}"
     );
     assert_eq!(config.proxy.route, "main");
+    assert_eq!(
+        err(r#"{"route": {"vars": {"i": 1}, "x": "10.0.0.%i%"}}"#),
+        ["route.x: %i% is 1, not a string, inside \"10.0.0.%i%\""]
+    );
 }
 
 #[test]
@@ -318,7 +321,7 @@ fn bad_input_is_an_error_with_its_json_path() {
         ["route: macro expansion too deep (a macro that calls itself?)"]
     );
     assert_eq!(
-        err(r#"{"route": "@merge(a,b)"}"#),
+        err(r#"{"route": "@merge(a)"}"#),
         ["route: @merge: params is not an array"]
     );
 }
@@ -517,5 +520,162 @@ fn process_vars_and_defined_as_mcrouters_preprocessor_test_expects() {
         ),
     ] {
         assert_eq!(expanded(macros.clone(), orig.clone()), expand, "{orig}");
+    }
+}
+
+/// An importer set up as mcrouter's preprocessor test sets its preprocessor up
+/// (`config_preprocessor_test.cpp`): the global params `testGlobal` and `templGlobal`, and
+/// the files its mock import resolver answers for (`test`, `templ`; `do_not_exist` fails).
+fn importer_as_mcrouters_test(tag: &str) -> Importer {
+    let dir = std::env::temp_dir().join(format!("memroute-jsonm-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("test"), "\"mock_test\"").expect("write");
+    let templ = "{ \"type\": \"macroDef\", \"result\": \"imported_macro\" }";
+    std::fs::write(dir.join("templ"), templ).expect("write");
+    let config_params = [("testGlobal", "test"), ("templGlobal", "templ")];
+    let flags = Flags {
+        config_params: config_params
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .into(),
+        ..Flags::default()
+    };
+    Importer {
+        flags,
+        base: Some(dir),
+        ..Importer::default()
+    }
+}
+
+/// What the preprocessor makes of `top` (mcrouter's `getConfigWithoutMacros`): the expanded
+/// object, or the errors.
+fn preprocessed(top: Value, tag: &str) -> Result<Map<String, Value>, Vec<String>> {
+    let mut importer = importer_as_mcrouters_test(tag);
+    let Value::Object(top) = top else {
+        return Err(vec!["not an object".to_string()]);
+    };
+    let out = importer.expand_macros(top);
+    match importer.errs.is_empty() {
+        true => Ok(out),
+        false => Err(importer.errs.iter().map(ToString::to_string).collect()),
+    }
+}
+
+/// mcrouter's preprocessor test file (`testdata/`, unchanged from mcrouter): every case of
+/// every test expands to the value mcrouter's test expects (its `runCase`: the config
+/// `{"consts", "macros", "orig"}`, `orig` compared with `expand`).
+#[test]
+fn every_case_of_mcrouters_preprocessor_test_file_expands_as_it_expects() {
+    let file = json::parse(include_str!(
+        "testdata/mcrouter_preprocessor_test_file.json"
+    ));
+    let Ok(Value::Object(tests)) = file else {
+        panic!("the test file reads: {file:?}");
+    };
+    let (mut checked, mut failed) = (0, Vec::new());
+    for (test, cases) in &tests {
+        let consts = cases
+            .get("consts")
+            .cloned()
+            .unwrap_or(Value::Array(Vec::new()));
+        let macros = cases["macros"].clone();
+        for (case, c) in cases["cases"].as_object().expect("cases") {
+            let top = serde_json::json!({"consts": consts, "macros": macros, "orig": c["orig"]});
+            match preprocessed(top, "file").map(|mut out| out.remove("orig")) {
+                Ok(Some(got)) if got == c["expand"] => checked += 1,
+                other => failed.push(format!(
+                    "{test}:{case}: expected {}, got {other:?}",
+                    c["expand"]
+                )),
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    assert_eq!(checked, 157, "cases run");
+}
+
+/// mcrouter's preprocessor error test file: every config in it is an error.
+#[test]
+fn every_config_of_mcrouters_preprocessor_error_file_is_an_error() {
+    let file = json::parse(include_str!(
+        "testdata/mcrouter_preprocessor_test_errors.json"
+    ));
+    let Ok(Value::Object(cases)) = file else {
+        panic!("the test file reads: {file:?}");
+    };
+    let accepted: Vec<&String> = cases
+        .iter()
+        .filter(|(_, config)| preprocessed((*config).clone(), "errors").is_ok())
+        .map(|(name, _)| name)
+        .collect();
+    assert!(accepted.is_empty(), "accepted: {accepted:?}");
+    assert_eq!(cases.len(), 25);
+}
+
+/// The cases of mcrouter's test file that show a parameter bound as a value (an object, a
+/// list, a boolean passed through `@name(...)` calls), nested calls split at the right
+/// commas, an escaped comma in an argument, and keys expanded; each quoted from
+/// `testdata/mcrouter_preprocessor_test_file.json` with the value mcrouter expects.
+#[test]
+fn parameters_are_values_calls_split_as_mcrouters_and_keys_expand() {
+    use serde_json::json;
+    let object_to_string = json!({"objectToString": {"type": "macroDef", "params": ["dictionary"],
+        "result": {"type": "merge", "params": ["{", {"type": "process", "initialValue": "",
+            "dictionary": "%dictionary%", "transform": {"type": "merge", "params": [
+                "@if(@empty(%value%), %key%:, %value%\\,%key%:)",
+                "@if(@isObject(%item%), @objectToString(%item%), %item%)"]}}, "}"]}}});
+    let my_macro = json!({"myMacro": {"type": "macroDef", "params": ["a", "b"], "result": {
+        "a": "@defined(a)", "b": "@defined(b)", "c": "@defined(c)", "params": "@defined(params)",
+        "local": "@defined(local)", "myMacro": "@defined(myMacro)", "arg": "%a%"}}});
+    let concat = json!({"concat": {"type": "macroDef", "params": ["a", "b"], "result": "%a%%b%"}});
+    let cases = [
+        (
+            &object_to_string,
+            json!({"type": "objectToString", "dictionary": {"a": {"b": "c"}}}),
+            json!("{a:{b:c}}"),
+        ),
+        (
+            &my_macro,
+            json!({"vars": {"local": true}, "in_macro": "@myMacro(@defined(local),2)"}),
+            json!({"in_macro": {"arg": true, "a": true, "b": true, "c": false, "local": false, "myMacro": false, "params": false}}),
+        ),
+        (
+            &concat,
+            json!({"type": "transform", "itemName": "list", "keyName": "listKey",
+            "itemTransform": {"type": "transform", "dictionary": "%list%", "itemTransform": "@concat(%listKey%,@str(%item%))"},
+            "dictionary": {"a": [1, 2, 3], "b": [4, 5, 6]}}),
+            json!({"a": ["a1", "a2", "a3"], "b": ["b4", "b5", "b6"]}),
+        ),
+        (
+            &concat,
+            json!({"type": "foreach", "from": {"a": "b", "c": "d"},
+            "use": {"vars": {"concat": "%key%%item%"}, "%key%": "%concat%"}}),
+            json!({"a": "ab", "c": "cd"}),
+        ),
+        (
+            &concat,
+            json!({"type": "foreach", "from": [1, 2], "where": "@less(@int(1), %item%)",
+            "use": {"@str(%key%)": "%item%"}}),
+            json!({"1": 2}),
+        ),
+        (
+            &concat,
+            json!("@import(do_not_exist, Oops\\, something went wrong)"),
+            json!("Oops, something went wrong"),
+        ),
+        (
+            &concat,
+            json!("@and(@not(@or(@bool(false),@bool(1))), @not(@bool(false)))"),
+            json!(false),
+        ),
+    ];
+    for (macros, orig, expand) in cases {
+        let top = json!({"macros": macros, "orig": orig});
+        let got = preprocessed(top, "values").map(|mut out| out.remove("orig"));
+        assert_eq!(got, Ok(Some(expand)), "{orig}");
     }
 }
