@@ -33,7 +33,9 @@ fn setup(ttl: Option<&str>, workers: usize) -> (Memcached, Memroute) {
         None => String::new(),
     };
     let listen = format!("127.0.0.1:{}", free_port());
-    let toml = simple_config(&listen, &[mc.addr()], &format!("{cache}{}", admin_lines()))
+    // Not the default 250ms: on a loaded machine a storm's pipelined sets must not time out.
+    let pool = format!("{cache}timeout = \"5s\"\n{}", admin_lines());
+    let toml = simple_config(&listen, &[mc.addr()], &pool)
         .replace("workers = 1", &format!("workers = {workers}"));
     (mc, Memroute::start(&toml))
 }
@@ -80,6 +82,84 @@ fn a_burst_of_gets_costs_memcached_about_one_get_per_ttl() {
     let bytes =
         stat_u64(&stats, "pool:main:hot_cache_bytes").expect("pool:main:hot_cache_bytes in stats");
     assert_eq!(bytes, b"VALUE hot 0 2\r\nv1\r\nEND\r\n".len() as u64);
+}
+
+/// The storm (issue 33) in small: readers on several connections hammer the hot key
+/// while writers set thousands of other keys through the same memroute, pipelined. The
+/// copy is refilled once per `ttl` (its age counts from when its fill was sent, so fills
+/// are at least `ttl` apart), the readers that miss at expiry join that one fill, and a
+/// write of another key must not drop the copy: memcached sees at most one get of the
+/// hot key per `ttl` of the span, plus one.
+#[test]
+fn a_storm_with_writes_of_other_keys_costs_memcached_one_get_per_ttl() {
+    const TTL: Duration = Duration::from_millis(1000);
+    const SPAN: Duration = Duration::from_millis(4500);
+    const READERS: usize = 8;
+    const WRITERS: usize = 2;
+    // More keys than the hot cache's 4096 write slots: every slot is written, the hot
+    // key's too, several times a second.
+    const OTHER_KEYS: usize = 8192;
+    let (mc, proxy) = setup(Some("1s"), 1);
+    make_hot(&proxy, &mut proxy.connect(), b"v1");
+    let readers: Vec<Conn> = (0..READERS).map(|_| proxy.connect()).collect();
+    let writers: Vec<Conn> = (0..WRITERS).map(|_| proxy.connect()).collect();
+    let hits_before = hits(&proxy);
+    let before = server_gets(&mc);
+    let started = Instant::now();
+    let deadline = started + SPAN;
+    let readers: Vec<_> = readers
+        .into_iter()
+        .map(|mut conn| {
+            std::thread::spawn(move || {
+                let mut gets = 0u64;
+                while Instant::now() < deadline {
+                    assert_eq!(conn.get("hot").as_deref(), Some(&b"v1"[..]));
+                    gets += 1;
+                }
+                gets
+            })
+        })
+        .collect();
+    let writers: Vec<_> = writers
+        .into_iter()
+        .enumerate()
+        .map(|(w, mut conn)| {
+            std::thread::spawn(move || {
+                let keys: Vec<String> = (0..OTHER_KEYS)
+                    .filter(|i| i % WRITERS == w)
+                    .map(|i| format!("other:{i}"))
+                    .collect();
+                let mut sets = 0u64;
+                while Instant::now() < deadline {
+                    conn.set_many(&keys, |_| "x".to_string());
+                    sets += keys.len() as u64;
+                }
+                sets
+            })
+        })
+        .collect();
+    let gets: u64 = readers.into_iter().map(|r| r.join().expect("reader")).sum();
+    let sets: u64 = writers.into_iter().map(|w| w.join().expect("writer")).sum();
+    let sent = server_gets(&mc) - before;
+    let span = started.elapsed();
+    // Fills at least `ttl` apart, every one inside the span.
+    let allowed = span.as_millis() as u64 / TTL.as_millis() as u64 + 1;
+    assert!(
+        sent <= allowed,
+        "memcached saw {sent} gets of the hot key in {span:?} (at most {allowed}: one per \
+         ttl begun); the readers sent {gets}, the writers {sets} sets of other keys"
+    );
+    assert!(
+        sets >= OTHER_KEYS as u64,
+        "every other key was written: {sets} sets"
+    );
+    assert!(gets >= 1000, "a storm: the readers sent {gets} gets");
+    // A reader misses at most once per fill (it joins the fill, then finds the copy).
+    let answered = hits(&proxy) - hits_before;
+    assert!(
+        answered >= gets.saturating_sub(sent * READERS as u64),
+        "{answered} of the readers' {gets} gets were answered from the copy ({sent} fills)"
+    );
 }
 
 #[test]

@@ -23,11 +23,20 @@
 //!   moment after that, so a copy is never served more than `ttl` after memcached last
 //!   held it;
 //! - a write of K through this memroute, any worker, bumps K's epoch (one of [`SLOTS`]
-//!   process-wide counters, by the key's hash) when dispatched and again when its reply
+//!   process-wide words, by the key's hash) when dispatched and again when its reply
 //!   is handled (`WriteMark`); a get records the epoch before it is sent and its reply
 //!   is kept only if the epoch is still the same; a copy is served only while it is. So
 //!   a get that memcached answered before a concurrent write landed (another connection)
 //!   is never kept past the write's reply, and a write drops every worker's copy at once;
+//! - a slot's word names the key whose copies it guards (its owner: a 20-bit tag of the
+//!   key's hash; the high half) beside the epoch (the low half), and a write bumps it only
+//!   when its key is the owner: a write of one of the other keys that share the slot (1
+//!   in [`SLOTS`] of all keys) must not drop a hot key's copy, or a storm's 10% of sets to
+//!   other keys costs its server an extra get or two each time one lands in the hot key's
+//!   slot. A fill claims the slot before its get is sent (`claim`): a free slot becomes
+//!   its key's, a slot owned by another key becomes shared (every write of the slot bumps
+//!   it, as if there were no owners), and either change bumps the epoch, so a copy is
+//!   valid only while the owner it was filled under is unchanged;
 //! - a write that did not go through this memroute (another proxy, a client straight to
 //!   memcached) is seen once the copy expires: within `ttl`.
 //!
@@ -35,6 +44,7 @@
 //! entries, each reply at most [`MAX_REPLY`] bytes (copied out of the connection's
 //! buffer, so a copy pins nothing else), counted in `memroute_hot_cache_bytes`.
 use std::cell::RefCell;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -46,14 +56,26 @@ use prometheus::{IntCounter, IntGauge};
 
 use crate::hot_keys::hash;
 
-/// Process-wide write epochs, indexed by key hash: a collision only drops a copy early.
+/// Process-wide write epochs, indexed by key hash (the low 12 bits): a collision of two
+/// cached keys only drops copies early.
 const SLOTS: usize = 4096;
 /// Largest reply kept (a 1 MiB value and its header line).
 pub(crate) const MAX_REPLY: usize = (1 << 20) + 512;
 /// Longest request bytes that may be cached (as `collapse`: one key, a few flags).
 const MAX_REQUEST: usize = 320;
 
+/// Per slot: the owner in the high 32 bits ([`FREE`], [`SHARED`] or a key's tag,
+/// `slot_and_tag`), the epoch in the low 32 (a carry into the owner after 2^32 bumps
+/// only changes the word, which drops copies, and the next claim makes the slot shared:
+/// safe).
 static EPOCHS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+/// A slot no fill has claimed yet.
+const FREE: u32 = 0;
+/// A slot two keys claimed: every write of a key of the slot bumps it.
+const SHARED: u32 = TAGS;
+/// Tags are 20 bits (with a 12-bit slot, a `WriteMark` is one `u32`), never `FREE` or
+/// `SHARED`.
+const TAGS: u32 = (1 << 20) - 1;
 static FLUSHES: AtomicU64 = AtomicU64::new(0);
 /// Whether any pool of the running config has a hot cache: writes bump epochs only then.
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -69,29 +91,55 @@ pub(crate) fn set_enabled(on: bool) {
     }
 }
 
-fn slot_of(key: &[u8]) -> usize {
-    hash(key) as usize % SLOTS
+/// A key's slot and owner tag, from its hash (`hot_keys::hash`).
+fn slot_and_tag(key_hash: u64) -> (usize, u32) {
+    let tag = match (key_hash >> 44) as u32 & TAGS {
+        FREE | SHARED => 1,
+        tag => tag,
+    };
+    (key_hash as usize % SLOTS, tag)
+}
+
+fn owner(word: u64) -> u32 {
+    (word >> 32) as u32
 }
 
 /// A request that may change a key (or, for flush_all, every key) was dispatched: bumped
-/// again when dropped, once its reply was handled (or its client left).
+/// again when dropped, once its reply was handled (or its client left). The key's tag
+/// above its slot in one `u32` (never 0: a tag is at least 1), or [`ALL`].
 #[derive(Debug)]
-pub(crate) struct WriteMark(u16);
+pub(crate) struct WriteMark(NonZeroU32);
 
-const ALL: u16 = u16::MAX;
+const ALL: u32 = u32::MAX;
 
 impl WriteMark {
-    fn bump(slot: u16) {
-        match slot {
-            ALL => FLUSHES.fetch_add(1, Ordering::SeqCst),
-            slot => EPOCHS[usize::from(slot)].fetch_add(1, Ordering::SeqCst),
-        };
+    fn of(key: &[u8]) -> WriteMark {
+        let (slot, tag) = slot_and_tag(hash(key));
+        // At least 1 << 12 (a tag is at least 1), and below `ALL` (a tag is below `TAGS`).
+        let mark = WriteMark(NonZeroU32::new((tag << 12) | slot as u32).unwrap_or(NonZeroU32::MIN));
+        mark.bump();
+        mark
+    }
+
+    fn bump(&self) {
+        let mark = self.0.get();
+        if mark == ALL {
+            FLUSHES.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        let (slot, tag) = (mark as usize % SLOTS, mark >> 12);
+        let word = &EPOCHS[slot];
+        // Only the owner's writes (or any, in a shared slot) can change a copy kept here.
+        let held_by = owner(word.load(Ordering::SeqCst));
+        if held_by == tag || held_by == SHARED {
+            word.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
 impl Drop for WriteMark {
     fn drop(&mut self) {
-        WriteMark::bump(self.0);
+        self.bump();
     }
 }
 
@@ -100,9 +148,7 @@ pub(crate) fn written(key: &[u8]) -> Option<WriteMark> {
     if !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
-    let slot = slot_of(key) as u16;
-    WriteMark::bump(slot);
-    Some(WriteMark(slot))
+    Some(WriteMark::of(key))
 }
 
 /// A flush_all is being dispatched (`None` when no pool caches).
@@ -110,16 +156,41 @@ pub(crate) fn flushed() -> Option<WriteMark> {
     if !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
-    WriteMark::bump(ALL);
-    Some(WriteMark(ALL))
+    let mark = WriteMark(NonZeroU32::MAX);
+    mark.bump();
+    Some(mark)
 }
 
-/// Where the writes of a key stand: its slot's epoch and the flush count.
+/// Where the writes of a key stand: its slot's word and the flush count.
 fn epoch(slot: usize) -> (u64, u64) {
     (
         EPOCHS[slot].load(Ordering::SeqCst),
         FLUSHES.load(Ordering::SeqCst),
     )
+}
+
+/// Makes the key of `tag` an owner of `slot` before a get that fills a copy is sent (so
+/// every later write of it bumps the slot), and returns where the writes stand. A free
+/// slot becomes the key's; another key's becomes shared; either change bumps the epoch
+/// (copies kept under the old owner are dropped).
+fn claim(slot: usize, tag: u32) -> (u64, u64) {
+    let word = &EPOCHS[slot];
+    let mut current = word.load(Ordering::SeqCst);
+    // The word as claimed, not loaded again: a copy is then valid only while the slot is
+    // still owned as it was here.
+    let claimed = loop {
+        let now = match owner(current) {
+            o if o == tag || o == SHARED => break current,
+            FREE => tag,
+            _ => SHARED,
+        };
+        let next = (u64::from(now) << 32) | u64::from((current as u32).wrapping_add(1));
+        match word.compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => break next,
+            Err(actual) => current = actual,
+        }
+    };
+    (claimed, FLUSHES.load(Ordering::SeqCst))
 }
 
 /// Whether `line` (a whole request as sent to a server) may be answered from a copy: a
@@ -270,7 +341,7 @@ impl HotCache {
             return send().0;
         }
         let key_hash = hash(key);
-        let slot = key_hash as usize % SLOTS;
+        let (slot, tag) = slot_and_tag(key_hash);
         let now = Instant::now();
         let found = entries
             .iter()
@@ -285,15 +356,21 @@ impl HotCache {
             entry.drop_reply(&self.bytes);
         }
         self.misses.inc();
-        let before = epoch(slot);
-        let (receiver, joined) = send();
+        // A fill on its way was sent earlier: its copy is the older one.
         let filling = found.is_some_and(|index| entries[index].filling.is_some());
+        let hot = !filling && is_hot(key_hash, now);
+        // Claimed before the get is sent: a write of the key from then on moves the epoch.
+        let before = match hot {
+            true => claim(slot, tag),
+            false => (0, 0),
+        };
+        let (receiver, joined) = send();
         if filling || joined {
-            // A fill on its way was sent earlier: its copy is the older one. A joined
-            // get's reply answers a get sent before `now`: its age would be understated.
+            // A joined get's reply answers a get sent before `now`: its age would be
+            // understated.
             return receiver;
         }
-        if !is_hot(key_hash, now) {
+        if !hot {
             if let Some(index) = found {
                 let mut entry = entries.swap_remove(index);
                 entry.drop_reply(&self.bytes);
@@ -352,20 +429,86 @@ mod tests {
         }
     }
 
+    fn slot_tag(key: &[u8]) -> (usize, u32) {
+        slot_and_tag(hash(key))
+    }
+
+    /// A key other than `key` (`{prefix}{i}`) in `key`'s slot with another tag.
+    fn sharing_slot_with(key: &[u8], prefix: &str) -> Vec<u8> {
+        let (slot, tag) = slot_tag(key);
+        (0u32..)
+            .map(|i| format!("{prefix}{i}").into_bytes())
+            .find(|other| slot_tag(other).0 == slot && slot_tag(other).1 != tag)
+            .expect("some key shares the slot")
+    }
+
+    fn word(slot: usize) -> u64 {
+        EPOCHS[slot].load(Ordering::SeqCst)
+    }
+
     #[test]
     fn writes_move_the_epoch_twice_and_only_when_enabled() {
+        let key = b"epoch-test";
+        let (slot, tag) = slot_tag(key);
         set_enabled(false);
-        let slot = slot_of(b"epoch-test");
-        let start = epoch(slot);
-        assert!(written(b"epoch-test").is_none());
-        assert_eq!(epoch(slot), start);
+        let start = claim(slot, tag).0;
+        assert!(written(key).is_none());
+        assert_eq!(word(slot), start);
         set_enabled(true);
-        let enabled = epoch(slot);
-        assert_ne!(enabled, start, "turning on drops every older copy");
-        let mark = written(b"epoch-test");
-        let dispatched = epoch(slot);
-        assert_ne!(dispatched, enabled);
+        let mark = WriteMark::of(key);
+        let dispatched = word(slot);
+        assert_ne!(dispatched, start, "the owner's write drops its copies");
         drop(mark);
-        assert_ne!(epoch(slot), dispatched, "the write's reply bumps it again");
+        assert_ne!(word(slot), dispatched, "the write's reply bumps it again");
+    }
+
+    #[test]
+    fn a_write_of_another_key_of_the_slot_leaves_the_owners_copies() {
+        // The storm's sets of other keys: 1 in 4096 of them share the hot key's slot.
+        let hot = b"owner-test";
+        let other = sharing_slot_with(hot, "owner-other-");
+        let (slot, tag) = slot_tag(hot);
+        let before = claim(slot, tag).0;
+        assert_eq!(owner(before), tag);
+        drop(WriteMark::of(&other));
+        assert_eq!(word(slot), before, "not the owner: no bump");
+        assert_eq!(claim(slot, tag).0, before, "claimed again: unchanged");
+        drop(WriteMark::of(hot));
+        assert_eq!(word(slot), before + 2, "the owner's write: two bumps");
+    }
+
+    #[test]
+    fn two_cached_keys_of_one_slot_share_it() {
+        let first = b"shared-test";
+        let second = sharing_slot_with(first, "shared-second-");
+        let third = sharing_slot_with(first, "shared-third-");
+        let (slot, first_tag) = slot_tag(first);
+        let firsts = claim(slot, first_tag).0;
+        let seconds = claim(slot, slot_tag(&second).1).0;
+        assert_ne!(seconds, firsts, "the first key's copies are dropped");
+        assert_eq!(owner(seconds), SHARED);
+        assert_eq!(
+            claim(slot, first_tag).0,
+            seconds,
+            "shared: claimed as it is"
+        );
+        drop(WriteMark::of(&third));
+        assert_ne!(
+            word(slot),
+            seconds,
+            "shared: any write of the slot bumps it"
+        );
+    }
+
+    #[test]
+    fn tags_are_never_free_or_shared_and_marks_never_all() {
+        for hash in [0, u64::MAX, u64::from(TAGS) << 44, 1 << 44] {
+            let (slot, tag) = slot_and_tag(hash);
+            assert!(
+                tag != FREE && tag != SHARED && tag < TAGS,
+                "{hash:x}: {tag:x}"
+            );
+            assert_ne!((tag << 12) | slot as u32, ALL);
+        }
     }
 }
