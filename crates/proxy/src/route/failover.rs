@@ -19,14 +19,14 @@ use memroute_config::{FailoverOn, ReadPolicy};
 use memroute_protocol::{cap_exptime, cap_multi_head};
 use memroute_routing::{ErrorClass, FailoverErrors, Node, NodeId, ReplyClass};
 
+use super::children::{RunChild, Walker};
 use super::in_place::{BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
 use super::leg::{Leg, Legs};
 use super::nearest::{self, ChildOrder};
 use super::pool;
-use super::then::{Start, Then};
+use super::then::{AfterFirst, Start, Then};
 use super::vocabulary::GoesOn;
-use super::walk::{run_child, run_multi_child};
 use crate::buffers::Homed;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -221,7 +221,7 @@ pub(super) async fn run(
             job = capped(routing, node, job);
         }
         nearest::count_reads(routing, node, child, 1);
-        let reply = run_child(routing, child, &job).await;
+        let reply = Walker::run_child(routing, child, &job).await;
         let class = class_of(&reply);
         let try_next = match class {
             ReplyClass::Error => fails_over(errors, &reply),
@@ -274,7 +274,7 @@ pub(super) async fn run_multi(
     };
     nearest::count_reads(routing, node, first, keys.len() as u64);
     // The common case: the first child answers every key (no bookkeeping per key).
-    let first_replies = run_multi_child(routing, first, job, keys.clone()).await;
+    let first_replies = Walker::run_multi_child(routing, first, job, keys.clone()).await;
     if children.len() == 1 || (on == FailoverOn::Error && first_replies.all_answered()) {
         return first_replies;
     }
@@ -295,7 +295,7 @@ pub(super) async fn run_multi(
             None => {
                 let asked: Vec<u32> = remaining.iter().map(|&p| keys[p]).collect();
                 nearest::count_reads(routing, node, child, asked.len() as u64);
-                let replies = run_multi_child(routing, child, &later, asked.clone()).await;
+                let replies = Walker::run_multi_child(routing, child, &later, asked.clone()).await;
                 replies.into_keys(&later, &asked)
             }
         };
@@ -379,15 +379,6 @@ pub(super) fn start(
             node,
         })),
     })
-}
-
-/// The continuation of a first try to failover route `node`'s first pool: the request
-/// again, for the later children.
-#[derive(Debug)]
-pub(crate) struct AfterFirst {
-    /// Taken when it goes on.
-    job: Option<Job>,
-    node: NodeId,
 }
 
 impl AfterFirst {

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use memroute_routing::NodeId;
 
+use super::children::{RunChild, Walker};
 use super::job::{BoxedReply, Job, MultiReply};
-use super::walk::run;
 use crate::reply::{connection_gone, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -172,7 +172,7 @@ pub(crate) fn start_all(
     Children {
         running: children
             .iter()
-            .map(|&child| Some(run(routing.clone(), child, job.clone())))
+            .map(|&child| Some(Walker::run(routing.clone(), child, job.clone())))
             .collect(),
     }
 }

@@ -1,7 +1,7 @@
 //! Routes: one module per route kind, each owning whether a request through it can start
 //! as plain legs (the fast path), what happens when its first answer returns, and its
-//! single- and multi-key execution. This module is the walk over the route tree that
-//! hands each node to its kind's module.
+//! single- and multi-key execution. This module hands a selected node to its kind's start;
+//! walk.rs walks the tree below it, resume.rs resumes a started request's continuation.
 //!
 //! ```text
 //!   dispatch: select the node (prefix and operation routes resolved), then
@@ -16,12 +16,13 @@
 //!     anything else ------------------> start(node, job): `run`, polled in place
 //!   multi-get: plan::multi_get_pool plans keys over a pool as a plain pool's keys (the kinds'
 //!     first pools); what goes on afterwards is `FollowUp` (failover::rest_multi,
-//!     warm_up::ask_warm_multi); the rest `plan::start_multi` -> `walk::run_multi`.
+//!     warm_up::ask_warm_multi); the rest `plan::start_multi` -> `Walker::run_multi`.
 //!
 //!   during a resize window (any pool's): every request and multi-get takes the general
 //!     walk; a pool's step there is resize::send / resize::run_multi.
 //!
-//!   run(node, job) / run_multi(node, keys): walk::walk, one match over `Node` for both,
+//!   Walker::run(node, job) / Walker::run_multi(node, keys) (children::RunChild, implemented
+//!     in walk.rs): walk::walk, one match over `Node` for both,
 //!     each arm its kind's single- or multi-key step (`walk::Walk`): select (prefix,
 //!     operation) | pool | shadow | replicated | failover | warm_up | random | fixed
 //!     (null, error)
@@ -42,6 +43,7 @@ use memroute_config::Operation;
 use memroute_protocol::{Command, ReplyKind, RequestBytes};
 use memroute_routing::{Node, NodeId};
 
+mod children;
 mod failover;
 mod fixed;
 mod in_place;
@@ -54,6 +56,7 @@ mod pool;
 mod random;
 mod replicated;
 mod resize;
+mod resume;
 mod select;
 mod shadow;
 mod then;
@@ -61,6 +64,7 @@ mod vocabulary;
 mod walk;
 mod warm_up;
 
+use children::{RunChild, Walker};
 use in_place::{InPlace, Routed};
 use job::Job;
 use leg::Leg;
@@ -69,7 +73,6 @@ pub(crate) use multi_get::start_multi_get;
 use random::{only_pools, pick as pick_random};
 pub(crate) use then::{Finished, Start, Then};
 pub(crate) use vocabulary::Single;
-use walk::run;
 
 use crate::snapshot::RouteSnapshot;
 
@@ -208,7 +211,7 @@ pub(crate) fn start(
     job: Job,
     started: Instant,
 ) -> Routed {
-    let future = run(routing.clone(), node, Rc::new(job));
+    let future = Walker::run(routing.clone(), node, Rc::new(job));
     InPlace::started(future, node, started)
 }
 

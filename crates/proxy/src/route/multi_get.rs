@@ -18,32 +18,16 @@ use super::in_place::RoutedKeys;
 use super::job::{MultiJob, MultiReply};
 use super::leg::{Leg, Legs};
 use super::nearest;
-use super::plan::{goes_on, multi_get_pool, start_multi, FollowUp, GoingOn, Planned};
+use super::plan::{goes_on, multi_get_pool, start_multi, GoingOn, Planned};
 use super::pool::{send_batches, Batched};
 use super::random::RandomPicks;
 use super::shadow;
-use super::then::{Start, Then};
+use super::then::{FollowUp, MultiGet, Start, Then};
 use super::vocabulary::GoesOn;
 use crate::buffers::Homed;
 use crate::multiget::{self, KeyTarget};
 use crate::reply::server_error;
 use crate::snapshot::RouteSnapshot;
-
-/// A multi-key retrieval split over servers.
-#[derive(Debug)]
-pub(crate) struct MultiGet {
-    pub request: Request,
-    /// The keys that reach policy routes, one group per route node, each run by the
-    /// route executor in place; their replies merge after the legs' (leg index
-    /// `legs.len() + group` in `key_leg`).
-    pub routed: SmallVec<[RoutedKeys; 1]>,
-    /// For each of the request's keys, the leg that carries it.
-    pub key_leg: crate::multiget::KeyLegs,
-    /// Planned over failover or warm-up routes' first pools (`multi_get_pool`):
-    /// where the keys of a failed batch (or a warm-up's misses) go once every leg has
-    /// answered; taken when looked at.
-    pub follow_up: Option<FollowUp>,
-}
 
 impl MultiGet {
     /// Whether anything moves on while the entry is not the head of the session's queue:

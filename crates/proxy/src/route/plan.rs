@@ -5,14 +5,15 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use memroute_config::{Operation, ReadPolicy};
+use memroute_config::ReadPolicy;
 use memroute_routing::{Node, NodeId};
 
+use super::children::{RunChild, Walker};
 use super::in_place::{InPlace, RoutedKeys};
 use super::job::{multi_reply, MultiJob};
 use super::random::{only_pools, pick as pick_random, RandomPicks};
+use super::then::FollowUp;
 use super::vocabulary::GoesOn;
-use super::walk::run_multi;
 use super::{failover, nearest, pool, warm_up};
 use crate::snapshot::RouteSnapshot;
 
@@ -29,7 +30,7 @@ pub(crate) fn start_multi(
     let future = Box::pin(async move {
         let count = job.keys.len() as u32;
         let job = Rc::new(job);
-        let replies = run_multi(routing, node, job.clone(), (0..count).collect()).await;
+        let replies = Walker::run_multi(routing, node, job.clone(), (0..count).collect()).await;
         multi_reply(replies)
     });
     InPlace::started(future, node, started)
@@ -156,24 +157,6 @@ pub(crate) struct GoingOn {
     pub keys: Vec<Bytes>,
     /// For an `error-or-miss` failover: the keys the first pool missed.
     pub missed: failover::FirstMisses,
-}
-
-/// What a multi-get planned over failover or warm-up routes' first pools (`multi_get_pool`)
-/// needs to send keys on from there once its legs have answered: a failed batch's keys to
-/// a failover's later children, a warm-up's cold misses to warm.
-#[derive(Debug)]
-pub(crate) struct FollowUp {
-    /// Where the keys' routes are selected from (`RouteTable::select`): the route table's
-    /// root, or a policy root itself.
-    pub root: NodeId,
-    pub operation: Operation,
-    /// The batch line's start before its keys.
-    pub head: Bytes,
-    pub slot: usize,
-    pub byte_cap: usize,
-    /// Whether a warm-up route's keys are among the legs' (their misses must be looked for
-    /// in every answered batch; otherwise only failed batches are looked at).
-    pub misses: bool,
 }
 
 impl FollowUp {

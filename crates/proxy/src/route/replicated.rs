@@ -16,17 +16,16 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use memroute_config::{FailoverOn, ReadPolicy, WritePolicy};
-use memroute_protocol::Command;
 use memroute_routing::{write_decision, Node, NodeId, WriteDecision};
 use smallvec::SmallVec;
 
+use super::children::{RunChild, Walker};
 use super::in_place::start_all;
 use super::job::{answered, BoxedKeyReplies, Job, KeyReplies, MultiJob};
 use super::leg::LegList;
 use super::leg::{Leg, Legs};
-use super::then::{Start, Then};
+use super::then::{Decided, ReplicatedWrite, Start, Then};
 use super::vocabulary::Single;
-use super::walk::{self, run_child, run_multi_child};
 use super::{failover, nearest, pool, random};
 use crate::reply::{connection_gone, immediate_ack, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -58,10 +57,10 @@ pub(super) async fn run_multi(
     keys: Vec<u32>,
 ) -> KeyReplies {
     match reads {
-        ReadPolicy::First => run_multi_child(routing, children[0], job, keys).await,
+        ReadPolicy::First => Walker::run_multi_child(routing, children[0], job, keys).await,
         ReadPolicy::Random => {
             let child = random::pick(children);
-            run_multi_child(routing, child, job, keys).await
+            Walker::run_multi_child(routing, child, job, keys).await
         }
         ReadPolicy::Failover => {
             failover::run_multi(routing, node, children, FailoverOn::Error, job, keys).await
@@ -211,8 +210,8 @@ async fn read(
     job: &Rc<Job>,
 ) -> Reply {
     match policy {
-        ReadPolicy::First => run_child(routing, children[0], job).await,
-        ReadPolicy::Random => run_child(routing, random::pick(children), job).await,
+        ReadPolicy::First => Walker::run_child(routing, children[0], job).await,
+        ReadPolicy::Random => Walker::run_child(routing, random::pick(children), job).await,
         ReadPolicy::Failover => {
             failover::run(routing, node, children, FailoverOn::Error, job).await
         }
@@ -259,7 +258,7 @@ async fn fastest_multi(
     let mut futures: Vec<Option<BoxedKeyReplies>> = children
         .iter()
         .map(|&child| {
-            Some(walk::run_multi(
+            Some(Walker::run_multi(
                 routing.clone(),
                 child,
                 job.clone(),
@@ -287,35 +286,6 @@ async fn fastest_multi(
     .await
     .or(last)
     .unwrap_or_else(|| KeyReplies::failed(keys.len(), Err(connection_gone())))
-}
-
-/// The continuation of a single-key write through a replicated route whose children are
-/// all pools (`write_servers`): sent to each replica's server as a plain pool's request is,
-/// one leg per child in the route's order, and answered as the executor's `run` answers:
-/// the write policy (`write_decision`) is asked after each reply, in child order, and its
-/// first decision stands. No task and no allocation per write (the legs' home is pooled)
-/// unless replicas are still writing when the client is answered (all-async, all-initial,
-/// all-majority): those finish on one task that counts their failures, as the executor's
-/// detached children do.
-///
-/// Small enough to live inline in the entry's continuation (`Then`): the latency sample
-/// starts when the legs did, and all-async's answer is looked up again when it is given.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ReplicatedWrite {
-    node: NodeId,
-    policy: WritePolicy,
-    /// all-async's command, answered without waiting for any replica
-    /// (`reply::immediate_ack`).
-    acks: Option<Command>,
-    /// The policy's decision once made.
-    decision: Option<Decided>,
-}
-
-/// A replicated write's `WriteDecision` once made (never `Wait`), in a few bytes.
-#[derive(Debug, Clone, Copy)]
-enum Decided {
-    Answer { child: u16 },
-    Fail { failed: u16, total: u16 },
 }
 
 impl Decided {

@@ -7,9 +7,9 @@ use std::rc::Rc;
 use memroute_routing::NodeId;
 use smallvec::SmallVec;
 
+use super::children::{RunChild, Walker};
 use super::in_place::{join_all, start_all};
 use super::job::{Job, KeyReplies, KeyReply, MultiJob};
-use super::walk::run_multi;
 use crate::reply::{FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
 
@@ -68,7 +68,9 @@ pub(super) async fn run_groups(
     let futures = groups
         .iter()
         .zip(&subsets)
-        .map(|((child, _), subset)| run_multi(routing.clone(), *child, job.clone(), subset.clone()))
+        .map(|((child, _), subset)| {
+            Walker::run_multi(routing.clone(), *child, job.clone(), subset.clone())
+        })
         .collect();
     let mut out = vec![KeyReply::Miss; keys.len()];
     let answers = join_all(futures).await;

@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use memroute_config::Operation;
 use memroute_routing::{Node, NodeId};
 
+use super::children::{RunChild, Walker};
 use super::in_place::eager;
 use super::job::{answered, Job, KeyReplies, KeyReply, MultiJob};
-use super::walk::{run, run_multi_child};
 use crate::snapshot::RouteSnapshot;
 
 /// The executor's step through shadow route `node`: `job` copied when its key is in range
@@ -133,7 +133,7 @@ fn shadow_copy(
     state.stats.sent.fetch_add(1, Relaxed);
     let (routing, job) = (routing.clone(), job.clone());
     tokio::task::spawn_local(eager(async move {
-        let reply = run(routing.clone(), shadow, job).await;
+        let reply = Walker::run(routing.clone(), shadow, job).await;
         if let Some(state) = routing.shadows.get(index) {
             let counter = match answered(&reply) {
                 true => &state.stats.completed,
@@ -168,7 +168,7 @@ fn shadow_copy_multi(
     state.stats.sent.fetch_add(count, Relaxed);
     let (routing, job) = (routing.clone(), job.clone());
     tokio::task::spawn_local(eager(async move {
-        let replies = run_multi_child(&routing, shadow, &job, keys).await;
+        let replies = Walker::run_multi_child(&routing, shadow, &job, keys).await;
         if let Some(state) = routing.shadows.get(index) {
             let errors = match &replies {
                 KeyReplies::Batches { .. } => 0,

@@ -1,24 +1,21 @@
 //! What a route does once the legs of a request's pending entry have answered: the
-//! continuation the session's entry holds beside its legs (`Legs`). Each kind's own lives
-//! in its module (`failover::AfterFirst`, `warm_up::AfterCold`, `replicated::ReplicatedWrite`,
-//! `multi_get::MultiGet`, `pool::merge_flush_all`); this enum only hands the legs to it.
-//! The session polls an entry with `advance` until it says the reply is decided, then takes
-//! the reply with `finish`.
-use std::rc::Rc;
-use std::task::Context;
+//! continuation the session's entry holds beside its legs (`Legs`), and each kind's own
+//! (`AfterFirst`, `AfterCold`, `ReplicatedWrite`, `MultiGet`, `FollowUp`). Only the data is
+//! here, below the kinds: each kind's behaviour on its own continuation is an `impl` in the
+//! kind's module (failover.rs, warm_up.rs, replicated.rs, multi_get.rs, plan.rs), and
+//! resuming a `Then` (matching the variant, calling the kind) is resume.rs, above them. So
+//! the kinds build `Start` and `Then` without a circle through the dispatch.
+use bytes::Bytes;
+use memroute_config::{Operation, WritePolicy};
+use memroute_protocol::{Command, Request};
+use memroute_routing::NodeId;
+use smallvec::SmallVec;
 
-use bytes::BytesMut;
-
-use super::failover::AfterFirst;
-use super::in_place::Routed;
+use super::in_place::{Routed, RoutedKeys};
+use super::job::Job;
 use super::leg::{Leg, Legs};
-use super::multi_get::MultiGet;
-use super::pool;
-use super::replicated::ReplicatedWrite;
-use super::warm_up::AfterCold;
 use crate::buffers::Homed;
-use crate::reply::{connection_gone, Reply};
-use crate::snapshot::RouteSnapshot;
+use crate::reply::Reply;
 
 /// A route's continuation: what its entry's legs' answers lead to. Every one larger than
 /// a few bytes lives in a pooled home, so that an entry stays small enough to move without
@@ -53,145 +50,6 @@ pub(crate) enum Finished {
     Written(Option<(u64, u64)>),
 }
 
-impl Then {
-    /// Whether an entry behind the head of the session's queue has anything to move on
-    /// (a next try, a follow-up, an executor's next step); plain legs just wait.
-    pub(crate) fn moves_on(&self) -> bool {
-        match self {
-            Then::Reply | Then::FlushAll | Then::Replicated(_) => false,
-            Then::Failover(_) | Then::WarmUp(_) | Then::Executor(_) => true,
-            Then::MultiGet(multi) => multi.get().is_some_and(MultiGet::moves_on),
-        }
-    }
-
-    /// Takes in what arrived on `legs` (looked for now with `None`, or polled with the
-    /// session's waker) and moves the route on; true once the client's reply is decided.
-    #[inline]
-    pub(crate) fn advance(
-        &mut self,
-        routing: &Rc<RouteSnapshot>,
-        legs: &mut Legs,
-        context: Option<&mut Context<'_>>,
-    ) -> bool {
-        match self {
-            // The common case, inline: one plain leg.
-            Then::Reply => legs.arrived(context),
-            _ => self.advance_route(routing, legs, context),
-        }
-    }
-
-    /// `advance` for every continuation but the plain reply's.
-    #[inline(never)]
-    fn advance_route(
-        &mut self,
-        routing: &Rc<RouteSnapshot>,
-        legs: &mut Legs,
-        mut context: Option<&mut Context<'_>>,
-    ) -> bool {
-        match self {
-            Then::Reply | Then::FlushAll => legs.arrived(context),
-            Then::Executor(routed) => match routed.get_mut() {
-                Some(routed) => routed.advance(context),
-                None => true,
-            },
-            Then::Replicated(write) => write.decide(legs.as_mut_slice(), |leg| {
-                leg.arrived(context.as_deref_mut())
-            }),
-            Then::MultiGet(multi) => match multi.get_mut() {
-                Some(multi) => multi.advance(routing, legs.as_mut_slice(), context),
-                None => true,
-            },
-            Then::Failover(_) | Then::WarmUp(_) => {
-                if !legs.arrived(context.as_deref_mut()) {
-                    return false;
-                }
-                let Legs::One(first) = legs else {
-                    return true;
-                };
-                let onwards = match self {
-                    Then::Failover(after) => after.get_mut().and_then(|a| a.go_on(routing, first)),
-                    Then::WarmUp(after) => after.get_mut().and_then(|a| a.go_on(routing, first)),
-                    _ => None,
-                };
-                // Judged once: the entry becomes what the answer led to.
-                let judged = match onwards {
-                    Some(routed) => {
-                        *legs = Legs::None;
-                        std::mem::replace(self, Then::Executor(Homed::new(routed)))
-                    }
-                    None => std::mem::replace(self, Then::Reply),
-                };
-                judged.release();
-                self.advance(routing, legs, context)
-            }
-        }
-    }
-
-    /// The client's answer once `advance` said it is decided, giving pooled homes back
-    /// (the legs' own is the caller's). One latency sample per request.
-    pub(crate) fn finish(
-        self,
-        routing: &Rc<RouteSnapshot>,
-        legs: &mut Legs,
-        out: &mut BytesMut,
-    ) -> Finished {
-        match self {
-            Then::Reply => Finished::Reply(one_leg(routing, legs)),
-            Then::Executor(mut home) => {
-                let reply = match home.get_mut() {
-                    Some(routed) => {
-                        routing
-                            .metrics
-                            .observe_since(routed.route as usize, routed.started);
-                        routed.take()
-                    }
-                    None => Err(connection_gone()),
-                };
-                home.release();
-                Finished::Reply(reply)
-            }
-            Then::Replicated(mut write) => {
-                Finished::Reply(write.finish(routing, legs.as_mut_slice()))
-            }
-            Then::MultiGet(mut home) => {
-                let counts = home
-                    .get_mut()
-                    .and_then(|multi| multi.finish(routing, legs.as_mut_slice(), out));
-                home.release();
-                Finished::Written(counts)
-            }
-            Then::FlushAll => Finished::Reply(pool::merge_flush_all(routing, legs.as_mut_slice())),
-            // A first try is judged before it is finished; its leg is the answer.
-            then @ (Then::Failover(_) | Then::WarmUp(_)) => {
-                then.release();
-                Finished::Reply(one_leg(routing, legs))
-            }
-        }
-    }
-
-    /// Drops the continuation, giving a pooled home back.
-    fn release(self) {
-        match self {
-            Then::Failover(home) => home.release(),
-            Then::WarmUp(home) => home.release(),
-            Then::MultiGet(home) => home.release(),
-            Then::Executor(home) => home.release(),
-            Then::Reply | Then::FlushAll | Then::Replicated(_) => {}
-        }
-    }
-}
-
-/// The reply of an entry's one leg, its latency recorded.
-fn one_leg(routing: &RouteSnapshot, legs: &mut Legs) -> Reply {
-    match legs.as_mut_slice().first_mut() {
-        Some(leg) => {
-            leg.observe(routing);
-            leg.take(routing)
-        }
-        None => Err(connection_gone()),
-    }
-}
-
 /// How a request starts: its legs in flight and its route's continuation, or a pool
 /// without servers yet (DNS discovery).
 pub(crate) enum Start {
@@ -215,4 +73,85 @@ impl Start {
             then: Then::Executor(Homed::new(routed)),
         }
     }
+}
+
+/// The continuation of a first try to failover route `node`'s first pool: the request
+/// again, for the later children.
+#[derive(Debug)]
+pub(crate) struct AfterFirst {
+    /// Taken when it goes on.
+    pub(super) job: Option<Job>,
+    pub(super) node: NodeId,
+}
+
+/// The continuation of a read of warm-up route `node`'s cold pool: the request again, for
+/// warm.
+#[derive(Debug)]
+pub(crate) struct AfterCold {
+    /// Taken when it goes on.
+    pub(super) job: Option<Job>,
+    pub(super) node: NodeId,
+}
+
+/// The continuation of a single-key write through a replicated route whose children are
+/// all pools (`write_servers`): sent to each replica's server as a plain pool's request is,
+/// one leg per child in the route's order, and answered as the executor's `run` answers:
+/// the write policy (`write_decision`) is asked after each reply, in child order, and its
+/// first decision stands. No task and no allocation per write (the legs' home is pooled)
+/// unless replicas are still writing when the client is answered (all-async, all-initial,
+/// all-majority): those finish on one task that counts their failures, as the executor's
+/// detached children do.
+///
+/// Small enough to live inline in the entry's continuation (`Then`): the latency sample
+/// starts when the legs did, and all-async's answer is looked up again when it is given.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplicatedWrite {
+    pub(super) node: NodeId,
+    pub(super) policy: WritePolicy,
+    /// all-async's command, answered without waiting for any replica
+    /// (`reply::immediate_ack`).
+    pub(super) acks: Option<Command>,
+    /// The policy's decision once made.
+    pub(super) decision: Option<Decided>,
+}
+
+/// A replicated write's `WriteDecision` once made (never `Wait`), in a few bytes.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Decided {
+    Answer { child: u16 },
+    Fail { failed: u16, total: u16 },
+}
+
+/// A multi-key retrieval split over servers.
+#[derive(Debug)]
+pub(crate) struct MultiGet {
+    pub request: Request,
+    /// The keys that reach policy routes, one group per route node, each run by the
+    /// route executor in place; their replies merge after the legs' (leg index
+    /// `legs.len() + group` in `key_leg`).
+    pub routed: SmallVec<[RoutedKeys; 1]>,
+    /// For each of the request's keys, the leg that carries it.
+    pub key_leg: crate::multiget::KeyLegs,
+    /// Planned over failover or warm-up routes' first pools (`multi_get_pool`):
+    /// where the keys of a failed batch (or a warm-up's misses) go once every leg has
+    /// answered; taken when looked at.
+    pub follow_up: Option<FollowUp>,
+}
+
+/// What a multi-get planned over failover or warm-up routes' first pools (`multi_get_pool`)
+/// needs to send keys on from there once its legs have answered: a failed batch's keys to
+/// a failover's later children, a warm-up's cold misses to warm.
+#[derive(Debug)]
+pub(crate) struct FollowUp {
+    /// Where the keys' routes are selected from (`RouteTable::select`): the route table's
+    /// root, or a policy root itself.
+    pub root: NodeId,
+    pub operation: Operation,
+    /// The batch line's start before its keys.
+    pub head: Bytes,
+    pub slot: usize,
+    pub byte_cap: usize,
+    /// Whether a warm-up route's keys are among the legs' (their misses must be looked for
+    /// in every answered batch; otherwise only failed batches are looked at).
+    pub misses: bool,
 }

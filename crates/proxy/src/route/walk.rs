@@ -2,6 +2,9 @@
 //! single-key job (`Rc<Job>`) or some of a multi-get's keys (`Keys`) alike. What differs
 //! between the two is each kind's own single- or multi-key execution (`Walk`), chosen at
 //! compile time: the walk is the same code for both, with nothing to decide per node.
+//!
+//! The kinds run their children through it as `Walker` (`children::RunChild`, implemented
+//! here): this module imports every kind, and none imports it back.
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -10,6 +13,7 @@ use memroute_config::{FailoverOn, Operation, ReadPolicy, WritePolicy};
 use memroute_routing::{Node, NodeId};
 use smallvec::SmallVec;
 
+use super::children::{RunChild, Walker};
 use super::job::{BoxedKeyReplies, BoxedReply, Job, KeyReplies, MultiJob};
 use super::{failover, fixed, random, replicated, resize, select, shadow, warm_up};
 use crate::reply::Reply;
@@ -255,42 +259,38 @@ impl Walk for Keys {
     }
 }
 
-/// Runs `job` from `node` down to the servers and back (`walk::walk`).
-pub(super) fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
-    walk(routing, node, job)
-}
+impl RunChild for Walker {
+    fn run(routing: Rc<RouteSnapshot>, node: NodeId, job: Rc<Job>) -> BoxedReply {
+        walk(routing, node, job)
+    }
 
-/// Runs `job` from a child node, awaited in place: a pool child (the common case) without
-/// the boxed future a nested route needs.
-pub(super) async fn run_child(routing: &Rc<RouteSnapshot>, node: NodeId, job: &Rc<Job>) -> Reply {
-    match routing.routes.node(node) {
-        Node::Pool(pool) if job.operation != Operation::FlushAll => {
-            resize::send(routing, *pool, job).await
+    fn run_multi(
+        routing: Rc<RouteSnapshot>,
+        node: NodeId,
+        job: Rc<MultiJob>,
+        keys: Vec<u32>,
+    ) -> BoxedKeyReplies {
+        walk(routing, node, Keys { job, keys })
+    }
+
+    async fn run_child(routing: &Rc<RouteSnapshot>, node: NodeId, job: &Rc<Job>) -> Reply {
+        match routing.routes.node(node) {
+            Node::Pool(pool) if job.operation != Operation::FlushAll => {
+                resize::send(routing, *pool, job).await
+            }
+            _ => Self::run(routing.clone(), node, job.clone()).await,
         }
-        _ => run(routing.clone(), node, job.clone()).await,
     }
-}
 
-/// `run_child` for a multi-key job.
-pub(super) async fn run_multi_child(
-    routing: &Rc<RouteSnapshot>,
-    node: NodeId,
-    job: &Rc<MultiJob>,
-    keys: Vec<u32>,
-) -> KeyReplies {
-    match routing.routes.node(node) {
-        Node::Pool(pool) => resize::run_multi(routing, *pool, job, &keys).await,
-        _ => run_multi(routing.clone(), node, job.clone(), keys).await,
+    async fn run_multi_child(
+        routing: &Rc<RouteSnapshot>,
+        node: NodeId,
+        job: &Rc<MultiJob>,
+        keys: Vec<u32>,
+    ) -> KeyReplies {
+        match routing.routes.node(node) {
+            Node::Pool(pool) => resize::run_multi(routing, *pool, job, &keys).await,
+            _ => Self::run_multi(routing.clone(), node, job.clone(), keys).await,
+        }
     }
-}
-
-/// Runs the keys `keys` (indexes into `job.keys`) from `node`; one outcome per key, in
-/// the order of `keys` (`walk::walk`).
-pub(super) fn run_multi(
-    routing: Rc<RouteSnapshot>,
-    node: NodeId,
-    job: Rc<MultiJob>,
-    keys: Vec<u32>,
-) -> BoxedKeyReplies {
-    walk(routing, node, Keys { job, keys })
 }

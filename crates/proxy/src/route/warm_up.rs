@@ -17,12 +17,12 @@ use memroute_config::Operation;
 use memroute_protocol::{Command, ReplyKind, RequestBytes};
 use memroute_routing::{Node, NodeId, ReplyClass};
 
+use super::children::{RunChild, Walker};
 use super::in_place::{eager, join_all, BoxedMultiReply, InPlace, Routed};
 use super::job::{class_of, multi_reply, BoxedReply, Job, KeyReplies, KeyReply, MultiJob};
 use super::leg::{Leg, Legs};
 use super::pool;
-use super::then::{Start, Then};
-use super::walk::{self, run_child, run_multi_child};
+use super::then::{AfterCold, Start, Then};
 use crate::buffers::Homed;
 use crate::reply::Reply;
 use crate::snapshot::RouteSnapshot;
@@ -38,9 +38,9 @@ pub(super) async fn run(
     job: &Rc<Job>,
 ) -> Reply {
     if !warms_up(job.command) {
-        return run_child(routing, cold, job).await;
+        return Walker::run_child(routing, cold, job).await;
     }
-    let from_cold = run_child(routing, cold, job).await;
+    let from_cold = Walker::run_child(routing, cold, job).await;
     after_cold(routing, node, cold, warm, ttl, job, from_cold).await
 }
 
@@ -112,15 +112,6 @@ pub(super) fn start(
     })
 }
 
-/// The continuation of a read of warm-up route `node`'s cold pool: the request again, for
-/// warm.
-#[derive(Debug)]
-pub(crate) struct AfterCold {
-    /// Taken when it goes on.
-    job: Option<Job>,
-    node: NodeId,
-}
-
 impl AfterCold {
     /// Once cold answered on `cold`: a miss goes on to warm, as `run` goes on after cold;
     /// a hit or a failure is the client's answer (`None`).
@@ -154,7 +145,7 @@ async fn after_cold(
     if class_of(&from_cold) != ReplyClass::Miss {
         return from_cold;
     }
-    let from_warm = run_child(routing, warm, job).await;
+    let from_warm = Walker::run_child(routing, warm, job).await;
     if class_of(&from_warm) != ReplyClass::Hit {
         // Warm had nothing (or failed): the cold miss is the honest answer.
         return from_cold;
@@ -170,7 +161,7 @@ async fn after_cold(
             routing.route_stats(node).fills.fetch_add(1, Relaxed);
             let (routing, fill) = (routing.clone(), Rc::new(fill));
             tokio::task::spawn_local(async move {
-                let _ = walk::run(routing, cold, fill).await;
+                let _ = Walker::run(routing, cold, fill).await;
             });
         }
     }
@@ -218,7 +209,7 @@ pub(super) async fn run_multi(
     job: &Rc<MultiJob>,
     keys: Vec<u32>,
 ) -> KeyReplies {
-    let mut replies = run_multi_child(routing, cold, job, keys.clone())
+    let mut replies = Walker::run_multi_child(routing, cold, job, keys.clone())
         .await
         .into_keys(job, &keys);
     let missed: Vec<usize> = (0..replies.len())
@@ -250,7 +241,7 @@ async fn warm_misses(
     job: &Rc<MultiJob>,
     asked: Vec<u32>,
 ) -> Vec<KeyReply> {
-    let from_warm = run_multi_child(routing, warm, job, asked.clone())
+    let from_warm = Walker::run_multi_child(routing, warm, job, asked.clone())
         .await
         .into_keys(job, &asked);
     let mut fills: Vec<BoxedReply> = Vec::new();
@@ -259,7 +250,7 @@ async fn warm_misses(
         .map(|reply| match reply {
             KeyReply::Hit(block) => {
                 if let Some(fill) = fill_job(&block, ttl, job.slot) {
-                    fills.push(walk::run(routing.clone(), cold, Rc::new(fill)));
+                    fills.push(Walker::run(routing.clone(), cold, Rc::new(fill)));
                 }
                 KeyReply::Hit(block)
             }
