@@ -7,6 +7,9 @@
 //!        |                                 leader still waiting?  yes -> join (a copy of
 //!        |                                 its reply: `ReplyFollow::join`), nothing sent
 //!        no -> sent as ever, and becomes table[hash(K)]'s leader
+//!   multi-get key K in a `get `/`gets ` batch --join_key--> table[hash(K)] holds that
+//!        connection's `get K`/`gets K`, still waiting? yes -> a leg of its own, its reply
+//!        that get's (the merge takes K's block from it); a key never leads
 //!   dispatch(any write, delete, touch, mg with side effects of K) --> forget(K)
 //!   dispatch(flush_all) --> forget_all
 //! ```
@@ -248,11 +251,11 @@ fn render_echo(reply: &Bytes, request: &RequestBytes) -> Bytes {
     out.freeze()
 }
 
-#[inline]
 /// The hash a key's entry is found by: eight bytes at a time (the last word overlapping
 /// the one before it), a rotate, an xor and a multiply each, so a 14-byte key costs two
 /// rounds where a byte-wise FNV took 14. Entries are compared byte for byte, so a weak
 /// hash only loses chances to collapse (two keys in one slot), never mixes replies.
+#[inline]
 fn hash(key: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let round = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
@@ -348,9 +351,9 @@ fn send_or_join_scanned(
             // Only an `mg` can carry echo flags to leave out; any other line compares as sent.
             let (line, echo): (&[u8], bool) = if scratch.starts_with(b"mg ") {
                 let echo = without_echo(&scratch, &mut compared);
-                (&compared, echo)
+                (&compared[..], echo)
             } else {
-                (&scratch, false)
+                (&scratch[..], false)
             };
             let lookup = Lookup {
                 connection: connection.id(),
@@ -362,6 +365,35 @@ fn send_or_join_scanned(
         (table.scratch, table.compared) = (scratch, compared);
         sent
     })
+}
+
+/// A multi-get's `key`, on its way to `connection` in a batch line starting with `head`:
+/// the reply of a single-key get still waiting there that asks the server exactly what
+/// this key would alone (`get K` for `get `, `gets K` for `gets `), or `None`. A key joins;
+/// it never leads: its batch's reply is many keys', which no get waits for.
+pub(crate) fn join_key(connection: &BackendHandle, head: &[u8], key: &[u8]) -> Option<ReplyReceiver> {
+    if !matches!(head, b"get " | b"gets ") || head.len() + key.len() + 2 > MAX_REQUEST {
+        return None;
+    }
+    let key_hash = hash(key);
+    let table = TABLE.try_with(|table| {
+        let table = table.borrow();
+        let slot = slot(key_hash);
+        let entry = table.entries.get(slot)?;
+        if entry.connection != connection.id()
+            || entry.key_hash != key_hash
+            || entry.len != head.len() + key.len() + 2
+        {
+            return None;
+        }
+        let stored = &table.bytes[slot * MAX_REQUEST..][..entry.len];
+        let (verb, rest) = stored.split_at(head.len());
+        if verb != head || !rest.starts_with(key) || !rest.ends_with(b"\r\n") {
+            return None;
+        }
+        entry.leader.join()
+    });
+    table.ok().flatten()
 }
 
 /// What a request is looked up by, beside its bytes as compared.
@@ -566,17 +598,18 @@ mod tests {
         assert!(get_of_key(&line, &line[4..18]));
         assert!(get_of_key(b"get k\r\n", b"k"));
         assert!(get_of_key(b"gets k\r\n", b"k"));
-        for (line, key) in [
+        let cases: [(&[u8], &[u8]); 9] = [
             (&b"get k\r\n"[..], &b"/a/k"[..]),
-            (b"get a b\r\n", b"a"),
-            (b"get k\r\nget k\r\n", b"k"),
-            (b"get \r\n", b""),
-            (b"gat k\r\n", b"k"),
-            (b"getx k\r\n", b"k"),
-            (b"get j\r\n", b"k"),
-            (b"get kk\n", b"kk"),
-            (b"mg k v\r\n", b"k"),
-        ] {
+            (&b"get a b\r\n"[..], &b"a"[..]),
+            (&b"get k\r\nget k\r\n"[..], &b"k"[..]),
+            (&b"get \r\n"[..], &b""[..]),
+            (&b"gat k\r\n"[..], &b"k"[..]),
+            (&b"getx k\r\n"[..], &b"k"[..]),
+            (&b"get j\r\n"[..], &b"k"[..]),
+            (&b"get kk\n"[..], &b"kk"[..]),
+            (&b"mg k v\r\n"[..], &b"k"[..]),
+        ];
+        for (line, key) in cases {
             assert!(!get_of_key(line, key), "{}", String::from_utf8_lossy(line));
         }
     }
