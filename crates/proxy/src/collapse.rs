@@ -92,11 +92,19 @@ impl Table {
         }
     }
 
+    #[inline]
     fn ready(&mut self) {
         if self.entries.is_empty() {
-            self.entries.resize_with(SLOTS, Entry::default);
-            self.bytes.resize(SLOTS * MAX_REQUEST, 0);
+            self.allocate();
         }
+    }
+
+    /// Once per worker, out of the way of every get's path.
+    #[cold]
+    #[inline(never)]
+    fn allocate(&mut self) {
+        self.entries.resize_with(SLOTS, Entry::default);
+        self.bytes.resize(SLOTS * MAX_REQUEST, 0);
     }
 }
 
@@ -259,20 +267,24 @@ fn render_echo(reply: &Bytes, request: &RequestBytes) -> Bytes {
 fn hash(key: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let round = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
-    let mut h = key.len() as u64;
-    if key.len() < 8 {
+    let word = |at: usize| {
+        let bytes: [u8; 8] = key[at..at + 8].try_into().unwrap_or_default();
+        u64::from_le_bytes(bytes)
+    };
+    let len = key.len();
+    if len < 8 {
         let word = key.iter().fold(0u64, |w, &b| (w << 8) | u64::from(b));
-        return round(h, word);
+        return round(len as u64, word);
     }
-    let mut words = key.chunks_exact(8);
-    for word in &mut words {
-        h = round(h, u64::from_le_bytes(word.try_into().unwrap_or_default()));
+    // The first word, any whole words after it, and the last eight bytes (up to 16 bytes,
+    // the common key, two loads and no loop).
+    let mut h = round(len as u64, word(0));
+    let mut at = 8;
+    while at + 8 < len {
+        h = round(h, word(at));
+        at += 8;
     }
-    if !words.remainder().is_empty() {
-        let last = &key[key.len() - 8..];
-        h = round(h, u64::from_le_bytes(last.try_into().unwrap_or_default()));
-    }
-    h
+    round(h, word(len - 8))
 }
 
 /// The entry of a key's hash: the top bits, which the last multiply mixed most.
@@ -316,7 +328,11 @@ pub(crate) fn send_or_join(
             key_hash: hash(key),
             echo: false,
         };
-        return TABLE.with(|table| table.borrow_mut().send_or_join(lookup, &parts.head, parts, send));
+        return TABLE.with(|table| {
+            table
+                .borrow_mut()
+                .send_or_join(lookup, &parts.head, parts, send)
+        });
     }
     send_or_join_scanned(connection, key, parts, send)
 }
@@ -371,7 +387,11 @@ fn send_or_join_scanned(
 /// the reply of a single-key get still waiting there that asks the server exactly what
 /// this key would alone (`get K` for `get `, `gets K` for `gets `), or `None`. A key joins;
 /// it never leads: its batch's reply is many keys', which no get waits for.
-pub(crate) fn join_key(connection: &BackendHandle, head: &[u8], key: &[u8]) -> Option<ReplyReceiver> {
+pub(crate) fn join_key(
+    connection: &BackendHandle,
+    head: &[u8],
+    key: &[u8],
+) -> Option<ReplyReceiver> {
     if !matches!(head, b"get " | b"gets ") || head.len() + key.len() + 2 > MAX_REQUEST {
         return None;
     }
@@ -410,6 +430,7 @@ impl Table {
     /// request's bytes as compared) on the same connection and still waits; otherwise
     /// sends and becomes the entry's leader. A leader replacing an equal one (a hot key's
     /// next round trip) keeps its bytes, already there.
+    #[inline(always)]
     fn send_or_join(
         &mut self,
         lookup: Lookup,
