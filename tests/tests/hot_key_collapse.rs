@@ -586,3 +586,56 @@ fn collapsing_can_be_turned_off() {
     assert_eq!(server_stat(&mc, "cmd_get") - server_before, CLIENTS as u64);
     assert_eq!(proxy_stat(&mut admin, "pool:main:collapsed_gets"), 0);
 }
+
+/// The keys of multi-gets from many clients join a single-key get of the same key in
+/// flight: memcached counts that key once (`cmd_get` counts keys), each multi-get's other
+/// keys as ever, and each client's reply is memcached's own reply to its multi-get. A
+/// `gets` multi-get does not join a `get` (it asks for CAS).
+#[test]
+fn multi_get_keys_join_a_get_in_flight() {
+    const CLIENTS: usize = 20;
+    let value: Vec<u8> = (0..10_000).map(|i| b'a' + (i % 26) as u8).collect();
+    let (mc, proxy) = setup("hot", &value, "");
+    let mut direct = mc.connect();
+    direct.set("cold", b"c");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let server_before = server_stat(&mc, "cmd_get");
+    let frozen = mc.stop();
+
+    let mut leader = proxy.connect();
+    leader.send(b"get hot\r\n");
+    wait_gets_dispatched(&mut admin, base + 1);
+    let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
+    for client in &mut clients {
+        client.send(b"get cold hot missing\r\n");
+    }
+    let mut with_cas = proxy.connect();
+    with_cas.send(b"gets hot cold\r\n");
+    wait_gets_dispatched(&mut admin, base + 1 + 3 * CLIENTS as u64 + 2);
+    frozen.resume();
+
+    assert_eq!(leader.read_get_reply(), get_reply("hot", &value));
+    direct.send(b"get cold hot missing\r\n");
+    let memcached_reply = direct.read_get_reply();
+    for (i, client) in clients.iter_mut().enumerate() {
+        let reply = client.read_get_reply();
+        assert!(
+            reply == memcached_reply,
+            "client {i}: {}",
+            show(&reply[..reply.len().min(80)])
+        );
+    }
+    direct.send(b"gets hot cold\r\n");
+    assert_eq!(with_cas.read_get_reply(), direct.read_get_reply());
+    // The leader's key once; each multi-get's cold and missing keys; the gets' two keys;
+    // and the two multi-gets asked directly here.
+    let sent = server_stat(&mc, "cmd_get") - server_before;
+    let expected = 1 + 2 * CLIENTS as u64 + 2 + 3 + 2;
+    assert_eq!(sent, expected, "memcached counted {sent} get keys");
+    assert_eq!(
+        proxy_stat(&mut admin, "pool:main:collapsed_gets"),
+        CLIENTS as u64,
+        "each multi-get's hot key joined the get in flight"
+    );
+}

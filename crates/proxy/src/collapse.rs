@@ -7,6 +7,9 @@
 //!        |                                 leader still waiting?  yes -> join (a copy of
 //!        |                                 its reply: `ReplyFollow::join`), nothing sent
 //!        no -> sent as ever, and becomes table[hash(K)]'s leader
+//!   multi-get key K in a `get `/`gets ` batch --join_key--> table[hash(K)] holds that
+//!        connection's `get K`/`gets K`, still waiting? yes -> a leg of its own, its reply
+//!        that get's (the merge takes K's block from it); a key never leads
 //!   dispatch(any write, delete, touch, mg with side effects of K) --> forget(K)
 //!   dispatch(flush_all) --> forget_all
 //! ```
@@ -70,7 +73,6 @@ struct Entry {
     leader: ReplyFollow,
 }
 
-#[derive(Default)]
 struct Table {
     entries: Vec<Entry>,
     bytes: Vec<u8>,
@@ -81,18 +83,33 @@ struct Table {
 }
 
 impl Table {
+    const fn new() -> Table {
+        Table {
+            entries: Vec::new(),
+            bytes: Vec::new(),
+            scratch: Vec::new(),
+            compared: Vec::new(),
+        }
+    }
+
+    #[inline]
     fn ready(&mut self) {
         if self.entries.is_empty() {
-            self.entries.resize_with(SLOTS, Entry::default);
-            self.bytes.resize(SLOTS * MAX_REQUEST, 0);
-            self.scratch.reserve(MAX_REQUEST);
-            self.compared.reserve(MAX_REQUEST);
+            self.allocate();
         }
+    }
+
+    /// Once per worker, out of the way of every get's path.
+    #[cold]
+    #[inline(never)]
+    fn allocate(&mut self) {
+        self.entries.resize_with(SLOTS, Entry::default);
+        self.bytes.resize(SLOTS * MAX_REQUEST, 0);
     }
 }
 
 thread_local! {
-    static TABLE: RefCell<Table> = RefCell::new(Table::default());
+    static TABLE: RefCell<Table> = const { RefCell::new(Table::new()) };
 }
 
 /// Whether `line` (a whole request as sent to a server) may collapse: one `get`/`gets`
@@ -242,17 +259,59 @@ fn render_echo(reply: &Bytes, request: &RequestBytes) -> Bytes {
     out.freeze()
 }
 
-/// The hash a key's entry is found by.
+/// The hash a key's entry is found by: eight bytes at a time (the last word overlapping
+/// the one before it), a rotate, an xor and a multiply each, so a 14-byte key costs two
+/// rounds where a byte-wise FNV took 14. Entries are compared byte for byte, so a weak
+/// hash only loses chances to collapse (two keys in one slot), never mixes replies.
+#[inline]
 fn hash(key: &[u8]) -> u64 {
-    // FNV-1a, as the hot-key sketch: short keys, no allocation.
-    key.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let round = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let word = |at: usize| {
+        let bytes: [u8; 8] = key[at..at + 8].try_into().unwrap_or_default();
+        u64::from_le_bytes(bytes)
+    };
+    let len = key.len();
+    if len < 8 {
+        let word = key.iter().fold(0u64, |w, &b| (w << 8) | u64::from(b));
+        return round(len as u64, word);
+    }
+    // The first word, any whole words after it, and the last eight bytes (up to 16 bytes,
+    // the common key, two loads and no loop).
+    let mut h = round(len as u64, word(0));
+    let mut at = 8;
+    while at + 8 < len {
+        h = round(h, word(at));
+        at += 8;
+    }
+    round(h, word(len - 8))
+}
+
+/// The entry of a key's hash: the top bits, which the last multiply mixed most.
+fn slot(key_hash: u64) -> usize {
+    (key_hash >> (64 - SLOTS.trailing_zeros())) as usize
+}
+
+/// Whether `line` is `get K\r\n` or `gets K\r\n` of `key`, the key it was written for: one
+/// key, collapsible, compared as sent. A key that is a view of the line itself (a
+/// client's get forwarded whole) needs no byte compare.
+fn get_of_key(line: &[u8], key: &[u8]) -> bool {
+    let verb = match line.len().checked_sub(key.len() + 2) {
+        Some(4) if line.starts_with(b"get ") => 4,
+        Some(5) if line.starts_with(b"gets ") => 5,
+        _ => return false,
+    };
+    let named = &line[verb..line.len() - 2];
+    !key.is_empty()
+        && line.len() <= MAX_REQUEST
+        && line.ends_with(b"\r\n")
+        && (std::ptr::eq(named.as_ptr(), key.as_ptr()) || named == key)
 }
 
 /// Sends `parts` (a single-key request for `key`, whose reply is of `kind`) on
 /// `connection` as `send` does, unless it is a collapsible get identical to one still
 /// waiting for its reply there: then it waits for that one's reply. True when it joined.
+/// A client's `get K` (most gets) is looked up as it is, without a copy or a scan.
 pub(crate) fn send_or_join(
     connection: &BackendHandle,
     key: &[u8],
@@ -260,43 +319,134 @@ pub(crate) fn send_or_join(
     kind: ReplyKind,
     send: impl FnOnce() -> ReplyReceiver,
 ) -> (ReplyReceiver, bool) {
-    let may = matches!(kind, ReplyKind::Retrieval | ReplyKind::MetaGet)
-        && matches!(parts.pieces().next(), Some([b'g' | b'm', ..]))
+    if !matches!(kind, ReplyKind::Retrieval | ReplyKind::MetaGet) {
+        return (send(), false);
+    }
+    if parts.tail.is_none() && get_of_key(&parts.head, key) {
+        let lookup = Lookup {
+            connection: connection.id(),
+            key_hash: hash(key),
+            echo: false,
+        };
+        return TABLE.with(|table| {
+            table
+                .borrow_mut()
+                .send_or_join(lookup, &parts.head, parts, send)
+        });
+    }
+    send_or_join_scanned(connection, key, parts, send)
+}
+
+/// `send_or_join` of any other request: copied out of its pieces, checked, and compared
+/// without an `mg`'s echo flags.
+fn send_or_join_scanned(
+    connection: &BackendHandle,
+    key: &[u8],
+    parts: &RequestBytes,
+    send: impl FnOnce() -> ReplyReceiver,
+) -> (ReplyReceiver, bool) {
+    let may = matches!(parts.pieces().next(), Some([b'g' | b'm', ..]))
         && parts.pieces().map(<[u8]>::len).sum::<usize>() <= MAX_REQUEST;
     if !may {
         return (send(), false);
     }
     TABLE.with(|table| {
         let mut table = table.borrow_mut();
-        table.ready();
-        let Table {
-            entries,
-            bytes,
-            scratch,
-            compared,
-        } = &mut *table;
+        let mut scratch = std::mem::take(&mut table.scratch);
+        let mut compared = std::mem::take(&mut table.compared);
         scratch.clear();
+        // Once per worker: the longest line collapsed fits from then on.
+        scratch.reserve(MAX_REQUEST);
+        compared.reserve(MAX_REQUEST);
         for piece in parts.pieces() {
             scratch.extend_from_slice(piece);
         }
-        if !collapsible(scratch, Some(key)) {
-            return (send(), false);
-        }
-        // Only an `mg` can carry echo flags to leave out; any other line compares as sent.
-        let (compared, echo): (&[u8], bool) = if scratch.starts_with(b"mg ") {
-            let echo = without_echo(scratch, compared);
-            (compared, echo)
+        let sent = if !collapsible(&scratch, Some(key)) {
+            (send(), false)
         } else {
-            (scratch, false)
+            // Only an `mg` can carry echo flags to leave out; any other line compares as sent.
+            let (line, echo): (&[u8], bool) = if scratch.starts_with(b"mg ") {
+                let echo = without_echo(&scratch, &mut compared);
+                (&compared[..], echo)
+            } else {
+                (&scratch[..], false)
+            };
+            let lookup = Lookup {
+                connection: connection.id(),
+                key_hash: hash(key),
+                echo,
+            };
+            table.send_or_join(lookup, line, parts, send)
         };
-        let key_hash = hash(key);
-        let slot = key_hash as usize % SLOTS;
-        let entry = &mut entries[slot];
-        let stored = &mut bytes[slot * MAX_REQUEST..][..MAX_REQUEST];
-        let id = connection.id();
-        if entry.connection == id && entry.key_hash == key_hash && stored[..entry.len] == *compared
+        (table.scratch, table.compared) = (scratch, compared);
+        sent
+    })
+}
+
+/// A multi-get's `key`, on its way to `connection` in a batch line starting with `head`:
+/// the reply of a single-key get still waiting there that asks the server exactly what
+/// this key would alone (`get K` for `get `, `gets K` for `gets `), or `None`. A key joins;
+/// it never leads: its batch's reply is many keys', which no get waits for.
+pub(crate) fn join_key(
+    connection: &BackendHandle,
+    head: &[u8],
+    key: &[u8],
+) -> Option<ReplyReceiver> {
+    if !matches!(head, b"get " | b"gets ") || head.len() + key.len() + 2 > MAX_REQUEST {
+        return None;
+    }
+    let key_hash = hash(key);
+    let table = TABLE.try_with(|table| {
+        let table = table.borrow();
+        let slot = slot(key_hash);
+        let entry = table.entries.get(slot)?;
+        if entry.connection != connection.id()
+            || entry.key_hash != key_hash
+            || entry.len != head.len() + key.len() + 2
         {
-            let render = (echo || entry.echo).then(|| Render {
+            return None;
+        }
+        let stored = &table.bytes[slot * MAX_REQUEST..][..entry.len];
+        let (verb, rest) = stored.split_at(head.len());
+        if verb != head || !rest.starts_with(key) || !rest.ends_with(b"\r\n") {
+            return None;
+        }
+        entry.leader.join()
+    });
+    table.ok().flatten()
+}
+
+/// What a request is looked up by, beside its bytes as compared.
+struct Lookup {
+    /// `BackendHandle::id` of its connection.
+    connection: usize,
+    key_hash: u64,
+    /// Its echo flags were left out of the bytes compared.
+    echo: bool,
+}
+
+impl Table {
+    /// Joins the leader of `lookup`'s entry when it asked the same (`compared`, the
+    /// request's bytes as compared) on the same connection and still waits; otherwise
+    /// sends and becomes the entry's leader. A leader replacing an equal one (a hot key's
+    /// next round trip) keeps its bytes, already there.
+    #[inline(always)]
+    fn send_or_join(
+        &mut self,
+        lookup: Lookup,
+        compared: &[u8],
+        parts: &RequestBytes,
+        send: impl FnOnce() -> ReplyReceiver,
+    ) -> (ReplyReceiver, bool) {
+        self.ready();
+        let slot = slot(lookup.key_hash);
+        let entry = &mut self.entries[slot];
+        let stored = &mut self.bytes[slot * MAX_REQUEST..][..MAX_REQUEST];
+        let same = entry.connection == lookup.connection
+            && entry.key_hash == lookup.key_hash
+            && stored[..entry.len] == *compared;
+        if same {
+            let render = (lookup.echo || entry.echo).then(|| Render {
                 render: render_echo,
                 request: parts.clone(),
             });
@@ -305,16 +455,16 @@ pub(crate) fn send_or_join(
             }
         }
         let receiver = send();
-        stored[..compared.len()].copy_from_slice(compared);
-        *entry = Entry {
-            connection: id,
-            key_hash,
-            len: compared.len(),
-            echo,
-            leader: receiver.follow(),
-        };
+        if !same {
+            stored[..compared.len()].copy_from_slice(compared);
+            entry.connection = lookup.connection;
+            entry.key_hash = lookup.key_hash;
+            entry.len = compared.len();
+        }
+        entry.echo = lookup.echo;
+        entry.leader = receiver.follow();
         (receiver, false)
-    })
+    }
 }
 
 /// A request that may change `key` is being sent: no later get of `key` may join a get
@@ -323,7 +473,7 @@ pub(crate) fn forget(key: &[u8]) {
     let key_hash = hash(key);
     let _ = TABLE.try_with(|table| {
         let mut table = table.borrow_mut();
-        if let Some(entry) = table.entries.get_mut(key_hash as usize % SLOTS) {
+        if let Some(entry) = table.entries.get_mut(slot(key_hash)) {
             if entry.key_hash == key_hash {
                 *entry = Entry::default();
             }
@@ -460,6 +610,49 @@ mod tests {
                 String::from_utf8_lossy(line)
             );
         }
+    }
+
+    #[test]
+    fn a_clients_get_of_its_key_is_looked_up_as_it_is() {
+        let line = Bytes::from_static(b"get bench:00000042\r\n");
+        // The key as the parser leaves it: a view of the line, no compare needed.
+        assert!(get_of_key(&line, &line[4..18]));
+        assert!(get_of_key(b"get k\r\n", b"k"));
+        assert!(get_of_key(b"gets k\r\n", b"k"));
+        let cases: [(&[u8], &[u8]); 9] = [
+            (&b"get k\r\n"[..], &b"/a/k"[..]),
+            (&b"get a b\r\n"[..], &b"a"[..]),
+            (&b"get k\r\nget k\r\n"[..], &b"k"[..]),
+            (&b"get \r\n"[..], &b""[..]),
+            (&b"gat k\r\n"[..], &b"k"[..]),
+            (&b"getx k\r\n"[..], &b"k"[..]),
+            (&b"get j\r\n"[..], &b"k"[..]),
+            (&b"get kk\n"[..], &b"kk"[..]),
+            (&b"mg k v\r\n"[..], &b"k"[..]),
+        ];
+        for (line, key) in cases {
+            assert!(!get_of_key(line, key), "{}", String::from_utf8_lossy(line));
+        }
+    }
+
+    #[test]
+    fn keys_spread_over_the_slots() {
+        // Short keys, keys of whole words, keys with a word left over, keys that differ
+        // only at their start or their middle.
+        let mut used = [false; SLOTS];
+        for i in 0..4096 {
+            for key in [
+                format!("{i}"),
+                format!("bench:{i:08}"),
+                format!("user:{i:06}:profile:v2"),
+            ] {
+                used[slot(hash(key.as_bytes()))] = true;
+            }
+        }
+        assert!(used.iter().all(|&u| u), "every slot is reached");
+        assert_ne!(hash(b"ab"), hash(b"ba"));
+        assert_ne!(hash(b"a"), hash(b"\0a"), "the length counts");
+        assert_ne!(hash(b"abcdefgh1"), hash(b"abcdefgh2"));
     }
 
     #[test]

@@ -12,6 +12,10 @@
 //!   merge: walk a..e, take each leg's next VALUE block when it is for this key
 //! ```
 //!
+//! A key that joined an identical get in flight (`KeyTarget::Joined`, collapsing) is a leg
+//! of its own, numbered where the pass meets it; the merge takes its block from that
+//! get's reply as from a batch's.
+//!
 //! Per key the plan keeps one `u32` (its leg); the keys themselves stay in the client's
 //! line, and each is copied once, into the outgoing buffer of its server's connection.
 use bytes::{Bytes, BytesMut};
@@ -26,6 +30,10 @@ pub(crate) enum KeyTarget {
     Executor,
     /// A pool with no servers (DNS discovery found none yet).
     Nowhere(u32),
+    /// A server of a plain pool whose connection has an identical single-key get of this
+    /// key in flight, which the key joined (`collapse::join_key`): a leg of its own, sent
+    /// nothing.
+    Joined(u32, u32),
 }
 
 /// One step of a multi-get's plan, in the order the writes and sends must happen. Legs
@@ -43,6 +51,14 @@ pub(crate) enum Step<'k> {
     Add { leg: usize, key: &'k [u8] },
     /// Leg `leg`'s batch line is complete: end it and send it.
     Close { leg: usize },
+    /// `key` joined a get in flight to `server` of `pool` (`KeyTarget::Joined`): leg
+    /// `leg`, its reply that get's.
+    Joined {
+        leg: usize,
+        pool: usize,
+        server: usize,
+        key: &'k [u8],
+    },
     /// `key` goes through the route executor, as leg `leg` of its own. These come after
     /// every batch is closed: the executor may send on the same connections at once.
     Executor { leg: usize, key: &'k [u8] },
@@ -93,6 +109,17 @@ pub(crate) fn plan<'k>(
         let (pool, server) = match target {
             KeyTarget::Server(pool, server) => (pool, server),
             KeyTarget::Nowhere(pool) => return Err(pool as usize),
+            KeyTarget::Joined(pool, server) => {
+                key_leg.push(legs);
+                step(Step::Joined {
+                    leg: legs as usize,
+                    pool: pool as usize,
+                    server: server as usize,
+                    key,
+                });
+                legs += 1;
+                continue;
+            }
             KeyTarget::Executor => {
                 executor.push((index as u32, key));
                 key_leg.push(NO_LEG);
@@ -257,6 +284,38 @@ mod tests {
             ]
         );
         assert_eq!(key_leg[..], [0, 1, 0, 2, 0]);
+    }
+
+    #[test]
+    fn a_joined_key_is_a_leg_of_its_own_where_the_pass_meets_it() {
+        let joined = KeyTarget::Joined(0, 1);
+        let keys = named(&[S1, joined, S1, S2]);
+        let (result, steps, key_leg) = planned(&keys, usize::MAX, 100);
+        assert_eq!(result, Ok(()));
+        assert_eq!(
+            steps[1],
+            Step::Joined {
+                leg: 1,
+                pool: 0,
+                server: 1,
+                key: b"b"
+            }
+        );
+        assert_eq!(steps[2], Step::Add { leg: 0, key: b"c" });
+        assert_eq!(key_leg[..], [0, 1, 0, 2]);
+        // Merged from a single get's reply as from a batch's.
+        let replies = [
+            Bytes::from_static(b"VALUE a 0 1\r\n1\r\nVALUE c 0 1\r\n3\r\nEND\r\n"),
+            Bytes::from_static(b"VALUE b 0 1\r\n2\r\nEND\r\n"),
+            Bytes::from_static(b"END\r\n"),
+        ];
+        let mut out = BytesMut::new();
+        let counted = merge(&replies, NAMES[..4].iter().copied(), &key_leg, &mut out);
+        assert_eq!(counted, Some((3, 1)));
+        assert_eq!(
+            &out[..],
+            b"VALUE a 0 1\r\n1\r\nVALUE b 0 1\r\n2\r\nVALUE c 0 1\r\n3\r\nEND\r\n"
+        );
     }
 
     #[test]

@@ -525,6 +525,15 @@ fn send_legs(
                 legs.push(leg.on_route(current.get()));
             }
             Batched::Sent { leg, receiver } => legs[leg].sent(receiver),
+            Batched::Joined {
+                pool,
+                server,
+                receiver,
+            } => {
+                let mut leg = Leg::writing(pool, server, routing.metrics.now());
+                leg.sent(receiver);
+                legs.push(leg.on_route(current.get()));
+            }
             Batched::Executor { key } => {
                 let node = routing.routes.select(root, operation, key);
                 executor.add(node, request.frame.slice_ref(key), request.keys.len());

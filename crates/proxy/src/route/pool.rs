@@ -162,13 +162,22 @@ pub(crate) enum Batched<'k> {
     Sent { leg: usize, receiver: ReplyReceiver },
     /// A key whose target is the executor (`KeyTarget::Executor`).
     Executor { key: &'k [u8] },
+    /// A key joined an identical get in flight to `server` of `pool` (`collapse`): the
+    /// next leg, answered by that get's reply.
+    Joined {
+        pool: usize,
+        server: usize,
+        receiver: ReplyReceiver,
+    },
 }
 
 /// Plans a multi-get's `targets` (`multiget::plan`) and sends its batches: each batch
 /// line, starting with `head` (`get `, `gets `...), written straight into its server
 /// connection's outgoing buffer (on the client's connection `slot`) as the plan adds keys
-/// and sent when the plan closes it. `Err(pool)`: a pool without servers; the lines still
-/// open take their bytes back out, the batches already sent are the caller's to drop.
+/// and sent when the plan closes it. A key with an identical get in flight on its
+/// connection joins that get instead (`collapse::join_key`), a leg of its own. `Err(pool)`:
+/// a pool without servers; the lines still open take their bytes back out, the batches
+/// already sent are the caller's to drop.
 pub(crate) fn send_batches<'k>(
     routing: &RouteSnapshot,
     head: &[u8],
@@ -179,6 +188,26 @@ pub(crate) fn send_batches<'k>(
     mut on: impl FnMut(Batched<'k>),
 ) -> Result<(), usize> {
     let mut lines = BatchLines::new(routing, head, slot);
+    // The plan takes each key's step as soon as it has its target: one key's join at a time.
+    let joined: std::cell::Cell<Option<ReplyReceiver>> = std::cell::Cell::new(None);
+    let targets = targets.map(|(key, target)| match target {
+        KeyTarget::Server(pool, server) => {
+            let connections = &routing.pools[pool as usize];
+            let Some(collapsed) = &connections.collapsed else {
+                return (key, target);
+            };
+            let connection = connections.servers[server as usize].pick(slot);
+            match collapse::join_key(connection, head, key) {
+                Some(receiver) => {
+                    collapsed.inc();
+                    joined.set(Some(receiver));
+                    (key, KeyTarget::Joined(pool, server))
+                }
+                None => (key, target),
+            }
+        }
+        other => (key, other),
+    });
     multiget::plan(
         targets,
         head.len(),
@@ -196,6 +225,18 @@ pub(crate) fn send_batches<'k>(
             Step::Close { leg } => {
                 if let Some(receiver) = lines.close(leg) {
                     on(Batched::Sent { leg, receiver });
+                }
+            }
+            Step::Joined {
+                pool, server, key, ..
+            } => {
+                lines.joined(pool, server, key);
+                if let Some(receiver) = joined.take() {
+                    on(Batched::Joined {
+                        pool,
+                        server,
+                        receiver,
+                    });
                 }
             }
             Step::Executor { key, .. } => on(Batched::Executor { key }),
@@ -238,6 +279,13 @@ impl<'r> BatchLines<'r> {
         writer.append(self.head);
         writer.append_key(key);
         self.writers.push(Some(writer));
+    }
+
+    /// The next leg is `key`'s, joined to a get in flight to `server` of `pool`: no line.
+    fn joined(&mut self, pool: usize, server: usize, key: &[u8]) {
+        self.routing.sent_to(pool, key, server);
+        self.targets.push((pool, server));
+        self.writers.push(None);
     }
 
     /// Adds `key` to leg `leg`'s open line.
@@ -292,6 +340,12 @@ pub(super) async fn run_multi_plain(
                 receivers.push(None);
             }
             Batched::Sent { leg, receiver } => receivers[leg] = Some(receiver),
+            Batched::Joined {
+                server, receiver, ..
+            } => {
+                servers.push(server);
+                receivers.push(Some(receiver));
+            }
             // Every target here is a server of this pool.
             Batched::Executor { .. } => {}
         },
