@@ -383,6 +383,17 @@ fn send_or_join_scanned(
     })
 }
 
+/// Whether a multi-get's keys, in batch lines starting with `head`, could join anything on
+/// this worker: only `get `/`gets ` batches join, and only once some single-key get has
+/// led here (the table is allocated by the first). Asked once per multi-get, so a worker
+/// serving multi-gets alone looks nothing up per key.
+pub(crate) fn may_join(head: &[u8]) -> bool {
+    matches!(head, b"get " | b"gets ")
+        && TABLE
+            .try_with(|table| !table.borrow().entries.is_empty())
+            .unwrap_or(false)
+}
+
 /// A multi-get's `key`, on its way to `connection` in a batch line starting with `head`:
 /// the reply of a single-key get still waiting there that asks the server exactly what
 /// this key would alone (`get K` for `get `, `gets K` for `gets `), or `None`. A key joins;

@@ -190,7 +190,9 @@ pub(crate) fn send_batches<'k>(
     let mut lines = BatchLines::new(routing, head, slot);
     // The plan takes each key's step as soon as it has its target: one key's join at a time.
     let joined: std::cell::Cell<Option<ReplyReceiver>> = std::cell::Cell::new(None);
+    let may_join = collapse::may_join(head);
     let targets = targets.map(|(key, target)| match target {
+        KeyTarget::Server(..) if !may_join => (key, target),
         KeyTarget::Server(pool, server) => {
             let connections = &routing.pools[pool as usize];
             let Some(collapsed) = &connections.collapsed else {
