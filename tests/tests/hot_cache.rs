@@ -84,7 +84,7 @@ fn a_burst_of_gets_costs_memcached_about_one_get_per_ttl() {
     assert_eq!(bytes, b"VALUE hot 0 2\r\nv1\r\nEND\r\n".len() as u64);
 }
 
-/// The storm (issue 33) in small: readers on several connections hammer the hot key
+/// The storm of the hot-key bench in small: readers on several connections hammer the hot key
 /// while writers set thousands of other keys through the same memroute, pipelined. The
 /// copy is refilled once per `ttl` (its age counts from when its fill was sent, so fills
 /// are at least `ttl` apart), the readers that miss at expiry join that one fill, and a
