@@ -205,8 +205,8 @@ pub(crate) fn send_batches<'k>(
         }
         _ => (key, target),
     });
-    // Keys that lead: (leg, pool, server, key), sent once every batch line is.
-    let mut leads: SmallVec<[(usize, usize, usize, &'k [u8]); 2]> = SmallVec::new();
+    // Keys that lead (`Step::Lead`), sent once every batch line is.
+    let mut leads: SmallVec<[Step<'k>; 2]> = SmallVec::new();
     multiget::plan(
         targets,
         head.len(),
@@ -239,19 +239,25 @@ pub(crate) fn send_batches<'k>(
                 }
             }
             Step::Lead {
-                leg,
-                pool,
-                server,
-                key,
+                pool, server, key, ..
             } => {
                 lines.joined(pool, server, key);
                 on(Batched::Opened { pool, server });
-                leads.push((leg, pool, server, key));
+                leads.push(step);
             }
             Step::Executor { key, .. } => on(Batched::Executor { key }),
         },
     )?;
-    for (leg, pool, server, key) in leads {
+    for lead in leads {
+        let Step::Lead {
+            leg,
+            pool,
+            server,
+            key,
+        } = lead
+        else {
+            continue;
+        };
         let connections = &routing.pools[pool];
         let connection = connections.servers[server].pick(slot);
         let (receiver, joined) = collapse::lead_key(connection, head, key);
