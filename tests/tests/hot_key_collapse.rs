@@ -753,7 +753,7 @@ fn get_reply_flags0(key: &str, value: &[u8]) -> Vec<u8> {
 fn multi_gets_of_a_hot_key_under_load_send_it_far_fewer_times() {
     const CLIENTS: usize = 40;
     const PIPELINE: usize = 20;
-    let value: Vec<u8> = (0..100_000).map(|i| b'A' + (i % 23) as u8).collect();
+    let value: Vec<u8> = (0..10_000).map(|i| b'A' + (i % 23) as u8).collect();
     let (mc, proxy) = setup("unrelated", b"u", &sample_every_key());
     let mut direct = mc.connect();
     direct.set("hot:key", &value);
@@ -801,8 +801,9 @@ fn multi_gets_of_a_hot_key_under_load_send_it_far_fewer_times() {
         "every key of every multi-get was sent or joined a get"
     );
     let sent = prefix_gets(&mut direct, "hot");
+    // At most a tenth (the target for a storm); 1 to 3 of 800 when measured.
     assert!(
-        sent * 4 <= asked,
+        sent * 10 <= asked,
         "memcached got the hot key {sent} times for {asked} multi-gets asking for it"
     );
 }
