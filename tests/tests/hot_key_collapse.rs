@@ -590,12 +590,17 @@ fn collapsing_can_be_turned_off() {
 /// The keys of multi-gets from many clients join a single-key get of the same key in
 /// flight: memcached counts that key once (`cmd_get` counts keys), each multi-get's other
 /// keys as ever, and each client's reply is memcached's own reply to its multi-get. A
-/// `gets` multi-get does not join a `get` (it asks for CAS).
+/// `gets` multi-get does not join a `get` (it asks for CAS). The hot-key sampler is off:
+/// `cold`, asked by every multi-get, would be hot and lead (the next test).
 #[test]
 fn multi_get_keys_join_a_get_in_flight() {
     const CLIENTS: usize = 20;
     let value: Vec<u8> = (0..10_000).map(|i| b'a' + (i % 26) as u8).collect();
-    let (mc, proxy) = setup("hot", &value, "");
+    let no_sampler = format!(
+        "\n[admin]\nlisten = \"127.0.0.1:{}\"\nhot_keys_sample = 0\n",
+        free_port()
+    );
+    let (mc, proxy) = setup("hot", &value, &no_sampler);
     let mut direct = mc.connect();
     direct.set("cold", b"c");
     let mut admin = proxy.connect();
@@ -638,4 +643,182 @@ fn multi_get_keys_join_a_get_in_flight() {
         CLIENTS as u64,
         "each multi-get's hot key joined the get in flight"
     );
+}
+
+/// Every key sent counts for the hot-key sampler (`hot_keys_sample = 1`): a key is hot
+/// from its second sample while it has more than 1/64 of its pool's samples.
+fn sample_every_key() -> String {
+    format!(
+        "\n[admin]\nlisten = \"127.0.0.1:{}\"\nhot_keys_sample = 1\n",
+        free_port()
+    )
+}
+
+/// Makes `hot` hot by real traffic: multi-gets that ask for it beside another key, read
+/// in full, until its third (the sampler names it hot at its second).
+fn make_hot_by_multi_gets(proxy: &Memroute, hot: &str) {
+    let mut client = proxy.connect();
+    for i in 0..3 {
+        client.send(format!("get warming:{i} {hot}\r\n").as_bytes());
+        let reply = client.read_get_reply();
+        assert!(parse_values(&reply).is_some(), "{}", show(&reply));
+    }
+}
+
+/// A key read only through multi-gets, once hot, leads: the first multi-get that asks
+/// for it while no get of it is in flight sends it alone (`get hot`), and the copies of it
+/// in later multi-gets, and a later single-key get, join that get. memcached counts the
+/// key once (`cmd_get` counts keys); each client's reply is memcached's own to its request.
+/// A `gets` multi-get leads a `gets hot` of its own (it asks for CAS). Fails on a memroute
+/// whose multi-get keys never lead: every multi-get sends the key.
+#[test]
+fn a_hot_key_read_only_by_multi_gets_leads_and_later_copies_join_it() {
+    const CLIENTS: usize = 20;
+    let value: Vec<u8> = (0..10_000).map(|i| b'a' + (i % 26) as u8).collect();
+    let (mc, proxy) = setup("unrelated", b"u", &sample_every_key());
+    let mut direct = mc.connect();
+    direct.set("hot", &value);
+    for i in 0..CLIENTS {
+        direct.set(&format!("cold:{i}"), format!("c{i}").as_bytes());
+    }
+    make_hot_by_multi_gets(&proxy, "hot");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let collapsed_before = proxy_stat(&mut admin, "pool:main:collapsed_gets");
+    let server_before = server_stat(&mc, "cmd_get");
+    let frozen = mc.stop();
+
+    let requests: Vec<String> = (0..CLIENTS)
+        .map(|i| format!("get cold:{i} hot missing:{i}\r\n"))
+        .collect();
+    let mut clients: Vec<Conn> = (0..CLIENTS).map(|_| proxy.connect()).collect();
+    for (client, request) in clients.iter_mut().zip(&requests) {
+        client.send(request.as_bytes());
+    }
+    wait_gets_dispatched(&mut admin, base + 3 * CLIENTS as u64);
+    let mut single = proxy.connect();
+    single.send(b"get hot\r\n");
+    let mut with_cas = proxy.connect();
+    with_cas.send(b"gets hot cold:0\r\n");
+    wait_gets_dispatched(&mut admin, base + 3 * CLIENTS as u64 + 3);
+    frozen.resume();
+
+    let replies: Vec<Vec<u8>> = clients
+        .iter_mut()
+        .map(|client| client.read_get_reply())
+        .collect();
+    let single_reply = single.read_get_reply();
+    let cas_reply = with_cas.read_get_reply();
+    // Counted before the replies asked for directly below add to memcached's count: the
+    // hot key once for every multi-get and the single get, each multi-get's cold and
+    // missing keys, and the gets' `hot` (led on its own) and `cold:0`.
+    let sent = server_stat(&mc, "cmd_get") - server_before;
+    assert_eq!(
+        sent,
+        1 + 2 * CLIENTS as u64 + 2,
+        "memcached counted {sent} get keys"
+    );
+    assert_eq!(
+        proxy_stat(&mut admin, "pool:main:collapsed_gets") - collapsed_before,
+        CLIENTS as u64,
+        "every multi-get's hot key but the first, and the single get, joined the first"
+    );
+    for (i, (request, got)) in requests.iter().zip(&replies).enumerate() {
+        direct.send(request.as_bytes());
+        let alone = direct.read_get_reply();
+        assert!(
+            got == &alone,
+            "client {i}: memroute {} memcached {}",
+            show(&got[..got.len().min(80)]),
+            show(&alone[..alone.len().min(80)])
+        );
+    }
+    assert_eq!(single_reply, get_reply_flags0("hot", &value));
+    direct.send(b"gets hot cold:0\r\n");
+    assert_eq!(cas_reply, direct.read_get_reply());
+}
+
+/// `get_reply` of a value set with flags 0.
+fn get_reply_flags0(key: &str, value: &[u8]) -> Vec<u8> {
+    let mut out = value_block(key, 0, value, None);
+    out.extend_from_slice(b"END\r\n");
+    out
+}
+
+/// Many clients, memcached running, pipelining multi-gets that all ask for one hot key
+/// beside keys of their own: the hot key's copies meet as they do in production, and
+/// memcached gets far fewer gets of it than the clients asked for; every reply is what
+/// memcached answers (hot hit, own key hit, the other a miss).
+#[test]
+fn multi_gets_of_a_hot_key_under_load_send_it_far_fewer_times() {
+    const CLIENTS: usize = 40;
+    const PIPELINE: usize = 20;
+    let value: Vec<u8> = (0..10_000).map(|i| b'A' + (i % 23) as u8).collect();
+    let (mc, proxy) = setup("unrelated", b"u", &sample_every_key());
+    let mut direct = mc.connect();
+    direct.set("hot:key", &value);
+    for c in 0..CLIENTS {
+        direct.set(&format!("own:{c}"), format!("o{c}").as_bytes());
+    }
+    make_hot_by_multi_gets(&proxy, "hot:key");
+    // memcached counts gets per key prefix (before its first `:`) from here on.
+    assert_eq!(direct.roundtrip_line(b"stats detail on\r\n"), b"OK\r\n");
+    let collapsed_before = proxy_stat(&mut proxy.connect(), "pool:main:collapsed_gets");
+    let server_before = server_stat(&mc, "cmd_get");
+    let gate = std::sync::Barrier::new(CLIENTS);
+    std::thread::scope(|scope| {
+        for c in 0..CLIENTS {
+            let (gate, proxy, value) = (&gate, &proxy, &value);
+            scope.spawn(move || {
+                let mut client = proxy.connect();
+                let mut expected = value_block("hot:key", 0, value, None);
+                let own = format!("o{c}");
+                expected.extend(value_block(&format!("own:{c}"), 0, own.as_bytes(), None));
+                expected.extend_from_slice(b"END\r\n");
+                let mut batch = Vec::new();
+                for n in 0..PIPELINE {
+                    batch.extend(format!("get hot:key own:{c} none:{c}:{n}\r\n").into_bytes());
+                }
+                gate.wait();
+                client.send(&batch);
+                for n in 0..PIPELINE {
+                    let reply = client.read_get_reply();
+                    assert!(
+                        reply == expected,
+                        "client {c}, multi-get {n}: {}",
+                        show(&reply[..reply.len().min(80)])
+                    );
+                }
+            });
+        }
+    });
+    let asked = (CLIENTS * PIPELINE) as u64;
+    let keys_sent = server_stat(&mc, "cmd_get") - server_before;
+    let collapsed = proxy_stat(&mut proxy.connect(), "pool:main:collapsed_gets") - collapsed_before;
+    assert_eq!(
+        keys_sent + collapsed,
+        3 * asked,
+        "every key of every multi-get was sent or joined a get"
+    );
+    let sent = prefix_gets(&mut direct, "hot");
+    // At most a tenth (the target for a storm); 1 to 3 of 800 when measured.
+    assert!(
+        sent * 10 <= asked,
+        "memcached got the hot key {sent} times for {asked} multi-gets asking for it"
+    );
+}
+
+/// memcached's count of gets of keys with `prefix` since `stats detail on`
+/// (`stats detail dump`: `PREFIX <prefix> get <n> hit <n> ...`).
+fn prefix_gets(direct: &mut Conn, prefix: &str) -> u64 {
+    direct.send(b"stats detail dump\r\n");
+    let dump = direct.read_until(b"END\r\n");
+    let dump = String::from_utf8_lossy(&dump).to_string();
+    let line = dump
+        .lines()
+        .find(|line| line.starts_with(&format!("PREFIX {prefix} ")))
+        .unwrap_or_else(|| panic!("no prefix {prefix} in {dump}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "get").expect("a get count");
+    words[at + 1].parse().expect("a number")
 }

@@ -317,6 +317,16 @@ impl ReplyFollow {
         self.join_rendered(None)
     }
 
+    /// Whether `join` would find the slot still waiting for this request's reply (a
+    /// check without a receiver: a multi-get asks it of the few leaders it could join,
+    /// once per multi-get, not once per key).
+    pub fn waiting(&self) -> bool {
+        self.cell.upgrade().is_some_and(|cell| {
+            let state = cell.borrow();
+            state.generation == self.generation && state.waiting
+        })
+    }
+
     /// `join`, the copy of the reply rendered by `render` first (an error is passed on as
     /// it is): for a request that asks the same of the server but shows the reply
     /// otherwise. The reply the leader and its other followers see is left as it is.

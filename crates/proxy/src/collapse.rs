@@ -7,9 +7,13 @@
 //!        |                                 leader still waiting?  yes -> join (a copy of
 //!        |                                 its reply: `ReplyFollow::join`), nothing sent
 //!        no -> sent as ever, and becomes table[hash(K)]'s leader
-//!   multi-get key K in a `get `/`gets ` batch --join_key--> table[hash(K)] holds that
+//!   multi-get of `get `/`gets ` --MultiGetKeys::new (once)--> the prints of the keys
+//!        whose `get K`/`gets K` waits on this worker, and of the keys hot here
+//!   its key K whose print is one of them --join_key--> table[hash(K)] holds that
 //!        connection's `get K`/`gets K`, still waiting? yes -> a leg of its own, its reply
-//!        that get's (the merge takes K's block from it); a key never leads
+//!        that get's (the merge takes K's block from it)
+//!        no, and K is hot (the sampler's `is_hot`) --lead_key--> `get K` sent alone,
+//!        after the batches, as table[hash(K)]'s leader (later gets and keys join it)
 //!   dispatch(any write, delete, touch, mg with side effects of K) --> forget(K)
 //!   dispatch(flush_all) --> forget_all
 //! ```
@@ -37,12 +41,20 @@
 //!
 //! The table is per worker thread, [`SLOTS`] entries indexed by the key's hash, one leader
 //! each (a newer leader replaces an older one; a collision only loses a chance to
-//! collapse). Its memory is allocated once, on the worker's first get.
+//! collapse). Its memory is allocated once, on the worker's first get (or first key led).
+//!
+//! A multi-get's keys cost next to nothing when none can join or lead: the slots whose
+//! leader may still wait are marked (`Table::live`), so a multi-get finds the few leaders
+//! waiting now once, and compares each key's print (`KeyPrint`: length, first and last
+//! eight bytes) with theirs and with the hot keys' before it hashes or looks up anything.
 use std::cell::RefCell;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use memroute_backend::{BackendHandle, Render, ReplyFollow, ReplyReceiver};
 use memroute_protocol::{Command, ReplyKind, RequestBytes};
+use smallvec::SmallVec;
+
+use crate::hot_keys::{KeyPrint, HOT_PRINTS};
 
 /// Entries per worker.
 const SLOTS: usize = 256;
@@ -75,6 +87,9 @@ struct Entry {
 
 struct Table {
     entries: Vec<Entry>,
+    /// One bit per slot whose leader may still wait: set as a leader takes the slot,
+    /// cleared when a multi-get finds it answered (`waiting_gets`).
+    live: [u64; SLOTS / 64],
     bytes: Vec<u8>,
     /// The request being looked up, copied out of its pieces (reused).
     scratch: Vec<u8>,
@@ -86,6 +101,7 @@ impl Table {
     const fn new() -> Table {
         Table {
             entries: Vec::new(),
+            live: [0; SLOTS / 64],
             bytes: Vec::new(),
             scratch: Vec::new(),
             compared: Vec::new(),
@@ -383,27 +399,124 @@ fn send_or_join_scanned(
     })
 }
 
-/// Whether a multi-get's keys, in batch lines starting with `head`, could join anything on
-/// this worker: only `get `/`gets ` batches join, and only once some single-key get has
-/// led here (the table is allocated by the first). Asked once per multi-get, so a worker
-/// serving multi-gets alone looks nothing up per key.
-pub(crate) fn may_join(head: &[u8]) -> bool {
-    matches!(head, b"get " | b"gets ")
-        && TABLE
-            .try_with(|table| !table.borrow().entries.is_empty())
-            .unwrap_or(false)
+/// Leaders' keys a multi-get keeps as prints; more waiting leaders look every key up.
+const WAITING_PRINTS: usize = 4;
+
+/// What a multi-get's `get `/`gets ` keys may do, found once per multi-get
+/// (`MultiGetKeys::new`): the prints of the keys whose single-key get of the same verb
+/// waits on some connection of this worker, and of the keys lately found hot.
+pub(crate) struct MultiGetKeys {
+    /// The batch lines' start: `get ` or `gets `.
+    head: &'static [u8],
+    waiting: SmallVec<[KeyPrint; WAITING_PRINTS]>,
+    /// More leaders wait than `waiting` holds: every key may join.
+    every: bool,
+    hot: SmallVec<[KeyPrint; HOT_PRINTS]>,
+}
+
+/// What one key of a multi-get may do (`MultiGetKeys::chance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chance {
+    /// Its print is a waiting leader's: look it up (`join_key`).
+    pub(crate) join: bool,
+    /// Its print is a hot key's: ask the sampler (`is_hot`), then lead (`lead_key`).
+    pub(crate) lead: bool,
+}
+
+impl MultiGetKeys {
+    /// For a multi-get whose batch lines start with `head`; `hot` appends the prints of the
+    /// keys hot on this worker. `None` when no key can join or lead (another verb, no get
+    /// waiting, no hot key): then its keys cost nothing here.
+    #[inline]
+    pub(crate) fn new(
+        head: &[u8],
+        hot: impl FnOnce(&mut SmallVec<[KeyPrint; HOT_PRINTS]>),
+    ) -> Option<MultiGetKeys> {
+        let head: &'static [u8] = match head {
+            b"get " => b"get ",
+            b"gets " => b"gets ",
+            _ => return None,
+        };
+        let mut keys = MultiGetKeys {
+            head,
+            waiting: SmallVec::new(),
+            every: false,
+            hot: SmallVec::new(),
+        };
+        hot(&mut keys.hot);
+        keys.every = TABLE
+            .try_with(|table| table.borrow_mut().waiting_gets(head, &mut keys.waiting))
+            .unwrap_or(false);
+        match keys.waiting.is_empty() && !keys.every && keys.hot.is_empty() {
+            true => None,
+            false => Some(keys),
+        }
+    }
+
+    /// What `key` may do; most keys: nothing (no print matches).
+    #[inline]
+    pub(crate) fn chance(&self, key: &[u8]) -> Chance {
+        let print = KeyPrint::of(key);
+        Chance {
+            join: self.every || self.waiting.contains(&print),
+            lead: self.hot.contains(&print),
+        }
+    }
+
+    /// The batch lines' start, `get ` or `gets `.
+    pub(crate) fn head(&self) -> &'static [u8] {
+        self.head
+    }
+}
+
+impl Table {
+    /// Appends to `out` the prints of the keys whose get of `head`'s verb (`get K` for
+    /// `get `) still waits, clearing the marks of the slots whose leader was answered. True
+    /// when more wait than `out` holds.
+    fn waiting_gets(
+        &mut self,
+        head: &[u8],
+        out: &mut SmallVec<[KeyPrint; WAITING_PRINTS]>,
+    ) -> bool {
+        let mut every = false;
+        for (word, live) in self.live.iter_mut().enumerate() {
+            let mut bits = *live;
+            while bits != 0 {
+                let bit = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let slot = word * 64 + bit;
+                let Some(entry) = self.entries.get(slot) else {
+                    continue;
+                };
+                if !entry.leader.waiting() {
+                    *live &= !(1 << bit);
+                    continue;
+                }
+                let stored = &self.bytes[slot * MAX_REQUEST..][..entry.len];
+                let key = stored
+                    .strip_prefix(head)
+                    .and_then(|rest| rest.strip_suffix(b"\r\n"));
+                match key {
+                    Some(_) if out.len() == WAITING_PRINTS => every = true,
+                    Some(key) => out.push(KeyPrint::of(key)),
+                    None => {}
+                }
+            }
+        }
+        every
+    }
 }
 
 /// A multi-get's `key`, on its way to `connection` in a batch line starting with `head`:
 /// the reply of a single-key get still waiting there that asks the server exactly what
-/// this key would alone (`get K` for `get `, `gets K` for `gets `), or `None`. A key joins;
-/// it never leads: its batch's reply is many keys', which no get waits for.
+/// this key would alone (`get K` for `get `, `gets K` for `gets `), or `None`. Asked only
+/// of a key whose `MultiGetKeys::chance` says it may join.
 pub(crate) fn join_key(
     connection: &BackendHandle,
     head: &[u8],
     key: &[u8],
 ) -> Option<ReplyReceiver> {
-    if !matches!(head, b"get " | b"gets ") || head.len() + key.len() + 2 > MAX_REQUEST {
+    if head.len() + key.len() + 2 > MAX_REQUEST {
         return None;
     }
     let key_hash = hash(key);
@@ -411,8 +524,8 @@ pub(crate) fn join_key(
         let table = table.borrow();
         let slot = slot(key_hash);
         let entry = table.entries.get(slot)?;
-        if entry.connection != connection.id()
-            || entry.key_hash != key_hash
+        if entry.key_hash != key_hash
+            || entry.connection != connection.id()
             || entry.len != head.len() + key.len() + 2
         {
             return None;
@@ -425,6 +538,47 @@ pub(crate) fn join_key(
         entry.leader.join()
     });
     table.ok().flatten()
+}
+
+/// A hot multi-get `key` that joined nothing (`join_key`), sent alone to `connection` as
+/// `get K` (`gets K` for `head` `gets `) once its multi-get's batch lines are sent, as that
+/// connection's leader of K: later gets of K, and later multi-gets' copies of it, join it.
+/// Should a get of K have become the leader meanwhile (the same multi-get asked for K
+/// twice), the key joins it instead. True when it joined.
+pub(crate) fn lead_key(
+    connection: &BackendHandle,
+    head: &[u8],
+    key: &[u8],
+) -> (ReplyReceiver, bool) {
+    let send = || {
+        let mut request = connection.writer();
+        request.append(head);
+        request.append(key);
+        request.append(b"\r\n");
+        request.finish(ReplyKind::Retrieval)
+    };
+    if head.len() + key.len() + 2 > MAX_REQUEST {
+        return (send(), false);
+    }
+    let lookup = Lookup {
+        connection: connection.id(),
+        key_hash: hash(key),
+        echo: false,
+    };
+    // Only an echo render reads the request's bytes, and a `get` has none: no copy.
+    let parts = RequestBytes::whole(Bytes::new());
+    TABLE.with(|table| {
+        let mut table = table.borrow_mut();
+        let mut line = std::mem::take(&mut table.scratch);
+        line.clear();
+        line.reserve(MAX_REQUEST);
+        line.extend_from_slice(head);
+        line.extend_from_slice(key);
+        line.extend_from_slice(b"\r\n");
+        let sent = table.send_or_join(lookup, &line, &parts, send);
+        table.scratch = line;
+        sent
+    })
 }
 
 /// What a request is looked up by, beside its bytes as compared.
@@ -474,6 +628,7 @@ impl Table {
         }
         entry.echo = lookup.echo;
         entry.leader = receiver.follow();
+        self.live[slot / 64] |= 1 << (slot % 64);
         (receiver, false)
     }
 }

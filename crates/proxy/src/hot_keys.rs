@@ -15,6 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 /// Keys counted per pool per worker.
 pub const CAPACITY: usize = 64;
 /// Key bytes kept per counter: memcached's key limit.
@@ -89,6 +91,41 @@ impl Sketch {
         }
         // A replacement's count is mostly other keys' (its error): not hot on that.
         false
+    }
+}
+
+/// How many hot keys' prints a worker keeps ([`WorkerHotKeys::hot_prints`]).
+pub(crate) const HOT_PRINTS: usize = 8;
+
+/// A key's print: its length and its first and last eight bytes (a shorter key's bytes,
+/// packed). Two loads where a hash reads every byte: what a multi-get compares each of its
+/// keys with to find the few that may be hot or may join a get in flight. Keys of at most
+/// 16 bytes have prints of their own; longer keys may share one (a match is then checked
+/// as the key's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct KeyPrint {
+    len: usize,
+    head: u64,
+    tail: u64,
+}
+
+impl KeyPrint {
+    #[inline]
+    pub(crate) fn of(key: &[u8]) -> KeyPrint {
+        let len = key.len();
+        let word = |at: usize| {
+            let bytes: [u8; 8] = key[at..at + 8].try_into().unwrap_or_default();
+            u64::from_le_bytes(bytes)
+        };
+        if len < 8 {
+            let head = key.iter().fold(0u64, |w, &b| (w << 8) | u64::from(b));
+            return KeyPrint { len, head, tail: 0 };
+        }
+        KeyPrint {
+            len,
+            head: word(0),
+            tail: word(len - 8),
+        }
     }
 }
 
@@ -203,6 +240,7 @@ impl HotKeyRegistry {
             countdown: Cell::new(settings.sample_every),
             random: Cell::new(seed | 1),
             hot: RefCell::new(Vec::new()),
+            prints: RefCell::new(SmallVec::new()),
         }
     }
 
@@ -273,6 +311,10 @@ pub(crate) struct WorkerHotKeys {
     /// Hashes of the keys a sample found hot (`Sketch::add`), and when: what the hot-key
     /// cache (`hot_cache`) may keep. At most [`CAPACITY`]; only sampled requests write it.
     hot: RefCell<Vec<(u64, Instant)>>,
+    /// The prints of the keys a sample found hot within the last two intervals (the span
+    /// `is_hot` answers for), the latest [`HOT_PRINTS`]: where a multi-get's key may lead
+    /// (`collapse::MultiGetKeys`). Pruned as samples are taken.
+    prints: RefCell<SmallVec<[(KeyPrint, Instant); HOT_PRINTS]>>,
 }
 
 impl std::fmt::Debug for WorkerHotKeys {
@@ -288,6 +330,10 @@ impl WorkerHotKeys {
     pub(crate) fn configure(&self, settings: Settings) {
         if self.sample_every.get() != settings.sample_every {
             self.countdown.set(settings.sample_every);
+        }
+        if settings.sample_every == 0 {
+            // No sample will prune them: nothing is hot from now on.
+            self.prints.borrow_mut().clear();
         }
         self.sample_every.set(settings.sample_every);
         self.interval.set(settings.interval);
@@ -319,6 +365,7 @@ impl WorkerHotKeys {
         self.random.set(x);
         self.countdown.set((1 + x % (2 * every - 1)) as u32);
         let now = Instant::now();
+        self.prune_prints(now);
         let mut windows = lock(&self.windows);
         windows.rotate(now, self.interval.get());
         let hot = match windows.current.get_mut(pool) {
@@ -331,7 +378,43 @@ impl WorkerHotKeys {
             }
         };
         if hot {
-            self.mark_hot(hash(&key[..key.len().min(KEY_BYTES)]), now);
+            let key = &key[..key.len().min(KEY_BYTES)];
+            self.mark_hot(hash(key), now);
+            self.mark_print(KeyPrint::of(key), now);
+        }
+    }
+
+    fn mark_print(&self, print: KeyPrint, now: Instant) {
+        let mut prints = self.prints.borrow_mut();
+        if let Some(entry) = prints.iter_mut().find(|(p, _)| *p == print) {
+            entry.1 = now;
+        } else if prints.len() < HOT_PRINTS {
+            prints.push((print, now));
+        } else if let Some(oldest) = prints.iter_mut().min_by_key(|(_, at)| *at) {
+            *oldest = (print, now);
+        }
+    }
+
+    /// Drops the prints no longer hot at `now`, so a multi-get compares its keys with the
+    /// keys hot now only.
+    fn prune_prints(&self, now: Instant) {
+        let span = 2 * self.interval.get();
+        let mut prints = self.prints.borrow_mut();
+        if prints
+            .iter()
+            .any(|&(_, at)| now.saturating_duration_since(at) >= span)
+        {
+            prints.retain(|&mut (_, at)| now.saturating_duration_since(at) < span);
+        }
+    }
+
+    /// Appends the prints of the keys lately found hot (at most [`HOT_PRINTS`]; some may
+    /// have cooled since: `is_hot` says).
+    #[inline]
+    pub(crate) fn hot_prints(&self, out: &mut SmallVec<[KeyPrint; HOT_PRINTS]>) {
+        let prints = self.prints.borrow();
+        if !prints.is_empty() {
+            out.extend(prints.iter().map(|&(print, _)| print));
         }
     }
 
@@ -528,6 +611,54 @@ mod tests {
             !worker.is_hot(hash(b"hot"), later),
             "cooled after two intervals"
         );
+    }
+
+    fn prints_of(worker: &WorkerHotKeys) -> Vec<KeyPrint> {
+        let mut out = SmallVec::new();
+        worker.hot_prints(&mut out);
+        out.to_vec()
+    }
+
+    #[test]
+    fn the_hot_keys_prints_are_kept_while_they_may_be_hot() {
+        let registry = HotKeyRegistry::default();
+        let settings = Settings {
+            sample_every: 1,
+            interval: Duration::from_secs(3600),
+            show_keys: true,
+        };
+        registry.set_settings(settings);
+        let worker = registry.worker(5);
+        worker.observe("p", b"bench:00000042", 0);
+        assert!(prints_of(&worker).is_empty(), "one sample is not hot");
+        worker.observe("p", b"bench:00000042", 0);
+        assert_eq!(prints_of(&worker), [KeyPrint::of(b"bench:00000042")]);
+        // A sample two intervals later drops it.
+        worker.prune_prints(Instant::now() + Duration::from_secs(3600));
+        assert_eq!(prints_of(&worker).len(), 1, "hot for two intervals");
+        worker.prune_prints(Instant::now() + Duration::from_secs(2 * 3600));
+        assert!(prints_of(&worker).is_empty());
+        // Turned off, the sampler keeps no prints.
+        worker.observe("p", b"k", 0);
+        worker.observe("p", b"k", 0);
+        assert_eq!(prints_of(&worker).len(), 1);
+        worker.configure(Settings {
+            sample_every: 0,
+            ..settings
+        });
+        assert!(prints_of(&worker).is_empty());
+    }
+
+    #[test]
+    fn prints_tell_keys_apart_by_length_and_both_ends() {
+        let print = KeyPrint::of;
+        assert_ne!(print(b"a"), print(b"\0a"), "the length counts");
+        assert_ne!(print(b"ab"), print(b"ba"));
+        assert_ne!(print(b"bench:00000042"), print(b"bench:00000043"));
+        assert_ne!(print(b"bench:00000042"), print(b"xench:00000042"));
+        assert_eq!(print(b"bench:00000042"), print(b"bench:00000042"));
+        // Keys over 16 bytes may share a print: only their middles differ.
+        assert_eq!(print(b"aaaaaaaa1bbbbbbbb"), print(b"aaaaaaaa2bbbbbbbb"));
     }
 
     #[test]

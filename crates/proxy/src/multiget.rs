@@ -12,9 +12,10 @@
 //!   merge: walk a..e, take each leg's next VALUE block when it is for this key
 //! ```
 //!
-//! A key that joined an identical get in flight (`KeyTarget::Joined`, collapsing) is a leg
-//! of its own, numbered where the pass meets it; the merge takes its block from that
-//! get's reply as from a batch's.
+//! A key that joined an identical get in flight (`KeyTarget::Joined`, collapsing), or that
+//! is hot and leads a get of its own (`KeyTarget::Lead`), is a leg of its own, numbered
+//! where the pass meets it; the merge takes its block from that get's reply as from a
+//! batch's.
 //!
 //! Per key the plan keeps one `u32` (its leg); the keys themselves stay in the client's
 //! line, and each is copied once, into the outgoing buffer of its server's connection.
@@ -34,6 +35,10 @@ pub(crate) enum KeyTarget {
     /// key in flight, which the key joined (`collapse::join_key`): a leg of its own, sent
     /// nothing.
     Joined(u32, u32),
+    /// A hot key of a plain pool's server that no get in flight there answers: sent alone
+    /// (`get K`), after the batches, as a get later gets of it may join
+    /// (`collapse::lead_key`): a leg of its own.
+    Lead(u32, u32),
 }
 
 /// One step of a multi-get's plan, in the order the writes and sends must happen. Legs
@@ -54,6 +59,15 @@ pub(crate) enum Step<'k> {
     /// `key` joined a get in flight to `server` of `pool` (`KeyTarget::Joined`): leg
     /// `leg`, its reply that get's.
     Joined {
+        leg: usize,
+        pool: usize,
+        server: usize,
+        key: &'k [u8],
+    },
+    /// `key` leads a get of its own to `server` of `pool` (`KeyTarget::Lead`): leg `leg`,
+    /// sent by the caller once the plan is done (a batch line to that server may be open
+    /// until then).
+    Lead {
         leg: usize,
         pool: usize,
         server: usize,
@@ -112,6 +126,17 @@ pub(crate) fn plan<'k>(
             KeyTarget::Joined(pool, server) => {
                 key_leg.push(legs);
                 step(Step::Joined {
+                    leg: legs as usize,
+                    pool: pool as usize,
+                    server: server as usize,
+                    key,
+                });
+                legs += 1;
+                continue;
+            }
+            KeyTarget::Lead(pool, server) => {
+                key_leg.push(legs);
+                step(Step::Lead {
                     leg: legs as usize,
                     pool: pool as usize,
                     server: server as usize,
@@ -303,6 +328,19 @@ mod tests {
         );
         assert_eq!(steps[2], Step::Add { leg: 0, key: b"c" });
         assert_eq!(key_leg[..], [0, 1, 0, 2]);
+        // A key that leads is numbered the same way.
+        let keys = named(&[S1, KeyTarget::Lead(0, 1), S1, S2]);
+        let (_, lead_steps, lead_key_leg) = planned(&keys, usize::MAX, 100);
+        assert_eq!(
+            lead_steps[1],
+            Step::Lead {
+                leg: 1,
+                pool: 0,
+                server: 1,
+                key: b"b"
+            }
+        );
+        assert_eq!(lead_key_leg, key_leg);
         // Merged from a single get's reply as from a batch's.
         let replies = [
             Bytes::from_static(b"VALUE a 0 1\r\n1\r\nVALUE c 0 1\r\n3\r\nEND\r\n"),

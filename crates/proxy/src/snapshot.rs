@@ -24,10 +24,11 @@ use memroute_net::Connector;
 use memroute_protocol::auth::Authfile;
 use memroute_protocol::Limits;
 use memroute_routing::{NodeId, Placement, RouteTable};
+use smallvec::SmallVec;
 
 use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
-use crate::hot_keys::WorkerHotKeys;
+use crate::hot_keys::{KeyPrint, WorkerHotKeys, HOT_PRINTS};
 use crate::key_turns::KeyTurns;
 use crate::pool_settings::max_ejected;
 use crate::read_order::NearestRoutes;
@@ -345,15 +346,22 @@ impl RouteSnapshot {
         }
     }
 
-    /// A client's request for `key` was sent to `server` of `pool`: the hot-key sampler
-    /// sees it (about one in `admin.hot_keys_sample`). Called where requests are sent, so
-    /// lookups (`/route`, `__mcrouter__.route`) and a resize window's own moves are not
-    /// traffic.
-    /// Whether the key of hash `key_hash` is hot on this worker now (`hot_cache`).
+    /// Whether the key of hash `key_hash` (`hot_keys::hash`) is hot on this worker now
+    /// (`hot_cache`, a multi-get's key that may lead: `collapse`).
     pub(crate) fn is_hot(&self, key_hash: u64, now: Instant) -> bool {
         self.hot_keys.is_hot(key_hash, now)
     }
 
+    /// The prints of the keys lately found hot on this worker (`WorkerHotKeys::hot_prints`).
+    #[inline]
+    pub(crate) fn hot_prints(&self, out: &mut SmallVec<[KeyPrint; HOT_PRINTS]>) {
+        self.hot_keys.hot_prints(out);
+    }
+
+    /// A client's request for `key` was sent to `server` of `pool`: the hot-key sampler
+    /// sees it (about one in `admin.hot_keys_sample`). Called where requests are sent, so
+    /// lookups (`/route`, `__mcrouter__.route`) and a resize window's own moves are not
+    /// traffic.
     #[inline]
     pub(crate) fn sent_to(&self, pool: usize, key: &[u8], server: usize) {
         self.hot_keys.observe(&self.pools[pool].name, key, server);

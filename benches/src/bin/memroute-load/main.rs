@@ -27,6 +27,10 @@
 //! every get of the hot key sent, warmup included, `hot_gets_window` those sent inside the
 //! measured window (closed loop), to set against the servers' counters.
 //!
+//! `--single-gets F` (with `--multiget N` > 1) makes a share F of gets ask for one key,
+//! so single-key gets run beside the multi-gets (collapsing's per-key lookup exists only
+//! once a worker has served a single-key get: scripts/bench-policy-callgrind's SINGLE).
+//!
 //! `--cpu NAME=PID` samples utime+stime of that process from /proc exactly at the
 //! window boundaries, so CPU per op covers the measured window only (not the
 //! populate or warmup phases).
@@ -84,6 +88,10 @@ struct Args {
     /// Keys per get: 1 sends `get k`, N sends `get k1 .. kN` (one op).
     #[arg(long, default_value_t = 1)]
     multiget: usize,
+    /// With --multiget N > 1: the share of gets that ask for one key (`get k`; GET in
+    /// binary) instead of N, e.g. so single-key gets run beside multi-gets.
+    #[arg(long, default_value_t = 0.0)]
+    single_gets: f64,
     /// Share of the keys of gets that are the one hot key `hotkey:0000000` (0 = none).
     #[arg(long, default_value_t = 0.0)]
     hot_share: f64,
@@ -218,20 +226,24 @@ impl ConnStats {
     }
     /// Counts one op that completed inside the window, `latency_ns` after it was sent (closed
     /// loop) or due (open loop).
-    fn record(&mut self, kind: Kind, outcome: &Outcome, multiget: usize, latency_ns: u64) {
+    fn record(&mut self, kind: Kind, outcome: &Outcome, latency_ns: u64) {
         self.ops += 1;
         self.hist.record(latency_ns);
-        match kind {
-            Kind::Get => {
+        let keys = match kind {
+            Kind::Get(keys) => {
                 self.gets += 1;
-                self.keys_requested += multiget as u64;
+                self.keys_requested += u64::from(keys);
+                u64::from(keys)
             }
-            Kind::Set => self.sets += 1,
-        }
+            Kind::Set => {
+                self.sets += 1;
+                0
+            }
+        };
         match outcome {
             Outcome::Values(n) => {
                 self.hits += n;
-                self.misses += (multiget as u64).saturating_sub(*n);
+                self.misses += keys.saturating_sub(*n);
             }
             Outcome::Stored => self.stored += 1,
             Outcome::ServerError => self.server_errors += 1,
@@ -299,8 +311,18 @@ impl std::fmt::Write for VecWriter<'_> {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
-    Get,
+    /// A get of this many keys.
+    Get(u32),
     Set,
+}
+
+/// How many keys the next get asks for: the plan's multi-get size, or one for the
+/// `--single-gets` share.
+fn get_keys(plan: &Plan, rng: &Rng) -> usize {
+    if plan.single_gets > 0.0 && plan.multiget > 1 && rng.unit() < plan.single_gets {
+        return 1;
+    }
+    plan.multiget
 }
 
 /// Outcome of parsing one reply from the front of the buffer.
@@ -371,7 +393,7 @@ fn parse_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
                     outcome,
                 });
             }
-            Kind::Get => {
+            Kind::Get(_) => {
                 if line == b"END" {
                     return Ok(Reply::Done {
                         consumed: next,
@@ -420,21 +442,18 @@ fn binary_header(out: &mut Vec<u8>, opcode: u8, key_len: usize, extras: usize, b
 fn binary_request(out: &mut Vec<u8>, plan: &Plan, rng: &Rng) -> Kind {
     let mut k = Vec::with_capacity(16);
     if rng.unit() < plan.get_ratio {
-        let (opcode, n) = if plan.multiget == 1 {
-            (0x00, 1)
-        } else {
-            (0x0d, plan.multiget)
-        };
+        let n = get_keys(plan, rng);
+        let opcode = if n == 1 { 0x00 } else { 0x0d };
         for _ in 0..n {
             k.clear();
             get_key(&mut k, plan, rng);
             binary_header(out, opcode, k.len(), 0, k.len());
             out.extend_from_slice(&k);
         }
-        if plan.multiget > 1 {
+        if n > 1 {
             binary_header(out, 0x0a, 0, 0, 0);
         }
-        Kind::Get
+        Kind::Get(n as u32)
     } else {
         key(&mut k, rng.below(plan.keys));
         binary_header(out, 0x01, k.len(), 8, 8 + k.len() + plan.value.len());
@@ -466,13 +485,13 @@ fn parse_binary_reply(buf: &[u8], kind: Kind) -> Result<Reply, String> {
         let opcode = header[1];
         pos = end;
         let outcome = match (kind, opcode, status) {
-            (Kind::Get, 0x0d, 0) => {
+            (Kind::Get(_), 0x0d, 0) => {
                 values += 1;
                 continue;
             }
-            (Kind::Get, 0x0a, _) => Outcome::Values(values),
-            (Kind::Get, 0x00, 0) => Outcome::Values(1),
-            (Kind::Get, 0x00, 1) => Outcome::Values(0),
+            (Kind::Get(_), 0x0a, _) => Outcome::Values(values),
+            (Kind::Get(_), 0x00, 0) => Outcome::Values(1),
+            (Kind::Get(_), 0x00, 1) => Outcome::Values(0),
             (Kind::Set, _, 0) => Outcome::Stored,
             (_, _, 0x84) => Outcome::ServerError,
             (_, _, 0x04) => Outcome::ClientError,
@@ -492,12 +511,13 @@ fn request(out: &mut Vec<u8>, plan: &Plan, rng: &Rng) -> Kind {
     }
     if rng.unit() < plan.get_ratio {
         out.extend_from_slice(b"get");
-        for _ in 0..plan.multiget {
+        let n = get_keys(plan, rng);
+        for _ in 0..n {
             out.push(b' ');
             get_key(out, plan, rng);
         }
         out.extend_from_slice(b"\r\n");
-        Kind::Get
+        Kind::Get(n as u32)
     } else {
         out.extend_from_slice(b"set ");
         key(out, rng.below(plan.keys));
@@ -566,6 +586,8 @@ struct Plan {
     get_ratio: f64,
     keys: u64,
     multiget: usize,
+    /// Share of gets of one key when `multiget` > 1 (`--single-gets`).
+    single_gets: f64,
     hot_share: f64,
     /// Gets of the hot key sent, shared by every connection.
     hot_gets: Arc<AtomicU64>,
@@ -721,12 +743,7 @@ async fn run_conn(id: usize, plan: Arc<Plan>, shared: Arc<Shared>) -> Result<Con
             if now < plan.warmup_end || now >= plan.end {
                 continue;
             }
-            stats.record(
-                kind,
-                &outcome,
-                plan.multiget,
-                now.duration_since(sent).as_nanos() as u64,
-            );
+            stats.record(kind, &outcome, now.duration_since(sent).as_nanos() as u64);
         }
     }
 }
@@ -866,6 +883,7 @@ fn plan(args: &Args, target: Target, value: Vec<u8>) -> Plan {
         get_ratio: args.get_ratio,
         keys: args.keys,
         multiget: args.multiget,
+        single_gets: args.single_gets,
         hot_share: args.hot_share,
         hot_gets: Arc::new(AtomicU64::new(0)),
         pipeline: args.pipeline,

@@ -348,7 +348,7 @@ fn read_replies(
             };
             completed += 1;
             if in_window(due, warmup_end, end) {
-                total.record(kind, &outcome, plan.multiget, latency);
+                total.record(kind, &outcome, latency);
             }
         }
         // Keep the partial reply (if any) at the front.

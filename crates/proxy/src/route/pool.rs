@@ -2,6 +2,7 @@
 //! server, `send_batches`), flush_all to every server. A plain pool's single-key
 //! request never reaches here (dispatch sends it as a leg of its own); the executor comes
 //! here for a pool reached through a policy route.
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -14,6 +15,7 @@ use smallvec::SmallVec;
 use super::job::{per_key, Job, KeyReplies, MultiJob};
 use super::leg::{Leg, Legs};
 use crate::collapse;
+use crate::hot_keys;
 use crate::multiget::{self, KeyTarget, Step};
 use crate::reply::{connection_gone, FlushAllMerge, Reply};
 use crate::snapshot::RouteSnapshot;
@@ -175,9 +177,10 @@ pub(crate) enum Batched<'k> {
 /// line, starting with `head` (`get `, `gets `...), written straight into its server
 /// connection's outgoing buffer (on the client's connection `slot`) as the plan adds keys
 /// and sent when the plan closes it. A key with an identical get in flight on its
-/// connection joins that get instead (`collapse::join_key`), a leg of its own. `Err(pool)`:
-/// a pool without servers; the lines still open take their bytes back out, the batches
-/// already sent are the caller's to drop.
+/// connection joins that get instead (`collapse::join_key`), a leg of its own; a hot key
+/// with none leads one (`collapse::lead_key`: sent alone once the batches are, a leg of its
+/// own too). `Err(pool)`: a pool without servers; the lines still open take their bytes
+/// back out, the batches already sent are the caller's to drop, no key leads.
 pub(crate) fn send_batches<'k>(
     routing: &RouteSnapshot,
     head: &[u8],
@@ -189,27 +192,21 @@ pub(crate) fn send_batches<'k>(
 ) -> Result<(), usize> {
     let mut lines = BatchLines::new(routing, head, slot);
     // The plan takes each key's step as soon as it has its target: one key's join at a time.
-    let joined: std::cell::Cell<Option<ReplyReceiver>> = std::cell::Cell::new(None);
-    let may_join = collapse::may_join(head);
-    let targets = targets.map(|(key, target)| match target {
-        KeyTarget::Server(..) if !may_join => (key, target),
-        KeyTarget::Server(pool, server) => {
-            let connections = &routing.pools[pool as usize];
-            let Some(collapsed) = &connections.collapsed else {
+    let joined: Cell<Option<ReplyReceiver>> = Cell::new(None);
+    let collapsing = collapse::MultiGetKeys::new(head, |hot| routing.hot_prints(hot));
+    let targets = targets.map(|(key, target)| match (target, &collapsing) {
+        (KeyTarget::Server(pool, server), Some(keys)) => {
+            let chance = keys.chance(key);
+            if !chance.join && !chance.lead {
                 return (key, target);
-            };
-            let connection = connections.servers[server as usize].pick(slot);
-            match collapse::join_key(connection, head, key) {
-                Some(receiver) => {
-                    collapsed.inc();
-                    joined.set(Some(receiver));
-                    (key, KeyTarget::Joined(pool, server))
-                }
-                None => (key, target),
             }
+            let target = join_or_lead(routing, keys, slot, (key, pool, server), chance, &joined);
+            (key, target)
         }
-        other => (key, other),
+        _ => (key, target),
     });
+    // Keys that lead (`Step::Lead`), sent once every batch line is.
+    let mut leads: SmallVec<[Step<'k>; 2]> = SmallVec::new();
     multiget::plan(
         targets,
         head.len(),
@@ -241,9 +238,66 @@ pub(crate) fn send_batches<'k>(
                     });
                 }
             }
+            Step::Lead {
+                pool, server, key, ..
+            } => {
+                lines.joined(pool, server, key);
+                on(Batched::Opened { pool, server });
+                leads.push(step);
+            }
             Step::Executor { key, .. } => on(Batched::Executor { key }),
         },
-    )
+    )?;
+    for lead in leads {
+        let Step::Lead {
+            leg,
+            pool,
+            server,
+            key,
+        } = lead
+        else {
+            continue;
+        };
+        let connections = &routing.pools[pool];
+        let connection = connections.servers[server].pick(slot);
+        let (receiver, joined) = collapse::lead_key(connection, head, key);
+        if let (true, Some(collapsed)) = (joined, &connections.collapsed) {
+            collapsed.inc();
+        }
+        on(Batched::Sent { leg, receiver });
+    }
+    Ok(())
+}
+
+/// A multi-get key bound for `server` of `pool` whose print says it may join a get in
+/// flight or lead one (`chance`): joined (its receiver left in `joined`), leading (a hot
+/// key, in a pool that collapses), or batched as ever.
+#[inline(never)]
+fn join_or_lead(
+    routing: &RouteSnapshot,
+    keys: &collapse::MultiGetKeys,
+    slot: usize,
+    (key, pool, server): (&[u8], u32, u32),
+    chance: collapse::Chance,
+    joined: &Cell<Option<ReplyReceiver>>,
+) -> KeyTarget {
+    let batched = KeyTarget::Server(pool, server);
+    let connections = &routing.pools[pool as usize];
+    let Some(collapsed) = &connections.collapsed else {
+        return batched;
+    };
+    if chance.join {
+        let connection = connections.servers[server as usize].pick(slot);
+        if let Some(receiver) = collapse::join_key(connection, keys.head(), key) {
+            collapsed.inc();
+            joined.set(Some(receiver));
+            return KeyTarget::Joined(pool, server);
+        }
+    }
+    if chance.lead && routing.is_hot(hot_keys::hash(key), Instant::now()) {
+        return KeyTarget::Lead(pool, server);
+    }
+    batched
 }
 
 /// The batch lines of a multi-get being planned (`send_batches`), one per leg, written
