@@ -822,3 +822,47 @@ fn prefix_gets(direct: &mut Conn, prefix: &str) -> u64 {
     let at = words.iter().position(|w| *w == "get").expect("a get count");
     words[at + 1].parse().expect("a number")
 }
+
+/// At most one key of a multi-get leads: of two hot keys in one multi-get, the first is
+/// sent alone (a later `get hot:a` joins it) and the second stays in its batch line, which
+/// no get can join (a later `get hot:b` is sent). A multi-get of many hot keys thus costs
+/// one request more, not one per key. Fails on a memroute where every hot key leads (then
+/// `get hot:b` joins too: 2 collapsed, 2 sent).
+#[test]
+fn only_the_first_hot_key_of_a_multi_get_leads() {
+    let (mc, proxy) = setup("unrelated", b"u", &sample_every_key());
+    let mut direct = mc.connect();
+    direct.set("hot:a", b"A");
+    direct.set("hot:b", b"B");
+    make_hot_by_multi_gets(&proxy, "hot:a hot:b");
+    let mut admin = proxy.connect();
+    let base = proxy_stat(&mut admin, "cmd_get");
+    let collapsed_before = proxy_stat(&mut admin, "pool:main:collapsed_gets");
+    let server_before = server_stat(&mc, "cmd_get");
+    let frozen = mc.stop();
+
+    let mut both = proxy.connect();
+    both.send(b"get hot:a hot:b\r\n");
+    wait_gets_dispatched(&mut admin, base + 2);
+    let mut later_b = proxy.connect();
+    later_b.send(b"get hot:b\r\n");
+    let mut later_a = proxy.connect();
+    later_a.send(b"get hot:a\r\n");
+    wait_gets_dispatched(&mut admin, base + 4);
+    frozen.resume();
+
+    let mut expected = value_block("hot:a", 0, b"A", None);
+    expected.extend_from_slice(&value_block("hot:b", 0, b"B", None));
+    expected.extend_from_slice(b"END\r\n");
+    assert_eq!(show(&both.read_get_reply()), show(&expected));
+    assert_eq!(later_b.read_get_reply(), get_reply_flags0("hot:b", b"B"));
+    assert_eq!(later_a.read_get_reply(), get_reply_flags0("hot:a", b"A"));
+    let sent = server_stat(&mc, "cmd_get") - server_before;
+    let collapsed = proxy_stat(&mut admin, "pool:main:collapsed_gets") - collapsed_before;
+    assert_eq!(
+        (sent, collapsed),
+        (3, 1),
+        "memcached's get keys and memroute's collapsed gets: hot:a led and was joined once, \
+         hot:b was batched and sent again"
+    );
+}

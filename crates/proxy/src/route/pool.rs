@@ -177,9 +177,9 @@ pub(crate) enum Batched<'k> {
 /// line, starting with `head` (`get `, `gets `...), written straight into its server
 /// connection's outgoing buffer (on the client's connection `slot`) as the plan adds keys
 /// and sent when the plan closes it. A key with an identical get in flight on its
-/// connection joins that get instead (`collapse::join_key`), a leg of its own; a hot key
-/// with none leads one (`collapse::lead_key`: sent alone once the batches are, a leg of its
-/// own too). `Err(pool)`: a pool without servers; the lines still open take their bytes
+/// connection joins that get instead (`collapse::join_key`), a leg of its own; the first
+/// hot key with none leads one (`collapse::lead_key`: sent alone once the batches are, a
+/// leg of its own too). `Err(pool)`: a pool without servers; the lines still open take their bytes
 /// back out, the batches already sent are the caller's to drop, no key leads.
 pub(crate) fn send_batches<'k>(
     routing: &RouteSnapshot,
@@ -193,20 +193,27 @@ pub(crate) fn send_batches<'k>(
     let mut lines = BatchLines::new(routing, head, slot);
     // The plan takes each key's step as soon as it has its target: one key's join at a time.
     let joined: Cell<Option<ReplyReceiver>> = Cell::new(None);
+    // At most one key of a multi-get leads (the first hot one): a lead is a request and a
+    // leg more, which only pays when other gets of the key arrive during its flight. A
+    // multi-get of many hot keys (a client asking for the same few keys over and over)
+    // stays one batch per server and one leg more, not one request per key.
+    let led = Cell::new(false);
     let collapsing = collapse::MultiGetKeys::new(head, |hot| routing.hot_prints(hot));
     let targets = targets.map(|(key, target)| match (target, &collapsing) {
         (KeyTarget::Server(pool, server), Some(keys)) => {
-            let chance = keys.chance(key);
+            let mut chance = keys.chance(key);
+            chance.lead &= !led.get();
             if !chance.join && !chance.lead {
                 return (key, target);
             }
             let target = join_or_lead(routing, keys, slot, (key, pool, server), chance, &joined);
+            led.set(led.get() || matches!(target, KeyTarget::Lead(..)));
             (key, target)
         }
         _ => (key, target),
     });
-    // Keys that lead (`Step::Lead`), sent once every batch line is.
-    let mut leads: SmallVec<[Step<'k>; 2]> = SmallVec::new();
+    // The key that leads (`Step::Lead`), sent once every batch line is.
+    let mut leads: SmallVec<[Step<'k>; 1]> = SmallVec::new();
     multiget::plan(
         targets,
         head.len(),
