@@ -16,10 +16,11 @@
 //! of a multi-get. For a 10,000-key `get` (served while holding the line only once) it also reports the peak of live heap bytes above the level before the window,
 //! per key: every key misses, so no value bytes are counted, only the line, its parsed
 //! keys, the per-key bookkeeping and the sub-requests.
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Counts allocations and live bytes, and forwards everything to the system allocator.
@@ -69,6 +70,16 @@ const REQUESTS: usize = 20_000;
 const HUGE: usize = 10_000;
 const HUGE_REQUESTS: usize = 200;
 
+/// A read that gets no byte for this long says so on stderr (with the case and what the
+/// servers counted) and reads on; after [`STALLED`] without a byte the bench fails with
+/// the same evidence. Every pool here has a 10 s timeout, so memroute has answered long
+/// before (a `SERVER_ERROR` at worst): a reply still missing then is a stall, not load.
+const SLOW: Duration = Duration::from_secs(20);
+const STALLED: Duration = Duration::from_secs(120);
+
+/// The memcached ports, for the evidence a stall prints.
+static SERVER_PORTS: OnceLock<Vec<u16>> = OnceLock::new();
+
 struct Memcached(Child);
 
 impl Drop for Memcached {
@@ -89,6 +100,9 @@ fn connect(port: u16) -> TcpStream {
         match TcpStream::connect(("127.0.0.1", port)) {
             Ok(stream) => {
                 stream.set_nodelay(true).expect("nodelay");
+                // Set once, outside every measured window: a read that gets nothing for
+                // SLOW returns, so a stall is reported rather than waited on forever.
+                stream.set_read_timeout(Some(SLOW)).expect("read timeout");
                 return stream;
             }
             Err(error) if Instant::now() > deadline => panic!("cannot connect to {port}: {error}"),
@@ -113,33 +127,153 @@ fn start_with_keys(config_text: &str) -> (memroute_control::ProxyHandle, TcpStre
     let keys: Vec<String> = (0..20).map(|i| format!("alloc:key:{i}")).collect();
     for key in &keys {
         let set = format!("set {key} 0 0 64\r\n{}\r\n", "v".repeat(64));
-        round_trip(&mut stream, set.as_bytes(), b"STORED\r\n", &mut buffer);
+        round_trip(
+            &mut stream,
+            "set the keys",
+            set.as_bytes(),
+            b"STORED\r\n",
+            &mut buffer,
+        );
     }
     (proxy, stream, keys)
 }
 
-/// Sends `request` and reads until the reply ends with `end`, allocation-free.
-fn round_trip(stream: &mut TcpStream, request: &[u8], end: &[u8], buffer: &mut [u8]) {
+/// Sends `request` (of `case`) and reads until the reply ends with `end`, allocation-free
+/// unless it stalls (`SLOW`, `STALLED`).
+fn round_trip(stream: &mut TcpStream, case: &str, request: &[u8], end: &[u8], buffer: &mut [u8]) {
     stream.write_all(request).expect("write");
     let mut filled = 0;
+    let mut silent_reads = 0u32;
     loop {
-        let n = stream.read(&mut buffer[filled..]).expect("read");
-        assert!(n > 0, "connection closed");
+        let n = match stream.read(&mut buffer[filled..]) {
+            Ok(n) => n,
+            Err(error) if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                silent_reads += 1;
+                let waited = SLOW * silent_reads;
+                let evidence = stall_evidence(case, request, &buffer[..filled], waited);
+                assert!(waited < STALLED, "stalled: {evidence}");
+                eprintln!("slow: {evidence}");
+                continue;
+            }
+            // A read with a timeout is not restarted after the process was stopped and
+            // continued (a debugger attaching to take backtraces, SIGSTOP): read again.
+            Err(error) if error.kind() == ErrorKind::Interrupted => continue,
+            Err(error) => panic!("read in {case}: {error}"),
+        };
+        assert!(n > 0, "connection closed in {case}");
+        silent_reads = 0;
         filled += n;
         if buffer[..filled].ends_with(end) {
             return;
         }
-        // An error line in place of the reply would otherwise leave this loop waiting forever.
+        // An error in place of the reply never ends as `end` does: fail at once, or this
+        // loop would wait for bytes that never come. memroute answers a text request that
+        // failed (a multi-get whose batch failed too) with one error line, a binary one
+        // with a response whose status is not 0.
         let error = [&b"SERVER_ERROR"[..], b"CLIENT_ERROR", b"ERROR\r\n"];
         if buffer[..filled].ends_with(b"\r\n")
             && error.iter().any(|e| buffer[..filled].starts_with(e))
         {
             panic!(
-                "error reply: {}",
+                "error reply in {case}: {}",
+                String::from_utf8_lossy(&buffer[..filled])
+            );
+        }
+        if let Some(status) = binary_error(&buffer[..filled]) {
+            panic!(
+                "binary error response (status {status:#06x}) in {case}: {:?}",
                 String::from_utf8_lossy(&buffer[..filled])
             );
         }
     }
+}
+
+/// The status of the first binary response in `bytes` that is not a success (0), looking
+/// at each whole header (24 bytes, status at 6, body length at 8); `None` for text.
+fn binary_error(bytes: &[u8]) -> Option<u16> {
+    let mut at = 0;
+    while let Some(header) = bytes.get(at..at + 24) {
+        if header[0] != 0x81 {
+            return None;
+        }
+        let status = u16::from_be_bytes([header[6], header[7]]);
+        if status != 0 {
+            return Some(status);
+        }
+        let body = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
+        at += 24 + body as usize;
+    }
+    None
+}
+
+/// What a stalled round trip of `case` shows: the request, the reply bytes so far, and
+/// each memcached's counts (so two reports a while apart say whether anything moved).
+fn stall_evidence(case: &str, request: &[u8], got: &[u8], waited: Duration) -> String {
+    let shown = |bytes: &[u8], from_end: bool| {
+        let cut = bytes.len().min(160);
+        let part = if from_end {
+            &bytes[bytes.len() - cut..]
+        } else {
+            &bytes[..cut]
+        };
+        format!(
+            "{:?} ({} bytes)",
+            String::from_utf8_lossy(part),
+            bytes.len()
+        )
+    };
+    format!(
+        "case {case:?}: no reply byte for {waited:?} (pid {}); request {}; reply so far, its end {}; memcached: {}",
+        std::process::id(),
+        shown(request, false),
+        shown(got, true),
+        memcached_stats()
+    )
+}
+
+/// A few of each memcached's `stats` counters, one server after another.
+fn memcached_stats() -> String {
+    const SHOWN: [&str; 6] = [
+        "curr_connections",
+        "cmd_get",
+        "get_hits",
+        "get_misses",
+        "cmd_set",
+        "curr_items",
+    ];
+    let ports = SERVER_PORTS.get().map(Vec::as_slice).unwrap_or_default();
+    let one = |port: u16| -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(b"stats\r\n")?;
+        let mut text = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !text.ends_with(b"END\r\n") {
+            let n = stream.read(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            text.extend_from_slice(&chunk[..n]);
+        }
+        let text = String::from_utf8_lossy(&text).into_owned();
+        let counts: Vec<String> = text
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split(' ').skip(1);
+                let (name, value) = (words.next()?, words.next()?);
+                SHOWN.contains(&name).then(|| format!("{name}={value}"))
+            })
+            .collect();
+        Ok(counts.join(" "))
+    };
+    ports
+        .iter()
+        .map(|&port| match one(port) {
+            Ok(counts) => format!("[{port}: {counts}]"),
+            Err(error) => format!("[{port}: stats failed: {error}]"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// What one kind of request cost over its measured window.
@@ -154,17 +288,23 @@ struct Counted {
 
 /// Allocations per request over `requests` round trips (after a tenth as many of warm-up),
 /// the idle rate over as long, and the peak of live bytes in the window.
-fn count(stream: &mut TcpStream, request: &[u8], end: &[u8], requests: usize) -> Counted {
+fn count(
+    stream: &mut TcpStream,
+    case: &str,
+    request: &[u8],
+    end: &[u8],
+    requests: usize,
+) -> Counted {
     let mut buffer = vec![0u8; 1 << 20];
     for _ in 0..requests / 10 {
-        round_trip(stream, request, end, &mut buffer);
+        round_trip(stream, case, request, end, &mut buffer);
     }
     let base = LIVE.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     let started = Instant::now();
     for _ in 0..requests {
-        round_trip(stream, request, end, &mut buffer);
+        round_trip(stream, case, request, end, &mut buffer);
     }
     let elapsed = started.elapsed();
     let busy = ALLOCATIONS.load(Ordering::Relaxed) - before;
@@ -207,6 +347,7 @@ fn main() {
     for (port, _) in &servers {
         drop(connect(*port));
     }
+    let _ = SERVER_PORTS.set(servers.iter().map(|(port, _)| *port).collect());
     let list = |ports: &[(u16, Memcached)]| {
         ports
             .iter()
@@ -250,13 +391,9 @@ fn main() {
             ),
         ];
         for (label, request, end, requests) in cases {
-            let counted = count(&mut stream, request, end, requests);
-            println!(
-                "{:<44}{:>14.2}{:>20.2}",
-                format!("{label} [{name}]"),
-                counted.busy,
-                counted.idle
-            );
+            let case = format!("{label} [{name}]");
+            let counted = count(&mut stream, &case, request, end, requests);
+            println!("{:<44}{:>14.2}{:>20.2}", case, counted.busy, counted.idle);
             if request.len() == huge.len() {
                 println!(
                     "    line {} bytes; peak live heap above the start of the window: {} bytes ({:.1} per key, {:.2}x the line)",
@@ -307,8 +444,9 @@ fn resize_window(before: &str, after: &str) {
         ("get, 20 keys (misses)", &misses, b"END\r\n"),
     ];
     for (label, request, end) in cases {
-        let counted = count(&mut stream, request, end, REQUESTS / 4);
-        print_row(&format!("  {label}"), &counted);
+        let case = format!("  {label}");
+        let counted = count(&mut stream, &case, request, end, REQUESTS / 4);
+        print_row(&case, &counted);
     }
     drop(stream);
     proxy.shutdown();
@@ -350,13 +488,15 @@ fn policy_routes(servers: &str) {
         let text = two_pools(servers, route);
         let (proxy, mut stream, keys) = start_with_keys(&text);
         let multi = format!("get {}\r\n", keys.join(" ")).into_bytes();
-        let counted = count(&mut stream, &multi, b"END\r\n", REQUESTS);
-        print_row(&format!("  {name}"), &counted);
+        let case = format!("  {name}");
+        let counted = count(&mut stream, &case, &multi, b"END\r\n", REQUESTS);
+        print_row(&case, &counted);
         // The same route's single-key get (a hit): the fast paths that skip the executor
         // (a failover's or warm-up's first pool, a shadow's or random route's pool).
         let single = format!("get {}\r\n", keys[0]).into_bytes();
-        let counted = count(&mut stream, &single, b"END\r\n", REQUESTS);
-        print_row(&format!("  {name}, 1-key get"), &counted);
+        let case = format!("  {name}, 1-key get");
+        let counted = count(&mut stream, &case, &single, b"END\r\n", REQUESTS);
+        print_row(&case, &counted);
         drop(stream);
         proxy.shutdown();
         proxy.join();
@@ -391,8 +531,9 @@ fn policy_writes(servers: &str) {
         let text = two_pools(servers, &route);
         let (proxy, mut stream, _) = start_with_keys(&text);
         let set = format!("set alloc:key:0 0 0 64\r\n{}\r\n", "v".repeat(64)).into_bytes();
-        let counted = count(&mut stream, &set, b"STORED\r\n", REQUESTS);
-        print_row(&format!("  {name}"), &counted);
+        let case = format!("  {name}");
+        let counted = count(&mut stream, &case, &set, b"STORED\r\n", REQUESTS);
+        print_row(&case, &counted);
         drop(stream);
         proxy.shutdown();
         proxy.join();
@@ -426,8 +567,9 @@ fn routing_prefixes(servers: &str) {
         ("prefixed keys, get, 20 keys", &prefixed_multi, b"END\r\n"),
     ];
     for (label, request, end) in cases {
-        let counted = count(&mut stream, request, end, REQUESTS);
-        print_row(&format!("  {label}"), &counted);
+        let case = format!("  {label}");
+        let counted = count(&mut stream, &case, request, end, REQUESTS);
+        print_row(&case, &counted);
     }
     drop(stream);
     proxy.shutdown();
@@ -504,7 +646,8 @@ fn binary_cases(proxy: &memroute_control::ProxyHandle, keys: &[String], name: &s
         ("binary 20 x getkq + noop", &getkq, &noop_end),
     ];
     for (label, request, end) in cases {
-        let counted = count(&mut stream, request, end, REQUESTS);
-        print_row(&format!("{label} [{name}]"), &counted);
+        let case = format!("{label} [{name}]");
+        let counted = count(&mut stream, &case, request, end, REQUESTS);
+        print_row(&case, &counted);
     }
 }
