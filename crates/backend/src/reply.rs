@@ -246,7 +246,9 @@ impl ReplyReceiver {
     }
 
     /// A way for another request to wait for this slot's reply instead of sending its
-    /// own (collapsing identical gets): see [`ReplyFollow::join`].
+    /// own (collapsing identical gets): see [`ReplyFollow::join`]. Inline: every get a
+    /// pool collapses takes one as its key's new leader, and the call was most of its cost.
+    #[inline]
     pub fn follow(&self) -> ReplyFollow {
         ReplyFollow {
             cell: Rc::downgrade(&self.cell),
