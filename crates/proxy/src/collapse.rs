@@ -688,7 +688,10 @@ mod tests {
             let mut stored = [0u8; MAX_REQUEST];
             copy_line(&mut stored, &line[..len]);
             assert_eq!(&stored[..len], &line[..len], "{len} bytes");
-            assert!(stored[len..].iter().all(|&b| b == 0), "{len} bytes: nothing after");
+            assert!(
+                stored[len..].iter().all(|&b| b == 0),
+                "{len} bytes: nothing after"
+            );
         }
     }
 
