@@ -123,24 +123,23 @@ pub(crate) fn plan<'k>(
         let (pool, server) = match target {
             KeyTarget::Server(pool, server) => (pool, server),
             KeyTarget::Nowhere(pool) => return Err(pool as usize),
-            KeyTarget::Joined(pool, server) => {
+            // A key that joined a get in flight, or leads one: a leg of its own.
+            KeyTarget::Joined(pool, server) | KeyTarget::Lead(pool, server) => {
                 key_leg.push(legs);
-                step(Step::Joined {
-                    leg: legs as usize,
-                    pool: pool as usize,
-                    server: server as usize,
-                    key,
-                });
-                legs += 1;
-                continue;
-            }
-            KeyTarget::Lead(pool, server) => {
-                key_leg.push(legs);
-                step(Step::Lead {
-                    leg: legs as usize,
-                    pool: pool as usize,
-                    server: server as usize,
-                    key,
+                let (leg, pool, server) = (legs as usize, pool as usize, server as usize);
+                step(match target {
+                    KeyTarget::Lead(..) => Step::Lead {
+                        leg,
+                        pool,
+                        server,
+                        key,
+                    },
+                    _ => Step::Joined {
+                        leg,
+                        pool,
+                        server,
+                        key,
+                    },
                 });
                 legs += 1;
                 continue;
