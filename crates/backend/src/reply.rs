@@ -53,7 +53,7 @@ struct State {
 
 impl State {
     /// A rendering follower's `render`, taken. Looked at first: most slots have none, and
-    /// taking the empty one still copied all of its bytes out, for every reply sent.
+    /// `take` on an empty one would copy all of its bytes out, for every reply sent.
     #[inline(always)]
     fn take_render(&mut self) -> Option<Render> {
         match self.render.is_some() {
@@ -257,7 +257,7 @@ impl ReplyReceiver {
 
     /// A way for another request to wait for this slot's reply instead of sending its
     /// own (collapsing identical gets): see [`ReplyFollow::join`]. Inline: every get a
-    /// pool collapses takes one as its key's new leader, and the call was most of its cost.
+    /// pool collapses takes one as its key's new leader, and a call would be most of its cost.
     #[inline]
     pub fn follow(&self) -> ReplyFollow {
         ReplyFollow {
