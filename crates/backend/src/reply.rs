@@ -40,9 +40,6 @@ struct State {
     /// The sender may still send: set when the slot is handed out, cleared once it sent
     /// or went. Only a slot still waiting can be joined (`ReplyFollow::join`).
     waiting: bool,
-    /// Bumped each time the cell goes back to the free list, so a `ReplyFollow` taken for
-    /// one request never joins the next request that reuses the cell.
-    generation: u32,
     /// Followers (collapsed requests): each gets a copy of this slot's reply, or is closed
     /// with it. A chain through their own cells' `next`, so joining allocates nothing.
     next: Option<ReplySender>,
@@ -79,7 +76,25 @@ impl std::fmt::Debug for Render {
     }
 }
 
-type Cell = Rc<RefCell<State>>;
+/// A slot's state, and its generation beside it: bumped each time the cell goes back to
+/// the free list, so a `ReplyFollow` taken for one request never joins the next request
+/// that reuses the cell. Outside the `RefCell`, so reading it (every collapsed pool's get
+/// takes a `ReplyFollow`) checks no borrow.
+#[derive(Default)]
+struct Slot {
+    generation: std::cell::Cell<u32>,
+    state: RefCell<State>,
+}
+
+impl std::ops::Deref for Slot {
+    type Target = RefCell<State>;
+
+    fn deref(&self) -> &RefCell<State> {
+        &self.state
+    }
+}
+
+type Cell = Rc<Slot>;
 
 /// Slots kept per thread for reuse. Enough for every request in flight on a busy worker
 /// (a few hundred pipelined requests); beyond it a burst's extra cells are freed rather
@@ -117,11 +132,11 @@ fn release(cell: &Cell) {
         return;
     }
     // Taken out before being dropped, so no borrow is held while a reply's bytes go.
+    cell.generation.set(cell.generation.get().wrapping_add(1));
     let (reply, waker, next, render) = {
         let mut state = cell.borrow_mut();
         state.value_blocks = None;
         state.waiting = false;
-        state.generation = state.generation.wrapping_add(1);
         (
             state.reply.take(),
             state.waker.take(),
@@ -262,7 +277,7 @@ impl ReplyReceiver {
     pub fn follow(&self) -> ReplyFollow {
         ReplyFollow {
             cell: Rc::downgrade(&self.cell),
-            generation: self.cell.borrow().generation,
+            generation: self.cell.generation.get(),
         }
     }
 
@@ -315,7 +330,7 @@ impl std::fmt::Debug for ReplyReceiver {
 /// and the slot's generation, so a slot reused by a later request is never joined.
 #[derive(Default)]
 pub struct ReplyFollow {
-    cell: Weak<RefCell<State>>,
+    cell: Weak<Slot>,
     generation: u32,
 }
 
@@ -333,10 +348,9 @@ impl ReplyFollow {
     /// check without a receiver: a multi-get asks it of the few leaders it could join,
     /// once per multi-get, not once per key).
     pub fn waiting(&self) -> bool {
-        self.cell.upgrade().is_some_and(|cell| {
-            let state = cell.borrow();
-            state.generation == self.generation && state.waiting
-        })
+        self.cell
+            .upgrade()
+            .is_some_and(|cell| cell.generation.get() == self.generation && cell.borrow().waiting)
     }
 
     /// `join`, the copy of the reply rendered by `render` first (an error is passed on as
@@ -344,11 +358,8 @@ impl ReplyFollow {
     /// otherwise. The reply the leader and its other followers see is left as it is.
     pub fn join_rendered(&self, render: Option<Render>) -> Option<ReplyReceiver> {
         let cell = self.cell.upgrade()?;
-        {
-            let state = cell.borrow();
-            if state.generation != self.generation || !state.waiting {
-                return None;
-            }
+        if cell.generation.get() != self.generation || !cell.borrow().waiting {
+            return None;
         }
         let (sender, receiver) = reply_slot();
         let mut state = cell.borrow_mut();

@@ -72,17 +72,47 @@ const READ_ONLY_FLAGS: &[u8] = b"bcfkOqstuv";
 const MAX_OPAQUE: usize = 32;
 
 /// One key's leader.
-#[derive(Default)]
 struct Entry {
     /// `BackendHandle::id` of the leader's connection (0: empty).
     connection: usize,
     key_hash: u64,
-    /// Length of the leader's request bytes as compared (`without_echo`), kept at
-    /// `Table::bytes[slot * MAX_REQUEST..]`.
+    /// Length of the leader's request bytes as compared (`without_echo`), the start of
+    /// `line`.
     len: usize,
     /// The leader asked for an opaque or key echo: a follower renders its own.
     echo: bool,
     leader: ReplyFollow,
+    /// In the entry, not an array beside the entries: one index and one check of the
+    /// table's length find both.
+    line: [u8; MAX_REQUEST],
+}
+
+impl Default for Entry {
+    fn default() -> Entry {
+        Entry {
+            connection: 0,
+            key_hash: 0,
+            len: 0,
+            echo: false,
+            leader: ReplyFollow::default(),
+            line: [0; MAX_REQUEST],
+        }
+    }
+}
+
+impl Entry {
+    /// Empty again (its line is left: `len` and `connection` say it is no one's).
+    fn clear(&mut self) {
+        self.connection = 0;
+        self.key_hash = 0;
+        self.len = 0;
+        self.leader = ReplyFollow::default();
+    }
+
+    /// The leader's request bytes as compared.
+    fn stored(&self) -> &[u8] {
+        &self.line[..self.len.min(MAX_REQUEST)]
+    }
 }
 
 struct Table {
@@ -90,7 +120,6 @@ struct Table {
     /// One bit per slot whose leader may still wait: set as a leader takes the slot,
     /// cleared when a multi-get finds it answered (`waiting_gets`).
     live: [u64; SLOTS / 64],
-    bytes: Vec<u8>,
     /// The request being looked up, copied out of its pieces (reused).
     scratch: Vec<u8>,
     /// The same, as compared (`without_echo`; reused).
@@ -102,22 +131,19 @@ impl Table {
         Table {
             entries: Vec::new(),
             live: [0; SLOTS / 64],
-            bytes: Vec::new(),
             scratch: Vec::new(),
             compared: Vec::new(),
         }
     }
 
-    /// The entries and their bytes, as arrays (a slot's index needs no bounds check),
-    /// allocated on the worker's first get.
+    /// The entries, as an array (a slot's index needs no bounds check), allocated on the
+    /// worker's first get.
     #[inline]
-    fn slots(&mut self) -> Option<(&mut [Entry; SLOTS], &mut [u8; SLOTS * MAX_REQUEST])> {
-        if self.entries.is_empty() {
+    fn slots(&mut self) -> Option<&mut [Entry; SLOTS]> {
+        if self.entries.len() != SLOTS {
             self.allocate();
         }
-        let entries = self.entries.as_mut_slice().try_into().ok()?;
-        let bytes = self.bytes.as_mut_slice().try_into().ok()?;
-        Some((entries, bytes))
+        self.entries.as_mut_slice().try_into().ok()
     }
 
     /// Once per worker, out of the way of every get's path.
@@ -125,7 +151,6 @@ impl Table {
     #[inline(never)]
     fn allocate(&mut self) {
         self.entries.resize_with(SLOTS, Entry::default);
-        self.bytes.resize(SLOTS * MAX_REQUEST, 0);
     }
 }
 
@@ -322,30 +347,42 @@ fn slot(key_hash: u64) -> usize {
 fn get_of_key(line: &[u8], key: &[u8]) -> bool {
     // Addresses as numbers: a key outside the line starts at no verb's end.
     let at = (key.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
-    let verb = match at {
-        4 => line.starts_with(b"get "),
-        5 => line.starts_with(b"gets "),
+    let len = line.len();
+    // Each verb its own arm, so its lengths are constants: the line is the verb, the key
+    // and a line end, the key is not empty and the line not too long to keep; then the
+    // verb's bytes need no check of the line's length.
+    match at {
+        4 => {
+            len == key.len() + 6
+                && (7..=MAX_REQUEST).contains(&len)
+                && line.starts_with(b"get ")
+                && line.ends_with(b"\r\n")
+        }
+        5 => {
+            len == key.len() + 7
+                && (8..=MAX_REQUEST).contains(&len)
+                && line.starts_with(b"gets ")
+                && line.ends_with(b"\r\n")
+        }
         _ => false,
-    };
-    verb && !key.is_empty()
-        && line.len() == at + key.len() + 2
-        && line.len() <= MAX_REQUEST
-        && line.ends_with(b"\r\n")
+    }
 }
 
 /// Sends `parts` (a single-key request for `key`, whose reply is of `kind`) on
-/// `connection` as `send` does, unless it is a collapsible get identical to one still
-/// waiting for its reply there: then it waits for that one's reply. True when it joined.
-/// A client's `get K` (most gets) is looked up as it is, without a copy or a scan.
+/// `connection` as `send(connection, parts, kind)` does, unless it is a collapsible get
+/// identical to one still waiting for its reply there: then it waits for that one's reply.
+/// True when it joined. A client's `get K` (most gets) is looked up as it is, without a
+/// copy or a scan. `send` is a plain function of what this takes anyway: a closure over
+/// them would be one more thing this path carries in registers and on the stack.
 pub(crate) fn send_or_join(
     connection: &BackendHandle,
     key: &[u8],
     parts: &RequestBytes,
     kind: ReplyKind,
-    send: impl FnOnce() -> ReplyReceiver,
+    send: fn(&BackendHandle, &RequestBytes, ReplyKind) -> ReplyReceiver,
 ) -> (ReplyReceiver, bool) {
     if !matches!(kind, ReplyKind::Retrieval | ReplyKind::MetaGet) {
-        return (send(), false);
+        return (send(connection, parts, kind), false);
     }
     if parts.tail.is_none() && get_of_key(&parts.head, key) {
         let lookup = Lookup {
@@ -356,10 +393,10 @@ pub(crate) fn send_or_join(
         return TABLE.with(|table| {
             table
                 .borrow_mut()
-                .send_or_join(lookup, &parts.head, parts, send)
+                .send_or_join(lookup, &parts.head, parts, || send(connection, parts, kind))
         });
     }
-    send_or_join_scanned(connection, key, parts, send)
+    send_or_join_scanned(connection, key, parts, kind, send)
 }
 
 /// `send_or_join` of any other request: copied out of its pieces, checked, and compared
@@ -370,8 +407,10 @@ fn send_or_join_scanned(
     connection: &BackendHandle,
     key: &[u8],
     parts: &RequestBytes,
-    send: impl FnOnce() -> ReplyReceiver,
+    kind: ReplyKind,
+    send: fn(&BackendHandle, &RequestBytes, ReplyKind) -> ReplyReceiver,
 ) -> (ReplyReceiver, bool) {
+    let send = || send(connection, parts, kind);
     let may = matches!(parts.pieces().next(), Some([b'g' | b'm', ..]))
         && parts.pieces().map(<[u8]>::len).sum::<usize>() <= MAX_REQUEST;
     if !may {
@@ -503,8 +542,8 @@ impl Table {
                     *live &= !(1 << bit);
                     continue;
                 }
-                let stored = &self.bytes[slot * MAX_REQUEST..][..entry.len];
-                let key = stored
+                let key = entry
+                    .stored()
                     .strip_prefix(head)
                     .and_then(|rest| rest.strip_suffix(b"\r\n"));
                 match key {
@@ -541,8 +580,7 @@ pub(crate) fn join_key(
         {
             return None;
         }
-        let stored = &table.bytes[slot * MAX_REQUEST..][..entry.len];
-        let (verb, rest) = stored.split_at(head.len());
+        let (verb, rest) = entry.stored().split_at(head.len());
         if verb != head || !rest.starts_with(key) || !rest.ends_with(b"\r\n") {
             return None;
         }
@@ -605,7 +643,9 @@ impl Table {
     /// Joins the leader of `lookup`'s entry when it asked the same (`compared`, the
     /// request's bytes as compared) on the same connection and still waits; otherwise
     /// sends and becomes the entry's leader. A leader replacing an equal one (a hot key's
-    /// next round trip) keeps its bytes, already there.
+    /// next round trip) keeps its bytes, already there. The entry is written before the
+    /// request is sent (nothing sending does looks at the table), so that the request's
+    /// bytes need not be kept across the call.
     #[inline(always)]
     fn send_or_join(
         &mut self,
@@ -614,15 +654,16 @@ impl Table {
         parts: &RequestBytes,
         send: impl FnOnce() -> ReplyReceiver,
     ) -> (ReplyReceiver, bool) {
-        let Some((entries, bytes)) = self.slots() else {
+        let slot = slot(lookup.key_hash);
+        // Marked first (a joiner finds it marked already): `slots` holds the table after.
+        self.live[slot / 64] |= 1 << (slot % 64);
+        let Some(entries) = self.slots() else {
             return (send(), false);
         };
-        let slot = slot(lookup.key_hash);
         let entry = &mut entries[slot];
-        let stored = &mut bytes[slot * MAX_REQUEST..][..MAX_REQUEST];
         let same = entry.connection == lookup.connection
             && entry.key_hash == lookup.key_hash
-            && stored[..entry.len] == *compared;
+            && entry.stored() == compared;
         if same {
             let render = (lookup.echo || entry.echo).then(|| Render {
                 render: render_echo,
@@ -632,16 +673,15 @@ impl Table {
                 return (receiver, true);
             }
         }
-        let receiver = send();
         if !same {
-            copy_line(stored, compared);
+            copy_line(&mut entry.line, compared);
             entry.connection = lookup.connection;
             entry.key_hash = lookup.key_hash;
             entry.len = compared.len();
         }
         entry.echo = lookup.echo;
+        let receiver = send();
         entry.leader = receiver.follow();
-        self.live[slot / 64] |= 1 << (slot % 64);
         (receiver, false)
     }
 }
@@ -671,7 +711,7 @@ pub(crate) fn forget(key: &[u8]) {
         let mut table = table.borrow_mut();
         if let Some(entry) = table.entries.get_mut(slot(key_hash)) {
             if entry.key_hash == key_hash {
-                *entry = Entry::default();
+                entry.clear();
             }
         }
     });
@@ -681,7 +721,7 @@ pub(crate) fn forget(key: &[u8]) {
 pub(crate) fn forget_all() {
     let _ = TABLE.try_with(|table| {
         for entry in &mut table.borrow_mut().entries {
-            *entry = Entry::default();
+            entry.clear();
         }
     });
 }

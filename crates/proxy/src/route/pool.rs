@@ -47,7 +47,8 @@ pub(crate) fn leg_to(
     let send = || send_copy(connection, parts, kind);
     let send_or_join = || match &connections.collapsed {
         Some(collapsed) => {
-            let (receiver, joined) = collapse::send_or_join(connection, key, parts, kind, send);
+            let (receiver, joined) =
+                collapse::send_or_join(connection, key, parts, kind, send_copy);
             if joined {
                 collapsed.inc();
             }
