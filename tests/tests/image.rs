@@ -6,15 +6,17 @@
 //! a real memcached found by DNS through a real DNS server (dnsmasq).
 //!
 //! ```text
-//!   scripts/image --profile image-test -> podman create -> podman export | tar -x -> ROOT/
+//!   scripts/image --profile dev -> podman create -> podman export | tar -x -> ROOT/
 //!   chroot --userspec=65532:65532 ROOT /usr/local/bin/memroute --config /etc/memroute/test.toml
 //!       (the image's default config, with loopback ports and [discovery] nameservers)
 //!   test client -> memroute -> dnsmasq says memcached = 127.0.0.1 -> memcached
 //! ```
 //!
-//! The image is built with the `image-test` cargo profile (no LTO, opt-level 1): the static
-//! build compiles every crate again for the explicit target, and CI time matters more here
-//! than the speed of the binary. Releases use `scripts/image` (profile `release`).
+//! The image's binary is the `dev` profile's (scripts/image --profile dev): the crates the test
+//! build compiled, linked statically (crt-static on the final crate), so the test compiles
+//! one crate, not every crate again. It is the same source as the release image's binary,
+//! without optimisation: the test makes one round trip through it. Releases use
+//! `scripts/image` (profile `release`).
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -130,7 +132,7 @@ fn the_image_is_static_non_root_and_its_exported_binary_serves_from_a_scratch_ro
         return;
     }
     run(Command::new(repository().join("scripts/image"))
-        .args(["--profile", "image-test", "--tag", TAG])
+        .args(["--profile", "dev", "--tag", TAG])
         .current_dir(repository()));
 
     // What the image says about itself.
@@ -190,7 +192,7 @@ fn the_image_is_static_non_root_and_its_exported_binary_serves_from_a_scratch_ro
     let elf = std::fs::read(&binary).expect("binary");
     assert!(!needs_a_loader(&elf), "the binary needs a dynamic loader");
     println!(
-        "image: binary {:.1} MB (image-test profile), statically linked",
+        "image: binary {:.1} MB (dev profile), statically linked",
         elf.len() as f64 / 1e6
     );
 

@@ -1,6 +1,6 @@
 //! Criterion benchmarks for key hashing and server lookup (memroute-routing).
 //!
-//! `cargo bench -p memroute-benches --bench hash`
+//! `cargo bench -p memroute-microbench --bench hash`
 //!
 //! - `hash/<name>`: every hash function on one 20-byte key.
 //! - `server_for/<distribution>/<servers>`: the whole per-key placement step

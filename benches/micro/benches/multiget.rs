@@ -1,7 +1,7 @@
 //! Criterion benches for the pure (socket-free) path of one 20-key multi-get over 4 servers,
 //! scenario (b)'s shape: memroute-load's 14-byte keys, 64-byte values, every key a hit.
 //!
-//! `cargo bench -p memroute-benches --bench multiget`
+//! `cargo bench -p memroute-microbench --bench multiget`
 //!
 //! - `multiget/parse_request`: the client's line into a request with its 20 key ranges.
 //! - `multiget/place_and_write`: every key placed on the 4-server ketama pool
