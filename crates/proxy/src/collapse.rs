@@ -54,7 +54,7 @@ use memroute_backend::{BackendHandle, Render, ReplyFollow, ReplyReceiver};
 use memroute_protocol::{Command, ReplyKind, RequestBytes};
 use smallvec::SmallVec;
 
-use crate::hot_keys::{KeyPrint, HOT_PRINTS};
+use crate::hot_keys::{KeyPrint, WorkerHotKeys, HOT_PRINTS};
 
 /// Entries per worker.
 const SLOTS: usize = 256;
@@ -435,26 +435,37 @@ pub(crate) struct Chance {
 }
 
 impl MultiGetKeys {
-    /// For a multi-get whose batch lines start with `head`; `hot` appends the prints of the
-    /// keys hot on this worker. `None` when no key can join or lead (another verb, no get
-    /// waiting, no hot key): then its keys cost nothing here.
-    #[inline]
-    pub(crate) fn new(
-        head: &[u8],
-        hot: impl FnOnce(&mut SmallVec<[KeyPrint; HOT_PRINTS]>),
-    ) -> Option<MultiGetKeys> {
+    /// For a multi-get whose batch lines start with `head`, on a worker whose hot keys
+    /// `hot_keys` has found. `None` when no key can join or lead (another verb, no get
+    /// waiting, no hot key): then its keys cost nothing here. Most multi-gets are that, and
+    /// learn it from two loads (any print kept, any slot marked), before anything is built.
+    #[inline(always)]
+    pub(crate) fn new(head: &[u8], hot_keys: &WorkerHotKeys) -> Option<MultiGetKeys> {
         let head: &'static [u8] = match head {
             b"get " => b"get ",
             b"gets " => b"gets ",
             _ => return None,
         };
+        let live = TABLE
+            .try_with(|table| table.borrow().any_live())
+            .unwrap_or(false);
+        match live || hot_keys.any_hot_prints() {
+            true => MultiGetKeys::found(head, hot_keys),
+            false => None,
+        }
+    }
+
+    /// `new`'s finding once a get may wait or a key is hot: the prints of the gets still
+    /// waiting and of the hot keys.
+    #[inline(never)]
+    fn found(head: &'static [u8], hot_keys: &WorkerHotKeys) -> Option<MultiGetKeys> {
         let mut keys = MultiGetKeys {
             head,
             waiting: SmallVec::new(),
             every: false,
             hot: SmallVec::new(),
         };
-        hot(&mut keys.hot);
+        hot_keys.hot_prints(&mut keys.hot);
         keys.every = TABLE
             .try_with(|table| table.borrow_mut().waiting_gets(head, &mut keys.waiting))
             .unwrap_or(false);
@@ -481,6 +492,12 @@ impl MultiGetKeys {
 }
 
 impl Table {
+    /// Whether any slot's leader may still wait (`live`).
+    #[inline]
+    fn any_live(&self) -> bool {
+        self.live != [0; SLOTS / 64]
+    }
+
     /// Appends to `out` the prints of the keys whose get of `head`'s verb (`get K` for
     /// `get `) still waits, clearing the marks of the slots whose leader was answered. True
     /// when more wait than `out` holds.
