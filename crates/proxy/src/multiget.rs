@@ -136,10 +136,11 @@ pub(crate) fn plan<'k>(
                 continue;
             }
             // A key that joined a get in flight, or leads one: a leg of its own.
-            KeyTarget::Joined(pool, server) | KeyTarget::Lead(pool, server) => {
+            joined_or_lead => {
                 key_leg.push(legs);
-                let lead = matches!(target, KeyTarget::Lead(..));
-                step(own_leg(lead, (pool, server), legs as usize, key));
+                if let Some(own) = own_leg(joined_or_lead, legs as usize, key) {
+                    step(own);
+                }
                 legs += 1;
                 continue;
             }
@@ -204,25 +205,26 @@ pub(crate) fn plan<'k>(
     Ok(())
 }
 
-/// The step of `key`, a leg of its own (`leg`) to `server` of `pool`: it leads a get of its
-/// own (`KeyTarget::Lead`), or joined one in flight (`KeyTarget::Joined`). Out of the
-/// plan's loop: most keys are batched.
+/// The step of `key`, a leg of its own (`leg`): it leads a get of its own to its server
+/// (`KeyTarget::Lead`), or joined one in flight there (`KeyTarget::Joined`); `None` for
+/// any other target, which `plan` places itself. Out of the plan's loop, which matches
+/// these two as one arm: most keys are batched, and the loop's match stays small.
 #[cold]
-fn own_leg(lead: bool, (pool, server): (u32, u32), leg: usize, key: &[u8]) -> Step<'_> {
-    let (pool, server) = (pool as usize, server as usize);
-    match lead {
-        true => Step::Lead {
+fn own_leg(target: KeyTarget, leg: usize, key: &[u8]) -> Option<Step<'_>> {
+    match target {
+        KeyTarget::Lead(pool, server) => Some(Step::Lead {
             leg,
-            pool,
-            server,
+            pool: pool as usize,
+            server: server as usize,
             key,
-        },
-        false => Step::Joined {
+        }),
+        KeyTarget::Joined(pool, server) => Some(Step::Joined {
             leg,
-            pool,
-            server,
+            pool: pool as usize,
+            server: server as usize,
             key,
-        },
+        }),
+        KeyTarget::Server(..) | KeyTarget::Executor | KeyTarget::Nowhere(_) => None,
     }
 }
 
