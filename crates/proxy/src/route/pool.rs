@@ -222,7 +222,7 @@ pub(crate) fn send_batches<'k>(
     // stays one batch per server and one leg more, not one request per key.
     let (led, joined) = (&Cell::new(false), &joined);
     let retarget = collapsing.as_ref().map(|keys| {
-        move |key, target| collapsed_target(routing, keys, slot, (key, target), led, joined)
+        move |key, target| collapsed_target(routing, keys, slot, key, target, led, joined)
     });
     multiget::plan(
         targets,
@@ -255,13 +255,15 @@ pub(crate) fn send_batches<'k>(
 /// a get in flight or lead one (`keys`): what its print's chance decides (`join_or_lead`),
 /// the receiver of a key that joined left in `joined` for its step; `led` once a key leads.
 /// Out of line: the plan of most multi-gets, which have no such key, stays as small as it
-/// was without collapsing.
+/// was without collapsing. `key` and `target` apart: a tuple of them goes by reference, and
+/// the plan stored every key's target for it, called or not.
 #[inline(never)]
 fn collapsed_target(
     routing: &RouteSnapshot,
     keys: &collapse::MultiGetKeys,
     slot: usize,
-    (key, target): (&[u8], KeyTarget),
+    key: &[u8],
+    target: KeyTarget,
     led: &Cell<bool>,
     joined: &Cell<Option<ReplyReceiver>>,
 ) -> KeyTarget {
