@@ -890,6 +890,39 @@ mod tests {
     }
 
     #[test]
+    fn a_multi_get_builds_nothing_while_no_get_waits_and_no_key_is_hot() {
+        use crate::hot_keys::{HotKeyRegistry, Settings};
+        let registry = HotKeyRegistry::default();
+        registry.set_settings(Settings {
+            sample_every: 1,
+            interval: std::time::Duration::from_secs(3600),
+            show_keys: true,
+        });
+        let worker = registry.worker(5);
+        // A fresh worker thread: no slot marked, no print kept.
+        assert!(MultiGetKeys::new(b"get ", &worker).is_none());
+        worker.observe("p", b"hot", 0);
+        worker.observe("p", b"hot", 0);
+        let keys = MultiGetKeys::new(b"get ", &worker).expect("a key is hot");
+        let hot = Chance {
+            join: false,
+            lead: true,
+        };
+        assert_eq!(keys.chance(b"hot"), hot);
+        assert_eq!(
+            keys.chance(b"cold"),
+            Chance {
+                join: false,
+                lead: false
+            }
+        );
+        assert!(
+            MultiGetKeys::new(b"gat ", &worker).is_none(),
+            "gat keys never"
+        );
+    }
+
+    #[test]
     fn a_get_of_its_own_key_is_one_key_and_anything_else_is_scanned() {
         assert!(collapsible(b"get k\r\n", Some(b"k")));
         assert!(collapsible(b"gets k\r\n", Some(b"k")));
