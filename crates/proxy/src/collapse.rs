@@ -47,6 +47,8 @@
 //! leader may still wait are marked (`Table::live`), so a multi-get finds the few leaders
 //! waiting now once, and compares each key's print (`KeyPrint`: length, first and last
 //! eight bytes) with theirs and with the hot keys' before it hashes or looks up anything.
+//! With no slot marked and no hot key's print kept (uniform load, no single gets), a
+//! multi-get learns so from those two and builds nothing: its keys cost a compare each.
 use std::cell::RefCell;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -54,7 +56,7 @@ use memroute_backend::{BackendHandle, Render, ReplyFollow, ReplyReceiver};
 use memroute_protocol::{Command, ReplyKind, RequestBytes};
 use smallvec::SmallVec;
 
-use crate::hot_keys::{KeyPrint, HOT_PRINTS};
+use crate::hot_keys::{KeyPrint, WorkerHotKeys, HOT_PRINTS};
 
 /// Entries per worker.
 const SLOTS: usize = 256;
@@ -474,26 +476,37 @@ pub(crate) struct Chance {
 }
 
 impl MultiGetKeys {
-    /// For a multi-get whose batch lines start with `head`; `hot` appends the prints of the
-    /// keys hot on this worker. `None` when no key can join or lead (another verb, no get
-    /// waiting, no hot key): then its keys cost nothing here.
-    #[inline]
-    pub(crate) fn new(
-        head: &[u8],
-        hot: impl FnOnce(&mut SmallVec<[KeyPrint; HOT_PRINTS]>),
-    ) -> Option<MultiGetKeys> {
+    /// For a multi-get whose batch lines start with `head`, on a worker whose hot keys
+    /// `hot_keys` has found. `None` when no key can join or lead (another verb, no get
+    /// waiting, no hot key): then its keys cost nothing here. Most multi-gets are that, and
+    /// learn it from two loads (any print kept, any slot marked), before anything is built.
+    #[inline(always)]
+    pub(crate) fn new(head: &[u8], hot_keys: &WorkerHotKeys) -> Option<MultiGetKeys> {
         let head: &'static [u8] = match head {
             b"get " => b"get ",
             b"gets " => b"gets ",
             _ => return None,
         };
+        let live = TABLE
+            .try_with(|table| table.borrow().any_live())
+            .unwrap_or(false);
+        match live || hot_keys.any_hot_prints() {
+            true => MultiGetKeys::found(head, hot_keys),
+            false => None,
+        }
+    }
+
+    /// `new`'s finding once a get may wait or a key is hot: the prints of the gets still
+    /// waiting and of the hot keys.
+    #[inline(never)]
+    fn found(head: &'static [u8], hot_keys: &WorkerHotKeys) -> Option<MultiGetKeys> {
         let mut keys = MultiGetKeys {
             head,
             waiting: SmallVec::new(),
             every: false,
             hot: SmallVec::new(),
         };
-        hot(&mut keys.hot);
+        hot_keys.hot_prints(&mut keys.hot);
         keys.every = TABLE
             .try_with(|table| table.borrow_mut().waiting_gets(head, &mut keys.waiting))
             .unwrap_or(false);
@@ -520,6 +533,12 @@ impl MultiGetKeys {
 }
 
 impl Table {
+    /// Whether any slot's leader may still wait (`live`).
+    #[inline]
+    fn any_live(&self) -> bool {
+        self.live != [0; SLOTS / 64]
+    }
+
     /// Appends to `out` the prints of the keys whose get of `head`'s verb (`get K` for
     /// `get `) still waits, clearing the marks of the slots whose leader was answered. True
     /// when more wait than `out` holds.
@@ -908,6 +927,39 @@ mod tests {
         assert_ne!(hash(b"ab"), hash(b"ba"));
         assert_ne!(hash(b"a"), hash(b"\0a"), "the length counts");
         assert_ne!(hash(b"abcdefgh1"), hash(b"abcdefgh2"));
+    }
+
+    #[test]
+    fn a_multi_get_builds_nothing_while_no_get_waits_and_no_key_is_hot() {
+        use crate::hot_keys::{HotKeyRegistry, Settings};
+        let registry = HotKeyRegistry::default();
+        registry.set_settings(Settings {
+            sample_every: 1,
+            interval: std::time::Duration::from_secs(3600),
+            show_keys: true,
+        });
+        let worker = registry.worker(5);
+        // A fresh worker thread: no slot marked, no print kept.
+        assert!(MultiGetKeys::new(b"get ", &worker).is_none());
+        worker.observe("p", b"hot", 0);
+        worker.observe("p", b"hot", 0);
+        let keys = MultiGetKeys::new(b"get ", &worker).expect("a key is hot");
+        let hot = Chance {
+            join: false,
+            lead: true,
+        };
+        assert_eq!(keys.chance(b"hot"), hot);
+        assert_eq!(
+            keys.chance(b"cold"),
+            Chance {
+                join: false,
+                lead: false
+            }
+        );
+        assert!(
+            MultiGetKeys::new(b"gat ", &worker).is_none(),
+            "gat keys never"
+        );
     }
 
     #[test]

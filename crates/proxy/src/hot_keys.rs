@@ -398,14 +398,24 @@ impl WorkerHotKeys {
     /// Drops the prints no longer hot at `now`, so a multi-get compares its keys with the
     /// keys hot now only.
     fn prune_prints(&self, now: Instant) {
-        let span = 2 * self.interval.get();
         let mut prints = self.prints.borrow_mut();
+        // Most samples find none kept: nothing to compute.
+        if prints.is_empty() {
+            return;
+        }
+        let span = 2 * self.interval.get();
         if prints
             .iter()
             .any(|&(_, at)| now.saturating_duration_since(at) >= span)
         {
             prints.retain(|&mut (_, at)| now.saturating_duration_since(at) < span);
         }
+    }
+
+    /// Whether any key's print is kept (`hot_prints` would append some).
+    #[inline]
+    pub(crate) fn any_hot_prints(&self) -> bool {
+        !self.prints.borrow().is_empty()
     }
 
     /// Appends the prints of the keys lately found hot (at most [`HOT_PRINTS`]; some may

@@ -102,12 +102,15 @@ struct Open {
 /// order, cut into batches of `batch_size(pool)` keys and of lines at most `byte_cap`
 /// bytes (`head_len` + keys with single spaces + CRLF); keys for the executor each on a
 /// leg of their own, after the batches. `key_leg` gets, per key, the index of the leg
-/// that carries it.
+/// that carries it. `retarget`, when there is one, may change each key's target as the
+/// pass reaches it (collapsing: a key that joins a get in flight or leads one); without
+/// one a key costs a compare more, where an adapter on `keys` cost a copy of each.
 ///
 /// Returns `Err(pool)` at the first key whose pool has no servers; batches already closed
 /// have been sent (their replies are dropped), open ones are not closed.
 pub(crate) fn plan<'k>(
     keys: impl Iterator<Item = (&'k [u8], KeyTarget)>,
+    mut retarget: Option<impl FnMut(&'k [u8], KeyTarget) -> KeyTarget>,
     head_len: usize,
     byte_cap: usize,
     batch_size: impl Fn(usize) -> usize,
@@ -120,33 +123,25 @@ pub(crate) fn plan<'k>(
     let mut executor: SmallVec<[(u32, &'k [u8]); 2]> = SmallVec::new();
     let mut legs: u32 = 0;
     for (index, (key, target)) in keys.enumerate() {
+        let target = match &mut retarget {
+            Some(retarget) => retarget(key, target),
+            None => target,
+        };
         let (pool, server) = match target {
             KeyTarget::Server(pool, server) => (pool, server),
             KeyTarget::Nowhere(pool) => return Err(pool as usize),
-            // A key that joined a get in flight, or leads one: a leg of its own.
-            KeyTarget::Joined(pool, server) | KeyTarget::Lead(pool, server) => {
-                key_leg.push(legs);
-                let (leg, pool, server) = (legs as usize, pool as usize, server as usize);
-                step(match target {
-                    KeyTarget::Lead(..) => Step::Lead {
-                        leg,
-                        pool,
-                        server,
-                        key,
-                    },
-                    _ => Step::Joined {
-                        leg,
-                        pool,
-                        server,
-                        key,
-                    },
-                });
-                legs += 1;
-                continue;
-            }
             KeyTarget::Executor => {
                 executor.push((index as u32, key));
                 key_leg.push(NO_LEG);
+                continue;
+            }
+            // A key that joined a get in flight, or leads one: a leg of its own.
+            joined_or_lead => {
+                key_leg.push(legs);
+                if let Some(own) = own_leg(joined_or_lead, legs as usize, key) {
+                    step(own);
+                }
+                legs += 1;
                 continue;
             }
         };
@@ -210,6 +205,29 @@ pub(crate) fn plan<'k>(
     Ok(())
 }
 
+/// The step of `key`, a leg of its own (`leg`): it leads a get of its own to its server
+/// (`KeyTarget::Lead`), or joined one in flight there (`KeyTarget::Joined`); `None` for
+/// any other target, which `plan` places itself. Out of the plan's loop, which matches
+/// these two as one arm: most keys are batched, and the loop's match stays small.
+#[cold]
+fn own_leg(target: KeyTarget, leg: usize, key: &[u8]) -> Option<Step<'_>> {
+    match target {
+        KeyTarget::Lead(pool, server) => Some(Step::Lead {
+            leg,
+            pool: pool as usize,
+            server: server as usize,
+            key,
+        }),
+        KeyTarget::Joined(pool, server) => Some(Step::Joined {
+            leg,
+            pool: pool as usize,
+            server: server as usize,
+            key,
+        }),
+        KeyTarget::Server(..) | KeyTarget::Executor | KeyTarget::Nowhere(_) => None,
+    }
+}
+
 /// Writes the client's reply to a split multi-get from its legs' replies (`replies[leg]`,
 /// `key_leg[i]` the leg of the client's key `i`): the value blocks in the client's key
 /// order, then `END`. Returns (hits, misses); `None` when a leg answered with an error
@@ -267,6 +285,7 @@ mod tests {
         let mut steps = Vec::new();
         let result = plan(
             keys.iter().copied(),
+            None::<fn(&'k [u8], KeyTarget) -> KeyTarget>,
             4,
             byte_cap,
             |_| batch,
@@ -274,6 +293,32 @@ mod tests {
             |s| steps.push(s),
         );
         (result, steps, key_leg)
+    }
+
+    #[test]
+    fn a_key_is_planned_where_retarget_sends_it() {
+        // Key b retargeted as a join: planned as a key placed as joined is.
+        let keys = named(&[S1, S1, S1, S2]);
+        let joined_b = |key: &[u8], target| match key {
+            b"b" => KeyTarget::Joined(0, 1),
+            _ => target,
+        };
+        let mut key_leg = KeyLegs::new();
+        let mut steps = Vec::new();
+        let result = plan(
+            keys.iter().copied(),
+            Some(joined_b),
+            4,
+            usize::MAX,
+            |_| 100,
+            &mut key_leg,
+            |s| steps.push(s),
+        );
+        let as_placed = named(&[S1, KeyTarget::Joined(0, 1), S1, S2]);
+        assert_eq!(
+            (result, steps, key_leg),
+            planned(&as_placed, usize::MAX, 100)
+        );
     }
 
     fn named(targets: &[KeyTarget]) -> Vec<(&'static [u8], KeyTarget)> {

@@ -100,13 +100,13 @@ impl InFlight {
         self.then.advance(&self.routing, &mut self.legs, context)
     }
 
-    /// Waits until its legs answered and its route is done.
-    async fn wait(&mut self) {
+    /// Waits until its legs answered and its route is done. A `poll_fn`, not an `async fn`:
+    /// awaited without a state machine of its own around it.
+    fn wait(&mut self) -> impl Future<Output = ()> + '_ {
         std::future::poll_fn(|context| match self.advance(Some(context)) {
             true => Poll::Ready(()),
             false => Poll::Pending,
         })
-        .await
     }
 }
 

@@ -24,11 +24,10 @@ use memroute_net::Connector;
 use memroute_protocol::auth::Authfile;
 use memroute_protocol::Limits;
 use memroute_routing::{NodeId, Placement, RouteTable};
-use smallvec::SmallVec;
 
 use crate::counters::{RouteStats, ServerStats, ShadowStats};
 use crate::generation::Generation;
-use crate::hot_keys::{KeyPrint, WorkerHotKeys, HOT_PRINTS};
+use crate::hot_keys::WorkerHotKeys;
 use crate::key_turns::KeyTurns;
 use crate::pool_settings::max_ejected;
 use crate::read_order::NearestRoutes;
@@ -352,10 +351,10 @@ impl RouteSnapshot {
         self.hot_keys.is_hot(key_hash, now)
     }
 
-    /// The prints of the keys lately found hot on this worker (`WorkerHotKeys::hot_prints`).
+    /// This worker's hot-key sampler: which keys it found hot (`collapse::MultiGetKeys`).
     #[inline]
-    pub(crate) fn hot_prints(&self, out: &mut SmallVec<[KeyPrint; HOT_PRINTS]>) {
-        self.hot_keys.hot_prints(out);
+    pub(crate) fn hot_keys(&self) -> &WorkerHotKeys {
+        &self.hot_keys
     }
 
     /// A client's request for `key` was sent to `server` of `pool`: the hot-key sampler

@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use memroute_net::NetError;
+use memroute_net::{NetError, Stream};
 use tokio::time::Instant;
 
 use crate::hello::Refusal;
@@ -55,12 +55,21 @@ pub fn spawn_connection(settings: ConnectionSettings) -> BackendHandle {
     handle
 }
 
-/// Connect, serve until the connection breaks, fail fast during backoff, repeat.
+/// Connect, serve until the connection breaks, fail fast during backoff, repeat. `serve`
+/// is awaited here, not inside a helper's future: every reply read goes through one
+/// state machine less.
 async fn run(settings: ConnectionSettings, shared: Rc<Shared>) {
     let mut backoff = settings.backoff_min;
     loop {
-        let Some(reason) = connect_and_serve(&settings, &shared, &mut backoff).await else {
-            return;
+        let reason = match connect(&settings).await {
+            Ok(stream) => {
+                let served = serve(&settings, stream, &shared).await;
+                match closed(&settings, &shared, served, &mut backoff) {
+                    Some(reason) => reason,
+                    None => return,
+                }
+            }
+            Err(reason) => reason,
         };
         let Some(woke_early) = wait_to_retry(&settings, &shared, reason, backoff).await else {
             return;
@@ -72,28 +81,31 @@ async fn run(settings: ConnectionSettings, shared: Rc<Shared>) {
     }
 }
 
-/// One attempt: connect, and serve until the connection breaks. Returns why the server is
-/// unreachable now, or `None` once every handle is gone and the connection closed for good.
-/// A server that answered resets `backoff`.
-async fn connect_and_serve(
-    settings: &ConnectionSettings,
-    shared: &Rc<Shared>,
-    backoff: &mut Duration,
-) -> Option<Arc<str>> {
-    let health = &settings.health;
+/// One attempt to connect (and greet): the stream to serve, or why the server is
+/// unreachable now.
+async fn connect(settings: &ConnectionSettings) -> Result<Stream, Arc<str>> {
     let opened = crate::hello::open(
         &settings.connector,
         settings.connect_timeout,
         settings.timeout,
     )
     .await;
-    let (stream, greeting) = match opened {
-        Ok(opened) => opened,
-        Err(refusal) => return Some(refused(settings, refusal)),
-    };
+    let (stream, greeting) = opened.map_err(|refusal| refused(settings, refusal))?;
     tracing::debug!(server = %settings.address, tls = stream.is_tls(), ?greeting, "backend connected");
-    health.connection_opened();
-    let (outcome, answered) = serve(settings, stream, shared).await;
+    settings.health.connection_opened();
+    Ok(stream)
+}
+
+/// A connection `serve` gave up (`served`: why, and whether the server answered): why the
+/// server is unreachable now, or `None` once every handle is gone and the connection
+/// closed for good. A server that answered resets `backoff`.
+fn closed(
+    settings: &ConnectionSettings,
+    shared: &Shared,
+    (outcome, answered): (Option<BackendError>, bool),
+    backoff: &mut Duration,
+) -> Option<Arc<str>> {
+    let health = &settings.health;
     health.connection_closed();
     // Only a server that answered is healthy: one that accepts connections but
     // never replies (stopped, overloaded) keeps backing off.

@@ -194,78 +194,53 @@ pub(crate) fn send_batches<'k>(
     let mut lines = BatchLines::new(routing, head, slot);
     // The plan takes each key's step as soon as it has its target: one key's join at a time.
     let joined: Cell<Option<ReplyReceiver>> = Cell::new(None);
+    // The key that leads (`Step::Lead`; at most one, below), sent once every batch line is.
+    let mut lead: Option<Step<'k>> = None;
+    let on_step = |step: Step<'k>| match step {
+        Step::Open {
+            pool, server, key, ..
+        } => {
+            lines.open(pool, server, key);
+            on(Batched::Opened { pool, server });
+        }
+        Step::Add { leg, key } => lines.add(leg, key),
+        Step::Close { leg } => {
+            if let Some(receiver) = lines.close(leg) {
+                on(Batched::Sent { leg, receiver });
+            }
+        }
+        Step::Joined { .. } | Step::Lead { .. } => {
+            lines.collapsed(step, &joined, &mut lead, &mut on);
+        }
+        Step::Executor { key, .. } => on(Batched::Executor { key }),
+    };
+    // Most multi-gets: `None`, no key may join or lead, and each key costs one compare in
+    // the plan.
+    let collapsing = collapse::MultiGetKeys::new(head, routing.hot_keys());
     // At most one key of a multi-get leads (the first hot one): a lead is a request and a
     // leg more, which only pays when other gets of the key arrive during its flight. A
     // multi-get of many hot keys (a client asking for the same few keys over and over)
     // stays one batch per server and one leg more, not one request per key.
-    let led = Cell::new(false);
-    let collapsing = collapse::MultiGetKeys::new(head, |hot| routing.hot_prints(hot));
-    let targets = targets.map(|(key, target)| match (target, &collapsing) {
-        (KeyTarget::Server(pool, server), Some(keys)) => {
-            let mut chance = keys.chance(key);
-            chance.lead &= !led.get();
-            if !chance.join && !chance.lead {
-                return (key, target);
-            }
-            let target = join_or_lead(routing, keys, slot, (key, pool, server), chance, &joined);
-            led.set(led.get() || matches!(target, KeyTarget::Lead(..)));
-            (key, target)
-        }
-        _ => (key, target),
+    let (led, joined) = (&Cell::new(false), &joined);
+    let retarget = collapsing.as_ref().map(|keys| {
+        move |key, target| collapsed_target(routing, keys, slot, key, target, led, joined)
     });
-    // The key that leads (`Step::Lead`), sent once every batch line is.
-    let mut leads: SmallVec<[Step<'k>; 1]> = SmallVec::new();
     multiget::plan(
         targets,
+        retarget,
         head.len(),
         byte_cap,
         |pool| routing.pools[pool].max_keys_per_request,
         key_leg,
-        |step| match step {
-            Step::Open {
-                pool, server, key, ..
-            } => {
-                lines.open(pool, server, key);
-                on(Batched::Opened { pool, server });
-            }
-            Step::Add { leg, key } => lines.add(leg, key),
-            Step::Close { leg } => {
-                if let Some(receiver) = lines.close(leg) {
-                    on(Batched::Sent { leg, receiver });
-                }
-            }
-            Step::Joined {
-                pool, server, key, ..
-            } => {
-                lines.joined(pool, server, key);
-                if let Some(receiver) = joined.take() {
-                    on(Batched::Joined {
-                        pool,
-                        server,
-                        receiver,
-                    });
-                }
-            }
-            Step::Lead {
-                pool, server, key, ..
-            } => {
-                lines.joined(pool, server, key);
-                on(Batched::Opened { pool, server });
-                leads.push(step);
-            }
-            Step::Executor { key, .. } => on(Batched::Executor { key }),
-        },
+        on_step,
     )?;
-    for lead in leads {
-        let Step::Lead {
-            leg,
-            pool,
-            server,
-            key,
-        } = lead
-        else {
-            continue;
-        };
+    if let Some(Step::Lead {
+        leg,
+        pool,
+        server,
+        key,
+    }) = lead
+    {
         let connections = &routing.pools[pool];
         let connection = connections.servers[server].pick(slot);
         let (receiver, joined) = collapse::lead_key(connection, head, key);
@@ -275,6 +250,35 @@ pub(crate) fn send_batches<'k>(
         on(Batched::Sent { leg, receiver });
     }
     Ok(())
+}
+
+/// The target of a multi-get's `key` (`target` as placed) when some of its keys may join
+/// a get in flight or lead one (`keys`): what its print's chance decides (`join_or_lead`),
+/// the receiver of a key that joined left in `joined` for its step; `led` once a key leads.
+/// Out of line: the plan of most multi-gets, which have no such key, stays as small as it
+/// was without collapsing. `key` and `target` apart: a tuple of them goes by reference, and
+/// the plan stored every key's target for it, called or not.
+#[inline(never)]
+fn collapsed_target(
+    routing: &RouteSnapshot,
+    keys: &collapse::MultiGetKeys,
+    slot: usize,
+    key: &[u8],
+    target: KeyTarget,
+    led: &Cell<bool>,
+    joined: &Cell<Option<ReplyReceiver>>,
+) -> KeyTarget {
+    let KeyTarget::Server(pool, server) = target else {
+        return target;
+    };
+    let mut chance = keys.chance(key);
+    chance.lead &= !led.get();
+    if !chance.join && !chance.lead {
+        return target;
+    }
+    let target = join_or_lead(routing, keys, slot, (key, pool, server), chance, joined);
+    led.set(led.get() || matches!(target, KeyTarget::Lead(..)));
+    target
 }
 
 /// A multi-get key bound for `server` of `pool` whose print says it may join a get in
@@ -350,6 +354,43 @@ impl<'r> BatchLines<'r> {
         self.routing.sent_to(pool, key, server);
         self.targets.push((pool, server));
         self.writers.push(None);
+    }
+
+    /// A key's leg that is no batch line (`Step::Joined`: answered by the get in flight it
+    /// joined, whose receiver is in `joined`; `Step::Lead`: sent once the plan is done, kept
+    /// in `lead`). Out of line: most multi-gets have none, and the plan's per-step call
+    /// stays as small as without them.
+    #[inline(never)]
+    fn collapsed<'k>(
+        &mut self,
+        step: Step<'k>,
+        joined: &Cell<Option<ReplyReceiver>>,
+        lead: &mut Option<Step<'k>>,
+        on: &mut impl FnMut(Batched<'k>),
+    ) {
+        match step {
+            Step::Joined {
+                pool, server, key, ..
+            } => {
+                self.joined(pool, server, key);
+                if let Some(receiver) = joined.take() {
+                    on(Batched::Joined {
+                        pool,
+                        server,
+                        receiver,
+                    });
+                }
+            }
+            Step::Lead {
+                pool, server, key, ..
+            } => {
+                self.joined(pool, server, key);
+                on(Batched::Opened { pool, server });
+                debug_assert!(lead.is_none(), "one key of a multi-get leads");
+                *lead = Some(step);
+            }
+            _ => {}
+        }
     }
 
     /// Adds `key` to leg `leg`'s open line.
