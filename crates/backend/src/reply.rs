@@ -4,7 +4,8 @@
 //! A slot is a small cell shared by a [`ReplySender`] (the connection task, or the route
 //! executor) and a [`ReplyReceiver`] (a client session's pending entry). Everything that
 //! touches a slot runs on one worker thread (connections are `spawn_local` tasks), so the
-//! cell is an `Rc<RefCell<..>>`, not a synchronised channel. When both sides are gone the
+//! cell is an `Rc` of a `RefCell` (its generation beside it in a plain `Cell`), not a
+//! synchronised channel. When both sides are gone the
 //! cell goes back to a per-thread free list and the next request reuses it: in steady
 //! state a request costs no allocation for its reply (a tokio `oneshot` allocates its
 //! shared cell every time).
