@@ -41,11 +41,41 @@ impl Counter {
     }
 }
 
+/// Slots of a sketch's index: twice its counters, so a probe ends at an empty slot soon.
+const SLOTS: usize = 2 * CAPACITY;
+// A slot holds a counter's position + 1 in a byte, and a home slot is a hash's top bits.
+const _: () = assert!(CAPACITY < u8::MAX as usize && SLOTS.is_power_of_two());
+
 /// A space-saving sketch of one pool's sampled keys.
-#[derive(Clone, Default)]
+///
+/// A sample costs a few dozen instructions whether or not its key is counted: most samples
+/// of a real load are keys not counted yet, which replace the least counted key, so both
+/// "is it counted" and "which is least" avoid reading every counter. The first is an
+/// open-addressed index from a key's hash to its counter; the second a cursor that walks
+/// the counters for one at `least` (a bound never above the least count, as counts only
+/// grow), read anew from every counter only when a whole turn finds none.
+#[derive(Clone)]
 struct Sketch {
     samples: u64,
     counters: Vec<Counter>,
+    /// Each slot a counter's position + 1 (0: empty), found from its hash by linear probing.
+    index: [u8; SLOTS],
+    /// Never above the least count.
+    least: u64,
+    /// Where the walk for a least counter goes on from.
+    cursor: usize,
+}
+
+impl Default for Sketch {
+    fn default() -> Sketch {
+        Sketch {
+            samples: 0,
+            counters: Vec::new(),
+            index: [0; SLOTS],
+            least: 0,
+            cursor: 0,
+        }
+    }
 }
 
 impl Sketch {
@@ -57,40 +87,112 @@ impl Sketch {
         self.samples += 1;
         let key = &key[..key.len().min(KEY_BYTES)];
         let hash = hash(key);
-        if let Some(counter) = self
-            .counters
-            .iter_mut()
-            .find(|c| c.hash == hash && c.key() == key)
-        {
+        if let Some(at) = self.find(hash, key) {
+            let counter = &mut self.counters[at];
             counter.count += 1;
             counter.server = server;
             // Its own samples for certain: a counter's count includes the keys it replaced.
             let count = counter.count - counter.error;
             return count >= 2 && count.saturating_mul(CAPACITY as u64) > self.samples;
         }
-        let mut fresh = Counter {
-            hash,
-            len: key.len() as u8,
-            key: [0; KEY_BYTES],
-            count: 1,
-            error: 0,
-            server,
-        };
-        fresh.key[..key.len()].copy_from_slice(key);
-        if self.counters.len() < CAPACITY {
-            if self.counters.capacity() == 0 {
-                self.counters.reserve_exact(CAPACITY);
+        let (at, error) = match self.counters.len() < CAPACITY {
+            true => {
+                if self.counters.capacity() == 0 {
+                    self.counters.reserve_exact(CAPACITY);
+                }
+                self.counters.push(Counter {
+                    hash,
+                    len: 0,
+                    key: [0; KEY_BYTES],
+                    count: 0,
+                    error: 0,
+                    server,
+                });
+                (self.counters.len() - 1, 0)
             }
-            self.counters.push(fresh);
-            return false;
-        }
-        if let Some(least) = self.counters.iter_mut().min_by_key(|c| c.count) {
-            fresh.error = least.count;
-            fresh.count = least.count + 1;
-            *least = fresh;
-        }
+            false => {
+                let at = self.least_counted();
+                self.unindex(at);
+                (at, self.counters[at].count)
+            }
+        };
+        // Written in place: the key's bytes only (`len` says how many count), no copy of
+        // the whole counter.
+        let counter = &mut self.counters[at];
+        counter.hash = hash;
+        counter.len = key.len() as u8;
+        counter.key[..key.len()].copy_from_slice(key);
+        counter.count = error + 1;
+        counter.error = error;
+        counter.server = server;
+        self.index_at(hash, at);
         // A replacement's count is mostly other keys' (its error): not hot on that.
         false
+    }
+
+    /// The slot a hash's probe starts at: its top bits after a multiply (FNV's low bits
+    /// differ little between keys that differ in one late byte).
+    fn home(hash: u64) -> usize {
+        (hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SLOTS.trailing_zeros())) as usize
+    }
+
+    /// The position of `key`'s counter, if it is counted.
+    fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
+        let mut slot = Sketch::home(hash);
+        loop {
+            let at = usize::from(self.index[slot]).checked_sub(1)?;
+            let counter = &self.counters[at];
+            if counter.hash == hash && counter.key() == key {
+                return Some(at);
+            }
+            slot = (slot + 1) % SLOTS;
+        }
+    }
+
+    fn index_at(&mut self, hash: u64, at: usize) {
+        let mut slot = Sketch::home(hash);
+        while self.index[slot] != 0 {
+            slot = (slot + 1) % SLOTS;
+        }
+        self.index[slot] = at as u8 + 1;
+    }
+
+    /// Takes counter `at` out of the index, moving back the entries probed past it so
+    /// that every entry stays reachable from its home slot.
+    fn unindex(&mut self, at: usize) {
+        let mut hole = Sketch::home(self.counters[at].hash);
+        while usize::from(self.index[hole]) != at + 1 {
+            hole = (hole + 1) % SLOTS;
+        }
+        let mut next = (hole + 1) % SLOTS;
+        while let Some(entry) = usize::from(self.index[next]).checked_sub(1) {
+            let home = Sketch::home(self.counters[entry].hash);
+            // The entry may fill the hole when the hole lies on its probe (home ..= next).
+            if (next + SLOTS - home) % SLOTS >= (next + SLOTS - hole) % SLOTS {
+                self.index[hole] = self.index[next];
+                hole = next;
+            }
+            next = (next + 1) % SLOTS;
+        }
+        self.index[hole] = 0;
+    }
+
+    /// A least counted counter of a full sketch (any of them, when several tie).
+    fn least_counted(&mut self) -> usize {
+        let mut walked = 0;
+        loop {
+            let at = self.cursor % CAPACITY;
+            self.cursor = at + 1;
+            if self.counters[at].count <= self.least {
+                return at;
+            }
+            walked += 1;
+            if walked == CAPACITY {
+                // A whole turn found none at the bound: the least count has grown.
+                self.least = self.counters.iter().map(|c| c.count).min().unwrap_or(0);
+                walked = 0;
+            }
+        }
     }
 }
 
@@ -552,6 +654,61 @@ mod tests {
         let warm = Report::share(main, &main.keys[1]);
         assert!((hot - 0.25).abs() < 0.02, "{hot}");
         assert!((warm - 0.10).abs() < 0.02, "{warm}");
+    }
+
+    /// Checks the index against the counters: each counter found at its own position,
+    /// and no other entry.
+    fn assert_indexed(sketch: &Sketch) {
+        for (at, counter) in sketch.counters.iter().enumerate() {
+            assert_eq!(sketch.find(counter.hash, counter.key()), Some(at));
+        }
+        let entries = sketch.index.iter().filter(|&&slot| slot != 0).count();
+        assert_eq!(entries, sketch.counters.len());
+    }
+
+    #[test]
+    fn the_sketch_keeps_space_savings_guarantees_under_churn() {
+        // Mostly keys seen a few times (each replacing a least counted key), a few hot
+        // ones, and keys of one length differing in one byte (probes that collide).
+        let mut sketch = Sketch::default();
+        let mut truth: HashMap<Vec<u8>, u64> = HashMap::new();
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        for i in 0..60_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let key = match x % 10 {
+                0..=2 => format!("hot{}", x % 3),
+                3 => format!("k{:04}", x % 10),
+                _ => format!("cold{}", x % 5_000),
+            }
+            .into_bytes();
+            let before = sketch.counters.iter().map(|c| c.count).min();
+            let counted = sketch.counters.iter().any(|c| c.key() == key);
+            let full = sketch.counters.len() == CAPACITY;
+            sketch.add(&key, 0);
+            *truth.entry(key.clone()).or_default() += 1;
+            if full && !counted {
+                let replaced = sketch.counters.iter().find(|c| c.key() == key);
+                let replaced = replaced.expect("a new key replaces a counter");
+                assert_eq!(Some(replaced.error), before, "a least counted one");
+            }
+            if i % 97 == 0 {
+                assert_indexed(&sketch);
+            }
+        }
+        assert_indexed(&sketch);
+        let total: u64 = sketch.counters.iter().map(|c| c.count).sum();
+        assert_eq!(total, sketch.samples);
+        for counter in &sketch.counters {
+            let seen = truth[counter.key()];
+            assert!(counter.count - counter.error <= seen && seen <= counter.count);
+        }
+        for (key, &seen) in &truth {
+            if seen * CAPACITY as u64 > sketch.samples {
+                assert!(sketch.counters.iter().any(|c| c.key() == &key[..]));
+            }
+        }
     }
 
     #[test]
