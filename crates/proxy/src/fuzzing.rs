@@ -297,7 +297,9 @@ mod tests {
     }
 
     /// A CI-sized randomized run of the fuzz target's property: mutations of a few seeds
-    /// (deterministic, so a failure reproduces), each a whole session.
+    /// (deterministic, so a failure reproduces), each a whole session. The cases are drawn
+    /// first, then run on several threads: most of a case is waiting out the 20 ms backend
+    /// timeout, so one after another they took a minute.
     #[test]
     fn randomized_sessions_frame_every_reply() {
         let seeds: [&[u8]; 4] = [
@@ -314,6 +316,7 @@ mod tests {
             state ^= state >> 27;
             state.wrapping_mul(0x2545_f491_4f6c_dd1d)
         };
+        let mut cases = Vec::with_capacity(1000);
         for _ in 0..1000 {
             let mut client = seeds[(next() % 3) as usize].to_vec();
             let mut backend = seeds[(next() % 4) as usize].to_vec();
@@ -337,11 +340,17 @@ mod tests {
                 1 => Then::Stall,
                 _ => Then::Repeat,
             };
-            assert_case(&Case {
+            cases.push(Case {
                 backend_reply: backend,
                 then,
                 client,
             });
         }
+        let threads = 8;
+        std::thread::scope(|scope| {
+            for share in cases.chunks(cases.len().div_ceil(threads)) {
+                scope.spawn(move || share.iter().for_each(assert_case));
+            }
+        });
     }
 }
