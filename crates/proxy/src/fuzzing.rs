@@ -299,7 +299,7 @@ mod tests {
     /// A CI-sized randomized run of the fuzz target's property: mutations of a few seeds
     /// (deterministic, so a failure reproduces), each a whole session. The cases are drawn
     /// first, then run on several threads: most of a case is waiting out the 20 ms backend
-    /// timeout, so one after another they took a minute.
+    /// timeout, so one after another they would take about a minute.
     #[test]
     fn randomized_sessions_frame_every_reply() {
         let seeds: [&[u8]; 4] = [

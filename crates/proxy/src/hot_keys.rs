@@ -48,9 +48,8 @@ const _: () = assert!(CAPACITY < u8::MAX as usize && SLOTS.is_power_of_two());
 
 /// A space-saving sketch of one pool's sampled keys.
 ///
-/// A sample costs a few dozen instructions whether or not its key is counted: most samples
-/// of a real load are keys not counted yet, which replace the least counted key, so both
-/// "is it counted" and "which is least" avoid reading every counter. The first is an
+/// Most samples of a real load are keys not counted yet, which replace the least counted
+/// key, so neither "is it counted" nor "which is least" reads every counter. The first is an
 /// open-addressed index from a key's hash to its counter; the second a cursor that walks
 /// the counters for one at `least` (a bound never above the least count, as counts only
 /// grow), read anew from every counter only when a whole turn finds none.
